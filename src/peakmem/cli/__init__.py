@@ -1,0 +1,1 @@
+"""The `peakmem` command line: one module per command, registered in `main.COMMANDS`."""

@@ -1,0 +1,36 @@
+"""The `peakmem` entry point. Each command lives in its own module and is imported only when used,
+so `peakmem replay` never pays for importing the capture machinery."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from peakmem import __version__
+
+# command name -> "module:attribute" of a click.Command
+COMMANDS: dict[str, str] = {
+    "replay": "peakmem.cli.replay:replay",
+    "simulate": "peakmem.cli.simulate:simulate_cmd",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="peakmem")
+def main() -> None:
+    """Predict the peak GPU memory of a PyTorch training job before it runs, without a GPU."""

@@ -1,0 +1,239 @@
+"""An ordered list of device-memory events, stored column-wise so that building and replaying
+hundreds of thousands of events stays cheap.
+
+Each event has a kind, an allocation id (or a stream id for stream-wide events), a requested size
+in bytes, a stream and a tag index. Tags (category, module path, phase, op) are interned: an event
+holds the index of its tag in `Trace.tags`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import IO, Any
+
+FORMAT_NAME = "peakmem-trace"
+FORMAT_VERSION = 1
+NO_TAG = -1
+
+
+class EventKind(IntEnum):
+    """What happened. The allocator simulation gives each kind the meaning written here."""
+
+    ALLOC = 0
+    """`id` asks for `size` bytes on `stream` (caching allocator malloc)."""
+    FREE = 1
+    """`id` is freed. If it was used on other streams (RECORD_STREAM) the block is only handed
+    back once its uses are complete (FREE_COMPLETED, SYNCHRONIZE or EMPTY_CACHE)."""
+    RECORD_STREAM = 2
+    """`id` is used on `stream` besides its own (`Tensor.record_stream`)."""
+    FREE_COMPLETED = 3
+    """The other-stream uses of the freed `id` have completed: at the next malloc (its
+    `process_events`) the block goes back to its pool."""
+    SYNCHRONIZE = 4
+    """Device-wide synchronisation of the allocator's events (`synchronize_and_free_events`):
+    every deferred free is completed now."""
+    EMPTY_CACHE = 5
+    """`torch.cuda.empty_cache()`: release every cached unsplit segment."""
+    MARK = 6
+    """A label in the timeline (e.g. the start of an optimizer step); no memory effect."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tag:
+    """What an allocation is for; every field is optional."""
+
+    category: str | None = None
+    module: str | None = None
+    phase: str | None = None
+    op: str | None = None
+
+    def to_json(self) -> list[str | None]:
+        return [self.category, self.module, self.phase, self.op]
+
+    @classmethod
+    def from_json(cls, row: list[str | None]) -> Tag:
+        if not isinstance(row, list) or len(row) != 4:
+            raise ValueError(f"a tag is a list of 4 strings or nulls, got {row!r}")
+        return cls(*row)
+
+
+class Trace:
+    """Ordered device-memory events.
+
+    Build one with `alloc`/`free`/... ; read it back with `events()` or the columns
+    (`kinds`, `ids`, `sizes`, `streams`, `tag_ids`).
+    """
+
+    __slots__ = ("kinds", "ids", "sizes", "streams", "tag_ids", "tags", "_tag_index", "_next_id", "meta")
+
+    def __init__(self, meta: dict[str, Any] | None = None) -> None:
+        self.kinds: list[int] = []
+        self.ids: list[int] = []
+        self.sizes: list[int] = []
+        self.streams: list[int] = []
+        self.tag_ids: list[int] = []
+        self.tags: list[Tag] = []
+        self._tag_index: dict[Tag, int] = {}
+        self._next_id = 0
+        self.meta: dict[str, Any] = dict(meta or {})
+
+    # -- building -----------------------------------------------------------------------------
+    def intern(self, tag: Tag | None) -> int:
+        """Index of `tag` in `self.tags`, adding it on first use."""
+        if tag is None:
+            return NO_TAG
+        index = self._tag_index.get(tag)
+        if index is None:
+            index = len(self.tags)
+            self.tags.append(tag)
+            self._tag_index[tag] = index
+        return index
+
+    def _append(self, kind: int, ident: int, size: int, stream: int, tag_id: int) -> None:
+        self.kinds.append(kind)
+        self.ids.append(ident)
+        self.sizes.append(size)
+        self.streams.append(stream)
+        self.tag_ids.append(tag_id)
+
+    def alloc(
+        self,
+        size: int,
+        stream: int = 0,
+        *,
+        tag: Tag | None = None,
+        ident: int | None = None,
+        category: str | None = None,
+        module: str | None = None,
+        phase: str | None = None,
+        op: str | None = None,
+    ) -> int:
+        """Record an allocation of `size` requested bytes; returns its id."""
+        if size < 0:
+            raise ValueError(f"allocation size must be >= 0, got {size}")
+        if tag is None and (category or module or phase or op):
+            tag = Tag(category, module, phase, op)
+        if ident is None:
+            ident = self._next_id
+            self._next_id += 1
+        elif ident >= self._next_id:
+            self._next_id = ident + 1
+        self._append(EventKind.ALLOC, ident, size, stream, self.intern(tag))
+        return ident
+
+    def free(self, ident: int) -> None:
+        self._append(EventKind.FREE, ident, 0, 0, NO_TAG)
+
+    def record_stream(self, ident: int, stream: int) -> None:
+        self._append(EventKind.RECORD_STREAM, ident, 0, stream, NO_TAG)
+
+    def free_completed(self, ident: int) -> None:
+        self._append(EventKind.FREE_COMPLETED, ident, 0, 0, NO_TAG)
+
+    def synchronize(self) -> None:
+        self._append(EventKind.SYNCHRONIZE, -1, 0, 0, NO_TAG)
+
+    def empty_cache(self) -> None:
+        self._append(EventKind.EMPTY_CACHE, -1, 0, 0, NO_TAG)
+
+    def mark(self, label: str) -> None:
+        self._append(EventKind.MARK, -1, 0, 0, self.intern(Tag(op=label)))
+
+    # -- reading ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def events(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """(kind, id, size, stream, tag_id) for each event, in order."""
+        return zip(self.kinds, self.ids, self.sizes, self.streams, self.tag_ids, strict=True)
+
+    def tag_of(self, index: int) -> Tag | None:
+        tag_id = self.tag_ids[index]
+        return None if tag_id == NO_TAG else self.tags[tag_id]
+
+    def live_at(self, index: int) -> dict[int, int]:
+        """Allocations live just after event `index`: {id: requested size}."""
+        live: dict[int, int] = {}
+        for i in range(index + 1):
+            kind = self.kinds[i]
+            if kind == EventKind.ALLOC:
+                live[self.ids[i]] = i
+            elif kind == EventKind.FREE:
+                live.pop(self.ids[i], None)
+        return {ident: self.sizes[i] for ident, i in live.items()}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return (
+            self.kinds == other.kinds
+            and self.ids == other.ids
+            and self.sizes == other.sizes
+            and self.streams == other.streams
+            and [self.tag_of(i) for i in range(len(self))] == [other.tag_of(i) for i in range(len(other))]
+        )
+
+    # -- serialisation (JSON lines: a header, then one compact array per event) ----------------
+    def dump(self, path: str | Path | IO[str]) -> None:
+        """Write the trace as JSON lines."""
+        if isinstance(path, (str, Path)):
+            with open(path, "w", encoding="utf-8") as handle:
+                self._dump(handle)
+        else:
+            self._dump(path)
+
+    def _dump(self, out: IO[str]) -> None:
+        header = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "meta": self.meta,
+            "tags": [t.to_json() for t in self.tags],
+        }
+        out.write(json.dumps(header) + "\n")
+        lines = [f"[{k},{i},{s},{st},{t}]" for k, i, s, st, t in self.events()]
+        if lines:
+            out.write("\n".join(lines) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path | IO[str]) -> Trace:
+        """Read a trace written by `dump`; raises ValueError on malformed input."""
+        if isinstance(path, (str, Path)):
+            with open(path, encoding="utf-8") as handle:
+                return cls._load(handle)
+        return cls._load(path)
+
+    @classmethod
+    def _load(cls, handle: IO[str]) -> Trace:
+        first = handle.readline()
+        try:
+            header = json.loads(first)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a peakmem trace: first line is not JSON ({exc.msg})") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+            raise ValueError("not a peakmem trace: missing the peakmem-trace header")
+        if header.get("version") != FORMAT_VERSION:
+            raise ValueError(f"unsupported trace version {header.get('version')!r}")
+        trace = cls(meta=header.get("meta") or {})
+        for row in header.get("tags", []):
+            trace.intern(Tag.from_json(row))
+        valid_kinds = {int(k) for k in EventKind}
+        for lineno, line in enumerate(handle, start=2):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                kind, ident, size, stream, tag_id = json.loads(line)
+            except (json.JSONDecodeError, ValueError, TypeError):
+                raise ValueError(f"line {lineno}: expected [kind, id, size, stream, tag]") from None
+            if kind not in valid_kinds:
+                raise ValueError(f"line {lineno}: unknown event kind {kind!r}")
+            if tag_id != NO_TAG and not 0 <= tag_id < len(trace.tags):
+                raise ValueError(f"line {lineno}: tag index {tag_id} out of range")
+            trace._append(kind, ident, size, stream, tag_id)
+            if kind == EventKind.ALLOC and ident >= trace._next_id:
+                trace._next_id = ident + 1
+        return trace

@@ -1,0 +1,35 @@
+"""The vocabulary every stage shares: what a piece of device memory holds, and when it was made."""
+
+from enum import StrEnum
+
+
+class Category(StrEnum):
+    """What a device allocation holds."""
+
+    PARAMETER = "parameter"
+    """Model weights (nn.Parameter storage)."""
+    BUFFER = "buffer"
+    """Module buffers (BatchNorm running stats, ...)."""
+    GRADIENT = "gradient"
+    """`.grad` of parameters."""
+    OPTIMIZER_STATE = "optimizer_state"
+    """Optimizer state (Adam moments, momentum buffers, step counters)."""
+    ACTIVATION = "activation"
+    """Tensors saved by autograd for the backward pass."""
+    TEMPORARY = "temporary"
+    """Short-lived intermediates: freed within the op or phase that made them."""
+    INPUT = "input"
+    """The input batch and targets copied to the device."""
+    WORKSPACE = "workspace"
+    """Library scratch (cuBLAS, cuBLASLt, cuDNN, SDPA kernels) taken from the caching allocator."""
+    OTHER = "other"
+    """Anything not classified."""
+
+
+class Phase(StrEnum):
+    """When in a training step an allocation was made."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    OTHER = "other"
