@@ -12,7 +12,7 @@ from peakmem import __version__
 # command name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
     "replay": "peakmem.cli.replay:replay",
-    "simulate": "peakmem.cli.simulate:simulate_cmd",
+    "simulate": "peakmem.cli.simulate:simulate_trace",
 }
 
 
