@@ -16,7 +16,9 @@ def test_empty_string_is_the_default():
 
 
 def test_several_keys_and_spaces():
-    config = AllocatorConfig.parse(" max_split_size_mb:128, expandable_segments:True ,garbage_collection_threshold:0.6")
+    config = AllocatorConfig.parse(
+        " max_split_size_mb:128, expandable_segments:True ,garbage_collection_threshold:0.6"
+    )
     assert config.max_split_size == 128 * MiB
     assert config.expandable_segments
     assert config.garbage_collection_threshold == 0.6
@@ -41,13 +43,17 @@ def test_roundup_single_value_fills_every_interval():
 
 
 def test_roundup_list_newest_parser():
-    divs = AllocatorConfig.parse("roundup_power2_divisions:[256:1,512:2,>:8]").roundup_power2_divisions
+    divs = AllocatorConfig.parse(
+        "roundup_power2_divisions:[256:1,512:2,>:8]"
+    ).roundup_power2_divisions
     # the first key also fills the intervals below it; '>' fills after the last key
     assert divs == (1,) * 9 + (2,) + (8,) * 6
 
 
 def test_roundup_list_old_parser_overwrites_last_key_with_gt():
-    divs = AllocatorConfig.parse("roundup_power2_divisions:[256:1,512:2,>:8]", "2.4.1").roundup_power2_divisions
+    divs = AllocatorConfig.parse(
+        "roundup_power2_divisions:[256:1,512:2,>:8]", "2.4.1"
+    ).roundup_power2_divisions
     assert divs == (1,) * 9 + (8,) * 7
 
 
@@ -80,7 +86,10 @@ def test_roundup_list_first_key_of_1_mb_quirk():
 
 
 def test_max_non_split_rounding_exists_from_2_6():
-    assert AllocatorConfig.parse("max_non_split_rounding_mb:64", "2.6").max_non_split_rounding_size == 64 * MiB
+    assert (
+        AllocatorConfig.parse("max_non_split_rounding_mb:64", "2.6").max_non_split_rounding_size
+        == 64 * MiB
+    )
     with pytest.raises(AllocatorConfigError, match="Unrecognized"):
         AllocatorConfig.parse("max_non_split_rounding_mb:64", "2.5")
     with pytest.raises(AllocatorConfigError, match="must be >= 20"):
@@ -101,8 +110,14 @@ def test_large_segment_size_sets_segment_and_minimums_from_2_12():
 
 @pytest.mark.parametrize(
     "bad",
-    ["nonsense:1", "expandable_segments:yes", "max_split_size_mb", "max_split_size_mb:abc",
-     "backend:magic", "expandable_segments:True;max_split_size_mb:30"],
+    [
+        "nonsense:1",
+        "expandable_segments:yes",
+        "max_split_size_mb",
+        "max_split_size_mb:abc",
+        "backend:magic",
+        "expandable_segments:True;max_split_size_mb:30",
+    ],
 )
 def test_bad_strings_are_rejected(bad):
     with pytest.raises(AllocatorConfigError):
@@ -110,7 +125,9 @@ def test_bad_strings_are_rejected(bad):
 
 
 def test_host_only_options_are_accepted():
-    config = AllocatorConfig.parse("pinned_use_cuda_host_register:True,pinned_num_register_threads:8")
+    config = AllocatorConfig.parse(
+        "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
+    )
     assert config == AllocatorConfig()
 
 

@@ -44,7 +44,9 @@ def test_roundup_power2_divisions_rounds_to_quarter_of_interval():
 
 def test_roundup_divisions_of_one_leave_size_unrounded_in_2_4_only():
     conf = "roundup_power2_divisions:[1:1,>:1]"
-    old = CachingAllocator(AllocatorConfig.parse(conf, "2.4.1"), AllocatorRules.for_version("2.4.1"))
+    old = CachingAllocator(
+        AllocatorConfig.parse(conf, "2.4.1"), AllocatorRules.for_version("2.4.1")
+    )
     new = CachingAllocator(AllocatorConfig.parse(conf, "2.13"), AllocatorRules.for_version("2.13"))
     assert old.round_size(1_000_001) == 1_000_001
     assert new.round_size(1_000_001) == 1_000_448
@@ -193,7 +195,9 @@ def test_max_non_split_rounding_mb_widens_reuse_from_2_6_on():
     assert simulate(t, conf, torch_version="2.6.0").peak_reserved_bytes == 200 * MiB
     assert simulate(t, conf, torch_version="2.13.0").peak_reserved_bytes == 200 * MiB
     # before 2.6 the option is unknown to the parser and the limit is fixed at 20 MiB
-    assert simulate(t, "max_split_size_mb:100", torch_version="2.5.1").peak_reserved_bytes == 370 * MiB
+    assert (
+        simulate(t, "max_split_size_mb:100", torch_version="2.5.1").peak_reserved_bytes == 370 * MiB
+    )
 
 
 def test_release_available_cached_blocks_frees_oversize_block_before_retry():

@@ -12,13 +12,40 @@ from peakmem.trace import Trace
 MiB = 1024 * 1024
 
 # Sizes concentrated around the allocator's boundaries (512 B, 1 MiB, 10 MiB, 20 MiB, ...).
-boundary = st.sampled_from([1, 511, 512, 513, MiB - 1, MiB, MiB + 1, 10 * MiB - 512, 10 * MiB,
-                            19 * MiB, 19 * MiB + 512, 20 * MiB, 21 * MiB, 100 * MiB])
+boundary = st.sampled_from(
+    [
+        1,
+        511,
+        512,
+        513,
+        MiB - 1,
+        MiB,
+        MiB + 1,
+        10 * MiB - 512,
+        10 * MiB,
+        19 * MiB,
+        19 * MiB + 512,
+        20 * MiB,
+        21 * MiB,
+        100 * MiB,
+    ]
+)
 sizes = st.one_of(boundary, st.integers(0, 2 * MiB), st.integers(MiB, 64 * MiB))
-op = st.tuples(st.sampled_from(["alloc", "alloc", "free", "free", "record", "sync", "empty"]),
-               sizes, st.integers(0, 2), st.integers(0, 10**6))
-configs = st.sampled_from(["", "expandable_segments:True", "max_split_size_mb:40",
-                           "roundup_power2_divisions:4", "max_split_size_mb:20,expandable_segments:True"])
+op = st.tuples(
+    st.sampled_from(["alloc", "alloc", "free", "free", "record", "sync", "empty"]),
+    sizes,
+    st.integers(0, 2),
+    st.integers(0, 10**6),
+)
+configs = st.sampled_from(
+    [
+        "",
+        "expandable_segments:True",
+        "max_split_size_mb:40",
+        "roundup_power2_divisions:4",
+        "max_split_size_mb:20,expandable_segments:True",
+    ]
+)
 
 
 def check_structure(alloc: CachingAllocator, live: dict[int, object], pending: list) -> None:
@@ -30,8 +57,11 @@ def check_structure(alloc: CachingAllocator, live: dict[int, object], pending: l
     requested = sum(b.requested for b in live.values()) + sum(b.requested for b in pending)
     assert alloc.allocated_bytes == allocated
     assert alloc.requested_bytes == requested
-    assert alloc.total_allocated_memory >= alloc.allocated_bytes >= sum(
-        b.requested for b in live.values())
+    assert (
+        alloc.total_allocated_memory
+        >= alloc.allocated_bytes
+        >= sum(b.requested for b in live.values())
+    )
     # cudaMalloc'd segments: walk each from its head block
     reserved = 0
     for addr, size in alloc.segments.items():
@@ -42,8 +72,12 @@ def check_structure(alloc: CachingAllocator, live: dict[int, object], pending: l
             assert block.addr == addr + covered
             if block.next is not None:
                 assert block.next.prev is block
-                free_pair = (not block.allocated and not block.next.allocated
-                             and block.event_count == 0 and block.next.event_count == 0)
+                free_pair = (
+                    not block.allocated
+                    and not block.next.allocated
+                    and block.event_count == 0
+                    and block.next.event_count == 0
+                )
                 assert not free_pair, "two free neighbours were not merged"
             covered += block.size
             block = block.next

@@ -25,10 +25,15 @@ def e(action, addr, size):
 
 
 def test_replay_json_reports_simulated_and_recorded_peaks(tmp_path):
-    path = write_snapshot(tmp_path / "s.pickle", [
-        e("segment_alloc", BASE, 20 * MiB), e("alloc", BASE, 19 * MiB),
-        e("segment_alloc", BASE + 20 * MiB, 20 * MiB), e("alloc", BASE + 20 * MiB, 3 * MiB // 2),
-    ])
+    path = write_snapshot(
+        tmp_path / "s.pickle",
+        [
+            e("segment_alloc", BASE, 20 * MiB),
+            e("alloc", BASE, 19 * MiB),
+            e("segment_alloc", BASE + 20 * MiB, 20 * MiB),
+            e("alloc", BASE + 20 * MiB, 3 * MiB // 2),
+        ],
+    )
     result = CliRunner().invoke(main, ["replay", path, "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
@@ -39,23 +44,34 @@ def test_replay_json_reports_simulated_and_recorded_peaks(tmp_path):
 
 
 def test_replay_uses_recorded_alloc_conf_unless_overridden(tmp_path):
-    path = write_snapshot(tmp_path / "s.pickle", [e("alloc", BASE, 4 * MiB), e("alloc", BASE + 4 * MiB, 18 * MiB)],
-                          conf="expandable_segments:True")
+    path = write_snapshot(
+        tmp_path / "s.pickle",
+        [e("alloc", BASE, 4 * MiB), e("alloc", BASE + 4 * MiB, 18 * MiB)],
+        conf="expandable_segments:True",
+    )
     out = json.loads(CliRunner().invoke(main, ["replay", path, "--json"]).output)
-    assert out["peak_reserved_bytes"] == 40 * MiB and out["alloc_conf"] == "expandable_segments:True"
-    out = json.loads(CliRunner().invoke(main, ["replay", path, "--json", "--alloc-conf", ""]).output)
+    assert (
+        out["peak_reserved_bytes"] == 40 * MiB and out["alloc_conf"] == "expandable_segments:True"
+    )
+    out = json.loads(
+        CliRunner().invoke(main, ["replay", path, "--json", "--alloc-conf", ""]).output
+    )
     assert out["peak_reserved_bytes"] == 38 * MiB
 
 
 def test_replay_capacity_gives_oom(tmp_path):
-    path = write_snapshot(tmp_path / "s.pickle", [e("alloc", BASE, 30 * MiB), e("alloc", BASE + 30 * MiB, 12 * MiB)])
+    path = write_snapshot(
+        tmp_path / "s.pickle", [e("alloc", BASE, 30 * MiB), e("alloc", BASE + 30 * MiB, 12 * MiB)]
+    )
     result = CliRunner().invoke(main, ["replay", path, "--capacity", "40MiB"])
     assert result.exit_code == 0
     assert "OUT OF MEMORY at event 1" in result.output
 
 
 def test_replay_human_output_shows_difference(tmp_path):
-    path = write_snapshot(tmp_path / "s.pickle", [e("segment_alloc", BASE, 20 * MiB), e("alloc", BASE, 4 * MiB)])
+    path = write_snapshot(
+        tmp_path / "s.pickle", [e("segment_alloc", BASE, 20 * MiB), e("alloc", BASE, 4 * MiB)]
+    )
     result = CliRunner().invoke(main, ["replay", path])
     assert "peak reserved (recorded)" in result.output
     assert "exact" in result.output
@@ -69,8 +85,12 @@ def test_replay_bad_inputs_are_one_line_errors(tmp_path):
     wrong_shape.write_bytes(pickle.dumps({"a": 1}))
     unknown = tmp_path / "z.pickle"
     write_snapshot(unknown, [e("free_requested", BASE, 512)])
-    for path, words in [(not_pickle, "not a pickled memory snapshot"), (wrong_shape, "device_traces"),
-                        (unknown, "no earlier 'alloc'"), (tmp_path / "missing", "no such file")]:
+    for path, words in [
+        (not_pickle, "not a pickled memory snapshot"),
+        (wrong_shape, "device_traces"),
+        (unknown, "no earlier 'alloc'"),
+        (tmp_path / "missing", "no such file"),
+    ]:
         result = runner.invoke(main, ["replay", str(path)])
         assert result.exit_code != 0
         assert words in result.output

@@ -11,7 +11,14 @@ BASE = 0x7F0000000000
 
 
 def entry(action, addr, size, stream=0):
-    return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": 0, "frames": []}
+    return {
+        "action": action,
+        "addr": addr,
+        "size": size,
+        "stream": stream,
+        "time_us": 0,
+        "frames": [],
+    }
 
 
 def snapshot(entries, segments=None, conf=None):
@@ -37,7 +44,11 @@ def training_like_entries():
 def test_alloc_and_free_become_trace_events_and_recorded_peak_is_summed():
     trace, facts = snapshot_to_trace(snapshot(training_like_entries()))
     assert [EventKind(k) for k in trace.kinds] == [
-        EventKind.ALLOC, EventKind.ALLOC, EventKind.FREE, EventKind.ALLOC]
+        EventKind.ALLOC,
+        EventKind.ALLOC,
+        EventKind.FREE,
+        EventKind.ALLOC,
+    ]
     assert trace.sizes[0] == 4 * MiB
     assert facts.has_segment_events
     assert facts.peak_reserved_bytes == 38 * MiB
@@ -80,17 +91,25 @@ def test_user_empty_cache_is_recognised_but_allocator_retry_is_not():
 
 def test_segments_older_than_the_trace_form_the_baseline():
     # a 20 MiB segment existed before recording started; the trace adds a 2 MiB one
-    segments = [{"device": 0, "address": BASE, "total_size": 20 * MiB, "blocks": []},
-                {"device": 0, "address": BASE + 20 * MiB, "total_size": 2 * MiB, "blocks": []}]
-    entries = [entry("segment_alloc", BASE + 20 * MiB, 2 * MiB), entry("alloc", BASE + 20 * MiB, 512)]
+    segments = [
+        {"device": 0, "address": BASE, "total_size": 20 * MiB, "blocks": []},
+        {"device": 0, "address": BASE + 20 * MiB, "total_size": 2 * MiB, "blocks": []},
+    ]
+    entries = [
+        entry("segment_alloc", BASE + 20 * MiB, 2 * MiB),
+        entry("alloc", BASE + 20 * MiB, 512),
+    ]
     _, facts = snapshot_to_trace(snapshot(entries, segments))
     assert facts.baseline_reserved_bytes == 20 * MiB
     assert facts.peak_reserved_bytes == 22 * MiB
 
 
 def test_streams_are_numbered_in_order_of_appearance():
-    entries = [entry("alloc", BASE, 512, stream=0), entry("alloc", BASE + 512, 512, stream=94000),
-               entry("alloc", BASE + 1024, 512, stream=93000)]
+    entries = [
+        entry("alloc", BASE, 512, stream=0),
+        entry("alloc", BASE + 512, 512, stream=94000),
+        entry("alloc", BASE + 1024, 512, stream=93000),
+    ]
     trace, facts = snapshot_to_trace(snapshot(entries))
     assert trace.streams == [0, 1, 2]
     assert facts.streams == {94000: 1, 93000: 2}

@@ -107,7 +107,9 @@ class ExpandableSegment:
 
     __slots__ = ("base", "page_size", "num_pages", "mapped_pages", "stream", "pool")
 
-    def __init__(self, base: int, address_space: int, page_size: int, stream: int, pool: Pool) -> None:
+    def __init__(
+        self, base: int, address_space: int, page_size: int, stream: int, pool: Pool
+    ) -> None:
         self.base = base
         self.page_size = page_size
         self.num_pages = -(-address_space // page_size)
@@ -603,7 +605,10 @@ class CachingAllocator:
         begin = offset // page
         end = -(-(offset + size) // page)
         mapped_size = (end - begin) * page
-        if self._capacity is not None and self.total_allocated_memory + mapped_size > self._capacity:
+        if (
+            self._capacity is not None
+            and self.total_allocated_memory + mapped_size > self._capacity
+        ):
             return None
         segment.mapped_pages.update(range(begin, end))
         pool = to_map.pool
@@ -611,7 +616,9 @@ class CachingAllocator:
         del self._unmapped_blocks[to_map.addr]
         to_map.mapped = True
         if mapped_size < to_map.size:
-            remaining = Block(to_map.addr + mapped_size, to_map.size - mapped_size, to_map.stream, pool)
+            remaining = Block(
+                to_map.addr + mapped_size, to_map.size - mapped_size, to_map.stream, pool
+            )
             remaining.mapped = False
             remaining.segment = segment
             remaining.prev = to_map

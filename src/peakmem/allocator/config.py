@@ -162,7 +162,9 @@ def _lex(conf: str) -> list[str]:
 def _consume(tokens: list[str], i: int, expected: str, key: str) -> int:
     if i >= len(tokens) or tokens[i] != expected:
         got = tokens[i] if i < len(tokens) else "end of string"
-        raise AllocatorConfigError(f"Error parsing CachingAllocator option {key}: expected {expected!r}, got {got!r}")
+        raise AllocatorConfigError(
+            f"Error parsing CachingAllocator option {key}: expected {expected!r}, got {got!r}"
+        )
     return i + 1
 
 
@@ -176,7 +178,9 @@ def _parse_int(tokens: list[str], i: int, key: str) -> int:
 def _parse_bool(tokens: list[str], i: int, key: str) -> bool:
     value = tokens[i] if i < len(tokens) else ""
     if value not in ("True", "False"):
-        raise AllocatorConfigError(f"Expected a single True/False argument for {key}, got {value!r}")
+        raise AllocatorConfigError(
+            f"Expected a single True/False argument for {key}, got {value!r}"
+        )
     return value == "True"
 
 

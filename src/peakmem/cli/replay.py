@@ -14,12 +14,25 @@ from peakmem.trace.snapshot import SnapshotError, load_snapshot, snapshot_to_tra
 
 @click.command()
 @click.argument("snapshot", type=click.Path(dir_okay=False))
-@click.option("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF to simulate "
-              "(default: the one recorded in the snapshot, else none).")
-@click.option("--torch", "torch_version", default=None, metavar="VERSION",
-              help="PyTorch version whose allocator rules apply (default: the newest supported).")
-@click.option("--capacity", default=None, metavar="BYTES",
-              help="Device memory the allocator may reserve (e.g. 80GiB); default unbounded.")
+@click.option(
+    "--alloc-conf",
+    default=None,
+    help="PYTORCH_CUDA_ALLOC_CONF to simulate "
+    "(default: the one recorded in the snapshot, else none).",
+)
+@click.option(
+    "--torch",
+    "torch_version",
+    default=None,
+    metavar="VERSION",
+    help="PyTorch version whose allocator rules apply (default: the newest supported).",
+)
+@click.option(
+    "--capacity",
+    default=None,
+    metavar="BYTES",
+    help="Device memory the allocator may reserve (e.g. 80GiB); default unbounded.",
+)
 @click.option("--device", type=int, default=None, help="Device of the snapshot to replay.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def replay(

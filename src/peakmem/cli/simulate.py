@@ -15,10 +15,19 @@ from peakmem.trace.events import Trace
 @click.command("simulate")
 @click.argument("trace_file", type=click.Path(dir_okay=False))
 @click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF to simulate.")
-@click.option("--torch", "torch_version", default=None, metavar="VERSION",
-              help="PyTorch version whose allocator rules apply (default: the newest supported).")
-@click.option("--capacity", default=None, metavar="BYTES",
-              help="Device memory the allocator may reserve (e.g. 80GiB); default unbounded.")
+@click.option(
+    "--torch",
+    "torch_version",
+    default=None,
+    metavar="VERSION",
+    help="PyTorch version whose allocator rules apply (default: the newest supported).",
+)
+@click.option(
+    "--capacity",
+    default=None,
+    metavar="BYTES",
+    help="Device memory the allocator may reserve (e.g. 80GiB); default unbounded.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate_trace(
     trace_file: str, alloc_conf: str, torch_version: str | None, capacity: str | None, as_json: bool
@@ -27,7 +36,9 @@ def simulate_trace(
     try:
         trace = Trace.load(trace_file)
         capacity_bytes = parse_bytes(capacity) if capacity is not None else None
-        result = simulate(trace, alloc_conf, torch_version=torch_version, capacity_bytes=capacity_bytes)
+        result = simulate(
+            trace, alloc_conf, torch_version=torch_version, capacity_bytes=capacity_bytes
+        )
     except FileNotFoundError:
         fail(f"no such file: {trace_file}")
     except (TraceError, AllocatorConfigError, ValueError) as exc:

@@ -69,7 +69,14 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
         raise SnapshotError(f"no such file: {path}") from None
     except IsADirectoryError:
         raise SnapshotError(f"{path} is a directory, not a snapshot file") from None
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, ValueError) as exc:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        AttributeError,
+        ImportError,
+        IndexError,
+        ValueError,
+    ) as exc:
         raise SnapshotError(f"{path} is not a pickled memory snapshot ({exc})") from None
     return data
 
@@ -182,7 +189,9 @@ def _stream_id(facts: RecordedFacts, entry: dict[str, Any]) -> int:
 def _int_field(entry: dict[str, Any], key: str, position: int) -> int:
     value = entry.get(key)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise SnapshotError(f"trace entry {position} ({entry.get('action')}) has no integer {key!r}")
+        raise SnapshotError(
+            f"trace entry {position} ({entry.get('action')}) has no integer {key!r}"
+        )
     return value
 
 
