@@ -458,7 +458,11 @@ class CachingAllocator:
     def free(self, block: Block) -> None:
         """`free`: hand a block back, or defer it until its other-stream uses complete."""
         block.allocated = False
-        self.allocated_bytes -= block.size  # at free request time, deferred or not
+        # Both drop at free request time, deferred or not. (PyTorch's own `requested_bytes` stat
+        # waits for free_block; ours counts what the program still holds, so that
+        # allocated >= requested always.)
+        self.allocated_bytes -= block.size
+        self.requested_bytes -= block.requested
         if block.stream_uses:
             block.event_count = len(block.stream_uses)
             block.stream_uses = None
@@ -494,7 +498,6 @@ class CachingAllocator:
             self.free_block(block)
 
     def free_block(self, block: Block) -> None:
-        self.requested_bytes -= block.requested  # when the block is really returned
         block.requested = 0
         for candidate in (block.prev, block.next):
             self.try_merge_blocks(block, candidate)
