@@ -39,8 +39,12 @@ def run_job(kind: str, out: Path, name: str, steps: int) -> None:
         layers: list[nn.Module] = []
         channels = 3
         for width in (32, 64, 128, 256):
-            layers += [nn.Conv2d(channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-                       nn.MaxPool2d(2)]
+            layers += [
+                nn.Conv2d(channels, width, 3, padding=1),
+                nn.BatchNorm2d(width),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+            ]
             channels = width
         model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10))
         make_batch = lambda: (torch.randn(64, 3, 64, 64), torch.randint(0, 10, (64,)))  # noqa: E731
@@ -55,8 +59,9 @@ def run_job(kind: str, out: Path, name: str, steps: int) -> None:
         optimizer_cls = torch.optim.AdamW
         opt_kwargs = {"lr": 1e-4}
 
-    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                             max_entries=1_000_000)
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context=None, stacks="python", max_entries=1_000_000
+    )
     model = model.cuda()
     optimizer = optimizer_cls(model.parameters(), **opt_kwargs)
     loss_fn = nn.CrossEntropyLoss()

@@ -431,3 +431,15 @@ def test_equal_size_blocks_tie_break_on_address():
     hints = [(20 * MiB, 0x2000000000), (20 * MiB, 0x1000000000)]
     r = simulate(tie_trace(), segment_address_hints=hints)
     assert r.peak_reserved_bytes == 40 * MiB
+
+
+def test_expandable_segment_fully_unmapped_is_released_and_a_new_one_made_later():
+    t = Trace()
+    a = t.alloc(4 * MiB)
+    t.free(a)
+    t.empty_cache()  # the whole segment unmapped: released
+    t.alloc(4 * MiB)
+    alloc_conf = "expandable_segments:True"
+    r = simulate(t, alloc_conf)
+    assert r.final_reserved_bytes == 20 * MiB
+    assert r.num_device_free == 1  # one unmap

@@ -393,6 +393,17 @@ class CachingAllocator:
                 self.release_block(block)
         for block in to_unmap:
             self.unmap_block(block)
+            if block.prev is None and block.next is None:
+                self.release_expandable_segment(block)
+
+    def release_expandable_segment(self, block: Block) -> None:
+        """A wholly unmapped expandable segment gives its address range back."""
+        segment = block.segment
+        assert segment is not None and not block.mapped and block.size == segment.size
+        block.pool.unmapped.remove((block.stream, block.addr))
+        del self._unmapped_blocks[block.addr]
+        self.expandable_segments.remove(segment)
+        self.addresses.free(segment.base)
 
     def garbage_collect_cached_blocks(self) -> None:
         """`garbage_collect_cached_blocks`: free cached large blocks older than the average age
