@@ -1,0 +1,110 @@
+"""`scaled_dot_product_attention` on CUDA picks a fused backend by GPU architecture, dtype, head
+size and mask (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp; priority flash >
+memory-efficient > math). The fused backends save the output and a logsumexp for backward
+instead of the math path's full attention matrix; memory-efficient pads the logsumexp's sequence
+dimension to a multiple of 32 (its meta kernel does the same).
+cuDNN attention is not chosen here: its priority changed between releases (not modelled yet)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import torch
+import torch.nn.functional as F
+
+from peakmem.cuda_rules.registry import (
+    RuleContext,
+    register_function_rule,
+    register_host_outputs,
+)
+
+aten = torch.ops.aten
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+class SdpaBackend(StrEnum):
+    FLASH = "flash"
+    EFFICIENT = "efficient"
+    MATH = "math"
+
+
+def _flash_ok(capability: tuple[int, int], q, k, v, attn_mask) -> bool:
+    if not torch.backends.cuda.flash_sdp_enabled() or attn_mask is not None:
+        return False
+    if capability < (8, 0) or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    head_dim = q.shape[-1]
+    return k.shape[-1] == head_dim and v.shape[-1] == head_dim and head_dim <= 256
+
+
+def _efficient_ok(capability: tuple[int, int], q, k, v, attn_mask) -> bool:
+    if not torch.backends.cuda.mem_efficient_sdp_enabled() or capability < (5, 0):
+        return False
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    if q.dtype == torch.bfloat16 and capability < (8, 0):
+        return False
+    alignment = 4 if q.dtype == torch.float32 else 8  # 16-byte aligned head dims
+    return q.shape[-1] % alignment == 0 and v.shape[-1] % alignment == 0
+
+
+def choose_backend(capability: tuple[int, int], q, k, v, attn_mask) -> SdpaBackend:
+    """The backend CUDA would pick for these inputs (4-D, no nested tensors)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return SdpaBackend.MATH
+    if _flash_ok(capability, q, k, v, attn_mask):
+        return SdpaBackend.FLASH
+    if _efficient_ok(capability, q, k, v, attn_mask):
+        return SdpaBackend.EFFICIENT
+    return SdpaBackend.MATH
+
+
+def _attn_bias(attn_mask, q):
+    """Memory-efficient attention takes an additive bias: boolean masks are converted
+    (a new tensor), and a last dimension not a multiple of 16 is padded (another one)."""
+    if attn_mask is None:
+        return None
+    bias = attn_mask
+    if bias.dtype == torch.bool:
+        bias = torch.where(bias.logical_not(), float("-inf"), 0.0).to(q.dtype)
+    last = bias.shape[-1]
+    if last % 16:
+        padded = F.pad(bias, (0, 16 - last % 16))
+        bias = padded[..., :last]
+    return bias
+
+
+@register_function_rule(F.scaled_dot_product_attention)
+def scaled_dot_product_attention(ctx: RuleContext, func, args: tuple, kwargs: dict):
+    bound = dict(zip(_SDPA_ARGS, args, strict=False))
+    bound.update(kwargs)
+    q, k, v = bound["query"], bound["key"], bound["value"]
+    attn_mask = bound.get("attn_mask")
+    if bound.get("enable_gqa", False):
+        return NotImplemented
+    backend = choose_backend(ctx.gpu.capability, q, k, v, attn_mask)
+    dropout_p = float(bound.get("dropout_p", 0.0))
+    is_causal = bool(bound.get("is_causal", False))
+    scale = bound.get("scale")
+    if backend is SdpaBackend.FLASH:
+        return aten._scaled_dot_product_flash_attention(
+            q, k, v, dropout_p, is_causal, False, scale=scale
+        )[0]
+    if backend is SdpaBackend.EFFICIENT:
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        return aten._scaled_dot_product_efficient_attention(
+            q, k, v, _attn_bias(attn_mask, q), needs_grad, dropout_p, is_causal, scale=scale
+        )[0]
+    return NotImplemented
+
+
+@register_host_outputs(aten._scaled_dot_product_efficient_attention)
+def efficient_attention_host_outputs(out):
+    """The philox seed and offset are host scalars on CUDA."""
+    return out[2:4]
+
+
+@register_host_outputs(aten._scaled_dot_product_flash_attention)
+def flash_attention_host_outputs(out):
+    """cum_seq_q/k are empty for dense inputs; rng_state stays a (tiny) device tensor."""
+    return [t for t in out[2:4] if isinstance(t, torch.Tensor)]
