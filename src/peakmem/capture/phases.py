@@ -38,6 +38,7 @@ class PhaseTracker:
         self._stack = ExitStack()
         self._roots: dict[int, Any] = {}
         self._names: dict[int, str] = {}
+        self._param_owner: dict[int, str] = {}
         self._optimizers: dict[int, Any] = {}
         self._steps_by_optimizer: dict[int, int] = {}
 
@@ -98,6 +99,8 @@ class PhaseTracker:
         for sub in module.modules():
             owner = self._names.get(id(sub))
             for param in sub.parameters(recurse=False):
+                if owner is not None:
+                    self._param_owner[id(param)] = owner
                 session.classify(param, Category.PARAMETER.value, module=owner)
             for buffer in sub.buffers(recurse=False):
                 session.classify(buffer, Category.BUFFER.value, module=owner)
@@ -120,9 +123,12 @@ class PhaseTracker:
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         session = self.session
-        for per_param in optimizer.state.values():
+        for param, per_param in optimizer.state.items():
+            owner = self._param_owner.get(id(param))
             for value in per_param.values():
-                session.classify(value, Category.OPTIMIZER_STATE.value, only_from=_STEP_TEMPS)
+                session.classify(
+                    value, Category.OPTIMIZER_STATE.value, module=owner, only_from=_STEP_TEMPS
+                )
         session.state.phase = Phase.OTHER.value
         key = id(optimizer)
         self._steps_by_optimizer[key] = self._steps_by_optimizer.get(key, 0) + 1
