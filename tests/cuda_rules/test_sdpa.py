@@ -1,0 +1,59 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from peakmem.capture import capture_callable
+from peakmem.cuda_rules.sdpa import SdpaBackend, choose_backend
+from peakmem.profiles import load_gpu
+
+from trace_helpers import allocations
+
+
+def qkv(dtype, head_dim=64, length=100):
+    return [torch.empty(2, 4, length, head_dim, dtype=dtype, device="meta") for _ in range(3)]
+
+
+@pytest.mark.parametrize(
+    "capability, dtype, head_dim, mask, backend",
+    [
+        ((8, 0), torch.float16, 64, False, SdpaBackend.FLASH),
+        ((9, 0), torch.bfloat16, 128, False, SdpaBackend.FLASH),
+        ((8, 0), torch.float32, 64, False, SdpaBackend.EFFICIENT),
+        ((8, 0), torch.float16, 64, True, SdpaBackend.EFFICIENT),
+        ((7, 0), torch.float16, 64, False, SdpaBackend.EFFICIENT),
+        ((7, 0), torch.bfloat16, 64, False, SdpaBackend.MATH),
+        ((8, 0), torch.float16, 12, True, SdpaBackend.MATH),
+        ((8, 0), torch.float64, 64, False, SdpaBackend.MATH),
+    ],
+)
+def test_backend_choice(capability, dtype, head_dim, mask, backend):
+    q, k, v = qkv(dtype, head_dim)
+    attn_mask = torch.empty(100, 100, dtype=torch.bool, device="meta") if mask else None
+    assert choose_backend(capability, q, k, v, attn_mask) is backend
+
+
+def attention_job(dtype):
+    def job():
+        q, k, v = (torch.randn(2, 4, 100, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+
+    return job
+
+
+def test_memory_efficient_saves_output_and_padded_logsumexp(stack24):
+    result = capture_callable(attention_job(torch.float32), gpu=load_gpu("v100-32gb"), stack=stack24)
+    assert result.error is None, result.error_text
+    forward = [size for size, _ in allocations(result.trace, phase="forward", op="_scaled_dot_product")]
+    out, logsumexp = 2 * 4 * 100 * 64 * 4, 2 * 4 * 128 * 4  # lse padded to 128 = ceil(100/32)*32
+    assert forward == [out, logsumexp]
+    attention_matrix = 2 * 4 * 100 * 100 * 4
+    assert all(size < attention_matrix for size, _ in allocations(result.trace))
+
+
+def test_flash_saves_output_and_logsumexp(a100, stack24):
+    result = capture_callable(attention_job(torch.float16), gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    ops = {tag.op for _, tag in allocations(result.trace, phase="forward")}
+    assert "_scaled_dot_product_flash_attention.default" in ops
+    sizes = [size for size, _ in allocations(result.trace, phase="forward", op="_scaled_dot_product_flash")]
+    assert 2 * 4 * 100 * 64 * 2 in sizes and 2 * 4 * 100 * 4 in sizes
