@@ -43,7 +43,7 @@ def attention_job(dtype):
 def test_memory_efficient_saves_output_and_padded_logsumexp(stack24):
     result = capture_callable(attention_job(torch.float32), gpu=load_gpu("v100-32gb"), stack=stack24)
     assert result.error is None, result.error_text
-    forward = [size for size, _ in allocations(result.trace, phase="forward", op="_scaled_dot_product")]
+    forward = [size for size, _ in allocations(result.trace, "activation", op="_scaled_dot_product")]
     out, logsumexp = 2 * 4 * 100 * 64 * 4, 2 * 4 * 128 * 4  # lse padded to 128 = ceil(100/32)*32
     assert forward == [out, logsumexp]
     attention_matrix = 2 * 4 * 100 * 100 * 4
@@ -53,7 +53,5 @@ def test_memory_efficient_saves_output_and_padded_logsumexp(stack24):
 def test_flash_saves_output_and_logsumexp(a100, stack24):
     result = capture_callable(attention_job(torch.float16), gpu=a100, stack=stack24)
     assert result.error is None, result.error_text
-    ops = {tag.op for _, tag in allocations(result.trace, phase="forward")}
-    assert "_scaled_dot_product_flash_attention.default" in ops
-    sizes = [size for size, _ in allocations(result.trace, phase="forward", op="_scaled_dot_product_flash")]
+    sizes = [size for size, _ in allocations(result.trace, "activation", op="_scaled_dot_product_flash")]
     assert 2 * 4 * 100 * 64 * 2 in sizes and 2 * 4 * 100 * 4 in sizes

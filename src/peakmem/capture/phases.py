@@ -141,9 +141,7 @@ class PhaseTracker:
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.is_meta:
-            self.session.classify(
-                tensor, Category.ACTIVATION.value, only_from=(Category.TEMPORARY.value,)
-            )
+            self.session.classify(tensor, Category.ACTIVATION.value, only_from=_STEP_TEMPS)
         return tensor
 
 
