@@ -137,7 +137,11 @@ def estimate_capture(
         capacity_bytes=gpu.total_memory_bytes - context,
         timeline=timeline,
     )
-    peak_index = result.peak_reserved_index if result.peak_reserved_index >= 0 else len(capture.trace) - 1
+    # The breakdown shows what is live when allocated memory is highest (reserved memory only
+    # grows, so its first maximum can come before the steady state's largest live set).
+    peak_index = result.peak_allocated_index
+    if peak_index is None or peak_index < 0:
+        peak_index = len(capture.trace) - 1
     notes = list(capture.notes)
     if mode == "auto":
         notes.append("mode auto: the whole job ran on fake tensors")
