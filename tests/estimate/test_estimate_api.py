@@ -50,7 +50,9 @@ def test_a_job_larger_than_the_gpu_does_not_fit():
         optimizer.step()
 
     result = estimate(huge, gpu="rtx3060-12gb", torch_version="2.4.1")
-    assert not result.fits and result.headroom_bytes < 0
+    assert result.oom and not result.fits and result.headroom_bytes < 0
+    assert result.peak_reserved_bytes > 3 * 16 * 2**30  # weights, gradient and two moments
+    assert any("out of memory" in note for note in result.notes)
 
 
 def test_unknown_gpu_lists_the_known_ones():

@@ -63,6 +63,7 @@ def estimate_cmd(
                 steps=steps,
                 mode=mode,
                 timeout=timeout,
+                timeline=bool(timeline),
             )
     except EstimateError as exc:
         click.echo(str(exc).rstrip(), err=True)

@@ -126,23 +126,29 @@ def estimate_capture(
     timeline: bool = False,
 ) -> Estimate:
     """Replay a captured trace through the allocator simulation."""
-    from peakmem.allocator.config import AllocatorConfig
     from peakmem.allocator.simulate import simulate
 
     context = int(stack.context_for(gpu).value)
+    config = parse_alloc_conf(alloc_conf, torch_version)
     result = simulate(
         capture.trace,
-        config=AllocatorConfig.parse(alloc_conf),
+        config=config,
         torch_version=torch_version,
         capacity_bytes=gpu.total_memory_bytes - context,
         timeline=timeline,
     )
+    oom_message = result.oom_message if result.oom else None
+    if result.oom:
+        # what the job would need on a device without a limit: the size of the shortfall
+        result = simulate(capture.trace, config=config, torch_version=torch_version, timeline=timeline)
     # The breakdown shows what is live when allocated memory is highest (reserved memory only
     # grows, so its first maximum can come before the steady state's largest live set).
     peak_index = result.peak_allocated_index
     if peak_index is None or peak_index < 0:
         peak_index = len(capture.trace) - 1
     notes = list(capture.notes)
+    if oom_message:
+        notes.append(f"the simulated run runs out of memory on this GPU: {oom_message}")
     if mode == "auto":
         notes.append("mode auto: the whole job ran on fake tensors")
     return Estimate(
@@ -157,7 +163,7 @@ def estimate_capture(
         breakdown=PeakBreakdown.at(capture.trace, peak_index),
         steps=capture.steps,
         seconds=capture.seconds,
-        oom=bool(result.oom),
+        oom=oom_message is not None,
         notes=notes,
         assumptions=_assumptions(gpu, stack),
         capture=capture,
@@ -165,10 +171,22 @@ def estimate_capture(
     )
 
 
+def parse_alloc_conf(alloc_conf: str, torch_version: str) -> Any:
+    """The allocator configuration as the target torch parses it; EstimateError if it would
+    reject it."""
+    from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
+
+    try:
+        return AllocatorConfig.parse(alloc_conf, torch_version)
+    except AllocatorConfigError as exc:
+        raise EstimateError(f"bad allocator configuration {alloc_conf!r}: {exc}", exit_code=2) from None
+
+
 def _resolve(gpu: str | GpuProfile, torch_version: str | None, alloc_conf: str | None):
     gpu_profile = gpu if isinstance(gpu, GpuProfile) else load_gpu(gpu)
     version = torch_version or _installed_torch_version()
     conf = alloc_conf if alloc_conf is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    parse_alloc_conf(conf, version)  # reject a bad configuration before running the job
     return gpu_profile, load_stack(version), version, conf
 
 
