@@ -31,3 +31,17 @@ def test_inplace_dropout_keeps_the_unfused_path(a100, stack24):
     result = run(a100, stack24, inplace=True)
     ops = {tag.op for _, tag in allocations(result.trace, phase="forward")}
     assert "native_dropout.default" not in ops
+
+
+def test_dropout_inside_attention_is_fused_too(a100, stack24):
+    def job():
+        layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True).cuda()
+        layer(torch.randn(2, 16, 64, device="cuda")).sum().backward()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    ops = [tag.op for _, tag in allocations(result.trace, phase="forward")]
+    assert "bernoulli_.float" not in ops and "empty_like.default" not in ops
+    # three dropouts in the layer (after attention, in the feed-forward, after it): one mask each
+    masks = [size for size, tag in allocations(result.trace, "activation", op="native_dropout") if size in (2 * 16 * 64, 2 * 16 * 128)]
+    assert sorted(masks) == [2 * 16 * 64, 2 * 16 * 64, 2 * 16 * 128]

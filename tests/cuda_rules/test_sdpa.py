@@ -54,3 +54,15 @@ def test_flash_saves_output_and_logsumexp(a100, stack24):
     assert result.error is None, result.error_text
     sizes = [size for size, _ in allocations(result.trace, "activation", op="_scaled_dot_product_flash")]
     assert 2 * 4 * 100 * 64 * 2 in sizes and 2 * 4 * 100 * 4 in sizes
+
+
+def test_attention_inside_an_encoder_layer_uses_the_cuda_backend(stack24):
+    def job():
+        layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True).cuda()
+        layer(torch.randn(2, 100, 64, device="cuda")).sum().backward()
+
+    result = capture_callable(job, gpu=load_gpu("a100-40gb"), stack=stack24)
+    assert result.error is None, result.error_text
+    ops = {tag.op for _, tag in allocations(result.trace, phase="forward")}
+    assert "_scaled_dot_product_efficient_attention.default" in ops  # fp32 on A100
+    assert "_safe_softmax.default" not in ops  # not the math path

@@ -141,6 +141,12 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     def reset_peak(device: Any = None) -> None:
         session.max_allocated_bytes = session.allocated_bytes
 
+    original_clear_autocast_cache = torch.clear_autocast_cache
+
+    def clear_autocast_cache() -> None:
+        original_clear_autocast_cache()
+        session.autocast_cache.clear()
+
     cuda = torch.cuda
     patches: dict[tuple[Any, str], Any] = {
         (cuda, "is_available"): lambda: True,
@@ -184,6 +190,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (cuda, "is_current_stream_capturing"): lambda: False,
         (torch.backends.cudnn, "is_available"): lambda: True,
         (torch.Tensor, "pin_memory"): _identity,
+        (torch, "clear_autocast_cache"): clear_autocast_cache,
     }
     return {(obj, name): value for (obj, name), value in patches.items() if hasattr(obj, name)}
 

@@ -21,7 +21,7 @@ from peakmem.capture.fake_cuda import fake_cuda_runtime
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
 from peakmem.capture.session import CaptureSession
-from peakmem.cuda_rules import FUSED_KERNELS, RUNTIME_PATCHES
+from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
 from peakmem.profiles import GpuProfile, StackProfile
 
 DEFAULT_STEPS = 3
@@ -85,12 +85,31 @@ class PythonCommand:
         return cls(script, False, tuple(rest[1:]))
 
 
+def _overload(name: str) -> Any:
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+def _composite_kernel(session: CaptureSession, name: str, rule: Callable[..., Any]) -> Callable:
+    op = _overload(name)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return rule(session, op, *args, **kwargs)
+
+    return kernel
+
+
 @contextmanager
-def _fused_kernels() -> Iterator[None]:
+def _cuda_kernels(session: CaptureSession) -> Iterator[None]:
+    """Install the fused kernels (Meta key) and composite rules (the meta autograd key) for the
+    capture; they are removed afterwards."""
     library = torch.library.Library("aten", "IMPL")
     try:
         for name, kernel in FUSED_KERNELS.items():
+            # bypasses Library.impl's check: these ops decompose on meta on purpose elsewhere
             library.m.impl(name, "Meta", kernel, False)
+        for name, rule in COMPOSITE_RULES.items():
+            library.impl(name, _composite_kernel(session, name, rule), "AutogradMeta")
         yield
     finally:
         library._destroy()
@@ -146,7 +165,7 @@ def _run_captured(
         stack_ctx.enter_context(fake_cuda_runtime(session))
         for patch in RUNTIME_PATCHES.values():
             stack_ctx.enter_context(patch())
-        stack_ctx.enter_context(_fused_kernels())
+        stack_ctx.enter_context(_cuda_kernels(session))
         stack_ctx.enter_context(phases)
         try:
             with _time_limit(timeout), CudaAsMeta(session, phases), AllocationRecorder(session):

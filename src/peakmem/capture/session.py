@@ -46,6 +46,8 @@ class CaptureSession:
     allocated_bytes: int = 0
     max_allocated_bytes: int = 0
     module_source: Callable[[], str | None] = lambda: None
+    autocast_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """Autocast's weight-cast cache: id(leaf) -> (leaf, cast copy)."""
     _persistent: set[Any] = field(default_factory=set)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False

@@ -4,12 +4,14 @@ Importing this package loads every rule module (their decorators fill the regist
 
 from peakmem.cuda_rules import (  # noqa: F401  (imported for their registrations)
     activations,
+    autocast,
     blas,
     dropout,
     optimizers,
     sdpa,
 )
 from peakmem.cuda_rules.registry import (
+    COMPOSITE_RULES,
     FUNCTION_RULES,
     FUSED_KERNELS,
     HOST_OUTPUTS,
@@ -20,6 +22,7 @@ from peakmem.cuda_rules.registry import (
     host_outputs_for,
     iter_rules,
     op_rule_for,
+    register_composite_rule,
     register_function_rule,
     register_fused_kernel,
     register_host_outputs,
@@ -28,6 +31,7 @@ from peakmem.cuda_rules.registry import (
 )
 
 __all__ = [
+    "COMPOSITE_RULES",
     "FUNCTION_RULES",
     "FUSED_KERNELS",
     "HOST_OUTPUTS",
@@ -38,6 +42,7 @@ __all__ = [
     "host_outputs_for",
     "iter_rules",
     "op_rule_for",
+    "register_composite_rule",
     "register_function_rule",
     "register_fused_kernel",
     "register_host_outputs",

@@ -1,29 +1,25 @@
 """Dropout: on CUDA, `dropout(x, p, train=True)` runs the fused `native_dropout` kernel, which
 returns the output and a 1-byte-per-element mask saved for backward. The CPU/meta path instead
-makes a noise tensor of x's dtype (4 bytes per element in fp32) and multiplies."""
+makes a noise tensor of x's dtype (4 bytes per element in fp32) and multiplies. This holds
+wherever dropout is called from (nn.Dropout, attention's internal dropout, ...)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from peakmem.cuda_rules.registry import RuleContext, register_function_rule
-
-
-def _fused_kernel_applies(x: torch.Tensor, p: float, training: bool) -> bool:
-    # ATen Dropout.cpp: train && is_fused_kernel_acceptable(input, p) -> native_dropout.
-    return training and 0 < p < 1 and x.numel() > 0
+from peakmem.cuda_rules.registry import RuleContext, register_composite_rule
 
 
-@register_function_rule([F.dropout, torch.dropout])
-def dropout(ctx: RuleContext, func, args: tuple, kwargs: dict):
-    names = ("input", "p", "training", "inplace") if func is F.dropout else ("input", "p", "train")
-    bound = dict(zip(names, args, strict=False))
-    bound.update(kwargs)
-    x = bound["input"]
-    p = float(bound.get("p", 0.5))
-    training = bool(bound.get("training", bound.get("train", True)))
-    if bound.get("inplace", False) or not _fused_kernel_applies(x, p, training):
-        return NotImplemented  # `dropout_` and no-op cases take the same path on CUDA
-    output, _mask = torch.native_dropout(x, p, True)
-    return output
+def fused_kernel_applies(x: torch.Tensor, p: float, train: bool) -> bool:
+    """ATen Dropout.cpp: `train && is_fused_kernel_acceptable(input, p)` on a CUDA tensor."""
+    return train and 0 < p < 1 and x.numel() > 0
+
+
+@register_composite_rule("dropout")
+def dropout(ctx: RuleContext, op, x: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+    if fused_kernel_applies(x, p, train):
+        output, _mask = torch.native_dropout(x, p, True)
+        return output
+    if not train or p == 0 or x.numel() == 0:
+        return x  # ATen returns the input itself (decompose() would add a copy)
+    return op.decompose(x, p, train)

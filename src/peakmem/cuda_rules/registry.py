@@ -4,8 +4,12 @@ is an error):
 
 - op rules: run after an aten op executed under capture; they add what the CUDA kernel allocates
   besides its outputs (library workspaces, per-call scratch);
-- function rules: replace a torch-level function call (e.g. `F.dropout`) by what CUDA dispatches
-  to (e.g. the fused `native_dropout` that saves a 1-byte mask);
+- composite rules: kernels for aten ops that decompose above the backend (CompositeImplicit,
+  e.g. `dropout`, `scaled_dot_product_attention`, `linear`); CUDA decomposes them differently
+  (fused dropout, fused attention, autocast casts). They are installed for the meta device's
+  autograd key during a capture, so they apply wherever the op is called from (Python or C++);
+- function rules: replace a top-level torch function call in the job's own code (used for the
+  autocast of ops with their own autograd kernels, e.g. `torch.mm`);
 - fused kernels: ops that decompose on meta into several temporaries but run as one CUDA kernel:
   a meta kernel that only allocates the CUDA kernel's outputs;
 - host outputs: outputs of an op that CUDA keeps on the host (e.g. an RNG seed), so they are not
@@ -45,12 +49,15 @@ OpRule = Callable[[RuleContext, Any, tuple, dict, Any], None]
 """rule(ctx, op, args, kwargs, out): called after the op's outputs were recorded."""
 FunctionRule = Callable[[RuleContext, Callable, tuple, dict], Any]
 FusedKernel = Callable[..., Any]
+CompositeRule = Callable[..., Any]
+"""rule(ctx, op, *args, **kwargs): `op` is the OpOverload; `op.decompose(...)` runs the default."""
 RuntimePatch = Callable[[], AbstractContextManager[None]]
 HostOutputs = Callable[[Any], Iterable[Any]]
 
 OP_RULES: dict[Any, OpRule] = {}
 FUNCTION_RULES: dict[Callable, FunctionRule] = {}
 FUSED_KERNELS: dict[str, FusedKernel] = {}
+COMPOSITE_RULES: dict[str, CompositeRule] = {}
 RUNTIME_PATCHES: dict[str, RuntimePatch] = {}
 HOST_OUTPUTS: dict[Any, HostOutputs] = {}
 
@@ -87,6 +94,17 @@ def register_function_rule(funcs: Any) -> Callable[[FunctionRule], FunctionRule]
 
     def decorator(rule: FunctionRule) -> FunctionRule:
         _register(FUNCTION_RULES, _as_list(funcs), rule, "a function rule")
+        return rule
+
+    return decorator
+
+
+def register_composite_rule(op_names: Any) -> Callable[[CompositeRule], CompositeRule]:
+    """Decorate `rule(ctx, op, *args, **kwargs)` for aten ops given by name ("dropout",
+    "softmax.int"); it replaces the op's composite decomposition on the capture device."""
+
+    def decorator(rule: CompositeRule) -> CompositeRule:
+        _register(COMPOSITE_RULES, _as_list(op_names), rule, "a composite rule")
         return rule
 
     return decorator
@@ -145,6 +163,7 @@ def iter_rules() -> Iterator[tuple[str, Any]]:
     for kind, registry in (
         ("op", OP_RULES),
         ("function", FUNCTION_RULES),
+        ("composite", COMPOSITE_RULES),
         ("fused", FUSED_KERNELS),
         ("host_outputs", HOST_OUTPUTS),
         ("patch", RUNTIME_PATCHES),

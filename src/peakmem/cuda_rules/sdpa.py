@@ -12,14 +12,14 @@ from enum import StrEnum
 import torch
 import torch.nn.functional as F
 
+from peakmem.cuda_rules.autocast import run_lower_precision
 from peakmem.cuda_rules.registry import (
     RuleContext,
-    register_function_rule,
+    register_composite_rule,
     register_host_outputs,
 )
 
 aten = torch.ops.aten
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
 class SdpaBackend(StrEnum):
@@ -74,28 +74,38 @@ def _attn_bias(attn_mask, q):
     return bias
 
 
-@register_function_rule(F.scaled_dot_product_attention)
-def scaled_dot_product_attention(ctx: RuleContext, func, args: tuple, kwargs: dict):
-    bound = dict(zip(_SDPA_ARGS, args, strict=False))
-    bound.update(kwargs)
-    q, k, v = bound["query"], bound["key"], bound["value"]
-    attn_mask = bound.get("attn_mask")
-    if bound.get("enable_gqa", False):
-        return NotImplemented
-    backend = choose_backend(ctx.gpu.capability, q, k, v, attn_mask)
-    dropout_p = float(bound.get("dropout_p", 0.0))
-    is_causal = bool(bound.get("is_causal", False))
-    scale = bound.get("scale")
-    if backend is SdpaBackend.FLASH:
-        return aten._scaled_dot_product_flash_attention(
-            q, k, v, dropout_p, is_causal, False, scale=scale
-        )[0]
-    if backend is SdpaBackend.EFFICIENT:
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        return aten._scaled_dot_product_efficient_attention(
-            q, k, v, _attn_bias(attn_mask, q), needs_grad, dropout_p, is_causal, scale=scale
-        )[0]
-    return NotImplemented
+@register_composite_rule("scaled_dot_product_attention")
+def scaled_dot_product_attention(
+    ctx: RuleContext,
+    op,
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+):
+    """Autocast (a lower-precision op), then the backend CUDA would pick."""
+
+    def attend(q, k, v, mask):
+        backend = SdpaBackend.MATH if enable_gqa else choose_backend(ctx.gpu.capability, q, k, v, mask)
+        if backend is SdpaBackend.FLASH:
+            return aten._scaled_dot_product_flash_attention(
+                q, k, v, dropout_p, is_causal, False, scale=scale
+            )[0]
+        if backend is SdpaBackend.EFFICIENT:
+            needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            return aten._scaled_dot_product_efficient_attention(
+                q, k, v, _attn_bias(mask, q), needs_grad, dropout_p, is_causal, scale=scale
+            )[0]
+        return op.decompose(
+            q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+
+    return run_lower_precision(ctx, attend, (query, key, value, attn_mask), {})
 
 
 @register_host_outputs(aten._scaled_dot_product_efficient_attention)
