@@ -93,3 +93,29 @@ def test_a_70b_parameter_model_builds_without_memory(a100, stack24):
     assert total == layers * width * width * 2
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 512 * 1024  # well under 0.5 GiB for a 140 GB model
+
+
+def loader_job(samples, batch):
+    def job():
+        model = torch.nn.Linear(8, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.randn(samples, 8))
+        for _epoch in range(50):
+            for (x,) in torch.utils.data.DataLoader(data, batch_size=batch):
+                model(x.cuda()).sum().backward()
+                optimizer.step()
+
+    return job
+
+
+def test_default_steps_cover_a_short_epoch_and_its_smaller_last_batch(a100, stack24):
+    result = capture_callable(loader_job(36, 8), gpu=a100, stack=stack24)  # 5 batches an epoch
+    assert result.steps == 7 and result.stopped
+    assert 4 * 8 * 4 in [size for size, _ in allocations(result.trace, "input")]  # the 4-row batch
+    explicit = capture_callable(loader_job(36, 8), gpu=a100, stack=stack24, steps=2)
+    assert explicit.steps == 2
+
+
+def test_default_steps_stay_small_for_long_epochs(a100, stack24):
+    result = capture_callable(loader_job(8 * 300, 8), gpu=a100, stack=stack24)
+    assert result.steps == 3

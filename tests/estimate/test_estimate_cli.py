@@ -19,7 +19,7 @@ def test_json_output_for_the_bundled_example():
     payload = json.loads(result.stdout)
     assert payload["gpu"] == "a100-40gb" and payload["fits"] is True
     assert payload["peak_bytes"] == payload["context_bytes"] + payload["peak_reserved_bytes"]
-    assert payload["steps"] == 3
+    assert payload["steps"] == 6  # one epoch of 4 batches + 2 steps
     assert "epoch 0 step 0" not in result.stdout  # the job's prints stay off stdout
 
 

@@ -24,6 +24,17 @@ from peakmem.capture.session import CaptureSession
 from peakmem.trace.vocab import Category, Phase
 
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
+MIN_STEPS = 3
+MAX_AUTO_EPOCH = 256
+
+
+def auto_step_limit(epoch_steps: int | None) -> int:
+    """Steps to run when the user did not say: at least 3; when the job iterates a DataLoader
+    with a short epoch, the whole epoch (its last batch is often smaller and changes the
+    allocator's state) plus two steps of the next one."""
+    if epoch_steps is not None and epoch_steps <= MAX_AUTO_EPOCH:
+        return max(MIN_STEPS, epoch_steps + 2)
+    return MIN_STEPS
 
 
 class StopJob(BaseException):  # noqa: N818  (a control-flow signal, not an error)
@@ -32,6 +43,7 @@ class StopJob(BaseException):  # noqa: N818  (a control-flow signal, not an erro
 
 class PhaseTracker:
     def __init__(self, session: CaptureSession, stop_after_steps: int | None) -> None:
+        """`stop_after_steps`: stop after that many optimizer steps; None: `auto_step_limit`."""
         self.session = session
         self.stop_after_steps = stop_after_steps
         self.tracker = ModuleTracker()
@@ -135,7 +147,9 @@ class PhaseTracker:
         session.state.steps = max(self._steps_by_optimizer.values())
         session.mark(f"step {self._steps_by_optimizer[key]}")
         limit = self.stop_after_steps
-        if limit is not None and min(self._steps_by_optimizer.values()) >= limit:
+        if limit is None:
+            limit = auto_step_limit(session.state.epoch_steps)
+        if min(self._steps_by_optimizer.values()) >= limit:
             session.state.stopped = True
             raise StopJob
 

@@ -24,7 +24,7 @@ from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
 from peakmem.profiles import GpuProfile, StackProfile
 
-DEFAULT_STEPS = 3
+DEFAULT_STEPS = None  # auto: see phases.auto_step_limit
 _PYTHON_FLAGS = {"-u", "-O", "-OO", "-B", "-E", "-s", "-S"}
 
 
@@ -116,6 +116,27 @@ def _cuda_kernels(session: CaptureSession) -> Iterator[None]:
 
 
 @contextmanager
+def _epoch_length_probe(session: CaptureSession) -> Iterator[None]:
+    """Note the length of the first DataLoader the job iterates."""
+    loader_class = torch.utils.data.DataLoader
+    original_iter = loader_class.__iter__
+
+    def iterate(loader: Any) -> Any:
+        if session.state.epoch_steps is None:
+            try:
+                session.state.epoch_steps = len(loader)
+            except TypeError:  # an IterableDataset without a length
+                pass
+        return original_iter(loader)
+
+    loader_class.__iter__ = iterate
+    try:
+        yield
+    finally:
+        loader_class.__iter__ = original_iter
+
+
+@contextmanager
 def _time_limit(seconds: float | None) -> Iterator[None]:
     if not seconds or seconds <= 0 or not hasattr(signal, "setitimer"):
         yield
@@ -166,6 +187,7 @@ def _run_captured(
         for patch in RUNTIME_PATCHES.values():
             stack_ctx.enter_context(patch())
         stack_ctx.enter_context(_cuda_kernels(session))
+        stack_ctx.enter_context(_epoch_length_probe(session))
         stack_ctx.enter_context(phases)
         try:
             with _time_limit(timeout), CudaAsMeta(session, phases), AllocationRecorder(session):
@@ -204,7 +226,8 @@ def capture_callable(
     timeout: float | None = None,
     **kwargs: Any,
 ) -> CaptureResult:
-    """Run `fn(*args, **kwargs)` with "cuda" shaped like `gpu`; stop after `steps` steps."""
+    """Run `fn(*args, **kwargs)` with "cuda" shaped like `gpu`; stop after `steps` optimizer
+    steps (None: at least 3, or a short DataLoader epoch plus 2)."""
     return _run_captured(lambda: fn(*args, **kwargs), gpu, stack, steps, timeout)
 
 

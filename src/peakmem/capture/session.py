@@ -33,6 +33,7 @@ class CaptureState:
     phase: str = Phase.OTHER.value
     steps: int = 0
     forward_calls: int = 0
+    epoch_steps: int | None = None  # batches per epoch of the first DataLoader iterated
     stopped: bool = False
 
 

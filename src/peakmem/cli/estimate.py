@@ -16,7 +16,12 @@ import click
 @click.option("--gpu", default="h100-80gb", show_default=True, help="Target GPU profile name.")
 @click.option("--torch", "torch_version", default=None, help="Target PyTorch version [default: installed].")
 @click.option("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF of the target run.")
-@click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Optimizer steps to run.")
+@click.option(
+    "--steps",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Optimizer steps to run [default: 3, or one DataLoader epoch + 2 when it has <= 256 batches].",
+)
 @click.option("--mode", type=click.Choice(["fake", "eager", "auto"]), default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Write a memory timeline (.html or .png).")
@@ -26,7 +31,7 @@ def estimate_cmd(
     gpu: str,
     torch_version: str | None,
     alloc_conf: str | None,
-    steps: int,
+    steps: int | None,
     mode: str,
     as_json: bool,
     timeline: str | None,

@@ -202,7 +202,7 @@ def estimate(
     gpu: str | GpuProfile = DEFAULT_GPU,
     torch_version: str | None = None,
     alloc_conf: str | None = None,
-    steps: int = DEFAULT_STEPS,
+    steps: int | None = DEFAULT_STEPS,
     mode: str = "auto",
     timeout: float | None = None,
     timeline: bool = False,
@@ -211,7 +211,8 @@ def estimate(
     """Estimate the peak GPU memory of `fn(*args, **kwargs)` on `gpu`, without a GPU.
 
     `fn` is written as for a GPU (it uses "cuda"); it runs on the CPU with fake device tensors
-    and stops after `steps` optimizer steps."""
+    and stops after `steps` optimizer steps (None: at least 3; a whole DataLoader epoch plus 2
+    steps when the epoch has at most 256 batches, so its smaller last batch is seen)."""
     from peakmem.capture import capture_callable
 
     _check_mode(mode)
@@ -231,7 +232,7 @@ def estimate_command(
     gpu: str | GpuProfile = DEFAULT_GPU,
     torch_version: str | None = None,
     alloc_conf: str | None = None,
-    steps: int = DEFAULT_STEPS,
+    steps: int | None = DEFAULT_STEPS,
     mode: str = "auto",
     timeout: float | None = None,
     timeline: bool = False,
