@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import signal
@@ -123,10 +124,8 @@ def _epoch_length_probe(session: CaptureSession) -> Iterator[None]:
 
     def iterate(loader: Any) -> Any:
         if session.state.epoch_steps is None:
-            try:
+            with contextlib.suppress(TypeError):  # an IterableDataset without a length
                 session.state.epoch_steps = len(loader)
-            except TypeError:  # an IterableDataset without a length
-                pass
         return original_iter(loader)
 
     loader_class.__iter__ = iterate
