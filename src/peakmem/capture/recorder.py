@@ -3,6 +3,9 @@ then applies the op's CUDA rule (workspaces, scratch)."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -25,6 +28,11 @@ class AllocationRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        rule = None if self.session.closed else op_rule_for(func)
+        around = None
+        if rule is not None and inspect.isgeneratorfunction(rule):
+            around = rule(self.session, func, args, kwargs)
+            next(around)  # allocations the kernel makes before its outputs
         out = func(*args, **kwargs)
         if self.session.closed:
             return out
@@ -38,8 +46,10 @@ class AllocationRecorder(TorchDispatchMode):
         for tensor in flat:
             if isinstance(tensor, torch.Tensor) and tensor.is_meta and id(tensor) not in skip:
                 self.session.track(tensor, op, category)
-        rule = op_rule_for(func)
-        if rule is not None:
+        if around is not None:
+            with contextlib.suppress(StopIteration):
+                around.send(out)
+        elif rule is not None:
             rule(self.session, func, args, kwargs, out)
         return out
 

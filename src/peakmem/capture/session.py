@@ -50,6 +50,7 @@ class CaptureSession:
     autocast_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """Autocast's weight-cast cache: id(leaf) -> (leaf, cast copy)."""
     _persistent: set[Any] = field(default_factory=set)
+    _scratch_sizes: dict[int, int] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False
 
@@ -70,6 +71,18 @@ class CaptureSession:
             return
         ident = self._alloc(nbytes, category, op)
         self._free(ident, nbytes)
+
+    def scratch(self, nbytes: int, *, category: str, op: str) -> int:
+        if self.closed:
+            return -1
+        ident = self._alloc(nbytes, category, op)
+        self._scratch_sizes[ident] = nbytes
+        return ident
+
+    def release(self, ident: int) -> None:
+        nbytes = self._scratch_sizes.pop(ident, None)
+        if nbytes is not None and not self.closed:
+            self._free(ident, nbytes)
 
     # -- storages ------------------------------------------------------------------------------
     def default_category(self, op: str) -> str:

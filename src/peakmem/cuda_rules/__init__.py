@@ -7,6 +7,7 @@ from peakmem.cuda_rules import (  # noqa: F401  (imported for their registration
     autocast,
     blas,
     dropout,
+    embedding,
     optimizers,
     sdpa,
 )

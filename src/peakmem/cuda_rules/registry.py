@@ -2,8 +2,10 @@
 says what CUDA does. Rules come in four kinds, each in its own registry (a duplicate registration
 is an error):
 
-- op rules: run after an aten op executed under capture; they add what the CUDA kernel allocates
-  besides its outputs (library workspaces, per-call scratch);
+- op rules: add what the CUDA kernel of an aten op allocates besides its outputs (library
+  workspaces, per-call scratch). A plain rule runs after the op's outputs were recorded; a
+  generator rule runs up to its `yield` before the outputs are recorded and after it with the
+  outputs, so scratch can be live around the output allocation as in the CUDA kernel;
 - composite rules: kernels for aten ops that decompose above the backend (CompositeImplicit,
   e.g. `dropout`, `scaled_dot_product_attention`, `linear`); CUDA decomposes them differently
   (fused dropout, fused attention, autocast casts). They are installed for the meta device's
@@ -44,9 +46,16 @@ class RuleContext(Protocol):
     def transient(self, nbytes: int, *, category: str, op: str) -> None:
         """Allocate `nbytes` and free it right away (scratch inside one kernel)."""
 
+    def scratch(self, nbytes: int, *, category: str, op: str) -> int:
+        """Allocate `nbytes` now; returns an id for `release`."""
 
-OpRule = Callable[[RuleContext, Any, tuple, dict, Any], None]
-"""rule(ctx, op, args, kwargs, out): called after the op's outputs were recorded."""
+    def release(self, ident: int) -> None:
+        """Free an allocation made with `scratch`."""
+
+
+OpRule = Callable[..., Any]
+"""rule(ctx, op, args, kwargs, out) called after the op's outputs were recorded, or a generator
+rule(ctx, op, args, kwargs) that yields once: `out = yield` (see the module docstring)."""
 FunctionRule = Callable[[RuleContext, Callable, tuple, dict], Any]
 FusedKernel = Callable[..., Any]
 CompositeRule = Callable[..., Any]
