@@ -119,3 +119,22 @@ def test_default_steps_cover_a_short_epoch_and_its_smaller_last_batch(a100, stac
 def test_default_steps_stay_small_for_long_epochs(a100, stack24):
     result = capture_callable(loader_job(8 * 300, 8), gpu=a100, stack=stack24)
     assert result.steps == 3
+
+
+def test_data_dependent_sizes_are_bounded_from_above(a100, stack24):
+    def job():
+        x = torch.randn(1000, device="cuda")
+        x[x > 0].sum()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    selected = [size for size, tag in allocations(result.trace) if tag.op == "index.Tensor"]
+    assert selected == [1000 * 4]  # as if every element were selected
+
+
+def test_ops_without_fake_support_say_so(a100, stack24):
+    def job():
+        torch.unique(torch.randn(10, device="cuda"))
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.exit_code == 1 and "--mode eager" in result.error_text

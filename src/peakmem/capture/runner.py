@@ -153,6 +153,18 @@ def _time_limit(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+FAKE_LIMIT_HINT = (
+    "peakmem: this op cannot run on fake (meta) tensors; running it for real on the CPU "
+    "(--mode eager) is not yet supported.\n"
+)
+
+
+def _is_fake_limit(exc: BaseException) -> bool:
+    """An error raised because the device tensors are fake, not by the job itself."""
+    text = str(exc)
+    return isinstance(exc, NotImplementedError) or "meta" in text.lower()
+
+
 def _user_traceback(exc: BaseException) -> str:
     """The job's own traceback, without peakmem's and runpy's frames."""
     tb = traceback.TracebackException.from_exception(exc)
@@ -203,6 +215,8 @@ def _run_captured(
         except Exception as exc:  # the job's own error: reported with its traceback
             result.error, result.exit_code = exc, 1
             result.error_text = _user_traceback(exc)
+            if _is_fake_limit(exc):
+                result.error_text += FAKE_LIMIT_HINT
         finally:
             session.close()
     result.seconds = time.perf_counter() - start
