@@ -97,3 +97,19 @@ def test_module_cuda_and_factory_devices_map_to_the_fake_device(a100, stack24):
         "context": "meta",
         "host": "cpu",
     }
+
+
+def test_torch_compile_runs_eagerly_and_says_so(a100, stack24):
+    def job():
+        model = torch.compile(torch.nn.Linear(8, 8).cuda())
+
+        @torch.compile(mode="reduce-overhead")
+        def double(x):
+            return x * 2
+
+        double(model(torch.randn(2, 8, device="cuda")))
+        assert isinstance(model, torch.nn.Linear)
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert any("torch.compile" in note for note in result.notes)

@@ -147,6 +147,14 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         original_clear_autocast_cache()
         session.autocast_cache.clear()
 
+    def compile_as_eager(model: Any = None, **kwargs: Any) -> Any:
+        note = "torch.compile was not applied: the job was traced eagerly (compiled kernels may use less memory)"
+        if note not in session.notes:
+            session.notes.append(note)
+        if model is None:  # used as @torch.compile(...)
+            return lambda fn: fn
+        return model
+
     cuda = torch.cuda
     patches: dict[tuple[Any, str], Any] = {
         (cuda, "is_available"): lambda: True,
@@ -191,6 +199,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch.backends.cudnn, "is_available"): lambda: True,
         (torch.Tensor, "pin_memory"): _identity,
         (torch, "clear_autocast_cache"): clear_autocast_cache,
+        (torch, "compile"): compile_as_eager,
     }
     return {(obj, name): value for (obj, name), value in patches.items() if hasattr(obj, name)}
 

@@ -223,6 +223,7 @@ def _run_captured(
     result.steps = session.state.steps
     result.stopped = session.state.stopped
     result.forward_calls = session.state.forward_calls
+    result.notes.extend(session.notes)
     if not result.trained and result.error is None:
         result.notes.append(
             "the job never stepped an optimizer: this is a forward/inference estimate"

@@ -53,6 +53,7 @@ class CaptureSession:
     _scratch_sizes: dict[int, int] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False
+    notes: list[str] = field(default_factory=list)
 
     # -- RuleContext ---------------------------------------------------------------------------
     @property
