@@ -27,6 +27,9 @@ def test_job_sees_a_cuda_device_shaped_like_the_target(a100, stack24):
         seen["bf16"] = torch.cuda.is_bf16_supported()
         seen["x_device"] = x.device.type
         seen["allocated"] = torch.cuda.memory_allocated()
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        seen["cudnn"] = torch.backends.cudnn.is_available() and torch.backends.cudnn.benchmark
 
     result = capture_callable(job, gpu=a100, stack=stack24)
     assert result.error is None, result.error_text
@@ -39,6 +42,7 @@ def test_job_sees_a_cuda_device_shaped_like_the_target(a100, stack24):
     assert seen["current"] == 0 and seen["bf16"] is True
     assert seen["x_device"] == "meta"  # fake: no memory behind it
     assert seen["allocated"] == 16
+    assert seen["cudnn"] is True
 
 
 def test_runtime_is_restored_after_the_capture(a100, stack24):
