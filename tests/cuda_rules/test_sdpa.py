@@ -66,3 +66,23 @@ def test_attention_inside_an_encoder_layer_uses_the_cuda_backend(stack24):
     ops = {tag.op for _, tag in allocations(result.trace, phase="forward")}
     assert "_scaled_dot_product_efficient_attention.default" in ops  # fp32 on A100
     assert "_safe_softmax.default" not in ops  # not the math path
+
+
+def test_grouped_query_attention_takes_flash_and_saves_no_attention_matrix(stack24):
+    q = torch.empty(1, 32, 128, 64, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(1, 8, 128, 64, dtype=torch.bfloat16, device="meta")
+    assert choose_backend((9, 0), q, kv, kv, None) is SdpaBackend.FLASH
+    assert choose_backend((9, 0), q.float(), kv.float(), kv.float(), None) is SdpaBackend.MATH
+
+    def job():
+        q, k, v = (
+            torch.randn(1, heads, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for heads in (32, 8, 8)
+        )
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+
+    result = capture_callable(job, gpu=load_gpu("h100-80gb"), stack=stack24)
+    assert result.error is None, result.error_text
+    attention_matrix = 32 * 128 * 128 * 2
+    assert all(size < attention_matrix for size, _ in allocations(result.trace))
+

@@ -28,13 +28,21 @@ class SdpaBackend(StrEnum):
     MATH = "math"
 
 
-def _flash_ok(capability: tuple[int, int], q, k, v, attn_mask) -> bool:
+def _flash_ok(capability: tuple[int, int], q, k, v, attn_mask, is_causal=False) -> bool:
     if not torch.backends.cuda.flash_sdp_enabled() or attn_mask is not None:
         return False
     if capability < (8, 0) or q.dtype not in (torch.float16, torch.bfloat16):
         return False
     head_dim = q.shape[-1]
-    return k.shape[-1] == head_dim and v.shape[-1] == head_dim and head_dim <= 256
+    if k.shape[-1] != head_dim or v.shape[-1] != head_dim or head_dim > 256:
+        return False
+    if is_causal and q.shape[-2] != k.shape[-2]:
+        return False  # check_flash_causal_non_square_seqlens
+    needs_grad = any(t.requires_grad for t in (q, k, v))
+    if needs_grad and head_dim > 192 and capability in ((8, 6), (8, 9)):
+        return False  # check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89
+    # grouped-query attention (fewer key/value heads) is supported by flash only
+    return q.shape[-3] % k.shape[-3] == 0 and k.shape[-3] == v.shape[-3]
 
 
 def _efficient_ok(capability: tuple[int, int], q, k, v, attn_mask) -> bool:
@@ -45,14 +53,17 @@ def _efficient_ok(capability: tuple[int, int], q, k, v, attn_mask) -> bool:
     if q.dtype == torch.bfloat16 and capability < (8, 0):
         return False
     alignment = 4 if q.dtype == torch.float32 else 8  # 16-byte aligned head dims
-    return q.shape[-1] % alignment == 0 and v.shape[-1] % alignment == 0
+    same_heads = q.shape[-3] == k.shape[-3] == v.shape[-3]
+    return same_heads and q.shape[-1] % alignment == 0 and v.shape[-1] % alignment == 0
 
 
-def choose_backend(capability: tuple[int, int], q, k, v, attn_mask) -> SdpaBackend:
+def choose_backend(
+    capability: tuple[int, int], q, k, v, attn_mask, is_causal: bool = False
+) -> SdpaBackend:
     """The backend CUDA would pick for these inputs (4-D, no nested tensors)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return SdpaBackend.MATH
-    if _flash_ok(capability, q, k, v, attn_mask):
+    if _flash_ok(capability, q, k, v, attn_mask, is_causal):
         return SdpaBackend.FLASH
     if _efficient_ok(capability, q, k, v, attn_mask):
         return SdpaBackend.EFFICIENT
@@ -91,7 +102,10 @@ def scaled_dot_product_attention(
     """Autocast (a lower-precision op), then the backend CUDA would pick."""
 
     def attend(q, k, v, mask):
-        backend = SdpaBackend.MATH if enable_gqa else choose_backend(ctx.gpu.capability, q, k, v, mask)
+        if not enable_gqa and q.dim() == 4 and q.shape[-3] != k.shape[-3]:
+            backend = SdpaBackend.MATH  # mismatched heads without enable_gqa: an error on CUDA
+        else:
+            backend = choose_backend(ctx.gpu.capability, q, k, v, mask, is_causal)
         if backend is SdpaBackend.FLASH:
             return aten._scaled_dot_product_flash_attention(
                 q, k, v, dropout_p, is_causal, False, scale=scale
@@ -101,9 +115,7 @@ def scaled_dot_product_attention(
             return aten._scaled_dot_product_efficient_attention(
                 q, k, v, _attn_bias(mask, q), needs_grad, dropout_p, is_causal, scale=scale
             )[0]
-        return op.decompose(
-            q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
-        )
+        return op.decompose(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
     return run_lower_precision(ctx, attend, (query, key, value, attn_mask), {})
 
