@@ -1,4 +1,5 @@
 import torch
+from capture_helpers import allocations
 
 from peakmem.capture import capture_callable
 
@@ -117,3 +118,21 @@ def test_torch_compile_runs_eagerly_and_says_so(a100, stack24):
     result = capture_callable(job, gpu=a100, stack=stack24)
     assert result.error is None, result.error_text
     assert any("torch.compile" in note for note in result.notes)
+
+
+def test_checkpoints_load_onto_the_fake_device(a100, stack24, tmp_path):
+    path = tmp_path / "ckpt.pt"
+    torch.save({"weight": torch.randn(16, 16), "step": 3}, path)
+    seen = {}
+
+    def job():
+        state = torch.load(path, map_location="cuda")
+        seen["device"] = state["weight"].device.type
+        seen["step"] = state["step"]
+        with open(path, "rb") as handle:
+            seen["file_object"] = torch.load(handle, map_location=torch.device("cuda", 0))["weight"].device.type
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert seen == {"device": "meta", "step": 3, "file_object": "meta"}
+    assert [size for size, _ in allocations(result.trace)] == [16 * 16 * 4, 16 * 16 * 4]
