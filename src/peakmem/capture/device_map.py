@@ -1,0 +1,110 @@
+"""A torch-function mode that puts "cuda" tensors on the meta device (no memory, no compute),
+keeps host tensors real, answers host reads of device tensors (`.item()`, `.tolist()`,
+`.cpu()`, printing with a format) with placeholder zeros, and hands calls that CUDA dispatches
+differently to the CUDA function rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from peakmem.capture.phases import PhaseTracker
+from peakmem.capture.session import CaptureSession
+from peakmem.cuda_rules import FUNCTION_RULES
+
+CAPTURE_DEVICE = torch.device("meta")
+Tensor = torch.Tensor
+
+# Tensor methods that read device memory into Python or host memory.
+_HOST_READS = {
+    Tensor.item,
+    Tensor.tolist,
+    Tensor.numpy,
+    Tensor.__float__,
+    Tensor.__int__,
+    Tensor.__bool__,
+    Tensor.__index__,
+    Tensor.__complex__,
+    Tensor.__format__,
+    Tensor.__array__,
+}
+_BACKWARD_CALLS = {Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+
+
+def is_device_string(value: Any) -> bool:
+    return isinstance(value, str) and (value == "cuda" or value.startswith("cuda:"))
+
+
+def to_capture_device(value: Any, *, ints: bool = False) -> Any:
+    """Map a CUDA device spec to the capture device; anything else unchanged."""
+    if is_device_string(value):
+        return CAPTURE_DEVICE
+    if isinstance(value, torch.device) and value.type == "cuda":
+        return CAPTURE_DEVICE
+    if ints and isinstance(value, int) and not isinstance(value, bool):
+        return CAPTURE_DEVICE
+    return value
+
+
+def is_host_device(value: Any) -> bool:
+    if isinstance(value, str):
+        return value == "cpu" or value.startswith("cpu:")
+    return isinstance(value, torch.device) and value.type == "cpu"
+
+
+def placeholder(tensor: Any) -> Any:
+    """A real host tensor standing in for a device tensor's unknown values."""
+    if isinstance(tensor, Tensor) and tensor.is_meta:
+        return torch.zeros(tensor.shape, dtype=tensor.dtype)
+    return tensor
+
+
+def _has_device_tensor(args: tuple, kwargs: dict) -> bool:
+    flat, _ = tree_flatten((args, kwargs))
+    return any(isinstance(t, Tensor) and t.is_meta for t in flat)
+
+
+class CudaAsMeta(TorchFunctionMode):
+    def __init__(self, session: CaptureSession, phases: PhaseTracker) -> None:
+        super().__init__()
+        self.session = session
+        self.phases = phases
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = to_capture_device(kwargs["device"], ints=True)
+
+        if func is Tensor.to:
+            return self._to(args, kwargs)
+        if func is Tensor.cuda:
+            return args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
+        if func is Tensor.cpu and args[0].is_meta:
+            return placeholder(args[0])
+        if func in _HOST_READS and _has_device_tensor(args, kwargs):
+            return func(*tree_map(placeholder, args), **tree_map(placeholder, kwargs))
+        if func in _BACKWARD_CALLS:
+            with self.phases.backward():
+                return func(*args, **kwargs)
+        rule = FUNCTION_RULES.get(func)
+        if rule is not None and _has_device_tensor(args, kwargs):
+            result = rule(self.session, func, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        return func(*args, **kwargs)
+
+    def _to(self, args: tuple, kwargs: dict):
+        tensor, rest = args[0], list(args[1:])
+        if rest:
+            rest[0] = to_capture_device(rest[0], ints=True)
+        target = kwargs.get("device", rest[0] if rest else None)
+        if tensor.is_meta and is_host_device(target):
+            host = placeholder(tensor)
+            kwargs.pop("device", None)
+            if rest and is_host_device(rest[0]):
+                rest = rest[1:]
+            return host.to(*rest, **kwargs) if (rest or kwargs) else host
+        return tensor.to(*rest, **kwargs)

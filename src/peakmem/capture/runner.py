@@ -1,0 +1,274 @@
+"""Run a callable or an unmodified script under capture, stopping after N optimizer steps."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from peakmem.capture.device_map import CudaAsMeta
+from peakmem.capture.fake_cuda import fake_cuda_runtime
+from peakmem.capture.phases import PhaseTracker, StopJob
+from peakmem.capture.recorder import AllocationRecorder
+from peakmem.capture.session import CaptureSession
+from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
+from peakmem.profiles import GpuProfile, StackProfile
+
+DEFAULT_STEPS = None  # auto: see phases.auto_step_limit
+_PYTHON_FLAGS = {"-u", "-O", "-OO", "-B", "-E", "-s", "-S"}
+
+
+class CaptureTimeout(BaseException):  # noqa: N818
+    """The job ran past the time limit."""
+
+
+class CommandError(ValueError):
+    """The command to run is not a Python script or module."""
+
+
+@dataclass
+class CaptureResult:
+    trace: Any
+    steps: int
+    stopped: bool
+    forward_calls: int
+    seconds: float
+    mode: str = "fake"
+    error: BaseException | None = None
+    error_text: str | None = None
+    exit_code: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def trained(self) -> bool:
+        return self.steps > 0
+
+
+@dataclass(frozen=True)
+class PythonCommand:
+    """`python script.py args` or `python -m module args`."""
+
+    target: str
+    is_module: bool
+    args: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, argv: list[str]) -> PythonCommand:
+        rest = list(argv)
+        if not rest:
+            raise CommandError("no command given: use `-- python train.py [args]`")
+        if Path(rest[0]).name.startswith("python") and not rest[0].endswith(".py"):
+            rest = rest[1:]
+        while rest and rest[0] in _PYTHON_FLAGS:
+            rest = rest[1:]
+        if not rest:
+            raise CommandError("no script or module given after `python`")
+        if rest[0] == "-m":
+            if len(rest) < 2:
+                raise CommandError("`-m` needs a module name")
+            return cls(rest[1], True, tuple(rest[2:]))
+        if rest[0].startswith("-"):
+            raise CommandError(f"unsupported python option {rest[0]!r}")
+        script = rest[0]
+        if not Path(script).is_file():
+            raise CommandError(f"script not found: {script}")
+        return cls(script, False, tuple(rest[1:]))
+
+
+def _overload(name: str) -> Any:
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+def _composite_kernel(session: CaptureSession, name: str, rule: Callable[..., Any]) -> Callable:
+    op = _overload(name)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return rule(session, op, *args, **kwargs)
+
+    return kernel
+
+
+@contextmanager
+def _cuda_kernels(session: CaptureSession) -> Iterator[None]:
+    """Install the fused kernels (Meta key) and composite rules (the meta autograd key) for the
+    capture; they are removed afterwards."""
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        for name, kernel in FUSED_KERNELS.items():
+            # bypasses Library.impl's check: these ops decompose on meta on purpose elsewhere
+            library.m.impl(name, "Meta", kernel, False)
+        for name, rule in COMPOSITE_RULES.items():
+            library.impl(name, _composite_kernel(session, name, rule), "AutogradMeta")
+        yield
+    finally:
+        library._destroy()
+
+
+@contextmanager
+def _epoch_length_probe(session: CaptureSession) -> Iterator[None]:
+    """Note the length of the first DataLoader the job iterates."""
+    loader_class = torch.utils.data.DataLoader
+    original_iter = loader_class.__iter__
+
+    def iterate(loader: Any) -> Any:
+        if session.state.epoch_steps is None:
+            with contextlib.suppress(TypeError):  # an IterableDataset without a length
+                session.state.epoch_steps = len(loader)
+        return original_iter(loader)
+
+    loader_class.__iter__ = iterate
+    try:
+        yield
+    finally:
+        loader_class.__iter__ = original_iter
+
+
+@contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    if not seconds or seconds <= 0 or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise CaptureTimeout(f"the job ran longer than {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+FAKE_LIMIT_HINT = (
+    "peakmem: this op cannot run on fake (meta) tensors; running it for real on the CPU "
+    "(--mode eager) is not yet supported.\n"
+)
+
+
+def _is_fake_limit(exc: BaseException) -> bool:
+    """An error raised because the device tensors are fake, not by the job itself."""
+    text = str(exc)
+    return isinstance(exc, NotImplementedError) or "meta" in text.lower()
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The job's own traceback, without peakmem's and runpy's frames."""
+    tb = traceback.TracebackException.from_exception(exc)
+    package = str(Path(__file__).resolve().parents[1])
+    frames = [
+        frame
+        for frame in tb.stack
+        if not frame.filename.startswith(package) and "runpy" not in Path(frame.filename).name
+    ]
+    tb.stack = traceback.StackSummary.from_list(frames)
+    return "".join(tb.format())
+
+
+def _run_captured(
+    job: Callable[[], Any],
+    gpu: GpuProfile,
+    stack: StackProfile,
+    steps: int | None,
+    timeout: float | None,
+) -> CaptureResult:
+    session = CaptureSession(gpu=gpu, stack=stack)
+    session.trace.meta.update(
+        {"gpu": gpu.name, "stack": stack.name, "capture_torch": torch.__version__}
+    )
+    phases = PhaseTracker(session, stop_after_steps=steps)
+    session.module_source = phases.current_module
+    result = CaptureResult(trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0)
+    start = time.perf_counter()
+    with ExitStack() as stack_ctx:
+        stack_ctx.enter_context(fake_cuda_runtime(session))
+        for patch in RUNTIME_PATCHES.values():
+            stack_ctx.enter_context(patch())
+        stack_ctx.enter_context(_cuda_kernels(session))
+        stack_ctx.enter_context(_epoch_length_probe(session))
+        stack_ctx.enter_context(phases)
+        try:
+            with _time_limit(timeout), CudaAsMeta(session, phases), AllocationRecorder(session):
+                job()
+        except StopJob:
+            pass
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if code:
+                result.error, result.exit_code = exc, code
+                result.error_text = f"the job exited with status {code}"
+        except CaptureTimeout as exc:
+            result.error, result.exit_code, result.error_text = exc, 124, str(exc)
+        except Exception as exc:  # the job's own error: reported with its traceback
+            result.error, result.exit_code = exc, 1
+            result.error_text = _user_traceback(exc)
+            if _is_fake_limit(exc):
+                result.error_text += FAKE_LIMIT_HINT
+        finally:
+            session.close()
+    result.seconds = time.perf_counter() - start
+    result.steps = session.state.steps
+    result.stopped = session.state.stopped
+    result.forward_calls = session.state.forward_calls
+    result.notes.extend(session.notes)
+    if not result.trained and result.error is None:
+        result.notes.append(
+            "the job never stepped an optimizer: this is a forward/inference estimate"
+        )
+    return result
+
+
+def capture_callable(
+    fn: Callable[..., Any],
+    *args: Any,
+    gpu: GpuProfile,
+    stack: StackProfile,
+    steps: int | None = DEFAULT_STEPS,
+    timeout: float | None = None,
+    **kwargs: Any,
+) -> CaptureResult:
+    """Run `fn(*args, **kwargs)` with "cuda" shaped like `gpu`; stop after `steps` optimizer
+    steps (None: at least 3, or a short DataLoader epoch plus 2)."""
+    return _run_captured(lambda: fn(*args, **kwargs), gpu, stack, steps, timeout)
+
+
+def capture_command(
+    argv: list[str],
+    *,
+    gpu: GpuProfile,
+    stack: StackProfile,
+    steps: int | None = DEFAULT_STEPS,
+    timeout: float | None = None,
+) -> CaptureResult:
+    """Run `python script.py args` / `python -m module args` in this process, unchanged."""
+    command = PythonCommand.parse(argv)
+
+    def job() -> None:
+        saved_argv, saved_path = sys.argv[:], sys.path[:]
+        try:
+            if command.is_module:
+                sys.argv = [command.target, *command.args]
+                sys.path.insert(0, os.getcwd())
+                runpy.run_module(command.target, run_name="__main__", alter_sys=True)
+            else:
+                script = str(Path(command.target).resolve())
+                sys.argv = [command.target, *command.args]
+                sys.path.insert(0, str(Path(script).parent))
+                runpy.run_path(script, run_name="__main__")
+        finally:
+            sys.argv, sys.path[:] = saved_argv, saved_path
+
+    return _run_captured(job, gpu, stack, steps, timeout)

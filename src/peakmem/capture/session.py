@@ -1,0 +1,163 @@
+"""The state of one capture: the trace being written, which fake device storages are live, and
+what each one is known to hold. The recorder, the phase tracker and the CUDA rules all write here.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from peakmem.profiles import GpuProfile, StackProfile
+from peakmem.trace.events import Tag, Trace
+from peakmem.trace.vocab import Category, Phase
+
+DEVICE_STREAM = 0
+
+
+@dataclass
+class LiveStorage:
+    alloc_index: int  # index of the ALLOC event in the trace
+    ident: int
+    nbytes: int
+
+
+@dataclass
+class CaptureState:
+    """Where the job is: phase, innermost module, optimizer steps taken."""
+
+    phase: str = Phase.OTHER.value
+    steps: int = 0
+    forward_calls: int = 0
+    epoch_steps: int | None = None  # batches per epoch of the first DataLoader iterated
+    stopped: bool = False
+
+
+@dataclass
+class CaptureSession:
+    gpu: GpuProfile
+    stack: StackProfile
+    trace: Trace = field(default_factory=Trace)
+    state: CaptureState = field(default_factory=CaptureState)
+    live: dict[int, LiveStorage] = field(default_factory=dict)  # id(storage) -> record
+    allocated_bytes: int = 0
+    max_allocated_bytes: int = 0
+    module_source: Callable[[], str | None] = lambda: None
+    autocast_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """Autocast's weight-cast cache: id(leaf) -> (leaf, cast copy)."""
+    _persistent: set[Any] = field(default_factory=set)
+    _scratch_sizes: dict[int, int] = field(default_factory=dict)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    closed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    # -- RuleContext ---------------------------------------------------------------------------
+    @property
+    def in_backward(self) -> bool:
+        return self.state.phase == Phase.BACKWARD.value
+
+    def persistent(self, key: Any, nbytes: int, *, category: str, op: str) -> bool:
+        if key in self._persistent or self.closed:
+            return False
+        self._persistent.add(key)
+        self._alloc(nbytes, category, op)
+        return True
+
+    def transient(self, nbytes: int, *, category: str, op: str) -> None:
+        if self.closed:
+            return
+        ident = self._alloc(nbytes, category, op)
+        self._free(ident, nbytes)
+
+    def scratch(self, nbytes: int, *, category: str, op: str) -> int:
+        if self.closed:
+            return -1
+        ident = self._alloc(nbytes, category, op)
+        self._scratch_sizes[ident] = nbytes
+        return ident
+
+    def release(self, ident: int) -> None:
+        nbytes = self._scratch_sizes.pop(ident, None)
+        if nbytes is not None and not self.closed:
+            self._free(ident, nbytes)
+
+    # -- storages ------------------------------------------------------------------------------
+    def default_category(self, op: str) -> str:
+        phase = self.state.phase
+        if phase == Phase.OTHER.value:
+            return Category.OTHER.value
+        return Category.TEMPORARY.value
+
+    def track(self, tensor: torch.Tensor, op: str, category: str | None = None) -> None:
+        """Record the allocation of `tensor`'s storage if it is new."""
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        with self._lock:
+            if key in self.live or self.closed:
+                return
+            nbytes = storage.nbytes()
+            if nbytes <= 0:
+                return
+            ident = self._alloc(nbytes, category or self.default_category(op), op)
+            self.live[key] = LiveStorage(len(self.trace) - 1, ident, nbytes)
+        weakref.finalize(storage, self._storage_died, key)
+
+    def is_tracked(self, tensor: torch.Tensor) -> bool:
+        return id(tensor.untyped_storage()) in self.live
+
+    def _storage_died(self, key: int) -> None:
+        with self._lock:
+            record = self.live.pop(key, None)
+            if record is not None and not self.closed:
+                self._free(record.ident, record.nbytes)
+
+    def _alloc(self, nbytes: int, category: str, op: str) -> int:
+        with self._lock:
+            ident = self.trace.alloc(
+                nbytes,
+                DEVICE_STREAM,
+                tag=Tag(category, self.module_source(), self.state.phase, op),
+            )
+            self.allocated_bytes += nbytes
+            self.max_allocated_bytes = max(self.max_allocated_bytes, self.allocated_bytes)
+            return ident
+
+    def _free(self, ident: int, nbytes: int) -> None:
+        with self._lock:
+            self.trace.free(ident)
+            self.allocated_bytes -= nbytes
+
+    # -- classification ------------------------------------------------------------------------
+    def classify(
+        self,
+        tensor: torch.Tensor | None,
+        category: str,
+        *,
+        module: str | None = None,
+        only_from: tuple[str, ...] | None = None,
+    ) -> None:
+        """Re-tag the allocation of `tensor`'s storage as `category` (and `module` if given).
+        With `only_from`, only allocations currently tagged with one of those categories move."""
+        if tensor is None or not isinstance(tensor, torch.Tensor) or not tensor.is_meta:
+            return
+        record = self.live.get(id(tensor.untyped_storage()))
+        if record is None:
+            return
+        old = self.trace.tag_of(record.alloc_index) or Tag()
+        if only_from is not None and old.category not in only_from:
+            return
+        new = Tag(category, module if module is not None else old.module, old.phase, old.op)
+        if new != old:
+            self.trace.tag_ids[record.alloc_index] = self.trace.intern(new)
+
+    def mark(self, label: str) -> None:
+        if not self.closed:
+            self.trace.mark(label)
+
+    def close(self) -> None:
+        """Stop recording: frees from tearing the job down are not part of the run."""
+        self.closed = True

@@ -1,0 +1,148 @@
+"""`torch.autocast("cuda")` on the capture device.
+
+CUDA autocast lives at a dispatch key meta tensors do not have, so the capture applies its cast
+policy itself (aten/src/ATen/autocast_mode.cpp): ops on the lower-precision list cast their
+floating inputs (not float64) to the autocast dtype, ops on the fp32 list cast them to float32,
+and softmax-like ops run in float32 when given lower-precision inputs. Casts of leaf tensors that
+require grad (parameters) are cached until the outermost autocast region exits, as CUDA's weight
+cast cache does. Inside an autocast op, nested ops are not cast again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from peakmem.cuda_rules.registry import (
+    RuleContext,
+    register_composite_rule,
+    register_function_rule,
+)
+
+DEVICE_TYPE = "cuda"
+_local = threading.local()
+
+
+def active_dtype() -> torch.dtype | None:
+    """The autocast dtype if CUDA autocast is on here (and we are not inside an autocast op)."""
+    if getattr(_local, "inside", False) or not torch.is_autocast_enabled(DEVICE_TYPE):
+        return None
+    return torch.get_autocast_dtype(DEVICE_TYPE)
+
+
+@contextmanager
+def inside_autocast_op() -> Iterator[None]:
+    previous = getattr(_local, "inside", False)
+    _local.inside = True
+    try:
+        yield
+    finally:
+        _local.inside = previous
+
+
+def _eligible(value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.is_meta
+        and value.is_floating_point()
+        and value.dtype != torch.float64
+    )
+
+
+def cast(ctx: RuleContext, value: Any, dtype: torch.dtype) -> Any:
+    if not _eligible(value) or value.dtype == dtype:
+        return value
+    cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = ctx.autocast_cache
+    cacheable = value.is_leaf and value.requires_grad
+    if cacheable:
+        hit = cache.get(id(value))
+        if hit is not None and hit[0] is value and hit[1].dtype == dtype:
+            return hit[1]
+    converted = value.to(dtype)
+    if cacheable:
+        cache[id(value)] = (value, converted)
+    return converted
+
+
+def cast_all(ctx: RuleContext, args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:
+    return tree_map(lambda v: cast(ctx, v, dtype), args), tree_map(
+        lambda v: cast(ctx, v, dtype), kwargs
+    )
+
+
+def run_lower_precision(ctx: RuleContext, call, args: tuple, kwargs: dict) -> Any:
+    """Cast to the autocast dtype if autocast is on, then `call(*args, **kwargs)`."""
+    dtype = active_dtype()
+    if dtype is None:
+        return call(*args, **kwargs)
+    args, kwargs = cast_all(ctx, args, kwargs, dtype)
+    with inside_autocast_op():
+        return call(*args, **kwargs)
+
+
+_LOWER_PRECISION_COMPOSITES = [
+    "linear",
+    "matmul",
+    "conv1d",
+    "conv1d.padding",
+    "conv2d",
+    "conv2d.padding",
+    "conv3d",
+    "conv3d.padding",
+    "conv_transpose1d",
+    "conv_transpose2d.input",
+    "conv_transpose3d.input",
+    "einsum",
+    "bilinear",
+]
+_FP32_COMPOSITES = ["layer_norm", "group_norm", "cross_entropy_loss", "nll_loss"]
+_FP32_OPTIONAL_DTYPE = ["softmax.int", "log_softmax.int"]
+
+
+@register_composite_rule(_LOWER_PRECISION_COMPOSITES)
+def lower_precision(ctx: RuleContext, op, *args: Any, **kwargs: Any) -> Any:
+    return run_lower_precision(ctx, op.decompose, args, kwargs)
+
+
+@register_composite_rule(_FP32_COMPOSITES)
+def full_precision(ctx: RuleContext, op, *args: Any, **kwargs: Any) -> Any:
+    if active_dtype() is None:
+        return op.decompose(*args, **kwargs)
+    args, kwargs = cast_all(ctx, args, kwargs, torch.float32)
+    with inside_autocast_op():
+        return op.decompose(*args, **kwargs)
+
+
+@register_composite_rule(_FP32_OPTIONAL_DTYPE)
+def softmax_in_fp32(ctx: RuleContext, op, x: torch.Tensor, dim: int, dtype=None) -> Any:
+    lower = x.dtype in (torch.float16, torch.bfloat16)
+    if active_dtype() is not None and dtype is None and lower:
+        dtype = torch.float32
+    return op.decompose(x, dim, dtype)
+
+
+# Ops with their own autograd kernels: cast where the job calls them directly.
+_LOWER_PRECISION_FUNCTIONS = [
+    torch.mm,
+    torch.bmm,
+    torch.addmm,
+    torch.baddbmm,
+    torch.addbmm,
+    torch.mv,
+    torch.Tensor.mm,
+    torch.Tensor.bmm,
+    torch.Tensor.addmm,
+    torch.Tensor.baddbmm,
+]
+
+
+@register_function_rule(_LOWER_PRECISION_FUNCTIONS)
+def lower_precision_function(ctx: RuleContext, func, args: tuple, kwargs: dict) -> Any:
+    if active_dtype() is None:
+        return NotImplemented
+    return run_lower_precision(ctx, func, args, kwargs)

@@ -1,0 +1,89 @@
+"""cuBLAS / cuBLASLt workspaces.
+
+- Every cuBLAS handle gets a workspace from the caching allocator at its first use on a stream
+  (PyTorch CublasHandlePool.cpp). Handles are per thread: autograd runs backward on its own
+  device thread, so the first backward matmul allocates a second workspace.
+- The torch 2.4 cuBLASLt path of `addmm` (bias epilogue) allocates a per-call workspace and frees
+  it when the call returns (CUDABlas.cpp `gemm_and_bias`).
+Sizes come from the software-stack profile; `CUBLAS_WORKSPACE_CONFIG` overrides them like it
+does on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+from peakmem.cuda_rules.registry import RuleContext, register_op_rule
+
+aten = torch.ops.aten
+_LT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_LT_MAX_DIM = 65535 * 32
+
+
+def workspace_config_bytes(config: str) -> int | None:
+    """Bytes requested by a CUBLAS_WORKSPACE_CONFIG value like ":4096:8" or ":4096:2:16:8"."""
+    numbers = re.findall(r":(\d+):(\d+)", config)
+    if not numbers:
+        return None
+    return sum(int(kib) * 1024 * int(count) for kib, count in numbers)
+
+
+def cublas_workspace_bytes(ctx: RuleContext) -> int:
+    override = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if override:
+        size = workspace_config_bytes(override)
+        if size is not None:
+            return size
+    return int(ctx.stack.cublas_workspace_for(ctx.gpu.capability).value)
+
+
+def use_cublas_handle(ctx: RuleContext) -> None:
+    """The current thread's cuBLAS handle is used: allocate its workspace on first use."""
+    thread = "autograd" if ctx.in_backward else "main"
+    ctx.persistent(
+        ("cublas_workspace", thread),
+        cublas_workspace_bytes(ctx),
+        category="workspace",
+        op=f"cublas_workspace[{thread}]",
+    )
+
+
+@register_op_rule(
+    [aten.mm, aten.bmm, aten.baddbmm, aten.addbmm, aten.addmv, aten.mv, aten.dot, aten.vdot]
+)
+def cublas_gemm(ctx: RuleContext, op, args, kwargs, out) -> None:
+    use_cublas_handle(ctx)
+
+
+def takes_lt_path(args: tuple, kwargs: dict) -> bool:
+    """torch 2.4 `addmm_out_cuda_impl`'s `useLtInterface` condition."""
+    bias, mat1, mat2 = args[:3]
+    beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
+    if os.environ.get("DISABLE_ADDMM_CUDA_LT") == "1":
+        return False
+    return (
+        beta == 1
+        and bias.dim() == 1
+        and mat1.dim() == 2
+        and mat2.dim() == 2
+        and bias.shape[0] == mat2.shape[1]
+        and bias.is_contiguous()
+        and bias.dtype in _LT_DTYPES
+        and mat2.shape[0] > 1
+        and mat2.shape[1] > 1
+        and mat1.shape[0] > 1
+        and mat1.shape[1] > 1
+        and max(mat1.shape[0], mat1.shape[1], mat2.shape[0], mat2.shape[1]) < _LT_MAX_DIM
+    )
+
+
+@register_op_rule(aten.addmm)
+def addmm(ctx: RuleContext, op, args, kwargs, out) -> None:
+    use_cublas_handle(ctx)
+    if takes_lt_path(args, kwargs):
+        transient = int(ctx.stack.cublaslt_transient.value)
+        if transient:
+            ctx.transient(transient, category="workspace", op="cublaslt_workspace")

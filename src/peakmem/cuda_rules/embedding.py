@@ -1,0 +1,70 @@
+"""`embedding_dense_backward` on CUDA (aten/src/ATen/native/cuda/Embedding.cu and
+EmbeddingBackwardKernel.cu). Up to 3072 indices (without scale_grad_by_freq) one kernel writes a
+zeroed grad_weight. Above that, the indices are radix-sorted and segmented, with scratch live
+around the output:
+
+  before grad_weight: sorted_indices, orig_indices, arange(n) [index dtype, n each];
+                      cub radix-sort temp storage (alloc/free); arange freed;
+                      count [n] with scale_grad_by_freq
+  after grad_weight:  segment_offsets [n], num_of_segments [1 x int64], partials_per_segment [n],
+                      partials_per_segment_offset [n], num_of_partial_segments [1 x int64],
+                      partial_segment_offset [n], grad_weight_per_segment [n x dim, fp32 for
+                      half/bf16]; all freed when the kernel returns.
+The meta kernel allocates only grad_weight. cub's temp-storage sizes (sort, unique_by_key,
+exclusive_sum) are modelled as the sort's alternate key/value buffers (2 x n x index size); the
+small ones are left out (assumed, not measured).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from peakmem.cuda_rules.registry import RuleContext, register_op_rule
+
+aten = torch.ops.aten
+DIRECT_KERNEL_MAX_INDICES = 3072
+_OP = "embedding_dense_backward[scratch]"
+_SCHEMA = ("grad_output", "indices", "num_weights", "padding_idx", "scale_grad_by_freq")
+
+
+@register_op_rule(aten.embedding_dense_backward)
+def embedding_dense_backward(ctx: RuleContext, op, args: tuple, kwargs: dict):
+    bound = dict(zip(_SCHEMA, args, strict=False)) | kwargs
+    grad, indices = bound["grad_output"], bound["indices"]
+    scale_grad_by_freq = bool(bound["scale_grad_by_freq"])
+    n = indices.numel()
+    if n <= DIRECT_KERNEL_MAX_INDICES and not scale_grad_by_freq:
+        yield
+        return
+    index_bytes = n * indices.element_size()
+    temp = "temporary"
+
+    def scratch(nbytes: int) -> int:
+        return ctx.scratch(nbytes, category=temp, op=_OP)
+
+    sorted_indices, orig_indices = scratch(index_bytes), scratch(index_bytes)
+    arange = scratch(index_bytes)
+    ctx.transient(2 * index_bytes, category="workspace", op="cub_radix_sort_temp")
+    ctx.release(arange)
+    count = scratch(index_bytes) if scale_grad_by_freq else None
+
+    yield  # grad_weight (the op's output) is allocated here
+
+    dim = grad.shape[-1]
+    low_precision = grad.dtype in (torch.float16, torch.bfloat16)
+    accumulator = 4 if low_precision else grad.element_size()
+    segment_buffers = [
+        scratch(index_bytes),  # segment_offsets
+        scratch(8),  # num_of_segments
+        scratch(index_bytes),  # partials_per_segment
+        scratch(index_bytes),  # partials_per_segment_offset
+        scratch(8),  # num_of_partial_segments
+        scratch(index_bytes),  # partial_segment_offset
+    ]
+    per_segment = scratch(n * dim * accumulator)  # grad_weight_per_segment
+    ctx.release(per_segment)
+    for ident in reversed(segment_buffers):
+        ctx.release(ident)
+    for ident in (count, orig_indices, sorted_indices):
+        if ident is not None:
+            ctx.release(ident)

@@ -1,0 +1,45 @@
+"""Optimizers pick their implementation by device: on CUDA `Adam`, `AdamW`, `SGD`, ... default to
+the `foreach` kernels (whose temporaries differ from the per-tensor loop CPU uses), and
+`fused=True` is accepted. The capture runs on meta tensors, so meta is declared a foreach/fused
+device for the duration of the capture: the optimizers then choose exactly what they would on
+CUDA, including the user's explicit `foreach=False`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch.optim.optimizer as optimizer_module
+import torch.optim.swa_utils as swa_module
+import torch.utils._foreach_utils as foreach_utils
+
+from peakmem.cuda_rules.registry import register_runtime_patch
+
+CAPTURE_DEVICE = "meta"
+_MODULES = (foreach_utils, optimizer_module, swa_module)
+_FUNCTIONS = ("_get_foreach_kernels_supported_devices", "_get_fused_kernels_supported_devices")
+
+
+@register_runtime_patch("optimizers_cuda_defaults")
+@contextmanager
+def cuda_optimizer_defaults() -> Iterator[None]:
+    saved = []
+    for module in _MODULES:
+        for name in _FUNCTIONS:
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+            saved.append((module, name, original))
+
+            def with_capture_device(original=original) -> list[str]:
+                devices = list(original())
+                if "cuda" in devices and CAPTURE_DEVICE not in devices:
+                    devices.append(CAPTURE_DEVICE)
+                return devices
+
+            setattr(module, name, with_capture_device)
+    try:
+        yield
+    finally:
+        for module, name, original in reversed(saved):
+            setattr(module, name, original)

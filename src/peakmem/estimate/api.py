@@ -1,0 +1,249 @@
+"""Estimate a job's peak GPU memory: capture -> trace -> allocator simulation -> estimate."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from peakmem.capture import DEFAULT_STEPS, CaptureResult
+from peakmem.estimate.breakdown import PeakBreakdown
+from peakmem.profiles import GpuProfile, StackProfile, load_gpu, load_stack
+
+DEFAULT_GPU = "h100-80gb"
+MODES = ("fake", "eager", "auto")
+
+
+class EstimateError(RuntimeError):
+    """The job could not be estimated (its own error, a timeout, or an unsupported mode)."""
+
+    def __init__(self, message: str, capture: CaptureResult | None = None, exit_code: int = 1):
+        super().__init__(message)
+        self.capture = capture
+        self.exit_code = exit_code
+
+
+@dataclass
+class Estimate:
+    gpu: GpuProfile
+    stack: StackProfile
+    torch_version: str
+    alloc_conf: str
+    mode: str
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    context_bytes: int
+    breakdown: PeakBreakdown
+    steps: int
+    seconds: float
+    oom: bool
+    notes: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+    capture: CaptureResult | None = None
+    simulation: Any = None
+
+    @property
+    def peak_bytes(self) -> int:
+        """Device-level peak as nvidia-smi shows it: CUDA context + peak reserved."""
+        return self.context_bytes + self.peak_reserved_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.gpu.total_memory_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return not self.oom and self.headroom_bytes >= 0
+
+    @property
+    def trained(self) -> bool:
+        return self.steps > 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "peak_bytes": self.peak_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "context_bytes": self.context_bytes,
+            "breakdown": dict(sorted(self.breakdown.by_category.items())),
+            "top_modules": [
+                {"module": name, "bytes": size} for name, size in self.breakdown.top_modules()
+            ],
+            "fits": self.fits,
+            "headroom_bytes": self.headroom_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "gpu": self.gpu.name,
+            "torch_version": self.torch_version,
+            "stack": self.stack.name,
+            "alloc_conf": self.alloc_conf,
+            "mode": self.mode,
+            "steps": self.steps,
+            "estimate_kind": "training" if self.trained else "forward",
+            "seconds": round(self.seconds, 3),
+            "notes": list(self.notes),
+            "assumptions": list(self.assumptions),
+        }
+
+
+def _installed_torch_version() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
+def _assumptions(gpu: GpuProfile, stack: StackProfile) -> list[str]:
+    used = [
+        ("GPU total memory", gpu.total_memory),
+        ("CUDA context", stack.context_for(gpu)),
+        ("cuBLAS workspace", stack.cublas_workspace_for(gpu.capability)),
+        ("cuBLASLt per-call workspace", stack.cublaslt_transient),
+    ]
+    return [f"{what}: {value.value} ({value.describe()})" for what, value in used if value.assumed]
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise EstimateError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}", exit_code=2)
+    if mode == "eager":
+        raise EstimateError(
+            "--mode eager (real CPU execution) is not yet supported; use --mode fake", exit_code=2
+        )
+
+
+def estimate_capture(
+    capture: CaptureResult,
+    gpu: GpuProfile,
+    stack: StackProfile,
+    *,
+    torch_version: str,
+    alloc_conf: str = "",
+    mode: str = "fake",
+    timeline: bool = False,
+) -> Estimate:
+    """Replay a captured trace through the allocator simulation."""
+    from peakmem.allocator.simulate import simulate
+
+    context = int(stack.context_for(gpu).value)
+    config = parse_alloc_conf(alloc_conf, torch_version)
+    result = simulate(
+        capture.trace,
+        config=config,
+        torch_version=torch_version,
+        capacity_bytes=gpu.total_memory_bytes - context,
+        timeline=timeline,
+    )
+    oom_message = result.oom_message if result.oom else None
+    if result.oom:
+        # what the job would need on a device without a limit: the size of the shortfall
+        result = simulate(capture.trace, config=config, torch_version=torch_version, timeline=timeline)
+    # The breakdown shows what is live when allocated memory is highest (reserved memory only
+    # grows, so its first maximum can come before the steady state's largest live set).
+    peak_index = result.peak_allocated_index
+    if peak_index is None or peak_index < 0:
+        peak_index = len(capture.trace) - 1
+    notes = list(capture.notes)
+    if oom_message:
+        notes.append(f"the simulated run runs out of memory on this GPU: {oom_message}")
+    if mode == "auto":
+        notes.append("mode auto: the whole job ran on fake tensors")
+    return Estimate(
+        gpu=gpu,
+        stack=stack,
+        torch_version=torch_version,
+        alloc_conf=alloc_conf,
+        mode="fake",
+        peak_reserved_bytes=int(result.peak_reserved_bytes),
+        peak_allocated_bytes=int(result.peak_allocated_bytes),
+        context_bytes=context,
+        breakdown=PeakBreakdown.at(capture.trace, peak_index),
+        steps=capture.steps,
+        seconds=capture.seconds,
+        oom=oom_message is not None,
+        notes=notes,
+        assumptions=_assumptions(gpu, stack),
+        capture=capture,
+        simulation=result,
+    )
+
+
+def parse_alloc_conf(alloc_conf: str, torch_version: str) -> Any:
+    """The allocator configuration as the target torch parses it; EstimateError if it would
+    reject it."""
+    from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
+
+    try:
+        return AllocatorConfig.parse(alloc_conf, torch_version)
+    except AllocatorConfigError as exc:
+        raise EstimateError(f"bad allocator configuration {alloc_conf!r}: {exc}", exit_code=2) from None
+
+
+def _resolve(gpu: str | GpuProfile, torch_version: str | None, alloc_conf: str | None):
+    gpu_profile = gpu if isinstance(gpu, GpuProfile) else load_gpu(gpu)
+    version = torch_version or _installed_torch_version()
+    conf = alloc_conf if alloc_conf is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    parse_alloc_conf(conf, version)  # reject a bad configuration before running the job
+    return gpu_profile, load_stack(version), version, conf
+
+
+def _finish(capture: CaptureResult, **kwargs: Any) -> Estimate:
+    if capture.error is not None:
+        raise EstimateError(capture.error_text or str(capture.error), capture, capture.exit_code)
+    return estimate_capture(capture, **kwargs)
+
+
+def estimate(
+    fn: Callable[..., Any],
+    *args: Any,
+    gpu: str | GpuProfile = DEFAULT_GPU,
+    torch_version: str | None = None,
+    alloc_conf: str | None = None,
+    steps: int | None = DEFAULT_STEPS,
+    mode: str = "auto",
+    timeout: float | None = None,
+    timeline: bool = False,
+    **kwargs: Any,
+) -> Estimate:
+    """Estimate the peak GPU memory of `fn(*args, **kwargs)` on `gpu`, without a GPU.
+
+    `fn` is written as for a GPU (it uses "cuda"); it runs on the CPU with fake device tensors
+    and stops after `steps` optimizer steps (None: at least 3; a whole DataLoader epoch plus 2
+    steps when the epoch has at most 256 batches, so its smaller last batch is seen)."""
+    from peakmem.capture import capture_callable
+
+    _check_mode(mode)
+    gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
+    capture = capture_callable(
+        fn, *args, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout, **kwargs
+    )
+    return _finish(
+        capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
+        mode=mode, timeline=timeline,
+    )
+
+
+def estimate_command(
+    argv: list[str],
+    *,
+    gpu: str | GpuProfile = DEFAULT_GPU,
+    torch_version: str | None = None,
+    alloc_conf: str | None = None,
+    steps: int | None = DEFAULT_STEPS,
+    mode: str = "auto",
+    timeout: float | None = None,
+    timeline: bool = False,
+) -> Estimate:
+    """Estimate an unmodified `python script.py args` / `python -m module args`."""
+    from peakmem.capture import capture_command
+
+    _check_mode(mode)
+    gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
+    capture = capture_command(argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout)
+    return _finish(
+        capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
+        mode=mode, timeline=timeline,
+    )

@@ -1,0 +1,66 @@
+"""Human-readable output of an estimate (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from peakmem.estimate.api import Estimate
+
+MIB = 2**20
+GIB = 2**30
+
+
+def human_bytes(size: int) -> str:
+    sign = "-" if size < 0 else ""
+    size = abs(size)
+    if size >= GIB:
+        return f"{sign}{size / GIB:,.2f} GiB"
+    return f"{sign}{size / MIB:,.1f} MiB"
+
+
+def render(result: Estimate, console: Console) -> None:
+    kind = "training" if result.trained else "forward/inference"
+    console.print(
+        f"[bold]peakmem estimate[/bold] on [cyan]{result.gpu.device_name}[/cyan] "
+        f"({result.gpu.name}, {human_bytes(result.capacity_bytes)}), "
+        f"torch {result.torch_version} ({result.stack.name}), mode {result.mode}, "
+        f"{kind}: {result.steps} optimizer step(s), {result.seconds:.2f} s"
+    )
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_column(style="bold")
+    summary.add_column(justify="right")
+    summary.add_column(style="dim")
+    summary.add_row("Peak device memory", human_bytes(result.peak_bytes), "context + peak reserved (nvidia-smi)")
+    summary.add_row("Peak reserved", human_bytes(result.peak_reserved_bytes), "torch.cuda.max_memory_reserved()")
+    summary.add_row("Peak allocated", human_bytes(result.peak_allocated_bytes), "torch.cuda.max_memory_allocated()")
+    summary.add_row("CUDA context", human_bytes(result.context_bytes), result.stack.context_for(result.gpu).describe())
+    verdict = (
+        f"[green]yes[/green], headroom {human_bytes(result.headroom_bytes)}"
+        if result.fits
+        else f"[red]no[/red], short by {human_bytes(-result.headroom_bytes)}"
+    )
+    summary.add_row("Fits", verdict, "")
+    console.print(summary)
+
+    total = max(result.breakdown.live_bytes, 1)
+    categories = Table(title="Live at the peak, by category", title_justify="left")
+    categories.add_column("category")
+    categories.add_column("size", justify="right")
+    categories.add_column("share", justify="right")
+    for name, size in sorted(result.breakdown.by_category.items(), key=lambda item: -item[1]):
+        categories.add_row(name, human_bytes(size), f"{100 * size / total:.1f}%")
+    console.print(categories)
+
+    modules = result.breakdown.top_modules()
+    if modules:
+        table = Table(title="Top modules live at the peak", title_justify="left")
+        table.add_column("module")
+        table.add_column("size", justify="right")
+        for name, size in modules:
+            table.add_row(name, human_bytes(size))
+        console.print(table)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    for assumption in result.assumptions:
+        console.print(f"[dim]assumed: {assumption}[/dim]")

@@ -1,0 +1,173 @@
+"""Read GPU profiles (`data/gpus/*.toml`) and software stacks (`data/stacks/*.toml`).
+
+Every number in a profile is a `Sourced` value: the value and where it came from (a measurement,
+a cited report, or "assumed" with a reason). Estimates list the assumed values they used.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+DATA_PACKAGE = "peakmem.profiles"
+
+
+class ProfileError(ValueError):
+    """A profile is unknown or malformed."""
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """A number and where it came from."""
+
+    value: Any
+    source: str
+    reason: str | None = None
+
+    @property
+    def assumed(self) -> bool:
+        return self.source.strip().lower().startswith("assumed")
+
+    def describe(self) -> str:
+        return f"{self.source}: {self.reason}" if self.reason else self.source
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    device_name: str
+    aliases: tuple[str, ...]
+    total_memory: Sourced
+    compute_capability: Sourced
+    sm_count: Sourced
+
+    @property
+    def total_memory_bytes(self) -> int:
+        return int(self.total_memory.value)
+
+    @property
+    def capability(self) -> tuple[int, int]:
+        major, minor = str(self.compute_capability.value).split(".")
+        return int(major), int(minor)
+
+
+@dataclass(frozen=True)
+class StackProfile:
+    name: str
+    torch_min: tuple[int, int]
+    cublas_workspace: dict[str, Sourced]
+    cublaslt_transient: Sourced
+    context: dict[str, Sourced] = field(default_factory=dict)
+
+    def cublas_workspace_for(self, capability: tuple[int, int]) -> Sourced:
+        key = f"{capability[0]}.{capability[1]}"
+        if key in self.cublas_workspace:
+            return self.cublas_workspace[key]
+        major_key = f"{capability[0]}.0"
+        if major_key in self.cublas_workspace:
+            return self.cublas_workspace[major_key]
+        return self.cublas_workspace["default"]
+
+    def context_for(self, gpu: GpuProfile) -> Sourced:
+        return self.context.get(gpu.name, self.context["default"])
+
+
+def _sourced(raw: Any, where: str) -> Sourced:
+    if not isinstance(raw, dict) or "value" not in raw or "source" not in raw:
+        raise ProfileError(f"{where}: expected a table with `value` and `source`")
+    return Sourced(raw["value"], str(raw["source"]), raw.get("reason"))
+
+
+def _read_dir(kind: str) -> dict[str, dict[str, Any]]:
+    folder = resources.files(DATA_PACKAGE).joinpath("data", kind)
+    tables: dict[str, dict[str, Any]] = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            try:
+                tables[entry.name] = tomllib.loads(entry.read_text(encoding="utf-8"))
+            except tomllib.TOMLDecodeError as exc:
+                raise ProfileError(f"{kind}/{entry.name}: {exc}") from None
+    return tables
+
+
+@cache
+def _gpus() -> dict[str, GpuProfile]:
+    profiles: dict[str, GpuProfile] = {}
+    for filename, table in _read_dir("gpus").items():
+        where = f"gpus/{filename}"
+        profile = GpuProfile(
+            name=table["name"],
+            device_name=table["device_name"],
+            aliases=tuple(table.get("aliases", [])),
+            total_memory=_sourced(table.get("total_memory_bytes"), f"{where} total_memory_bytes"),
+            compute_capability=_sourced(
+                table.get("compute_capability"), f"{where} compute_capability"
+            ),
+            sm_count=_sourced(table.get("sm_count"), f"{where} sm_count"),
+        )
+        profiles[profile.name] = profile
+    return profiles
+
+
+def known_gpus() -> list[str]:
+    """Names of the GPU profiles shipped with peakmem."""
+    return sorted(_gpus())
+
+
+def load_gpu(name: str) -> GpuProfile:
+    """The GPU profile called `name` (or one of its aliases); case-insensitive."""
+    wanted = name.strip().lower()
+    for profile in _gpus().values():
+        if wanted == profile.name or wanted in profile.aliases:
+            return profile
+    raise ProfileError(f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpus())}")
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        raise ProfileError(f"not a torch version: {version!r}") from None
+
+
+@cache
+def _stacks() -> list[StackProfile]:
+    stacks = []
+    for filename, table in _read_dir("stacks").items():
+        where = f"stacks/{filename}"
+        stacks.append(
+            StackProfile(
+                name=table["name"],
+                torch_min=_version_tuple(table["torch_min"]),
+                cublas_workspace={
+                    key: _sourced(raw, f"{where} cublas_workspace_bytes.{key}")
+                    for key, raw in table["cublas_workspace_bytes"].items()
+                },
+                cublaslt_transient=_sourced(
+                    table["cublaslt_transient_bytes"], f"{where} cublaslt_transient_bytes"
+                ),
+                context={
+                    key: _sourced(raw, f"{where} context_bytes.{key}")
+                    for key, raw in table["context_bytes"].items()
+                },
+            )
+        )
+    return sorted(stacks, key=lambda s: s.torch_min)
+
+
+def load_stack(torch_version: str) -> StackProfile:
+    """The software stack for a target torch version: the newest stack whose `torch_min` is not
+    above it."""
+    wanted = _version_tuple(torch_version)
+    chosen = None
+    for stack in _stacks():
+        if stack.torch_min <= wanted:
+            chosen = stack
+    if chosen is None:
+        oldest = ".".join(map(str, _stacks()[0].torch_min))
+        raise ProfileError(f"no software stack for torch {torch_version}; the oldest known is {oldest}")
+    return chosen

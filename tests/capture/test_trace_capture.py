@@ -1,0 +1,140 @@
+import resource
+
+import torch
+from capture_helpers import allocations
+
+from peakmem.capture import capture_callable
+from peakmem.trace.events import EventKind
+
+
+def linear_adam_job(steps=1):
+    model = torch.nn.Linear(64, 32).to("cuda")
+    optimizer = torch.optim.Adam(model.parameters())
+    for _ in range(steps):
+        x = torch.randn(16, 64).to("cuda")
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+
+
+def test_linear_adam_step_has_parameters_gradients_and_two_moments(a100, stack24):
+    result = capture_callable(linear_adam_job, gpu=a100, stack=stack24, steps=1)
+    assert result.error is None, result.error_text
+    assert result.steps == 1 and result.stopped
+    trace = result.trace
+    weight, bias = 64 * 32 * 4, 32 * 4
+    sizes = lambda category: sorted(size for size, _ in allocations(trace, category))  # noqa: E731
+    assert sizes("parameter") == sorted([weight, bias])
+    assert sizes("gradient") == sorted([weight, bias])
+    assert sizes("optimizer_state") == sorted([weight, weight, bias, bias])
+    assert sizes("input") == [16 * 64 * 4]
+    # gradients come from backward, moments from the optimizer, with module paths
+    assert {tag.phase for _, tag in allocations(trace, "gradient")} == {"backward"}
+    assert {tag.phase for _, tag in allocations(trace, "optimizer_state")} == {"optimizer"}
+    assert {tag.module for _, tag in allocations(trace, "parameter")} == {"Linear"}
+
+
+def test_frees_follow_allocations_and_the_job_stops_after_n_steps(a100, stack24):
+    result = capture_callable(linear_adam_job, gpu=a100, stack=stack24, steps=2, **{})
+    # linear_adam_job(steps=1) never reaches 2 optimizer steps: it ends by itself
+    assert result.steps == 1 and not result.stopped
+    result = capture_callable(lambda: linear_adam_job(100), gpu=a100, stack=stack24, steps=3)
+    assert result.steps == 3 and result.stopped
+    trace = result.trace
+    allocated = set()
+    for kind, ident, *_ in trace.events():
+        if kind == EventKind.ALLOC:
+            allocated.add(ident)
+        elif kind == EventKind.FREE:
+            assert ident in allocated
+    marks = [trace.tag_of(i).op for i, k in enumerate(trace.kinds) if k == EventKind.MARK]
+    assert marks.count("forward") == 3 and "step 3" in marks
+
+
+def test_saved_tensors_are_activations_and_the_rest_temporaries(a100, stack24):
+    def job():
+        model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).cuda()
+        x = torch.randn(8, 32, device="cuda")
+        model(x).sum().backward()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    activations = allocations(result.trace, "activation", phase="forward")
+    assert [tag.op for _, tag in activations] == ["relu.default"]  # relu saves its output
+    temporaries = allocations(result.trace, "temporary", phase="forward")
+    assert "addmm.default" in [tag.op for _, tag in temporaries]
+
+
+def test_dataloader_with_pin_memory_and_a_smaller_last_batch(a100, stack24):
+    def job():
+        data = torch.utils.data.TensorDataset(torch.randn(20, 8))
+        loader = torch.utils.data.DataLoader(data, batch_size=8, pin_memory=True)
+        for (batch,) in loader:
+            batch.to("cuda", non_blocking=True)
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert [size for size, _ in allocations(result.trace, "input")] == [256, 256, 128]
+
+
+def test_a_70b_parameter_model_builds_without_memory(a100, stack24):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    width, layers = 16384, 261  # 261 * 16384**2 = 70.06e9 parameters
+
+    def job():
+        with torch.device("cuda"):
+            model = torch.nn.Sequential(
+                *[torch.nn.Linear(width, width, bias=False, dtype=torch.bfloat16) for _ in range(layers)]
+            )
+        return model
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    total = sum(size for size, _ in allocations(result.trace))
+    assert total == layers * width * width * 2
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 512 * 1024  # well under 0.5 GiB for a 140 GB model
+
+
+def loader_job(samples, batch):
+    def job():
+        model = torch.nn.Linear(8, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.randn(samples, 8))
+        for _epoch in range(50):
+            for (x,) in torch.utils.data.DataLoader(data, batch_size=batch):
+                model(x.cuda()).sum().backward()
+                optimizer.step()
+
+    return job
+
+
+def test_default_steps_cover_a_short_epoch_and_its_smaller_last_batch(a100, stack24):
+    result = capture_callable(loader_job(36, 8), gpu=a100, stack=stack24)  # 5 batches an epoch
+    assert result.steps == 7 and result.stopped
+    assert 4 * 8 * 4 in [size for size, _ in allocations(result.trace, "input")]  # the 4-row batch
+    explicit = capture_callable(loader_job(36, 8), gpu=a100, stack=stack24, steps=2)
+    assert explicit.steps == 2
+
+
+def test_default_steps_stay_small_for_long_epochs(a100, stack24):
+    result = capture_callable(loader_job(8 * 300, 8), gpu=a100, stack=stack24)
+    assert result.steps == 3
+
+
+def test_data_dependent_sizes_are_bounded_from_above(a100, stack24):
+    def job():
+        x = torch.randn(1000, device="cuda")
+        x[x > 0].sum()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    selected = [size for size, tag in allocations(result.trace) if tag.op == "index.Tensor"]
+    assert selected == [1000 * 4]  # as if every element were selected
+
+
+def test_ops_without_fake_support_say_so(a100, stack24):
+    def job():
+        torch.unique(torch.randn(10, device="cuda"))
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.exit_code == 1 and "--mode eager" in result.error_text

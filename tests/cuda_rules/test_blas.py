@@ -1,0 +1,48 @@
+import pytest
+import torch
+from trace_helpers import allocations
+
+from peakmem.capture import capture_callable
+from peakmem.cuda_rules.blas import workspace_config_bytes
+from peakmem.profiles import load_gpu, load_stack
+
+
+def mlp_step():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).cuda()
+    model(torch.randn(8, 16, device="cuda")).sum().backward()
+
+
+def workspaces(result, op):
+    return [(size, tag.phase) for size, tag in allocations(result.trace, "workspace", op=op)]
+
+
+@pytest.mark.parametrize("gpu, size", [("a100-40gb", 8519680), ("h100-80gb", 33554432)])
+def test_one_cublas_workspace_per_thread_sized_by_architecture(gpu, size, stack24):
+    result = capture_callable(mlp_step, gpu=load_gpu(gpu), stack=stack24)
+    # forward on the main thread, backward on autograd's device thread: one each, never freed
+    assert workspaces(result, "cublas_workspace") == [(size, "forward"), (size, "backward")]
+
+
+def test_cublaslt_transient_per_addmm_in_torch_24_only(a100, stack24):
+    result = capture_callable(mlp_step, gpu=a100, stack=stack24)
+    assert workspaces(result, "cublaslt_workspace") == [(1048576, "forward")] * 2
+    newer = capture_callable(mlp_step, gpu=a100, stack=load_stack("2.6.0"))
+    assert workspaces(newer, "cublaslt_workspace") == []
+
+
+def test_addmm_without_a_vector_bias_skips_the_lt_path(a100, stack24):
+    def job():
+        bias = torch.randn(8, 16, device="cuda")
+        torch.addmm(bias, torch.randn(8, 16, device="cuda"), torch.randn(16, 16, device="cuda"))
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert workspaces(result, "cublaslt_workspace") == []
+    assert workspaces(result, "cublas_workspace") == [(8519680, "other")]
+
+
+def test_cublas_workspace_config_overrides(a100, stack24, monkeypatch):
+    assert workspace_config_bytes(":4096:8") == 4096 * 1024 * 8
+    assert workspace_config_bytes(":4096:2:16:8") == 8519680
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    result = capture_callable(mlp_step, gpu=a100, stack=stack24)
+    assert {size for size, _ in workspaces(result, "cublas_workspace")} == {16 * 1024 * 8}

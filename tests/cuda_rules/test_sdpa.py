@@ -1,0 +1,110 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from trace_helpers import allocations
+
+from peakmem.capture import capture_callable
+from peakmem.cuda_rules.sdpa import SdpaBackend, choose_backend
+from peakmem.profiles import load_gpu
+
+
+def qkv(dtype, head_dim=64, length=100):
+    return [torch.empty(2, 4, length, head_dim, dtype=dtype, device="meta") for _ in range(3)]
+
+
+@pytest.mark.parametrize(
+    "capability, dtype, head_dim, mask, backend",
+    [
+        ((8, 0), torch.float16, 64, False, SdpaBackend.FLASH),
+        ((9, 0), torch.bfloat16, 128, False, SdpaBackend.FLASH),
+        ((8, 0), torch.float32, 64, False, SdpaBackend.EFFICIENT),
+        ((8, 0), torch.float16, 64, True, SdpaBackend.EFFICIENT),
+        ((7, 0), torch.float16, 64, False, SdpaBackend.EFFICIENT),
+        ((7, 0), torch.bfloat16, 64, False, SdpaBackend.MATH),
+        ((8, 0), torch.float16, 12, True, SdpaBackend.MATH),
+        ((8, 0), torch.float64, 64, False, SdpaBackend.MATH),
+    ],
+)
+def test_backend_choice(capability, dtype, head_dim, mask, backend):
+    q, k, v = qkv(dtype, head_dim)
+    attn_mask = torch.empty(100, 100, dtype=torch.bool, device="meta") if mask else None
+    assert choose_backend(capability, q, k, v, attn_mask) is backend
+
+
+def attention_job(dtype):
+    def job():
+        q, k, v = (torch.randn(2, 4, 100, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+
+    return job
+
+
+def test_memory_efficient_saves_output_and_padded_logsumexp(stack24):
+    result = capture_callable(attention_job(torch.float32), gpu=load_gpu("v100-32gb"), stack=stack24)
+    assert result.error is None, result.error_text
+    forward = [size for size, _ in allocations(result.trace, "activation", op="_scaled_dot_product")]
+    out, logsumexp = 2 * 4 * 100 * 64 * 4, 2 * 4 * 128 * 4  # lse padded to 128 = ceil(100/32)*32
+    assert forward == [out, logsumexp]
+    attention_matrix = 2 * 4 * 100 * 100 * 4
+    assert all(size < attention_matrix for size, _ in allocations(result.trace))
+
+
+def test_flash_saves_output_and_logsumexp(a100, stack24):
+    result = capture_callable(attention_job(torch.float16), gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    sizes = [size for size, _ in allocations(result.trace, "activation", op="_scaled_dot_product_flash")]
+    assert 2 * 4 * 100 * 64 * 2 in sizes and 2 * 4 * 100 * 4 in sizes
+
+
+def test_attention_inside_an_encoder_layer_uses_the_cuda_backend(stack24):
+    def job():
+        layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True).cuda()
+        layer(torch.randn(2, 100, 64, device="cuda")).sum().backward()
+
+    result = capture_callable(job, gpu=load_gpu("a100-40gb"), stack=stack24)
+    assert result.error is None, result.error_text
+    ops = {tag.op for _, tag in allocations(result.trace, phase="forward")}
+    assert "_scaled_dot_product_efficient_attention.default" in ops  # fp32 on A100
+    assert "_safe_softmax.default" not in ops  # not the math path
+
+
+def test_grouped_query_attention_takes_flash_and_saves_no_attention_matrix(stack24):
+    q = torch.empty(1, 32, 128, 64, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(1, 8, 128, 64, dtype=torch.bfloat16, device="meta")
+    assert choose_backend((9, 0), q, kv, kv, None) is SdpaBackend.FLASH
+    assert choose_backend((9, 0), q.float(), kv.float(), kv.float(), None) is SdpaBackend.MATH
+
+    def job():
+        q, k, v = (
+            torch.randn(1, heads, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for heads in (32, 8, 8)
+        )
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+
+    result = capture_callable(job, gpu=load_gpu("h100-80gb"), stack=stack24)
+    assert result.error is None, result.error_text
+    attention_matrix = 32 * 128 * 128 * 2
+    assert all(size < attention_matrix for size, _ in allocations(result.trace))
+
+
+
+def test_packed_qkv_gets_one_combined_gradient_buffer(stack24):
+    batch, heads, length, dim = 2, 4, 64, 16
+
+    def job():
+        packed = torch.randn(batch, length, 3, heads, dim, device="cuda", requires_grad=True)
+        q, k, v = (packed.select(2, i).transpose(1, 2) for i in range(3))
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+
+    result = capture_callable(job, gpu=load_gpu("a100-40gb"), stack=stack24)
+    assert result.error is None, result.error_text
+    grads = [size for size, tag in allocations(result.trace, phase="backward")
+             if tag.op.startswith("_scaled_dot_product_efficient_attention_backward")]
+    assert grads == [3 * batch * heads * length * dim * 4]
+
+
+def test_separate_qkv_get_three_gradient_buffers(stack24):
+    result = capture_callable(attention_job(torch.float32), gpu=load_gpu("a100-40gb"), stack=stack24)
+    grads = [size for size, tag in allocations(result.trace, phase="backward")
+             if tag.op.startswith("_scaled_dot_product_efficient_attention_backward")]
+    assert grads == [2 * 4 * 100 * 64 * 4] * 3

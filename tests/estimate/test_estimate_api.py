@@ -1,0 +1,70 @@
+import pytest
+import torch
+
+import peakmem.estimate
+from peakmem.estimate import Estimate, EstimateError, estimate
+from peakmem.profiles import ProfileError
+
+REQUIRED_KEYS = {
+    "peak_bytes", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes",
+    "breakdown", "fits", "mode", "seconds",
+}
+
+
+def train(width=256, steps=10):
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 8)).cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(32, width, device="cuda")).sum().backward()
+        optimizer.step()
+
+
+def test_estimate_a_callable():
+    result = estimate(train, 128, gpu="a100-40gb", torch_version="2.4.1")
+    assert isinstance(result, Estimate)
+    assert result.steps == 3 and result.trained
+    assert result.peak_bytes == result.context_bytes + result.peak_reserved_bytes
+    assert result.peak_reserved_bytes >= result.peak_allocated_bytes > 0
+    # parameters + gradients + 2 Adam moments of 128*128+128+128*8+8 floats are all live at the peak
+    params = (128 * 128 + 128 + 128 * 8 + 8) * 4
+    assert result.breakdown.by_category["optimizer_state"] >= 2 * params
+    assert result.fits and result.headroom_bytes > 0
+    payload = result.to_json()
+    assert payload.keys() >= REQUIRED_KEYS
+    assert payload["mode"] == "fake" and payload["estimate_kind"] == "training"
+
+
+def test_the_package_itself_is_callable():
+    result = peakmem.estimate(train, 64, gpu="h100-80gb", torch_version="2.4.1", steps=1)
+    assert result.steps == 1
+    # Hopper takes a 32 MiB cuBLAS workspace per handle
+    assert result.breakdown.by_category["workspace"] >= 32 * 2**20
+
+
+def test_a_job_larger_than_the_gpu_does_not_fit():
+    def huge():
+        model = torch.nn.Linear(65536, 65536, bias=False, device="cuda")  # 16 GiB of fp32
+        optimizer = torch.optim.Adam(model.parameters())
+        model(torch.randn(4, 65536, device="cuda")).sum().backward()
+        optimizer.step()
+
+    result = estimate(huge, gpu="rtx3060-12gb", torch_version="2.4.1")
+    assert result.oom and not result.fits and result.headroom_bytes < 0
+    assert result.peak_reserved_bytes > 3 * 16 * 2**30  # weights, gradient and two moments
+    assert any("out of memory" in note for note in result.notes)
+
+
+def test_unknown_gpu_lists_the_known_ones():
+    with pytest.raises(ProfileError, match="a100-40gb.*h100-80gb"):
+        estimate(train, gpu="gtx-9000")
+
+
+def test_job_errors_and_eager_mode_are_estimate_errors():
+    def broken():
+        raise RuntimeError("boom")
+
+    with pytest.raises(EstimateError, match="boom"):
+        estimate(broken, gpu="l4")
+    with pytest.raises(EstimateError, match="not yet supported"):
+        estimate(train, gpu="l4", mode="eager")
