@@ -26,8 +26,9 @@ def zero3_gpu_bytes(total_params: int, largest_layer_params: int, total_gpus: in
 
 
 def largest_layer_params(model: nn.Module) -> int:
-    return max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
-               default=0)
+    return max(
+        (sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0
+    )
 
 
 class DeepSpeedEstimator(Estimator):

@@ -29,12 +29,33 @@ import numpy as np
 
 from peakmem.baselines.base import CannotEstimate, Estimator, EstimatorUnavailable
 from peakmem.bench.gpumemnet_jobs import ACTIVATIONS
-from peakmem.bench.rows import MiB, BenchRow
+from peakmem.bench.rows import BenchRow, MiB
 
-MLP_ACTIVATIONS = ("ELU", "GELU", "Identity", "LeakyReLU", "Mish", "PReLU", "ReLU", "SELU",
-                   "SiLU", "Softplus", "Tanh")
-CNN_ACTIVATIONS = ("ELU", "GELU", "LeakyReLU", "Mish", "PReLU", "ReLU", "SELU", "SiLU",
-                   "Softplus", "Tanh")
+MLP_ACTIVATIONS = (
+    "ELU",
+    "GELU",
+    "Identity",
+    "LeakyReLU",
+    "Mish",
+    "PReLU",
+    "ReLU",
+    "SELU",
+    "SiLU",
+    "Softplus",
+    "Tanh",
+)
+CNN_ACTIVATIONS = (
+    "ELU",
+    "GELU",
+    "LeakyReLU",
+    "Mish",
+    "PReLU",
+    "ReLU",
+    "SELU",
+    "SiLU",
+    "Softplus",
+    "Tanh",
+)
 OOM_PLACEHOLDER_MIB = 42000.0
 FOLDS = 3
 SEED = 0
@@ -66,8 +87,11 @@ def _activation(row: BenchRow) -> str:
 def mlp_features(row: BenchRow) -> list[float]:
     f = row.features
     return [
-        _num(f, "Depth"), _num(f, "Batch Size"), _num(f, "Total Parameters"),
-        _num(f, "Total Activations"), _num(f, "Batch Normalization Layers", 0.0),
+        _num(f, "Depth"),
+        _num(f, "Batch Size"),
+        _num(f, "Total Parameters"),
+        _num(f, "Total Activations"),
+        _num(f, "Batch Normalization Layers", 0.0),
         _num(f, "Dropout Layers", 0.0),
         *_encode(_activation(row), MLP_ACTIVATIONS),
     ]
@@ -76,20 +100,30 @@ def mlp_features(row: BenchRow) -> list[float]:
 def cnn_features(row: BenchRow) -> list[float]:
     f = row.features
     return [
-        _num(f, "Depth"), _num(f, "Total Activations"),
-        _num(f, "Total Activations") * _num(f, "Batch Size"), _num(f, "Total Parameters"),
-        _num(f, "Batch Size"), _num(f, "Conv2d Count"), _num(f, "BatchNorm2d Count"),
-        _num(f, "Dropout Count"), *_encode(_activation(row), CNN_ACTIVATIONS),
+        _num(f, "Depth"),
+        _num(f, "Total Activations"),
+        _num(f, "Total Activations") * _num(f, "Batch Size"),
+        _num(f, "Total Parameters"),
+        _num(f, "Batch Size"),
+        _num(f, "Conv2d Count"),
+        _num(f, "BatchNorm2d Count"),
+        _num(f, "Dropout Count"),
+        *_encode(_activation(row), CNN_ACTIVATIONS),
     ]
 
 
 def transformer_features(row: BenchRow) -> list[float]:
     f = row.features
     return [
-        _num(f, "Depth"), _num(f, "Total Activations"),
-        _num(f, "Total Activations") * _num(f, "Batch Size"), _num(f, "Total Parameters"),
-        _num(f, "Batch Size"), _num(f, "NonDynamicallyQuantizableLinear Count"),
-        _num(f, "Linear Count"), _num(f, "LayerNorm Count"), _num(f, "Dropout Count"),
+        _num(f, "Depth"),
+        _num(f, "Total Activations"),
+        _num(f, "Total Activations") * _num(f, "Batch Size"),
+        _num(f, "Total Parameters"),
+        _num(f, "Batch Size"),
+        _num(f, "NonDynamicallyQuantizableLinear Count"),
+        _num(f, "Linear Count"),
+        _num(f, "LayerNorm Count"),
+        _num(f, "Dropout Count"),
     ]
 
 
@@ -131,7 +165,9 @@ def make_classifier(seed: int = SEED):  # type: ignore[no-untyped-def]
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
     except ImportError as exc:
-        raise EstimatorUnavailable("estimator 'gpumemnet' needs scikit-learn (extra `bench`)") from exc
+        raise EstimatorUnavailable(
+            "estimator 'gpumemnet' needs scikit-learn (extra `bench`)"
+        ) from exc
     return make_pipeline(
         StandardScaler(), MLPClassifier((32, 32), max_iter=2000, random_state=seed)
     )

@@ -14,13 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peakmem.bench.gpumemnet_jobs import JobParseError, parse_cnn, parse_mlp, parse_transformer
-from peakmem.bench.rows import GPU_TOTAL_BYTES, MiB, BenchRow
+from peakmem.bench.rows import GPU_TOTAL_BYTES, BenchRow, MiB
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 GROUNDTRUTH_DIR = REPO_ROOT / "benchmarks" / "groundtruth"
 GROUNDTRUTH_COLUMNS = (
-    "job", "args", "gpu", "torch", "cuda", "driver", "measured_peak_bytes", "max_reserved_bytes",
-    "max_allocated_bytes", "context_bytes", "status", "seconds",
+    "job",
+    "args",
+    "gpu",
+    "torch",
+    "cuda",
+    "driver",
+    "measured_peak_bytes",
+    "max_reserved_bytes",
+    "max_allocated_bytes",
+    "context_bytes",
+    "status",
+    "seconds",
 )
 
 GPUMEMNET_GPU = "a100-40gb"
@@ -187,7 +197,9 @@ def load_xmem(data_dir: Path) -> Iterator[BenchRow]:
 _GROUNDTRUTH_STATUS = {"ok": "ok", "oom": "oom"}
 
 
-def load_groundtruth(_data_dir: Path | None, directory: Path = GROUNDTRUTH_DIR) -> Iterator[BenchRow]:
+def load_groundtruth(
+    _data_dir: Path | None, directory: Path = GROUNDTRUTH_DIR
+) -> Iterator[BenchRow]:
     """This repo's own measurements (`peakmem measure`); rows with another status are skipped."""
     files = sorted(directory.glob("*.csv")) if directory.is_dir() else []
     if not files:
@@ -229,23 +241,28 @@ DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
         DatasetSpec(
-            "gpumemnet-mlp1", "GPUMemNet MLPs, step 1 (ReLU), A100-40GB",
+            "gpumemnet-mlp1",
+            "GPUMemNet MLPs, step 1 (ReLU), A100-40GB",
             _load_mlp("gpumemnet-mlp1", "mlp_data_step1.csv", skip_single_output=True),
         ),
         DatasetSpec(
-            "gpumemnet-mlp2", "GPUMemNet MLPs, step 2 (activations, BN, dropout), A100-40GB",
+            "gpumemnet-mlp2",
+            "GPUMemNet MLPs, step 2 (activations, BN, dropout), A100-40GB",
             _load_mlp("gpumemnet-mlp2", "mlp_data_step2.csv", skip_single_output=False),
         ),
         DatasetSpec("gpumemnet-cnn", "GPUMemNet CNNs (7 archs), A100-40GB", load_gpumemnet_cnn),
         DatasetSpec(
-            "gpumemnet-transformer", "GPUMemNet Transformer encoders, A100-40GB",
+            "gpumemnet-transformer",
+            "GPUMemNet Transformer encoders, A100-40GB",
             load_gpumemnet_transformer,
         ),
         DatasetSpec("timm", "timm models x 5 batch sizes, A100-40GB (needs timm)", load_timm),
         DatasetSpec("xmem", "xMem's own evaluation runs (RTX 3060/4060, A100)", load_xmem),
         DatasetSpec(
-            "groundtruth", "this repo's measurements, benchmarks/groundtruth/*.csv",
-            load_groundtruth, needs_data_dir=False,
+            "groundtruth",
+            "this repo's measurements, benchmarks/groundtruth/*.csv",
+            load_groundtruth,
+            needs_data_dir=False,
         ),
     )
 }

@@ -86,7 +86,13 @@ def build_mlp(job: MLPJob) -> nn.Sequential:
 
 
 def conv_block(
-    job: CNNJob, cin: int, cout: int, stride: int = 1, *, kernel: int = 3, relu: bool = False,
+    job: CNNJob,
+    cin: int,
+    cout: int,
+    stride: int = 1,
+    *,
+    kernel: int = 3,
+    relu: bool = False,
     dropout: bool | None = None,
 ) -> nn.Sequential:
     """Conv2d(k, stride, pad k//2, bias) -> [BatchNorm2d] -> act -> [Dropout(p)]."""
@@ -229,7 +235,10 @@ class TransformerClassifier(nn.Module):
         self.embedding = nn.Embedding(job.vocab_size, job.embedding_size)
         self.positional = nn.Parameter(torch.zeros(1, job.seq_length, job.embedding_size))
         layer = nn.TransformerEncoderLayer(
-            job.embedding_size, job.num_heads, job.ff_hidden_size, job.dropout_rate,
+            job.embedding_size,
+            job.num_heads,
+            job.ff_hidden_size,
+            job.dropout_rate,
             batch_first=True,
         )
         self.encoder = nn.TransformerEncoder(layer, job.num_layers, enable_nested_tensor=False)
@@ -334,9 +343,7 @@ def per_sample_layer_outputs(job: GpuMemNetJob) -> list[tuple[str, int, int]]:
             params = sum(p.numel() for p in module.parameters(recurse=False))
             records.append((type(module).__name__, math.prod(output.shape[1:]), params))
 
-    handles = [
-        m.register_forward_hook(hook) for m in model.modules() if not list(m.children())
-    ]
+    handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
     try:
         with torch.no_grad():
             model(make_batch(job, 2, "meta")[0])  # batch 2: BatchNorm needs > 1

@@ -70,7 +70,9 @@ def required_margin(r: RowResult) -> float:
     return need / est - 1
 
 
-def margin_for_failure_rate(results: list[RowResult], target: float = FAILURE_TARGET) -> float | None:
+def margin_for_failure_rate(
+    results: list[RowResult], target: float = FAILURE_TARGET
+) -> float | None:
     """Smallest margin with failure probability <= target over the estimated rows."""
     margins = sorted(required_margin(r) for r in results if r.estimate_bytes is not None)
     if not margins:

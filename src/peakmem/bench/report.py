@@ -54,8 +54,9 @@ def family_table(summaries: dict[str, dict]) -> str:
         for name in names:
             s = summaries[name]["families"].get(fam)
             cells.append(
-                "-" if s is None else
-                f"{_fmt(s['median_rel_error'], 'pct')} / {_fmt(s['under_rate'], 'pct')} under"
+                "-"
+                if s is None
+                else f"{_fmt(s['median_rel_error'], 'pct')} / {_fmt(s['under_rate'], 'pct')} under"
             )
         lines.append(f"| {fam} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"

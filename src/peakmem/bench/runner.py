@@ -56,8 +56,11 @@ class ResultCache:
 def estimate_row(estimator: Estimator, row: BenchRow) -> RowResult:
     """One estimate as a RowResult; failures become an `error` string, never an exception."""
     base = dict(
-        row_id=row.id, family=row.family, status=row.status,
-        measured_bytes=row.measured_peak_bytes, gpu_total_bytes=row.gpu_total_bytes,
+        row_id=row.id,
+        family=row.family,
+        status=row.status,
+        measured_bytes=row.measured_peak_bytes,
+        gpu_total_bytes=row.gpu_total_bytes,
     )
     try:
         estimate = estimator.estimate(row)

@@ -25,26 +25,67 @@ def _fail(message: str) -> None:
 
 @click.command("bench")
 @click.argument("dataset")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
-              help="Directory holding gpumemnet/ and xmem/ (default: ../shared/datasets/).")
-@click.option("--estimators", default=DEFAULT_ESTIMATORS, show_default=True,
-              help="Comma-separated estimator names.")
-@click.option("--limit", type=click.IntRange(min=1), default=None,
-              help="Use at most N rows, evenly spread over the dataset.")
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory holding gpumemnet/ and xmem/ (default: ../shared/datasets/).",
+)
+@click.option(
+    "--estimators",
+    default=DEFAULT_ESTIMATORS,
+    show_default=True,
+    help="Comma-separated estimator names.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Use at most N rows, evenly spread over the dataset.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON on stdout.")
-@click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
-              help="Write report.md and PNG plots to DIR (the result cache goes there too).")
-@click.option("--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1,
-              show_default="CPU cores", help="Worker processes.")
-@click.option("--margin", type=click.FloatRange(min=0), default=DEFAULT_MARGIN, show_default=True,
-              help="Safety margin for the 'with margin' metrics (0.1 = +10%).")
-@click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None,
-              help="Result cache file (default: DIR/cache.jsonl with --report, "
-                   "else ~/.cache/peakmem/bench-cache.jsonl).")
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write report.md and PNG plots to DIR (the result cache goes there too).",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=os.cpu_count() or 1,
+    show_default="CPU cores",
+    help="Worker processes.",
+)
+@click.option(
+    "--margin",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_MARGIN,
+    show_default=True,
+    help="Safety margin for the 'with margin' metrics (0.1 = +10%).",
+)
+@click.option(
+    "--cache",
+    "cache_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Result cache file (default: DIR/cache.jsonl with --report, "
+    "else ~/.cache/peakmem/bench-cache.jsonl).",
+)
 @click.option("--no-cache", is_flag=True, help="Recompute everything, store nothing.")
 def bench(
-    dataset: str, data_dir: str | None, estimators: str, limit: int | None, as_json: bool,
-    report_dir: str | None, jobs: int, margin: float, cache_path: str | None, no_cache: bool,
+    dataset: str,
+    data_dir: str | None,
+    estimators: str,
+    limit: int | None,
+    as_json: bool,
+    report_dir: str | None,
+    jobs: int,
+    margin: float,
+    cache_path: str | None,
+    no_cache: bool,
 ) -> None:
     """Run estimators over DATASET and report accuracy, safety and speed.
 
@@ -87,12 +128,21 @@ def bench(
 
     console = Console(stderr=True)
     with Progress(
-        TextColumn(f"[bold]{dataset}[/bold]"), BarColumn(), MofNCompleteColumn(),
-        TimeRemainingColumn(), console=console, transient=as_json,
+        TextColumn(f"[bold]{dataset}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=as_json,
     ) as progress:
         task = progress.add_task("estimating", total=None)
         results = run_estimators(
-            instances, rows, dataset=dataset, cache=cache, jobs=jobs, all_rows=all_rows,
+            instances,
+            rows,
+            dataset=dataset,
+            cache=cache,
+            jobs=jobs,
+            all_rows=all_rows,
             on_total=lambda n: progress.update(task, total=n),
             on_result=lambda: progress.advance(task),
         )
@@ -107,8 +157,9 @@ def bench(
 
         capacity = Counter(r.gpu_total_bytes for r in rows).most_common(1)[0][0]
         command = "peakmem " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        path = write_report(Path(report_dir), dataset, command, summaries, results, margin,
-                            capacity)
+        path = write_report(
+            Path(report_dir), dataset, command, summaries, results, margin, capacity
+        )
         console.print(f"report: {path}")
 
 
@@ -118,15 +169,29 @@ def _pct(value: float | None) -> str:
 
 def _print_table(console: Console, dataset: str, rows: int, summaries: dict[str, dict]) -> None:
     table = Table(title=f"{dataset}: {rows} rows")
-    for col in ("estimator", "estimated", "median err", "p90 err", "p99 err", "under",
-                "failure", "margin for 1%", "median s"):
+    for col in (
+        "estimator",
+        "estimated",
+        "median err",
+        "p90 err",
+        "p99 err",
+        "under",
+        "failure",
+        "margin for 1%",
+        "median s",
+    ):
         table.add_column(col, justify="left" if col == "estimator" else "right")
     for name, s in summaries.items():
         seconds = s["median_seconds"]
         table.add_row(
-            name, f"{s['estimated']}/{s['rows']}", _pct(s["median_rel_error"]),
-            _pct(s["p90_rel_error"]), _pct(s["p99_rel_error"]), _pct(s["under_rate"]),
-            _pct(s["failure_prob"]), _pct(s["margin_for_1pct_failures"]),
+            name,
+            f"{s['estimated']}/{s['rows']}",
+            _pct(s["median_rel_error"]),
+            _pct(s["p90_rel_error"]),
+            _pct(s["p99_rel_error"]),
+            _pct(s["under_rate"]),
+            _pct(s["failure_prob"]),
+            _pct(s["margin_for_1pct_failures"]),
             "-" if seconds is None else f"{seconds:.3f}",
         )
     console.print(table)
