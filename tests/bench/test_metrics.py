@@ -84,3 +84,24 @@ def test_estimator_summary_has_families_and_margin():
     assert s["families"]["y"]["under_rate"] == 1
     assert s["with_margin"]["failure_prob"] == 0
     assert s["margin_for_1pct_failures"] == pytest.approx(1.0)
+
+
+def test_published_xmem_table_is_reproduced(shared_data):
+    """xmem/README.md's table (56 runs with a measured peak and all three estimates): median
+    relative error / underestimate rate xMem 3.2% / 48%, DNNMem 20.8% / 86%, SchedTune 20.2% / 73%."""
+    from peakmem.bench.datasets import load_rows
+
+    rows = [r for r in load_rows("xmem", shared_data) if r.status == "ok" and r.measured_peak_bytes]
+    names = ("xMem", "DNNMem", "SchedTune")
+    common = [r for r in rows if all(r.features.get(f"published:{n}") for n in names)]
+    assert len(common) == 56
+    published = {"xMem": (0.032, 0.48), "DNNMem": (0.208, 0.86), "SchedTune": (0.202, 0.73)}
+    for name, (median, under) in published.items():
+        results = [
+            RowResult(r.id, r.family, r.status, r.measured_peak_bytes, r.gpu_total_bytes,
+                      int(float(r.features[f"published:{name}"]) * MiB), None)
+            for r in common
+        ]
+        s = summarize(results)
+        assert s["median_rel_error"] == pytest.approx(median, abs=0.0015)
+        assert s["under_rate"] == pytest.approx(under, abs=0.005)

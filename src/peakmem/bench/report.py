@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from peakmem.bench.collocation import pai_like_sizes, simulate_estimators
+from peakmem.bench.collocation import Job, pack_first_fit, pai_like_sizes, simulate_estimators
 from peakmem.bench.metrics import RowResult
 from peakmem.bench.rows import MiB
 
@@ -89,6 +89,35 @@ def collocation_section(results: dict[str, list[RowResult]], capacity_bytes: int
         "| estimator | GPUs used | rejected | GPUs OOM | jobs hit by OOM | idle memory |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    for name, p in packed.items():
+        lines.append(
+            f"| {name} | {p.gpus_used} | {p.rejected} | {p.oom_gpus} | {p.jobs_oom} | "
+            f"{100 * p.idle_fraction:.1f}% |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def dataset_collocation_section(results: dict[str, list[RowResult]], capacity_bytes: int) -> str:
+    """Pack the dataset's own jobs (rows that ran and that every estimator estimated), in order."""
+    usable = None
+    for rs in results.values():
+        ids = {r.row_id for r in rs if r.estimate_bytes is not None and r.status == "ok"}
+        usable = ids if usable is None else usable & ids
+    usable = usable or set()
+    lines = [
+        f"The dataset's own {len(usable)} jobs that ran and that every estimator estimated, in "
+        f"dataset order, packed first-fit on {capacity_bytes / MiB:.0f} MiB GPUs.\n",
+        "| estimator | GPUs used | rejected | GPUs OOM | jobs hit by OOM | idle memory |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    if not usable:
+        return lines[0] + "\n"
+    first = next(iter(results.values()))
+    oracle = [Job(r.measured_bytes, r.measured_bytes) for r in first if r.row_id in usable]
+    packed = {"oracle": pack_first_fit(oracle, capacity_bytes)}
+    for name, rs in results.items():
+        jobs = [Job(r.measured_bytes, r.estimate_bytes) for r in rs if r.row_id in usable]  # type: ignore[arg-type]
+        packed[name] = pack_first_fit(jobs, capacity_bytes)
     for name, p in packed.items():
         lines.append(
             f"| {name} | {p.gpus_used} | {p.rejected} | {p.oom_gpus} | {p.jobs_oom} | "
@@ -188,7 +217,11 @@ def write_report(
         family_table(summaries),
     ]
     if capacity_bytes > 0:
-        page += ["## Collocation\n", collocation_section(results, capacity_bytes)]
+        page += [
+            "## Collocation\n",
+            dataset_collocation_section(results, capacity_bytes),
+            collocation_section(results, capacity_bytes),
+        ]
     page += ["## Plots\n"] + [f"![{p}]({p})\n" for p in plots]
     errors = {n: s["errors"] for n, s in summaries.items() if s["errors"]}
     if errors:

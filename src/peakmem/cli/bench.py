@@ -151,7 +151,8 @@ def bench(
     if as_json:
         click.echo(json.dumps(payload, indent=2))
     else:
-        _print_table(Console(), dataset, len(rows), summaries)
+        out = Console()
+        _print_table(out if out.is_terminal else Console(width=140), dataset, len(rows), summaries)
     if report_dir:
         from peakmem.bench.report import write_report
 
