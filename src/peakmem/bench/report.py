@@ -18,6 +18,9 @@ def _fmt(value: object, kind: str = "") -> str:
         return "-"
     if kind == "pct":
         return f"{100 * float(value):.1f}%"  # type: ignore[arg-type]
+    if kind == "margin":  # huge margins read better as a factor
+        v = float(value)  # type: ignore[arg-type]
+        return f"+{100 * v:.1f}%" if v < 10 else f"x{1 + v:,.0f}"
     if kind == "s":
         return f"{float(value):.3f}"  # type: ignore[arg-type]
     if isinstance(value, float):
@@ -38,7 +41,7 @@ def summary_table(summaries: dict[str, dict], margin: float) -> str:
             f"{_fmt(s['p90_rel_error'], 'pct')} | {_fmt(s['p99_rel_error'], 'pct')} | "
             f"{_fmt(s['median_abs_error_mib'])} | {_fmt(s['under_rate'], 'pct')} | "
             f"{_fmt(s['failure_prob'], 'pct')} | {_fmt(s['with_margin']['failure_prob'], 'pct')} | "
-            f"{_fmt(s['margin_for_1pct_failures'], 'pct')} | {_fmt(s['memory_conserved_mib'])} | "
+            f"{_fmt(s['margin_for_1pct_failures'], 'margin')} | {_fmt(s['memory_conserved_mib'])} | "
             f"{_fmt(s['median_seconds'], 's')} |"
         )
     return head + "\n".join(lines) + "\n"
