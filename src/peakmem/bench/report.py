@@ -129,6 +129,11 @@ def dataset_collocation_section(results: dict[str, list[RowResult]], capacity_by
     return "\n".join(lines) + "\n"
 
 
+def _legend(ax) -> None:  # type: ignore[no-untyped-def]
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
 def write_plots(results: dict[str, list[RowResult]], directory: Path) -> list[str]:
     import matplotlib
 
@@ -150,8 +155,8 @@ def write_plots(results: dict[str, list[RowResult]], directory: Path) -> list[st
         ax.set_yscale("log")
     ax.set_xlabel("measured peak (MiB)")
     ax.set_ylabel("estimate (MiB)")
-    ax.legend(fontsize=8)
     ax.set_title("estimate vs measured")
+    _legend(ax)
     fig.tight_layout()
     fig.savefig(directory / "scatter.png", dpi=110)
     plt.close(fig)
@@ -167,7 +172,7 @@ def write_plots(results: dict[str, list[RowResult]], directory: Path) -> list[st
     ax.set_xlabel("relative error |est - measured| / measured")
     ax.set_ylabel("share of rows")
     ax.set_title("error CDF")
-    ax.legend(fontsize=8)
+    _legend(ax)
     fig.tight_layout()
     fig.savefig(directory / "error_cdf.png", dpi=110)
     plt.close(fig)
@@ -189,7 +194,7 @@ def write_plots(results: dict[str, list[RowResult]], directory: Path) -> list[st
     ax.set_yscale("symlog", linthresh=0.1)
     ax.set_ylabel("median relative error")
     ax.set_title("per-family error")
-    ax.legend(fontsize=8)
+    _legend(ax)
     fig.tight_layout()
     fig.savefig(directory / "family_errors.png", dpi=110)
     plt.close(fig)
