@@ -6,6 +6,7 @@ from peakmem.bench.gpumemnet_jobs import (
     JobParseError,
     dense_transitions_from_layers,
     parse_cnn,
+    parse_job,
     parse_layer_list,
     parse_mlp,
     parse_transformer,
@@ -95,3 +96,14 @@ def test_parse_layer_list():
     ]
     with pytest.raises(JobParseError):
         parse_layer_list("[(")
+
+
+def test_parse_job_dispatches_on_the_first_key():
+    assert parse_job("input:4_output:2_depth:1_arch:uniform_batch:2.out").family == "mlp"
+    cnn = (
+        "input_channels:1_num_classes:2_depth:1_arch:uniform_base_filters:4_batch:2"
+        "_input_size:8_act:relu_dropout:0.1_dropout:False_batchnorm:False.out"
+    )
+    assert parse_job(cnn).family == "cnn"
+    with pytest.raises(JobParseError):
+        parse_job("model:resnet50")

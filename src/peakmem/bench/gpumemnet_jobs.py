@@ -185,6 +185,18 @@ def parse_transformer(filename: str) -> TransformerJob:
     )
 
 
+def parse_job(filename: str, layer_list: str | None = None) -> GpuMemNetJob:
+    """Any GPUMemNet `Filename`, dispatched on its first key (input / input_channels /
+    num_classes); `layer_list` is the row's `Activations-Params` (needed for dense CNNs)."""
+    if filename.startswith("input_channels:"):
+        return parse_cnn(filename, layer_list)
+    if filename.startswith("input:"):
+        return parse_mlp(filename)
+    if filename.startswith("num_classes:"):
+        return parse_transformer(filename)
+    raise JobParseError(f"not a GPUMemNet launcher configuration: {filename!r}")
+
+
 def parse_layer_list(text: str) -> list[tuple[str, int, int]]:
     """The `Activations-Params` column: [(layer kind, per-sample output elements, params), ...]."""
     try:

@@ -83,12 +83,17 @@ def collocation_section(results: dict[str, list[RowResult]], capacity_bytes: int
         measured, estimate = _ok_pairs(rs)
         if measured.size:
             ratios[name] = (estimate / measured).tolist()
-    peaks, _plan = pai_like_sizes(PAI_STREAM_JOBS, capacity_bytes, seed=0)
+    peaks, plan = pai_like_sizes(PAI_STREAM_JOBS, capacity_bytes, seed=0)
     packed = simulate_estimators(peaks.tolist(), ratios, capacity_bytes, seed=0)
+    requests = [
+        Job(int(p), int(capacity_bytes * g / 100)) for p, g in zip(peaks, plan, strict=True)
+    ]
+    packed["plan_gpu (user request)"] = pack_first_fit(requests, capacity_bytes)
     lines = [
         f"{PAI_STREAM_JOBS} jobs with PAI-2020-like peak sizes (distribution assumed, see "
         "peakmem/bench/collocation.py), each estimator's estimate/measured ratios on this dataset "
-        f"resampled onto them, packed first-fit on {capacity_bytes / MiB:.0f} MiB GPUs.\n",
+        f"resampled onto them, packed first-fit on {capacity_bytes / MiB:.0f} MiB GPUs; "
+        "`plan_gpu` packs by the drawn user requests instead.\n",
         "| estimator | GPUs used | rejected | GPUs OOM | jobs hit by OOM | idle memory |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
