@@ -407,3 +407,39 @@ def test_reserved_memory_never_shrinks_without_release():
         t.free(i)
     r = simulate(t)
     assert r.final_reserved_bytes == r.peak_reserved_bytes
+
+
+# -- addresses break ties between equal-size blocks ---------------------------------------------
+def tie_trace() -> Trace:
+    t = Trace()
+    x = t.alloc(4 * MiB)  # S1: [x 4][free 16]
+    q1, q2 = t.alloc(8 * MiB), t.alloc(8 * MiB)  # S1: [x 4][q1 8][q2 8]
+    p1, p2 = t.alloc(8 * MiB), t.alloc(8 * MiB)  # S2: [p1 8][p2 8][free 4]
+    t.alloc(4 * MiB)  # y fills S2: [p1][p2][y 4]
+    for i in (p1, p2, q1, q2):
+        t.free(i)  # S1: [x 4][free 16]   S2: [free 16][y 4]
+    t.alloc(16 * MiB)  # two free 16 MiB blocks: the lower address wins
+    t.free(x)
+    t.alloc(20 * MiB)  # fits S1 only if the 16 MiB went to S2
+    return t
+
+
+def test_equal_size_blocks_tie_break_on_address():
+    # default addresses grow: S1 < S2, so S1's block is taken and 20 MiB needs a third segment
+    assert simulate(tie_trace()).peak_reserved_bytes == 60 * MiB
+    # a real run whose driver placed S2 below S1 (hints from a snapshot) reuses S1 instead
+    hints = [(20 * MiB, 0x2000000000), (20 * MiB, 0x1000000000)]
+    r = simulate(tie_trace(), segment_address_hints=hints)
+    assert r.peak_reserved_bytes == 40 * MiB
+
+
+def test_expandable_segment_fully_unmapped_is_released_and_a_new_one_made_later():
+    t = Trace()
+    a = t.alloc(4 * MiB)
+    t.free(a)
+    t.empty_cache()  # the whole segment unmapped: released
+    t.alloc(4 * MiB)
+    alloc_conf = "expandable_segments:True"
+    r = simulate(t, alloc_conf)
+    assert r.final_reserved_bytes == 20 * MiB
+    assert r.num_device_free == 1  # one unmap

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
+from peakmem.allocator.addresses import DeviceAddressSpace
 from peakmem.allocator.config import K_LARGE_BUFFER, AllocatorConfig
 from peakmem.allocator.rules import AllocatorRules
 
@@ -27,7 +28,6 @@ K_SMALL_SIZE = MB  # largest "small" allocation is 1 MiB
 K_SMALL_BUFFER = 2 * MB  # "small" allocations are packed in 2 MiB blocks
 K_MIN_LARGE_ALLOC = 10 * MB  # allocations between 1 and 10 MiB may use kLargeBuffer
 K_ROUND_LARGE = 2 * MB  # round up large allocations to 2 MiB
-SEGMENT_ALIGNMENT = 2 * MB  # the driver hands out device memory in 2 MiB pages
 
 
 class OutOfMemory(Exception):
@@ -166,6 +166,7 @@ class CachingAllocator:
         config: AllocatorConfig | None = None,
         rules: AllocatorRules | None = None,
         limits: DeviceLimits | None = None,
+        address_space: DeviceAddressSpace | None = None,
     ) -> None:
         self.config = config or AllocatorConfig()
         self.rules = rules or AllocatorRules.for_version(None)
@@ -178,8 +179,7 @@ class CachingAllocator:
         self.ready_free: list[Block] = []  # their events completed: freed at process_events
         self.expandable_segments: list[ExpandableSegment] = []
         self.segments: dict[int, int] = {}  # cudaMalloc'd segments: addr -> size
-        self._next_address = 0x7F0000000000
-        self._free_ranges: list[tuple[int, int]] = []  # cudaFree'd address ranges, reusable
+        self.addresses = address_space or DeviceAddressSpace()
 
         # statistics (the C++ `DeviceStats` aggregate values we need)
         self.total_allocated_memory = 0  # reserved bytes
@@ -324,36 +324,11 @@ class CachingAllocator:
             return block
         if self._capacity is not None and self.total_allocated_memory + alloc_size > self._capacity:
             return None
-        addr = self._cuda_malloc(alloc_size)
+        addr = self.addresses.malloc(alloc_size)
         self.total_allocated_memory += alloc_size
         self.segments[addr] = alloc_size
         self.num_device_alloc += 1
         return Block(addr, alloc_size, stream, pool)
-
-    def _cuda_malloc(self, size: int) -> int:
-        """A device address for a new segment: the lowest freed range that fits, else fresh."""
-        for i, (start, length) in enumerate(self._free_ranges):
-            if length >= size:
-                if length == size:
-                    del self._free_ranges[i]
-                else:
-                    self._free_ranges[i] = (start + size, length - size)
-                return start
-        addr = self._next_address
-        self._next_address += -(-size // SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT
-        return addr
-
-    def _cuda_free(self, addr: int, size: int) -> None:
-        ranges = self._free_ranges
-        ranges.append((addr, size))
-        ranges.sort()
-        merged: list[tuple[int, int]] = []
-        for start, length in ranges:
-            if merged and merged[-1][0] + merged[-1][1] == start:
-                merged[-1] = (merged[-1][0], merged[-1][1] + length)
-            else:
-                merged.append((start, length))
-        self._free_ranges = merged
 
     def release_block(self, block: Block) -> None:
         """`release_block`: cudaFree a whole cached segment."""
@@ -361,7 +336,7 @@ class CachingAllocator:
         del self.segments[block.addr]
         self.total_allocated_memory -= block.size
         self.num_device_free += 1
-        self._cuda_free(block.addr, block.size)
+        self.addresses.free(block.addr)
 
     def release_available_cached_blocks(self, pool: Pool, size: int, stream: int) -> bool:
         """With max_split_size set: free oversize cached blocks (largest first) to make room."""
@@ -418,6 +393,17 @@ class CachingAllocator:
                 self.release_block(block)
         for block in to_unmap:
             self.unmap_block(block)
+            if block.prev is None and block.next is None:
+                self.release_expandable_segment(block)
+
+    def release_expandable_segment(self, block: Block) -> None:
+        """A wholly unmapped expandable segment gives its address range back."""
+        segment = block.segment
+        assert segment is not None and not block.mapped and block.size == segment.size
+        block.pool.unmapped.remove((block.stream, block.addr))
+        del self._unmapped_blocks[block.addr]
+        self.expandable_segments.remove(segment)
+        self.addresses.free(segment.base)
 
     def garbage_collect_cached_blocks(self) -> None:
         """`garbage_collect_cached_blocks`: free cached large blocks older than the average age
@@ -572,7 +558,7 @@ class CachingAllocator:
         page = self._segment_page_size(pool)
         address_space = self.limits.address_space_total + self.limits.address_space_total // 8
         segment = ExpandableSegment(0, address_space, page, stream, pool)
-        segment.base = self._cuda_malloc(segment.size)  # reserve the virtual address range
+        segment.base = self.addresses.malloc(segment.size)  # reserve the virtual address range
         self.expandable_segments.append(segment)
         candidate = Block(segment.base, segment.size, stream, pool)
         candidate.mapped = False

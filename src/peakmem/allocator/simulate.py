@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from peakmem.allocator.addresses import DeviceAddressSpace
 from peakmem.allocator.caching import Block, CachingAllocator, DeviceLimits, OutOfMemory
 from peakmem.allocator.config import AllocatorConfig
 from peakmem.allocator.rules import AllocatorRules
@@ -86,6 +88,7 @@ def simulate(
     memory_fraction: float | None = None,
     total_bytes: int | None = None,
     timeline: bool = False,
+    segment_address_hints: Iterable[tuple[int, int]] | None = None,
 ) -> SimulationResult:
     """Replay `trace` through a fresh caching allocator.
 
@@ -94,6 +97,8 @@ def simulate(
     hand to the allocator (total memory less the CUDA context and other non-PyTorch memory);
     `memory_fraction` (with `total_bytes`) mirrors `set_per_process_memory_fraction`. The run
     stops at the first out-of-memory, which is reported (`oom`, `oom_index`), not raised.
+    `segment_address_hints`: (size, address) of the segments a real run got, in order (from a
+    snapshot), so that ties between equal-size blocks break as they did on the GPU.
     Raises TraceError for an inconsistent trace.
     """
     if not isinstance(config, AllocatorConfig):
@@ -102,6 +107,7 @@ def simulate(
         config,
         AllocatorRules.for_version(torch_version),
         DeviceLimits(capacity_bytes, memory_fraction, total_bytes),
+        DeviceAddressSpace(segment_address_hints),
     )
     result = SimulationResult(torch_version=torch_version, alloc_conf=config.source)
     line = Timeline() if timeline else None

@@ -51,7 +51,13 @@ def replay(
         conf_string = alloc_conf if alloc_conf is not None else (facts.alloc_conf or "")
         config = AllocatorConfig.parse(conf_string, torch_version)
         capacity_bytes = parse_bytes(capacity) if capacity is not None else None
-        result = simulate(trace, config, torch_version=torch_version, capacity_bytes=capacity_bytes)
+        result = simulate(
+            trace,
+            config,
+            torch_version=torch_version,
+            capacity_bytes=capacity_bytes,
+            segment_address_hints=facts.segment_addresses,
+        )
     except (SnapshotError, TraceError, AllocatorConfigError, ValueError) as exc:
         fail(str(exc))
 

@@ -58,6 +58,8 @@ class RecordedFacts:
     device: int = 0
     streams: dict[int, int] = field(default_factory=dict)
     """Snapshot stream handle -> stream id in the trace."""
+    segment_addresses: list[tuple[int, int]] = field(default_factory=list)
+    """(size, address) of each recorded `segment_alloc`, in order."""
 
 
 def load_snapshot(path: str | Path) -> dict[str, Any]:
@@ -144,6 +146,8 @@ def snapshot_to_trace(snapshot: Any, device: int | None = None) -> tuple[Trace, 
                 trace.free_completed(ident)
         elif action in _SEGMENT_GROWTH:
             facts.has_segment_events = True
+            if action == "segment_alloc":
+                facts.segment_addresses.append((_int_field(entry, "size", position), addr))
             reserved += _int_field(entry, "size", position)
             peak_reserved = max(peak_reserved, reserved)
         elif action in _SEGMENT_RELEASE:
