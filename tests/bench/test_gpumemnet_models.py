@@ -138,3 +138,20 @@ def test_shared_cnn_rows_rebuild_exactly_every_arch(shared_data):
         seen.add(job.arch)
         assert _same_layers(job, raw["Activations-Params"]), raw["Filename"]
     assert len(seen) == 7
+
+
+@pytest.mark.parametrize(
+    "arch", ["pyramid", "gradual", "uniform", "bottleneck", "hourglass", "residual", "dense"]
+)
+def test_every_cnn_arch_trains_for_real_on_cpu(arch):
+    transitions = (0,) if arch == "dense" else None
+    job = CNNJob(2, 3, 8, arch, 4, 2, 12, "swish", 0.1, True, True, transitions)
+    model = build_model(job, "cpu")
+    losses = list(train_steps(job, model, 2, "cpu"))
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_transformer_trains_for_real_on_cpu():
+    job = TransformerJob(4, 16, 2, 2, 32, 0.1, 6, 50, 10, 4)
+    losses = list(train_steps(job, build_model(job, "cpu"), 2, "cpu"))
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
