@@ -154,6 +154,10 @@ def bench(
         out = Console()
         _print_table(out if out.is_terminal else Console(width=140), dataset, len(rows), summaries)
     if report_dir:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            _fail("--report needs matplotlib (pip install 'peakmem[bench]')")
         from peakmem.bench.report import write_report
 
         capacity = Counter(r.gpu_total_bytes for r in rows).most_common(1)[0][0]
