@@ -103,6 +103,11 @@ def bench(
     unknown = [n for n in names if n not in ESTIMATORS]
     if unknown or not names:
         _fail(f"unknown estimator {', '.join(unknown) or '(none)'}; known: {', '.join(ESTIMATORS)}")
+    if report_dir:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            _fail("--report needs matplotlib (pip install 'peakmem[bench]')")
     try:
         all_rows = load_rows(dataset, data_dir)
     except DatasetUnavailable as exc:
@@ -154,10 +159,6 @@ def bench(
         out = Console()
         _print_table(out if out.is_terminal else Console(width=140), dataset, len(rows), summaries)
     if report_dir:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            _fail("--report needs matplotlib (pip install 'peakmem[bench]')")
         from peakmem.bench.report import write_report
 
         capacity = Counter(r.gpu_total_bytes for r in rows).most_common(1)[0][0]
