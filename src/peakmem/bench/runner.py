@@ -1,0 +1,143 @@
+"""Run estimators over bench rows: in parallel across CPU cores, resumable through a cache file.
+
+The cache is a JSON-lines file, one line per (dataset, estimator, row id) result, appended as
+results arrive: an interrupted run picks up where it stopped. Results of estimators that fit on
+the data (GPUMemNet's cross-validation) depend on the whole dataset, not only the row; their key
+includes the dataset's row count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from peakmem.baselines.base import CannotEstimate, Estimator
+from peakmem.bench.metrics import RowResult
+from peakmem.bench.rows import BenchRow
+
+CACHE_VERSION = 1
+DEFAULT_CACHE = Path.home() / ".cache" / "peakmem" / "bench-cache.jsonl"
+
+
+def cache_key(dataset: str, estimator: str, row_id: str) -> str:
+    return f"v{CACHE_VERSION}|{dataset}|{estimator}|{row_id}"
+
+
+class ResultCache:
+    """Append-only JSON-lines store of RowResults keyed by dataset + estimator + row id."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._entries: dict[str, RowResult] = {}
+        if path is not None and path.is_file():
+            with path.open() as fh:
+                for line in fh:
+                    try:
+                        entry = json.loads(line)
+                        self._entries[entry["key"]] = RowResult.from_json(entry["result"])
+                    except (ValueError, KeyError, TypeError):
+                        continue  # a torn last line from an interrupted run
+
+    def get(self, key: str) -> RowResult | None:
+        return self._entries.get(key)
+
+    def put(self, key: str, result: RowResult) -> None:
+        self._entries[key] = result
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as fh:
+            fh.write(json.dumps({"key": key, "result": result.to_json()}) + "\n")
+
+
+def estimate_row(estimator: Estimator, row: BenchRow) -> RowResult:
+    """One estimate as a RowResult; failures become an `error` string, never an exception."""
+    base = dict(
+        row_id=row.id,
+        family=row.family,
+        status=row.status,
+        measured_bytes=row.measured_peak_bytes,
+        gpu_total_bytes=row.gpu_total_bytes,
+    )
+    try:
+        estimate = estimator.estimate(row)
+    except CannotEstimate as exc:
+        return RowResult(**base, estimate_bytes=None, seconds=None, error=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one bad row must not end a long bench run
+        message = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        return RowResult(**base, estimate_bytes=None, seconds=None, error=message)
+    return RowResult(**base, estimate_bytes=estimate.peak_bytes, seconds=estimate.seconds)
+
+
+_WORKER_ESTIMATORS: dict[str, Estimator] = {}
+
+
+def _init_worker(estimators: dict[str, Estimator]) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    _WORKER_ESTIMATORS.update(estimators)
+
+
+def _work(name: str, row: BenchRow) -> tuple[str, RowResult]:
+    return name, estimate_row(_WORKER_ESTIMATORS[name], row)
+
+
+def run_estimators(
+    estimators: dict[str, Estimator],
+    rows: list[BenchRow],
+    *,
+    dataset: str,
+    cache: ResultCache,
+    jobs: int = 1,
+    all_rows: list[BenchRow] | None = None,
+    on_result: Callable[[], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+) -> dict[str, list[RowResult]]:
+    """Every estimator on every row; cached results are reused, new ones appended.
+
+    Estimators with rows left to do are first `prepare`d on `all_rows` (the whole dataset, of
+    which `rows` may be a subset), in this process.
+    """
+    all_rows = rows if all_rows is None else all_rows
+    dataset_size = len(all_rows)
+    results: dict[str, dict[str, RowResult]] = {name: {} for name in estimators}
+    todo: list[tuple[str, BenchRow, str]] = []
+    for name in estimators:
+        tag = f"{name}@{dataset_size}"
+        for row in rows:
+            key = cache_key(dataset, tag, row.id)
+            hit = cache.get(key)
+            if hit is not None:
+                results[name][row.id] = hit
+            else:
+                todo.append((name, row, key))
+    for name in sorted({name for name, _, _ in todo}):
+        estimators[name].prepare(all_rows)
+    if on_total:
+        on_total(len(todo))
+    if jobs <= 1 or len(todo) <= 1:
+        for name, row, key in todo:
+            result = estimate_row(estimators[name], row)
+            cache.put(key, result)
+            results[name][row.id] = result
+            if on_result:
+                on_result()
+    else:
+        keys = {(name, row.id): key for name, row, key in todo}
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, os.cpu_count() or 1),
+            initializer=_init_worker,
+            initargs=(estimators,),
+        ) as pool:
+            futures = [pool.submit(_work, name, row) for name, row, _ in todo]
+            for future in as_completed(futures):
+                name, result = future.result()
+                cache.put(keys[(name, result.row_id)], result)
+                results[name][result.row_id] = result
+                if on_result:
+                    on_result()
+    return {name: [results[name][row.id] for row in rows] for name in estimators}

@@ -1,0 +1,203 @@
+"""`peakmem bench DATASET`: every estimator on a measured dataset, with the papers' metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections import Counter
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+DEFAULT_ESTIMATORS = "horus,faketensor,gpumemnet,accelerate,deepspeed"
+DEFAULT_MARGIN = 0.10
+
+
+def _fail(message: str) -> None:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    raise SystemExit(2)
+
+
+@click.command("bench")
+@click.argument("dataset")
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory holding gpumemnet/ and xmem/ (default: ../shared/datasets/).",
+)
+@click.option(
+    "--estimators",
+    default=DEFAULT_ESTIMATORS,
+    show_default=True,
+    help="Comma-separated estimator names.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Use at most N rows, evenly spread over the dataset.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON on stdout.")
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write report.md and PNG plots to DIR (the result cache goes there too).",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=os.cpu_count() or 1,
+    show_default="CPU cores",
+    help="Worker processes.",
+)
+@click.option(
+    "--margin",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_MARGIN,
+    show_default=True,
+    help="Safety margin for the 'with margin' metrics (0.1 = +10%).",
+)
+@click.option(
+    "--cache",
+    "cache_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Result cache file (default: DIR/cache.jsonl with --report, "
+    "else ~/.cache/peakmem/bench-cache.jsonl).",
+)
+@click.option("--no-cache", is_flag=True, help="Recompute everything, store nothing.")
+def bench(
+    dataset: str,
+    data_dir: str | None,
+    estimators: str,
+    limit: int | None,
+    as_json: bool,
+    report_dir: str | None,
+    jobs: int,
+    margin: float,
+    cache_path: str | None,
+    no_cache: bool,
+) -> None:
+    """Run estimators over DATASET and report accuracy, safety and speed.
+
+    Datasets: gpumemnet-mlp1, gpumemnet-mlp2, gpumemnet-cnn, gpumemnet-transformer, timm, xmem,
+    groundtruth. Estimators: peakmem, horus, faketensor, gpumemnet, accelerate, deepspeed.
+    """
+    from peakmem.baselines.base import ESTIMATORS, EstimatorUnavailable, get_estimator
+    from peakmem.bench.datasets import DATASETS, DatasetUnavailable, load_rows, spread_subset
+    from peakmem.bench.metrics import summarize_estimator
+    from peakmem.bench.runner import DEFAULT_CACHE, ResultCache, run_estimators
+
+    if dataset not in DATASETS:
+        _fail(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    names = [n.strip() for n in estimators.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ESTIMATORS]
+    if unknown or not names:
+        _fail(f"unknown estimator {', '.join(unknown) or '(none)'}; known: {', '.join(ESTIMATORS)}")
+    if report_dir:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            _fail("--report needs matplotlib (pip install 'peakmem[bench]')")
+    try:
+        all_rows = load_rows(dataset, data_dir)
+    except DatasetUnavailable as exc:
+        _fail(str(exc))
+    if not all_rows:
+        _fail(f"dataset {dataset!r} has no rows")
+    rows = spread_subset(all_rows, limit)
+    instances = {}
+    for name in dict.fromkeys(names):
+        try:
+            instances[name] = get_estimator(name)
+        except EstimatorUnavailable as exc:
+            _fail(str(exc))
+
+    if no_cache:
+        cache = ResultCache(None)
+    elif cache_path:
+        cache = ResultCache(Path(cache_path))
+    elif report_dir:
+        cache = ResultCache(Path(report_dir) / "cache.jsonl")
+    else:
+        cache = ResultCache(DEFAULT_CACHE)
+
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn(f"[bold]{dataset}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=as_json,
+    ) as progress:
+        task = progress.add_task("estimating", total=None)
+        results = run_estimators(
+            instances,
+            rows,
+            dataset=dataset,
+            cache=cache,
+            jobs=jobs,
+            all_rows=all_rows,
+            on_total=lambda n: progress.update(task, total=n),
+            on_result=lambda: progress.advance(task),
+        )
+    summaries = {name: summarize_estimator(rs, margin) for name, rs in results.items()}
+    payload = {"dataset": dataset, "rows": len(rows), "estimators": summaries}
+    if as_json:
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        out = Console()
+        _print_table(out if out.is_terminal else Console(width=140), dataset, len(rows), summaries)
+    if report_dir:
+        from peakmem.bench.report import write_report
+
+        capacity = Counter(r.gpu_total_bytes for r in rows).most_common(1)[0][0]
+        command = "peakmem " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        path = write_report(
+            Path(report_dir), dataset, command, summaries, results, margin, capacity
+        )
+        console.print(f"report: {path}")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _print_table(console: Console, dataset: str, rows: int, summaries: dict[str, dict]) -> None:
+    table = Table(title=f"{dataset}: {rows} rows")
+    for col in (
+        "estimator",
+        "estimated",
+        "median err",
+        "p90 err",
+        "p99 err",
+        "under",
+        "failure",
+        "margin for 1%",
+        "median s",
+    ):
+        table.add_column(col, justify="left" if col == "estimator" else "right")
+    for name, s in summaries.items():
+        seconds = s["median_seconds"]
+        table.add_row(
+            name,
+            f"{s['estimated']}/{s['rows']}",
+            _pct(s["median_rel_error"]),
+            _pct(s["p90_rel_error"]),
+            _pct(s["p99_rel_error"]),
+            _pct(s["under_rate"]),
+            _pct(s["failure_prob"]),
+            _pct(s["margin_for_1pct_failures"]),
+            "-" if seconds is None else f"{seconds:.3f}",
+        )
+    console.print(table)

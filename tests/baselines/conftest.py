@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from peakmem.bench.datasets import default_data_dir
+
+FIXTURE_DATA = Path(__file__).resolve().parents[1] / "data" / "datasets"
+
+
+@pytest.fixture
+def fixture_data() -> Path:
+    """A tiny hand-made data directory (tests/data/datasets), shaped like the shared one."""
+    return FIXTURE_DATA
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The real ../shared/datasets; tests using it skip when it is absent."""
+    path = default_data_dir()
+    if path is None or not (path / "gpumemnet").is_dir():
+        pytest.skip("../shared/datasets is not present")
+    return path

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from peakmem.bench.datasets import (
+    DATASETS,
+    DatasetUnavailable,
+    load_groundtruth,
+    load_rows,
+    spread_subset,
+)
+from peakmem.bench.gpumemnet_jobs import CNNJob, MLPJob, TransformerJob
+from peakmem.bench.rows import GPU_TOTAL_BYTES, MiB
+
+GROUNDTRUTH = Path(__file__).resolve().parents[1] / "data" / "groundtruth"
+
+
+def test_fixture_mlp_rows_have_the_common_shape(fixture_data):
+    rows = load_rows("gpumemnet-mlp1", fixture_data)
+    assert len(rows) == 12  # the output:1 row (crashed at the loss) is skipped
+    row = rows[0]
+    assert isinstance(row.job, MLPJob) and row.job.input_size == 300
+    assert row.measured_peak_bytes == 1449 * MiB and row.status == "ok"
+    assert row.gpu == "a100-40gb" and row.torch_version == "2.4.1"
+    assert row.gpu_total_bytes == GPU_TOTAL_BYTES["a100-40gb"]
+    assert row.family == "mlp-pyramid" and row.id == "00000"
+    assert "Activations-Params" not in row.features and row.features["Batch Size"] == "32"
+
+
+def test_missing_files_and_unknown_names_are_one_line_errors(tmp_path):
+    with pytest.raises(DatasetUnavailable, match="missing dataset file"):
+        load_rows("gpumemnet-cnn", tmp_path)
+    with pytest.raises(DatasetUnavailable, match="does not exist"):
+        load_rows("gpumemnet-cnn", tmp_path / "nope")
+    with pytest.raises(KeyError, match="known: gpumemnet-mlp1"):
+        load_rows("imagenet")
+
+
+def test_groundtruth_rows_and_empty_dir(tmp_path):
+    rows = list(load_groundtruth(None, GROUNDTRUTH))
+    assert [r.status for r in rows] == ["ok", "oom"]  # the 'error' row is skipped
+    assert rows[0].measured_peak_bytes == 1073741824 and rows[0].family == "mlp"
+    assert rows[0].job == {"job": "examples/mlp.py", "args": "--batch 32"}
+    assert rows[0].gpu_total_bytes == GPU_TOTAL_BYTES["h100-80gb"]
+    with pytest.raises(DatasetUnavailable, match="no ground truth yet"):
+        list(load_groundtruth(None, tmp_path))
+
+
+def test_spread_subset_keeps_order_and_spreads():
+    rows = list(range(10))
+    assert spread_subset(rows, 5) == [0, 2, 4, 6, 8]  # type: ignore[arg-type]
+    assert spread_subset(rows, None) == rows  # type: ignore[arg-type]
+    assert spread_subset(rows, 50) == rows  # type: ignore[arg-type]
+
+
+def test_every_shared_dataset_loads(shared_data):
+    sizes = {}
+    for name in DATASETS:
+        if name == "groundtruth":
+            continue
+        rows = load_rows(name, shared_data)
+        assert len({r.id for r in rows}) == len(rows)
+        sizes[name] = len(rows)
+    assert sizes["gpumemnet-mlp1"] == 2978
+    assert sizes["gpumemnet-transformer"] == 17
+    assert sizes["xmem"] == 75
+
+
+def test_shared_cnn_and_transformer_jobs(shared_data):
+    cnn = load_rows("gpumemnet-cnn", shared_data)
+    assert all(isinstance(r.job, CNNJob) for r in cnn)
+    assert all(r.measured_peak_bytes > 0 for r in cnn)  # memory-0 failed runs skipped
+    assert Counter(r.status for r in cnn)["oom"] > 300
+    dense = [r for r in cnn if r.job.arch == "dense"]
+    assert sum(r.job.dense_transitions is not None for r in dense) >= 0.8 * len(dense)
+    tr = load_rows("gpumemnet-transformer", shared_data)
+    assert all(isinstance(r.job, TransformerJob) for r in tr)
+    xmem = load_rows("xmem", shared_data)
+    assert {r.gpu for r in xmem} == {"rtx3060-12gb", "rtx4060-8gb", "a100-40gb"}
