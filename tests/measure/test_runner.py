@@ -78,8 +78,10 @@ def test_user_error_traceback_is_trimmed(write_script):
     assert "runpy" not in outcome.traceback_text and "runner.py" not in outcome.traceback_text
 
 
-@pytest.mark.parametrize(("code", "status", "exit_code"), [
-    ("0", JobStatus.FINISHED, 0), ("3", JobStatus.ERROR, 3), ("'msg'", JobStatus.ERROR, 1)])
+@pytest.mark.parametrize(
+    ("code", "status", "exit_code"),
+    [("0", JobStatus.FINISHED, 0), ("3", JobStatus.ERROR, 3), ("'msg'", JobStatus.ERROR, 1)],
+)
 def test_sys_exit(write_script, code, status, exit_code):
     path = write_script(f"import sys\nsys.exit({code})\n")
     outcome = run_job(JobSpec(script=str(path)))

@@ -11,6 +11,7 @@ from peakmem import __version__
 
 # command name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
+    "measure": "peakmem.cli.measure:measure",
     "replay": "peakmem.cli.replay:replay",
     "simulate": "peakmem.cli.simulate:simulate_cmd",
 }

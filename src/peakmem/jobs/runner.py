@@ -134,7 +134,11 @@ def run_job(
         return JobOutcome(JobStatus.STOPPED, stop.steps, time.perf_counter() - started)
     except JobTimeout as exc:
         return JobOutcome(
-            JobStatus.TIMEOUT, counter_steps, time.perf_counter() - started, exit_code=124, error=exc
+            JobStatus.TIMEOUT,
+            counter_steps,
+            time.perf_counter() - started,
+            exit_code=124,
+            error=exc,
         )
     except SystemExit as exc:
         code = _exit_code(exc)
