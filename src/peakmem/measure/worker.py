@@ -1,0 +1,81 @@
+"""A one-run measurement process for sweeps: `python -m peakmem.measure.worker`.
+
+It imports torch (and the modules named by --preimport) first, prints `ready`, then waits for one
+JSON line on stdin naming the run, measures it in this fresh process and writes the result JSON.
+A sweep starts the next worker while the current one runs, so the import cost is hidden while
+every run still gets a process of its own (no cached memory, loaded kernels or context from an
+earlier run can leak into its peak).
+
+Request: {"argv": ["python", "job.py", ...], "steps": 3, "timeout": 240, "out": "r.json",
+          "snapshot": null, "snapshot_stacks": "python", "env": {"K": "V"}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _preimport(modules: list[str]) -> None:
+    for name in modules:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+
+
+def serve_one(request: dict, make_probe) -> int:
+    from peakmem.jobs.runner import JobSpec, JobSpecError
+    from peakmem.measure.session import MeasureOptions, NoGPUError, measure_job
+
+    out = Path(request["out"])
+    os.environ.update({str(k): str(v) for k, v in request.get("env", {}).items()})
+    snapshot = request.get("snapshot")
+    options = MeasureOptions(
+        steps=request.get("steps", 3),
+        timeout=request.get("timeout"),
+        snapshot=Path(snapshot) if snapshot else None,
+        snapshot_stacks=request.get("snapshot_stacks", "python"),
+        job_stdout=sys.stderr,
+    )
+    try:
+        spec = JobSpec.parse(request["argv"])
+        probe = make_probe()
+        try:
+            result = measure_job(spec, probe, options).to_json()
+        finally:
+            probe.close()
+    except (JobSpecError, NoGPUError) as exc:
+        result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preimport", default="", help="comma-separated modules to import first")
+    parser.add_argument("--device-index", type=int, default=0)
+    args = parser.parse_args(argv)
+    import torch  # noqa: F401  - the expensive import, done before the request arrives
+
+    _preimport([m for m in args.preimport.split(",") if m])
+    print("ready", flush=True)
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # the sweep ended without a run for this worker
+    request = json.loads(line)
+
+    def make_probe():
+        from peakmem.measure.cuda_probe import CudaProbe
+
+        return CudaProbe(args.device_index)
+
+    return serve_one(request, make_probe)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
