@@ -177,3 +177,21 @@ def test_real_worker_protocol_without_gpu(tmp_path, monkeypatch):
     row = read_rows(path)[0]
     assert summary.measured == 1 and row["status"] == "error"
     assert "NoGPUError" in row["error"]
+
+
+def test_real_worker_runs_a_zoo_job_end_to_end(tmp_path, monkeypatch):
+    """sweep -> worker process -> measure_job -> runner -> zoo script (on the CPU, with a fake
+    probe): the job stops after the sweep's step count and the row is written."""
+    from peakmem.measure.sweep_run import spawn_worker
+
+    monkeypatch.setenv("PYTHONPATH", f"{REPO / 'src'}")
+    monkeypatch.chdir(REPO)
+    plan = plan_from_dict({"steps": 2, "run": [{"job": "benchmarks/zoo/mlp.py", "args": [
+        "--device", "cpu", "--input-size", "8", "--hidden-size", "8", "--num-classes", "2",
+        "--batch-size", "4"]}]})  # fmt: skip
+    path = tmp_path / "e2e.csv"
+    spawn = spawn_worker(sys.executable, extra_args=("--fake-probe",))
+    summary = run_sweep(plan, path, "cpu", spawn=spawn, budget_seconds=120, log=_log(tmp_path))
+    row = read_rows(path)[0]
+    assert summary.statuses == {"ok": 1}, (tmp_path / "sweep.log").read_text()
+    assert row["status"] == "ok" and row["steps"] == "2" and row["gpu_name"] == "Fake GPU"

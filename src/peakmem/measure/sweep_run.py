@@ -1,4 +1,5 @@
-"""Execute a sweep plan: one fresh worker process per run (pre-started one run ahead), rows
+"""Execute a sweep plan: one fresh worker process per run (``prestart`` of them started ahead,
+importing torch while the current run measures: none touches the GPU before its run), rows
 appended to the CSV as they finish, resumable, inside a time budget."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,13 +29,19 @@ READY_TIMEOUT_S = 180.0
 KILL_GRACE_S = 45.0
 
 
-def spawn_worker(python: str = sys.executable, preimport: str = "", device_index: int = 0) -> Spawn:
+def spawn_worker(
+    python: str = sys.executable,
+    preimport: str = "",
+    device_index: int = 0,
+    extra_args: tuple[str, ...] = (),
+) -> Spawn:
     """A factory of real measurement workers (`python -m peakmem.measure.worker`)."""
 
     def spawn(log: IO[str]) -> subprocess.Popen:
         command = [python, "-m", "peakmem.measure.worker", "--device-index", str(device_index)]
         if preimport:
             command += ["--preimport", preimport]
+        command += list(extra_args)
         return subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
         )
@@ -105,6 +113,7 @@ def run_sweep(
     retry_errors: bool = False,
     snapshot_dir: Path | None = None,
     on_run: Callable[[PlannedRun, str, float], None] | None = None,
+    prestart: int = 2,
 ) -> SweepSummary:
     """Measure every run of ``plan`` not yet in ``csv_path`` until the budget is spent."""
     started = time.monotonic()
@@ -116,7 +125,7 @@ def run_sweep(
     summary.skipped_done = len(plan.runs) - len(todo)
     group_seconds: dict[int, float] = {}
     workdir = Path(tempfile.mkdtemp(prefix="peakmem-sweep-"))
-    spare: _Worker | None = None
+    spares: deque[_Worker] = deque()
     try:
         with RowWriter(csv_path) as writer:
             for position, run in enumerate(todo):
@@ -130,8 +139,7 @@ def run_sweep(
                     summary.left = len(todo) - position
                     break
                 timeout = min(run.timeout, max(remaining - 10, 1.0))
-                worker = spare or _Worker(spawn, log)
-                spare = None
+                worker = spares.popleft() if spares else _Worker(spawn, log)
                 worker.wait_ready()
                 out = workdir / f"run{position}.json"
                 snapshot = None
@@ -145,8 +153,8 @@ def run_sweep(
                     "argv": run.command(), "steps": run.steps, "timeout": timeout,
                     "out": str(out), "env": dict(run.env), "snapshot": snapshot,
                 })  # fmt: skip
-                if position + 1 < len(todo):
-                    spare = _Worker(spawn, log)  # imports while this run measures
+                while len(spares) < min(prestart, len(todo) - position - 1):
+                    spares.append(_Worker(spawn, log))  # they import while this run measures
                 result = _wait_result(worker, out, timeout + KILL_GRACE_S)
                 wall = time.monotonic() - t0
                 group_seconds[run.group] = max(group_seconds.get(run.group, 0.0), wall)
@@ -172,7 +180,7 @@ def run_sweep(
                 if on_run is not None:
                     on_run(run, status, wall)
     finally:
-        if spare is not None:
+        for spare in spares:
             spare.stop()
     summary.seconds = time.monotonic() - started
     return summary

@@ -59,9 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preimport", default="", help="comma-separated modules to import first")
     parser.add_argument("--device-index", type=int, default=0)
+    parser.add_argument(
+        "--fake-probe",
+        action="store_true",
+        help="measure nothing (a FakeProbe): tests the pipeline without a GPU",
+    )
     args = parser.parse_args(argv)
     import torch  # noqa: F401  - the expensive import, done before the request arrives
 
+    import peakmem.measure.session  # noqa: F401
+
+    # what a first optimizer step or checkpoint imports lazily (torch._dynamo pulls in sympy):
+    # seconds per run if left to the job
+    _preimport(["pynvml", "peakmem.measure.cuda_probe", "torch._dynamo", "torch.utils.checkpoint"])
     _preimport([m for m in args.preimport.split(",") if m])
     print("ready", flush=True)
     line = sys.stdin.readline()
@@ -70,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     request = json.loads(line)
 
     def make_probe():
+        if args.fake_probe:
+            from peakmem.measure.fake_probe import FakeProbe
+
+            return FakeProbe()
         from peakmem.measure.cuda_probe import CudaProbe
 
         return CudaProbe(args.device_index)
@@ -77,5 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     return serve_one(request, make_probe)
 
 
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown (seconds with torch._dynamo loaded): the result
+    is on disk and the driver frees the GPU memory of the process anyway."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())
