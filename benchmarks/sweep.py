@@ -81,7 +81,7 @@ def describe(plans: list[SweepPlan], csv_path: Path) -> None:
 )
 @click.option(
     "--preimport",
-    default="torchvision,timm,transformers",
+    default="torchvision,transformers",
     show_default=True,
     help="modules each worker imports before its run (hides import time)",
 )
