@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
-from _common import base_parser, build_on, checkpoint_children, report, setup, train
+from _common import (
+    Checkpointed,
+    base_parser,
+    build_on,
+    checkpoint_children,
+    report,
+    setup,
+    train,
+)
 from torch import nn
 
 # model name -> (default image size, containers whose children are checkpointed)
@@ -31,7 +41,7 @@ MODELS: dict[str, tuple[int, tuple[str, ...]]] = {
     "regnet_y_400mf": (224, ("trunk_output",)),
     "regnet_y_1_6gf": (224, ("trunk_output",)),
     "regnet_x_3_2gf": (224, ("trunk_output",)),
-    "shufflenet_v2_x1_0": (224, ()),
+    "shufflenet_v2_x1_0": (224, ("stage2", "stage3", "stage4")),
     "squeezenet1_1": (224, ("features",)),
     "mnasnet1_0": (224, ("layers",)),
     "vit_b_16": (224, ("encoder.layers",)),
@@ -55,13 +65,38 @@ def build(args) -> nn.Module:
     return torchvision.models.get_model(args.model, **kwargs)
 
 
+def _is_leaf(module: nn.Module) -> bool:
+    return next(module.children(), None) is None
+
+
+def checkpoint_segments(container: nn.Sequential) -> None:
+    """A container of single layers (vgg/alexnet `features`): checkpoint the runs of layers that
+    end at each pooling layer, so that no in-place op meets a checkpoint's output."""
+    segments: list[list[nn.Module]] = [[]]
+    for layer in container:
+        segments[-1].append(layer)
+        if isinstance(layer, nn.MaxPool2d | nn.AvgPool2d | nn.AdaptiveAvgPool2d):
+            segments.append([])
+    container._modules = OrderedDict(
+        (str(i), Checkpointed(nn.Sequential(*seg))) for i, seg in enumerate(segments) if seg
+    )
+
+
 def apply_checkpointing(model: nn.Module, name: str) -> None:
-    containers = MODELS[name][1]
-    for path in containers:
-        checkpoint_children(model.get_submodule(path))
+    """Checkpoint the blocks (children with children) of the model's block containers; single
+    layers stay as they are (an in-place ReLU after a checkpointed layer would break)."""
+    for path in MODELS[name][1]:
+        container = model.get_submodule(path)
+        if all(_is_leaf(child) for child in container.children()):
+            checkpoint_segments(container)
+        else:
+            names = [n for n, child in container.named_children() if not _is_leaf(child)]
+            checkpoint_children(container, names)
     if name in ("inception_v3", "googlenet"):
         names = [n for n, _ in model.named_children() if n.startswith(("Mixed", "inception"))]
         checkpoint_children(model, names)
+    if not any(isinstance(m, Checkpointed) for m in model.modules()):
+        raise SystemExit(f"--grad-checkpointing: no blocks to checkpoint in {name}")
 
 
 def main() -> None:
