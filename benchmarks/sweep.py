@@ -77,7 +77,8 @@ def describe(plans: list[SweepPlan], csv_path: Path) -> None:
 @click.option(
     "--snapshot-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="where runs with snapshot = true dump allocator snapshots",
+    help="where runs with snapshot = true dump allocator snapshots (default: <gpu>_snapshots/ "
+    "next to the CSV)",
 )
 @click.option(
     "--preimport",
@@ -110,6 +111,7 @@ def main(sweeps, gpu, csv_path, budget_seconds, retry_errors, snapshot_dir, prei
     log_path = log_path or csv_path.with_suffix(".log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     spawn = spawn_worker(sys.executable, preimport)
+    snapshot_dir = snapshot_dir or csv_path.parent / f"{gpu}_snapshots"
     budget_left = budget_seconds
     with log_path.open("a") as log, Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -124,10 +126,20 @@ def main(sweeps, gpu, csv_path, budget_seconds, retry_errors, snapshot_dir, prei
                 console.print(f"{status:7s} {wall:6.1f}s  {run.job} {run.args_text}",
                               highlight=False)  # fmt: skip
 
-            summary = run_sweep(
-                plan, csv_path, gpu, spawn=spawn, budget_seconds=budget_left, log=log,
-                retry_errors=retry_errors, snapshot_dir=snapshot_dir, on_run=on_run,
-            )  # fmt: skip
+            try:
+                summary = run_sweep(
+                    plan,
+                    csv_path,
+                    gpu,
+                    spawn=spawn,
+                    budget_seconds=budget_left,
+                    log=log,
+                    retry_errors=retry_errors,
+                    snapshot_dir=snapshot_dir,
+                    on_run=on_run,
+                )
+            except (RuntimeError, ValueError) as exc:
+                raise click.ClickException(str(exc)) from None
             progress.advance(task, summary.skipped_done + summary.skipped_oom)
             budget_left -= summary.seconds
             console.print(
