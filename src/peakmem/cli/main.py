@@ -13,7 +13,7 @@ from peakmem import __version__
 COMMANDS: dict[str, str] = {
     "measure": "peakmem.cli.measure:measure",
     "replay": "peakmem.cli.replay:replay",
-    "simulate": "peakmem.cli.simulate:simulate_cmd",
+    "simulate": "peakmem.cli.simulate:simulate_trace",
 }
 
 

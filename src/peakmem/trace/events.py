@@ -68,7 +68,17 @@ class Trace:
     (`kinds`, `ids`, `sizes`, `streams`, `tag_ids`).
     """
 
-    __slots__ = ("kinds", "ids", "sizes", "streams", "tag_ids", "tags", "_tag_index", "_next_id", "meta")
+    __slots__ = (
+        "kinds",
+        "ids",
+        "sizes",
+        "streams",
+        "tag_ids",
+        "tags",
+        "_tag_index",
+        "_next_id",
+        "meta",
+    )
 
     def __init__(self, meta: dict[str, Any] | None = None) -> None:
         self.kinds: list[int] = []
@@ -174,7 +184,8 @@ class Trace:
             and self.ids == other.ids
             and self.sizes == other.sizes
             and self.streams == other.streams
-            and [self.tag_of(i) for i in range(len(self))] == [other.tag_of(i) for i in range(len(other))]
+            and [self.tag_of(i) for i in range(len(self))]
+            == [other.tag_of(i) for i in range(len(other))]
         )
 
     # -- serialisation (JSON lines: a header, then one compact array per event) ----------------

@@ -1,0 +1,698 @@
+"""A simulation of PyTorch's CUDA caching allocator (`c10/cuda/CUDACachingAllocator.cpp`,
+`DeviceCachingAllocator`), one device.
+
+Methods are named after the C++ functions they mirror (`round_size`, `get_pool`,
+`get_allocation_size`, `get_free_block`, `should_split`, `alloc_found_block`, `free_block`,
+`try_merge_blocks`, `release_available_cached_blocks`, `release_cached_blocks`,
+`garbage_collect_cached_blocks`, expandable segments' `try_allocate_expandable_block`,
+`map_block`, `unmap_block`) so the Python can be read next to the C++.
+
+Free blocks live in per-pool sorted lists of `(stream, size, addr)` keys: the C++ `BlockPool`
+set ordered by `BlockComparatorSize` (stream, then size, then address). Unmapped blocks of
+expandable segments live in `(stream, addr)` lists (`BlockComparatorAddress`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sortedcontainers import SortedList
+
+from peakmem.allocator.addresses import DeviceAddressSpace
+from peakmem.allocator.config import K_LARGE_BUFFER, AllocatorConfig
+from peakmem.allocator.rules import AllocatorRules
+
+MB = 1024 * 1024
+K_MIN_BLOCK_SIZE = 512  # all sizes are rounded to at least 512 bytes
+K_SMALL_SIZE = MB  # largest "small" allocation is 1 MiB
+K_SMALL_BUFFER = 2 * MB  # "small" allocations are packed in 2 MiB blocks
+K_MIN_LARGE_ALLOC = 10 * MB  # allocations between 1 and 10 MiB may use kLargeBuffer
+K_ROUND_LARGE = 2 * MB  # round up large allocations to 2 MiB
+
+
+class OutOfMemory(Exception):
+    """The simulated device cannot satisfy a request even after releasing every cached block."""
+
+    def __init__(self, size: int, reserved: int, allocated: int, limit: int | None) -> None:
+        self.size = size
+        self.reserved = reserved
+        self.allocated = allocated
+        self.limit = limit
+        super().__init__(
+            f"out of memory: tried to allocate {size} bytes with {reserved} reserved "
+            f"({allocated} allocated) of a {limit if limit is not None else 'unbounded'}-byte limit"
+        )
+
+
+class Block:
+    """A `Block`: a contiguous range of a segment, allocated or free (or unmapped)."""
+
+    __slots__ = (
+        "addr",
+        "size",
+        "stream",
+        "pool",
+        "prev",
+        "next",
+        "allocated",
+        "requested",
+        "mapped",
+        "segment",
+        "stream_uses",
+        "event_count",
+        "gc_count_base",
+    )
+
+    def __init__(self, addr: int, size: int, stream: int, pool: Pool) -> None:
+        self.addr = addr
+        self.size = size
+        self.stream = stream
+        self.pool = pool
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.allocated = False
+        self.requested = 0
+        self.mapped = True
+        self.segment: ExpandableSegment | None = None
+        self.stream_uses: set[int] | None = None
+        self.event_count = 0
+        self.gc_count_base = 0
+
+    def is_split(self) -> bool:
+        return self.prev is not None or self.next is not None
+
+    def key(self) -> tuple[int, int, int]:
+        return (self.stream, self.size, self.addr)
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        state = "alloc" if self.allocated else ("free" if self.mapped else "unmapped")
+        return f"Block({state} {self.size}@{self.addr:#x} s{self.stream})"
+
+
+class Pool:
+    """A `BlockPool`: the free blocks of the small or the large pool, all streams together."""
+
+    __slots__ = ("is_small", "blocks", "unmapped", "get_free_blocks_call_count")
+
+    def __init__(self, is_small: bool) -> None:
+        self.is_small = is_small
+        self.blocks: SortedList = SortedList()  # (stream, size, addr)
+        self.unmapped: SortedList = SortedList()  # (stream, addr)
+        self.get_free_blocks_call_count = 0
+
+
+class ExpandableSegment:
+    """A reserved range of virtual addresses, backed by physical pages of `page_size` bytes
+    mapped and unmapped on demand (`ExpandableSegment` in the C++)."""
+
+    __slots__ = ("base", "page_size", "num_pages", "mapped_pages", "stream", "pool")
+
+    def __init__(
+        self, base: int, address_space: int, page_size: int, stream: int, pool: Pool
+    ) -> None:
+        self.base = base
+        self.page_size = page_size
+        self.num_pages = -(-address_space // page_size)
+        self.mapped_pages: set[int] = set()
+        self.stream = stream
+        self.pool = pool
+
+    @property
+    def size(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def mapped_bytes(self) -> int:
+        return len(self.mapped_pages) * self.page_size
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """How much device memory the allocator may reserve.
+
+    `capacity_bytes`: what cudaMalloc can hand out to this process before failing (the GPU's
+    memory less the CUDA context and anything else outside the allocator); None = unbounded.
+    `memory_fraction` with `total_bytes`: `torch.cuda.set_per_process_memory_fraction`, which caps
+    reserved memory at `fraction * total_bytes` and enables garbage collection.
+    """
+
+    capacity_bytes: int | None = None
+    memory_fraction: float | None = None
+    total_bytes: int | None = None
+
+    @property
+    def allowed_memory_maximum(self) -> int | None:
+        if self.memory_fraction is None:
+            return None
+        total = self.total_bytes if self.total_bytes is not None else self.capacity_bytes
+        if total is None:
+            raise ValueError("a memory fraction needs the device's total memory (total_bytes)")
+        return int(self.memory_fraction * total)
+
+    @property
+    def address_space_total(self) -> int:
+        """`prop.totalGlobalMem` for sizing expandable segments' address space."""
+        for value in (self.total_bytes, self.capacity_bytes):
+            if value is not None:
+                return value
+        return 1 << 40
+
+
+class CachingAllocator:
+    """One device's caching allocator. `malloc` returns a Block or raises OutOfMemory."""
+
+    def __init__(
+        self,
+        config: AllocatorConfig | None = None,
+        rules: AllocatorRules | None = None,
+        limits: DeviceLimits | None = None,
+        address_space: DeviceAddressSpace | None = None,
+    ) -> None:
+        self.config = config or AllocatorConfig()
+        self.rules = rules or AllocatorRules.for_version(None)
+        self.limits = limits or DeviceLimits()
+        self.small_blocks = Pool(is_small=True)
+        self.large_blocks = Pool(is_small=False)
+        self.blocks_by_addr: dict[int, Block] = {}  # every free (mapped) block in a pool
+        self._unmapped_blocks: dict[int, Block] = {}  # unmapped parts of expandable segments
+        self.pending_free: list[Block] = []  # freed, waiting on other streams' events
+        self.ready_free: list[Block] = []  # their events completed: freed at process_events
+        self.expandable_segments: list[ExpandableSegment] = []
+        self.segments: dict[int, int] = {}  # cudaMalloc'd segments: addr -> size
+        self.addresses = address_space or DeviceAddressSpace()
+
+        # statistics (the C++ `DeviceStats` aggregate values we need)
+        self.total_allocated_memory = 0  # reserved bytes
+        self.allocated_bytes = 0
+        self.requested_bytes = 0
+        self.num_alloc_retries = 0
+        self.num_device_alloc = 0
+        self.num_device_free = 0
+
+        self._set_fraction = self.limits.memory_fraction is not None
+        self._allowed_memory_maximum = self.limits.allowed_memory_maximum
+        self._capacity = self.limits.capacity_bytes
+        self._gc_enabled = self._set_fraction and self.config.garbage_collection_threshold > 0.0
+        self._expandable = self.config.expandable_segments
+        self._large_segment_size = self.config.large_segment_size
+
+    # -- sizes and pools ------------------------------------------------------------------------
+    def round_size(self, size: int) -> int:
+        if size < K_MIN_BLOCK_SIZE:
+            return K_MIN_BLOCK_SIZE
+        divisions = self.config.roundup_divisions_for(size)
+        if divisions == 1 and self.rules.divisions_one_leaves_size_unrounded:
+            return size if size > K_MIN_BLOCK_SIZE else K_MIN_BLOCK_SIZE * ((size + 511) // 512)
+        if divisions > 1 and size > K_MIN_BLOCK_SIZE * divisions:
+            return roundup_power2_next_division(size, divisions)
+        return K_MIN_BLOCK_SIZE * ((size + K_MIN_BLOCK_SIZE - 1) // K_MIN_BLOCK_SIZE)
+
+    def get_pool(self, size: int) -> Pool:
+        return self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
+
+    def get_allocation_size(self, size: int) -> int:
+        if size <= K_SMALL_SIZE:
+            return K_SMALL_BUFFER
+        if size < K_MIN_LARGE_ALLOC:
+            return self._large_segment_size
+        return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
+
+    @property
+    def max_non_split_rounding(self) -> int:
+        if self.rules.max_non_split_rounding_configurable:
+            return self.config.max_non_split_rounding_size
+        return K_LARGE_BUFFER
+
+    # -- malloc ---------------------------------------------------------------------------------
+    def malloc(self, orig_size: int, stream: int = 0) -> Block:
+        if self.ready_free:
+            self.process_events()
+        size = self.round_size(orig_size)
+        pool = self.get_pool(size)
+        alloc_size = self.get_allocation_size(size)
+
+        block = self.get_free_block(pool, size, stream)
+        if block is None:
+            if self._gc_enabled:
+                self.garbage_collect_cached_blocks()
+            block = self.alloc_block(pool, size, alloc_size, stream)
+            if block is None and self.release_available_cached_blocks(pool, size, stream):
+                block = self.alloc_block(pool, size, alloc_size, stream)
+            if block is None:
+                self.release_cached_blocks()
+                self.num_alloc_retries += 1
+                block = self.alloc_block(pool, size, alloc_size, stream)
+            if block is None:
+                raise OutOfMemory(
+                    orig_size, self.total_allocated_memory, self.allocated_bytes, self._limit()
+                )
+        return self.alloc_found_block(block, size, orig_size, self.should_split(block, size))
+
+    def _limit(self) -> int | None:
+        limits = [v for v in (self._capacity, self._allowed_memory_maximum) if v is not None]
+        return min(limits) if limits else None
+
+    def get_free_block(self, pool: Pool, size: int, stream: int) -> Block | None:
+        if self._gc_enabled:
+            pool.get_free_blocks_call_count += 1
+        blocks = pool.blocks
+        index = blocks.bisect_left((stream, size, -1))
+        if index >= len(blocks):
+            return None
+        key = blocks[index]
+        if key[0] != stream:
+            return None
+        block = self.blocks_by_addr[key[2]]
+        if block.segment is not None:
+            # Expandable segments: prefer a block whose size *including the unmapped space right
+            # after it* is smaller (the C++ `expandable_size` loop).
+            n = len(blocks)
+            nxt = index + 1
+            while block.segment is not None and nxt < n:
+                next_key = blocks[nxt]
+                if next_key[0] != stream:
+                    break
+                candidate = self.blocks_by_addr[next_key[2]]
+                if _expandable_size(candidate) >= _expandable_size(block):
+                    break
+                block, index = candidate, nxt
+                nxt += 1
+        max_split = self.config.max_split_size
+        if size < max_split and block.size >= max_split:
+            return None  # do not return an oversized block for a small request
+        if size >= max_split and block.size >= size + self.max_non_split_rounding:
+            return None  # do not return an oversized block for a large request
+        del blocks[index]
+        del self.blocks_by_addr[block.addr]
+        return block
+
+    def should_split(self, block: Block, size: int) -> bool:
+        remaining = block.size - size
+        if block.pool.is_small or self._expandable:
+            return remaining >= K_MIN_BLOCK_SIZE
+        return size < self.config.max_split_size and remaining > K_SMALL_SIZE
+
+    def alloc_found_block(self, block: Block, size: int, orig_size: int, split: bool) -> Block:
+        if split:
+            remaining = block
+            block = Block(remaining.addr, size, remaining.stream, remaining.pool)
+            block.segment = remaining.segment
+            block.prev = remaining.prev
+            if block.prev is not None:
+                block.prev.next = block
+            block.next = remaining
+            remaining.prev = block
+            remaining.addr += size
+            remaining.size -= size
+            self._insert_free(remaining)
+        block.allocated = True
+        block.requested = orig_size
+        self.allocated_bytes += block.size
+        self.requested_bytes += orig_size
+        return block
+
+    # -- device memory ----------------------------------------------------------------------------
+    def alloc_block(self, pool: Pool, size: int, alloc_size: int, stream: int) -> Block | None:
+        """`alloc_block`: a new segment from the device (or more pages of an expandable one)."""
+        maximum = self._allowed_memory_maximum
+        if maximum is not None and self.total_allocated_memory + alloc_size > maximum:
+            return None
+        if self._expandable:
+            block = self.try_allocate_expandable_block(pool, size, stream)
+            if block is not None:
+                self._erase_free(block)
+            return block
+        if self._capacity is not None and self.total_allocated_memory + alloc_size > self._capacity:
+            return None
+        addr = self.addresses.malloc(alloc_size)
+        self.total_allocated_memory += alloc_size
+        self.segments[addr] = alloc_size
+        self.num_device_alloc += 1
+        return Block(addr, alloc_size, stream, pool)
+
+    def release_block(self, block: Block) -> None:
+        """`release_block`: cudaFree a whole cached segment."""
+        self._erase_free(block)
+        del self.segments[block.addr]
+        self.total_allocated_memory -= block.size
+        self.num_device_free += 1
+        self.addresses.free(block.addr)
+
+    def release_available_cached_blocks(self, pool: Pool, size: int, stream: int) -> bool:
+        """With max_split_size set: free oversize cached blocks (largest first) to make room."""
+        max_split = self.config.max_split_size
+        if not self.config.max_split_size_set:
+            return False
+        key_size = max(size, max_split)
+        blocks = pool.blocks
+        index = blocks.bisect_left((stream, key_size, -1))
+        found = None
+        if index < len(blocks) and blocks[index][0] == stream:
+            found = self.blocks_by_addr[blocks[index][2]]
+            if found.segment is not None:
+                found = None
+        if found is None:
+            if index == 0:
+                return False
+            total_released = 0
+            index -= 1
+            while total_released < key_size:
+                key = blocks[index]
+                block = self.blocks_by_addr[key[2]]
+                if block.size < max_split or block.stream != stream:
+                    break
+                is_first = index == 0
+                if not is_first:
+                    index -= 1
+                if block.segment is None and not block.is_split():
+                    self.release_block(block)
+                    total_released += block.size
+                if is_first:
+                    break
+            return total_released >= key_size
+        if found.is_split():
+            return False
+        self.release_block(found)
+        return True
+
+    def release_cached_blocks(self) -> None:
+        """`release_cached_blocks`: complete deferred frees, then free every unsplit segment."""
+        self.synchronize_and_free_events()
+        self.release_blocks(self.large_blocks)
+        self.release_blocks(self.small_blocks)
+
+    def release_blocks(self, pool: Pool) -> None:
+        to_unmap = []
+        for key in list(pool.blocks):
+            block = self.blocks_by_addr.get(key[2])
+            if block is None:
+                continue
+            if block.segment is not None:
+                to_unmap.append(block)
+            elif block.prev is None and block.next is None:
+                self.release_block(block)
+        for block in to_unmap:
+            self.unmap_block(block)
+            if block.prev is None and block.next is None:
+                self.release_expandable_segment(block)
+
+    def release_expandable_segment(self, block: Block) -> None:
+        """A wholly unmapped expandable segment gives its address range back."""
+        segment = block.segment
+        assert segment is not None and not block.mapped and block.size == segment.size
+        block.pool.unmapped.remove((block.stream, block.addr))
+        del self._unmapped_blocks[block.addr]
+        self.expandable_segments.remove(segment)
+        self.addresses.free(segment.base)
+
+    def garbage_collect_cached_blocks(self) -> None:
+        """`garbage_collect_cached_blocks`: free cached large blocks older than the average age
+        until reserved memory is back under threshold * allowed maximum."""
+        maximum = self._allowed_memory_maximum
+        assert maximum is not None
+        gc_threshold = int(self.config.garbage_collection_threshold * maximum)
+        if self.total_allocated_memory <= gc_threshold:
+            return
+        target_size = self.total_allocated_memory - gc_threshold
+        gc_reclaimed = 0
+        pool = self.large_blocks
+        calls = pool.get_free_blocks_call_count
+        total_age = 0
+        freeable = 0
+        for key in pool.blocks:
+            block = self.blocks_by_addr[key[2]]
+            if not block.is_split() and block.segment is None:
+                total_age += calls - block.gc_count_base
+                freeable += 1
+        if freeable == 0:
+            return
+        block_freed = True
+        while gc_reclaimed < target_size and block_freed and freeable > 0:
+            age_threshold = total_age / freeable
+            block_freed = False
+            for key in list(pool.blocks):
+                block = self.blocks_by_addr[key[2]]
+                age = calls - block.gc_count_base
+                if not block.is_split() and block.segment is None and age >= age_threshold:
+                    block_freed = True
+                    gc_reclaimed += block.size
+                    total_age -= age
+                    freeable -= 1
+                    self.release_block(block)
+
+    # -- free -------------------------------------------------------------------------------------
+    def free(self, block: Block) -> None:
+        """`free`: hand a block back, or defer it until its other-stream uses complete."""
+        block.allocated = False
+        # Both drop at free request time, deferred or not. (PyTorch's own `requested_bytes` stat
+        # waits for free_block; ours counts what the program still holds, so that
+        # allocated >= requested always.)
+        self.allocated_bytes -= block.size
+        self.requested_bytes -= block.requested
+        if block.stream_uses:
+            block.event_count = len(block.stream_uses)
+            block.stream_uses = None
+            self.pending_free.append(block)
+        else:
+            self.free_block(block)
+
+    def record_stream(self, block: Block, stream: int) -> None:
+        if stream == block.stream:
+            return
+        if block.stream_uses is None:
+            block.stream_uses = set()
+        block.stream_uses.add(stream)
+
+    def complete_free(self, block: Block) -> None:
+        """The events of a deferred free have completed: the block is freed at process_events."""
+        if block in self.pending_free:
+            self.pending_free.remove(block)
+            self.ready_free.append(block)
+
+    def process_events(self) -> None:
+        ready, self.ready_free = self.ready_free, []
+        for block in ready:
+            block.event_count = 0
+            self.free_block(block)
+
+    def synchronize_and_free_events(self) -> None:
+        pending = self.ready_free + self.pending_free
+        self.ready_free = []
+        self.pending_free = []
+        for block in pending:
+            block.event_count = 0
+            self.free_block(block)
+
+    def free_block(self, block: Block) -> None:
+        block.requested = 0
+        for candidate in (block.prev, block.next):
+            self.try_merge_blocks(block, candidate)
+        self._insert_free(block)
+
+    def try_merge_blocks(self, dst: Block, src: Block | None) -> int:
+        if (
+            src is None
+            or src.allocated
+            or src.event_count > 0
+            or src.stream_uses
+            or dst.mapped != src.mapped
+        ):
+            return 0
+        if dst.prev is src:
+            dst.addr = src.addr
+            dst.prev = src.prev
+            if dst.prev is not None:
+                dst.prev.next = dst
+        else:
+            dst.next = src.next
+            if dst.next is not None:
+                dst.next.prev = dst
+        subsumed = src.size
+        dst.size += subsumed
+        if src.mapped:
+            self._erase_free(src)
+        else:
+            src.pool.unmapped.remove((src.stream, src.addr))
+            del self._unmapped_blocks[src.addr]
+        return subsumed
+
+    def empty_cache(self) -> None:
+        self.release_cached_blocks()
+
+    # -- free-block bookkeeping -----------------------------------------------------------------
+    def _insert_free(self, block: Block) -> None:
+        pool = block.pool
+        block.gc_count_base = pool.get_free_blocks_call_count
+        pool.blocks.add((block.stream, block.size, block.addr))
+        self.blocks_by_addr[block.addr] = block
+
+    def _erase_free(self, block: Block) -> None:
+        block.pool.blocks.remove((block.stream, block.size, block.addr))
+        del self.blocks_by_addr[block.addr]
+
+    # -- expandable segments ------------------------------------------------------------------
+    def _segment_page_size(self, pool: Pool) -> int:
+        return K_SMALL_BUFFER if pool.is_small else self._large_segment_size
+
+    def find_expandable_block(self, pool: Pool, size: int, stream: int) -> Block:
+        def allocatable(b: Block | None) -> bool:
+            return b is not None and not b.allocated and b.event_count == 0 and not b.stream_uses
+
+        def has_available_address_space(b: Block | None) -> bool:
+            total = 0
+            while total < size and allocatable(b):
+                assert b is not None
+                total += b.size
+                b = b.next
+            return total >= size
+
+        unmapped = pool.unmapped
+        index = unmapped.bisect_left((stream, -1))
+        while index < len(unmapped) and unmapped[index][0] == stream:
+            c = self._unmapped_blocks[unmapped[index][1]]
+            if allocatable(c.prev):
+                c = c.prev  # a free mapped block right before the unmapped space
+            if has_available_address_space(c):
+                return c
+            index += 1
+        page = self._segment_page_size(pool)
+        address_space = self.limits.address_space_total + self.limits.address_space_total // 8
+        segment = ExpandableSegment(0, address_space, page, stream, pool)
+        segment.base = self.addresses.malloc(segment.size)  # reserve the virtual address range
+        self.expandable_segments.append(segment)
+        candidate = Block(segment.base, segment.size, stream, pool)
+        candidate.mapped = False
+        candidate.segment = segment
+        self._unmapped_blocks[candidate.addr] = candidate
+        pool.unmapped.add((stream, candidate.addr))
+        return candidate
+
+    def try_allocate_expandable_block(self, pool: Pool, size: int, stream: int) -> Block | None:
+        candidate = self.find_expandable_block(pool, size, stream)
+        if not candidate.mapped:
+            mapped = self.map_block(candidate, min(candidate.size, size))
+            if mapped is None:
+                return None
+            candidate = mapped
+        while candidate.size < size:
+            remaining = size - candidate.size
+            nxt = candidate.next
+            assert nxt is not None and not nxt.mapped
+            mapped = self.map_block(nxt, min(remaining, nxt.size))
+            if mapped is None:
+                return None
+            candidate = mapped
+        return candidate
+
+    def map_block(self, to_map: Block, size: int) -> Block | None:
+        """Map pages for the first `size` bytes of the unmapped block `to_map`; returns the
+        (merged) free block that holds them, or None when the device has no room."""
+        segment = to_map.segment
+        assert segment is not None and not to_map.mapped
+        page = segment.page_size
+        offset = to_map.addr - segment.base
+        begin = offset // page
+        end = -(-(offset + size) // page)
+        mapped_size = (end - begin) * page
+        if (
+            self._capacity is not None
+            and self.total_allocated_memory + mapped_size > self._capacity
+        ):
+            return None
+        segment.mapped_pages.update(range(begin, end))
+        pool = to_map.pool
+        pool.unmapped.remove((to_map.stream, to_map.addr))
+        del self._unmapped_blocks[to_map.addr]
+        to_map.mapped = True
+        if mapped_size < to_map.size:
+            remaining = Block(
+                to_map.addr + mapped_size, to_map.size - mapped_size, to_map.stream, pool
+            )
+            remaining.mapped = False
+            remaining.segment = segment
+            remaining.prev = to_map
+            remaining.next = to_map.next
+            if to_map.next is not None:
+                to_map.next.prev = remaining
+            to_map.next = remaining
+            pool.unmapped.add((remaining.stream, remaining.addr))
+            self._unmapped_blocks[remaining.addr] = remaining
+            to_map.size = mapped_size
+        self.try_merge_blocks(to_map, to_map.prev)
+        self.try_merge_blocks(to_map, to_map.next)
+        self._insert_free(to_map)
+        self.total_allocated_memory += mapped_size
+        self.num_device_alloc += 1
+        return to_map
+
+    def unmap_block(self, block: Block) -> None:
+        """Unmap the whole pages inside the free block `block` (release_cached_blocks)."""
+        segment = block.segment
+        assert segment is not None
+        page = segment.page_size
+        offset = block.addr - segment.base
+        begin = -(-offset // page)
+        end = (offset + block.size) // page
+        if begin >= end:
+            return
+        unmapped_addr = segment.base + begin * page
+        unmapped_size = (end - begin) * page
+        pool = block.pool
+        self._erase_free(block)
+        before_size = unmapped_addr - block.addr
+        if before_size > 0:
+            before = Block(block.addr, before_size, block.stream, pool)
+            before.segment = segment
+            before.prev = block.prev
+            if before.prev is not None:
+                before.prev.next = before
+            before.next = block
+            block.prev = before
+            self._insert_free(before)
+        after_size = block.size - (before_size + unmapped_size)
+        if after_size > 0:
+            after = Block(unmapped_addr + unmapped_size, after_size, block.stream, pool)
+            after.segment = segment
+            after.next = block.next
+            if after.next is not None:
+                after.next.prev = after
+            after.prev = block
+            block.next = after
+            self._insert_free(after)
+        block.addr = unmapped_addr
+        block.size = unmapped_size
+        block.mapped = False
+        segment.mapped_pages.difference_update(range(begin, end))
+        self.try_merge_blocks(block, block.prev)
+        self.try_merge_blocks(block, block.next)
+        pool.unmapped.add((block.stream, block.addr))
+        self._unmapped_blocks[block.addr] = block
+        self.total_allocated_memory -= unmapped_size
+        self.num_device_free += 1
+
+    # -- views ------------------------------------------------------------------------------------
+    @property
+    def reserved_bytes(self) -> int:
+        return self.total_allocated_memory
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segments) + sum(1 for s in self.expandable_segments if s.mapped_pages)
+
+
+def _expandable_size(block: Block) -> int:
+    nxt = block.next
+    return block.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+
+def roundup_power2_next_division(size: int, divisions: int) -> int:
+    """`roundup_power2_next_division`: round up to the next 1/divisions step of the power-of-two
+    interval `size` lies in."""
+    if size & (size - 1) == 0:
+        return size
+    power2_floor = 1 << (size.bit_length() - 1)
+    power2_division = power2_floor >> (divisions.bit_length() - 1)
+    if power2_division == 0:
+        return power2_floor << 1
+    round_size_floor = size & ~(power2_division - 1)
+    return size if round_size_floor == size else round_size_floor + power2_division

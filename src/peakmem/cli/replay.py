@@ -1,0 +1,81 @@
+"""`peakmem replay SNAPSHOT`: replay a real memory snapshot through the allocator simulation."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
+from peakmem.allocator.simulate import TraceError, simulate
+from peakmem.cli.common import echo_simulation, fail, format_bytes, parse_bytes
+from peakmem.trace.snapshot import SnapshotError, load_snapshot, snapshot_to_trace
+
+
+@click.command()
+@click.argument("snapshot", type=click.Path(dir_okay=False))
+@click.option(
+    "--alloc-conf",
+    default=None,
+    help="PYTORCH_CUDA_ALLOC_CONF to simulate "
+    "(default: the one recorded in the snapshot, else none).",
+)
+@click.option(
+    "--torch",
+    "torch_version",
+    default=None,
+    metavar="VERSION",
+    help="PyTorch version whose allocator rules apply (default: the newest supported).",
+)
+@click.option(
+    "--capacity",
+    default=None,
+    metavar="BYTES",
+    help="Device memory the allocator may reserve (e.g. 80GiB); default unbounded.",
+)
+@click.option("--device", type=int, default=None, help="Device of the snapshot to replay.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def replay(
+    snapshot: str,
+    alloc_conf: str | None,
+    torch_version: str | None,
+    capacity: str | None,
+    device: int | None,
+    as_json: bool,
+) -> None:
+    """Replay the alloc/free events of a memory SNAPSHOT (a pickle written by
+    torch.cuda.memory._dump_snapshot()) and print the simulated peaks, next to the recorded ones."""
+    try:
+        data = load_snapshot(snapshot)
+        trace, facts = snapshot_to_trace(data, device)
+        conf_string = alloc_conf if alloc_conf is not None else (facts.alloc_conf or "")
+        config = AllocatorConfig.parse(conf_string, torch_version)
+        capacity_bytes = parse_bytes(capacity) if capacity is not None else None
+        result = simulate(
+            trace,
+            config,
+            torch_version=torch_version,
+            capacity_bytes=capacity_bytes,
+            segment_address_hints=facts.segment_addresses,
+        )
+    except (SnapshotError, TraceError, AllocatorConfigError, ValueError) as exc:
+        fail(str(exc))
+
+    out = result.to_dict()
+    if facts.peak_reserved_bytes is not None:
+        # Segments older than the trace are reserved throughout: the simulation starts empty.
+        out["recorded_peak_reserved_bytes"] = facts.peak_reserved_bytes
+        out["recorded_baseline_reserved_bytes"] = facts.baseline_reserved_bytes
+        out["difference_bytes"] = (
+            result.peak_reserved_bytes + facts.baseline_reserved_bytes - facts.peak_reserved_bytes
+        )
+    out["snapshot_oom_events"] = facts.oom_events
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    echo_simulation(result)
+    if facts.peak_reserved_bytes is not None:
+        click.echo(f"peak reserved (recorded) {format_bytes(facts.peak_reserved_bytes)}")
+        diff = out["difference_bytes"]
+        verdict = "exact" if diff == 0 else f"{'+' if diff > 0 else '-'}{format_bytes(abs(diff))}"
+        click.echo(f"difference             {verdict}")

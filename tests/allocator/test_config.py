@@ -1,0 +1,141 @@
+"""PYTORCH_CUDA_ALLOC_CONF parsing, as CUDAAllocatorConfig / AcceleratorAllocatorConfig do it."""
+
+import pytest
+
+from peakmem.allocator import AllocatorConfig, AllocatorConfigError, AllocatorRules
+
+MiB = 1024 * 1024
+
+
+def test_empty_string_is_the_default():
+    config = AllocatorConfig.parse("")
+    assert not config.max_split_size_set
+    assert config.max_non_split_rounding_size == 20 * MiB
+    assert not config.expandable_segments
+    assert config.roundup_power2_divisions == (0,) * 16
+
+
+def test_several_keys_and_spaces():
+    config = AllocatorConfig.parse(
+        " max_split_size_mb:128, expandable_segments:True ,garbage_collection_threshold:0.6"
+    )
+    assert config.max_split_size == 128 * MiB
+    assert config.expandable_segments
+    assert config.garbage_collection_threshold == 0.6
+
+
+def test_max_split_size_minimum_is_20_mb_inclusive():
+    assert AllocatorConfig.parse("max_split_size_mb:20").max_split_size == 20 * MiB
+    with pytest.raises(AllocatorConfigError, match="too small, must be >= 20"):
+        AllocatorConfig.parse("max_split_size_mb:19")
+
+
+@pytest.mark.parametrize("value", ["0", "1.0", "1.5", "-0.1"])
+def test_gc_threshold_must_lie_strictly_between_0_and_1(value):
+    with pytest.raises(AllocatorConfigError, match="garbage_collect_threshold"):
+        AllocatorConfig.parse(f"garbage_collection_threshold:{value}")
+
+
+def test_roundup_single_value_fills_every_interval():
+    assert AllocatorConfig.parse("roundup_power2_divisions:8").roundup_power2_divisions == (8,) * 16
+    with pytest.raises(AllocatorConfigError, match="power of 2"):
+        AllocatorConfig.parse("roundup_power2_divisions:3")
+
+
+def test_roundup_list_newest_parser():
+    divs = AllocatorConfig.parse(
+        "roundup_power2_divisions:[256:1,512:2,>:8]"
+    ).roundup_power2_divisions
+    # the first key also fills the intervals below it; '>' fills after the last key
+    assert divs == (1,) * 9 + (2,) + (8,) * 6
+
+
+def test_roundup_list_old_parser_overwrites_last_key_with_gt():
+    divs = AllocatorConfig.parse(
+        "roundup_power2_divisions:[256:1,512:2,>:8]", "2.4.1"
+    ).roundup_power2_divisions
+    assert divs == (1,) * 9 + (8,) * 7
+
+
+def test_roundup_list_zero_allowed_only_by_newer_parsers():
+    divs = AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]").roundup_power2_divisions
+    assert divs == (4,) * 7 + (0,) * 9
+    with pytest.raises(AllocatorConfigError):
+        AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]", "2.5")
+
+
+def test_roundup_interval_keys_must_be_powers_of_two():
+    with pytest.raises(AllocatorConfigError, match="intervals have to be power of 2"):
+        AllocatorConfig.parse("roundup_power2_divisions:[300:4]")
+
+
+def test_divisions_lookup_by_size():
+    config = AllocatorConfig.parse("roundup_power2_divisions:[2:2,4:4,>:8]")
+    assert config.roundup_divisions_for(100) == 2  # below 1 MiB: the first interval
+    assert config.roundup_divisions_for(MiB) == 2
+    assert config.roundup_divisions_for(3 * MiB) == 2
+    assert config.roundup_divisions_for(5 * MiB) == 4
+    assert config.roundup_divisions_for(64 * 1024 * MiB) == 8  # clamped to the last interval
+
+
+def test_roundup_list_first_key_of_1_mb_quirk():
+    # The C++ tests `last_index == 0` to spot the first key; a first key of 1 MB has index 0, so
+    # the second key fills the intervals below it again, overwriting the 1 MB entry.
+    divs = AllocatorConfig.parse("roundup_power2_divisions:[1:2,2:4,>:8]").roundup_power2_divisions
+    assert divs[:2] == (4, 4)
+
+
+def test_max_non_split_rounding_exists_from_2_6():
+    assert (
+        AllocatorConfig.parse("max_non_split_rounding_mb:64", "2.6").max_non_split_rounding_size
+        == 64 * MiB
+    )
+    with pytest.raises(AllocatorConfigError, match="Unrecognized"):
+        AllocatorConfig.parse("max_non_split_rounding_mb:64", "2.5")
+    with pytest.raises(AllocatorConfigError, match="must be >= 20"):
+        AllocatorConfig.parse("max_non_split_rounding_mb:8")
+
+
+def test_large_segment_size_sets_segment_and_minimums_from_2_12():
+    config = AllocatorConfig.parse("large_segment_size_mb:64,max_split_size_mb:64")
+    assert config.large_segment_size == 64 * MiB
+    assert config.max_non_split_rounding_size == 64 * MiB
+    with pytest.raises(AllocatorConfigError, match="must be >= 64"):
+        AllocatorConfig.parse("large_segment_size_mb:64,max_split_size_mb:32")
+    with pytest.raises(AllocatorConfigError, match="must be > 10"):
+        AllocatorConfig.parse("large_segment_size_mb:10")
+    with pytest.raises(AllocatorConfigError, match="Unrecognized"):
+        AllocatorConfig.parse("large_segment_size_mb:64", "2.11")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "nonsense:1",
+        "expandable_segments:yes",
+        "max_split_size_mb",
+        "max_split_size_mb:abc",
+        "backend:magic",
+        "expandable_segments:True;max_split_size_mb:30",
+    ],
+)
+def test_bad_strings_are_rejected(bad):
+    with pytest.raises(AllocatorConfigError):
+        AllocatorConfig.parse(bad)
+
+
+def test_host_only_options_are_accepted():
+    config = AllocatorConfig.parse(
+        "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
+    )
+    assert config == AllocatorConfig()
+
+
+def test_version_rules_pick_the_newest_entry_not_after_the_version():
+    assert not AllocatorRules.for_version("2.5.1").max_non_split_rounding_configurable
+    assert AllocatorRules.for_version("2.6.0+cu124").max_non_split_rounding_configurable
+    assert AllocatorRules.for_version("2.13.0").large_segment_size_configurable
+    with pytest.raises(ValueError, match="older than the oldest supported"):
+        AllocatorRules.for_version("2.3.1")
+    with pytest.raises(ValueError, match="not a torch version"):
+        AllocatorRules.for_version("latest")
