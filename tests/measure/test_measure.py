@@ -141,7 +141,7 @@ def test_sampler_rate_and_last_sample():
     time.sleep(0.2)
     value["v"] = 7  # set right before stop: only the final sample can see it
     stats = sampler.stop()
-    assert stats.peak_bytes == 7
+    assert stats.peak_bytes == 7 and stats.peak_source == "x"
     assert stats.rate_hz >= 100 and stats.samples >= 20
 
 

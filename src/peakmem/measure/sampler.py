@@ -16,6 +16,7 @@ class SamplerStats:
     samples: int
     rate_hz: float  # achieved sampling rate
     sources: frozenset[str]
+    peak_source: str  # how the peak sample was read
 
 
 class PeakSampler:
@@ -36,13 +37,15 @@ class PeakSampler:
         self._peak = 0
         self._samples = 0
         self._sources: set[str] = set()
+        self._peak_source = ""
         self._started = 0.0
         self._error: BaseException | None = None
 
     def _take(self) -> None:
         sample = self._read()
         with self._lock:
-            self._peak = max(self._peak, sample.used_bytes)
+            if sample.used_bytes > self._peak or not self._peak_source:
+                self._peak, self._peak_source = sample.used_bytes, sample.source
             self._samples += 1
             self._sources.add(sample.source)
 
@@ -80,7 +83,11 @@ class PeakSampler:
         elapsed = max(time.perf_counter() - self._started, 1e-9)
         with self._lock:
             return SamplerStats(
-                self._peak, self._samples, self._samples / elapsed, frozenset(self._sources)
+                self._peak,
+                self._samples,
+                self._samples / elapsed,
+                frozenset(self._sources),
+                self._peak_source,
             )
 
     def __enter__(self) -> PeakSampler:

@@ -99,7 +99,7 @@ def measure_job(spec: JobSpec, probe: DeviceProbe, options: MeasureOptions) -> M
         seconds=outcome.seconds,
         steps=outcome.steps,
         steps_requested=options.steps,
-        peak_source=",".join(sorted(stats.sources | {end.source})),
+        peak_source=stats.peak_source if stats.peak_bytes >= end.used_bytes else end.source,
         samples=stats.samples,
         sample_hz=stats.rate_hz,
         total_bytes=info.total_bytes,
