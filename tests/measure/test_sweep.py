@@ -195,3 +195,35 @@ def test_real_worker_runs_a_zoo_job_end_to_end(tmp_path, monkeypatch):
     row = read_rows(path)[0]
     assert summary.statuses == {"ok": 1}, (tmp_path / "sweep.log").read_text()
     assert row["status"] == "ok" and row["steps"] == "2" and row["gpu_name"] == "Fake GPU"
+
+
+@pytest.mark.gpu
+def test_sweep_on_gpu(tmp_path, monkeypatch):
+    """Two real runs through the real worker on the GPU: plausible, ordered numbers."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from peakmem.measure.sweep_run import spawn_worker
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "src"))
+    monkeypatch.chdir(REPO)
+    plan = plan_from_dict({"group": [{"job": "benchmarks/zoo/mlp.py", "scale": "batch-size",
+                                      "grid": {"batch-size": [64, 4096]}}]})  # fmt: skip
+    path = tmp_path / "gpu.csv"
+    summary = run_sweep(plan, path, "gpu", spawn=spawn_worker(sys.executable),
+                        budget_seconds=300, log=_log(tmp_path))  # fmt: skip
+    assert summary.statuses == {"ok": 2}, (tmp_path / "sweep.log").read_text()[-3000:]
+    small, large = read_rows(path)
+    for row in (small, large):
+        peak, reserved, allocated, context = (
+            int(row[k])
+            for k in (
+                "measured_peak_bytes",
+                "max_reserved_bytes",
+                "max_allocated_bytes",
+                "context_bytes",
+            )
+        )
+        assert peak >= reserved >= allocated > 0
+        assert context > 50 * 2**20 and float(row["sample_hz"]) >= 100
+    assert int(large["max_allocated_bytes"]) > int(small["max_allocated_bytes"])
