@@ -72,3 +72,23 @@ def test_no_gpu_reason_on_cpu_torch(nvml):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     assert CudaProbe(0).unavailable_reason() is not None
+
+
+def test_stops_asking_for_processes_once_pid_is_hidden(nvml, monkeypatch):
+    import peakmem.measure.cuda_probe as cp
+
+    probe = CudaProbe(0)
+    probe.mark_baseline()
+    nvml["processes"] = [(123456789, 10 * MiB)]
+    calls = {"n": 0}
+    nvml_mod = sys.modules["pynvml"]
+    listing = nvml_mod.nvmlDeviceGetComputeRunningProcesses
+
+    def counting(handle):
+        calls["n"] += 1
+        return listing(handle)
+
+    monkeypatch.setattr(nvml_mod, "nvmlDeviceGetComputeRunningProcesses", counting)
+    for _ in range(cp._PID_HIDDEN_AFTER + 20):
+        assert probe.sample_used().source == "nvml-device-delta"
+    assert calls["n"] == cp._PID_HIDDEN_AFTER

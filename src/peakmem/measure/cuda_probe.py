@@ -18,6 +18,9 @@ from typing import Any
 
 from peakmem.measure.probe import DeviceInfo, UsedSample
 
+# after this many process lists without our pid, stop asking (each query costs sampling rate)
+_PID_HIDDEN_AFTER = 50
+
 
 def _load_nvml() -> Any | None:
     try:
@@ -49,6 +52,7 @@ class CudaProbe:
         self._pid = os.getpid()
         self._baseline = 0
         self._lock = threading.Lock()
+        self._misses = 0  # process lists that had entries but not this pid
 
     def _visible_nvml_index(self) -> int:
         """NVML ignores CUDA_VISIBLE_DEVICES: map torch's index to NVML's (numeric lists only)."""
@@ -100,13 +104,16 @@ class CudaProbe:
             if not self._torch.cuda.is_initialized():
                 return UsedSample(0, "cuda-meminfo-delta")
             return UsedSample(self._device_used() - self._baseline, "cuda-meminfo-delta")
-        try:
-            processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-        except Exception:
-            processes = []
-        for process in processes:
-            if process.pid == self._pid and process.usedGpuMemory is not None:
-                return UsedSample(int(process.usedGpuMemory), "nvml-process")
+        if self._misses < _PID_HIDDEN_AFTER:
+            try:
+                processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+            except Exception:
+                processes = []
+            for process in processes:
+                if process.pid == self._pid and process.usedGpuMemory is not None:
+                    return UsedSample(int(process.usedGpuMemory), "nvml-process")
+            if processes:
+                self._misses += 1  # others are listed, we are not: a hidden PID namespace?
         return UsedSample(max(self._device_used() - self._baseline, 0), "nvml-device-delta")
 
     def synchronize(self) -> None:
