@@ -89,6 +89,14 @@ def test_stops_asking_for_processes_once_pid_is_hidden(nvml, monkeypatch):
         return listing(handle)
 
     monkeypatch.setattr(nvml_mod, "nvmlDeviceGetComputeRunningProcesses", counting)
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    for _ in range(cp._PID_HIDDEN_AFTER + 20):  # before our context exists: keep asking
+        probe.sample_used()
+    assert calls["n"] == cp._PID_HIDDEN_AFTER + 20
+    calls["n"] = 0
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     for _ in range(cp._PID_HIDDEN_AFTER + 20):
         assert probe.sample_used().source == "nvml-device-delta"
     assert calls["n"] == cp._PID_HIDDEN_AFTER

@@ -19,7 +19,7 @@ from typing import Any
 from peakmem.measure.probe import DeviceInfo, UsedSample
 
 # after this many process lists without our pid, stop asking (each query costs sampling rate)
-_PID_HIDDEN_AFTER = 50
+_PID_HIDDEN_AFTER = 200
 
 
 def _load_nvml() -> Any | None:
@@ -112,8 +112,8 @@ class CudaProbe:
             for process in processes:
                 if process.pid == self._pid and process.usedGpuMemory is not None:
                     return UsedSample(int(process.usedGpuMemory), "nvml-process")
-            if processes:
-                self._misses += 1  # others are listed, we are not: a hidden PID namespace?
+            if processes and self._torch.cuda.is_initialized():
+                self._misses += 1  # we run CUDA, others are listed, we are not: hidden PIDs?
         return UsedSample(max(self._device_used() - self._baseline, 0), "nvml-device-delta")
 
     def synchronize(self) -> None:
