@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     if not line.strip():
         return 0  # the sweep ended without a run for this worker
     request = json.loads(line)
+    # nobody reads our stdout after `ready`: send anything written to fd 1 (C libraries too) to
+    # stderr, the sweep's log, so that a full pipe can never block the run
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), 1)
 
     def make_probe():
         if args.fake_probe:
