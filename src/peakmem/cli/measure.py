@@ -1,0 +1,157 @@
+"""`peakmem measure [options] -- python train.py [args]`: ground truth on a real GPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from peakmem.jobs.runner import JobSpec, JobSpecError
+from peakmem.measure.probe import DeviceProbe
+from peakmem.measure.result import MeasureResult, MeasureStatus
+from peakmem.measure.session import MeasureOptions, NoGPUError, measure_job
+
+_EXIT_CODES = {MeasureStatus.OK: 0, MeasureStatus.OOM: 0, MeasureStatus.TIMEOUT: 124}
+
+
+def make_probe(index: int) -> DeviceProbe:
+    """The real NVML + torch.cuda probe (tests replace this function)."""
+    from peakmem.measure.cuda_probe import CudaProbe
+
+    return CudaProbe(index)
+
+
+@click.command(
+    "measure",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option(
+    "--steps",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Stop the job after this many optimizer steps.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object (the job's own prints go to stderr).",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the JSON object to this file.",
+)
+@click.option(
+    "--snapshot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Record the allocator's history and dump a memory snapshot (pickle) here.",
+)
+@click.option(
+    "--snapshot-stacks",
+    type=click.Choice(["python", "all"]),
+    default="python",
+    show_default=True,
+    help="Stack frames recorded per allocation (all: with C++).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Stop the job after this many seconds (status timeout).",
+)
+@click.option(
+    "--hz",
+    "sample_hz",
+    default=200.0,
+    show_default=True,
+    type=click.FloatRange(min=100),
+    help="NVML sampling rate.",
+)
+@click.option(
+    "--device-index",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="The GPU (torch index) the job uses.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def measure(
+    steps: int,
+    as_json: bool,
+    out: Path | None,
+    snapshot: Path | None,
+    snapshot_stacks: str,
+    timeout: float | None,
+    sample_hz: float,
+    device_index: int,
+    command: tuple[str, ...],
+) -> None:
+    """Run `python train.py [args]` (or `python -m module`) for N optimizer steps on the GPU and
+    record its peak memory: NVML device-level peak, torch's max reserved/allocated, the CUDA
+    context, versions and allocator config."""
+    try:
+        spec = JobSpec.parse(command)
+        if spec.script is not None and not Path(spec.script).is_file():
+            raise JobSpecError(f"script not found: {spec.script}")
+    except JobSpecError as exc:
+        raise click.UsageError(str(exc)) from None
+    options = MeasureOptions(
+        steps=steps,
+        timeout=timeout,
+        sample_hz=sample_hz,
+        snapshot=snapshot,
+        snapshot_stacks=snapshot_stacks,
+        job_stdout=sys.stderr if as_json else None,
+    )
+    try:
+        probe = make_probe(device_index)
+        try:
+            result = measure_job(spec, probe, options)
+        finally:
+            probe.close()
+    except NoGPUError as exc:
+        click.echo(f"peakmem measure: no CUDA GPU to measure on: {exc}", err=True)
+        sys.exit(2)
+    data = result.to_json()
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1) + "\n")
+    if as_json:
+        click.echo(json.dumps(data))
+    else:
+        _print_table(result)
+    sys.exit(_EXIT_CODES.get(result.status, result.exit_code or 1))
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:,.1f} MiB"
+
+
+def _print_table(result: MeasureResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"peakmem measure: {result.job}", show_header=False)
+    rows = [
+        ("status", str(result.status) + (f" ({result.error})" if result.error else "")),
+        ("peak (device, NVML)", _mib(result.peak_bytes)),
+        ("max reserved", _mib(result.peak_reserved_bytes)),
+        ("max allocated", _mib(result.peak_allocated_bytes)),
+        ("context + libraries", _mib(result.context_bytes)),
+        ("steps", f"{result.steps} of {result.steps_requested}"),
+        ("seconds", f"{result.seconds:.2f}"),
+        ("gpu", f"{result.gpu} (driver {result.driver}, CUDA {result.cuda}, torch {result.torch})"),
+        ("allocator config", result.alloc_conf or "(default)"),
+        (
+            "sampling",
+            f"{result.samples} samples at {result.sample_hz:.0f} Hz ({result.peak_source})",
+        ),
+    ]
+    if result.snapshot:
+        rows.append(("snapshot", result.snapshot))
+    for name, value in rows:
+        table.add_row(name, value)
+    Console().print(table)

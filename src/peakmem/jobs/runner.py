@@ -1,0 +1,224 @@
+"""Run a user's unmodified training script in this process, as `python script.py args` or
+`python -m module args` would, optionally stopping it after N optimizer steps.
+
+The script sees the ``sys.argv`` and ``sys.path[0]`` that ``python`` would give it and runs as
+``__main__``. Everything it raises is caught and reported as a :class:`JobOutcome`: the clean stop
+(:mod:`peakmem.jobs.stop`), a ``SystemExit``, a timeout, or the user's own exception with a
+traceback trimmed to the user's frames. Nothing here needs a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from peakmem.jobs.stop import OnStep, StepLimitReached, stop_after_steps
+
+_PYTHON_NAMES = ("python", "python3")
+_IGNORED_PYTHON_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-E", "-I"})
+
+
+class JobSpecError(ValueError):
+    """The command line does not name a Python script or module."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run: a script path or a module name, and the arguments it receives."""
+
+    script: str | None = None
+    module: str | None = None
+    args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.script is None) == (self.module is None):
+            raise JobSpecError("give exactly one of a script path or a module (-m)")
+
+    @property
+    def argv0(self) -> str:
+        return self.script if self.script is not None else f"-m {self.module}"
+
+    def command_line(self) -> list[str]:
+        """The equivalent ``python ...`` command, for logs and CSV rows."""
+        head = [self.script] if self.script is not None else ["-m", str(self.module)]
+        return ["python", *head, *self.args]
+
+    @classmethod
+    def parse(cls, argv: Sequence[str]) -> JobSpec:
+        """Parse ``python train.py a b``, ``python -m pkg.mod a``, ``train.py a`` or ``-m mod a``."""
+        words = list(argv)
+        if words and _is_python(words[0]):
+            words = words[1:]
+        while words and words[0] in _IGNORED_PYTHON_FLAGS:
+            words = words[1:]
+        if not words:
+            raise JobSpecError("no script given: expected `python train.py [args]` or `-m module`")
+        first = words[0]
+        if first == "-m":
+            if len(words) < 2:
+                raise JobSpecError("`-m` needs a module name")
+            return cls(module=words[1], args=tuple(words[2:]))
+        if first.startswith("-m") and len(first) > 2:
+            return cls(module=first[2:], args=tuple(words[1:]))
+        if first.startswith("-"):
+            raise JobSpecError(f"unsupported python option {first!r}: give a script or -m module")
+        return cls(script=first, args=tuple(words[1:]))
+
+
+def _is_python(word: str) -> bool:
+    name = Path(word).name
+    return word == sys.executable or name in _PYTHON_NAMES or name.startswith("python3.")
+
+
+class JobStatus(StrEnum):
+    STOPPED = "stopped"  # reached the optimizer step limit
+    FINISHED = "finished"  # the script returned or called sys.exit(0)
+    ERROR = "error"  # the script raised, or exited non-zero
+    TIMEOUT = "timeout"  # ran past the time limit
+
+
+@dataclass
+class JobOutcome:
+    status: JobStatus
+    steps: int
+    seconds: float
+    exit_code: int = 0
+    error: BaseException | None = field(default=None, repr=False)
+    traceback_text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (JobStatus.STOPPED, JobStatus.FINISHED)
+
+
+class JobTimeout(BaseException):  # noqa: N818 - a control-flow signal
+    """Raised in the main thread when the time limit expires."""
+
+
+def run_job(
+    spec: JobSpec,
+    *,
+    steps: int | None = None,
+    timeout: float | None = None,
+    on_step: OnStep | None = None,
+) -> JobOutcome:
+    """Run the job in this process; stop after ``steps`` optimizer steps (None: run to the end).
+
+    ``timeout`` (seconds) needs the main thread (it uses ``SIGALRM``).
+    """
+    if spec.script is not None and not Path(spec.script).is_file():
+        raise JobSpecError(f"script not found: {spec.script}")
+    started = time.perf_counter()
+    counter_steps = 0
+    try:
+        with (
+            _script_environment(spec),
+            _time_limit(timeout),
+            stop_after_steps(steps, on_step=on_step) as counter,
+        ):
+            try:
+                _execute(spec)
+            finally:
+                counter_steps = counter.steps
+    except StepLimitReached as stop:
+        return JobOutcome(JobStatus.STOPPED, stop.steps, time.perf_counter() - started)
+    except JobTimeout as exc:
+        return JobOutcome(
+            JobStatus.TIMEOUT,
+            counter_steps,
+            time.perf_counter() - started,
+            exit_code=124,
+            error=exc,
+        )
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        status = JobStatus.FINISHED if code == 0 else JobStatus.ERROR
+        return JobOutcome(status, counter_steps, time.perf_counter() - started, code, error=exc)
+    except BaseException as exc:  # the user's exception, KeyboardInterrupt included
+        return JobOutcome(
+            JobStatus.ERROR,
+            counter_steps,
+            time.perf_counter() - started,
+            exit_code=1,
+            error=exc,
+            traceback_text=user_traceback(exc),
+        )
+    return JobOutcome(JobStatus.FINISHED, counter_steps, time.perf_counter() - started)
+
+
+def _execute(spec: JobSpec) -> None:
+    if spec.script is not None:
+        runpy.run_path(spec.script, run_name="__main__")
+    else:
+        runpy.run_module(str(spec.module), run_name="__main__", alter_sys=True)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    return 1  # sys.exit("message")
+
+
+@contextmanager
+def _script_environment(spec: JobSpec) -> Iterator[None]:
+    """Set sys.argv and sys.path[0] as `python` would; restore both afterwards."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    if spec.script is not None:
+        sys.argv = [spec.script, *spec.args]
+        sys.path.insert(0, str(Path(spec.script).resolve().parent))
+    else:
+        sys.argv = [str(spec.module), *spec.args]  # runpy replaces argv[0] with the file
+        sys.path.insert(0, os.getcwd())
+    try:
+        yield
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+@contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    if seconds is None:
+        yield
+        return
+    if seconds <= 0:
+        raise ValueError(f"the timeout must be positive, got {seconds}")
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("a job timeout needs the main thread")
+
+    def _expire(signum: int, frame: object) -> None:
+        raise JobTimeout(f"ran past the time limit of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, _expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+_RUNNER_FILES = frozenset({os.path.abspath(runpy.__file__), os.path.abspath(__file__)})
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` without the runner's and runpy's own frames."""
+    tb = exc.__traceback__
+    while tb is not None and _is_runner_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _is_runner_frame(filename: str) -> bool:
+    return filename.startswith("<frozen runpy") or os.path.abspath(filename) in _RUNNER_FILES

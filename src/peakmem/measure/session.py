@@ -1,0 +1,116 @@
+"""Measure one job: baseline, sampler on, run the job for N optimizer steps, sampler off, read
+the allocator's counters. Everything device-specific goes through a DeviceProbe."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from peakmem.jobs.runner import JobOutcome, JobSpec, JobStatus, run_job
+from peakmem.measure.probe import DeviceProbe
+from peakmem.measure.result import MeasureResult, MeasureStatus, allocator_config
+from peakmem.measure.sampler import PeakSampler
+
+
+class NoGPUError(RuntimeError):
+    """There is no GPU to measure on."""
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    steps: int | None = 3
+    timeout: float | None = None
+    sample_hz: float = 200.0
+    snapshot: Path | None = None
+    snapshot_stacks: str = "python"
+    job_stdout: TextIO | None = None  # where the script's prints go (None: unchanged)
+
+
+def is_oom_error(exc: BaseException | None) -> bool:
+    """A CUDA out-of-memory error (torch.cuda.OutOfMemoryError, or an older RuntimeError)."""
+    while exc is not None:
+        if any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__):
+            return True
+        if isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def classify(outcome: JobOutcome) -> MeasureStatus:
+    if outcome.ok:
+        return MeasureStatus.OK
+    if outcome.status is JobStatus.TIMEOUT:
+        return MeasureStatus.TIMEOUT
+    if is_oom_error(outcome.error):
+        return MeasureStatus.OOM
+    return MeasureStatus.ERROR
+
+
+def measure_job(spec: JobSpec, probe: DeviceProbe, options: MeasureOptions) -> MeasureResult:
+    """Run ``spec`` in this process on the probe's GPU and record its memory."""
+    reason = probe.unavailable_reason()
+    if reason is not None:
+        raise NoGPUError(reason)
+    probe.mark_baseline()
+    if options.snapshot is not None:
+        probe.start_history(options.snapshot_stacks)
+    sampler = PeakSampler(probe.sample_used, hz=options.sample_hz)
+    redirect = (
+        contextlib.redirect_stdout(options.job_stdout)
+        if options.job_stdout is not None
+        else contextlib.nullcontext()
+    )
+    sampler.start()
+    try:
+        with redirect:
+            outcome = run_job(spec, steps=options.steps, timeout=options.timeout)
+        _synchronize(probe)
+    finally:
+        stats = sampler.stop()
+    status = classify(outcome)
+    error_text = ""
+    if status is not MeasureStatus.OK and outcome.error is not None:
+        error_text = f"{type(outcome.error).__name__}: {outcome.error}".splitlines()[0][:500]
+    if status is MeasureStatus.ERROR and outcome.traceback_text:
+        sys.stderr.write(outcome.traceback_text)
+    outcome.error = None  # drop the frames (and tensors) the exception holds
+    gc.collect()
+    end = probe.sample_used()
+    context = max(end.used_bytes - probe.reserved_bytes(), 0)
+    if options.snapshot is not None:
+        probe.dump_history(options.snapshot)
+    info = probe.info()
+    return MeasureResult(
+        peak_bytes=max(stats.peak_bytes, end.used_bytes),
+        peak_reserved_bytes=probe.max_reserved_bytes(),
+        peak_allocated_bytes=probe.max_allocated_bytes(),
+        context_bytes=context,
+        status=status,
+        gpu=info.gpu,
+        driver=info.driver,
+        cuda=info.cuda,
+        torch=info.torch,
+        alloc_conf=allocator_config(),
+        seconds=outcome.seconds,
+        steps=outcome.steps,
+        steps_requested=options.steps,
+        peak_source=stats.peak_source if stats.peak_bytes >= end.used_bytes else end.source,
+        samples=stats.samples,
+        sample_hz=stats.rate_hz,
+        total_bytes=info.total_bytes,
+        job=" ".join(spec.command_line()),
+        exit_code=outcome.exit_code,
+        error=error_text,
+        snapshot=str(options.snapshot) if options.snapshot is not None else "",
+    )
+
+
+def _synchronize(probe: DeviceProbe) -> None:
+    """Wait for queued kernels; after an OOM or a broken kernel this may raise: ignore it."""
+    with contextlib.suppress(Exception):
+        probe.synchronize()

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from peakmem.jobs.runner import JobSpec, JobSpecError, JobStatus, run_job
+from peakmem.jobs.stop import StepLimitReached, is_step_limit, stop_after_steps
+from tests.measure.conftest import TRAIN_LOOP
+
+
+@pytest.mark.parametrize(
+    ("argv", "script", "module", "args"),
+    [
+        (["python", "train.py", "--x", "1"], "train.py", None, ("--x", "1")),
+        ([sys.executable, "-u", "t.py"], "t.py", None, ()),
+        (["t.py", "-m", "z"], "t.py", None, ("-m", "z")),
+        (["python", "-m", "pkg.mod", "a"], None, "pkg.mod", ("a",)),
+        (["-mpkg", "b"], None, "pkg", ("b",)),
+    ],
+)
+def test_spec_parse(argv, script, module, args):
+    spec = JobSpec.parse(argv)
+    assert (spec.script, spec.module, spec.args) == (script, module, args)
+
+
+@pytest.mark.parametrize("argv", [[], ["python"], ["python", "-m"], ["python", "-c", "x"]])
+def test_spec_parse_rejects(argv):
+    with pytest.raises(JobSpecError):
+        JobSpec.parse(argv)
+
+
+def test_stops_after_n_steps(write_script, capsys):
+    path = write_script(TRAIN_LOOP)
+    outcome = run_job(JobSpec(script=str(path)), steps=3)
+    assert outcome.status is JobStatus.STOPPED
+    assert outcome.steps == 3 and outcome.ok
+    assert "DONE" not in capsys.readouterr().out  # stopped before the loop ended
+
+
+def test_script_shorter_than_limit_finishes(write_script, capsys):
+    path = write_script(TRAIN_LOOP)
+    outcome = run_job(JobSpec(script=str(path), args=("2",)), steps=5)
+    assert outcome.status is JobStatus.FINISHED and outcome.steps == 2
+    assert "DONE 2" in capsys.readouterr().out
+
+
+def test_argv_and_name_as_python_gives(write_script, capsys):
+    path = write_script(
+        """
+        import sys, os
+        print("ARGV", sys.argv, __name__, os.path.dirname(os.path.abspath(__file__)) == sys.path[0])
+        """
+    )
+    saved = sys.argv[:]
+    outcome = run_job(JobSpec(script=str(path), args=("--a", "b")))
+    assert outcome.status is JobStatus.FINISHED
+    out = capsys.readouterr().out
+    assert f"ARGV {[str(path), '--a', 'b']} __main__ True" in out
+    assert sys.argv == saved
+
+
+def test_module_form(write_script, monkeypatch, capsys):
+    path = write_script("import sys\nprint('MOD', sys.argv[1:], __name__)\n", name="zoo_mod_x.py")
+    monkeypatch.chdir(path.parent)
+    outcome = run_job(JobSpec(module="zoo_mod_x", args=("q",)))
+    assert outcome.status is JobStatus.FINISHED
+    assert "MOD ['q'] __main__" in capsys.readouterr().out
+
+
+def test_user_error_traceback_is_trimmed(write_script):
+    path = write_script("def boom():\n    raise KeyError('nope')\n\nboom()\n")
+    outcome = run_job(JobSpec(script=str(path)))
+    assert outcome.status is JobStatus.ERROR and outcome.exit_code == 1
+    assert isinstance(outcome.error, KeyError)
+    assert "in boom" in outcome.traceback_text and "KeyError: 'nope'" in outcome.traceback_text
+    assert "runpy" not in outcome.traceback_text and "runner.py" not in outcome.traceback_text
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "exit_code"),
+    [("0", JobStatus.FINISHED, 0), ("3", JobStatus.ERROR, 3), ("'msg'", JobStatus.ERROR, 1)],
+)
+def test_sys_exit(write_script, code, status, exit_code):
+    path = write_script(f"import sys\nsys.exit({code})\n")
+    outcome = run_job(JobSpec(script=str(path)))
+    assert (outcome.status, outcome.exit_code) == (status, exit_code)
+
+
+def test_except_exception_cannot_swallow_the_stop(write_script):
+    path = write_script(
+        """
+        import torch
+        p = torch.nn.Parameter(torch.ones(1))
+        opt = torch.optim.SGD([p], lr=0.1)
+        n = 0
+        while n < 50:
+            try:
+                p.grad = torch.ones(1)
+                opt.step()
+            except Exception:
+                pass
+            n += 1
+        raise RuntimeError("the stop was swallowed")
+        """
+    )
+    outcome = run_job(JobSpec(script=str(path)), steps=2)
+    assert outcome.status is JobStatus.STOPPED and outcome.steps == 2
+
+
+def test_timeout(write_script):
+    path = write_script("import time\nwhile True:\n    time.sleep(0.01)\n")
+    outcome = run_job(JobSpec(script=str(path)), timeout=0.3)
+    assert outcome.status is JobStatus.TIMEOUT and outcome.exit_code == 124
+    assert outcome.seconds < 5
+
+
+def test_missing_script():
+    with pytest.raises(JobSpecError, match="not found"):
+        run_job(JobSpec(script="/nonexistent/train.py"))
+
+
+def test_stop_hook_removed_and_counts_every_optimizer():
+    a, b = torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.ones(1))
+    opt_a, opt_b = torch.optim.SGD([a], lr=1), torch.optim.Adam([b])
+    a.grad, b.grad = torch.ones(1), torch.ones(1)
+    seen = []
+    with pytest.raises(StepLimitReached) as info, stop_after_steps(3, on_step=seen.append) as c:
+        opt_a.step()
+        opt_b.step()
+        opt_a.step()
+    assert is_step_limit(info.value) and c.steps == 3 and seen == [1, 2, 3]
+    opt_a.step()  # the hook is gone: no raise, no count
+    assert c.steps == 3
+
+
+def test_stop_rejects_bad_limit():
+    with pytest.raises(ValueError), stop_after_steps(0):
+        pass
