@@ -93,23 +93,15 @@ def test_grouped_query_attention_takes_flash_and_saves_no_attention_matrix(stack
 
 
 
-def test_packed_qkv_gets_one_combined_gradient_buffer(stack24):
-    batch, heads, length, dim = 2, 4, 64, 16
-
-    def job():
-        packed = torch.randn(batch, length, 3, heads, dim, device="cuda", requires_grad=True)
-        q, k, v = (packed.select(2, i).transpose(1, 2) for i in range(3))
-        F.scaled_dot_product_attention(q, k, v).sum().backward()
-
-    result = capture_callable(job, gpu=load_gpu("a100-40gb"), stack=stack24)
-    assert result.error is None, result.error_text
-    grads = [size for size, tag in allocations(result.trace, phase="backward")
-             if tag.op.startswith("_scaled_dot_product_efficient_attention_backward")]
-    assert grads == [3 * batch * heads * length * dim * 4]
-
-
 def test_separate_qkv_get_three_gradient_buffers(stack24):
     result = capture_callable(attention_job(torch.float32), gpu=load_gpu("a100-40gb"), stack=stack24)
     grads = [size for size, tag in allocations(result.trace, phase="backward")
              if tag.op.startswith("_scaled_dot_product_efficient_attention_backward")]
     assert grads == [2 * 4 * 100 * 64 * 4] * 3
+
+
+def test_fp32_backward_computes_delta_with_temporaries(stack24):
+    result = capture_callable(attention_job(torch.float32), gpu=load_gpu("a100-40gb"), stack=stack24)
+    delta = [size for size, tag in allocations(result.trace, op="efficient_attention_backward[delta]")]
+    full, row = 2 * 4 * 100 * 64 * 4, 2 * 4 * 100 * 4
+    assert delta == [full, row, row]  # grad_out * out, its sum, the contiguous delta
