@@ -1,10 +1,10 @@
 import resource
 
 import torch
-from capture_helpers import allocations
 
 from peakmem.capture import capture_callable
 from peakmem.trace.events import EventKind
+from tests.capture.capture_helpers import allocations
 
 
 def linear_adam_job(steps=1):

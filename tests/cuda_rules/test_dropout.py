@@ -1,7 +1,7 @@
 import torch
-from trace_helpers import allocations
 
 from peakmem.capture import capture_callable
+from tests.capture.capture_helpers import allocations
 
 
 def run(a100, stack24, train=True, inplace=False):

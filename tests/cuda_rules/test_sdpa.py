@@ -1,11 +1,11 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from trace_helpers import allocations
 
 from peakmem.capture import capture_callable
 from peakmem.cuda_rules.sdpa import SdpaBackend, choose_backend
 from peakmem.profiles import load_gpu
+from tests.capture.capture_helpers import allocations
 
 
 def qkv(dtype, head_dim=64, length=100):
