@@ -135,28 +135,40 @@ def flash_attention_host_outputs(out):
 
 
 @register_op_rule(aten._scaled_dot_product_efficient_attention_backward)
-def efficient_attention_backward_delta(ctx: RuleContext, op, args: tuple, kwargs: dict, out):
-    """After allocating the three gradients, the CUDA backward (attention_backward.cu,
-    `_efficient_attention_backward`) needs `delta` [B, H, M] in fp32 while the kernel runs. Kernels
-    for half/bf16 compute it themselves (an empty buffer); otherwise it is computed on the spot as
-    `(grad_out.float() * out.float()).sum(-1).transpose(-2, -1).contiguous()`, whose temporaries
-    are freed at the end of that statement. The kernel's optional gmem workspace is not modelled."""
-    query, value = args[1], args[3]
+def efficient_attention_backward_scratch(ctx: RuleContext, op, args: tuple, kwargs: dict):
+    """Scratch of the CUDA backward (attention_backward.cu, `_efficient_attention_backward`):
+
+    - before the gradients: `grad_out.contiguous()` in the kernel's [B, M, H, K] layout, a copy
+      when the incoming gradient is laid out otherwise (e.g. from nn.MultiheadAttention's
+      permute), alive until the op returns;
+    - after them: `delta` [B, H, M] in fp32. Kernels for half/bf16 compute it themselves (an
+      empty buffer); otherwise it is `(grad_out.float() * out.float()).sum(-1).transpose(-2,
+      -1).contiguous()`, whose temporaries die at the end of that statement.
+    The kernel's optional gmem workspace is not modelled."""
+    grad_out, query, value = args[0], args[1], args[3]
     batch, heads, length = query.shape[0], query.shape[1], query.shape[2]
     per_row = batch * heads * length * 4
     full = per_row * value.shape[-1]
     half = query.dtype in (torch.float16, torch.bfloat16)
-    op_name = "efficient_attention_backward[delta]"
+    op_name = "efficient_attention_backward[scratch]"
 
     def scratch(nbytes: int) -> int:
         return ctx.scratch(nbytes, category="temporary", op=op_name)
 
+    grad_out_copy = None
+    if not grad_out.transpose(1, 2).is_contiguous():
+        grad_out_copy = scratch(grad_out.numel() * grad_out.element_size())
+
+    yield  # grad_q, grad_k, grad_v (the op's outputs)
+
     if half and ctx.gpu.capability != (7, 0):
-        ctx.release(scratch(per_row))
-        return
-    casts = [scratch(full), scratch(full)] if half else []  # grad_out.float(), out.float()
-    product, summed = scratch(full), scratch(per_row)
-    delta = scratch(per_row)
-    for ident in (summed, product, *reversed(casts)):
-        ctx.release(ident)
+        delta = scratch(per_row)
+    else:
+        casts = [scratch(full), scratch(full)] if half else []  # grad_out.float(), out.float()
+        product, summed = scratch(full), scratch(per_row)
+        delta = scratch(per_row)
+        for ident in (summed, product, *reversed(casts)):
+            ctx.release(ident)
     ctx.release(delta)
+    if grad_out_copy is not None:
+        ctx.release(grad_out_copy)
