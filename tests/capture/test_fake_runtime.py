@@ -1,7 +1,7 @@
 import torch
-from capture_helpers import allocations
 
 from peakmem.capture import capture_callable
+from tests.capture.capture_helpers import allocations
 
 
 def test_job_sees_a_cuda_device_shaped_like_the_target(a100, stack24):

@@ -1,10 +1,10 @@
 import resource
 
 import torch
-from capture_helpers import allocations
 
 from peakmem.capture import capture_callable
 from peakmem.trace.events import EventKind
+from tests.capture.capture_helpers import allocations
 
 
 def linear_adam_job(steps=1):
@@ -51,17 +51,35 @@ def test_frees_follow_allocations_and_the_job_stops_after_n_steps(a100, stack24)
     assert marks.count("forward") == 3 and "step 3" in marks
 
 
-def test_saved_tensors_are_activations_and_the_rest_temporaries(a100, stack24):
+def test_what_forward_leaves_for_backward_is_activation_the_rest_temporary(a100, stack24):
     def job():
         model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).cuda()
         x = torch.randn(8, 32, device="cuda")
-        model(x).sum().backward()
+        loss = model(x).square().sum()
+        loss.backward()
 
     result = capture_callable(job, gpu=a100, stack=stack24)
     activations = allocations(result.trace, "activation", phase="forward")
-    assert [tag.op for _, tag in activations] == ["relu.default"]  # relu saves its output
+    # relu saves its output, square (pow) its input; the loss itself is alive too
+    assert [tag.op for _, tag in activations] == ["relu.default", "sum.default"]
     temporaries = allocations(result.trace, "temporary", phase="forward")
-    assert "addmm.default" in [tag.op for _, tag in temporaries]
+    assert [tag.op for _, tag in temporaries] == ["addmm.default", "pow.Tensor_Scalar"]
+
+
+def test_a_discarded_forward_frees_its_graph_at_once(a100, stack24):
+    def job():
+        model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32)).cuda()
+        x = torch.randn(8, 32, device="cuda")
+        model(x)  # output discarded: autograd's graph and its saved tensors go with it
+        torch.cuda.synchronize()
+        model(x)
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    trace = result.trace
+    addmms = [i for i in range(len(trace)) if trace.kinds[i] == EventKind.ALLOC and trace.tag_of(i).op == "addmm.default"]
+    sizes = sorted(trace.live_at(addmms[2] - 1).values())  # just before the second forward
+    # only the parameters, the input and the persistent cuBLAS workspace survive
+    assert sizes == sorted([32 * 32 * 4] * 2 + [32 * 4] * 2 + [8 * 32 * 4, 8519680])
 
 
 def test_dataloader_with_pin_memory_and_a_smaller_last_batch(a100, stack24):

@@ -1,8 +1,8 @@
 import pytest
 import torch
-from trace_helpers import allocations
 
 from peakmem.capture import capture_callable
+from tests.capture.capture_helpers import allocations
 
 
 @pytest.mark.parametrize("activation, op", [(torch.nn.Mish, "mish_backward"), (torch.nn.SiLU, "silu_backward")])

@@ -1,7 +1,7 @@
 import torch
-from trace_helpers import allocations
 
 from peakmem.capture import capture_callable
+from tests.capture.capture_helpers import allocations
 
 
 def test_autocast_casts_linear_inputs_and_caches_weight_casts(a100, stack24):

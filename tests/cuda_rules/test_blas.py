@@ -1,10 +1,10 @@
 import pytest
 import torch
-from trace_helpers import allocations
 
 from peakmem.capture import capture_callable
 from peakmem.cuda_rules.blas import workspace_config_bytes
 from peakmem.profiles import load_gpu, load_stack
+from tests.capture.capture_helpers import allocations
 
 
 def mlp_step():

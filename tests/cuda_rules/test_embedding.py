@@ -1,8 +1,8 @@
 import pytest
 import torch
-from trace_helpers import allocations
 
 from peakmem.capture import capture_callable
+from tests.capture.capture_helpers import allocations
 
 
 def embedding_backward(a100, stack24, indices_shape, scale=False):

@@ -4,9 +4,9 @@ This test pins that sequence so a change in either path shows up."""
 
 import torch
 import torch.nn.functional as F
-from trace_helpers import allocations
 
 from peakmem.capture import capture_callable
+from tests.capture.capture_helpers import allocations
 
 
 def test_cross_entropy_allocations_match_the_cuda_kernels(a100, stack24):

@@ -1,11 +1,11 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from trace_helpers import allocations
 
 from peakmem.capture import capture_callable
 from peakmem.cuda_rules.sdpa import SdpaBackend, choose_backend
 from peakmem.profiles import load_gpu
+from tests.capture.capture_helpers import allocations
 
 
 def qkv(dtype, head_dim=64, length=100):
@@ -31,10 +31,15 @@ def test_backend_choice(capability, dtype, head_dim, mask, backend):
     assert choose_backend(capability, q, k, v, attn_mask) is backend
 
 
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
 def attention_job(dtype):
     def job():
         q, k, v = (torch.randn(2, 4, 100, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-        F.scaled_dot_product_attention(q, k, v).sum().backward()
+        Attention()(q, k, v).sum().backward()
 
     return job
 
@@ -88,23 +93,17 @@ def test_grouped_query_attention_takes_flash_and_saves_no_attention_matrix(stack
 
 
 
-def test_packed_qkv_gets_one_combined_gradient_buffer(stack24):
-    batch, heads, length, dim = 2, 4, 64, 16
-
-    def job():
-        packed = torch.randn(batch, length, 3, heads, dim, device="cuda", requires_grad=True)
-        q, k, v = (packed.select(2, i).transpose(1, 2) for i in range(3))
-        F.scaled_dot_product_attention(q, k, v).sum().backward()
-
-    result = capture_callable(job, gpu=load_gpu("a100-40gb"), stack=stack24)
-    assert result.error is None, result.error_text
-    grads = [size for size, tag in allocations(result.trace, phase="backward")
-             if tag.op.startswith("_scaled_dot_product_efficient_attention_backward")]
-    assert grads == [3 * batch * heads * length * dim * 4]
-
-
 def test_separate_qkv_get_three_gradient_buffers(stack24):
     result = capture_callable(attention_job(torch.float32), gpu=load_gpu("a100-40gb"), stack=stack24)
     grads = [size for size, tag in allocations(result.trace, phase="backward")
              if tag.op.startswith("_scaled_dot_product_efficient_attention_backward")]
     assert grads == [2 * 4 * 100 * 64 * 4] * 3
+
+
+def test_fp32_backward_computes_delta_with_temporaries(stack24):
+    result = capture_callable(attention_job(torch.float32), gpu=load_gpu("a100-40gb"), stack=stack24)
+    delta = [size for size, tag in allocations(result.trace, op="efficient_attention_backward[scratch]")]
+    full, row = 2 * 4 * 100 * 64 * 4, 2 * 4 * 100 * 4
+    # grad_out arrives as [B, H, M, K] contiguous: a copy into [B, M, H, K] first; then
+    # grad_out * out, its sum and the contiguous delta
+    assert delta == [full, full, row, row]

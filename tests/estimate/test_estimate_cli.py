@@ -55,3 +55,14 @@ def test_failing_script_shows_its_traceback_and_exits_non_zero(tmp_path):
 def test_eager_mode_is_reported_as_not_yet_supported():
     result = run("--mode", "eager", "--", "python", "-m", "peakmem.examples.mlp_train")
     assert result.exit_code == 2 and "not yet supported" in result.output
+
+
+def test_png_timeline(tmp_path):
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    timeline = tmp_path / "timeline.png"
+    result = run("--gpu", "l4", "--timeline", str(timeline), "--json", "--", "python", "-m",
+                 "peakmem.examples.mlp_train", *SMALL)
+    assert result.exit_code == 0, result.output
+    assert timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,10 +4,10 @@
 - backward: while `backward()` / `autograd.grad()` runs;
 - optimizer: inside `optimizer.step()`;
 - other: everything else (model set-up, moving the batch, `zero_grad`).
-Module paths come from `torch.utils.module_tracker.ModuleTracker` (forward and backward).
+Module paths come from `capture.modules.ModulePaths` (forward and backward).
 Tensors the job keeps are re-tagged when they are recognised: parameters and buffers of called
-modules, gradients after backward, optimizer state after a step, saved-for-backward tensors
-(activations) when autograd packs them.
+modules, gradients after backward, optimizer state after a step, and what the forward left alive
+for backward (activations) when backward starts.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 import torch.optim.optimizer as optimizer_hooks
-from torch.utils.module_tracker import ModuleTracker
 
+from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import CaptureSession
 from peakmem.trace.vocab import Category, Phase
 
@@ -46,10 +46,8 @@ class PhaseTracker:
         """`stop_after_steps`: stop after that many optimizer steps; None: `auto_step_limit`."""
         self.session = session
         self.stop_after_steps = stop_after_steps
-        self.tracker = ModuleTracker()
+        self.modules = ModulePaths(on_root=self._classify_module_state)
         self._stack = ExitStack()
-        self._roots: dict[int, Any] = {}
-        self._names: dict[int, str] = {}
         self._param_owner: dict[int, str] = {}
         self._optimizers: dict[int, Any] = {}
         self._steps_by_optimizer: dict[int, int] = {}
@@ -57,8 +55,7 @@ class PhaseTracker:
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> PhaseTracker:
         stack = self._stack
-        stack.enter_context(self.tracker)
-        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack))
+        stack.enter_context(self.modules)
         for register, hook in (
             (torch.nn.modules.module.register_module_forward_pre_hook, self._forward_pre),
             (optimizer_hooks.register_optimizer_step_pre_hook, self._step_pre),
@@ -72,22 +69,27 @@ class PhaseTracker:
 
     # -- state read by the recorder ------------------------------------------------------------
     def current_module(self) -> str | None:
-        parents = [p for p in self.tracker.parents if p != "Global"]
-        if not parents:
-            return None
-        return max(parents, key=lambda name: name.count("."))
+        return self.modules.current()
 
     @contextmanager
     def backward(self) -> Iterator[None]:
+        # What the forward made and is still alive when backward starts is what autograd saved
+        # (a saved_tensors_hooks pack hook would tell exactly, but returning the tensor from it
+        # makes reference cycles that delay every free until Python's garbage collection).
+        self.session.reclassify_live(
+            Category.ACTIVATION.value, phase=Phase.FORWARD.value, only_from=_STEP_TEMPS
+        )
         state = self.session.state
         previous = state.phase
         state.phase = Phase.BACKWARD.value
+        self.modules.in_backward, self.modules.backward_module = True, None
         self.session.mark("backward")
         try:
             yield
         finally:
+            self.modules.in_backward = False
             state.phase = Phase.OTHER.value if previous == Phase.FORWARD.value else previous
-            self._classify_gradients(self._roots.values())
+            self._classify_gradients(self.modules.roots.values())
 
     # -- hooks ---------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
@@ -96,20 +98,11 @@ class PhaseTracker:
             state.phase = Phase.FORWARD.value
             state.forward_calls += 1
             self.session.mark("forward")
-        if id(module) not in self._names:
-            self._register_root(module)
-
-    def _register_root(self, module: torch.nn.Module) -> None:
-        self._roots[id(module)] = module
-        prefix = type(module).__name__
-        for name, sub in module.named_modules():
-            self._names.setdefault(id(sub), f"{prefix}.{name}" if name else prefix)
-        self._classify_module_state(module)
 
     def _classify_module_state(self, module: torch.nn.Module) -> None:
         session = self.session
         for sub in module.modules():
-            owner = self._names.get(id(sub))
+            owner = self.modules.name_of(sub)
             for param in sub.parameters(recurse=False):
                 if owner is not None:
                     self._param_owner[id(param)] = owner
@@ -152,12 +145,3 @@ class PhaseTracker:
         if min(self._steps_by_optimizer.values()) >= limit:
             session.state.stopped = True
             raise StopJob
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.is_meta:
-            self.session.classify(tensor, Category.ACTIVATION.value, only_from=_STEP_TEMPS)
-        return tensor
-
-
-def _unpack(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor

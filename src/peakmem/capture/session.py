@@ -154,6 +154,15 @@ class CaptureSession:
         if new != old:
             self.trace.tag_ids[record.alloc_index] = self.trace.intern(new)
 
+    def reclassify_live(self, category: str, *, phase: str, only_from: tuple[str, ...]) -> None:
+        """Re-tag every live allocation made in `phase` whose category is in `only_from`."""
+        trace = self.trace
+        for record in list(self.live.values()):
+            old = trace.tag_of(record.alloc_index)
+            if old is not None and old.phase == phase and old.category in only_from:
+                new = Tag(category, old.module, old.phase, old.op)
+                trace.tag_ids[record.alloc_index] = trace.intern(new)
+
     def mark(self, label: str) -> None:
         if not self.closed:
             self.trace.mark(label)

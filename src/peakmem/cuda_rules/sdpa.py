@@ -16,8 +16,8 @@ from peakmem.cuda_rules.autocast import run_lower_precision
 from peakmem.cuda_rules.registry import (
     RuleContext,
     register_composite_rule,
-    register_fused_kernel,
     register_host_outputs,
+    register_op_rule,
 )
 
 aten = torch.ops.aten
@@ -133,57 +133,42 @@ def flash_attention_host_outputs(out):
     return [t for t in out[2:4] if isinstance(t, torch.Tensor)]
 
 
-def _views_of_one_buffer(query, key, value) -> bool:
-    storage = query.untyped_storage()
-    return key.untyped_storage() is storage and value.untyped_storage() is storage
 
+@register_op_rule(aten._scaled_dot_product_efficient_attention_backward)
+def efficient_attention_backward_scratch(ctx: RuleContext, op, args: tuple, kwargs: dict):
+    """Scratch of the CUDA backward (attention_backward.cu, `_efficient_attention_backward`):
 
-@register_fused_kernel("_scaled_dot_product_efficient_attention_backward")
-def efficient_attention_backward(
-    grad_out,
-    query,
-    key,
-    value,
-    attn_bias,
-    out,
-    logsumexp,
-    philox_seed,
-    philox_offset,
-    dropout_p,
-    grad_input_mask,
-    is_causal=False,
-    scale=None,
-):
-    """When q, k and v are views of one buffer (a packed in-projection, as in
-    nn.MultiheadAttention), the CUDA backward writes their gradients into ONE buffer
-    [B, M, 3, H, K] (attention_backward.cu: `chunk_grad_outputs`); otherwise three, in the
-    kernel's [B, M, H, K] layout. The stock meta kernel always makes three."""
-    batch, heads, max_q, head_dim = query.shape
-    max_k, head_dim_v = key.shape[2], value.shape[3]
-    grad_kv_needs_init = is_causal and max_k > max_q
-    if (
-        not grad_kv_needs_init
-        and max_q == max_k
-        and head_dim == head_dim_v
-        and key.shape[1] == heads
-        and _views_of_one_buffer(query, key, value)
-    ):
-        grad_qkv = torch.empty(
-            (batch, max_q, 3, heads, head_dim), dtype=query.dtype, device=query.device
-        )
-        grad_q, grad_k, grad_v = (grad_qkv.select(2, i).transpose(1, 2) for i in range(3))
+    - before the gradients: `grad_out.contiguous()` in the kernel's [B, M, H, K] layout, a copy
+      when the incoming gradient is laid out otherwise (e.g. from nn.MultiheadAttention's
+      permute), alive until the op returns;
+    - after them: `delta` [B, H, M] in fp32. Kernels for half/bf16 compute it themselves (an
+      empty buffer); otherwise it is `(grad_out.float() * out.float()).sum(-1).transpose(-2,
+      -1).contiguous()`, whose temporaries die at the end of that statement.
+    The kernel's optional gmem workspace is not modelled."""
+    grad_out, query, value = args[0], args[1], args[3]
+    batch, heads, length = query.shape[0], query.shape[1], query.shape[2]
+    per_row = batch * heads * length * 4
+    full = per_row * value.shape[-1]
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    op_name = "efficient_attention_backward[scratch]"
+
+    def scratch(nbytes: int) -> int:
+        return ctx.scratch(nbytes, category="temporary", op=op_name)
+
+    grad_out_copy = None
+    if not grad_out.transpose(1, 2).is_contiguous():
+        grad_out_copy = scratch(grad_out.numel() * grad_out.element_size())
+
+    yield  # grad_q, grad_k, grad_v (the op's outputs)
+
+    if half and ctx.gpu.capability != (7, 0):
+        delta = scratch(per_row)
     else:
-        grad_q, grad_k, grad_v = (
-            torch.empty_permuted(
-                (batch, heads, length, dim), (0, 2, 1, 3), dtype=t.dtype, device=t.device
-            )
-            for t, length, dim in ((query, max_q, head_dim), (key, max_k, head_dim), (value, max_k, head_dim_v))
-        )
-    grad_bias = None
-    if attn_bias is not None and grad_input_mask[3]:
-        last = attn_bias.shape[-1]
-        aligned = last if last % 16 == 0 else last + 16 - last % 16
-        grad_bias = torch.empty(
-            (*attn_bias.shape[:-1], aligned), dtype=attn_bias.dtype, device=attn_bias.device
-        )[..., :last]
-    return grad_q, grad_k, grad_v, grad_bias
+        casts = [scratch(full), scratch(full)] if half else []  # grad_out.float(), out.float()
+        product, summed = scratch(full), scratch(per_row)
+        delta = scratch(per_row)
+        for ident in (summed, product, *reversed(casts)):
+            ctx.release(ident)
+    ctx.release(delta)
+    if grad_out_copy is not None:
+        ctx.release(grad_out_copy)

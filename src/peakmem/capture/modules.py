@@ -1,0 +1,89 @@
+"""Which module is running, in forward and in backward, without keeping any tensor alive.
+
+`torch.utils.module_tracker.ModuleTracker` attaches hooks that reference module inputs and
+outputs; those closures form reference cycles with autograd's graph, so activations are only
+freed by Python's garbage collector, long after a GPU run frees them. Here forward uses global
+module hooks and a stack of names; backward attaches one pre-hook per output `grad_fn` whose
+closure holds only a one-element list with the module name (also kept in the node's metadata so
+the innermost module wins when modules share an output node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+_METADATA_KEY = "peakmem_module"
+
+
+class ModulePaths:
+    def __init__(self, on_root: Callable[[torch.nn.Module], None] | None = None) -> None:
+        self.names: dict[int, str] = {}
+        self.roots: dict[int, torch.nn.Module] = {}
+        self._forward: list[str] = []
+        self.backward_module: str | None = None
+        self.in_backward = False
+        self._on_root = on_root
+        self._stack = ExitStack()
+
+    def __enter__(self) -> ModulePaths:
+        hooks = torch.nn.modules.module
+        self._stack.callback(hooks.register_module_forward_pre_hook(self._pre).remove)
+        self._stack.callback(
+            hooks.register_module_forward_hook(self._post, always_call=True).remove
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def current(self) -> str | None:
+        if self.in_backward:
+            return self.backward_module
+        return self._forward[-1] if self._forward else None
+
+    def name_of(self, module: torch.nn.Module) -> str | None:
+        return self.names.get(id(module))
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _register_root(self, module: torch.nn.Module) -> None:
+        self.roots[id(module)] = module
+        prefix = type(module).__name__
+        for name, sub in module.named_modules():
+            self.names.setdefault(id(sub), f"{prefix}.{name}" if name else prefix)
+        if self._on_root is not None:
+            self._on_root(module)
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if id(module) not in self.names:
+            self._register_root(module)
+        self._forward.append(self.names[id(module)])
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        name = self.names.get(id(module))
+        if self._forward and self._forward[-1] == name:
+            self._forward.pop()
+        if name is None or not torch.is_grad_enabled():
+            return
+        flat, _ = tree_flatten(output)
+        for tensor in flat:
+            if isinstance(tensor, torch.Tensor) and tensor.grad_fn is not None:
+                self._mark_backward_entry(tensor.grad_fn, name)
+
+    def _mark_backward_entry(self, node: Any, name: str) -> None:
+        holder = node.metadata.get(_METADATA_KEY)
+        if holder is not None:
+            if name.count(".") > holder[0].count("."):
+                holder[0] = name
+            return
+        holder = [name]
+        node.metadata[_METADATA_KEY] = holder
+
+        def enter(grad_outputs: Any, holder: list[str] = holder) -> None:
+            self.backward_module = holder[0]
+
+        node.register_prehook(enter)
