@@ -3,6 +3,8 @@
 The data flows one way: job -> trace -> allocator simulation -> estimate.
 """
 
+from typing import Any
+
 from peakmem.allocator.config import AllocatorConfig
 from peakmem.allocator.simulate import SimulationResult, simulate
 from peakmem.trace.events import EventKind, Trace
@@ -10,13 +12,27 @@ from peakmem.trace.vocab import Category, Phase
 
 __version__ = "0.1.0"
 
+_LAZY = {"estimate", "Estimate", "EstimateError"}  # import torch only when asked for
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from peakmem.estimate import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'peakmem' has no attribute {name!r}")
+
+
 __all__ = [
     "AllocatorConfig",
     "Category",
+    "Estimate",
+    "EstimateError",
     "EventKind",
     "Phase",
     "SimulationResult",
     "Trace",
+    "estimate",
     "simulate",
     "__version__",
 ]
