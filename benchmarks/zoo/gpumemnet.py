@@ -43,7 +43,7 @@ def forever(loader: DataLoader, device: torch.device):
 
 def main() -> None:
     parser = base_parser(__doc__)
-    parser.set_defaults(optimizer="adam", lr=1e-3)
+    parser.set_defaults(optimizer="adam", lr=1e-3, steps=None)
     parser.add_argument("--config", required=True, help="a GPUMemNet row's Filename")
     parser.add_argument("--num-workers", type=int, default=None,
                         help="DataLoader workers (default: 0 for MLP, 2 for CNN/Transformer)")
@@ -83,6 +83,8 @@ def main() -> None:
         workers = args.num_workers
     loader = DataLoader(data, batch_size=job.batch_size, shuffle=True, num_workers=workers,
                         pin_memory=pin)
+    if args.steps is None:  # the original ran ~60 s: many epochs; two cover the smaller last batch
+        args.steps = 2 * len(loader) + 2
     loss = nn.CrossEntropyLoss()
 
     def loss_fn(m: nn.Module, xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

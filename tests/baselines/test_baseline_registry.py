@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from peakmem.baselines import ESTIMATORS, CannotEstimate, EstimatorUnavailable, get_estimator
+from peakmem.baselines import ESTIMATORS, CannotEstimate, get_estimator
 from peakmem.bench.rows import BenchRow
 
 
@@ -22,12 +22,9 @@ def test_unknown_estimator_lists_known_ones():
         get_estimator("oracle")
 
 
-def test_peakmem_is_not_available_yet_but_others_are():
-    with pytest.raises(EstimatorUnavailable, match="estimator 'peakmem' is not available yet"):
-        get_estimator("peakmem")
+def test_every_registered_estimator_is_available():
     for name in ESTIMATORS:
-        if name != "peakmem":
-            assert get_estimator(name).name == name
+        assert get_estimator(name).name == name
 
 
 @pytest.mark.parametrize("name", ["horus", "faketensor", "accelerate", "deepspeed", "gpumemnet"])

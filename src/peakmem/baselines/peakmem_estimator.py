@@ -1,17 +1,46 @@
-"""peakmem's own estimate as a bench row: arrives with `peakmem estimate` (another branch).
+"""peakmem's own estimate as a bench row: the row's job script through `peakmem estimate`.
 
-Until then asking for it fails with one clear line, and the other estimators are unaffected.
+GPUMemNet rows run `benchmarks/zoo/gpumemnet.py --config <Filename>` (the rebuilt job, unchanged
+from what a user would run) on the row's GPU profile and torch version, exactly as
+`peakmem estimate --gpu a100-40gb --torch 2.4.1 -- python benchmarks/zoo/gpumemnet.py ...` does.
 """
 
 from __future__ import annotations
 
-from peakmem.baselines.base import Estimator, EstimatorUnavailable
+import io
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+from peakmem.baselines.base import CannotEstimate, Estimator
+from peakmem.bench.rows import BenchRow
+
+REPO = Path(__file__).resolve().parents[3]
+GPUMEMNET_JOB = REPO / "benchmarks" / "zoo" / "gpumemnet.py"
+
+
+def job_command(row: BenchRow) -> list[str]:
+    """The command line whose estimate this row's measurement is compared with."""
+    if not row.dataset.startswith("gpumemnet"):
+        raise CannotEstimate(f"no job script for dataset {row.dataset!r} yet")
+    if not GPUMEMNET_JOB.exists():
+        raise CannotEstimate(f"missing {GPUMEMNET_JOB} (run from a source checkout)")
+    # DataLoader workers only move host data: no device memory, so none are started here.
+    return ["python", str(GPUMEMNET_JOB), "--config", row.features["Filename"], "--num-workers", "0"]
 
 
 class PeakmemEstimator(Estimator):
     name = "peakmem"
 
-    def __init__(self) -> None:
-        raise EstimatorUnavailable(
-            "estimator 'peakmem' is not available yet (it arrives with `peakmem estimate`)"
-        )
+    def estimate_bytes(self, row: BenchRow) -> int:
+        return self.run(row).peak_bytes
+
+    def run(self, row: BenchRow):  # -> peakmem.estimate.Estimate
+        from peakmem.estimate import EstimateError, estimate_command
+
+        argv = job_command(row)
+        sink = io.StringIO()
+        try:
+            with redirect_stdout(sink), redirect_stderr(sink):
+                return estimate_command(argv, gpu=row.gpu, torch_version=row.torch_version)
+        except EstimateError as exc:
+            raise CannotEstimate(str(exc).strip().splitlines()[-1]) from None

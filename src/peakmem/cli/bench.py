@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-DEFAULT_ESTIMATORS = "horus,faketensor,gpumemnet,accelerate,deepspeed"
+DEFAULT_ESTIMATORS = "peakmem,horus,faketensor,gpumemnet,accelerate,deepspeed"
 DEFAULT_MARGIN = 0.10
 
 
@@ -93,6 +93,7 @@ def bench(
     groundtruth. Estimators: peakmem, horus, faketensor, gpumemnet, accelerate, deepspeed.
     """
     from peakmem.baselines.base import ESTIMATORS, EstimatorUnavailable, get_estimator
+    from peakmem.bench.calibration import evaluation_rows
     from peakmem.bench.datasets import DATASETS, DatasetUnavailable, load_rows, spread_subset
     from peakmem.bench.metrics import summarize_estimator
     from peakmem.bench.runner import DEFAULT_CACHE, ResultCache, run_estimators
@@ -114,7 +115,14 @@ def bench(
         _fail(str(exc))
     if not all_rows:
         _fail(f"dataset {dataset!r} has no rows")
-    rows = spread_subset(all_rows, limit)
+    scored = evaluation_rows(all_rows)
+    if len(scored) < len(all_rows):
+        Console(stderr=True).print(
+            f"{len(all_rows) - len(scored)} rows of the declared calibration split are held out "
+            "(never scored)",
+            highlight=False,
+        )
+    rows = spread_subset(scored, limit)
     instances = {}
     for name in dict.fromkeys(names):
         try:

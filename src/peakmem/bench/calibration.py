@@ -1,0 +1,43 @@
+"""The declared calibration split: the rows a stack constant may be fitted on, and never scored.
+
+Issue 3 allows fitting the one unknown constant of a software stack (its CUDA context and library
+memory outside the caching allocator) on at most 10% of the GPUMemNet MLP step 1 rows. The split
+is a fixed function of the row's job configuration (its `Filename`), so every run, every
+estimator and every machine agrees on it, and it holds out the same rows whatever `--limit` is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections.abc import Iterable
+
+from peakmem.bench.rows import BenchRow
+
+CALIBRATION_DATASETS = {"gpumemnet-mlp1"}
+CALIBRATION_BUCKETS = 10  # 1 bucket of 10: ~10% of the rows
+MiB = 2**20
+
+
+def in_calibration_split(row: BenchRow) -> bool:
+    """True for the ~10% of a calibration dataset's rows reserved for fitting constants."""
+    if row.dataset not in CALIBRATION_DATASETS:
+        return False
+    key = row.features.get("Filename", row.id)
+    return int(hashlib.sha1(key.encode()).hexdigest(), 16) % CALIBRATION_BUCKETS == 0
+
+
+def evaluation_rows(rows: Iterable[BenchRow]) -> list[BenchRow]:
+    """The rows a benchmark may score: everything outside the calibration split."""
+    return [row for row in rows if not in_calibration_split(row)]
+
+
+def fit_context_bytes(measured_mib: list[int], simulated_reserved_bytes: list[int]) -> int:
+    """The stack constant: the most common (measured - simulated reserved), to the MiB.
+
+    nvidia-smi reports whole MiB and an exact trace leaves one constant difference, so the mode
+    (not the mean) is the estimator that ignores the rows the trace still gets wrong."""
+    if not measured_mib or len(measured_mib) != len(simulated_reserved_bytes):
+        raise ValueError("need one simulated peak per measured row, and at least one row")
+    differences = [m - round(r / MiB) for m, r in zip(measured_mib, simulated_reserved_bytes, strict=True)]
+    return statistics.mode(differences) * MiB

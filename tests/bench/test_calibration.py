@@ -1,0 +1,49 @@
+"""The declared calibration split, the context fit, and peakmem's own rows against measurements."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from peakmem.bench.calibration import evaluation_rows, fit_context_bytes, in_calibration_split
+from peakmem.bench.rows import BenchRow
+
+MiB = 2**20
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+
+
+def row(name: str, dataset: str = "gpumemnet-mlp1") -> BenchRow:
+    return BenchRow(id="0", dataset=dataset, family="mlp", job=None, measured_peak_bytes=0,
+                    status="ok", gpu="a100-40gb", torch_version="2.4.1", gpu_total_bytes=0,
+                    features={"Filename": name})
+
+
+def test_split_is_about_a_tenth_fixed_by_the_configuration_and_only_for_mlp1():
+    names = [f"input:{i}_output:3_depth:2_arch:uniform_batch:8.out" for i in range(2000)]
+    chosen = [n for n in names if in_calibration_split(row(n))]
+    assert 150 <= len(chosen) <= 250
+    assert chosen == [n for n in names if in_calibration_split(row(n))]  # deterministic
+    assert not any(in_calibration_split(row(n, "gpumemnet-mlp2")) for n in names)
+    assert len(evaluation_rows([row(n) for n in names])) == 2000 - len(chosen)
+
+
+def test_context_fit_is_the_most_common_difference_to_the_mib():
+    measured = [1477, 1537, 1495, 1809, 1500]
+    reserved = [48 * MiB, 108 * MiB, 64 * MiB, 376 * MiB, 51 * MiB + 300]
+    # differences 1429, 1429, 1431, 1433, 1449 -> 1429
+    assert fit_context_bytes(measured, reserved) == 1429 * MiB
+    with pytest.raises(ValueError):
+        fit_context_bytes([], [])
+
+
+@pytest.mark.skipif(not (SHARED / "gpumemnet").is_dir(), reason="needs ../shared/datasets")
+def test_peakmem_matches_measured_a100_mlp_rows_to_2_mib():
+    from peakmem.baselines.peakmem_estimator import PeakmemEstimator
+    from peakmem.bench.datasets import load_rows
+
+    rows = evaluation_rows(load_rows("gpumemnet-mlp1", SHARED))
+    sample = rows[100:106]
+    estimator = PeakmemEstimator()
+    errors = [abs(estimator.estimate_bytes(r) - r.measured_peak_bytes) for r in sample]
+    assert sum(e <= 2 * MiB for e in errors) >= 5, [e / MiB for e in errors]
