@@ -95,6 +95,22 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             rope_theta=500000.0,
         ),
     ),
+    # Llama-3-8B's shape (8.03B parameters, GQA 32/8, untied embeddings)
+    "llama-8b": (
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            max_position_embeddings=8192,
+            tie_word_embeddings=False,
+            rope_theta=500000.0,
+        ),
+    ),
     # Qwen2-0.5B's shape (0.49B parameters, GQA 14/2, tied embeddings)
     "qwen2-0.5b": (
         "Qwen2ForCausalLM",
@@ -168,9 +184,17 @@ def main() -> None:
     parser.add_argument("--num-heads", type=int, default=None, help="override the config")
     parser.add_argument("--intermediate-size", type=int, default=None, help="override")
     parser.add_argument("--vocab-size", type=int, default=None, help="override the config")
+    parser.add_argument("--weights-dtype", choices=["fp32", "bf16"], default="fp32",
+                        help="dtype the weights are created in (bf16: pure-bf16 training)")
     args = parser.parse_args()
     device = setup(args)
-    model = build_on(device, lambda: build(args))
+    weights_dtype = torch.bfloat16 if args.weights_dtype == "bf16" else torch.float32
+    previous_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(weights_dtype)
+    try:
+        model = build_on(device, lambda: build(args))
+    finally:
+        torch.set_default_dtype(previous_dtype)
     if args.grad_checkpointing:
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
             model.activation_checkpointing_enable({"use_reentrant": False})

@@ -2,7 +2,8 @@ import textwrap
 
 import pytest
 
-from peakmem.capture import CommandError, PythonCommand, capture_command
+from peakmem.capture import capture_command
+from peakmem.jobs.runner import JobSpec, JobSpecError
 
 
 def write(tmp_path, name, body):
@@ -87,7 +88,7 @@ def test_a_script_that_never_steps_gets_a_forward_estimate(tmp_path, a100, stack
 def test_timeout_stops_a_job_that_runs_too_long(tmp_path, a100, stack24):
     script = write(tmp_path, "spin.py", "while True:\n    pass\n")
     result = capture_command(["python", str(script)], gpu=a100, stack=stack24, timeout=0.5)
-    assert result.exit_code == 124 and "longer than" in result.error_text
+    assert result.exit_code == 124 and "ran past the time limit" in result.error_text
 
 
 @pytest.mark.parametrize(
@@ -101,12 +102,16 @@ def test_timeout_stops_a_job_that_runs_too_long(tmp_path, a100, stack24):
 def test_command_parsing(tmp_path, monkeypatch, argv, target, is_module, args):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").write_text("")
-    command = PythonCommand.parse(argv)
-    assert (command.target, command.is_module, command.args) == (target, is_module, args)
+    spec = JobSpec.parse(argv)
+    assert (spec.module or spec.script, spec.module is not None, spec.args) == (
+        target,
+        is_module,
+        args,
+    )
 
 
 @pytest.mark.parametrize("argv", [[], ["python"], ["python", "missing.py"], ["python", "-c", "1"]])
-def test_bad_commands_are_one_line_errors(tmp_path, monkeypatch, argv):
+def test_bad_commands_are_one_line_errors(tmp_path, monkeypatch, argv, a100, stack24):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CommandError):
-        PythonCommand.parse(argv)
+    with pytest.raises(JobSpecError):
+        capture_command(argv, gpu=a100, stack=stack24)

@@ -4,8 +4,6 @@ from peakmem.capture.phases import StopJob
 from peakmem.capture.runner import (
     DEFAULT_STEPS,
     CaptureResult,
-    CommandError,
-    PythonCommand,
     capture_callable,
     capture_command,
 )
@@ -13,8 +11,6 @@ from peakmem.capture.runner import (
 __all__ = [
     "DEFAULT_STEPS",
     "CaptureResult",
-    "CommandError",
-    "PythonCommand",
     "StopJob",
     "capture_callable",
     "capture_command",

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import runpy
-import signal
-import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -23,18 +18,18 @@ from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
+from peakmem.jobs.runner import (
+    JobSpec,
+    JobSpecError,
+    JobTimeout,
+    execute,
+    script_environment,
+    time_limit,
+    user_traceback,
+)
 from peakmem.profiles import GpuProfile, StackProfile
 
 DEFAULT_STEPS = None  # auto: see phases.auto_step_limit
-_PYTHON_FLAGS = {"-u", "-O", "-OO", "-B", "-E", "-s", "-S"}
-
-
-class CaptureTimeout(BaseException):  # noqa: N818
-    """The job ran past the time limit."""
-
-
-class CommandError(ValueError):
-    """The command to run is not a Python script or module."""
 
 
 @dataclass
@@ -53,37 +48,6 @@ class CaptureResult:
     @property
     def trained(self) -> bool:
         return self.steps > 0
-
-
-@dataclass(frozen=True)
-class PythonCommand:
-    """`python script.py args` or `python -m module args`."""
-
-    target: str
-    is_module: bool
-    args: tuple[str, ...]
-
-    @classmethod
-    def parse(cls, argv: list[str]) -> PythonCommand:
-        rest = list(argv)
-        if not rest:
-            raise CommandError("no command given: use `-- python train.py [args]`")
-        if Path(rest[0]).name.startswith("python") and not rest[0].endswith(".py"):
-            rest = rest[1:]
-        while rest and rest[0] in _PYTHON_FLAGS:
-            rest = rest[1:]
-        if not rest:
-            raise CommandError("no script or module given after `python`")
-        if rest[0] == "-m":
-            if len(rest) < 2:
-                raise CommandError("`-m` needs a module name")
-            return cls(rest[1], True, tuple(rest[2:]))
-        if rest[0].startswith("-"):
-            raise CommandError(f"unsupported python option {rest[0]!r}")
-        script = rest[0]
-        if not Path(script).is_file():
-            raise CommandError(f"script not found: {script}")
-        return cls(script, False, tuple(rest[1:]))
 
 
 def _overload(name: str) -> Any:
@@ -135,24 +99,6 @@ def _epoch_length_probe(session: CaptureSession) -> Iterator[None]:
         loader_class.__iter__ = original_iter
 
 
-@contextmanager
-def _time_limit(seconds: float | None) -> Iterator[None]:
-    if not seconds or seconds <= 0 or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def expire(signum: int, frame: Any) -> None:
-        raise CaptureTimeout(f"the job ran longer than {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 FAKE_LIMIT_HINT = (
     "peakmem: this op cannot run on fake (meta) tensors; running it for real on the CPU "
     "(--mode eager) is not yet supported.\n"
@@ -163,19 +109,6 @@ def _is_fake_limit(exc: BaseException) -> bool:
     """An error raised because the device tensors are fake, not by the job itself."""
     text = str(exc)
     return isinstance(exc, NotImplementedError) or "meta" in text.lower()
-
-
-def _user_traceback(exc: BaseException) -> str:
-    """The job's own traceback, without peakmem's and runpy's frames."""
-    tb = traceback.TracebackException.from_exception(exc)
-    package = str(Path(__file__).resolve().parents[1])
-    frames = [
-        frame
-        for frame in tb.stack
-        if not frame.filename.startswith(package) and "runpy" not in Path(frame.filename).name
-    ]
-    tb.stack = traceback.StackSummary.from_list(frames)
-    return "".join(tb.format())
 
 
 def _run_captured(
@@ -201,7 +134,7 @@ def _run_captured(
         stack_ctx.enter_context(_epoch_length_probe(session))
         stack_ctx.enter_context(phases)
         try:
-            with _time_limit(timeout), CudaAsMeta(session, phases), AllocationRecorder(session):
+            with time_limit(timeout), CudaAsMeta(session, phases), AllocationRecorder(session):
                 job()
         except StopJob:
             pass
@@ -210,11 +143,11 @@ def _run_captured(
             if code:
                 result.error, result.exit_code = exc, code
                 result.error_text = f"the job exited with status {code}"
-        except CaptureTimeout as exc:
+        except JobTimeout as exc:
             result.error, result.exit_code, result.error_text = exc, 124, str(exc)
         except Exception as exc:  # the job's own error: reported with its traceback
             result.error, result.exit_code = exc, 1
-            result.error_text = _user_traceback(exc)
+            result.error_text = user_traceback(exc)
             if _is_fake_limit(exc):
                 result.error_text += FAKE_LIMIT_HINT
         finally:
@@ -254,21 +187,12 @@ def capture_command(
     timeout: float | None = None,
 ) -> CaptureResult:
     """Run `python script.py args` / `python -m module args` in this process, unchanged."""
-    command = PythonCommand.parse(argv)
+    spec = JobSpec.parse(argv)
+    if spec.script is not None and not Path(spec.script).is_file():
+        raise JobSpecError(f"script not found: {spec.script}")
 
     def job() -> None:
-        saved_argv, saved_path = sys.argv[:], sys.path[:]
-        try:
-            if command.is_module:
-                sys.argv = [command.target, *command.args]
-                sys.path.insert(0, os.getcwd())
-                runpy.run_module(command.target, run_name="__main__", alter_sys=True)
-            else:
-                script = str(Path(command.target).resolve())
-                sys.argv = [command.target, *command.args]
-                sys.path.insert(0, str(Path(script).parent))
-                runpy.run_path(script, run_name="__main__")
-        finally:
-            sys.argv, sys.path[:] = saved_argv, saved_path
+        with script_environment(spec):
+            execute(spec)
 
     return _run_captured(job, gpu, stack, steps, timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -41,18 +42,20 @@ def estimate_cmd(
     """Estimate the peak GPU memory of a training script, on this machine, without a GPU."""
     from rich.console import Console
 
-    from peakmem.capture import CommandError, PythonCommand
     from peakmem.estimate import EstimateError, estimate_command
+    from peakmem.jobs.runner import JobSpec, JobSpecError
     from peakmem.profiles import ProfileError, load_gpu, load_stack
 
     try:
         gpu_profile = load_gpu(gpu)
         if torch_version:
             load_stack(torch_version)
-        PythonCommand.parse(list(command))
+        spec = JobSpec.parse(list(command))
+        if spec.script is not None and not Path(spec.script).is_file():
+            raise JobSpecError(f"script not found: {spec.script}")
     except ProfileError as exc:
         raise click.BadParameter(str(exc)) from None
-    except CommandError as exc:
+    except JobSpecError as exc:
         raise click.UsageError(str(exc)) from None
 
     status_console = Console(stderr=True)

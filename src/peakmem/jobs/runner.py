@@ -122,12 +122,12 @@ def run_job(
     counter_steps = 0
     try:
         with (
-            _script_environment(spec),
-            _time_limit(timeout),
+            script_environment(spec),
+            time_limit(timeout),
             stop_after_steps(steps, on_step=on_step) as counter,
         ):
             try:
-                _execute(spec)
+                execute(spec)
             finally:
                 counter_steps = counter.steps
     except StepLimitReached as stop:
@@ -156,7 +156,8 @@ def run_job(
     return JobOutcome(JobStatus.FINISHED, counter_steps, time.perf_counter() - started)
 
 
-def _execute(spec: JobSpec) -> None:
+def execute(spec: JobSpec) -> None:
+    """Run the script or module as `__main__` (argv and sys.path set by script_environment)."""
     if spec.script is not None:
         runpy.run_path(spec.script, run_name="__main__")
     else:
@@ -172,7 +173,7 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 @contextmanager
-def _script_environment(spec: JobSpec) -> Iterator[None]:
+def script_environment(spec: JobSpec) -> Iterator[None]:
     """Set sys.argv and sys.path[0] as `python` would; restore both afterwards."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     if spec.script is not None:
@@ -188,7 +189,8 @@ def _script_environment(spec: JobSpec) -> Iterator[None]:
 
 
 @contextmanager
-def _time_limit(seconds: float | None) -> Iterator[None]:
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise JobTimeout in the main thread after `seconds` (None: no limit)."""
     if seconds is None:
         yield
         return
@@ -209,16 +211,22 @@ def _time_limit(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-_RUNNER_FILES = frozenset({os.path.abspath(runpy.__file__), os.path.abspath(__file__)})
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
 
 
 def user_traceback(exc: BaseException) -> str:
-    """The traceback of ``exc`` without the runner's and runpy's own frames."""
-    tb = exc.__traceback__
-    while tb is not None and _is_runner_frame(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    """The traceback of ``exc`` as the job's author would want it: without runpy's frames and
+    without peakmem's own (runner, capture hooks, fake device)."""
+    tb = traceback.TracebackException.from_exception(exc)
+    tb.stack = traceback.StackSummary.from_list(
+        [frame for frame in tb.stack if not _is_runner_frame(frame.filename)]
+    )
+    return "".join(tb.format())
 
 
 def _is_runner_frame(filename: str) -> bool:
-    return filename.startswith("<frozen runpy") or os.path.abspath(filename) in _RUNNER_FILES
+    return (
+        filename.startswith("<frozen runpy")
+        or Path(filename).name == "runpy.py"
+        or os.path.abspath(filename).startswith(_PACKAGE_DIR)
+    )
