@@ -41,7 +41,9 @@ def test_stack_numbers():
     assert stack.cublas_workspace_for((8, 0)).value == 8519680
     assert stack.cublas_workspace_for((9, 0)).value == 32 * 2**20
     assert stack.cublaslt_transient.value == 2**20
-    context = stack.context_for(load_gpu("a100-40gb"))
+    fitted = stack.context_for(load_gpu("a100-40gb"))  # fitted on the calibration split
+    assert not fitted.assumed and "calibration split" in fitted.source
+    context = stack.context_for(load_gpu("rtx4090"))  # not measured: the assumed default
     assert context.assumed and context.reason
     with pytest.raises(ProfileError, match="oldest known is 2.4"):
         load_stack("1.13.1")
