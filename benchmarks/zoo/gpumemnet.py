@@ -11,6 +11,7 @@ and this script, checked layer by layer against the rows' published layer lists)
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -47,6 +48,9 @@ def main() -> None:
     parser.add_argument("--config", required=True, help="a GPUMemNet row's Filename")
     parser.add_argument("--num-workers", type=int, default=None,
                         help="DataLoader workers (default: 0 for MLP, 2 for CNN/Transformer)")
+    parser.add_argument("--dense-transitions", default=None, metavar="I,J,...",
+                        help="dense CNNs: the dense blocks followed by a transition (random in "
+                        "the original launcher; recovered from the row's layer list)")
     parser.add_argument("--samples", type=int, default=None,
                         help="dataset length (default: 4096 MLP, N Transformer, 64 batches CNN)")
     args = parser.parse_args()
@@ -54,8 +58,11 @@ def main() -> None:
         parser.error("--grad-checkpointing is not part of the GPUMemNet jobs")
     try:
         job = parse_job(args.config)
+        if args.dense_transitions is not None and isinstance(job, CNNJob):
+            picked = tuple(int(i) for i in args.dense_transitions.split(",") if i.strip())
+            job = dataclasses.replace(job, dense_transitions=picked)
         model = build_model(job, "cpu")
-    except (JobParseError, CannotBuildJob) as exc:
+    except (JobParseError, CannotBuildJob, ValueError) as exc:
         parser.error(str(exc))
     device = setup(args)
     classes = max(num_classes(job), 1)

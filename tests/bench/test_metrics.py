@@ -134,3 +134,20 @@ def test_published_timm_faketensor_underestimates(shared_data):
     s = summarize(results)
     assert len(rows) == 5085
     assert round(s["under_rate"] * len(rows)) == 4379
+
+
+def test_within_2_mib_share_and_underestimates_beyond_it():
+    from peakmem.bench.metrics import RowResult, summarize
+
+    mib = 2**20
+
+    def r(measured_mib, estimate_mib):
+        return RowResult(row_id="x", family="f", status="ok", measured_bytes=measured_mib * mib,
+                         gpu_total_bytes=40960 * mib, estimate_bytes=estimate_mib * mib,
+                         seconds=0.1, error=None)
+
+    # exact, 2 MiB under (still "exact"), 3 MiB under, 5 MiB over
+    s = summarize([r(1000, 1000), r(1000, 998), r(1000, 997), r(1000, 1005)])
+    assert s["within_2mib_share"] == 0.5
+    assert s["under_rate"] == 0.5
+    assert s["under_beyond_2mib_rate"] == 0.25

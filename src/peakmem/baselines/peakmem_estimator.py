@@ -25,7 +25,12 @@ def job_command(row: BenchRow) -> list[str]:
     if not GPUMEMNET_JOB.exists():
         raise CannotEstimate(f"missing {GPUMEMNET_JOB} (run from a source checkout)")
     # DataLoader workers only move host data: no device memory, so none are started here.
-    return ["python", str(GPUMEMNET_JOB), "--config", row.features["Filename"], "--num-workers", "0"]
+    command = ["python", str(GPUMEMNET_JOB), "--config", row.features["Filename"],
+               "--num-workers", "0"]
+    transitions = getattr(row.job, "dense_transitions", None)
+    if transitions is not None:
+        command += ["--dense-transitions", ",".join(str(i) for i in transitions)]
+    return command
 
 
 class PeakmemEstimator(Estimator):

@@ -49,6 +49,9 @@ class RowResult:
         return cls(**data)
 
 
+EXACT_BYTES = 2 * MiB  # "exact": within 2 MiB of the measured peak (nvidia-smi reports whole MiB)
+
+
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
@@ -90,6 +93,8 @@ def summarize(results: Iterable[RowResult], margin: float = 0.0) -> dict:
     rel: list[float] = []
     abs_mib: list[float] = []
     under = 0
+    under_beyond_2mib = 0
+    within_2mib = 0
     for r in estimated:
         if r.status != "ok" or r.measured_bytes <= 0:
             continue
@@ -97,6 +102,8 @@ def summarize(results: Iterable[RowResult], margin: float = 0.0) -> dict:
         rel.append(abs(est - r.measured_bytes) / r.measured_bytes)
         abs_mib.append(abs(est - r.measured_bytes) / MiB)
         under += est < r.measured_bytes
+        under_beyond_2mib += est < r.measured_bytes - EXACT_BYTES
+        within_2mib += abs(est - r.measured_bytes) <= EXACT_BYTES
     accurate = [r for r in estimated if _accurate(r, r.estimate_bytes * scale)]  # type: ignore[operator]
     conserved = [
         (r.gpu_total_bytes - r.estimate_bytes * scale) / MiB  # type: ignore[operator]
@@ -115,6 +122,8 @@ def summarize(results: Iterable[RowResult], margin: float = 0.0) -> dict:
         "median_abs_error_mib": _pct(abs_mib, 50),
         "p99_abs_error_mib": _pct(abs_mib, 99),
         "under_rate": under / len(rel) if rel else None,
+        "under_beyond_2mib_rate": under_beyond_2mib / len(rel) if rel else None,
+        "within_2mib_share": within_2mib / len(rel) if rel else None,
         "failure_prob": 1 - len(accurate) / len(estimated) if estimated else None,
         "memory_conserved_mib": float(np.mean(conserved)) if conserved else None,
         "median_seconds": _pct(seconds, 50),
