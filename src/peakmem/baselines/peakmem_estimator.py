@@ -40,7 +40,8 @@ class PeakmemEstimator(Estimator):
         return self.run(row).peak_bytes
 
     def run(self, row: BenchRow):  # -> peakmem.estimate.Estimate
-        from peakmem.estimate import EstimateError, estimate_command
+        from peakmem.estimate import EstimateError, estimate_capture, estimate_command
+        from peakmem.profiles import load_gpu, load_stack
 
         argv = job_command(row)
         sink = io.StringIO()
@@ -48,4 +49,11 @@ class PeakmemEstimator(Estimator):
             with redirect_stdout(sink), redirect_stderr(sink):
                 return estimate_command(argv, gpu=row.gpu, torch_version=row.torch_version)
         except EstimateError as exc:
-            raise CannotEstimate(str(exc).strip().splitlines()[-1]) from None
+            capture = exc.capture
+            if capture is None or not capture.trained or capture.exit_code == 124:
+                raise CannotEstimate(str(exc).strip().splitlines()[-1]) from None
+        # The job trained, then raised (e.g. BatchNorm on a last batch of 1, as the real job
+        # did): what the GPU held up to the failure is what nvidia-smi recorded.
+        gpu = load_gpu(row.gpu)
+        return estimate_capture(capture, gpu, load_stack(row.torch_version),
+                                torch_version=row.torch_version)
