@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import click
 
@@ -25,6 +26,24 @@ _UNITS = {
     "g": 2**30,
     "t": 2**40,
 }
+
+
+def simulation_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The allocator options shared by the commands that replay memory events."""
+    command = click.option(
+        "--capacity",
+        default=None,
+        metavar="BYTES",
+        help="Device memory the allocator may reserve (e.g. 80GiB); default unbounded.",
+    )(command)
+    command = click.option(
+        "--torch",
+        "torch_version",
+        default=None,
+        metavar="VERSION",
+        help="PyTorch version whose allocator rules apply (default: the newest supported).",
+    )(command)
+    return command
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -15,7 +15,9 @@ import click
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.option("--gpu", default="h100-80gb", show_default=True, help="Target GPU profile name.")
-@click.option("--torch", "torch_version", default=None, help="Target PyTorch version [default: installed].")
+@click.option(
+    "--torch", "torch_version", default=None, help="Target PyTorch version [default: installed]."
+)
 @click.option("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF of the target run.")
 @click.option(
     "--steps",
@@ -23,10 +25,22 @@ import click
     type=click.IntRange(min=1),
     help="Optimizer steps to run [default: 3, or one DataLoader epoch + 2 when it has <= 256 batches].",
 )
-@click.option("--mode", type=click.Choice(["fake", "eager", "auto"]), default="auto", show_default=True)
+@click.option(
+    "--mode", type=click.Choice(["fake", "eager", "auto"]), default="auto", show_default=True
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Write a memory timeline (.html or .png).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds before the job is stopped.")
+@click.option(
+    "--timeline",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a memory timeline (.html or .png).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds before the job is stopped.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def estimate_cmd(
     gpu: str,
@@ -62,7 +76,10 @@ def estimate_cmd(
     # With --json, stdout carries only the JSON object: the job's own prints go to stderr.
     job_stdout = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     try:
-        with status_console.status(f"Running the job on a fake {gpu_profile.device_name}..."), job_stdout:
+        with (
+            status_console.status(f"Running the job on a fake {gpu_profile.device_name}..."),
+            job_stdout,
+        ):
             result = estimate_command(
                 list(command),
                 gpu=gpu_profile,

@@ -8,7 +8,7 @@ import click
 
 from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
 from peakmem.allocator.simulate import TraceError, simulate
-from peakmem.cli.common import echo_simulation, fail, format_bytes, parse_bytes
+from peakmem.cli.common import echo_simulation, fail, format_bytes, parse_bytes, simulation_options
 from peakmem.trace.snapshot import SnapshotError, load_snapshot, snapshot_to_trace
 
 
@@ -20,19 +20,7 @@ from peakmem.trace.snapshot import SnapshotError, load_snapshot, snapshot_to_tra
     help="PYTORCH_CUDA_ALLOC_CONF to simulate "
     "(default: the one recorded in the snapshot, else none).",
 )
-@click.option(
-    "--torch",
-    "torch_version",
-    default=None,
-    metavar="VERSION",
-    help="PyTorch version whose allocator rules apply (default: the newest supported).",
-)
-@click.option(
-    "--capacity",
-    default=None,
-    metavar="BYTES",
-    help="Device memory the allocator may reserve (e.g. 80GiB); default unbounded.",
-)
+@simulation_options
 @click.option("--device", type=int, default=None, help="Device of the snapshot to replay.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def replay(

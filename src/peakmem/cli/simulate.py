@@ -8,26 +8,14 @@ import click
 
 from peakmem.allocator.config import AllocatorConfigError
 from peakmem.allocator.simulate import TraceError, simulate
-from peakmem.cli.common import echo_simulation, fail, parse_bytes
+from peakmem.cli.common import echo_simulation, fail, parse_bytes, simulation_options
 from peakmem.trace.events import Trace
 
 
 @click.command("simulate")
 @click.argument("trace_file", type=click.Path(dir_okay=False))
 @click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF to simulate.")
-@click.option(
-    "--torch",
-    "torch_version",
-    default=None,
-    metavar="VERSION",
-    help="PyTorch version whose allocator rules apply (default: the newest supported).",
-)
-@click.option(
-    "--capacity",
-    default=None,
-    metavar="BYTES",
-    help="Device memory the allocator may reserve (e.g. 80GiB); default unbounded.",
-)
+@simulation_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate_trace(
     trace_file: str, alloc_conf: str, torch_version: str | None, capacity: str | None, as_json: bool

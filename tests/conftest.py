@@ -6,7 +6,7 @@ import pytest
 
 from peakmem.bench.datasets import default_data_dir
 
-FIXTURE_DATA = Path(__file__).resolve().parents[1] / "data" / "datasets"
+FIXTURE_DATA = Path(__file__).resolve().parent / "data" / "datasets"
 
 
 @pytest.fixture
