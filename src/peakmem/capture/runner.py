@@ -81,22 +81,72 @@ def _cuda_kernels(session: CaptureSession) -> Iterator[None]:
 
 
 @contextmanager
-def _epoch_length_probe(session: CaptureSession) -> Iterator[None]:
-    """Note the length of the first DataLoader the job iterates."""
+def _epoch_length_probe(session: CaptureSession, fast_forward: bool) -> Iterator[None]:
+    """Note the length of the first DataLoader epoch the job iterates. With `fast_forward`, a
+    long epoch of a single-process loader is shortened: after STEADY_BATCHES full batches the
+    batch sampler skips to the epoch's last (often smaller) batch, since the batches between them
+    repeat the same allocations."""
     loader_class = torch.utils.data.DataLoader
     original_iter = loader_class.__iter__
 
     def iterate(loader: Any) -> Any:
-        if session.state.epoch_steps is None:
-            with contextlib.suppress(TypeError):  # an IterableDataset without a length
-                session.state.epoch_steps = len(loader)
-        return original_iter(loader)
+        iterator = original_iter(loader)
+        if session.state.epoch_steps is not None:
+            return iterator
+        try:
+            length = len(loader)
+        except TypeError:  # an IterableDataset without a length
+            return iterator
+        skip = length - STEADY_BATCHES - 1
+        if fast_forward and skip > 0 and hasattr(iterator, "_sampler_iter") and not getattr(
+            iterator, "_workers", None
+        ):
+            session.state.epoch_steps = STEADY_BATCHES + 1
+            session.notes.append(
+                f"DataLoader epoch of {length} batches: traced {STEADY_BATCHES} full batches, "
+                f"then its last batch (the {skip} between repeat the same allocations)"
+            )
+            return _SkipToLastBatch(iterator, STEADY_BATCHES, skip)
+        session.state.epoch_steps = length
+        return iterator
 
     loader_class.__iter__ = iterate
     try:
         yield
     finally:
         loader_class.__iter__ = original_iter
+
+
+STEADY_BATCHES = 3
+
+
+class _SkipToLastBatch:
+    """A DataLoader iterator that, after `after` batches, drops the next `skip` index batches
+    from the batch sampler (no data is loaded for them) and goes on."""
+
+    def __init__(self, iterator: Any, after: int, skip: int) -> None:
+        self._iterator = iterator
+        self._after = after
+        self._skip = skip
+        self._yielded = 0
+
+    def __iter__(self) -> _SkipToLastBatch:
+        return self
+
+    def __next__(self) -> Any:
+        if self._yielded == self._after and self._skip:
+            for _ in range(self._skip):
+                next(self._iterator._sampler_iter, None)
+            self._iterator._num_yielded += self._skip
+            self._skip = 0
+        self._yielded += 1
+        return next(self._iterator)
+
+    def __len__(self) -> int:
+        return len(self._iterator)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterator, name)
 
 
 FAKE_LIMIT_HINT = (
@@ -131,7 +181,7 @@ def _run_captured(
         for patch in RUNTIME_PATCHES.values():
             stack_ctx.enter_context(patch())
         stack_ctx.enter_context(_cuda_kernels(session))
-        stack_ctx.enter_context(_epoch_length_probe(session))
+        stack_ctx.enter_context(_epoch_length_probe(session, fast_forward=steps is None))
         stack_ctx.enter_context(phases)
         try:
             with time_limit(timeout), CudaAsMeta(session, phases), AllocationRecorder(session):
