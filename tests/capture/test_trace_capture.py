@@ -126,17 +126,26 @@ def loader_job(samples, batch):
     return job
 
 
+def input_rows(trace):
+    return [size // (8 * 4) for size, _ in allocations(trace, "input")]
+
+
 def test_default_steps_cover_a_short_epoch_and_its_smaller_last_batch(a100, stack24):
-    result = capture_callable(loader_job(36, 8), gpu=a100, stack=stack24)  # 5 batches an epoch
-    assert result.steps == 7 and result.stopped
-    assert 4 * 8 * 4 in [size for size, _ in allocations(result.trace, "input")]  # the 4-row batch
-    explicit = capture_callable(loader_job(36, 8), gpu=a100, stack=stack24, steps=2)
+    result = capture_callable(loader_job(28, 8), gpu=a100, stack=stack24)  # 4 batches an epoch
+    assert result.steps == 6 and result.stopped
+    assert input_rows(result.trace) == [8, 8, 8, 4, 8, 8]  # the 4-row batch, then a new epoch
+    explicit = capture_callable(loader_job(28, 8), gpu=a100, stack=stack24, steps=2)
     assert explicit.steps == 2
 
 
-def test_default_steps_stay_small_for_long_epochs(a100, stack24):
-    result = capture_callable(loader_job(8 * 300, 8), gpu=a100, stack=stack24)
-    assert result.steps == 3
+def test_long_epochs_skip_from_steady_state_to_their_last_batch(a100, stack24):
+    result = capture_callable(loader_job(8 * 300 + 5, 8), gpu=a100, stack=stack24)  # 301 batches
+    assert result.steps == 6 and result.stopped
+    assert input_rows(result.trace) == [8, 8, 8, 5, 8, 8]
+    assert any("DataLoader epoch of 301 batches" in note for note in result.notes)
+    # an explicit step count runs the epoch as it is
+    explicit = capture_callable(loader_job(8 * 300 + 5, 8), gpu=a100, stack=stack24, steps=5)
+    assert input_rows(explicit.trace) == [8, 8, 8, 8, 8]
 
 
 def test_data_dependent_sizes_are_bounded_from_above(a100, stack24):

@@ -23,7 +23,7 @@ import click
     "--steps",
     default=None,
     type=click.IntRange(min=1),
-    help="Optimizer steps to run [default: 3, or one DataLoader epoch + 2 when it has <= 256 batches].",
+    help="Optimizer steps to run [default: 3, or a DataLoader epoch + 2, a long epoch shortened to 3 full batches and its last one].",
 )
 @click.option(
     "--mode", type=click.Choice(["fake", "eager", "auto"]), default="auto", show_default=True

@@ -211,8 +211,8 @@ def estimate(
     """Estimate the peak GPU memory of `fn(*args, **kwargs)` on `gpu`, without a GPU.
 
     `fn` is written as for a GPU (it uses "cuda"); it runs on the CPU with fake device tensors
-    and stops after `steps` optimizer steps (None: at least 3; a whole DataLoader epoch plus 2
-    steps when the epoch has at most 256 batches, so its smaller last batch is seen)."""
+    and stops after `steps` optimizer steps (None: at least 3; a DataLoader epoch plus 2 steps,
+    a long epoch shortened to 3 full batches and its smaller last batch)."""
     from peakmem.capture import capture_callable
 
     _check_mode(mode)
