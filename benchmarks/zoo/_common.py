@@ -1,4 +1,4 @@
-"""Knobs and the training loop shared by the zoo scripts (plain PyTorch, no peakmem imports).
+"""Knobs and the training loop shared by the zoo scripts (plain PyTorch; only gpumemnet.py imports peakmem, for its model builders).
 
 Every zoo script is a plain training job: `python benchmarks/zoo/<job>.py [knobs]`. This module
 sits next to them, so `python` finds it on sys.path[0]."""
