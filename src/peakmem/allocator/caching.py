@@ -297,11 +297,7 @@ class CachingAllocator:
             remaining = block
             block = Block(remaining.addr, size, remaining.stream, remaining.pool)
             block.segment = remaining.segment
-            block.prev = remaining.prev
-            if block.prev is not None:
-                block.prev.next = block
-            block.next = remaining
-            remaining.prev = block
+            _link_before(block, remaining)
             remaining.addr += size
             remaining.size -= size
             self._insert_free(remaining)
@@ -610,11 +606,7 @@ class CachingAllocator:
             )
             remaining.mapped = False
             remaining.segment = segment
-            remaining.prev = to_map
-            remaining.next = to_map.next
-            if to_map.next is not None:
-                to_map.next.prev = remaining
-            to_map.next = remaining
+            _link_after(to_map, remaining)
             pool.unmapped.add((remaining.stream, remaining.addr))
             self._unmapped_blocks[remaining.addr] = remaining
             to_map.size = mapped_size
@@ -643,21 +635,13 @@ class CachingAllocator:
         if before_size > 0:
             before = Block(block.addr, before_size, block.stream, pool)
             before.segment = segment
-            before.prev = block.prev
-            if before.prev is not None:
-                before.prev.next = before
-            before.next = block
-            block.prev = before
+            _link_before(before, block)
             self._insert_free(before)
         after_size = block.size - (before_size + unmapped_size)
         if after_size > 0:
             after = Block(unmapped_addr + unmapped_size, after_size, block.stream, pool)
             after.segment = segment
-            after.next = block.next
-            if after.next is not None:
-                after.next.prev = after
-            after.prev = block
-            block.next = after
+            _link_after(block, after)
             self._insert_free(after)
         block.addr = unmapped_addr
         block.size = unmapped_size
@@ -678,6 +662,24 @@ class CachingAllocator:
     @property
     def num_segments(self) -> int:
         return len(self.segments) + sum(1 for s in self.expandable_segments if s.mapped_pages)
+
+
+def _link_before(new: Block, block: Block) -> None:
+    """Splice `new` into the segment's block list right before `block`."""
+    new.prev = block.prev
+    if new.prev is not None:
+        new.prev.next = new
+    new.next = block
+    block.prev = new
+
+
+def _link_after(block: Block, new: Block) -> None:
+    """Splice `new` into the segment's block list right after `block`."""
+    new.next = block.next
+    if new.next is not None:
+        new.next.prev = new
+    new.prev = block
+    block.next = new
 
 
 def _expandable_size(block: Block) -> int:
