@@ -43,6 +43,8 @@ class SimulationResult:
     num_alloc_retries: int = 0
     num_device_alloc: int = 0
     num_device_free: int = 0
+    num_smaller_fallbacks: int = 0
+    """ALLOC_OR_SMALLER requests that did not fit and took a smaller block (or none)."""
     oom: bool = False
     oom_index: int | None = None
     oom_message: str | None = None
@@ -118,21 +120,30 @@ def simulate(
     free = allocator.free
     peak_reserved = peak_allocated = peak_requested = 0
     ALLOC, FREE = EventKind.ALLOC, EventKind.FREE
+    ALLOC_OR_SMALLER = EventKind.ALLOC_OR_SMALLER
+    shrunk_away: set[int] = set()  # ALLOC_OR_SMALLER requests that got nothing
     index = -1
     for index, (kind, ident, size, stream, _tag) in enumerate(
         zip(trace.kinds, trace.ids, trace.sizes, trace.streams, trace.tag_ids, strict=True)
     ):
-        if kind == ALLOC:
-            if ident in live:
+        if kind in (ALLOC, ALLOC_OR_SMALLER):
+            if ident in live or ident in shrunk_away:
                 raise TraceError(f"event {index}: id {ident} allocated twice without a free")
             try:
                 block = malloc(size, stream)
             except OutOfMemory as exc:
-                result.oom = True
-                result.oom_index = index
-                result.oom_message = str(exc)
-                break
-            live[ident] = block
+                if kind == ALLOC_OR_SMALLER:
+                    block = _smaller(malloc, size, stream)
+                    result.num_smaller_fallbacks += 1
+                else:
+                    result.oom = True
+                    result.oom_index = index
+                    result.oom_message = str(exc)
+                    break
+            if block is None:  # nothing could be had: the caller went without
+                shrunk_away.add(ident)
+            else:
+                live[ident] = block
             reserved = allocator.total_allocated_memory
             if reserved > peak_reserved:
                 peak_reserved = reserved
@@ -146,17 +157,20 @@ def simulate(
                 peak_requested = allocator.requested_bytes
         elif kind == FREE:
             block = live.pop(ident, None)
-            if block is None:
+            if block is not None:
+                if block.stream_uses:
+                    freed_pending[ident] = block
+                free(block)
+            elif ident in shrunk_away:
+                shrunk_away.discard(ident)
+            else:
                 raise TraceError(f"event {index}: free of id {ident}, which is not allocated")
-            if block.stream_uses:
-                freed_pending[ident] = block
-            free(block)
         else:
             _apply_other(allocator, kind, ident, stream, index, live, freed_pending)
         if line is not None:
             line.reserved.append(allocator.total_allocated_memory)
             line.allocated.append(allocator.allocated_bytes)
-        if allocator.num_segments > result.max_segments and kind == ALLOC:
+        if allocator.num_segments > result.max_segments and kind != FREE:
             result.max_segments = allocator.num_segments
 
     result.peak_reserved_bytes = peak_reserved
@@ -170,6 +184,17 @@ def simulate(
     result.events = index + 1 if not result.oom else index
     result.timeline = line
     return result
+
+
+def _smaller(malloc, size: int, stream: int) -> Block | None:
+    """The largest of size/2, size/4, ... (down to 1 KiB) the device can still supply."""
+    size //= 2
+    while size >= 1024:
+        try:
+            return malloc(size, stream)
+        except OutOfMemory:
+            size //= 2
+    return None
 
 
 def _apply_other(

@@ -163,7 +163,8 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         return session.max_allocated_bytes
 
     def mem_get_info(device: Any = None) -> tuple[int, int]:
-        return max(total - context - session.allocated_bytes, 0), total
+        libraries = sum(session.libraries.values())
+        return max(total - context - libraries - session.allocated_bytes, 0), total
 
     def empty_cache() -> None:
         if not session.closed:

@@ -43,6 +43,8 @@ class CaptureResult:
     error_text: str | None = None
     exit_code: int = 0
     notes: list[str] = field(default_factory=list)
+    libraries: dict[str, int] = field(default_factory=dict)
+    """Device memory outside the caching allocator loaded on first use, by library family."""
 
     @property
     def trained(self) -> bool:
@@ -206,6 +208,7 @@ def _run_captured(
     result.stopped = session.state.stopped
     result.forward_calls = session.state.forward_calls
     result.notes.extend(session.notes)
+    result.libraries = dict(session.libraries)
     if not result.trained and result.error is None:
         result.notes.append(
             "the job never stepped an optimizer: this is a forward/inference estimate"

@@ -54,6 +54,8 @@ class CaptureSession:
     _lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False
     notes: list[str] = field(default_factory=list)
+    libraries: dict[str, int] = field(default_factory=dict)
+    """Device memory loaded outside the caching allocator on first use, by library family."""
 
     # -- RuleContext ---------------------------------------------------------------------------
     @property
@@ -67,10 +69,17 @@ class CaptureSession:
         self._alloc(nbytes, category, op)
         return True
 
-    def transient(self, nbytes: int, *, category: str, op: str) -> None:
+    def load_library(self, family: str) -> None:
+        if family in self.libraries or self.closed:
+            return
+        self.libraries[family] = int(self.stack.library_bytes_for(self.gpu, family).value)
+
+    def transient(
+        self, nbytes: int, *, category: str, op: str, or_smaller: bool = False
+    ) -> None:
         if self.closed:
             return
-        ident = self._alloc(nbytes, category, op)
+        ident = self._alloc(nbytes, category, op, or_smaller=or_smaller)
         self._free(ident, nbytes)
 
     def scratch(self, nbytes: int, *, category: str, op: str) -> int:
@@ -115,12 +124,13 @@ class CaptureSession:
             if record is not None and not self.closed:
                 self._free(record.ident, record.nbytes)
 
-    def _alloc(self, nbytes: int, category: str, op: str) -> int:
+    def _alloc(self, nbytes: int, category: str, op: str, *, or_smaller: bool = False) -> int:
         with self._lock:
             ident = self.trace.alloc(
                 nbytes,
                 DEVICE_STREAM,
                 tag=Tag(category, self.module_source(), self.state.phase, op),
+                or_smaller=or_smaller,
             )
             self.allocated_bytes += nbytes
             self.max_allocated_bytes = max(self.max_allocated_bytes, self.allocated_bytes)

@@ -37,3 +37,7 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="peakmem")
 def main() -> None:
     """Predict the peak GPU memory of a PyTorch training job before it runs, without a GPU."""
+
+
+if __name__ == "__main__":
+    main()

@@ -6,6 +6,7 @@ from peakmem.cuda_rules import (  # noqa: F401  (imported for their registration
     activations,
     autocast,
     blas,
+    convolution,
     data_dependent,
     dropout,
     embedding,

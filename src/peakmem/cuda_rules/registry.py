@@ -43,8 +43,16 @@ class RuleContext(Protocol):
     def persistent(self, key: Any, nbytes: int, *, category: str, op: str) -> bool:
         """Allocate `nbytes` once per `key`, never freed; True if it was allocated now."""
 
-    def transient(self, nbytes: int, *, category: str, op: str) -> None:
-        """Allocate `nbytes` and free it right away (scratch inside one kernel)."""
+    def load_library(self, family: str) -> None:
+        """A library/kernel family is used: its device memory outside the caching allocator
+        (handles, lazily loaded kernel images; stack profile `library_bytes`) counts from now."""
+
+    def transient(
+        self, nbytes: int, *, category: str, op: str, or_smaller: bool = False
+    ) -> None:
+        """Allocate `nbytes` and free it right away (scratch inside one kernel). `or_smaller`:
+        under memory pressure the kernel makes do with a smaller workspace (halved until it
+        fits), as cuDNN falls back to plans with smaller workspaces."""
 
     def scratch(self, nbytes: int, *, category: str, op: str) -> int:
         """Allocate `nbytes` now; returns an id for `release`."""

@@ -42,11 +42,18 @@ class Estimate:
     assumptions: list[str] = field(default_factory=list)
     capture: CaptureResult | None = None
     simulation: Any = None
+    libraries: dict[str, int] = field(default_factory=dict)
+    """Device memory libraries load outside the caching allocator on first use (cuDNN...)."""
+
+    @property
+    def library_bytes(self) -> int:
+        return sum(self.libraries.values())
 
     @property
     def peak_bytes(self) -> int:
-        """Device-level peak as nvidia-smi shows it: CUDA context + peak reserved."""
-        return self.context_bytes + self.peak_reserved_bytes
+        """Device-level peak as nvidia-smi shows it: CUDA context + libraries loaded on first
+        use + peak reserved."""
+        return self.context_bytes + self.library_bytes + self.peak_reserved_bytes
 
     @property
     def capacity_bytes(self) -> int:
@@ -70,6 +77,8 @@ class Estimate:
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "context_bytes": self.context_bytes,
+            "library_bytes": self.library_bytes,
+            "libraries": dict(sorted(self.libraries.items())),
             "breakdown": dict(sorted(self.breakdown.by_category.items())),
             "top_modules": [
                 {"module": name, "bytes": size} for name, size in self.breakdown.top_modules()
@@ -96,13 +105,19 @@ def _installed_torch_version() -> str:
     return torch.__version__.split("+")[0]
 
 
-def _assumptions(gpu: GpuProfile, stack: StackProfile) -> list[str]:
+def _assumptions(
+    gpu: GpuProfile, stack: StackProfile, libraries: dict[str, int] | None = None
+) -> list[str]:
     used = [
         ("GPU total memory", gpu.total_memory),
         ("CUDA context", stack.context_for(gpu)),
         ("cuBLAS workspace", stack.cublas_workspace_for(gpu.capability)),
         ("cuBLASLt per-call workspace", stack.cublaslt_transient),
     ]
+    if libraries is not None and "cudnn_convolution" in libraries:
+        used.append(("cuDNN convolution workspace model", stack.conv_workspace_for(gpu)))
+    for family in sorted(libraries or {}):
+        used.append((f"{family} library memory", stack.library_bytes_for(gpu, family)))
     return [f"{what}: {value.value} ({value.describe()})" for what, value in used if value.assumed]
 
 
@@ -129,12 +144,13 @@ def estimate_capture(
     from peakmem.allocator.simulate import simulate
 
     context = int(stack.context_for(gpu).value)
+    libraries = dict(getattr(capture, "libraries", {}) or {})
     config = parse_alloc_conf(alloc_conf, torch_version)
     result = simulate(
         capture.trace,
         config=config,
         torch_version=torch_version,
-        capacity_bytes=gpu.total_memory_bytes - context,
+        capacity_bytes=gpu.total_memory_bytes - context - sum(libraries.values()),
         timeline=timeline,
     )
     oom_message = result.oom_message if result.oom else None
@@ -165,9 +181,10 @@ def estimate_capture(
         seconds=capture.seconds,
         oom=oom_message is not None,
         notes=notes,
-        assumptions=_assumptions(gpu, stack),
+        assumptions=_assumptions(gpu, stack, libraries),
         capture=capture,
         simulation=result,
+        libraries=libraries,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from peakmem.trace.events import EventKind, Trace
+from peakmem.trace.events import ALLOC_KINDS, EventKind, Trace
 
 BLOCK_ROUND = 512  # the caching allocator's minimum block and rounding (FACTS.md section 1)
 
@@ -27,7 +27,7 @@ class PeakBreakdown:
         kinds, ids = trace.kinds, trace.ids
         for i in range(min(index, len(trace) - 1) + 1):
             kind = kinds[i]
-            if kind == EventKind.ALLOC:
+            if kind in ALLOC_KINDS:
                 live[ids[i]] = i
             elif kind == EventKind.FREE:
                 live.pop(ids[i], None)

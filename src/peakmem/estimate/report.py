@@ -31,10 +31,13 @@ def render(result: Estimate, console: Console) -> None:
     summary.add_column(style="bold")
     summary.add_column(justify="right")
     summary.add_column(style="dim")
-    summary.add_row("Peak device memory", human_bytes(result.peak_bytes), "context + peak reserved (nvidia-smi)")
+    summary.add_row("Peak device memory", human_bytes(result.peak_bytes), "context + libraries + peak reserved (nvidia-smi)")
     summary.add_row("Peak reserved", human_bytes(result.peak_reserved_bytes), "torch.cuda.max_memory_reserved()")
     summary.add_row("Peak allocated", human_bytes(result.peak_allocated_bytes), "torch.cuda.max_memory_allocated()")
     summary.add_row("CUDA context", human_bytes(result.context_bytes), result.stack.context_for(result.gpu).describe())
+    for family, size in sorted(result.libraries.items()):
+        source = result.stack.library_bytes_for(result.gpu, family).describe()
+        summary.add_row(f"{family} (first use)", human_bytes(size), source)
     verdict = (
         f"[green]yes[/green], headroom {human_bytes(result.headroom_bytes)}"
         if result.fits

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from peakmem.estimate.api import Estimate
 from peakmem.estimate.breakdown import rounded
-from peakmem.trace.events import EventKind
+from peakmem.trace.events import ALLOC_KINDS, EventKind
 
 MIB = 2**20
 
@@ -19,7 +19,7 @@ def allocated_series(result: Estimate) -> list[int]:
     total = 0
     series = []
     for kind, ident, size, _stream, _tag in trace.events():
-        if kind == EventKind.ALLOC:
+        if kind in ALLOC_KINDS:
             live[ident] = rounded(size)
             total += live[ident]
         elif kind == EventKind.FREE:

@@ -61,6 +61,12 @@ class StackProfile:
     cublas_workspace: dict[str, Sourced]
     cublaslt_transient: Sourced
     context: dict[str, Sourced] = field(default_factory=dict)
+    conv_workspace: dict[str, Sourced] = field(default_factory=dict)
+    """Per GPU profile name (or "default"): cuDNN convolution workspace model, a Sourced whose
+    value maps a direction (forward / backward_data / backward_weight) to a factor."""
+    library: dict[str, dict[str, Sourced]] = field(default_factory=dict)
+    """Per GPU profile name (or "default"): device memory a library loads outside the caching
+    allocator on first use, by library/kernel family."""
 
     def cublas_workspace_for(self, capability: tuple[int, int]) -> Sourced:
         key = f"{capability[0]}.{capability[1]}"
@@ -74,11 +80,34 @@ class StackProfile:
     def context_for(self, gpu: GpuProfile) -> Sourced:
         return self.context.get(gpu.name, self.context["default"])
 
+    def conv_workspace_for(self, gpu: GpuProfile) -> Sourced:
+        return self.conv_workspace.get(
+            gpu.name, self.conv_workspace.get("default", _NO_CONV_WORKSPACE)
+        )
+
+    def library_bytes_for(self, gpu: GpuProfile, family: str) -> Sourced:
+        for key in (gpu.name, "default"):
+            found = self.library.get(key, {}).get(family)
+            if found is not None:
+                return found
+        return Sourced(0, "assumed", f"no figure for {family} in the {self.name} stack profile")
+
+
+_NO_CONV_WORKSPACE = Sourced({}, "assumed", "no cuDNN workspace model for this GPU: none counted")
+
 
 def _sourced(raw: Any, where: str) -> Sourced:
     if not isinstance(raw, dict) or "value" not in raw or "source" not in raw:
         raise ProfileError(f"{where}: expected a table with `value` and `source`")
     return Sourced(raw["value"], str(raw["source"]), raw.get("reason"))
+
+
+def _conv_model(raw: Any, where: str) -> Sourced:
+    if not isinstance(raw, dict) or "source" not in raw:
+        raise ProfileError(f"{where}: expected a table with direction factors and `source`")
+    factors = {key: float(raw[key]) for key in ("forward", "backward_data", "backward_weight")
+               if key in raw}
+    return Sourced(factors, str(raw["source"]), raw.get("reason"))
 
 
 def _read_dir(kind: str) -> dict[str, dict[str, Any]]:
@@ -153,6 +182,17 @@ def _stacks() -> list[StackProfile]:
                 context={
                     key: _sourced(raw, f"{where} context_bytes.{key}")
                     for key, raw in table["context_bytes"].items()
+                },
+                conv_workspace={
+                    key: _conv_model(raw, f"{where} cudnn_conv_workspace.{key}")
+                    for key, raw in table.get("cudnn_conv_workspace", {}).items()
+                },
+                library={
+                    key: {
+                        family: _sourced(entry, f"{where} library_bytes.{key}.{family}")
+                        for family, entry in families.items()
+                    }
+                    for key, families in table.get("library_bytes", {}).items()
                 },
             )
         )

@@ -40,6 +40,14 @@ class EventKind(IntEnum):
     """`torch.cuda.empty_cache()`: release every cached unsplit segment."""
     MARK = 6
     """A label in the timeline (e.g. the start of an optimizer step); no memory effect."""
+    ALLOC_OR_SMALLER = 7
+    """Like ALLOC, for a caller that can do with less: if the device cannot supply `size` bytes
+    even after the allocator freed its cache, the request is halved until it fits (down to
+    nothing). A library falling back to an algorithm with a smaller workspace (cuDNN's plans
+    under memory pressure, Conv_v8.cpp) asks like this."""
+
+
+ALLOC_KINDS = frozenset({EventKind.ALLOC, EventKind.ALLOC_OR_SMALLER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +129,10 @@ class Trace:
         module: str | None = None,
         phase: str | None = None,
         op: str | None = None,
+        or_smaller: bool = False,
     ) -> int:
-        """Record an allocation of `size` requested bytes; returns its id."""
+        """Record an allocation of `size` requested bytes; returns its id. `or_smaller`: the
+        caller accepts a smaller block under memory pressure (EventKind.ALLOC_OR_SMALLER)."""
         if size < 0:
             raise ValueError(f"allocation size must be >= 0, got {size}")
         if tag is None and (category or module or phase or op):
@@ -132,7 +142,8 @@ class Trace:
             self._next_id += 1
         elif ident >= self._next_id:
             self._next_id = ident + 1
-        self._append(EventKind.ALLOC, ident, size, stream, self.intern(tag))
+        kind = EventKind.ALLOC_OR_SMALLER if or_smaller else EventKind.ALLOC
+        self._append(kind, ident, size, stream, self.intern(tag))
         return ident
 
     def free(self, ident: int) -> None:
@@ -245,6 +256,6 @@ class Trace:
             if tag_id != NO_TAG and not 0 <= tag_id < len(trace.tags):
                 raise ValueError(f"line {lineno}: tag index {tag_id} out of range")
             trace._append(kind, ident, size, stream, tag_id)
-            if kind == EventKind.ALLOC and ident >= trace._next_id:
+            if kind in ALLOC_KINDS and ident >= trace._next_id:
                 trace._next_id = ident + 1
         return trace

@@ -1,0 +1,146 @@
+"""cuDNN convolutions: the per-call workspace and the library memory loaded on first use.
+
+On CUDA, `aten.convolution` and `aten.convolution_backward` on 4-D/5-D float inputs run through
+cuDNN (aten/src/ATen/native/Convolution.cpp `select_conv_backend`; 3-D inputs are unsqueezed to
+2-D). With the v8 API (torch >= 2.0, aten/src/ATen/native/cudnn/Conv_v8.cpp) every call takes
+an execution plan from cuDNN's heuristics (or from `cudnn.benchmark`'s search) and
+`run_conv_plan` allocates `plan.getWorkspaceSize()` bytes from the caching allocator, runs the
+kernel, and frees them: a transient allocation next to the op's output, once per direction
+(forward, backward-data for grad_input, backward-weight for grad_weight).
+
+Which plan the heuristics pick, and so the workspace, depends on the shape, dtype, layout, GPU
+architecture and cuDNN version and cannot be derived on a CPU. The stack profile carries a model
+per GPU (`[cudnn_conv_workspace.<gpu>]`): bytes = factor[direction] x the bytes of the tensor
+the direction reads most (its input activation for forward and backward-weight, its
+grad_output for backward-data), which is where the workspace of the implicit-GEMM and
+FFT/Winograd engines scales. The factors are measured (issue 6 tables) or calibrated on a
+declared split; see docs/cnn.md.
+
+cuDNN also loads device memory outside the caching allocator the first time a job convolves:
+the handle (one per thread: forward on the main thread, backward on autograd's device thread)
+and the engines' kernel images. It is charged once per capture as library memory
+(`[library_bytes.<gpu>] cudnn_convolution`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from peakmem.cuda_rules.registry import RuleContext, register_op_rule
+
+aten = torch.ops.aten
+
+DIRECTIONS = ("forward", "backward_data", "backward_weight")
+_CUDNN_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@dataclass(frozen=True)
+class ConvCall:
+    """What a workspace model may look at for one cuDNN call."""
+
+    direction: str
+    input_bytes: int  # the activation the convolution reads (x), whatever the direction
+    weight_bytes: int
+    output_bytes: int  # the convolution's output y (= grad_output's size)
+    dtype: torch.dtype
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    groups: int
+
+    @property
+    def basis_bytes(self) -> int:
+        """The tensor the direction reads most: grad_output for backward-data, x otherwise."""
+        return self.output_bytes if self.direction == "backward_data" else self.input_bytes
+
+
+def uses_cudnn(x: torch.Tensor, weight: torch.Tensor, groups: int, transposed: bool) -> bool:
+    """Convolution.cpp `select_conv_backend` for a CUDA input: cuDNN unless cuDNN is off, the
+    dtype is not one cuDNN takes, or a depthwise 2-D convolution goes to PyTorch's own kernel."""
+    if not torch.backends.cudnn.enabled or x.dtype not in _CUDNN_DTYPES:
+        return False
+    if x.dim() not in (3, 4, 5):
+        return False
+    in_channels = x.shape[1] if x.dim() > 1 else 0
+    depthwise = (
+        not transposed and groups > 1 and groups == in_channels and weight.shape[0] % in_channels == 0
+    )
+    # Depthwise: cuDNN only for fp16/bf16 in the shapes `use_cudnn_depthwise` accepts; the
+    # native depthwise kernels allocate no workspace.
+    return not (depthwise and x.dtype == torch.float32)
+
+
+def workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
+    """The workspace cuDNN's chosen plan takes for `call`, from the stack profile's model."""
+    model = ctx.stack.conv_workspace_for(ctx.gpu)
+    factor = float(model.value.get(call.direction, 0.0))
+    return max(0, int(factor * call.basis_bytes))
+
+
+def _record(ctx: RuleContext, call: ConvCall) -> None:
+    ctx.load_library("cudnn_convolution")
+    size = workspace_bytes(ctx, call)
+    if size > 0:
+        ctx.transient(
+            size,
+            category="workspace",
+            op=f"cudnn_conv_workspace[{call.direction}]",
+            or_smaller=True,  # Conv_v8.cpp: a plan whose workspace OOMs gives way to the next
+        )
+
+
+def _tuple(value, dims: int) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,) * dims
+    return tuple(int(v) for v in value)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _call(direction: str, x, weight, output_bytes: int, stride, groups: int) -> ConvCall:
+    dims = max(weight.dim() - 2, 1)
+    return ConvCall(
+        direction=direction,
+        input_bytes=_nbytes(x),
+        weight_bytes=_nbytes(weight),
+        output_bytes=output_bytes,
+        dtype=x.dtype,
+        kernel=tuple(int(k) for k in weight.shape[2:]),
+        stride=_tuple(stride, dims),
+        groups=int(groups),
+    )
+
+
+@register_op_rule(aten.convolution)
+def convolution(ctx: RuleContext, op, args, kwargs, out) -> None:
+    """convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+    groups): cudnn_convolution allocates the output, then the plan's workspace."""
+    x, weight = args[0], args[1]
+    stride = args[3] if len(args) > 3 else kwargs.get("stride", 1)
+    transposed = bool(args[6] if len(args) > 6 else kwargs.get("transposed", False))
+    groups = int(args[8] if len(args) > 8 else kwargs.get("groups", 1))
+    if not uses_cudnn(x, weight, groups, transposed):
+        return
+    _record(ctx, _call("forward", x, weight, _nbytes(out), stride, groups))
+
+
+@register_op_rule(aten.convolution_backward)
+def convolution_backward(ctx: RuleContext, op, args, kwargs, out) -> None:
+    """convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+    transposed, output_padding, groups, output_mask): cudnn_convolution_backward runs
+    backward-data (if grad_input is wanted) then backward-weight, each with its own workspace."""
+    grad_output, x, weight = args[0], args[1], args[2]
+    stride = args[4] if len(args) > 4 else kwargs.get("stride", 1)
+    transposed = bool(args[7] if len(args) > 7 else kwargs.get("transposed", False))
+    groups = int(args[9] if len(args) > 9 else kwargs.get("groups", 1))
+    mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True, True, True))
+    if not uses_cudnn(x, weight, groups, transposed):
+        return
+    out_bytes = _nbytes(grad_output)
+    if mask[0]:
+        _record(ctx, _call("backward_data", x, weight, out_bytes, stride, groups))
+    if mask[1]:
+        _record(ctx, _call("backward_weight", x, weight, out_bytes, stride, groups))

@@ -1,0 +1,114 @@
+"""cuDNN convolution rule: one transient workspace per call and direction, sized by the stack
+profile's model, and the library memory charged once."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from peakmem.capture import capture_callable
+from peakmem.cuda_rules.convolution import ConvCall, uses_cudnn
+from peakmem.profiles import Sourced
+from peakmem.trace.events import EventKind
+from tests.capture.capture_helpers import allocations
+
+MODEL = {"forward": 2.0, "backward_data": 0.5, "backward_weight": 1.0}
+
+
+@pytest.fixture
+def stack_with_model(a100, stack24):
+    return dataclasses.replace(
+        stack24,
+        conv_workspace={a100.name: Sourced(MODEL, "test")},
+        library={a100.name: {"cudnn_convolution": Sourced(300 * 2**20, "test")}},
+    )
+
+
+def two_convs():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3, stride=2)
+    ).cuda()
+    model(torch.randn(2, 3, 16, 16, device="cuda")).sum().backward()
+
+
+def workspaces(result):
+    found = []
+    for index, (kind, _ident, size, _stream, _tag) in enumerate(result.trace.events()):
+        tag = result.trace.tag_of(index)
+        if tag is not None and (tag.op or "").startswith("cudnn_conv_workspace"):
+            found.append((tag.op, size, tag.phase, kind))
+    return found
+
+
+def test_workspace_per_direction_from_the_model(a100, stack_with_model):
+    result = capture_callable(two_convs, gpu=a100, stack=stack_with_model)
+    x1 = 2 * 3 * 16 * 16 * 4  # input of conv 1 (fp32)
+    y1 = 2 * 8 * 16 * 16 * 4  # its output = input of conv 2
+    y2 = 2 * 4 * 7 * 7 * 4  # conv 2 output (stride 2, no padding: 7x7)
+    alloc = EventKind.ALLOC_OR_SMALLER
+    assert workspaces(result) == [
+        ("cudnn_conv_workspace[forward]", int(2.0 * x1), "forward", alloc),
+        ("cudnn_conv_workspace[forward]", int(2.0 * y1), "forward", alloc),
+        # conv 2 backward: grad_input (reads grad_output y2), then grad_weight (reads x = y1)
+        ("cudnn_conv_workspace[backward_data]", int(0.5 * y2), "backward", alloc),
+        ("cudnn_conv_workspace[backward_weight]", int(1.0 * y1), "backward", alloc),
+        # conv 1: its input needs no grad, so no backward-data call
+        ("cudnn_conv_workspace[backward_weight]", int(1.0 * x1), "backward", alloc),
+    ]
+    # each workspace is freed right after its allocation
+    frees = [result.trace.kinds[i + 1] for i, (k, *_rest) in enumerate(result.trace.events())
+             if (result.trace.tag_of(i) and (result.trace.tag_of(i).op or "").startswith("cudnn"))]
+    assert frees == [EventKind.FREE] * 5
+    assert result.libraries == {"cudnn_convolution": 300 * 2**20}
+
+
+def test_no_model_no_workspace_but_library_still_charged(a100, stack24):
+    result = capture_callable(two_convs, gpu=a100, stack=stack24)
+    assert workspaces(result) == []
+    assert set(result.libraries) == {"cudnn_convolution"}
+
+
+def test_jobs_without_convolutions_load_no_cudnn(a100, stack_with_model):
+    def mlp():
+        torch.nn.Linear(8, 8).cuda()(torch.randn(4, 8, device="cuda")).sum().backward()
+
+    result = capture_callable(mlp, gpu=a100, stack=stack_with_model)
+    assert result.libraries == {}
+    assert allocations(result.trace, "workspace", op="cudnn") == []
+
+
+def test_cudnn_disabled_means_no_workspace(a100, stack_with_model):
+    def job():
+        with torch.backends.cudnn.flags(enabled=False):
+            two_convs()
+
+    result = capture_callable(job, gpu=a100, stack=stack_with_model)
+    assert workspaces(result) == []
+
+
+def test_depthwise_fp32_uses_the_native_kernel():
+    x = torch.empty(2, 8, 16, 16, device="meta")
+    depthwise = torch.empty(8, 1, 3, 3, device="meta")
+    assert not uses_cudnn(x, depthwise, groups=8, transposed=False)
+    assert uses_cudnn(x.half(), depthwise.half(), groups=8, transposed=False)
+    assert uses_cudnn(x, torch.empty(4, 2, 3, 3, device="meta"), groups=4, transposed=False)
+
+
+def test_basis_is_grad_output_for_backward_data_only():
+    kwargs = dict(input_bytes=100, weight_bytes=7, output_bytes=40, dtype=torch.float32,
+                  kernel=(3, 3), stride=(1, 1), groups=1)
+    assert ConvCall("forward", **kwargs).basis_bytes == 100
+    assert ConvCall("backward_weight", **kwargs).basis_bytes == 100
+    assert ConvCall("backward_data", **kwargs).basis_bytes == 40
+
+
+def test_estimate_adds_library_memory_to_the_peak(a100, stack_with_model):
+    from peakmem.estimate.api import estimate_capture
+
+    result = capture_callable(two_convs, gpu=a100, stack=stack_with_model)
+    estimate = estimate_capture(result, a100, stack_with_model, torch_version="2.4.1")
+    assert estimate.library_bytes == 300 * 2**20
+    assert estimate.peak_bytes == (
+        estimate.context_bytes + 300 * 2**20 + estimate.peak_reserved_bytes
+    )
+    assert estimate.to_json()["libraries"] == {"cudnn_convolution": 300 * 2**20}
