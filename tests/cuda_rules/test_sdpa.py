@@ -107,3 +107,32 @@ def test_fp32_backward_computes_delta_with_temporaries(stack24):
     # grad_out arrives as [B, H, M, K] contiguous: a copy into [B, M, H, K] first; then
     # grad_out * out, its sum and the contiguous delta
     assert delta == [full, full, row, row]
+
+
+@pytest.mark.parametrize(
+    "capability, dtype, queries, head_dim, expected",
+    [
+        # kernel_backward.h Params::workspace_size for the fp32 kernels of cutlassB.h
+        # (dispatch_cutlassB_f32_sm80): B * H * align4(ceil(M / BI) * ceil(K / BJ) * (4 + BI * BJ))
+        # floats; the 16-byte GradQTempStorage header is 4 floats.
+        ((8, 0), torch.float32, 512, 16, 32 * 8 * (8 * 1 * (4 + 64 * 64)) * 4),  # 64x64 k32
+        ((8, 0), torch.float32, 100, 64, 32 * 8 * (2 * 1 * (4 + 64 * 64)) * 4),  # 64x64 k64
+        ((8, 0), torch.float32, 512, 96, 32 * 8 * (4 * 2 * (4 + 128 * 64)) * 4),  # 128x64 k128
+        ((8, 6), torch.float32, 512, 96, 32 * 8 * (8 * 2 * (4 + 64 * 64)) * 4),  # 64x64 k128
+        ((9, 0), torch.float32, 256, 192, 32 * 8 * (2 * 3 * (4 + 128 * 64)) * 4),  # 128x64 k65536
+        ((8, 0), torch.float16, 512, 64, 0),  # half: not modelled
+        ((7, 0), torch.float32, 512, 64, 0),  # sm70 kernels: not modelled
+    ],
+)
+def test_efficient_backward_workspace_bytes(capability, dtype, queries, head_dim, expected):
+    from peakmem.cuda_rules.sdpa import efficient_backward_workspace_bytes
+
+    got = efficient_backward_workspace_bytes(capability, dtype, 32, 8, queries, head_dim, head_dim)
+    assert got == expected
+
+
+def test_fp32_backward_allocates_its_workspace_after_delta(stack24):
+    result = capture_callable(attention_job(torch.float32), gpu=load_gpu("a100-40gb"), stack=stack24)
+    assert result.error is None, result.error_text
+    workspace = [size for size, _ in allocations(result.trace, op="efficient_attention_backward[workspace]")]
+    assert workspace == [2 * 4 * (2 * 1 * (4 + 64 * 64)) * 4]  # M=100, K=64: 64x64 kernel, 2 tiles

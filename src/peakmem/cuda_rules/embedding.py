@@ -6,10 +6,14 @@ around the output:
   before grad_weight: sorted_indices, orig_indices, arange(n) [index dtype, n each];
                       cub radix-sort temp storage (alloc/free); arange freed;
                       count [n] with scale_grad_by_freq
-  after grad_weight:  segment_offsets [n], num_of_segments [1 x int64], partials_per_segment [n],
-                      partials_per_segment_offset [n], num_of_partial_segments [1 x int64],
-                      partial_segment_offset [n], grad_weight_per_segment [n x dim, fp32 for
-                      half/bf16]; all freed when the kernel returns.
+  after grad_weight:  segment_offsets [n], num_of_segments [1 x int64],
+                      partials_per_segment [S], partials_per_segment_offset [S],
+                      num_of_partial_segments [1 x int64], partial_segment_offset [P],
+                      grad_weight_per_segment [P x dim, fp32 for half/bf16]; all freed when the
+                      kernel returns.
+  (`embedding_backward_cuda_kernel`: S = max_segments = min(n, num_weights) and P =
+  max_partial_segment = n / NROWS_PER_THREAD + max_segments with NROWS_PER_THREAD = 10: the
+  sync-free upper bounds, torch 2.x.)
 The meta kernel allocates only grad_weight. cub's temp-storage sizes (sort, unique_by_key,
 exclusive_sum) are modelled as the sort's alternate key/value buffers (2 x n x index size); the
 small ones are left out (assumed, not measured).
@@ -23,6 +27,7 @@ from peakmem.cuda_rules.registry import RuleContext, register_op_rule
 
 aten = torch.ops.aten
 DIRECT_KERNEL_MAX_INDICES = 3072
+NROWS_PER_THREAD = 10  # EmbeddingBackwardKernel.cu
 _OP = "embedding_dense_backward[scratch]"
 _SCHEMA = ("grad_output", "indices", "num_weights", "padding_idx", "scale_grad_by_freq")
 
@@ -53,15 +58,18 @@ def embedding_dense_backward(ctx: RuleContext, op, args: tuple, kwargs: dict):
     dim = grad.shape[-1]
     low_precision = grad.dtype in (torch.float16, torch.bfloat16)
     accumulator = 4 if low_precision else grad.element_size()
+    index_size = indices.element_size()
+    max_segments = min(n, int(bound["num_weights"]))
+    max_partial_segments = n // NROWS_PER_THREAD + max_segments
     segment_buffers = [
         scratch(index_bytes),  # segment_offsets
         scratch(8),  # num_of_segments
-        scratch(index_bytes),  # partials_per_segment
-        scratch(index_bytes),  # partials_per_segment_offset
+        scratch(max_segments * index_size),  # partials_per_segment
+        scratch(max_segments * index_size),  # partials_per_segment_offset
         scratch(8),  # num_of_partial_segments
-        scratch(index_bytes),  # partial_segment_offset
+        scratch(max_partial_segments * index_size),  # partial_segment_offset
     ]
-    per_segment = scratch(n * dim * accumulator)  # grad_weight_per_segment
+    per_segment = scratch(max_partial_segments * dim * accumulator)  # grad_weight_per_segment
     ctx.release(per_segment)
     for ident in reversed(segment_buffers):
         ctx.release(ident)

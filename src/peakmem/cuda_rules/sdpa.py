@@ -134,6 +134,68 @@ def flash_attention_host_outputs(out):
 
 
 
+# Backward kernels of memory-efficient attention for fp32 on sm80-sm99, in dispatch order
+# (mem_eff_attention/kernels/cutlassB.h, `dispatch_cutlassB_f32_sm80`): (kBlockSizeI,
+# kBlockSizeJ, kMaxK). The dropout and no-dropout lists have the same shapes. The launcher takes
+# the first one with kMaxK >= max(head dims) whose shared memory fits the device.
+_F32_SM80_BACKWARD_KERNELS = (
+    (64, 64, 32),
+    (64, 64, 64),
+    (128, 64, 128),
+    (64, 64, 128),
+    (128, 64, 65536),
+    (64, 64, 65536),
+)
+# Parts with the large shared memory (A100: 163 KiB, H100: 227 KiB per block) run the 128-row
+# kernels; the sm86/sm89 parts (99 KiB) fall back to 64 rows. Assumed from the generator's
+# comment (generate_kernels.py: "Some architectures have more shmem and can use 128"), not
+# computed from sizeof(SharedStorage); for the fp32 workspace the choice only moves the 16-byte
+# per-tile headers (a few KiB).
+_BIG_SHARED_MEMORY = ((8, 0), (9, 0))
+
+
+def efficient_backward_blocks(capability: tuple[int, int], dtype, max_k: int):
+    """(kBlockSizeI, kBlockSizeJ) of the memory-efficient backward kernel CUDA launches, or None
+    where it is not modelled (half precision, other architectures)."""
+    if dtype != torch.float32 or not (8, 0) <= capability < (10, 0):
+        return None
+    for block_i, block_j, kernel_max_k in _F32_SM80_BACKWARD_KERNELS:
+        if kernel_max_k < max_k or (block_i == 128 and capability not in _BIG_SHARED_MEMORY):
+            continue
+        return block_i, block_j
+    return None
+
+
+def efficient_backward_workspace_bytes(
+    capability: tuple[int, int], dtype, batch: int, heads: int, queries: int, head_dim: int,
+    head_dim_value: int,
+) -> int:
+    """Bytes of the gmem workspace the memory-efficient backward allocates with `at::empty`
+    (attention_backward.cu `_efficient_attention_backward`: `workspace = at::empty({size_bytes},
+    kByte)` where `size_bytes = p.workspace_size()`), kernel_backward.h `Params`:
+
+        workspace_size = num_batches * num_heads * workspace_strideBH * sizeof(float)
+        workspace_strideBH = align_up(gk + gv + gq elements, 4)
+        gq = ceil(num_queries / kBlockSizeI) * ceil(head_dim / kBlockSizeJ)
+             * sizeof(GradQTempStorage) / sizeof(float)
+        GradQTempStorage = {int32 lock, counter, pad[2]; float buffer[kBlockSizeI * kBlockSizeJ]}
+
+    (MatmulGradQ::ThreadblockShape::kN is kBlockSizeJ; GmemTile::kElementsStored is kNumThreads
+    * FragmentC::kElements, the whole kBlockSizeI x kBlockSizeJ accumulator tile.) The gq part
+    exists because split-keys is enabled (kNeedsAccumGradQ = kEnableSplitKeys || ...); gk and gv
+    are only needed when the output type differs from the fp32 accumulator, so not for fp32,
+    whatever num_splits_key is. The workspace is zeroed in place when keys are split (no
+    allocation)."""
+    blocks = efficient_backward_blocks(capability, dtype, max(head_dim, head_dim_value))
+    if blocks is None:
+        return 0
+    block_i, block_j = blocks
+    tiles = -(-queries // block_i) * -(-head_dim // block_j)
+    grad_q_elements = tiles * (4 * 4 + 4 * block_i * block_j) // 4
+    stride_bh = -(-grad_q_elements // 4) * 4
+    return batch * heads * stride_bh * 4
+
+
 @register_op_rule(aten._scaled_dot_product_efficient_attention_backward)
 def efficient_attention_backward_scratch(ctx: RuleContext, op, args: tuple, kwargs: dict):
     """Scratch of the CUDA backward (attention_backward.cu, `_efficient_attention_backward`):
@@ -143,8 +205,10 @@ def efficient_attention_backward_scratch(ctx: RuleContext, op, args: tuple, kwar
       permute), alive until the op returns;
     - after them: `delta` [B, H, M] in fp32. Kernels for half/bf16 compute it themselves (an
       empty buffer); otherwise it is `(grad_out.float() * out.float()).sum(-1).transpose(-2,
-      -1).contiguous()`, whose temporaries die at the end of that statement.
-    The kernel's optional gmem workspace is not modelled."""
+      -1).contiguous()`, whose temporaries die at the end of that statement;
+    - then the kernel's gmem workspace (`efficient_backward_workspace_bytes`), held in a tensor
+      declared at function scope: freed when the op returns, after `delta` (a lambda local).
+    The workspace is modelled for fp32 on sm80-sm99 only."""
     grad_out, query, value = args[0], args[1], args[3]
     batch, heads, length = query.shape[0], query.shape[1], query.shape[2]
     per_row = batch * heads * length * 4
@@ -169,6 +233,16 @@ def efficient_attention_backward_scratch(ctx: RuleContext, op, args: tuple, kwar
         delta = scratch(per_row)
         for ident in (summed, product, *reversed(casts)):
             ctx.release(ident)
+    workspace_bytes = efficient_backward_workspace_bytes(
+        ctx.gpu.capability, query.dtype, batch, heads, length, query.shape[-1], value.shape[-1]
+    )
+    workspace = None
+    if workspace_bytes:
+        workspace = ctx.scratch(
+            workspace_bytes, category="workspace", op="efficient_attention_backward[workspace]"
+        )
     ctx.release(delta)
+    if workspace is not None:
+        ctx.release(workspace)
     if grad_out_copy is not None:
         ctx.release(grad_out_copy)
