@@ -1,7 +1,7 @@
 """A torch-function mode that puts "cuda" tensors on the meta device (no memory, no compute),
 keeps host tensors real, answers host reads of device tensors (`.item()`, `.tolist()`,
-`.cpu()`, printing with a format) with placeholder zeros, and hands calls that CUDA dispatches
-differently to the CUDA function rules."""
+`.cpu()`, printing with a format) with placeholder zeros (eager mode: their real values), and
+hands calls that CUDA dispatches differently to the CUDA function rules."""
 
 from __future__ import annotations
 
@@ -83,9 +83,9 @@ class CudaAsMeta(TorchFunctionMode):
         if func is Tensor.cuda:
             return args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
         if func is Tensor.cpu and args[0].is_meta:
-            return placeholder(args[0])
+            return self._host(args[0])
         if func in _HOST_READS and _has_device_tensor(args, kwargs):
-            return func(*tree_map(placeholder, args), **tree_map(placeholder, kwargs))
+            return func(*tree_map(self._host, args), **tree_map(self._host, kwargs))
         if func in _BACKWARD_CALLS:
             with self.phases.backward():
                 return func(*args, **kwargs)
@@ -96,13 +96,22 @@ class CudaAsMeta(TorchFunctionMode):
                 return result
         return func(*args, **kwargs)
 
+    def _host(self, value: Any) -> Any:
+        """A host tensor with a device tensor's values: real ones in eager mode, else zeros."""
+        if not (isinstance(value, Tensor) and value.is_meta):
+            return value
+        if self.session.host_value is not None:
+            return self.session.host_value(value)
+        self.session.host_reads += 1
+        return placeholder(value)
+
     def _to(self, args: tuple, kwargs: dict):
         tensor, rest = args[0], list(args[1:])
         if rest:
             rest[0] = to_capture_device(rest[0], ints=True)
         target = kwargs.get("device", rest[0] if rest else None)
         if tensor.is_meta and is_host_device(target):
-            host = placeholder(tensor)
+            host = self._host(tensor)
             kwargs.pop("device", None)
             if rest and is_host_device(rest[0]):
                 rest = rest[1:]
