@@ -31,6 +31,7 @@ _HOST_READS = {
     Tensor.__format__,
     Tensor.__array__,
 }
+_FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 _BACKWARD_CALLS = {Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 
 
@@ -78,6 +79,8 @@ class CudaAsMeta(TorchFunctionMode):
         if "device" in kwargs:
             kwargs["device"] = to_capture_device(kwargs["device"], ints=True)
 
+        if func in _FROM_DATA and kwargs.get("device") == CAPTURE_DEVICE:
+            return self._from_data(func, args, kwargs)
         if func is Tensor.to:
             return self._to(args, kwargs)
         if func is Tensor.cuda:
@@ -95,6 +98,16 @@ class CudaAsMeta(TorchFunctionMode):
             if result is not NotImplemented:
                 return result
         return func(*args, **kwargs)
+
+    def _from_data(self, func, args: tuple, kwargs: dict):
+        """`torch.tensor(data, device="cuda")`: built on the host and copied to the device, as
+        CUDA does (meta would build it out of the recorder's sight, with no values)."""
+        if args and isinstance(args[0], Tensor):
+            return func(*args, **kwargs)
+        kwargs.pop("device")
+        requires_grad = kwargs.pop("requires_grad", False)
+        tensor = func(*args, **kwargs).to(CAPTURE_DEVICE)
+        return tensor.requires_grad_() if requires_grad else tensor
 
     def _host(self, value: Any) -> Any:
         """A host tensor with a device tensor's values: real ones in eager mode, else zeros."""
