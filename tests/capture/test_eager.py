@@ -233,3 +233,41 @@ def test_eager_never_runs_past_host_ram(monkeypatch, a100, stack24):
         estimate(big_job, gpu="a100-40gb")
     eager = capture_callable(big_job, gpu=a100, stack=stack24, mode="eager")
     assert eager.error_text.startswith("peakmem: eager mode needs more than")
+
+
+def test_cli_says_which_mode_ran_and_why(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from peakmem.cli.main import main
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+
+        @torch.library.custom_op("peakmem_test::cli_op", mutates_args=(), device_types="cpu")
+        def cli_op(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        with torch.no_grad():
+            cli_op(torch.nn.Linear(8, 8).cuda()(torch.randn(2, 8, device="cuda")))
+    """))
+
+    def run(*args):
+        return CliRunner().invoke(main, ["estimate", "--gpu", "l4", *args, "--", "python",
+                                         str(script)], catch_exceptions=False)
+
+    fake = run("--mode", "fake")
+    assert fake.exit_code == 1
+    assert fake.output.strip().splitlines() == [
+        "peakmem: fake mode cannot run this job: peakmem_test::cli_op (a custom op) has no "
+        "meta/fake kernel, called at train.py:9; rerun with --mode eager (or --mode auto) to run "
+        "it for real on the CPU"
+    ]
+    auto = run("--json")
+    assert auto.exit_code == 0, auto.output
+    payload = json.loads(auto.stdout)
+    assert payload["mode"] == "eager" and "cli_op" in payload["mode_reason"]
+    human = run()
+    assert "mode eager" in human.stdout and "fake mode could not run" in human.stdout.replace("\n", " ")
