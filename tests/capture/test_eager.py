@@ -128,6 +128,24 @@ def test_nonzero_and_masks_are_exact_in_eager_and_bounded_in_fake(a100, stack24)
     assert any("bounded from above" in a and "aten::nonzero" in a for a in result.assumptions)
 
 
+def test_aten_ops_without_meta_kernels_run_for_real(a100, stack24):
+    seen = {}
+
+    def job():
+        labels = torch.tensor([0, 1, 1, 3, 3, 3], device="cuda")
+        seen["counts"] = torch.bincount(labels).tolist()
+        unique, inverse = torch.unique(labels, return_inverse=True)
+        seen["unique"], seen["inverse"] = unique.tolist(), inverse.tolist()
+
+    fake = capture_callable(job, gpu=a100, stack=stack24, mode="fake")
+    assert fake.fake_limit == "aten::bincount has no meta kernel"
+    result = estimate(job, gpu="a100-40gb")
+    assert result.mode == "eager" and "aten::bincount has no meta kernel" in result.mode_reason
+    assert seen == {"counts": [1, 2, 0, 3], "unique": [0, 1, 3], "inverse": [0, 1, 1, 2, 2, 2]}
+    assert [s for s, _ in allocations(result.capture.trace, op="bincount")] == [4 * 8]
+    assert [s for s, _ in allocations(result.capture.trace, op="_unique2")] == [3 * 8, 6 * 8]
+
+
 # -- .item() steering the job --------------------------------------------------------------
 
 
