@@ -60,11 +60,13 @@ def test_unknown_gpu_lists_the_known_ones():
         estimate(train, gpu="gtx-9000")
 
 
-def test_job_errors_and_eager_mode_are_estimate_errors():
+def test_job_errors_and_unknown_modes_are_estimate_errors():
     def broken():
         raise RuntimeError("boom")
 
     with pytest.raises(EstimateError, match="boom"):
         estimate(broken, gpu="l4")
-    with pytest.raises(EstimateError, match="not yet supported"):
-        estimate(train, gpu="l4", mode="eager")
+    with pytest.raises(EstimateError, match="boom"):
+        estimate(broken, gpu="l4", mode="eager")
+    with pytest.raises(EstimateError, match="unknown mode"):
+        estimate(train, gpu="l4", mode="lazy")

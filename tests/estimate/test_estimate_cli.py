@@ -52,9 +52,12 @@ def test_failing_script_shows_its_traceback_and_exits_non_zero(tmp_path):
     assert "train.py" in result.output and "RuntimeError" in result.output
 
 
-def test_eager_mode_is_reported_as_not_yet_supported():
-    result = run("--mode", "eager", "--", "python", "-m", "peakmem.examples.mlp_train")
-    assert result.exit_code == 2 and "not yet supported" in result.output
+def test_json_says_which_mode_ran_and_why():
+    result = run("--gpu", "l4", "--json", "--mode", "eager", "--", "python", "-m",
+                 "peakmem.examples.mlp_train", *SMALL)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["mode"] == "eager" and "eager" in payload["mode_reason"]
 
 
 def test_png_timeline(tmp_path):

@@ -1,7 +1,7 @@
 """A torch-function mode that puts "cuda" tensors on the meta device (no memory, no compute),
 keeps host tensors real, answers host reads of device tensors (`.item()`, `.tolist()`,
-`.cpu()`, printing with a format) with placeholder zeros, and hands calls that CUDA dispatches
-differently to the CUDA function rules."""
+`.cpu()`, printing with a format) with placeholder zeros (eager mode: their real values), and
+hands calls that CUDA dispatches differently to the CUDA function rules."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ _HOST_READS = {
     Tensor.__format__,
     Tensor.__array__,
 }
+_FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 _BACKWARD_CALLS = {Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 
 
@@ -78,14 +79,16 @@ class CudaAsMeta(TorchFunctionMode):
         if "device" in kwargs:
             kwargs["device"] = to_capture_device(kwargs["device"], ints=True)
 
+        if func in _FROM_DATA and kwargs.get("device") == CAPTURE_DEVICE:
+            return self._from_data(func, args, kwargs)
         if func is Tensor.to:
             return self._to(args, kwargs)
         if func is Tensor.cuda:
             return args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
         if func is Tensor.cpu and args[0].is_meta:
-            return placeholder(args[0])
+            return self._host(args[0])
         if func in _HOST_READS and _has_device_tensor(args, kwargs):
-            return func(*tree_map(placeholder, args), **tree_map(placeholder, kwargs))
+            return func(*tree_map(self._host, args), **tree_map(self._host, kwargs))
         if func in _BACKWARD_CALLS:
             with self.phases.backward():
                 return func(*args, **kwargs)
@@ -96,13 +99,32 @@ class CudaAsMeta(TorchFunctionMode):
                 return result
         return func(*args, **kwargs)
 
+    def _from_data(self, func, args: tuple, kwargs: dict):
+        """`torch.tensor(data, device="cuda")`: built on the host and copied to the device, as
+        CUDA does (meta would build it out of the recorder's sight, with no values)."""
+        if args and isinstance(args[0], Tensor):
+            return func(*args, **kwargs)
+        kwargs.pop("device")
+        requires_grad = kwargs.pop("requires_grad", False)
+        tensor = func(*args, **kwargs).to(CAPTURE_DEVICE)
+        return tensor.requires_grad_() if requires_grad else tensor
+
+    def _host(self, value: Any) -> Any:
+        """A host tensor with a device tensor's values: real ones in eager mode, else zeros."""
+        if not (isinstance(value, Tensor) and value.is_meta):
+            return value
+        if self.session.host_value is not None:
+            return self.session.host_value(value)
+        self.session.host_reads += 1
+        return placeholder(value)
+
     def _to(self, args: tuple, kwargs: dict):
         tensor, rest = args[0], list(args[1:])
         if rest:
             rest[0] = to_capture_device(rest[0], ints=True)
         target = kwargs.get("device", rest[0] if rest else None)
         if tensor.is_meta and is_host_device(target):
-            host = placeholder(tensor)
+            host = self._host(tensor)
             kwargs.pop("device", None)
             if rest and is_host_device(rest[0]):
                 rest = rest[1:]

@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from peakmem.capture.eager import op_name
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules import host_outputs_for, op_rule_for
 from peakmem.trace.vocab import Category
@@ -33,9 +34,21 @@ class AllocationRecorder(TorchDispatchMode):
         if rule is not None and inspect.isgeneratorfunction(rule):
             around = rule(self.session, func, args, kwargs)
             next(around)  # allocations the kernel makes before its outputs
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as exc:
+            if not self.session.eager and self.session.fake_limit is None:
+                self.session.fake_limit = fake_limit_reason(func, args, kwargs, exc)
+            raise
         if self.session.closed:
             return out
+        if (
+            not self.session.eager
+            and torch.Tag.dynamic_output_shape in getattr(func, "tags", ())
+            and _data_dependent(func, args)
+        ):
+            name = op_name(func)
+            self.session.data_dependent[name] = self.session.data_dependent.get(name, 0) + 1
         op = _op_name(func)
         host_outputs = host_outputs_for(func)
         skip = {id(t) for t in host_outputs(out)} if host_outputs is not None else set()
@@ -52,6 +65,48 @@ class AllocationRecorder(TorchDispatchMode):
         elif rule is not None:
             rule(self.session, func, args, kwargs, out)
         return out
+
+
+_INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index"}
+
+
+def _data_dependent(func, args) -> bool:
+    """Whether a `dynamic_output_shape` op's size depends on device values here (indexing
+    only does with a boolean mask)."""
+    flat, _ = tree_flatten(args)
+    if not any(isinstance(t, torch.Tensor) and t.is_meta for t in flat):
+        return False
+    if func.overloadpacket.__name__ in _INDEX_OPS:
+        return any(
+            isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in flat[1:]
+        )
+    return True
+
+
+def fake_limit_reason(func, args, kwargs, exc: BaseException) -> str | None:
+    """Why `func` failed on the fake device, when it failed *because* the device is fake
+    (None for the job's own errors: shape mismatches, wrong devices, ...)."""
+    flat, _ = tree_flatten((args, kwargs))
+    if not any(
+        (isinstance(t, torch.Tensor) and t.is_meta) or (isinstance(t, torch.device) and t.type == "meta")
+        for t in flat
+    ):
+        return None
+    name = op_name(func)
+    text = str(exc)
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    custom = not name.startswith(("aten::", "prims::"))
+    if custom and ("fake impl" in text or "fake kernel" in text):
+        return f"{name} (a custom op) has no meta/fake kernel"
+    if func is torch.ops.aten._local_scalar_dense.default or "cannot be called on meta" in text:
+        return f"{name} reads a device value on the host ({first})"
+    if isinstance(exc, NotImplementedError):
+        return f"{name} has no meta kernel" + (" (a custom op)" if custom else "")
+    if custom:
+        return f"{name} (a custom op) failed on fake tensors: {first}"
+    if "meta" in text.lower() and "device" not in text.lower():
+        return f"{name} cannot run on fake (meta) tensors: {first}"
+    return None
 
 
 def _reads_host(args) -> bool:

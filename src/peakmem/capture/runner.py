@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from peakmem.capture.device_map import CudaAsMeta
+from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
 from peakmem.capture.fake_cuda import fake_cuda_runtime
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
@@ -21,6 +22,7 @@ from peakmem.jobs.runner import (
     JobSpec,
     JobSpecError,
     JobTimeout,
+    _is_runner_frame,
     execute,
     script_environment,
     time_limit,
@@ -39,12 +41,21 @@ class CaptureResult:
     forward_calls: int
     seconds: float
     mode: str = "fake"
+    mode_reason: str = ""
     error: BaseException | None = None
     error_text: str | None = None
     exit_code: int = 0
     notes: list[str] = field(default_factory=list)
     libraries: dict[str, int] = field(default_factory=dict)
     """Device memory outside the caching allocator loaded on first use, by library family."""
+    fake_limit: str | None = None
+    """Fake mode: why the fake device could not run the job (an op it cannot run)."""
+    host_reads: int = 0
+    """Fake mode: host reads of device values answered with placeholder zeros."""
+    data_dependent: dict[str, int] = field(default_factory=dict)
+    """Fake mode: data-dependent ops, sized from above."""
+    peak_device_bytes: int = 0
+    """The largest allocated device memory the capture saw (before any error)."""
 
     @property
     def trained(self) -> bool:
@@ -150,16 +161,38 @@ class _SkipToLastBatch:
         return getattr(self._iterator, name)
 
 
-FAKE_LIMIT_HINT = (
-    "peakmem: this op cannot run on fake (meta) tensors; running it for real on the CPU "
-    "(--mode eager) is not yet supported.\n"
-)
+MODES = ("fake", "eager")
 
 
 def _is_fake_limit(exc: BaseException) -> bool:
-    """An error raised because the device tensors are fake, not by the job itself."""
-    text = str(exc)
-    return isinstance(exc, NotImplementedError) or "meta" in text.lower()
+    """An error raised because the device tensors are fake, not by the job itself (for errors
+    the recorder did not see: raised above the aten ops)."""
+    text = str(exc).lower()
+    return isinstance(exc, NotImplementedError) or ("meta" in text and "device" not in text)
+
+
+def _job_location(exc: BaseException) -> str | None:
+    """`file:line` of the job's innermost frame in `exc`'s traceback."""
+    import traceback
+
+    torch_dir = str(Path(torch.__file__).parent)
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not _is_runner_frame(frame.filename) and not frame.filename.startswith(torch_dir)
+    ]
+    if not frames:
+        return None
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
+
+
+def fake_limit_message(reason: str, exc: BaseException | None = None) -> str:
+    where = _job_location(exc) if exc is not None else None
+    at = f", called at {where}" if where else ""
+    return (
+        f"peakmem: fake mode cannot run this job: {reason}{at}; "
+        "rerun with --mode eager (or --mode auto) to run it for real on the CPU"
+    )
 
 
 def _run_captured(
@@ -168,14 +201,23 @@ def _run_captured(
     stack: StackProfile,
     steps: int | None,
     timeout: float | None,
+    mode: str = "fake",
 ) -> CaptureResult:
+    if mode not in MODES:
+        raise ValueError(f"unknown capture mode {mode!r}; choose one of {', '.join(MODES)}")
     session = CaptureSession(gpu=gpu, stack=stack)
     session.trace.meta.update(
-        {"gpu": gpu.name, "stack": stack.name, "capture_torch": torch.__version__}
+        {"gpu": gpu.name, "stack": stack.name, "capture_torch": torch.__version__, "mode": mode}
     )
+    executor = None
+    if mode == "eager":
+        executor = ShadowExecutor(session)
+        session.eager, session.host_value = True, executor.host_value
     phases = PhaseTracker(session, stop_after_steps=steps)
     session.module_source = phases.current_module
-    result = CaptureResult(trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0)
+    result = CaptureResult(
+        trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode
+    )
     start = time.perf_counter()
     with ExitStack() as stack_ctx:
         stack_ctx.enter_context(fake_cuda_runtime(session))
@@ -185,10 +227,18 @@ def _run_captured(
         stack_ctx.enter_context(_epoch_length_probe(session, fast_forward=steps is None))
         stack_ctx.enter_context(phases)
         try:
-            with time_limit(timeout), CudaAsMeta(session, phases), AllocationRecorder(session):
+            with ExitStack() as modes:
+                modes.enter_context(time_limit(timeout))
+                modes.enter_context(CudaAsMeta(session, phases))
+                if executor is not None:  # inside the recorder: it sees the meta outputs
+                    modes.enter_context(executor)
+                modes.enter_context(AllocationRecorder(session))
                 job()
         except StopJob:
             pass
+        except EagerMemoryError as exc:
+            result.error, result.exit_code = exc, 1
+            result.error_text = f"peakmem: {exc}"
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if code:
@@ -199,8 +249,11 @@ def _run_captured(
         except Exception as exc:  # the job's own error: reported with its traceback
             result.error, result.exit_code = exc, 1
             result.error_text = user_traceback(exc)
-            if _is_fake_limit(exc):
-                result.error_text += FAKE_LIMIT_HINT
+            if session.fake_limit is None and not session.eager and _is_fake_limit(exc):
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                session.fake_limit = f"{type(exc).__name__}: {first}"
+            if session.fake_limit is not None:
+                result.error_text = fake_limit_message(session.fake_limit, exc)
         finally:
             session.close()
     result.seconds = time.perf_counter() - start
@@ -209,11 +262,34 @@ def _run_captured(
     result.forward_calls = session.state.forward_calls
     result.notes.extend(session.notes)
     result.libraries = dict(session.libraries)
+    result.fake_limit = session.fake_limit
+    result.host_reads = session.host_reads
+    result.data_dependent = dict(session.data_dependent)
+    result.peak_device_bytes = session.max_allocated_bytes
+    if executor is not None:
+        result.notes.extend(_eager_notes(executor))
     if not result.trained and result.error is None:
         result.notes.append(
             "the job never stepped an optimizer: this is a forward/inference estimate"
         )
     return result
+
+
+def _eager_notes(executor: ShadowExecutor) -> list[str]:
+    notes = [
+        f"eager: real values held {executor.max_shadow_bytes / 2**30:.2f} GiB of host RAM at most"
+    ]
+    if executor.meta_only_ops:
+        notes.append(
+            "eager: no CPU kernel for " + ", ".join(sorted(executor.meta_only_ops))
+            + ": their outputs hold zeros (sizes are exact, later values may not be)"
+        )
+    if executor.no_shadow:
+        notes.append(
+            f"eager: {executor.no_shadow} device tensor(s) made outside the capture's sight "
+            "held zeros"
+        )
+    return notes
 
 
 def capture_callable(
@@ -223,11 +299,13 @@ def capture_callable(
     stack: StackProfile,
     steps: int | None = DEFAULT_STEPS,
     timeout: float | None = None,
+    mode: str = "fake",
     **kwargs: Any,
 ) -> CaptureResult:
     """Run `fn(*args, **kwargs)` with "cuda" shaped like `gpu`; stop after `steps` optimizer
-    steps (None: at least 3, or a short DataLoader epoch plus 2)."""
-    return _run_captured(lambda: fn(*args, **kwargs), gpu, stack, steps, timeout)
+    steps (None: at least 3, or a short DataLoader epoch plus 2). `mode`: "fake" (device tensors
+    are meta tensors) or "eager" (the same, plus their real values computed on the CPU)."""
+    return _run_captured(lambda: fn(*args, **kwargs), gpu, stack, steps, timeout, mode)
 
 
 def capture_command(
@@ -237,6 +315,7 @@ def capture_command(
     stack: StackProfile,
     steps: int | None = DEFAULT_STEPS,
     timeout: float | None = None,
+    mode: str = "fake",
 ) -> CaptureResult:
     """Run `python script.py args` / `python -m module args` in this process, unchanged."""
     spec = JobSpec.parse(argv)
@@ -247,4 +326,4 @@ def capture_command(
         with script_environment(spec):
             execute(spec)
 
-    return _run_captured(job, gpu, stack, steps, timeout)
+    return _run_captured(job, gpu, stack, steps, timeout, mode)

@@ -56,6 +56,16 @@ class CaptureSession:
     notes: list[str] = field(default_factory=list)
     libraries: dict[str, int] = field(default_factory=dict)
     """Device memory loaded outside the caching allocator on first use, by library family."""
+    eager: bool = False
+    """Eager mode: device tensors have real values (capture.eager)."""
+    host_value: Callable[[Any], Any] | None = None
+    """Eager mode: a device tensor's real values as a host tensor (fake mode: zeros)."""
+    fake_limit: str | None = None
+    """Fake mode: why the fake device could not run an op the job called (the first one)."""
+    host_reads: int = 0
+    """Fake mode: host reads of device values answered with placeholder zeros."""
+    data_dependent: dict[str, int] = field(default_factory=dict)
+    """Fake mode: data-dependent ops met (sized as if every element were selected)."""
 
     # -- RuleContext ---------------------------------------------------------------------------
     @property

@@ -26,7 +26,13 @@ import click
     help="Optimizer steps to run [default: 3, or a DataLoader epoch + 2, a long epoch shortened to 3 full batches and its last one].",
 )
 @click.option(
-    "--mode", type=click.Choice(["fake", "eager", "auto"]), default="auto", show_default=True
+    "--mode",
+    type=click.Choice(["fake", "eager", "auto"]),
+    default="auto",
+    show_default=True,
+    help="fake: meta device tensors, no compute; eager: also their real values on the CPU (for "
+    "ops fake tensors cannot run, exact data-dependent sizes); auto: fake, eager if fake cannot "
+    "run the job.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
@@ -77,7 +83,9 @@ def estimate_cmd(
     job_stdout = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     try:
         with (
-            status_console.status(f"Running the job on a fake {gpu_profile.device_name}..."),
+            status_console.status(
+                f"Running the job on a fake {gpu_profile.device_name} (mode {mode})..."
+            ),
             job_stdout,
         ):
             result = estimate_command(
@@ -92,7 +100,7 @@ def estimate_cmd(
             )
     except EstimateError as exc:
         click.echo(str(exc).rstrip(), err=True)
-        if exc.capture is not None:
+        if exc.capture is not None and not str(exc).startswith("peakmem:"):
             click.echo("peakmem: the job failed; no estimate.", err=True)
         sys.exit(exc.exit_code or 1)
 

@@ -31,6 +31,7 @@ class Estimate:
     torch_version: str
     alloc_conf: str
     mode: str
+    """The capture that produced the trace: "fake" or "eager"."""
     peak_reserved_bytes: int
     peak_allocated_bytes: int
     context_bytes: int
@@ -42,6 +43,7 @@ class Estimate:
     assumptions: list[str] = field(default_factory=list)
     capture: CaptureResult | None = None
     simulation: Any = None
+    mode_reason: str = ""
     libraries: dict[str, int] = field(default_factory=dict)
     """Device memory libraries load outside the caching allocator on first use (cuDNN...)."""
 
@@ -91,6 +93,7 @@ class Estimate:
             "stack": self.stack.name,
             "alloc_conf": self.alloc_conf,
             "mode": self.mode,
+            "mode_reason": self.mode_reason,
             "steps": self.steps,
             "estimate_kind": "training" if self.trained else "forward",
             "seconds": round(self.seconds, 3),
@@ -124,10 +127,71 @@ def _assumptions(
 def _check_mode(mode: str) -> None:
     if mode not in MODES:
         raise EstimateError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}", exit_code=2)
-    if mode == "eager":
-        raise EstimateError(
-            "--mode eager (real CPU execution) is not yet supported; use --mode fake", exit_code=2
+
+
+def _fake_assumptions(capture: CaptureResult) -> list[str]:
+    """What a fake capture had to assume about values it does not have."""
+    found = []
+    if capture.data_dependent:
+        ops = ", ".join(f"{name} x{count}" for name, count in sorted(capture.data_dependent.items()))
+        found.append(
+            f"data-dependent sizes ({ops}) bounded from above, every element selected "
+            "(--mode eager sizes them exactly)"
         )
+    if capture.host_reads:
+        found.append(
+            f"{capture.host_reads} host read(s) of device values (.item(), .tolist(), .cpu(), ...) "
+            "saw zeros; if they steer the job's control flow, use --mode eager"
+        )
+    return found
+
+
+def eager_fallback_reason(capture: CaptureResult) -> str | None:
+    """Why auto mode must rerun a fake capture in eager mode (None: the fake one stands)."""
+    if capture.fake_limit is not None:
+        return capture.fake_limit
+    if capture.error is not None and capture.exit_code != 124 and capture.host_reads:
+        error = capture.error
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return (
+            f"the job failed ({type(error).__name__}: {text}) after {capture.host_reads} host "
+            "read(s) of device values, which fake mode answers with zeros"
+        )
+    return None
+
+
+def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str) -> CaptureResult:
+    """Run the capture in `mode`; auto: fake, then eager if fake mode could not run the job."""
+    from peakmem.capture.eager import GIB, eager_ram_limit
+    from peakmem.capture.runner import fake_limit_message
+
+    if mode == "eager":
+        capture = run("eager")
+        capture.mode_reason = "--mode eager: the job ran for real on the CPU"
+        return capture
+    capture = run("fake")
+    reason = eager_fallback_reason(capture)
+    if mode == "fake":
+        capture.mode_reason = "--mode fake: device tensors were fake (meta), nothing computed"
+        if reason is not None and capture.fake_limit is not None and capture.error is None:
+            capture.notes.append(fake_limit_message(reason))
+        return capture
+    if reason is None:
+        capture.mode_reason = "auto: the whole job ran on fake tensors"
+        return capture
+    need, limit = capture.peak_device_bytes, eager_ram_limit()
+    if need > limit:
+        raise EstimateError(
+            f"peakmem: fake mode could not run the job ({reason}), and eager mode (real CPU "
+            f"execution) needs at least {need / GIB:.1f} GiB of host RAM "
+            f"({limit / GIB:.1f} GiB available)",
+            capture,
+        )
+    first = capture
+    capture = run("eager")
+    capture.mode_reason = f"auto: fake mode could not run the job ({reason}); it ran for real on the CPU"
+    capture.seconds += first.seconds
+    return capture
 
 
 def estimate_capture(
@@ -165,14 +229,13 @@ def estimate_capture(
     notes = list(capture.notes)
     if oom_message:
         notes.append(f"the simulated run runs out of memory on this GPU: {oom_message}")
-    if mode == "auto":
-        notes.append("mode auto: the whole job ran on fake tensors")
     return Estimate(
         gpu=gpu,
         stack=stack,
         torch_version=torch_version,
         alloc_conf=alloc_conf,
-        mode="fake",
+        mode=capture.mode,
+        mode_reason=capture.mode_reason,
         peak_reserved_bytes=int(result.peak_reserved_bytes),
         peak_allocated_bytes=int(result.peak_allocated_bytes),
         context_bytes=context,
@@ -181,7 +244,7 @@ def estimate_capture(
         seconds=capture.seconds,
         oom=oom_message is not None,
         notes=notes,
-        assumptions=_assumptions(gpu, stack, libraries),
+        assumptions=_assumptions(gpu, stack, libraries) + _fake_assumptions(capture),
         capture=capture,
         simulation=result,
         libraries=libraries,
@@ -234,8 +297,12 @@ def estimate(
 
     _check_mode(mode)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
-    capture = capture_callable(
-        fn, *args, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout, **kwargs
+    capture = _capture_with_mode(
+        lambda run_mode: capture_callable(
+            fn, *args, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
+            mode=run_mode, **kwargs,
+        ),
+        mode,
     )
     return _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
@@ -259,7 +326,12 @@ def estimate_command(
 
     _check_mode(mode)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
-    capture = capture_command(argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout)
+    capture = _capture_with_mode(
+        lambda run_mode: capture_command(
+            argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout, mode=run_mode
+        ),
+        mode,
+    )
     return _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
         mode=mode, timeline=timeline,

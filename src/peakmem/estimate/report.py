@@ -45,6 +45,8 @@ def render(result: Estimate, console: Console) -> None:
     )
     summary.add_row("Fits", verdict, "")
     console.print(summary)
+    if result.mode_reason:
+        console.print(f"mode {result.mode}: {result.mode_reason}", markup=False)
 
     total = max(result.breakdown.live_bytes, 1)
     categories = Table(title="Live at the peak, by category", title_justify="left")
