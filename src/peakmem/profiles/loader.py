@@ -61,6 +61,13 @@ class StackProfile:
     cublas_workspace: dict[str, Sourced]
     cublaslt_transient: Sourced
     context: dict[str, Sourced] = field(default_factory=dict)
+    kernel_workspace: dict[str, Sourced] = field(default_factory=dict)
+    """Library workspaces of single kernels by name (e.g. cuDNN batch norm), each sourced."""
+
+    def kernel_workspace_bytes(self, name: str) -> int:
+        """The size of a named kernel workspace; 0 where the stack does not list it."""
+        found = self.kernel_workspace.get(name)
+        return int(found.value) if found is not None else 0
 
     def cublas_workspace_for(self, capability: tuple[int, int]) -> Sourced:
         key = f"{capability[0]}.{capability[1]}"
@@ -153,6 +160,10 @@ def _stacks() -> list[StackProfile]:
                 context={
                     key: _sourced(raw, f"{where} context_bytes.{key}")
                     for key, raw in table["context_bytes"].items()
+                },
+                kernel_workspace={
+                    key: _sourced(raw, f"{where} kernel_workspace_bytes.{key}")
+                    for key, raw in table.get("kernel_workspace_bytes", {}).items()
                 },
             )
         )
