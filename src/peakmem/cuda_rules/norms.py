@@ -10,8 +10,8 @@ save_mean / save_var), so only cuDNN's extras are missing
   forward (training): output; workspace (ForwardTrainingExWorkspaceSize, freed on return);
                       reserve (TrainingExReserveSpaceSize, saved for backward with save_mean);
                       save_mean, save_var [C];
-  backward:           grad_input, grad_weight, grad_bias, always all three (native_batch_norm_
-                      backward allocates only those in output_mask); workspace
+  backward:           grad_input, grad_weight, grad_bias, always all three (the meta kernel
+                      also returns all three whatever output_mask says); workspace
                       (BackwardExWorkspaceSize, freed on return).
 The cuDNN sizes need a GPU to query: they come from the stack profile
 (`kernel_workspace_bytes.cudnn_batch_norm_*`, "assumed" until measured).
@@ -111,27 +111,32 @@ _BN_BACKWARD_SCHEMA = (
 
 
 @register_op_rule(aten.native_batch_norm_backward)
-def cudnn_batch_norm_backward(ctx: RuleContext, op, args: tuple, kwargs: dict, out) -> None:
+def cudnn_batch_norm_backward(ctx: RuleContext, op, args: tuple, kwargs: dict):
     bound = dict(zip(_BN_BACKWARD_SCHEMA, args, strict=False)) | kwargs
     train = bool(bound["train"])
     weight = bound["weight"]
-    # the backward has no bias argument; cuDNN was chosen in forward iff bias was defined,
-    # which for nn.BatchNorm (affine) goes with the weight
+    # the backward has no bias argument; cuDNN was chosen in forward only with a bias, which
+    # nn.BatchNorm (affine) has whenever it has a weight
     if not (train and cudnn_batch_norm_applies(
         bound["input"], weight, weight, bound["running_mean"], bound["running_var"], train
     )):
+        yield
         return
-    mask = list(bound["output_mask"])
     sizes = [
         bound["input"].numel() * bound["input"].element_size(),
         weight.numel() * weight.element_size(),
         weight.numel() * weight.element_size(),
     ]
-    # cuDNN always writes all three gradients; the ones the mask drops are freed on return
+    out = yield
+    # cuDNN always writes grad_input, grad_weight and grad_bias; the meta kernel (torch 2.13)
+    # returns all three too, whatever output_mask says. Any it left out is made here and freed
+    # on return, as CUDA frees the gradients autograd does not want.
+    outputs = list(out) if isinstance(out, (tuple, list)) else []
+    name = "cudnn_batch_norm_backward[unused_grad]"
     dropped = [
-        ctx.scratch(size, category="temporary", op="cudnn_batch_norm_backward[unused_grad]")
-        for size, wanted in zip(sizes, mask, strict=True)
-        if not wanted
+        ctx.scratch(size, category="temporary", op=name)
+        for index, size in enumerate(sizes)
+        if index >= len(outputs) or not isinstance(outputs[index], torch.Tensor)
     ]
     workspace = ctx.stack.kernel_workspace_bytes("cudnn_batch_norm_backward")
     if workspace:
