@@ -10,6 +10,8 @@ from peakmem.cuda_rules import (  # noqa: F401  (imported for their registration
     data_dependent,
     dropout,
     embedding,
+    losses,
+    norms,
     optimizers,
     sdpa,
 )

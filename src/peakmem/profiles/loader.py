@@ -67,6 +67,13 @@ class StackProfile:
     library: dict[str, dict[str, Sourced]] = field(default_factory=dict)
     """Per GPU profile name (or "default"): device memory a library loads outside the caching
     allocator on first use, by library/kernel family."""
+    kernel_workspace: dict[str, Sourced] = field(default_factory=dict)
+    """Library workspaces of single kernels by name (e.g. cuDNN batch norm), each sourced."""
+
+    def kernel_workspace_bytes(self, name: str) -> int:
+        """The size of a named kernel workspace; 0 where the stack does not list it."""
+        found = self.kernel_workspace.get(name)
+        return int(found.value) if found is not None else 0
 
     def cublas_workspace_for(self, capability: tuple[int, int]) -> Sourced:
         key = f"{capability[0]}.{capability[1]}"
@@ -193,6 +200,10 @@ def _stacks() -> list[StackProfile]:
                         for family, entry in families.items()
                     }
                     for key, families in table.get("library_bytes", {}).items()
+                },
+                kernel_workspace={
+                    key: _sourced(raw, f"{where} kernel_workspace_bytes.{key}")
+                    for key, raw in table.get("kernel_workspace_bytes", {}).items()
                 },
             )
         )
