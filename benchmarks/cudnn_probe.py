@@ -37,7 +37,8 @@ resumes. An OOM or unsupported case is a row with `status` oom / unsupported; a 
 poisons the context ends the process (its case gets `error`) and a fresh one continues; a case
 that crashes the process gets `crashed`.
 
-`--dry-run` (no GPU needed) writes the plan (OUTDIR/cudnn_grid_plan.csv) and a header-only table.
+`--dry-run` (no GPU needed) writes the plan (OUTDIR/cudnn_grid_plan.csv: every case in priority
+order) and a header-only table.
 `--device cpu` runs the real loop on the CPU with a synthetic recorder (tests only).
 """
 
@@ -856,12 +857,12 @@ def parent(args: argparse.Namespace) -> int:
     plan = build_plan(args.grid, [s == "on" for s in settings], random_count=args.random,
                       gpumemnet_limit=args.gpumemnet)  # fmt: skip
     args.outdir.mkdir(parents=True, exist_ok=True)
-    write_plan(plan, args.outdir / PLAN)
     counts = {s: sum(1 for c in plan if c.benchmark == (s == "on")) for s in settings}
     print(f"plan: {len(plan)} cases ({', '.join(f'{s}: {n}' for s, n in counts.items())}); "
           f"{len({c.shape for c in plan})} shapes", flush=True)  # fmt: skip
     table = Table(args.outdir / TABLE)
     if args.dry_run:
+        write_plan(plan, args.outdir / PLAN)
         row = base_row(plan[0], {"gpu": "", "torch": "", "cuda": "", "cudnn": ""})
         check_row(row, CONV_SCHEMA)
         print(f"dry run: wrote {args.outdir / PLAN} and the header of {table.path}")
