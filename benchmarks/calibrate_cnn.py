@@ -1,16 +1,20 @@
-"""Fit the cuDNN model of a stack (convolution workspace factors + library memory loaded on first
-use) on the declared CNN calibration split, and nothing else.
+"""Fit the cuDNN model of a stack (library memory loaded on first use + convolution workspace
+factors) on the declared CNN calibration split, and nothing else.
 
-    python benchmarks/calibrate_cnn.py [--data DIR] [--jobs 2] [--cache DIR] [--write]
+    python benchmarks/calibrate_cnn.py [--data DIR] [--jobs 2] [--cache DIR] [--start F B W] [--write]
 
 The split is peakmem.bench.calibration's: sha1(Filename) % 100 < 18 of the GPUMemNet CNN rows
-(~18%, at most 20% as issue 6 allows); `peakmem bench` never scores those rows. Each split row's
-job is captured ONCE with every cuDNN workspace recorded as a placeholder whose features are
-kept (direction, the bytes it scales with); the fit then replays the traces through the
-allocator simulation for each candidate set of factors (workspaces are transient, so only a
-replay tells what they add to the reserved peak) and sets the library memory to the value that
-makes the chosen quantile of the split's errors zero. `--write` stores the fit in the stack
-profile with the split, the row count and this command as its source.
+(19.0% of them, at most 20% as issue 6 allows); `peakmem bench` never scores those rows. Each
+split row's job is captured ONCE with every cuDNN workspace recorded as a placeholder whose
+features are kept (direction, the bytes it scales with). Then:
+1. library memory: replayed with no workspaces, the jobs whose convolutions are too small for
+   workspaces to matter leave (measured - context - simulated reserved) = the memory cuDNN loads
+   outside the allocator; its most common value per set of libraries used (convolution only;
+   convolution + batch norm) gives each library's bytes;
+2. workspace factors: coordinate descent over a grid, replaying every split trace through the
+   allocator simulation for each candidate (workspaces are transient, so only a replay tells
+   what they add to the reserved peak), minimising median + p90 of the relative error.
+`--write` stores the fit in the stack profile with the split, the row count and this command.
 """
 
 from __future__ import annotations
@@ -26,9 +30,13 @@ from pathlib import Path
 MiB = 2**20
 SENTINEL = 1 << 50  # placeholder workspace sizes: SENTINEL + index into the row's feature list
 STACKS = Path(__file__).resolve().parents[1] / "src" / "peakmem" / "profiles" / "data" / "stacks"
-DEFAULT_CACHE = Path("/tmp/peakmem-cnn-calibration")
+DEFAULT_CACHE = Path("/tmp/peakmem-cnn-calibration-v2")
 DIRECTIONS = ("forward", "backward_data", "backward_weight")
-FACTORS = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+FACTORS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0)
+PER_WEIGHT = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+GRID = {**dict.fromkeys(DIRECTIONS, FACTORS),
+        "backward_data_per_weight": PER_WEIGHT, "backward_weight_per_weight": PER_WEIGHT}
+"""The model's parameters and the values the descent tries (convolution.workspace_bytes)."""
 
 
 def _capture(row):
@@ -41,7 +49,7 @@ def _capture(row):
     features: list[tuple[str, int]] = []
 
     def placeholder(ctx, call) -> int:
-        features.append((call.direction, call.basis_bytes))
+        features.append((call.direction, call.basis_bytes, call.weight_bytes))
         return SENTINEL + len(features) - 1
 
     original = convolution.workspace_bytes
@@ -86,8 +94,9 @@ def replay(captured: tuple, factors: dict[str, float], capacity: int, torch_vers
     placeholders = list(trace.sizes)
     for index, size in enumerate(placeholders):
         if size >= SENTINEL:
-            direction, basis = features[size - SENTINEL]
-            trace.sizes[index] = max(0, int(factors.get(direction, 0.0) * basis))
+            direction, basis, weight = features[size - SENTINEL]
+            per_weight = factors.get(f"{direction}_per_weight", 0.0)
+            trace.sizes[index] = max(0, int(factors.get(direction, 0.0) * basis + per_weight * weight))
     try:
         result = simulate(trace, torch_version=torch_version, capacity_bytes=capacity)
     finally:
@@ -109,7 +118,7 @@ def fit_libraries(captured: list[tuple], zero: dict, context: int) -> dict[str, 
     groups: dict[frozenset[str], list[int]] = {}
     for item in captured:
         reserved = zero[item[0]]
-        largest = max((basis for _d, basis in item[4]), default=0)
+        largest = max((basis for _d, basis, _w in item[4]), default=0)
         if reserved is None or largest >= SMALL_BASIS or not families(item):
             continue
         residual_mib = round((item[1] - context - reserved) / MiB)
@@ -137,8 +146,8 @@ def main() -> None:
     parser.add_argument("--data", default=None)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    parser.add_argument("--quantile", type=float, default=0.5,
-                        help="the split error quantile the library memory zeroes")
+    parser.add_argument("--start", type=float, nargs=3, default=(0.0, 0.0, 0.0),
+                        metavar=("FWD", "BDATA", "BWEIGHT"), help="where the descent starts")
     parser.add_argument("--write", action="store_true", help="store the fit in the stack profile")
     args = parser.parse_args()
 
@@ -175,13 +184,13 @@ def main() -> None:
 
     # 2. Workspace factors: coordinate descent over the grid (a full grid is FACTORS**3 replays
     #    of the split), minimising median + p90 of the relative error.
-    factors = dict.fromkeys(DIRECTIONS, 0.0)
+    factors = dict.fromkeys(GRID, 0.0) | dict(zip(DIRECTIONS, args.start, strict=True))
     median, p90, under = score(factors)
     best = ((p90 + median, median), dict(factors), under, median, p90)
     for _round in range(2):
         changed = False
-        for direction in DIRECTIONS:
-            for value in FACTORS:
+        for direction, values in GRID.items():
+            for value in values:
                 trial = dict(best[1], **{direction: value})
                 if trial == best[1]:
                     continue

@@ -19,13 +19,27 @@ def row(name: str, dataset: str = "gpumemnet-mlp1") -> BenchRow:
                     features={"Filename": name})
 
 
-def test_split_is_about_a_tenth_fixed_by_the_configuration_and_only_for_mlp1():
+def test_split_is_about_a_tenth_fixed_by_the_configuration_and_only_for_mlp1_and_cnn():
     names = [f"input:{i}_output:3_depth:2_arch:uniform_batch:8.out" for i in range(2000)]
     chosen = [n for n in names if in_calibration_split(row(n))]
     assert 150 <= len(chosen) <= 250
     assert chosen == [n for n in names if in_calibration_split(row(n))]  # deterministic
     assert not any(in_calibration_split(row(n, "gpumemnet-mlp2")) for n in names)
     assert len(evaluation_rows([row(n) for n in names])) == 2000 - len(chosen)
+
+
+def test_cnn_split_stays_under_a_fifth():
+    names = [f"input_channels:3_num_classes:{i}_depth:4_arch:uniform.out" for i in range(3000)]
+    chosen = [n for n in names if in_calibration_split(row(n, "gpumemnet-cnn"))]
+    assert 0.15 * 3000 <= len(chosen) <= 0.20 * 3000
+
+
+@pytest.mark.skipif(not (SHARED / "gpumemnet").is_dir(), reason="needs ../shared/datasets")
+def test_the_real_cnn_split_is_at_most_20_percent_of_the_rows():
+    from peakmem.bench.datasets import load_rows
+
+    rows = load_rows("gpumemnet-cnn", SHARED)
+    assert sum(map(in_calibration_split, rows)) <= 0.20 * len(rows)
 
 
 def test_context_fit_is_the_most_common_difference_to_the_mib():

@@ -63,9 +63,10 @@ def test_workspace_per_direction_from_the_model(a100, stack_with_model):
 
 
 def test_no_model_no_workspace_but_library_still_charged(a100, stack24):
-    result = capture_callable(two_convs, gpu=a100, stack=stack24)
+    bare = dataclasses.replace(stack24, conv_workspace={}, library={})
+    result = capture_callable(two_convs, gpu=a100, stack=bare)
     assert workspaces(result) == []
-    assert set(result.libraries) == {"cudnn_convolution"}
+    assert result.libraries == {"cudnn_convolution": 0}  # no figure: 0, listed as assumed
 
 
 def test_jobs_without_convolutions_load_no_cudnn(a100, stack_with_model):
@@ -112,3 +113,54 @@ def test_estimate_adds_library_memory_to_the_peak(a100, stack_with_model):
         estimate.context_bytes + 300 * 2**20 + estimate.peak_reserved_bytes
     )
     assert estimate.to_json()["libraries"] == {"cudnn_convolution": 300 * 2**20}
+
+
+def test_benchmark_searches_once_per_shape_then_empties_the_cache(a100, stack_with_model):
+    bench_model = dict(MODEL, benchmark=10.0)
+    stack = dataclasses.replace(stack_with_model, conv_workspace={a100.name: Sourced(bench_model, "test")})
+    conv = None
+
+    def job():
+        nonlocal conv
+        torch.backends.cudnn.benchmark = True
+        try:
+            conv = torch.nn.Conv2d(3, 8, 3, padding=1).cuda()
+            for batch in (2, 2, 4):  # the second call reuses the plan; a new shape searches again
+                conv(torch.randn(batch, 3, 16, 16, device="cuda"))
+        finally:
+            torch.backends.cudnn.benchmark = False
+
+    result = capture_callable(job, gpu=a100, stack=stack)
+    x2, x4 = 2 * 3 * 16 * 16 * 4, 4 * 3 * 16 * 16 * 4
+    trace = result.trace
+    events = []
+    for index, (kind, _ident, size, _stream, _tag) in enumerate(trace.events()):
+        tag = trace.tag_of(index)
+        if kind == EventKind.EMPTY_CACHE:
+            events.append("empty_cache")
+        elif tag is not None and (tag.op or "").startswith("cudnn_"):
+            events.append((tag.op.split("[")[0], size))
+    assert events == [
+        ("cudnn_benchmark_workspace", 10 * x2), "empty_cache", ("cudnn_conv_workspace", 2 * x2),
+        ("cudnn_conv_workspace", 2 * x2),
+        ("cudnn_benchmark_workspace", 10 * x4), "empty_cache", ("cudnn_conv_workspace", 2 * x4),
+    ]
+
+
+def test_per_weight_term_adds_to_the_direction(a100, stack_with_model):
+    model = dict(MODEL, backward_weight_per_weight=4.0)
+    stack = dataclasses.replace(stack_with_model, conv_workspace={a100.name: Sourced(model, "test")})
+    result = capture_callable(two_convs, gpu=a100, stack=stack)
+    x1, y1 = 2 * 3 * 16 * 16 * 4, 2 * 8 * 16 * 16 * 4
+    w1, w2 = 8 * 3 * 3 * 3 * 4, 4 * 8 * 3 * 3 * 4
+    sizes = [size for op, size, _phase, _kind in workspaces(result) if "backward_weight" in op]
+    assert sizes == [int(1.0 * y1 + 4.0 * w2), int(1.0 * x1 + 4.0 * w1)]
+
+
+def test_profile_rejects_unknown_model_keys():
+    from peakmem.profiles import ProfileError
+    from peakmem.profiles.loader import _conv_model
+
+    assert _conv_model({"forward": 1, "source": "s"}, "here").value == {"forward": 1.0}
+    with pytest.raises(ProfileError, match="unknown keys"):
+        _conv_model({"forwrd": 1, "source": "s"}, "here")

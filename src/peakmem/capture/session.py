@@ -79,6 +79,12 @@ class CaptureSession:
         self._alloc(nbytes, category, op)
         return True
 
+    def first_time(self, key: Any) -> bool:
+        if key in self._persistent:
+            return False
+        self._persistent.add(key)
+        return True
+
     def load_library(self, family: str) -> None:
         if family in self.libraries or self.closed:
             return
@@ -186,6 +192,10 @@ class CaptureSession:
     def mark(self, label: str) -> None:
         if not self.closed:
             self.trace.mark(label)
+
+    def empty_cache(self) -> None:
+        if not self.closed:
+            self.trace.empty_cache()
 
     def close(self) -> None:
         """Stop recording: frees from tearing the job down are not part of the run."""

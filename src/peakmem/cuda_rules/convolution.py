@@ -16,6 +16,13 @@ grad_output for backward-data), which is where the workspace of the implicit-GEM
 FFT/Winograd engines scales. The factors are measured (issue 6 tables) or calibrated on a
 declared split; see docs/cnn.md.
 
+With `torch.backends.cudnn.benchmark = True` the first call of each new shape (per thread: the
+plan cache is thread-local) searches instead: `get_plans_from_find` allocates one workspace for
+timing the candidate plans (the largest any candidate needs, halved while it does not fit), and
+then, as PyTorch's v7 path did, empties the caching allocator's cache
+(`_cudnn_get_conv_benchmark_empty_cache()`, default true) before running the chosen plan. The
+search workspace comes from the model's `benchmark` factor.
+
 cuDNN also loads device memory outside the caching allocator the first time a job convolves:
 the handle (one per thread: forward on the main thread, backward on autograd's device thread)
 and the engines' kernel images. It is charged once per capture as library memory
@@ -73,13 +80,33 @@ def uses_cudnn(x: torch.Tensor, weight: torch.Tensor, groups: int, transposed: b
 
 def workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
     """The workspace cuDNN's chosen plan takes for `call`, from the stack profile's model."""
+    model = ctx.stack.conv_workspace_for(ctx.gpu).value
+    factor = float(model.get(call.direction, 0.0))
+    per_weight = float(model.get(f"{call.direction}_per_weight", 0.0))
+    return max(0, int(factor * call.basis_bytes + per_weight * call.weight_bytes))
+
+
+def benchmark_workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
+    """The workspace `cudnn.benchmark`'s plan search takes for `call`."""
     model = ctx.stack.conv_workspace_for(ctx.gpu)
-    factor = float(model.value.get(call.direction, 0.0))
+    factor = float(model.value.get("benchmark", model.value.get(call.direction, 0.0)))
     return max(0, int(factor * call.basis_bytes))
 
 
-def _record(ctx: RuleContext, call: ConvCall) -> None:
+def _searched_before(ctx: RuleContext, call: ConvCall, key: tuple) -> bool:
+    """True if this thread already searched plans for `key` (Conv_v8.cpp benchmark_cache)."""
+    thread = "autograd" if ctx.in_backward else "main"
+    return not ctx.first_time(("cudnn_benchmark", thread, call.direction, key))
+
+
+def _record(ctx: RuleContext, call: ConvCall, key: tuple = ()) -> None:
     ctx.load_library("cudnn_convolution")
+    if torch.backends.cudnn.benchmark and not _searched_before(ctx, call, key):
+        search = benchmark_workspace_bytes(ctx, call)
+        if search > 0:
+            ctx.transient(search, category="workspace",
+                          op=f"cudnn_benchmark_workspace[{call.direction}]", or_smaller=True)
+        ctx.empty_cache()
     size = workspace_bytes(ctx, call)
     if size > 0:
         ctx.transient(
@@ -88,6 +115,20 @@ def _record(ctx: RuleContext, call: ConvCall) -> None:
             op=f"cudnn_conv_workspace[{call.direction}]",
             or_smaller=True,  # Conv_v8.cpp: a plan whose workspace OOMs gives way to the next
         )
+
+
+def _key(args: tuple) -> tuple:
+    """What Conv_v8.cpp's plan cache keys on: shapes, strides, dtypes and the conv parameters."""
+    parts = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            parts.append((tuple(arg.shape), tuple(arg.stride()), arg.dtype))
+        elif isinstance(arg, (list, tuple)):
+            parts.append(tuple(int(a) if isinstance(a, int) else str(a) for a in arg))
+        else:
+            parts.append(arg if isinstance(arg, (int, float, bool, type(None))) else str(arg))
+    return (tuple(parts), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.allow_tf32)
 
 
 def _tuple(value, dims: int) -> tuple[int, ...]:
@@ -124,7 +165,7 @@ def convolution(ctx: RuleContext, op, args, kwargs, out) -> None:
     groups = int(args[8] if len(args) > 8 else kwargs.get("groups", 1))
     if not uses_cudnn(x, weight, groups, transposed):
         return
-    _record(ctx, _call("forward", x, weight, _nbytes(out), stride, groups))
+    _record(ctx, _call("forward", x, weight, _nbytes(out), stride, groups), _key(args))
 
 
 @register_op_rule(aten.convolution_backward)
@@ -140,7 +181,8 @@ def convolution_backward(ctx: RuleContext, op, args, kwargs, out) -> None:
     if not uses_cudnn(x, weight, groups, transposed):
         return
     out_bytes = _nbytes(grad_output)
+    key = _key(args[1:3] + args[4:])
     if mask[0]:
-        _record(ctx, _call("backward_data", x, weight, out_bytes, stride, groups))
+        _record(ctx, _call("backward_data", x, weight, out_bytes, stride, groups), key)
     if mask[1]:
-        _record(ctx, _call("backward_weight", x, weight, out_bytes, stride, groups))
+        _record(ctx, _call("backward_weight", x, weight, out_bytes, stride, groups), key)

@@ -43,6 +43,9 @@ class RuleContext(Protocol):
     def persistent(self, key: Any, nbytes: int, *, category: str, op: str) -> bool:
         """Allocate `nbytes` once per `key`, never freed; True if it was allocated now."""
 
+    def first_time(self, key: Any) -> bool:
+        """True the first time `key` is seen in this capture (a library's per-shape cache)."""
+
     def load_library(self, family: str) -> None:
         """A library/kernel family is used: its device memory outside the caching allocator
         (handles, lazily loaded kernel images; stack profile `library_bytes`) counts from now."""
@@ -59,6 +62,9 @@ class RuleContext(Protocol):
 
     def release(self, ident: int) -> None:
         """Free an allocation made with `scratch`."""
+
+    def empty_cache(self) -> None:
+        """The kernel's library empties the caching allocator's cache (`emptyCache()`)."""
 
 
 OpRule = Callable[..., Any]

@@ -112,8 +112,12 @@ def _sourced(raw: Any, where: str) -> Sourced:
 def _conv_model(raw: Any, where: str) -> Sourced:
     if not isinstance(raw, dict) or "source" not in raw:
         raise ProfileError(f"{where}: expected a table with direction factors and `source`")
-    factors = {key: float(raw[key]) for key in ("forward", "backward_data", "backward_weight")
-               if key in raw}
+    directions = ("forward", "backward_data", "backward_weight")
+    keys = directions + tuple(f"{d}_per_weight" for d in directions) + ("benchmark",)
+    unknown = set(raw) - set(keys) - {"source", "reason"}
+    if unknown:
+        raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
+    factors = {key: float(raw[key]) for key in keys if key in raw}
     return Sourced(factors, str(raw["source"]), raw.get("reason"))
 
 
