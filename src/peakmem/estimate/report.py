@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from peakmem.estimate.api import Estimate
+from peakmem.profiles import Sourced
 
 MIB = 2**20
 GIB = 2**30
@@ -17,6 +18,16 @@ def human_bytes(size: int) -> str:
     if size >= GIB:
         return f"{sign}{size / GIB:,.2f} GiB"
     return f"{sign}{size / MIB:,.1f} MiB"
+
+
+def short_source(value: Sourced) -> str:
+    """Where a profile number came from, in a few words (the profile file has the whole story)."""
+    source = value.source.strip()
+    if value.assumed:
+        return "assumed (see notes)"
+    if source.lower().startswith("fitted"):
+        return "fitted (calibration split)"
+    return source if len(source) <= 40 else source[:37] + "..."
 
 
 def render(result: Estimate, console: Console) -> None:
@@ -34,9 +45,9 @@ def render(result: Estimate, console: Console) -> None:
     summary.add_row("Peak device memory", human_bytes(result.peak_bytes), "context + libraries + peak reserved (nvidia-smi)")
     summary.add_row("Peak reserved", human_bytes(result.peak_reserved_bytes), "torch.cuda.max_memory_reserved()")
     summary.add_row("Peak allocated", human_bytes(result.peak_allocated_bytes), "torch.cuda.max_memory_allocated()")
-    summary.add_row("CUDA context", human_bytes(result.context_bytes), result.stack.context_for(result.gpu).describe())
+    summary.add_row("CUDA context", human_bytes(result.context_bytes), short_source(result.stack.context_for(result.gpu)))
     for family, size in sorted(result.libraries.items()):
-        source = result.stack.library_bytes_for(result.gpu, family).describe()
+        source = short_source(result.stack.library_bytes_for(result.gpu, family))
         summary.add_row(f"{family} (first use)", human_bytes(size), source)
     verdict = (
         f"[green]yes[/green], headroom {human_bytes(result.headroom_bytes)}"
