@@ -136,3 +136,16 @@ def test_checkpoints_load_onto_the_fake_device(a100, stack24, tmp_path):
     assert result.error is None, result.error_text
     assert seen == {"device": "meta", "step": 3, "file_object": "meta"}
     assert [size for size, _ in allocations(result.trace)] == [16 * 16 * 4, 16 * 16 * 4]
+
+
+def test_backend_flags_the_job_sets_are_restored_after_the_capture(a100, stack24):
+    from peakmem.capture import capture_callable
+
+    before = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+
+    def job():
+        torch.backends.cudnn.benchmark = not before[0]
+        torch.backends.cudnn.deterministic = not before[1]
+
+    capture_callable(job, gpu=a100, stack=stack24)
+    assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == before

@@ -164,6 +164,34 @@ class _SkipToLastBatch:
 MODES = ("fake", "eager")
 
 
+_BACKEND_FLAGS = (
+    (torch.backends.cudnn, ("enabled", "benchmark", "deterministic", "allow_tf32")),
+    (torch.backends.cuda.matmul, ("allow_tf32", "allow_fp16_reduced_precision_reduction",
+                                  "allow_bf16_reduced_precision_reduction")),
+)
+
+
+@contextmanager
+def backend_flags_restored() -> Iterator[None]:
+    """The job may set `torch.backends.cudnn.benchmark` and the like (they steer the CUDA
+    rules); they are put back afterwards so one capture does not change the next."""
+    saved = []
+    for owner, names in _BACKEND_FLAGS:
+        for name in names:
+            try:
+                saved.append((owner, name, getattr(owner, name)))
+            except (AttributeError, RuntimeError):
+                continue
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            try:
+                setattr(owner, name, value)
+            except (AttributeError, RuntimeError):
+                pass
+
+
 def _is_fake_limit(exc: BaseException) -> bool:
     """An error raised because the device tensors are fake, not by the job itself (for errors
     the recorder did not see: raised above the aten ops)."""
@@ -220,6 +248,7 @@ def _run_captured(
     )
     start = time.perf_counter()
     with ExitStack() as stack_ctx:
+        stack_ctx.enter_context(backend_flags_restored())
         stack_ctx.enter_context(fake_cuda_runtime(session))
         for patch in RUNTIME_PATCHES.values():
             stack_ctx.enter_context(patch())
