@@ -78,11 +78,25 @@ def test_divisions_lookup_by_size():
     assert config.roundup_divisions_for(64 * 1024 * MiB) == 8  # clamped to the last interval
 
 
-def test_roundup_list_first_key_of_1_mb_quirk():
-    # The C++ tests `last_index == 0` to spot the first key; a first key of 1 MB has index 0, so
-    # the second key fills the intervals below it again, overwriting the 1 MB entry.
-    divs = AllocatorConfig.parse("roundup_power2_divisions:[1:2,2:4,>:8]").roundup_power2_divisions
-    assert divs[:2] == (4, 4)
+def test_roundup_list_only_the_first_key_fills_the_intervals_below_it():
+    """parseRoundUpPower2Divisions (CUDAAllocatorConfig.cpp in every stored version up to the
+    CUDA parser's move, c10/core/AllocatorConfig.cpp AcceleratorAllocatorConfig after it) spots
+    the first key with a `first_value` flag, not with `last_index == 0`. So a first key of 1 MB
+    (index 63 - clz(1) = 0) fills nothing below it, and later keys never fill backwards:
+
+    [1:2,8:4]: 1 -> index 0 = 2; 8 -> index 3 = 4; indices 1, 2 (2 MiB, 4 MiB) keep 0.
+    [1:2,2:4,>:8]: [0] = 2, [1] = 4, '>' fills from last_index + 1 = 2 (new parser) or from
+    last_index = 1 (old parser, overwriting the 2 MB entry).
+
+    (An earlier version of this test expected a `last_index == 0` quirk that no stored source
+    has: it gave (4, 4, ...) for the second string.)"""
+    for version in ("2.4", "2.13"):
+        divs = AllocatorConfig.parse("roundup_power2_divisions:[1:2,8:4]", version)
+        assert divs.roundup_power2_divisions == (2, 0, 0, 4) + (0,) * 12
+    new = AllocatorConfig.parse("roundup_power2_divisions:[1:2,2:4,>:8]", "2.13")
+    assert new.roundup_power2_divisions == (2, 4) + (8,) * 14
+    old = AllocatorConfig.parse("roundup_power2_divisions:[1:2,2:4,>:8]", "2.4")
+    assert old.roundup_power2_divisions == (2,) + (8,) * 15
 
 
 def test_max_non_split_rounding_exists_from_2_6():

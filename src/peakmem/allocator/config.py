@@ -192,6 +192,7 @@ def _parse_roundup_divisions(
     key = "roundup_power2_divisions"
     if i < len(tokens) and tokens[i] == "[":
         last_index = 0
+        first_value = True  # the C++ `first_value` flag: only the first key fills below itself
         i += 1
         while i < len(tokens) and tokens[i] != "]":
             interval = tokens[i]
@@ -213,9 +214,10 @@ def _parse_roundup_divisions(
                 if not _is_power_of_2(interval_mb):
                     raise AllocatorConfigError("For roundups, the intervals have to be power of 2")
                 index = min(int(math.log2(interval_mb)), ROUNDUP_POWER2_INTERVALS - 1)
-                if last_index == 0:
+                if first_value:
                     for j in range(index):
                         divisions[j] = value
+                    first_value = False
                 divisions[index] = value
                 last_index = index
             i += 1
