@@ -57,11 +57,37 @@ def test_roundup_list_old_parser_overwrites_last_key_with_gt():
     assert divs == (1,) * 9 + (8,) * 7
 
 
-def test_roundup_list_zero_allowed_only_by_newer_parsers():
-    divs = AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]").roundup_power2_divisions
-    assert divs == (4,) * 7 + (0,) * 9
+def test_roundup_list_zero_allowed_from_2_5():
+    """`val2 == 0 || llvm::isPowerOf2_64(val2)` in parseRoundUpPower2Divisions: PR #126833
+    ("Allow division of 0", opened 2024-05-22) is in every stored CUDAAllocatorConfig.cpp that
+    has max_non_split_rounding (2.6+) and in the AllocatorConfig.cpp parsers; its sibling
+    PR #126830 (divisions == 1 -> 512 B rounding) is already taken to be in 2.5, so 0 is accepted
+    from 2.5 on (2.4 is an assumption: the merge date was not found). An earlier version of this
+    test required 2.5 to reject 0 (boundary taken to be 2.8); no source supports that.
+
+    [64:4,>:0] -> 64 MB is index 6; the first key fills 0..5 with 4; '>' fills from
+    last_index + 1 = 7 (2.10+) or from last_index = 6 (<= 2.9, overwriting the 64 MB entry)."""
+    assert AllocatorConfig.parse(
+        "roundup_power2_divisions:[64:4,>:0]", "2.13"
+    ).roundup_power2_divisions == (4,) * 7 + (0,) * 9
+    assert AllocatorConfig.parse(
+        "roundup_power2_divisions:[64:4,>:0]", "2.5"
+    ).roundup_power2_divisions == (4,) * 6 + (0,) * 10
     with pytest.raises(AllocatorConfigError):
-        AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]", "2.5")
+        AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]", "2.4")
+
+
+def test_roundup_gt_fills_after_the_last_key_from_2_10():
+    """CUDA parses with AcceleratorAllocatorConfig (c10/core/AllocatorConfig.cpp, `std::fill` from
+    `last_index + 1`) from the Oct 2025 stack (#165131, #165135, #165281, #165304), after the
+    2.9 branch cut; 2.9 still used CUDAAllocatorConfig.cpp's parser (fill from `last_index`).
+
+    [256:1,512:2,>:8]: 256 -> index 8, 512 -> index 9; 2.9: indices 9.. = 8; 2.10: 10.. = 8."""
+    conf = "roundup_power2_divisions:[256:1,512:2,>:8]"
+    assert AllocatorConfig.parse(conf, "2.9.1").roundup_power2_divisions == (1,) * 9 + (8,) * 7
+    assert AllocatorConfig.parse(conf, "2.10.0").roundup_power2_divisions == (
+        (1,) * 9 + (2,) + (8,) * 6
+    )
 
 
 def test_roundup_interval_keys_must_be_powers_of_two():
