@@ -30,6 +30,24 @@ def test_max_split_size_minimum_is_20_mb_inclusive():
         AllocatorConfig.parse("max_split_size_mb:19")
 
 
+def test_max_split_size_minimum_is_exclusive_up_to_2_9():
+    """c10/cuda/CUDAAllocatorConfig.cpp parseMaxSplitSize / parseMaxNonSplitRoundingSize (the
+    CUDA parser up to 2.9): `TORCH_CHECK(val1 > kLargeBuffer / mb, "... too small, must be > ",
+    kLargeBuffer / mb)` with kLargeBuffer / mb = 20971520 / 1048576 = 20: 20 is rejected, 21 is
+    the smallest value. AcceleratorAllocatorConfig (2.10+) checks `val_env >= 20`."""
+    for version in ("2.4", "2.6", "2.9"):
+        with pytest.raises(AllocatorConfigError, match="must be > 20"):
+            AllocatorConfig.parse("max_split_size_mb:20", version)
+        assert AllocatorConfig.parse("max_split_size_mb:21", version).max_split_size == 21 * MiB
+    with pytest.raises(AllocatorConfigError, match="must be > 20"):
+        AllocatorConfig.parse("max_non_split_rounding_mb:20", "2.6")
+    assert AllocatorConfig.parse("max_split_size_mb:20", "2.10").max_split_size == 20 * MiB
+    assert (
+        AllocatorConfig.parse("max_non_split_rounding_mb:20", "2.10").max_non_split_rounding_size
+        == 20 * MiB
+    )
+
+
 @pytest.mark.parametrize("value", ["0", "1.0", "1.5", "-0.1"])
 def test_gc_threshold_must_lie_strictly_between_0_and_1(value):
     with pytest.raises(AllocatorConfigError, match="garbage_collect_threshold"):
@@ -67,12 +85,16 @@ def test_roundup_list_zero_allowed_from_2_5():
 
     [64:4,>:0] -> 64 MB is index 6; the first key fills 0..5 with 4; '>' fills from
     last_index + 1 = 7 (2.10+) or from last_index = 6 (<= 2.9, overwriting the 64 MB entry)."""
-    assert AllocatorConfig.parse(
-        "roundup_power2_divisions:[64:4,>:0]", "2.13"
-    ).roundup_power2_divisions == (4,) * 7 + (0,) * 9
-    assert AllocatorConfig.parse(
-        "roundup_power2_divisions:[64:4,>:0]", "2.5"
-    ).roundup_power2_divisions == (4,) * 6 + (0,) * 10
+    assert (
+        AllocatorConfig.parse(
+            "roundup_power2_divisions:[64:4,>:0]", "2.13"
+        ).roundup_power2_divisions
+        == (4,) * 7 + (0,) * 9
+    )
+    assert (
+        AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]", "2.5").roundup_power2_divisions
+        == (4,) * 6 + (0,) * 10
+    )
     with pytest.raises(AllocatorConfigError):
         AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]", "2.4")
 

@@ -88,19 +88,13 @@ class AllocatorConfig:
             i = _consume(tokens, i + 1, ":", key)
             if key == "max_split_size_mb":
                 mb = _parse_int(tokens, i, key)
-                if mb < min_mb:
-                    raise AllocatorConfigError(
-                        f"CachingAllocator option max_split_size_mb too small, must be >= {min_mb}"
-                    )
+                _check_split_size_minimum(key, mb, min_mb, rules)
                 values["max_split_size"] = min(mb, SIZE_MAX // MB) * MB
             elif key == "large_segment_size_mb" and rules.large_segment_size_configurable:
                 pass  # parsed above
             elif key == "max_non_split_rounding_mb" and rules.max_non_split_rounding_configurable:
                 mb = _parse_int(tokens, i, key)
-                if mb < min_mb:
-                    raise AllocatorConfigError(
-                        f"CachingAllocator option max_non_split_rounding_mb too small, must be >= {min_mb}"
-                    )
+                _check_split_size_minimum(key, mb, min_mb, rules)
                 values["max_non_split_rounding_size"] = min(mb, SIZE_MAX // MB) * MB
             elif key == "garbage_collection_threshold":
                 try:
@@ -141,6 +135,19 @@ class AllocatorConfig:
         index = size.bit_length() - 1 - 20
         index = max(0, min(index, ROUNDUP_POWER2_INTERVALS - 1))
         return self.roundup_power2_divisions[index]
+
+
+def _check_split_size_minimum(key: str, mb: int, min_mb: int, rules: AllocatorRules) -> None:
+    """parseMaxSplitSize / parseMaxNonSplitRoundingSize: `val_env >= min_allowed_split_size_mb`
+    (AcceleratorAllocatorConfig, 2.10+) or `val1 > kLargeBuffer / mb` (CUDAAllocatorConfig.cpp,
+    <= 2.9)."""
+    if rules.split_size_minimum_inclusive:
+        if mb < min_mb:
+            raise AllocatorConfigError(
+                f"CachingAllocator option {key} too small, must be >= {min_mb}"
+            )
+    elif mb <= min_mb:
+        raise AllocatorConfigError(f"CachingAllocator option {key} too small, must be > {min_mb}")
 
 
 def _lex(conf: str) -> list[str]:

@@ -34,6 +34,12 @@ class AllocatorRules:
     """The list form accepts 0 (roundup off for that interval; PR #126833, May 2024); the 2.4
     parser is taken to require a power of 2 (see docs/allocator.md for how sure that is)."""
 
+    split_size_minimum_inclusive: bool = True
+    """`max_split_size_mb` / `max_non_split_rounding_mb` may equal the minimum (20 MB, or
+    `large_segment_size_mb`): `val_env >= min_allowed_split_size_mb` in AcceleratorAllocatorConfig
+    (2.10+). CUDAAllocatorConfig.cpp's own parser checked `val1 > kLargeBuffer / mb` ("must be
+    > 20"), so 20 was rejected up to 2.9."""
+
     @classmethod
     def for_version(cls, version: str | None) -> AllocatorRules:
         """Rules for a torch version string such as "2.4.1" or "2.13.0+cpu"; None: the newest."""
@@ -67,17 +73,20 @@ _VERSION_RULES: list[AllocatorRules] = [
         divisions_one_leaves_size_unrounded=True,
         roundup_gt_fills_from_next_interval=False,
         list_divisions_may_be_zero=False,
+        split_size_minimum_inclusive=False,
     ),
     AllocatorRules(
         version=(2, 5),
         max_non_split_rounding_configurable=False,
         large_segment_size_configurable=False,
         roundup_gt_fills_from_next_interval=False,
+        split_size_minimum_inclusive=False,
     ),
     AllocatorRules(
         version=(2, 6),
         large_segment_size_configurable=False,
         roundup_gt_fills_from_next_interval=False,
+        split_size_minimum_inclusive=False,
     ),
     AllocatorRules(version=(2, 10), large_segment_size_configurable=False),
     AllocatorRules(version=(2, 12)),
