@@ -30,6 +30,24 @@ def test_max_split_size_minimum_is_20_mb_inclusive():
         AllocatorConfig.parse("max_split_size_mb:19")
 
 
+def test_max_split_size_minimum_is_exclusive_up_to_2_9():
+    """c10/cuda/CUDAAllocatorConfig.cpp parseMaxSplitSize / parseMaxNonSplitRoundingSize (the
+    CUDA parser up to 2.9): `TORCH_CHECK(val1 > kLargeBuffer / mb, "... too small, must be > ",
+    kLargeBuffer / mb)` with kLargeBuffer / mb = 20971520 / 1048576 = 20: 20 is rejected, 21 is
+    the smallest value. AcceleratorAllocatorConfig (2.10+) checks `val_env >= 20`."""
+    for version in ("2.4", "2.6", "2.9"):
+        with pytest.raises(AllocatorConfigError, match="must be > 20"):
+            AllocatorConfig.parse("max_split_size_mb:20", version)
+        assert AllocatorConfig.parse("max_split_size_mb:21", version).max_split_size == 21 * MiB
+    with pytest.raises(AllocatorConfigError, match="must be > 20"):
+        AllocatorConfig.parse("max_non_split_rounding_mb:20", "2.6")
+    assert AllocatorConfig.parse("max_split_size_mb:20", "2.10").max_split_size == 20 * MiB
+    assert (
+        AllocatorConfig.parse("max_non_split_rounding_mb:20", "2.10").max_non_split_rounding_size
+        == 20 * MiB
+    )
+
+
 @pytest.mark.parametrize("value", ["0", "1.0", "1.5", "-0.1"])
 def test_gc_threshold_must_lie_strictly_between_0_and_1(value):
     with pytest.raises(AllocatorConfigError, match="garbage_collect_threshold"):
@@ -57,11 +75,41 @@ def test_roundup_list_old_parser_overwrites_last_key_with_gt():
     assert divs == (1,) * 9 + (8,) * 7
 
 
-def test_roundup_list_zero_allowed_only_by_newer_parsers():
-    divs = AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]").roundup_power2_divisions
-    assert divs == (4,) * 7 + (0,) * 9
+def test_roundup_list_zero_allowed_from_2_5():
+    """`val2 == 0 || llvm::isPowerOf2_64(val2)` in parseRoundUpPower2Divisions: PR #126833
+    ("Allow division of 0", opened 2024-05-22) is in every stored CUDAAllocatorConfig.cpp that
+    has max_non_split_rounding (2.6+) and in the AllocatorConfig.cpp parsers; its sibling
+    PR #126830 (divisions == 1 -> 512 B rounding) is already taken to be in 2.5, so 0 is accepted
+    from 2.5 on (2.4 is an assumption: the merge date was not found). An earlier version of this
+    test required 2.5 to reject 0 (boundary taken to be 2.8); no source supports that.
+
+    [64:4,>:0] -> 64 MB is index 6; the first key fills 0..5 with 4; '>' fills from
+    last_index + 1 = 7 (2.10+) or from last_index = 6 (<= 2.9, overwriting the 64 MB entry)."""
+    assert (
+        AllocatorConfig.parse(
+            "roundup_power2_divisions:[64:4,>:0]", "2.13"
+        ).roundup_power2_divisions
+        == (4,) * 7 + (0,) * 9
+    )
+    assert (
+        AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]", "2.5").roundup_power2_divisions
+        == (4,) * 6 + (0,) * 10
+    )
     with pytest.raises(AllocatorConfigError):
-        AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]", "2.5")
+        AllocatorConfig.parse("roundup_power2_divisions:[64:4,>:0]", "2.4")
+
+
+def test_roundup_gt_fills_after_the_last_key_from_2_10():
+    """CUDA parses with AcceleratorAllocatorConfig (c10/core/AllocatorConfig.cpp, `std::fill` from
+    `last_index + 1`) from the Oct 2025 stack (#165131, #165135, #165281, #165304), after the
+    2.9 branch cut; 2.9 still used CUDAAllocatorConfig.cpp's parser (fill from `last_index`).
+
+    [256:1,512:2,>:8]: 256 -> index 8, 512 -> index 9; 2.9: indices 9.. = 8; 2.10: 10.. = 8."""
+    conf = "roundup_power2_divisions:[256:1,512:2,>:8]"
+    assert AllocatorConfig.parse(conf, "2.9.1").roundup_power2_divisions == (1,) * 9 + (8,) * 7
+    assert AllocatorConfig.parse(conf, "2.10.0").roundup_power2_divisions == (
+        (1,) * 9 + (2,) + (8,) * 6
+    )
 
 
 def test_roundup_interval_keys_must_be_powers_of_two():
@@ -78,11 +126,25 @@ def test_divisions_lookup_by_size():
     assert config.roundup_divisions_for(64 * 1024 * MiB) == 8  # clamped to the last interval
 
 
-def test_roundup_list_first_key_of_1_mb_quirk():
-    # The C++ tests `last_index == 0` to spot the first key; a first key of 1 MB has index 0, so
-    # the second key fills the intervals below it again, overwriting the 1 MB entry.
-    divs = AllocatorConfig.parse("roundup_power2_divisions:[1:2,2:4,>:8]").roundup_power2_divisions
-    assert divs[:2] == (4, 4)
+def test_roundup_list_only_the_first_key_fills_the_intervals_below_it():
+    """parseRoundUpPower2Divisions (CUDAAllocatorConfig.cpp in every stored version up to the
+    CUDA parser's move, c10/core/AllocatorConfig.cpp AcceleratorAllocatorConfig after it) spots
+    the first key with a `first_value` flag, not with `last_index == 0`. So a first key of 1 MB
+    (index 63 - clz(1) = 0) fills nothing below it, and later keys never fill backwards:
+
+    [1:2,8:4]: 1 -> index 0 = 2; 8 -> index 3 = 4; indices 1, 2 (2 MiB, 4 MiB) keep 0.
+    [1:2,2:4,>:8]: [0] = 2, [1] = 4, '>' fills from last_index + 1 = 2 (new parser) or from
+    last_index = 1 (old parser, overwriting the 2 MB entry).
+
+    (An earlier version of this test expected a `last_index == 0` quirk that no stored source
+    has: it gave (4, 4, ...) for the second string.)"""
+    for version in ("2.4", "2.13"):
+        divs = AllocatorConfig.parse("roundup_power2_divisions:[1:2,8:4]", version)
+        assert divs.roundup_power2_divisions == (2, 0, 0, 4) + (0,) * 12
+    new = AllocatorConfig.parse("roundup_power2_divisions:[1:2,2:4,>:8]", "2.13")
+    assert new.roundup_power2_divisions == (2, 4) + (8,) * 14
+    old = AllocatorConfig.parse("roundup_power2_divisions:[1:2,2:4,>:8]", "2.4")
+    assert old.roundup_power2_divisions == (2,) + (8,) * 15
 
 
 def test_max_non_split_rounding_exists_from_2_6():

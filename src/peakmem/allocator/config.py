@@ -88,19 +88,13 @@ class AllocatorConfig:
             i = _consume(tokens, i + 1, ":", key)
             if key == "max_split_size_mb":
                 mb = _parse_int(tokens, i, key)
-                if mb < min_mb:
-                    raise AllocatorConfigError(
-                        f"CachingAllocator option max_split_size_mb too small, must be >= {min_mb}"
-                    )
+                _check_split_size_minimum(key, mb, min_mb, rules)
                 values["max_split_size"] = min(mb, SIZE_MAX // MB) * MB
             elif key == "large_segment_size_mb" and rules.large_segment_size_configurable:
                 pass  # parsed above
             elif key == "max_non_split_rounding_mb" and rules.max_non_split_rounding_configurable:
                 mb = _parse_int(tokens, i, key)
-                if mb < min_mb:
-                    raise AllocatorConfigError(
-                        f"CachingAllocator option max_non_split_rounding_mb too small, must be >= {min_mb}"
-                    )
+                _check_split_size_minimum(key, mb, min_mb, rules)
                 values["max_non_split_rounding_size"] = min(mb, SIZE_MAX // MB) * MB
             elif key == "garbage_collection_threshold":
                 try:
@@ -141,6 +135,19 @@ class AllocatorConfig:
         index = size.bit_length() - 1 - 20
         index = max(0, min(index, ROUNDUP_POWER2_INTERVALS - 1))
         return self.roundup_power2_divisions[index]
+
+
+def _check_split_size_minimum(key: str, mb: int, min_mb: int, rules: AllocatorRules) -> None:
+    """parseMaxSplitSize / parseMaxNonSplitRoundingSize: `val_env >= min_allowed_split_size_mb`
+    (AcceleratorAllocatorConfig, 2.10+) or `val1 > kLargeBuffer / mb` (CUDAAllocatorConfig.cpp,
+    <= 2.9)."""
+    if rules.split_size_minimum_inclusive:
+        if mb < min_mb:
+            raise AllocatorConfigError(
+                f"CachingAllocator option {key} too small, must be >= {min_mb}"
+            )
+    elif mb <= min_mb:
+        raise AllocatorConfigError(f"CachingAllocator option {key} too small, must be > {min_mb}")
 
 
 def _lex(conf: str) -> list[str]:
@@ -192,6 +199,7 @@ def _parse_roundup_divisions(
     key = "roundup_power2_divisions"
     if i < len(tokens) and tokens[i] == "[":
         last_index = 0
+        first_value = True  # the C++ `first_value` flag: only the first key fills below itself
         i += 1
         while i < len(tokens) and tokens[i] != "]":
             interval = tokens[i]
@@ -213,9 +221,10 @@ def _parse_roundup_divisions(
                 if not _is_power_of_2(interval_mb):
                     raise AllocatorConfigError("For roundups, the intervals have to be power of 2")
                 index = min(int(math.log2(interval_mb)), ROUNDUP_POWER2_INTERVALS - 1)
-                if last_index == 0:
+                if first_value:
                     for j in range(index):
                         divisions[j] = value
+                    first_value = False
                 divisions[index] = value
                 last_index = index
             i += 1

@@ -27,10 +27,18 @@ class AllocatorRules:
     unrounded (`divisions > 0` test and an early return in roundup_power2_next_division)."""
     roundup_gt_fills_from_next_interval: bool = True
     """In `roundup_power2_divisions:[...,>:N]` the `>` entry fills from the interval after the last
-    listed one (newer AllocatorConfig.cpp); older parsers overwrote the last listed interval too."""
+    listed one (`last_index + 1`, c10/core/AllocatorConfig.cpp AcceleratorAllocatorConfig, which
+    CUDA parses with from torch 2.10); CUDAAllocatorConfig.cpp's own parser (<= 2.9) filled from
+    `last_index`, overwriting the last listed interval too."""
     list_divisions_may_be_zero: bool = True
-    """The list form accepts 0 (roundup off for that interval); older parsers required a power
-    of 2."""
+    """The list form accepts 0 (roundup off for that interval; PR #126833, May 2024); the 2.4
+    parser is taken to require a power of 2 (see docs/allocator.md for how sure that is)."""
+
+    split_size_minimum_inclusive: bool = True
+    """`max_split_size_mb` / `max_non_split_rounding_mb` may equal the minimum (20 MB, or
+    `large_segment_size_mb`): `val_env >= min_allowed_split_size_mb` in AcceleratorAllocatorConfig
+    (2.10+). CUDAAllocatorConfig.cpp's own parser checked `val1 > kLargeBuffer / mb` ("must be
+    > 20"), so 20 was rejected up to 2.9."""
 
     @classmethod
     def for_version(cls, version: str | None) -> AllocatorRules:
@@ -57,23 +65,29 @@ def parse_version(version: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-_OLD_PARSER = dict(roundup_gt_fills_from_next_interval=False, list_divisions_may_be_zero=False)
-
 _VERSION_RULES: list[AllocatorRules] = [
     AllocatorRules(
         version=(2, 4),
         max_non_split_rounding_configurable=False,
         large_segment_size_configurable=False,
         divisions_one_leaves_size_unrounded=True,
-        **_OLD_PARSER,
+        roundup_gt_fills_from_next_interval=False,
+        list_divisions_may_be_zero=False,
+        split_size_minimum_inclusive=False,
     ),
     AllocatorRules(
         version=(2, 5),
         max_non_split_rounding_configurable=False,
         large_segment_size_configurable=False,
-        **_OLD_PARSER,
+        roundup_gt_fills_from_next_interval=False,
+        split_size_minimum_inclusive=False,
     ),
-    AllocatorRules(version=(2, 6), large_segment_size_configurable=False, **_OLD_PARSER),
-    AllocatorRules(version=(2, 8), large_segment_size_configurable=False),
+    AllocatorRules(
+        version=(2, 6),
+        large_segment_size_configurable=False,
+        roundup_gt_fills_from_next_interval=False,
+        split_size_minimum_inclusive=False,
+    ),
+    AllocatorRules(version=(2, 10), large_segment_size_configurable=False),
     AllocatorRules(version=(2, 12)),
 ]
