@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import sys
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from functools import cache
@@ -61,8 +62,10 @@ def gpumemnet_command(row: BenchRow) -> list[str]:
 def _hf_configs() -> ModuleType:
     path = ZOO / "hf_configs.py"
     _require(path)
-    spec = importlib.util.spec_from_file_location("peakmem_zoo_hf_configs", path)
+    name = "peakmem_zoo_hf_configs"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
