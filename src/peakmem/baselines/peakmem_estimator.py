@@ -1,29 +1,54 @@
 """peakmem's own estimate as a bench row: the row's job script through `peakmem estimate`.
 
-GPUMemNet rows run `benchmarks/zoo/gpumemnet.py --config <Filename>` (the rebuilt job, unchanged
-from what a user would run) on the row's GPU profile and torch version, exactly as
-`peakmem estimate --gpu a100-40gb --torch 2.4.1 -- python benchmarks/zoo/gpumemnet.py ...` does.
+Each dataset maps its rows to a job script in `benchmarks/zoo/` (the rebuilt job, unchanged from
+what a user would run), estimated on the row's GPU profile and torch version exactly as
+`peakmem estimate --gpu G --torch V -- python benchmarks/zoo/<job>.py ...` does:
+
+- GPUMemNet rows run `gpumemnet.py --config <Filename>`;
+- xMem rows run `xmem_hf.py --model M --batch-size B --optimizer OPT` for the Hugging Face models
+  whose config `hf_configs.py` holds; its torchvision CNNs have no job script (torchvision is not
+  installed here).
+
+Where a dataset's measurement leaves the CUDA context out (`BenchRow.measured_includes_context`
+False: xMem's baseline sample is taken after the context exists), the estimate compared is the
+device-level peak minus the stack's context constant: libraries loaded on first use and the
+caching allocator's peak reserve.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import sys
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
+from functools import cache
 from pathlib import Path
+from types import ModuleType
 
 from peakmem.baselines.base import CannotEstimate, Estimator
 from peakmem.bench.rows import BenchRow
 
 REPO = Path(__file__).resolve().parents[3]
-GPUMEMNET_JOB = REPO / "benchmarks" / "zoo" / "gpumemnet.py"
+ZOO = REPO / "benchmarks" / "zoo"
+GPUMEMNET_JOB = ZOO / "gpumemnet.py"
+XMEM_JOB = ZOO / "xmem_hf.py"
+
+# xMem's torchvision CNNs (perf_estimator/models.py AllModels), spelled as its runs record them.
+XMEM_CNNS = frozenset({
+    "VGG11", "VGG16", "VGG19", "ResNet50", "ResNet101", "ResNet152", "MobileNetV2",
+    "MobeNetV3Small", "MobeNetV3Large", "MnasNet", "ConvNeXtTiny", "ConvNeXtBase",
+    "RegNetX400MF", "RegNetX32GF", "RegNetY400MF", "RegNetY32GF",
+})
 
 
-def job_command(row: BenchRow) -> list[str]:
-    """The command line whose estimate this row's measurement is compared with."""
-    if not row.dataset.startswith("gpumemnet"):
-        raise CannotEstimate(f"no job script for dataset {row.dataset!r} yet")
-    if not GPUMEMNET_JOB.exists():
-        raise CannotEstimate(f"missing {GPUMEMNET_JOB} (run from a source checkout)")
+def _require(path: Path) -> None:
+    if not path.exists():
+        raise CannotEstimate(f"missing {path} (run from a source checkout)")
+
+
+def gpumemnet_command(row: BenchRow) -> list[str]:
+    _require(GPUMEMNET_JOB)
     # DataLoader workers only move host data: no device memory, so none are started here.
     command = ["python", str(GPUMEMNET_JOB), "--config", row.features["Filename"],
                "--num-workers", "0"]
@@ -33,11 +58,64 @@ def job_command(row: BenchRow) -> list[str]:
     return command
 
 
+@cache
+def _hf_configs() -> ModuleType:
+    path = ZOO / "hf_configs.py"
+    _require(path)
+    name = "peakmem_zoo_hf_configs"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def xmem_command(row: BenchRow) -> list[str]:
+    model = row.job["model"]
+    if model in XMEM_CNNS:
+        raise CannotEstimate(
+            f"{model}: xMem's torchvision CNNs have no job script here (torchvision is not "
+            "installed)"
+        )
+    if _hf_configs().lookup(model) is None:
+        raise CannotEstimate(f"{model}: no config in benchmarks/zoo/hf_configs.py")
+    _require(XMEM_JOB)
+    command = ["python", str(XMEM_JOB), "--model", model,
+               "--batch-size", str(row.job["batch_size"]), "--optimizer", row.job["optimizer"]]
+    mode = row.features.get("zero_grad_mode_recorded", "").strip()
+    if mode:
+        command += ["--zero-grad-mode", str(int(float(mode)))]
+    return command
+
+
+# dataset name prefix -> the row's job command
+JOB_COMMANDS: dict[str, Callable[[BenchRow], list[str]]] = {
+    "gpumemnet": gpumemnet_command,
+    "xmem": xmem_command,
+}
+
+
+def job_command(row: BenchRow) -> list[str]:
+    """The command line whose estimate this row's measurement is compared with."""
+    for prefix, command in JOB_COMMANDS.items():
+        if row.dataset.startswith(prefix):
+            return command(row)
+    raise CannotEstimate(f"no job script for dataset {row.dataset!r} yet")
+
+
+def compared_bytes(row: BenchRow, estimate) -> int:
+    """What the row's measurement is compared with: the device-level peak, less the CUDA
+    context where the dataset's measurement leaves the context out."""
+    if row.measured_includes_context:
+        return estimate.peak_bytes
+    return estimate.peak_bytes - estimate.context_bytes
+
+
 class PeakmemEstimator(Estimator):
     name = "peakmem"
 
     def estimate_bytes(self, row: BenchRow) -> int:
-        return self.run(row).peak_bytes
+        return compared_bytes(row, self.run(row))
 
     def run(self, row: BenchRow):  # -> peakmem.estimate.Estimate
         from peakmem.estimate import EstimateError, estimate_capture, estimate_command

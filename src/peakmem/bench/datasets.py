@@ -191,6 +191,10 @@ def load_xmem(data_dir: Path) -> Iterator[BenchRow]:
             torch_version=XMEM_TORCH,
             gpu_total_bytes=int(float(raw["gpu_total_mib"]) * MiB),
             features=raw,
+            # xMem's ground truth is max(NVML used - used at the first sample); the first sample
+            # is taken after `torch.cuda.set_per_process_memory_fraction` created the context
+            # (exp/trainer/__init__.py FastRunner.train_on_gpu, exp/run.py _get_ground_truth).
+            measured_includes_context=False,
         )
 
 

@@ -30,6 +30,9 @@ class BenchRow:
     ...}). `features` holds the dataset's raw per-row columns (what feature-based estimators such as
     GPUMemNet's classifier read). `measured_peak_bytes` is device-level (nvidia-smi) unless the
     dataset says otherwise; for an `oom` row it is only the level reached before the crash.
+    `measured_includes_context` is False where the dataset measured from a baseline taken after
+    the CUDA context existed (xMem: NVML used - used at the first sample): an estimator that
+    models the context leaves it out of what it compares with such a row.
     """
 
     id: str
@@ -42,6 +45,7 @@ class BenchRow:
     torch_version: str
     gpu_total_bytes: int
     features: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    measured_includes_context: bool = True
 
     @property
     def measured_mib(self) -> float:
