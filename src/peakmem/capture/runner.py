@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,10 +186,8 @@ def backend_flags_restored() -> Iterator[None]:
         yield
     finally:
         for owner, name, value in saved:
-            try:
+            with suppress(AttributeError, RuntimeError):
                 setattr(owner, name, value)
-            except (AttributeError, RuntimeError):
-                pass
 
 
 def _is_fake_limit(exc: BaseException) -> bool:
