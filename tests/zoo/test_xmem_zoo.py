@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from peakmem.baselines.base import CannotEstimate
-from peakmem.baselines.peakmem_estimator import XMEM_JOB, compared_bytes, job_command
+from peakmem.baselines.peakmem_estimator import (
+    XMEM_CNN_JOB,
+    XMEM_JOB,
+    compared_bytes,
+    job_command,
+)
 from peakmem.bench.rows import BenchRow
 
 ZOO = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo"
@@ -82,8 +87,6 @@ def test_job_command_maps_xmem_rows():
     ]
     command = job_command(_row("t5-small", zero_grad_mode_recorded="1"))  # Hub ids: any case
     assert command[-2:] == ["--zero-grad-mode", "1"]
-    with pytest.raises(CannotEstimate, match="torchvision"):
-        job_command(_row("ResNet50"))
     with pytest.raises(CannotEstimate, match="no config"):
         job_command(_row("microsoft/deberta-base"))
 
@@ -97,10 +100,9 @@ def test_xmem_dataset_rows_map(shared_data):
         try:
             command = job_command(row)
         except CannotEstimate as exc:
-            assert "torchvision" in str(exc), row.job
+            assert "needs the optional `torchvision` package" in str(exc), row.job
         else:
-            assert command[1] == str(XMEM_JOB)
-            assert "transformers" in row.job["library"]
+            assert command[1] in (str(XMEM_JOB), str(XMEM_CNN_JOB)), command
 
 
 def test_tiny_job_estimates_end_to_end():

@@ -6,8 +6,12 @@ what a user would run), estimated on the row's GPU profile and torch version exa
 
 - GPUMemNet rows run `gpumemnet.py --config <Filename>`;
 - xMem rows run `xmem_hf.py --model M --batch-size B --optimizer OPT` for the Hugging Face models
-  whose config `hf_configs.py` holds; its torchvision CNNs have no job script (torchvision is not
-  installed here).
+  whose config `hf_configs.py` holds, and `xmem_cnn.py --model M --batch-size B --optimizer OPT`
+  for its torchvision CNNs;
+- timm rows (GPUMemNet's timm set) run `timm_train.py --model M --batch-size B`.
+
+The CNN and timm jobs need the optional `torchvision` / `timm` package: where it is missing, the
+row says so (CannotEstimate) before anything runs.
 
 Where a dataset's measurement leaves the CUDA context out (`BenchRow.measured_includes_context`
 False: xMem's baseline sample is taken after the context exists), the estimate compared is the
@@ -33,6 +37,8 @@ REPO = Path(__file__).resolve().parents[3]
 ZOO = REPO / "benchmarks" / "zoo"
 GPUMEMNET_JOB = ZOO / "gpumemnet.py"
 XMEM_JOB = ZOO / "xmem_hf.py"
+XMEM_CNN_JOB = ZOO / "xmem_cnn.py"
+TIMM_JOB = ZOO / "timm_train.py"
 
 # xMem's torchvision CNNs (perf_estimator/models.py AllModels), spelled as its runs record them.
 XMEM_CNNS = frozenset({
@@ -45,6 +51,19 @@ XMEM_CNNS = frozenset({
 def _require(path: Path) -> None:
     if not path.exists():
         raise CannotEstimate(f"missing {path} (run from a source checkout)")
+
+
+def has_package(name: str) -> bool:
+    """Whether the optional package ``name`` can be imported here (without importing it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _require_package(name: str, what: str) -> None:
+    if not has_package(name):
+        raise CannotEstimate(f"{what} needs the optional `{name}` package (not installed)")
 
 
 def gpumemnet_command(row: BenchRow) -> list[str]:
@@ -73,25 +92,44 @@ def _hf_configs() -> ModuleType:
 def xmem_command(row: BenchRow) -> list[str]:
     model = row.job["model"]
     if model in XMEM_CNNS:
-        raise CannotEstimate(
-            f"{model}: xMem's torchvision CNNs have no job script here (torchvision is not "
-            "installed)"
-        )
+        return xmem_cnn_command(row)
     if _hf_configs().lookup(model) is None:
         raise CannotEstimate(f"{model}: no config in benchmarks/zoo/hf_configs.py")
     _require(XMEM_JOB)
     command = ["python", str(XMEM_JOB), "--model", model,
                "--batch-size", str(row.job["batch_size"]), "--optimizer", row.job["optimizer"]]
+    return command + _zero_grad_mode(row)
+
+
+def _zero_grad_mode(row: BenchRow) -> list[str]:
     mode = row.features.get("zero_grad_mode_recorded", "").strip()
-    if mode:
-        command += ["--zero-grad-mode", str(int(float(mode)))]
-    return command
+    return ["--zero-grad-mode", str(int(float(mode)))] if mode else []
+
+
+def xmem_cnn_command(row: BenchRow) -> list[str]:
+    """xMem's torchvision CNN runs: `xmem_cnn.py` (xMem's conv_train_loop, CIFAR-10 at 86x86)."""
+    model = row.job["model"]
+    _require_package("torchvision", f"{model}: xMem's torchvision CNN job")
+    _require(XMEM_CNN_JOB)
+    return ["python", str(XMEM_CNN_JOB), "--model", model,
+            "--batch-size", str(row.job["batch_size"]), "--optimizer", row.job["optimizer"],
+            *_zero_grad_mode(row)]
+
+
+def timm_command(row: BenchRow) -> list[str]:
+    """GPUMemNet's timm rows: `timm_train.py` (timm defaults, Adam lr 1e-3 assumed)."""
+    model = row.job["model"]
+    _require_package("timm", f"{model}: the timm job")
+    _require(TIMM_JOB)
+    return ["python", str(TIMM_JOB), "--model", model,
+            "--batch-size", str(row.job["batch_size"])]
 
 
 # dataset name prefix -> the row's job command
 JOB_COMMANDS: dict[str, Callable[[BenchRow], list[str]]] = {
     "gpumemnet": gpumemnet_command,
     "xmem": xmem_command,
+    "timm": timm_command,
 }
 
 
