@@ -122,3 +122,28 @@ def test_report_writes_markdown_and_plots(fixture_data, tmp_path):
     for png in ("scatter.png", "error_cdf.png", "family_errors.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert (out / "cache.jsonl").is_file()
+
+
+def test_cache_keys_carry_the_estimator_version_and_skip_missing_packages(tmp_path):
+    from peakmem.baselines.base import Estimator, MissingPackage
+    from peakmem.bench.rows import BenchRow
+    from peakmem.bench.runner import ResultCache, run_estimators
+
+    class Versioned(Estimator):
+        name = "v"
+        version = "abc"
+
+        def estimate_bytes(self, row):
+            if row.id == "1":
+                raise MissingPackage("needs the optional `timm` package")
+            return 42
+
+    rows = [BenchRow(id=i, dataset="d", family="f", job=None, measured_peak_bytes=40,
+                     status="ok", gpu="a100-40gb", torch_version="2.4.1", gpu_total_bytes=80)
+            for i in ("0", "1")]
+    cache = ResultCache(tmp_path / "cache.jsonl")
+    results = run_estimators({"v": Versioned()}, rows, dataset="d", cache=cache)
+    assert [r.estimate_bytes for r in results["v"]] == [42, None]
+    assert results["v"][1].error.startswith("unavailable here: ")
+    lines = (tmp_path / "cache.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and '"v1|d|v@2#abc|0"' in lines[0]  # row 1 is not cached

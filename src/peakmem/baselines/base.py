@@ -13,6 +13,11 @@ class CannotEstimate(Exception):
     """This estimator cannot estimate this row (one-line reason)."""
 
 
+class MissingPackage(CannotEstimate):
+    """The row needs an optional package this machine lacks: not a fact about the row, so the
+    bench does not cache it (the same row may run once the package is installed)."""
+
+
 class EstimatorUnavailable(RuntimeError):
     """The estimator exists by name but cannot run here (missing implementation or extra)."""
 
@@ -28,6 +33,8 @@ class Estimator:
     (called once in the parent process; the estimator is then pickled to worker processes)."""
 
     name: str = ""
+    version: str = ""
+    """Part of the bench cache key: change it when the estimator's results change."""
 
     def prepare(self, rows: list[BenchRow]) -> None:  # noqa: B027 - optional hook
         """Fit on the dataset's rows before any estimate (default: nothing to fit)."""

@@ -21,6 +21,7 @@ caching allocator's peak reserve.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import io
 import sys
@@ -30,7 +31,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from peakmem.baselines.base import CannotEstimate, Estimator
+from peakmem.baselines.base import CannotEstimate, Estimator, MissingPackage
 from peakmem.bench.rows import BenchRow
 
 REPO = Path(__file__).resolve().parents[3]
@@ -63,7 +64,7 @@ def has_package(name: str) -> bool:
 
 def _require_package(name: str, what: str) -> None:
     if not has_package(name):
-        raise CannotEstimate(f"{what} needs the optional `{name}` package (not installed)")
+        raise MissingPackage(f"{what} needs the optional `{name}` package (not installed)")
 
 
 def gpumemnet_command(row: BenchRow) -> list[str]:
@@ -149,8 +150,27 @@ def compared_bytes(row: BenchRow, estimate) -> int:
     return estimate.peak_bytes - estimate.context_bytes
 
 
+@cache
+def source_version() -> str:
+    """A digest of everything a peakmem estimate depends on: the package's code and profile
+    data and the zoo's job scripts (the bench cache key; a change recomputes the rows)."""
+    digest = hashlib.sha1()
+    package = Path(__file__).resolve().parents[1]
+    files = sorted(package.rglob("*.py")) + sorted(package.rglob("*.toml")) + sorted(ZOO.glob("*.py"))
+    for path in files:
+        if "__pycache__" in path.parts:
+            continue
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 class PeakmemEstimator(Estimator):
     name = "peakmem"
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        return source_version()
 
     def estimate_bytes(self, row: BenchRow) -> int:
         return compared_bytes(row, self.run(row))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from peakmem.baselines.base import CannotEstimate
+from peakmem.baselines.base import CannotEstimate, MissingPackage
 from peakmem.bench.gpumemnet_jobs import CNNJob, MLPJob, TransformerJob
 from peakmem.bench.gpumemnet_models import CannotBuildJob, build_model, make_batch
 from peakmem.bench.rows import BenchRow
@@ -41,7 +41,7 @@ def _timm(row: BenchRow, device: str) -> RebuiltJob:
     try:
         timm = importlib.import_module("timm")
     except ImportError as exc:
-        raise CannotEstimate("timm rows need the optional `timm` package") from exc
+        raise MissingPackage("timm rows need the optional `timm` package") from exc
     with torch.device(device):
         model = timm.create_model(row.job["model"], pretrained=False)
     cfg = getattr(model, "pretrained_cfg", {}) or {}

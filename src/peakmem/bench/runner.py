@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from peakmem.baselines.base import CannotEstimate, Estimator
+from peakmem.baselines.base import CannotEstimate, Estimator, MissingPackage
 from peakmem.bench.metrics import RowResult
 from peakmem.bench.rows import BenchRow
 
@@ -22,8 +22,23 @@ CACHE_VERSION = 1
 DEFAULT_CACHE = Path.home() / ".cache" / "peakmem" / "bench-cache.jsonl"
 
 
+UNAVAILABLE_HERE = "unavailable here: "
+"""Prefix of a result that depends on this machine (a missing optional package): not cached."""
+
+
 def cache_key(dataset: str, estimator: str, row_id: str) -> str:
     return f"v{CACHE_VERSION}|{dataset}|{estimator}|{row_id}"
+
+
+def estimator_tag(name: str, estimator: Estimator, dataset_size: int) -> str:
+    """The estimator part of a cache key: its name, the dataset size (estimators that fit on the
+    whole set change with it) and its version where it has one (peakmem: a source digest)."""
+    version = getattr(estimator, "version", "")
+    return f"{name}@{dataset_size}" + (f"#{version}" if version else "")
+
+
+def cacheable(result: RowResult) -> bool:
+    return not (result.error or "").startswith(UNAVAILABLE_HERE)
 
 
 class ResultCache:
@@ -64,6 +79,9 @@ def estimate_row(estimator: Estimator, row: BenchRow) -> RowResult:
     )
     try:
         estimate = estimator.estimate(row)
+    except MissingPackage as exc:
+        return RowResult(**base, estimate_bytes=None, seconds=None,
+                         error=f"{UNAVAILABLE_HERE}{exc}")
     except CannotEstimate as exc:
         return RowResult(**base, estimate_bytes=None, seconds=None, error=str(exc))
     except Exception as exc:  # noqa: BLE001 - one bad row must not end a long bench run
@@ -107,7 +125,7 @@ def run_estimators(
     results: dict[str, dict[str, RowResult]] = {name: {} for name in estimators}
     todo: list[tuple[str, BenchRow, str]] = []
     for name in estimators:
-        tag = f"{name}@{dataset_size}"
+        tag = estimator_tag(name, estimators[name], dataset_size)
         for row in rows:
             key = cache_key(dataset, tag, row.id)
             hit = cache.get(key)
@@ -122,7 +140,8 @@ def run_estimators(
     if jobs <= 1 or len(todo) <= 1:
         for name, row, key in todo:
             result = estimate_row(estimators[name], row)
-            cache.put(key, result)
+            if cacheable(result):
+                cache.put(key, result)
             results[name][row.id] = result
             if on_result:
                 on_result()
@@ -136,7 +155,8 @@ def run_estimators(
             futures = [pool.submit(_work, name, row) for name, row, _ in todo]
             for future in as_completed(futures):
                 name, result = future.result()
-                cache.put(keys[(name, result.row_id)], result)
+                if cacheable(result):
+                    cache.put(keys[(name, result.row_id)], result)
                 results[name][result.row_id] = result
                 if on_result:
                     on_result()
