@@ -21,7 +21,12 @@ from pathlib import Path
 
 from peakmem.baselines.base import CannotEstimate
 from peakmem.baselines.peakmem_estimator import PeakmemEstimator
-from peakmem.bench.calibration import CALIBRATION_BUCKETS, fit_context_bytes, in_calibration_split
+from peakmem.bench.calibration import (
+    CALIBRATION_BUCKETS,
+    fit_context_bytes,
+    in_calibration_split,
+    safety_margin,
+)
 from peakmem.bench.datasets import load_rows
 
 MiB = 2**20
@@ -62,6 +67,9 @@ def main() -> None:
           f"({failed} could not be estimated); within 2 MiB of it: {within}/{len(measured)}; "
           f"median difference {statistics.median(diffs.elements())} MiB")
     print("most common differences (MiB: rows):", dict(diffs.most_common(6)))
+    errors = [(context + r - m * MiB) / (m * MiB) for m, r in zip(measured, reserved, strict=True)]
+    margin = safety_margin(errors)
+    print(f"safety margin (<= 1% of the split underestimated): {margin:.1%}")
     if args.write:
         gpu, torch_version = split[0].gpu, split[0].torch_version
         major_minor = ".".join(torch_version.split(".")[:2])
@@ -74,8 +82,16 @@ def main() -> None:
             f'(sha1(Filename) % {CALIBRATION_BUCKETS} == 0; never scored); '
             f'python benchmarks/calibrate_context.py --write"\n'
         )
-        pattern = re.compile(rf"\n\[context_bytes\.{re.escape(gpu)}\]\n(?:[^\[\n].*\n?)*")
-        text = pattern.sub("", text).rstrip("\n") + "\n" + block
+        block += (
+            f'\n[safety_margin.{gpu}.default]\nvalue = {margin}\n'
+            f'source = "fitted: the smallest margin under which <= 1% of the {len(measured)} rows '
+            f'of the calibration split of {args.dataset} are underestimated; '
+            f'python benchmarks/calibrate_context.py --write"\n'
+        )
+        for header in (f"context_bytes.{gpu}", f"safety_margin.{gpu}.default"):
+            pattern = re.compile(rf"\n\[{re.escape(header)}\]\n(?:[^\[\n].*\n?)*")
+            text = pattern.sub("", text)
+        text = text.rstrip("\n") + "\n" + block
         path.write_text(text)
         print(f"wrote [context_bytes.{gpu}] to {path}")
 

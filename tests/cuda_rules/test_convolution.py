@@ -164,3 +164,21 @@ def test_profile_rejects_unknown_model_keys():
     assert _conv_model({"forward": 1, "source": "s"}, "here").value == {"forward": 1.0}
     with pytest.raises(ProfileError, match="unknown keys"):
         _conv_model({"forwrd": 1, "source": "s"}, "here")
+
+
+def test_estimate_states_the_calibrated_margin_for_its_kind_of_job(a100, stack24):
+    from peakmem.estimate.api import estimate_capture
+
+    conv = estimate_capture(capture_callable(two_convs, gpu=a100, stack=stack24), a100, stack24,
+                            torch_version="2.4.1")
+    assert conv.margin_kind == "cudnn_convolution"
+    assert conv.safety_margin == stack24.safety_margin_for(a100, "cudnn_convolution").value > 0.1
+    assert conv.to_json()["peak_bytes_with_margin"] == int(conv.peak_bytes * (1 + conv.safety_margin))
+
+    def mlp():
+        torch.nn.Linear(8, 8).cuda()(torch.randn(4, 8, device="cuda")).sum().backward()
+
+    plain = estimate_capture(capture_callable(mlp, gpu=a100, stack=stack24), a100, stack24,
+                             torch_version="2.4.1")
+    assert plain.margin_kind == "default"
+    assert 0 < plain.safety_margin < 0.05

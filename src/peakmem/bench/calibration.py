@@ -9,6 +9,7 @@ estimator and every machine agrees on it, and it holds out the same rows whateve
 from __future__ import annotations
 
 import hashlib
+import math
 import statistics
 from collections.abc import Iterable
 
@@ -51,3 +52,13 @@ def fit_context_bytes(measured_mib: list[int], simulated_reserved_bytes: list[in
         raise ValueError("need one simulated peak per measured row, and at least one row")
     differences = [m - round(r / MiB) for m, r in zip(measured_mib, simulated_reserved_bytes, strict=True)]
     return statistics.mode(differences) * MiB
+
+
+def safety_margin(errors: list[float], failures: float = 0.01) -> float:
+    """The smallest m for which estimate x (1 + m) falls below the measurement on at most
+    `failures` of the rows (`errors`: (estimate - measured) / measured), rounded up to 0.5%."""
+    needed = sorted(max(0.0, 1 / (1 + e) - 1) for e in errors if e > -1)
+    if not needed:
+        return 0.0
+    allowed = int(failures * len(needed))  # rows that may stay above the margin
+    return math.ceil(needed[len(needed) - 1 - allowed] * 200) / 200

@@ -58,6 +58,21 @@ class Estimate:
         return self.context_bytes + self.library_bytes + self.peak_reserved_bytes
 
     @property
+    def margin_kind(self) -> str:
+        """Which calibrated safety margin applies: the cuDNN model's for jobs that convolve."""
+        return "cudnn_convolution" if "cudnn_convolution" in self.libraries else "default"
+
+    @property
+    def safety_margin(self) -> float:
+        """Fraction to add so that <= 1% of the calibration split's jobs of this kind were
+        underestimated (stack profile `safety_margin`; 0 where none was fitted)."""
+        return float(self.stack.safety_margin_for(self.gpu, self.margin_kind).value)
+
+    @property
+    def peak_bytes_with_margin(self) -> int:
+        return int(self.peak_bytes * (1 + self.safety_margin))
+
+    @property
     def capacity_bytes(self) -> int:
         return self.gpu.total_memory_bytes
 
@@ -86,6 +101,9 @@ class Estimate:
                 {"module": name, "bytes": size} for name, size in self.breakdown.top_modules()
             ],
             "fits": self.fits,
+            "safety_margin": self.safety_margin,
+            "peak_bytes_with_margin": self.peak_bytes_with_margin,
+            "fits_with_margin": self.fits and self.peak_bytes_with_margin <= self.capacity_bytes,
             "headroom_bytes": self.headroom_bytes,
             "capacity_bytes": self.capacity_bytes,
             "gpu": self.gpu.name,

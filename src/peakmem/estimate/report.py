@@ -55,6 +55,13 @@ def render(result: Estimate, console: Console) -> None:
         else f"[red]no[/red], short by {human_bytes(-result.headroom_bytes)}"
     )
     summary.add_row("Fits", verdict, "")
+    if result.safety_margin > 0:
+        margin_source = short_source(result.stack.safety_margin_for(result.gpu, result.margin_kind))
+        summary.add_row(
+            f"With +{result.safety_margin:.1%} margin",
+            human_bytes(result.peak_bytes_with_margin),
+            f"<= 1% of calibration jobs above it; {margin_source}",
+        )
     console.print(summary)
     if result.mode_reason:
         console.print(f"mode {result.mode}: {result.mode_reason}", markup=False)

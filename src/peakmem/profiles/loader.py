@@ -67,6 +67,10 @@ class StackProfile:
     library: dict[str, dict[str, Sourced]] = field(default_factory=dict)
     """Per GPU profile name (or "default"): device memory a library loads outside the caching
     allocator on first use, by library/kernel family."""
+    safety_margin: dict[str, dict[str, Sourced]] = field(default_factory=dict)
+    """Per GPU profile name (or "default"): the fraction to add to an estimate so that <= 1% of
+    a calibration split's jobs are underestimated, by kind of job ("default", or the library
+    whose calibrated model the estimate leans on, e.g. "cudnn_convolution")."""
     kernel_workspace: dict[str, Sourced] = field(default_factory=dict)
     """Library workspaces of single kernels by name (e.g. cuDNN batch norm), each sourced."""
 
@@ -91,6 +95,13 @@ class StackProfile:
         return self.conv_workspace.get(
             gpu.name, self.conv_workspace.get("default", _NO_CONV_WORKSPACE)
         )
+
+    def safety_margin_for(self, gpu: GpuProfile, kind: str) -> Sourced:
+        for key in (gpu.name, "default"):
+            found = self.safety_margin.get(key, {}).get(kind)
+            if found is not None:
+                return found
+        return Sourced(0.0, "assumed", f"no margin fitted for {kind} jobs on {gpu.name}")
 
     def library_bytes_for(self, gpu: GpuProfile, family: str) -> Sourced:
         for key in (gpu.name, "default"):
@@ -204,6 +215,13 @@ def _stacks() -> list[StackProfile]:
                         for family, entry in families.items()
                     }
                     for key, families in table.get("library_bytes", {}).items()
+                },
+                safety_margin={
+                    key: {
+                        kind: _sourced(entry, f"{where} safety_margin.{key}.{kind}")
+                        for kind, entry in kinds.items()
+                    }
+                    for key, kinds in table.get("safety_margin", {}).items()
                 },
                 kernel_workspace={
                     key: _sourced(raw, f"{where} kernel_workspace_bytes.{key}")
