@@ -97,18 +97,23 @@ class StackProfile:
         )
 
     def safety_margin_for(self, gpu: GpuProfile, kind: str) -> Sourced:
-        for key in (gpu.name, "default"):
-            found = self.safety_margin.get(key, {}).get(kind)
-            if found is not None:
-                return found
-        return Sourced(0.0, "assumed", f"no margin fitted for {kind} jobs on {gpu.name}")
+        return _per_gpu(self.safety_margin, gpu, kind) or Sourced(
+            0.0, "assumed", f"no margin fitted for {kind} jobs on {gpu.name}"
+        )
 
     def library_bytes_for(self, gpu: GpuProfile, family: str) -> Sourced:
-        for key in (gpu.name, "default"):
-            found = self.library.get(key, {}).get(family)
-            if found is not None:
-                return found
-        return Sourced(0, "assumed", f"no figure for {family} in the {self.name} stack profile")
+        return _per_gpu(self.library, gpu, family) or Sourced(
+            0, "assumed", f"no figure for {family} in the {self.name} stack profile"
+        )
+
+
+def _per_gpu(table: dict[str, dict[str, Sourced]], gpu: GpuProfile, name: str) -> Sourced | None:
+    """`table[gpu][name]`, else `table["default"][name]`, else None."""
+    for key in (gpu.name, "default"):
+        found = table.get(key, {}).get(name)
+        if found is not None:
+            return found
+    return None
 
 
 _NO_CONV_WORKSPACE = Sourced({}, "assumed", "no cuDNN workspace model for this GPU: none counted")
