@@ -151,3 +151,20 @@ def test_within_2_mib_share_and_underestimates_beyond_it():
     assert s["within_2mib_share"] == 0.5
     assert s["under_rate"] == 0.5
     assert s["under_beyond_2mib_rate"] == 0.25
+
+
+def test_stated_margin_scales_each_row_by_its_own_margin():
+    from peakmem.bench.metrics import RowResult, summarize_estimator
+
+    def row(i, est, meas, margin):
+        return RowResult(row_id=str(i), family="f", status="ok", measured_bytes=meas,
+                         gpu_total_bytes=10**9, estimate_bytes=est, seconds=0.1,
+                         stated_margin=margin)
+
+    # under by 10% with a 20% margin: covered; under by 10% with a 5% margin: still a failure
+    results = [row(0, 90, 100, 0.20), row(1, 90, 100, 0.05), row(2, 100, 100, 0.0)]
+    summary = summarize_estimator(results, margin=0.1)
+    assert summary["failure_prob"] == pytest.approx(2 / 3)
+    assert summary["with_stated_margin"]["failure_prob"] == pytest.approx(1 / 3)
+    plain = [RowResult(**{**r.to_json(), "stated_margin": None}) for r in results]
+    assert "with_stated_margin" not in summarize_estimator(plain, margin=0.1)

@@ -26,6 +26,9 @@ class EstimatorUnavailable(RuntimeError):
 class Estimate:
     peak_bytes: int
     seconds: float
+    stated_margin: float | None = None
+    """The margin the estimator itself states for this estimate (peakmem: calibrated per kind
+    of job), if any."""
 
 
 class Estimator:

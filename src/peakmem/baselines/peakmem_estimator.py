@@ -25,13 +25,14 @@ import hashlib
 import importlib.util
 import io
 import sys
+import time
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from peakmem.baselines.base import CannotEstimate, Estimator, MissingPackage
+from peakmem.baselines.base import CannotEstimate, Estimate, Estimator, MissingPackage
 from peakmem.bench.rows import BenchRow
 
 REPO = Path(__file__).resolve().parents[3]
@@ -174,6 +175,12 @@ class PeakmemEstimator(Estimator):
 
     def estimate_bytes(self, row: BenchRow) -> int:
         return compared_bytes(row, self.run(row))
+
+    def estimate(self, row: BenchRow) -> Estimate:
+        start = time.perf_counter()
+        result = self.run(row)
+        return Estimate(compared_bytes(row, result), time.perf_counter() - start,
+                        stated_margin=result.safety_margin)
 
     def run(self, row: BenchRow):  # -> peakmem.estimate.Estimate
         from peakmem.estimate import EstimateError, estimate_capture, estimate_command

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -40,6 +40,8 @@ class RowResult:
     estimate_bytes: int | None
     seconds: float | None
     error: str | None = None
+    stated_margin: float | None = None
+    """The margin the estimator states for this row (peakmem's calibrated safety margin)."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -136,6 +138,12 @@ def summarize_estimator(results: list[RowResult], margin: float) -> dict:
     summary = summarize(results)
     summary["margin_for_1pct_failures"] = margin_for_failure_rate(results)
     summary["with_margin"] = summarize(results, margin)
+    stated = [r for r in results if r.stated_margin is not None]
+    if stated:
+        summary["with_stated_margin"] = summarize(
+            [replace(r, estimate_bytes=int(r.estimate_bytes * (1 + r.stated_margin)))
+             if r.estimate_bytes is not None else r for r in stated]
+        )
     by_family: dict[str, list[RowResult]] = defaultdict(list)
     for r in results:
         by_family[r.family].append(r)

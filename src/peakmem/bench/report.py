@@ -28,11 +28,17 @@ def _fmt(value: object, kind: str = "") -> str:
     return str(value)
 
 
+def _stated(summary: dict) -> str:
+    """Failure probability with the estimator's own stated margin per row ("-": states none)."""
+    stated = summary.get("with_stated_margin")
+    return "-" if stated is None else _fmt(stated["failure_prob"], "pct")
+
+
 def summary_table(summaries: dict[str, dict], margin: float) -> str:
     head = (
         "| estimator | rows | estimated | median rel. err | p90 | p99 | median abs. err (MiB) | "
-        f"under | failure prob. | failure @+{100 * margin:.0f}% | margin for <=1% failures | "
-        "conserved/job (MiB) | median s |\n|" + " --- |" * 13 + "\n"
+        f"under | failure prob. | failure @+{100 * margin:.0f}% | failure @stated margin | "
+        "margin for <=1% failures | conserved/job (MiB) | median s |\n|" + " --- |" * 14 + "\n"
     )
     lines = []
     for name, s in summaries.items():
@@ -41,7 +47,7 @@ def summary_table(summaries: dict[str, dict], margin: float) -> str:
             f"{_fmt(s['p90_rel_error'], 'pct')} | {_fmt(s['p99_rel_error'], 'pct')} | "
             f"{_fmt(s['median_abs_error_mib'])} | {_fmt(s['under_rate'], 'pct')} | "
             f"{_fmt(s['failure_prob'], 'pct')} | {_fmt(s['with_margin']['failure_prob'], 'pct')} | "
-            f"{_fmt(s['margin_for_1pct_failures'], 'margin')} | {_fmt(s['memory_conserved_mib'])} | "
+            f"{_stated(s)} | {_fmt(s['margin_for_1pct_failures'], 'margin')} | {_fmt(s['memory_conserved_mib'])} | "
             f"{_fmt(s['median_seconds'], 's')} |"
         )
     return head + "\n".join(lines) + "\n"

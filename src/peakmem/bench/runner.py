@@ -87,7 +87,8 @@ def estimate_row(estimator: Estimator, row: BenchRow) -> RowResult:
     except Exception as exc:  # noqa: BLE001 - one bad row must not end a long bench run
         message = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
         return RowResult(**base, estimate_bytes=None, seconds=None, error=message)
-    return RowResult(**base, estimate_bytes=estimate.peak_bytes, seconds=estimate.seconds)
+    return RowResult(**base, estimate_bytes=estimate.peak_bytes, seconds=estimate.seconds,
+                     stated_margin=estimate.stated_margin)
 
 
 _WORKER_ESTIMATORS: dict[str, Estimator] = {}
