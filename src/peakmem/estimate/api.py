@@ -139,6 +139,8 @@ def _assumptions(
         used.append(("cuDNN convolution workspace model", stack.conv_workspace_for(gpu)))
     for family in sorted(libraries or {}):
         used.append((f"{family} library memory", stack.library_bytes_for(gpu, family)))
+    kind = "cudnn_convolution" if libraries and "cudnn_convolution" in libraries else "default"
+    used.append(("safety margin", stack.safety_margin_for(gpu, kind)))
     return [f"{what}: {value.value} ({value.describe()})" for what, value in used if value.assumed]
 
 
