@@ -28,8 +28,13 @@ Plain PyTorch + torchvision: `python benchmarks/zoo/xmem_cnn.py --model ResNet50
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _xmem import run_steps, xmem_parser  # noqa: E402
 
 # xMem's spelling (perf_estimator/models.py AllModels, as its runs record it)
 # -> (torchvision model name, number of classes)
@@ -81,39 +86,27 @@ def train(args: argparse.Namespace) -> float:
     model.train()
     optimizer = getattr(torch.optim, args.optimizer)(params=model.parameters(), lr=args.lr)
     criterion = torch.nn.CrossEntropyLoss()
-    loss_value = float("nan")
-    for _index in range(args.steps):
+
+    def make_batch():
         inputs = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
-        labels = torch.randint(0, CIFAR10_CLASSES, (args.batch_size,))
-        if args.zero_grad_mode == 0:
-            optimizer.zero_grad()
-        inputs, labels = inputs.to(device), labels.to(device)
+        return inputs, torch.randint(0, CIFAR10_CLASSES, (args.batch_size,))
+
+    def forward(model, batch):
+        inputs, labels = batch
         outputs = model(inputs)
-        loss = criterion(outputs, labels)
-        if args.zero_grad_mode == 1:
-            optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        _, preds = torch.max(outputs, 1)  # xMem's loop computes it each step
-        if args.zero_grad_mode == 2:
-            optimizer.zero_grad()
-        loss_value = loss.item()
-    return loss_value
+        return criterion(outputs, labels), outputs
+
+    # xMem's loop computes the predictions after each step
+    return run_steps(args, model, optimizer, make_batch, forward, lambda out: torch.max(out, 1))
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True,
-                   help="xMem's spelling (ResNet50, MobeNetV3Small, ...) or the torchvision name")
-    p.add_argument("--batch-size", type=int, required=True)
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="AdamW")  # ModelPreparer's
-    p.add_argument("--lr", type=float, default=1e-3)
+    p = xmem_parser(
+        __doc__.splitlines()[0],
+        "xMem's spelling (ResNet50, MobeNetV3Small, ...) or the torchvision name",
+        OPTIMIZERS,
+    )
     p.add_argument("--image-size", type=int, default=86, help="xMem: CIFAR-10 resized to 86x86")
-    p.add_argument("--steps", type=int, default=4,
-                   help="optimizer steps (xMem: iterations=3, break after index 3: 4 steps)")
-    p.add_argument("--zero-grad-mode", type=int, choices=(0, 1, 2), default=0)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--seed", type=int, default=0)
     return p
 
 

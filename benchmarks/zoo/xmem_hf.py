@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _xmem import run_steps, xmem_parser  # noqa: E402
 from hf_configs import HFModel, lookup  # noqa: E402
 
 OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adafactor", "RMSprop", "Adagrad")
@@ -80,36 +81,19 @@ def train(args: argparse.Namespace) -> float:
     model.train()
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr)
     vocab = model.config.vocab_size
-    loss_value = float("nan")
-    for _index in range(args.steps):
-        batch = make_batch(args.batch_size, args.seq_len, vocab)
-        if args.zero_grad_mode == 0:
-            optimizer.zero_grad()
-        batch = {k: v.to(device) for k, v in batch.items()}
+
+    def forward(model, batch):
         outputs = model(**batch)
-        if args.zero_grad_mode == 1:
-            optimizer.zero_grad()
-        loss = outputs.loss
-        loss.backward()
-        optimizer.step()
-        if args.zero_grad_mode == 2:
-            optimizer.zero_grad()
-        loss_value = loss.item()
-    return loss_value
+        return outputs.loss, outputs
+
+    return run_steps(args, model, optimizer,
+                     lambda: make_batch(args.batch_size, args.seq_len, vocab), forward)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="Hub id as xMem records it (hf_configs.py)")
-    p.add_argument("--batch-size", type=int, required=True)
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="AdamW")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p = xmem_parser(__doc__.splitlines()[0], "Hub id as xMem records it (hf_configs.py)",
+                    OPTIMIZERS)
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=4,
-                   help="optimizer steps (xMem: iterations=3, break after index 3: 4 steps)")
-    p.add_argument("--zero-grad-mode", type=int, choices=(0, 1, 2), default=0)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--seed", type=int, default=0)
     return p
 
 
