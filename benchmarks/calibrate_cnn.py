@@ -30,7 +30,7 @@ from pathlib import Path
 MiB = 2**20
 SENTINEL = 1 << 50  # placeholder workspace sizes: SENTINEL + index into the row's feature list
 STACKS = Path(__file__).resolve().parents[1] / "src" / "peakmem" / "profiles" / "data" / "stacks"
-DEFAULT_CACHE = Path("/tmp/peakmem-cnn-calibration-v2")
+DEFAULT_CACHE = Path("/tmp/peakmem-cnn-calibration-v3")  # features: ConvCall records
 DIRECTIONS = ("forward", "backward_data", "backward_weight")
 FACTORS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0)
 PER_WEIGHT = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -49,7 +49,7 @@ def _capture(row):
     features: list[tuple[str, int]] = []
 
     def placeholder(ctx, call) -> int:
-        features.append((call.direction, call.basis_bytes, call.weight_bytes))
+        features.append(call)
         return SENTINEL + len(features) - 1
 
     original = convolution.workspace_bytes
@@ -89,14 +89,15 @@ def captured_rows(rows, cache: Path, jobs: int) -> list[tuple]:
 def replay(captured: tuple, factors: dict[str, float], capacity: int, torch_version: str):
     """Simulated peak reserved bytes with workspaces sized by `factors` (None if it OOMs)."""
     from peakmem.allocator.simulate import simulate
+    from peakmem.cuda_rules.convolution import model_bytes
 
     _id, _measured, _status, trace, features, _libs = captured
     placeholders = list(trace.sizes)
     for index, size in enumerate(placeholders):
         if size >= SENTINEL:
-            direction, basis, weight = features[size - SENTINEL]
-            per_weight = factors.get(f"{direction}_per_weight", 0.0)
-            trace.sizes[index] = max(0, int(factors.get(direction, 0.0) * basis + per_weight * weight))
+            call = features[size - SENTINEL]
+            trace.sizes[index] = model_bytes(factors, call, call.direction,
+                                             f"{call.direction}_per_weight")
     try:
         result = simulate(trace, torch_version=torch_version, capacity_bytes=capacity)
     finally:
@@ -118,7 +119,7 @@ def fit_libraries(captured: list[tuple], zero: dict, context: int) -> dict[str, 
     groups: dict[frozenset[str], list[int]] = {}
     for item in captured:
         reserved = zero[item[0]]
-        largest = max((basis for _d, basis, _w in item[4]), default=0)
+        largest = max((call.basis_bytes for call in item[4]), default=0)
         if reserved is None or largest >= SMALL_BASIS or not families(item):
             continue
         residual_mib = round((item[1] - context - reserved) / MiB)

@@ -22,3 +22,17 @@ def shared_data() -> Path:
     if path is None or not (path / "gpumemnet").is_dir():
         pytest.skip("../shared/datasets is not present")
     return path
+
+
+@pytest.fixture
+def a100():
+    from peakmem.profiles import load_gpu
+
+    return load_gpu("a100-40gb")
+
+
+@pytest.fixture
+def stack24():
+    from peakmem.profiles import load_stack
+
+    return load_stack("2.4.1")

@@ -44,18 +44,7 @@ MLP_ACTIVATIONS = (
     "Softplus",
     "Tanh",
 )
-CNN_ACTIVATIONS = (
-    "ELU",
-    "GELU",
-    "LeakyReLU",
-    "Mish",
-    "PReLU",
-    "ReLU",
-    "SELU",
-    "SiLU",
-    "Softplus",
-    "Tanh",
-)
+CNN_ACTIVATIONS = tuple(name for name in MLP_ACTIVATIONS if name != "Identity")
 OOM_PLACEHOLDER_MIB = 42000.0
 FOLDS = 3
 SEED = 0

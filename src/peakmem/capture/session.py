@@ -73,9 +73,8 @@ class CaptureSession:
         return self.state.phase == Phase.BACKWARD.value
 
     def persistent(self, key: Any, nbytes: int, *, category: str, op: str) -> bool:
-        if key in self._persistent or self.closed:
+        if self.closed or not self.first_time(key):
             return False
-        self._persistent.add(key)
         self._alloc(nbytes, category, op)
         return True
 

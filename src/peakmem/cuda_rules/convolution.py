@@ -78,19 +78,24 @@ def uses_cudnn(x: torch.Tensor, weight: torch.Tensor, groups: int, transposed: b
     return not (depthwise and x.dtype == torch.float32)
 
 
+def model_bytes(model: dict[str, float], call: ConvCall, factor: str, per_weight: str = "") -> int:
+    """The profile model's bytes: factor x what the direction reads (+ per_weight x the
+    weight's bytes). Also what benchmarks/calibrate_cnn.py replays its candidates with."""
+    size = float(model.get(factor, 0.0)) * call.basis_bytes
+    size += float(model.get(per_weight, 0.0)) * call.weight_bytes
+    return max(0, int(size))
+
+
 def workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
     """The workspace cuDNN's chosen plan takes for `call`, from the stack profile's model."""
     model = ctx.stack.conv_workspace_for(ctx.gpu).value
-    factor = float(model.get(call.direction, 0.0))
-    per_weight = float(model.get(f"{call.direction}_per_weight", 0.0))
-    return max(0, int(factor * call.basis_bytes + per_weight * call.weight_bytes))
+    return model_bytes(model, call, call.direction, f"{call.direction}_per_weight")
 
 
 def benchmark_workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
     """The workspace `cudnn.benchmark`'s plan search takes for `call`."""
-    model = ctx.stack.conv_workspace_for(ctx.gpu)
-    factor = float(model.value.get("benchmark", model.value.get(call.direction, 0.0)))
-    return max(0, int(factor * call.basis_bytes))
+    model = ctx.stack.conv_workspace_for(ctx.gpu).value
+    return model_bytes(model, call, "benchmark" if "benchmark" in model else call.direction)
 
 
 def _searched_before(ctx: RuleContext, call: ConvCall, key: tuple) -> bool:
@@ -99,7 +104,7 @@ def _searched_before(ctx: RuleContext, call: ConvCall, key: tuple) -> bool:
     return not ctx.first_time(("cudnn_benchmark", thread, call.direction, key))
 
 
-def _record(ctx: RuleContext, call: ConvCall, key: tuple = ()) -> None:
+def _record(ctx: RuleContext, call: ConvCall, key: tuple) -> None:
     ctx.load_library("cudnn_convolution")
     if torch.backends.cudnn.benchmark and not _searched_before(ctx, call, key):
         search = benchmark_workspace_bytes(ctx, call)

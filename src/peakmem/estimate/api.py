@@ -59,8 +59,7 @@ class Estimate:
 
     @property
     def margin_kind(self) -> str:
-        """Which calibrated safety margin applies: the cuDNN model's for jobs that convolve."""
-        return "cudnn_convolution" if "cudnn_convolution" in self.libraries else "default"
+        return margin_kind(self.libraries)
 
     @property
     def safety_margin(self) -> float:
@@ -126,6 +125,11 @@ def _installed_torch_version() -> str:
     return torch.__version__.split("+")[0]
 
 
+def margin_kind(libraries: dict[str, int]) -> str:
+    """Which calibrated safety margin applies: the cuDNN model's for jobs that convolve."""
+    return "cudnn_convolution" if "cudnn_convolution" in libraries else "default"
+
+
 def _assumptions(
     gpu: GpuProfile, stack: StackProfile, libraries: dict[str, int] | None = None
 ) -> list[str]:
@@ -139,8 +143,7 @@ def _assumptions(
         used.append(("cuDNN convolution workspace model", stack.conv_workspace_for(gpu)))
     for family in sorted(libraries or {}):
         used.append((f"{family} library memory", stack.library_bytes_for(gpu, family)))
-    kind = "cudnn_convolution" if libraries and "cudnn_convolution" in libraries else "default"
-    used.append(("safety margin", stack.safety_margin_for(gpu, kind)))
+    used.append(("safety margin", stack.safety_margin_for(gpu, margin_kind(libraries or {}))))
     return [f"{what}: {value.value} ({value.describe()})" for what, value in used if value.assumed]
 
 
@@ -228,7 +231,7 @@ def estimate_capture(
     from peakmem.allocator.simulate import simulate
 
     context = int(stack.context_for(gpu).value)
-    libraries = dict(getattr(capture, "libraries", {}) or {})
+    libraries = dict(capture.libraries)
     config = parse_alloc_conf(alloc_conf, torch_version)
     result = simulate(
         capture.trace,
