@@ -30,7 +30,7 @@ from pathlib import Path
 MiB = 2**20
 SENTINEL = 1 << 50  # placeholder workspace sizes: SENTINEL + index into the row's feature list
 STACKS = Path(__file__).resolve().parents[1] / "src" / "peakmem" / "profiles" / "data" / "stacks"
-DEFAULT_CACHE = Path("/tmp/peakmem-cnn-calibration-v3")  # features: ConvCall records
+DEFAULT_CACHE = Path("/tmp/peakmem-cnn-calibration-v4")  # ConvCall records with shapes; summary pass
 DIRECTIONS = ("forward", "backward_data", "backward_weight")
 FACTORS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0)
 PER_WEIGHT = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)

@@ -77,6 +77,7 @@ def main() -> None:
         shape = (job.input_channels, job.input_size, job.input_size)
         data = RandomImages(shape, classes, args.samples or 64 * job.batch_size)
         workers, pin = 2, args.device == "cuda"
+        model(torch.rand(job.summary_batch, *shape, device=device))  # torchsummary's pass
     else:
         n = args.samples or job.num_samples
         data = TensorDataset(torch.randint(0, job.vocab_size, (n, job.seq_length)),

@@ -72,3 +72,16 @@ def test_safety_margin_leaves_at_most_one_percent_of_rows_underestimated():
     assert safety_margin(errors) == 0.055
     assert safety_margin([0.01, 0.2]) == 0.0  # overestimates need no margin
     assert safety_margin([]) == 0.0
+
+
+def test_cnn_job_with_torchsummary_pass_matches_its_measured_a100_peak_to_the_mib():
+    """A calibration-split CNN row (published: 3035 MiB on the A100). Without torchsummary's
+    batch-2 pass the cuBLAS workspace lands in a freed 428 MiB activation block and splits it,
+    and the simulation takes one more 428 MiB segment (3413 MiB); with it, exact."""
+    from peakmem.baselines.peakmem_estimator import PeakmemEstimator
+
+    name = ("input_channels:3_num_classes:12_depth:1_arch:uniform_base_filters:111_batch:28_"
+            "input_size:190_act:tanh_dropout:0.27343464378754667_dropout:False_batchnorm:False.out")
+    cnn = row(name, "gpumemnet-cnn")
+    assert in_calibration_split(cnn)
+    assert PeakmemEstimator().estimate_bytes(cnn) == 3035 * MiB

@@ -93,6 +93,12 @@ def test_training_loop_last_batch_is_smaller():
     assert loop.warmup_batches == (2,)
 
 
+def test_cnn_loop_starts_with_torchsummarys_batch_2_pass():
+    loop = training_loop(CNNJob(3, 10, 4, "pyramid", 128, 16, 8, "relu", 0.0, False, False))
+    assert loop.warmup_batches == (2,) and loop.warmup_grad
+    assert loop.batch_sizes == (16,)
+
+
 def test_train_steps_runs_the_real_loop_on_cpu():
     job = MLPJob(12, 3, 2, "pyramid", 16, num_samples=40)
     model = build_model(job, "cpu")

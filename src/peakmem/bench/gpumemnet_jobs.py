@@ -65,6 +65,9 @@ class CNNJob:
     # dense only: indices of the dense blocks followed by a transition, recovered from the row's
     # layer list; None when the row has no layer list (the job cannot be rebuilt exactly)
     dense_transitions: tuple[int, ...] | None = None
+    # torchsummary's pass before training: `model(torch.rand(2, C, S, S))` on the GPU, with
+    # grad (the sample14 rows carry its "Input/Forward-Backward/Params/Estimated Total Size")
+    summary_batch: int = 2
 
     family = "cnn"
 

@@ -309,7 +309,7 @@ def training_loop(job: GpuMemNetJob) -> TrainingLoop:
         sizes = (job.batch_size,) * full + ((rest,) if rest else ())
         return TrainingLoop(sizes, (job.batch_size,) * job.summary_passes, warmup_grad=True)
     # CNN: dataset length not recorded; every step sees a full batch in the first epoch
-    return TrainingLoop((job.batch_size,), (), warmup_grad=True)
+    return TrainingLoop((job.batch_size,), (job.summary_batch,), warmup_grad=True)
 
 
 def train_steps(

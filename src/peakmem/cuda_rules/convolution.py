@@ -55,6 +55,8 @@ class ConvCall:
     kernel: tuple[int, ...]
     stride: tuple[int, ...]
     groups: int
+    input_shape: tuple[int, ...] = ()  # x's shape (N, C, *spatial)
+    weight_shape: tuple[int, ...] = ()  # (C_out, C_in / groups, *kernel)
 
     @property
     def basis_bytes(self) -> int:
@@ -157,6 +159,8 @@ def _call(direction: str, x, weight, output_bytes: int, stride, groups: int) -> 
         kernel=tuple(int(k) for k in weight.shape[2:]),
         stride=_tuple(stride, dims),
         groups=int(groups),
+        input_shape=tuple(int(d) for d in x.shape),
+        weight_shape=tuple(int(d) for d in weight.shape),
     )
 
 
