@@ -1,8 +1,9 @@
 """Before/after per CNN family: score two estimators' results on the same bench rows.
 
-    python benchmarks/cnn_before_after.py BEFORE.json BENCH_CACHE.jsonl
+    python benchmarks/cnn_before_after.py BEFORE.json|BEFORE_CACHE.jsonl BENCH_CACHE.jsonl
 
-BEFORE.json maps row id -> estimate bytes (or an error string) from the earlier estimator, e.g.
+BEFORE is another bench cache (the `peakmem` results of an earlier run over the same rows), or a
+JSON file that maps row id -> estimate bytes (or an error string) from the earlier estimator, e.g.
 made by running `PeakmemEstimator` at an older commit over the row ids of BENCH_CACHE.jsonl (the
 `--report DIR/cache.jsonl` of `peakmem bench gpumemnet-cnn`); the "after" figures are that
 cache's own `peakmem` results. Prints one Markdown table: median / p90 relative error and the
@@ -26,13 +27,24 @@ def summary(pairs: list[tuple[int, int]]) -> str:
     return f"{statistics.median(magnitudes):.1%} / {p90:.1%} / {under:.0%}"
 
 
-def main() -> None:
-    before = json.loads(Path(sys.argv[1]).read_text())
-    after: dict[str, dict] = {}
-    for line in Path(sys.argv[2]).read_text().splitlines():
+def peakmem_results(cache: Path) -> dict[str, dict]:
+    """Row id -> the `peakmem` result of a bench cache (the last one, if it holds several)."""
+    results: dict[str, dict] = {}
+    for line in cache.read_text().splitlines():
         entry = json.loads(line)
         if entry["key"].split("|")[2].startswith("peakmem@"):
-            after[entry["result"]["row_id"]] = entry["result"]
+            results[entry["result"]["row_id"]] = entry["result"]
+    return results
+
+
+def main() -> None:
+    path = Path(sys.argv[1])
+    if path.suffix == ".jsonl":
+        before = {rid: r["estimate_bytes"] if r["status"] == "ok" else r.get("error")
+                  for rid, r in peakmem_results(path).items()}
+    else:
+        before = json.loads(path.read_text())
+    after = peakmem_results(Path(sys.argv[2]))
     groups: dict[str, list[str]] = defaultdict(list)
     for rid, result in after.items():
         if result["status"] == "ok" and result.get("estimate_bytes") and isinstance(before.get(rid), int):

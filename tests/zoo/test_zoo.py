@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from peakmem.capture.vision_ops import compiled_library_loads
 from peakmem.jobs.runner import JobSpec, JobStatus, run_job
 
 ZOO = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo"
-HAS_TV = importlib.util.find_spec("torchvision") is not None
+# run for real on the CPU: torchvision's compiled ops must load (not so for a CUDA wheel next to a
+# CPU-only torch; peakmem's capture copes with that, a plain run does not)
+HAS_TV = importlib.util.find_spec("torchvision") is not None and compiled_library_loads()
 HAS_HF = importlib.util.find_spec("transformers") is not None
 needs_tv = pytest.mark.skipif(not HAS_TV, reason="needs torchvision")
 needs_hf = pytest.mark.skipif(not HAS_HF, reason="needs transformers")

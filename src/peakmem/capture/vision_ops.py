@@ -79,6 +79,13 @@ def compiled_library(package_dir: Path | None = None) -> Path | None:
     return candidates[0] if candidates else None
 
 
+def compiled_library_loads(package_dir: Path | None = None) -> bool:
+    """Whether torchvision is installed with a compiled library this torch can load, i.e.
+    whether its ops (nms, roi_align, ...) can run for real here."""
+    library = compiled_library(package_dir)
+    return library is not None and _loads(library)
+
+
 def _loads(path: Path) -> bool:
     try:
         ctypes.CDLL(str(path))
