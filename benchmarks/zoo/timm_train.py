@@ -5,6 +5,8 @@ GPUMemNet (arXiv 2602.17817) measured 1017 timm models x batch {8, 16, 32, 64, 1
 job of the paper's other sets, whose launcher is published):
 - the model: `timm.create_model(name, pretrained=False)` (timm's default head: the model's
   `num_classes`, 1000 for ImageNet models), fp32, no AMP, no torch.compile, no cudnn flags;
+- headless models (`num_classes == 0`: SAM ViTs, DINOv2 backbones, ...) get a 1000-class head
+  (`reset_classifier(1000)`), since a classification loss needs one;
 - the input: `pretrained_cfg["input_size"]` (`default_cfg` on older timm), i.e. 3 channels at the
   model's default resolution (224 for most, 384 for the `_384` variants, ...); labels drawn from
   the model's `num_classes`; cross-entropy;
@@ -42,14 +44,24 @@ def num_classes(model: nn.Module) -> int:
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a timm model name (timm.list_models())")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="square input size (default: the model's pretrained_cfg input size)")
     parser.set_defaults(optimizer="adam", lr=1e-3)
     args = parser.parse_args()
     device = setup(args)
 
     import timm
 
-    model = build_on(device, lambda: timm.create_model(args.model, pretrained=False))
+    def create() -> nn.Module:
+        model = timm.create_model(args.model, pretrained=False)
+        if getattr(model, "num_classes", None) == 0 and hasattr(model, "reset_classifier"):
+            model.reset_classifier(1000)  # headless (feature) models: an ImageNet head assumed
+        return model
+
+    model = build_on(device, create)
     channels, height, width = input_size(model)
+    if args.image_size is not None:
+        height = width = args.image_size
     classes = num_classes(model)
 
     def make_batch():

@@ -80,3 +80,17 @@ def test_shared_cnn_and_transformer_jobs(shared_data):
     assert all(isinstance(r.job, TransformerJob) for r in tr)
     xmem = load_rows("xmem", shared_data)
     assert {r.gpu for r in xmem} == {"rtx3060-12gb", "rtx4060-8gb", "a100-40gb"}
+
+
+def test_timm_rows_whose_naive_lower_bound_exceeds_the_gpu_are_oom(tmp_path):
+    folder = tmp_path / "gpumemnet"
+    folder.mkdir()
+    (folder / "timm_measured.csv").write_text(
+        "model,batch_size,measured_mib,faketensor_mib\n"
+        "resnet50,32,9000,5000.5\n"
+        "eva_giant_patch14_560,8,17615,50383.3\n"  # cannot fit 40 GiB: stopped at 17.6 GB
+        "fastvit_mci2,8,2517,2676.6\n"  # below its bound but the bound fits: left as ok
+    )
+    rows = load_rows("timm", tmp_path)
+    assert [r.status for r in rows] == ["ok", "oom", "ok"]
+    assert rows[1].measured_peak_bytes == 17615 * MiB and rows[1].family == "eva"

@@ -137,8 +137,19 @@ def _timm_family(model: str) -> str:
     return match.group(0) if match else model
 
 
+def timm_status(raw: dict[str, str], gpu_total_bytes: int) -> str:
+    """The set has no status column. A row whose published naive FakeTensor peak (the tensors
+    live over forward + backward: a lower bound of what the job allocates) exceeds the GPU cannot
+    have run: its measured number is where an out-of-memory stopped it, so it is an OOM row."""
+    lower_bound = raw.get("faketensor_mib")
+    if lower_bound and float(lower_bound) * MiB > gpu_total_bytes:
+        return "oom"
+    return "ok"
+
+
 def load_timm(data_dir: Path) -> Iterator[BenchRow]:
     """timm models x batch sizes on the A100-40GB (torch 2.4.1 assumed, as the rest of the set)."""
+    total = GPU_TOTAL_BYTES[GPUMEMNET_GPU]
     for index, raw in enumerate(_csv_rows(data_dir / "gpumemnet" / "timm_measured.csv")):
         yield BenchRow(
             id=f"{index:05d}",
@@ -146,10 +157,10 @@ def load_timm(data_dir: Path) -> Iterator[BenchRow]:
             family=_timm_family(raw["model"]),
             job={"library": "timm", "model": raw["model"], "batch_size": int(raw["batch_size"])},
             measured_peak_bytes=int(float(raw["measured_mib"]) * MiB),
-            status="ok",
+            status=timm_status(raw, total),
             gpu=GPUMEMNET_GPU,
             torch_version=GPUMEMNET_TORCH,
-            gpu_total_bytes=GPU_TOTAL_BYTES[GPUMEMNET_GPU],
+            gpu_total_bytes=total,
             features=dict(raw),
         )
 
