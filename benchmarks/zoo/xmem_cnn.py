@@ -8,7 +8,9 @@ What xMem ran (torch 2.6.0; needs the optional `torchvision` package here):
   (VGG11/16/19, ResNet50/101/152, MobileNetV2, ConvNeXt Tiny/Base, the RegNets); xMem's
   MobileNetV3 Small/Large (`MobileNetV3(setting, last_channel=1024|1280, num_classes=10)`, with
   the same block settings as torchvision's builders) and MnasNet (`MNASNet(alpha=1.0,
-  num_classes=10)`) have 10. Here the model is built directly on the device (same tensors);
+  num_classes=10)`) have 10. Built on the host as xMem does: torchvision's RegNet computes its
+  stage widths and depths with torch ops (`BlockParams.from_init_params`), so a model built under
+  `with torch.device("cuda")` would read them back from the device;
 - the data: CIFAR-10 train split through `Resize((86, 86))`, `ToTensor()`, `Normalize` (float32,
   3 x 86 x 86), `DataLoader(batch_size=B, shuffle=True)` (no pin_memory; 50000 images, so the
   first steps always get full batches). Here: random images and labels 0..9 on the host, moved
@@ -80,8 +82,7 @@ def build_model(name: str) -> torch.nn.Module:
 def train(args: argparse.Namespace) -> float:
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    with device:
-        model = build_model(args.model)
+    model = build_model(args.model)  # on the host, as xMem's AllModels are
     model.to(device)
     model.train()
     optimizer = getattr(torch.optim, args.optimizer)(params=model.parameters(), lr=args.lr)
