@@ -12,15 +12,13 @@ from typing import Any
 
 import torch
 
+from peakmem.capture import vision_ops
 from peakmem.capture.device_map import CudaAsMeta
 from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
 from peakmem.capture.fake_cuda import fake_cuda_runtime
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
 from peakmem.capture.session import CaptureSession
-from peakmem.capture.vision_ops import NOTE as VISION_OPS_NOTE
-from peakmem.capture.vision_ops import declare_torchvision_ops
-from peakmem.capture.vision_ops import declared as vision_ops_declared
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
 from peakmem.jobs.runner import (
     JobSpec,
@@ -245,7 +243,7 @@ def _run_captured(
         session.eager, session.host_value = True, executor.host_value
     phases = PhaseTracker(session, stop_after_steps=steps)
     session.module_source = phases.current_module
-    declare_torchvision_ops()  # a CPU-only torch cannot load torchvision's compiled ops
+    vision_ops.declare_torchvision_ops()  # a CPU-only torch cannot load torchvision's compiled ops
     result = CaptureResult(
         trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode
     )
@@ -293,8 +291,8 @@ def _run_captured(
     result.stopped = session.state.stopped
     result.forward_calls = session.state.forward_calls
     result.notes.extend(session.notes)
-    if vision_ops_declared() and "torchvision" in sys.modules:
-        result.notes.append(VISION_OPS_NOTE)
+    if vision_ops.declared() and "torchvision" in sys.modules:
+        result.notes.append(vision_ops.NOTE)
     result.libraries = dict(session.libraries)
     result.fake_limit = session.fake_limit
     result.host_reads = session.host_reads
