@@ -70,3 +70,31 @@ def test_job_errors_and_unknown_modes_are_estimate_errors():
         estimate(broken, gpu="l4", mode="eager")
     with pytest.raises(EstimateError, match="unknown mode"):
         estimate(train, gpu="l4", mode="lazy")
+
+
+def train_sized_on_device(build_on="cuda", steps=3):
+    """Sizes computed on `build_on` and read back while the model is built (as torchvision's
+    RegNet does under `with torch.device("cuda")`): fake mode reads zeros on the device."""
+    with torch.device(build_on):
+        widths = (torch.arange(1, 3) * 64).tolist()  # [64, 128] on a GPU
+        width = max(int(w) for w in widths) or 8
+        model = torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.Linear(width, 4))
+    model = model.cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(torch.randn(4, 16, device="cuda")).sum()
+        loss.backward()
+        optimizer.step()
+        loss.item()
+
+
+def test_host_reads_while_the_model_is_built_are_named_apart_from_the_loop():
+    built = estimate(train_sized_on_device, gpu="a100-40gb", torch_version="2.4.1", mode="fake")
+    assert any("before the first forward pass" in a for a in built.assumptions)
+    looped = estimate(train_sized_on_device, "cpu", gpu="a100-40gb", torch_version="2.4.1",
+                      mode="fake")  # only the loop's loss.item() reads the device
+    assert any("host read(s) of device values" in a for a in looped.assumptions)
+    assert not any("before the first forward pass" in a for a in looped.assumptions)
+    exact = estimate(train_sized_on_device, gpu="a100-40gb", torch_version="2.4.1", mode="eager")
+    assert exact.breakdown.by_category["parameter"] > built.breakdown.by_category["parameter"]

@@ -116,6 +116,8 @@ class CudaAsMeta(TorchFunctionMode):
         if self.session.host_value is not None:
             return self.session.host_value(value)
         self.session.host_reads += 1
+        if self.session.state.forward_calls == 0:
+            self.session.host_reads_before_forward += 1
         return placeholder(value)
 
     def _to(self, args: tuple, kwargs: dict):

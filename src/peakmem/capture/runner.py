@@ -54,6 +54,8 @@ class CaptureResult:
     """Fake mode: why the fake device could not run the job (an op it cannot run)."""
     host_reads: int = 0
     """Fake mode: host reads of device values answered with placeholder zeros."""
+    host_reads_before_forward: int = 0
+    """Fake mode: those made before the first forward pass (while the model was built)."""
     data_dependent: dict[str, int] = field(default_factory=dict)
     """Fake mode: data-dependent ops, sized from above."""
     peak_device_bytes: int = 0
@@ -296,6 +298,7 @@ def _run_captured(
     result.libraries = dict(session.libraries)
     result.fake_limit = session.fake_limit
     result.host_reads = session.host_reads
+    result.host_reads_before_forward = session.host_reads_before_forward
     result.data_dependent = dict(session.data_dependent)
     result.peak_device_bytes = session.max_allocated_bytes
     if executor is not None:

@@ -64,6 +64,8 @@ class CaptureSession:
     """Fake mode: why the fake device could not run an op the job called (the first one)."""
     host_reads: int = 0
     """Fake mode: host reads of device values answered with placeholder zeros."""
+    host_reads_before_forward: int = 0
+    """Fake mode: those of them made before the first forward pass (while the model was built)."""
     data_dependent: dict[str, int] = field(default_factory=dict)
     """Fake mode: data-dependent ops met (sized as if every element were selected)."""
 

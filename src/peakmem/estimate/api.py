@@ -166,6 +166,13 @@ def _fake_assumptions(capture: CaptureResult) -> list[str]:
             f"{capture.host_reads} host read(s) of device values (.item(), .tolist(), .cpu(), ...) "
             "saw zeros; if they steer the job's control flow, use --mode eager"
         )
+    if capture.host_reads_before_forward:
+        found.append(
+            f"{capture.host_reads_before_forward} of them came before the first forward pass, "
+            "while the model was built: if they set its sizes or depth (e.g. torchvision's "
+            "RegNet built under a device context), the model estimated is not the job's; build "
+            "it on the host or use --mode eager"
+        )
     return found
 
 
