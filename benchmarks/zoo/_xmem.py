@@ -26,6 +26,13 @@ def xmem_parser(description: str, model_help: str, optimizers: tuple[str, ...]) 
     return p
 
 
+def xmem_main(parser: Callable[[], argparse.ArgumentParser],
+              train: Callable[[argparse.Namespace], float]) -> None:
+    """Parse the command line, train, print the final loss (both jobs' entry point)."""
+    args = parser().parse_args()
+    print(f"{args.model}: final loss {train(args):.4f}")
+
+
 def run_steps(
     args: argparse.Namespace,
     model: torch.nn.Module,

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _xmem import run_steps, xmem_parser  # noqa: E402
+from _xmem import run_steps, xmem_main, xmem_parser  # noqa: E402
 
 # xMem's spelling (perf_estimator/models.py AllModels, as its runs record it)
 # -> (torchvision model name, number of classes)
@@ -111,10 +111,5 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main() -> None:
-    args = parser().parse_args()
-    print(f"{args.model}: final loss {train(args):.4f}")
-
-
 if __name__ == "__main__":
-    main()
+    xmem_main(parser, train)
