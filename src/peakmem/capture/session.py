@@ -68,6 +68,14 @@ class CaptureSession:
     """Fake mode: those of them made before the first forward pass (while the model was built)."""
     data_dependent: dict[str, int] = field(default_factory=dict)
     """Fake mode: data-dependent ops met (sized as if every element were selected)."""
+    storage_kinds: dict[int, str] = field(default_factory=dict)
+    """id(untyped storage) -> what a meta storage stands for, where it is not GPU memory:
+    "host" (a host tensor kept fake until its values are needed) or "meta" (the job's own meta
+    tensor). Absent: "device"."""
+
+    def storage_kind(self, tensor: torch.Tensor) -> str:
+        """What a meta tensor stands for: "device" (GPU memory, the default), "host" or "meta"."""
+        return self.storage_kinds.get(id(tensor.untyped_storage()), "device")
 
     # -- RuleContext ---------------------------------------------------------------------------
     @property
