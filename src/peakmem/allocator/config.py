@@ -27,6 +27,11 @@ _ACCEPTED_WITHOUT_EFFECT = {
 }
 
 
+SIMULATED_BACKENDS = ("native",)
+"""`backend:` values the simulation implements; cudaMallocAsync (the driver's stream-ordered
+allocator) is a valid PyTorch setting but is refused here rather than simulated as native."""
+
+
 class AllocatorConfigError(ValueError):
     """An allocator configuration string PyTorch would reject."""
 
@@ -116,6 +121,11 @@ class AllocatorConfig:
                 if backend not in ("native", "cudaMallocAsync"):
                     raise AllocatorConfigError(
                         f"Unknown allocator backend, options are native and cudaMallocAsync, got {backend!r}"
+                    )
+                if backend not in SIMULATED_BACKENDS:
+                    raise AllocatorConfigError(
+                        f"allocator backend {backend} is not simulated: peakmem simulates only the "
+                        "native caching allocator (drop backend:cudaMallocAsync to estimate with it)"
                     )
                 values["backend"] = backend
             elif key in _ACCEPTED_WITHOUT_EFFECT:

@@ -2,6 +2,13 @@
 
 Each entry of `_VERSION_RULES` holds the rules in force from that version on; a version takes the
 newest entry not after it. Sources and confidence for each boundary: docs/allocator.md.
+
+Which versions peakmem knows: the minor releases in `KNOWN_VERSIONS` (2.4 to 2.13, the range the
+rules were checked over). A patch release or local build of a known minor (2.6.3, 2.13.0+cpu,
+2.7.0a0) takes that minor's rules. Anything else, older or newer (2.3, 2.14, 9.9.9), is refused by
+name with the known versions listed (UnknownTorchVersion): a newer release may have changed the
+allocator, and a scheduler must not get a number computed with rules that may not hold. Every
+command applies the same policy (estimate, simulate, replay, bench).
 """
 
 from __future__ import annotations
@@ -10,6 +17,20 @@ import re
 from dataclasses import dataclass
 
 OLDEST_SUPPORTED = (2, 4)
+NEWEST_KNOWN = (2, 13)
+KNOWN_VERSIONS: tuple[tuple[int, int], ...] = tuple(
+    (2, minor) for minor in range(OLDEST_SUPPORTED[1], NEWEST_KNOWN[1] + 1)
+)
+"""The minor releases whose allocator rules peakmem has (checked against PyTorch's source)."""
+_VERSION_RE = re.compile(r"^\s*(\d{1,4})\.(\d{1,4})(?:\.\d{1,6})?(?:[a-z]+\d*|\.post\d+|\.dev\d+)*(?:\+[\w.]+)?\s*$")
+
+
+class UnknownTorchVersion(ValueError):
+    """A torch version string peakmem has no allocator rules for (one line, lists the known)."""
+
+
+def known_versions_text() -> str:
+    return ", ".join(f"{major}.{minor}" for major, minor in KNOWN_VERSIONS)
 
 
 @dataclass(frozen=True)
@@ -42,15 +63,11 @@ class AllocatorRules:
 
     @classmethod
     def for_version(cls, version: str | None) -> AllocatorRules:
-        """Rules for a torch version string such as "2.4.1" or "2.13.0+cpu"; None: the newest."""
+        """Rules for a torch version string such as "2.4.1" or "2.13.0+cpu"; None: the newest.
+        Raises UnknownTorchVersion for a version outside KNOWN_VERSIONS."""
         if version is None:
             return _VERSION_RULES[-1]
         key = parse_version(version)
-        if key < OLDEST_SUPPORTED:
-            raise ValueError(
-                f"torch {version} is older than the oldest supported version "
-                f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]}"
-            )
         chosen = _VERSION_RULES[0]
         for rules in _VERSION_RULES:
             if rules.version <= key:
@@ -59,10 +76,22 @@ class AllocatorRules:
 
 
 def parse_version(version: str) -> tuple[int, int]:
-    match = re.match(r"^\s*(\d+)\.(\d+)", version)
+    """(major, minor) of a known torch version such as "2.6.3", "2.13.0+cpu" or "2.7"; raises
+    UnknownTorchVersion, naming the known versions, for anything else."""
+    text = version if isinstance(version, str) else repr(version)
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    shown = "".join(ch if ch.isprintable() else "?" for ch in shown)
+    match = _VERSION_RE.match(text) if len(text) <= 64 else None
     if not match:
-        raise ValueError(f"not a torch version: {version!r} (expected e.g. 2.4.1)")
-    return int(match.group(1)), int(match.group(2))
+        raise UnknownTorchVersion(
+            f"not a torch version: {shown!r} (expected e.g. 2.4.1; known: {known_versions_text()})"
+        )
+    key = int(match.group(1)), int(match.group(2))
+    if key not in KNOWN_VERSIONS:
+        raise UnknownTorchVersion(
+            f"no allocator rules for torch {shown}; known: {known_versions_text()}"
+        )
+    return key
 
 
 _VERSION_RULES: list[AllocatorRules] = [

@@ -14,7 +14,12 @@ from peakmem.trace.events import EventKind, Trace
 
 
 class TraceError(ValueError):
-    """The trace is inconsistent (e.g. a free of an id that is not allocated)."""
+    """The trace is inconsistent (e.g. a free of an id that is not allocated). `index` is the
+    event's index in the trace, when one event is at fault."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 @dataclass
@@ -128,7 +133,9 @@ def simulate(
     ):
         if kind in (ALLOC, ALLOC_OR_SMALLER):
             if ident in live or ident in shrunk_away:
-                raise TraceError(f"event {index}: id {ident} allocated twice without a free")
+                raise TraceError(
+                    f"event {index}: id {ident} allocated twice without a free", index
+                )
             try:
                 block = malloc(size, stream)
             except OutOfMemory as exc:
@@ -164,7 +171,9 @@ def simulate(
             elif ident in shrunk_away:
                 shrunk_away.discard(ident)
             else:
-                raise TraceError(f"event {index}: free of id {ident}, which is not allocated")
+                raise TraceError(
+                    f"event {index}: free of id {ident}, which is not allocated", index
+                )
         else:
             _apply_other(allocator, kind, ident, stream, index, live, freed_pending)
         if line is not None:
@@ -209,7 +218,9 @@ def _apply_other(
     if kind == EventKind.RECORD_STREAM:
         block = live.get(ident)
         if block is None:
-            raise TraceError(f"event {index}: record_stream of id {ident}, which is not allocated")
+            raise TraceError(
+                f"event {index}: record_stream of id {ident}, which is not allocated", index
+            )
         allocator.record_stream(block, stream)
     elif kind == EventKind.FREE_COMPLETED:
         block = freed_pending.pop(ident, None)
@@ -222,4 +233,4 @@ def _apply_other(
         allocator.empty_cache()
         freed_pending.clear()
     elif kind != EventKind.MARK:
-        raise TraceError(f"event {index}: unknown event kind {kind}")
+        raise TraceError(f"event {index}: unknown event kind {kind}", index)

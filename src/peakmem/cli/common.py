@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
 
 from peakmem.allocator.simulate import SimulationResult
+from peakmem.cli.contract import BadInput
+from peakmem.inputs import one_line, parse_size
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "k": 2**10,
-    "m": 2**20,
-    "g": 2**30,
-    "t": 2**40,
-}
+MAX_CAPACITY_BYTES = 2**64 - 1
+"""The largest --capacity accepted (size_t)."""
 
 
 def simulation_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -48,16 +35,20 @@ def simulation_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print a one-line error and exit non-zero (no traceback)."""
-    click.echo(f"peakmem: error: {message}", err=True)
+    click.echo(f"peakmem: error: {one_line(message, 1000)}", err=True)
     raise SystemExit(code)
 
 
-def parse_bytes(text: str) -> int:
-    """'80GiB', '40GB', '1024', '1.5GiB' -> bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (use e.g. 80GiB, 40GB or a number of bytes)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+def parse_bytes(text: str, flag: str = "--capacity") -> int:
+    """'80GiB', '40GB', '1024', '1.5GiB' -> bytes; BadInput naming `flag` for anything else
+    (negative, nan, garbage, more than 2**64 - 1)."""
+    value = parse_size(text)
+    if value is None or value > MAX_CAPACITY_BYTES:
+        raise BadInput(
+            f"{flag} {one_line(repr(text), 60)} is not a size (use e.g. 80GiB, 40GB or a number "
+            f"of bytes, at most {MAX_CAPACITY_BYTES})"
+        )
+    return value
 
 
 def format_bytes(n: int) -> str:

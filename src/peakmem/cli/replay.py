@@ -6,14 +6,15 @@ import json
 
 import click
 
-from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
-from peakmem.allocator.simulate import TraceError, simulate
-from peakmem.cli.common import echo_simulation, fail, format_bytes, parse_bytes, simulation_options
+from peakmem.allocator.config import AllocatorConfig
+from peakmem.allocator.simulate import simulate
+from peakmem.cli.common import echo_simulation, format_bytes, parse_bytes, simulation_options
+from peakmem.cli.contract import ContractCommand
 from peakmem.trace.snapshot import SnapshotError, load_snapshot, snapshot_to_trace
 
 
-@click.command()
-@click.argument("snapshot", type=click.Path(dir_okay=False))
+@click.command(cls=ContractCommand)
+@click.argument("snapshot")
 @click.option(
     "--alloc-conf",
     default=None,
@@ -21,7 +22,8 @@ from peakmem.trace.snapshot import SnapshotError, load_snapshot, snapshot_to_tra
     "(default: the one recorded in the snapshot, else none).",
 )
 @simulation_options
-@click.option("--device", type=int, default=None, help="Device of the snapshot to replay.")
+@click.option("--device", type=click.IntRange(min=0), default=None,
+              help="Device of the snapshot to replay.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def replay(
     snapshot: str,
@@ -32,22 +34,28 @@ def replay(
     as_json: bool,
 ) -> None:
     """Replay the alloc/free events of a memory SNAPSHOT (a pickle written by
-    torch.cuda.memory._dump_snapshot()) and print the simulated peaks, next to the recorded ones."""
+    torch.cuda.memory._dump_snapshot()) and print the simulated peaks, next to the recorded ones.
+
+    The pickle is read with an allow-list unpickler: only plain data, no code from the file runs.
+    """
+    # Flags first: a bad flag is reported before a large file is read.
+    capacity_bytes = parse_bytes(capacity) if capacity is not None else None
+    if torch_version is not None or alloc_conf is not None:
+        AllocatorConfig.parse(alloc_conf or "", torch_version)
+    data = load_snapshot(snapshot)
     try:
-        data = load_snapshot(snapshot)
         trace, facts = snapshot_to_trace(data, device)
-        conf_string = alloc_conf if alloc_conf is not None else (facts.alloc_conf or "")
-        config = AllocatorConfig.parse(conf_string, torch_version)
-        capacity_bytes = parse_bytes(capacity) if capacity is not None else None
-        result = simulate(
-            trace,
-            config,
-            torch_version=torch_version,
-            capacity_bytes=capacity_bytes,
-            segment_address_hints=facts.segment_addresses,
-        )
-    except (SnapshotError, TraceError, AllocatorConfigError, ValueError) as exc:
-        fail(str(exc))
+    except SnapshotError as exc:
+        raise exc.at(snapshot) from None
+    conf_string = alloc_conf if alloc_conf is not None else (facts.alloc_conf or "")
+    config = AllocatorConfig.parse(conf_string, torch_version)
+    result = simulate(
+        trace,
+        config,
+        torch_version=torch_version,
+        capacity_bytes=capacity_bytes,
+        segment_address_hints=facts.segment_addresses,
+    )
 
     out = result.to_dict()
     if facts.peak_reserved_bytes is not None:

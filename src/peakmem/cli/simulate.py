@@ -6,14 +6,16 @@ import json
 
 import click
 
-from peakmem.allocator.config import AllocatorConfigError
+from peakmem.allocator.config import AllocatorConfig
 from peakmem.allocator.simulate import TraceError, simulate
-from peakmem.cli.common import echo_simulation, fail, parse_bytes, simulation_options
+from peakmem.cli.common import echo_simulation, parse_bytes, simulation_options
+from peakmem.cli.contract import ContractCommand
+from peakmem.inputs import InputError
 from peakmem.trace.events import Trace
 
 
-@click.command("simulate")
-@click.argument("trace_file", type=click.Path(dir_okay=False))
+@click.command("simulate", cls=ContractCommand)
+@click.argument("trace_file")
 @click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF to simulate.")
 @simulation_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -21,16 +23,18 @@ def simulate_trace(
     trace_file: str, alloc_conf: str, torch_version: str | None, capacity: str | None, as_json: bool
 ) -> None:
     """Replay a peakmem TRACE_FILE (JSON lines, as written by Trace.dump) and print the peaks."""
+    # Flags first: a bad flag is reported before a large file is read.
+    capacity_bytes = parse_bytes(capacity) if capacity is not None else None
+    config = AllocatorConfig.parse(alloc_conf, torch_version)
+    trace = Trace.load(trace_file)
     try:
-        trace = Trace.load(trace_file)
-        capacity_bytes = parse_bytes(capacity) if capacity is not None else None
         result = simulate(
-            trace, alloc_conf, torch_version=torch_version, capacity_bytes=capacity_bytes
+            trace, config, torch_version=torch_version, capacity_bytes=capacity_bytes
         )
-    except FileNotFoundError:
-        fail(f"no such file: {trace_file}")
-    except (TraceError, AllocatorConfigError, ValueError) as exc:
-        fail(str(exc))
+    except TraceError as exc:
+        # Trace.load allows no blank line among the events: event i is on line i + 2.
+        line = exc.index + 2 if exc.index is not None else None
+        raise InputError(str(exc), trace_file, line) from None
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     else:

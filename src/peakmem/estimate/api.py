@@ -296,8 +296,9 @@ def _resolve(gpu: str | GpuProfile, torch_version: str | None, alloc_conf: str |
     gpu_profile = gpu if isinstance(gpu, GpuProfile) else load_gpu(gpu)
     version = torch_version or _installed_torch_version()
     conf = alloc_conf if alloc_conf is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    stack = load_stack(version)  # refuses a torch version without allocator rules, by name
     parse_alloc_conf(conf, version)  # reject a bad configuration before running the job
-    return gpu_profile, load_stack(version), version, conf
+    return gpu_profile, stack, version, conf
 
 
 def _finish(capture: CaptureResult, **kwargs: Any) -> Estimate:

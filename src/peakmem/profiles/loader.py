@@ -239,8 +239,15 @@ def _stacks() -> list[StackProfile]:
 
 def load_stack(torch_version: str) -> StackProfile:
     """The software stack for a target torch version: the newest stack whose `torch_min` is not
-    above it."""
-    wanted = _version_tuple(torch_version)
+    above it. A version peakmem has no allocator rules for (allocator.rules.KNOWN_VERSIONS:
+    older than 2.4, newer than the newest known, or not a version) is refused by name with the
+    known versions listed (ProfileError)."""
+    from peakmem.allocator.rules import UnknownTorchVersion, parse_version
+
+    try:
+        wanted = parse_version(torch_version)
+    except UnknownTorchVersion as exc:
+        raise ProfileError(str(exc)) from None
     chosen = None
     for stack in _stacks():
         if stack.torch_min <= wanted:

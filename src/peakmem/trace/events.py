@@ -9,15 +9,29 @@ holds the index of its tag in `Trace.tags`.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import IO, Any
 
+from peakmem.inputs import InputError, capped_lines, describe, open_regular_file
+
 FORMAT_NAME = "peakmem-trace"
 FORMAT_VERSION = 1
 NO_TAG = -1
+HEADER_LINE_CAP = 64 * 2**20
+"""The header line (meta and tags) may be this many bytes long."""
+EVENT_LINE_CAP = 4096
+"""An event line (`[kind,id,size,stream,tag]`) may be this many bytes long."""
+MAX_SIZE = 2**63 - 1
+MIN_INT = -(2**63)
+MAX_INT = 2**63 - 1
+
+
+class TraceFormatError(InputError):
+    """A trace file that `Trace.load` cannot read (one line: FILE:LINE: what is wrong)."""
 
 
 class EventKind(IntEnum):
@@ -64,8 +78,12 @@ class Tag:
 
     @classmethod
     def from_json(cls, row: list[str | None]) -> Tag:
-        if not isinstance(row, list) or len(row) != 4:
-            raise ValueError(f"a tag is a list of 4 strings or nulls, got {row!r}")
+        if (
+            not isinstance(row, list)
+            or len(row) != 4
+            or not all(field is None or isinstance(field, str) for field in row)
+        ):
+            raise ValueError(f"a tag is a list of 4 strings or nulls, got {describe(row)}")
         return cls(*row)
 
 
@@ -221,41 +239,119 @@ class Trace:
             out.write("\n".join(lines) + "\n")
 
     @classmethod
-    def load(cls, path: str | Path | IO[str]) -> Trace:
-        """Read a trace written by `dump`; raises ValueError on malformed input."""
+    def load(cls, path: str | Path | IO[str] | IO[bytes]) -> Trace:
+        """Read a trace written by `dump`. Every field is checked (types, ranges, line lengths,
+        the input-file cap); a problem raises TraceFormatError (a ValueError) naming the file
+        and line. Blank lines may only end the file, so that event i is on line i + 2."""
         if isinstance(path, (str, Path)):
-            with open(path, encoding="utf-8") as handle:
-                return cls._load(handle)
-        return cls._load(path)
+            name = os.fspath(path)
+            try:
+                with open_regular_file(name) as handle:
+                    return cls._load(handle, name)
+            except InputError as exc:
+                if isinstance(exc, TraceFormatError):
+                    raise
+                raise TraceFormatError(exc.detail, exc.path or name, exc.line) from None
+            except OSError as exc:
+                raise TraceFormatError(f"cannot read it ({exc.strerror or exc})", name) from None
+        return cls._load(path, getattr(path, "name", None) or "<trace>")
 
     @classmethod
-    def _load(cls, handle: IO[str]) -> Trace:
-        first = handle.readline()
-        try:
-            header = json.loads(first)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"not a peakmem trace: first line is not JSON ({exc.msg})") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-            raise ValueError("not a peakmem trace: missing the peakmem-trace header")
-        if header.get("version") != FORMAT_VERSION:
-            raise ValueError(f"unsupported trace version {header.get('version')!r}")
-        trace = cls(meta=header.get("meta") or {})
-        for row in header.get("tags", []):
-            trace.intern(Tag.from_json(row))
+    def _load(cls, handle: IO[str] | IO[bytes], name: str) -> Trace:
+        lines = capped_lines(handle, name, HEADER_LINE_CAP, EVENT_LINE_CAP)
+        first = next(lines, None)
+        if first is None:
+            raise TraceFormatError("empty file, not a peakmem trace", name, 1)
+        header = _json_line(first[1], name, 1, "not a peakmem trace: the first line is not JSON")
+        trace = _trace_from_header(header, name)
         valid_kinds = {int(k) for k in EventKind}
-        for lineno, line in enumerate(handle, start=2):
-            line = line.strip()
-            if not line:
+        blank_at: int | None = None
+        for lineno, text in lines:
+            if not text.strip():
+                blank_at = blank_at or lineno
                 continue
-            try:
-                kind, ident, size, stream, tag_id = json.loads(line)
-            except (json.JSONDecodeError, ValueError, TypeError):
-                raise ValueError(f"line {lineno}: expected [kind, id, size, stream, tag]") from None
+            if blank_at is not None:
+                raise TraceFormatError("blank line inside the events", name, blank_at)
+            row = _json_line(text, name, lineno, "expected [kind, id, size, stream, tag]")
+            if not isinstance(row, list) or len(row) != 5:
+                raise TraceFormatError(
+                    f"expected [kind, id, size, stream, tag], got {describe(row)}"
+                    + (f" of {len(row)} items" if isinstance(row, list) else ""),
+                    name,
+                    lineno,
+                )
+            for field, value in zip(("kind", "id", "size", "stream", "tag"), row, strict=True):
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise TraceFormatError(
+                        f"{field} is {describe(value)}, expected an integer", name, lineno
+                    )
+            kind, ident, size, stream, tag_id = row
             if kind not in valid_kinds:
-                raise ValueError(f"line {lineno}: unknown event kind {kind!r}")
+                raise TraceFormatError(f"unknown event kind {describe(kind)}", name, lineno)
+            if not MIN_INT <= ident <= MAX_INT or not MIN_INT <= stream <= MAX_INT:
+                raise TraceFormatError("id or stream out of the 64-bit range", name, lineno)
+            if kind in ALLOC_KINDS:
+                if not 0 <= size <= MAX_SIZE:
+                    raise TraceFormatError(
+                        f"size is {describe(size)}, expected 0 to {MAX_SIZE} bytes", name, lineno
+                    )
+                if ident < 0:
+                    raise TraceFormatError(
+                        f"an allocation id must be >= 0, got {ident}", name, lineno
+                    )
+            elif size != 0:
+                raise TraceFormatError(
+                    f"size is {describe(size)} on a {EventKind(kind).name} event (only "
+                    "allocations have a size)",
+                    name,
+                    lineno,
+                )
             if tag_id != NO_TAG and not 0 <= tag_id < len(trace.tags):
-                raise ValueError(f"line {lineno}: tag index {tag_id} out of range")
+                raise TraceFormatError(f"tag index {tag_id} out of range", name, lineno)
             trace._append(kind, ident, size, stream, tag_id)
             if kind in ALLOC_KINDS and ident >= trace._next_id:
                 trace._next_id = ident + 1
         return trace
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number peakmem accepts")
+
+
+def _json_line(text: str, name: str, lineno: int, what: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise TraceFormatError(f"{what} (nested too deeply)", name, lineno) from None
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{what} ({exc.msg})", name, lineno) from None
+    except ValueError as exc:  # NaN/Infinity, integers of more than 4300 digits
+        raise TraceFormatError(f"{what} ({exc})", name, lineno) from None
+
+
+def _trace_from_header(header: Any, name: str) -> Trace:
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        raise TraceFormatError("not a peakmem trace: missing the peakmem-trace header", name, 1)
+    version = header.get("version")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise TraceFormatError(f"unsupported trace version {describe(version)}", name, 1)
+    meta = header.get("meta")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise TraceFormatError(f"header 'meta' is {describe(meta)}, expected an object", name, 1)
+    tags = header.get("tags", [])
+    if not isinstance(tags, list):
+        raise TraceFormatError(f"header 'tags' is {describe(tags)}, expected a list", name, 1)
+    trace = Trace(meta=meta)
+    for index, row in enumerate(tags):
+        try:
+            tag = Tag.from_json(row)
+        except ValueError as exc:
+            raise TraceFormatError(f"header tag {index}: {exc}", name, 1) from None
+        if tag in trace._tag_index:
+            raise TraceFormatError(
+                f"header tag {index} repeats tag {trace._tag_index[tag]}", name, 1
+            )
+        trace.intern(tag)
+    return trace

@@ -1,0 +1,125 @@
+"""The failure contract of the commands that read files (`replay`, `simulate`, `bench`).
+
+A bad flag, argument or input file: exit 2, kind `bad_input`. A bug in peakmem: exit 70, kind
+`internal`. Either way one line on stderr (`peakmem: error: ...` / `peakmem internal error:
+...`), and with `--json` ONE object on stdout:
+`{"error": {"kind", "message", "exit_code", "reason", "job_exit_code", "signal", "traceback"}}`.
+A command opts in with `cls=ContractCommand`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import click
+
+from peakmem.inputs import InputError, one_line
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 70
+
+
+class BadInput(InputError):
+    """A bad flag or argument value (not tied to a file)."""
+
+
+def _bad_input_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean the user's input is wrong. Imported lazily: a command must not pay
+    for modules it does not use."""
+    from peakmem.allocator.config import AllocatorConfigError
+    from peakmem.allocator.rules import UnknownTorchVersion
+    from peakmem.allocator.simulate import TraceError
+    from peakmem.profiles import ProfileError
+
+    types: list[type[BaseException]] = [
+        InputError,
+        AllocatorConfigError,
+        UnknownTorchVersion,
+        TraceError,
+        ProfileError,
+    ]
+    if "peakmem.bench.datasets" in sys.modules:
+        from peakmem.bench.datasets import DatasetUnavailable
+
+        types.append(DatasetUnavailable)
+    return tuple(types)
+
+
+def report_error(
+    kind: str, message: str, exit_code: int, as_json: bool, trace: str | None = None
+) -> NoReturn:
+    """Print one failure the contract's way and exit with `exit_code`."""
+    line = one_line(message, 1000)
+    if kind == "internal":
+        text = line if line.startswith("peakmem internal error") else f"peakmem internal error: {line}"
+    else:
+        text = line if line.startswith("peakmem: ") else f"peakmem: error: {line}"
+    click.echo(text, err=True)
+    if as_json:
+        error = {
+            "kind": kind,
+            "message": text if kind == "internal" else line.removeprefix("peakmem: error: "),
+            "exit_code": exit_code,
+            "reason": None,
+            "job_exit_code": None,
+            "signal": None,
+            "traceback": trace,
+        }
+        click.echo(json.dumps({"error": error}))
+    raise SystemExit(exit_code)
+
+
+def _wants_json(args: Sequence[str]) -> bool:
+    return "--json" in args
+
+
+def _internal_message(exc: BaseException) -> tuple[str, str]:
+    """'TypeError: ... (at peakmem/x.py:12 in f)' and the full traceback text."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if f"{os.sep}peakmem{os.sep}" in f.filename]
+    where = ""
+    if ours:
+        last = ours[-1]
+        short = last.filename[last.filename.rfind(f"{os.sep}peakmem{os.sep}") + 1 :]
+        where = f" (at {short}:{last.lineno} in {last.name})"
+    text = f"{type(exc).__name__}: {exc}{where}"
+    return text, "".join(traceback.format_exception(exc))
+
+
+class ContractCommand(click.Command):
+    """A click command whose every failure follows the contract (exit 2 / 70, one line, one
+    JSON object with `--json`)."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        as_json = _wants_json(args)
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.Exit:
+            raise
+        except click.ClickException as exc:
+            report_error("bad_input", exc.format_message(), EXIT_BAD_INPUT, as_json)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        as_json = bool(ctx.params.get("as_json"))
+        try:
+            return super().invoke(ctx)
+        except (SystemExit, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+            raise
+        except click.ClickException as exc:
+            report_error("bad_input", exc.format_message(), EXIT_BAD_INPUT, as_json)
+        except Exception as exc:  # noqa: BLE001 - the contract: every failure is reported
+            if isinstance(exc, _bad_input_types()):
+                report_error("bad_input", str(exc), EXIT_BAD_INPUT, as_json)
+            text, trace = _internal_message(exc)
+            report_error("internal", text, EXIT_INTERNAL, as_json, trace)
