@@ -200,13 +200,33 @@ def parse_job(filename: str, layer_list: str | None = None) -> GpuMemNetJob:
     raise JobParseError(f"not a GPUMemNet launcher configuration: {filename!r}")
 
 
+MAX_LAYER_LIST_CHARS = 1 << 20
+
+
 def parse_layer_list(text: str) -> list[tuple[str, int, int]]:
     """The `Activations-Params` column: [(layer kind, per-sample output elements, params), ...]."""
+    if len(text) > MAX_LAYER_LIST_CHARS:
+        raise JobParseError(f"layer list of {len(text)} characters (at most {MAX_LAYER_LIST_CHARS})")
     try:
         layers = ast.literal_eval(text)
-    except (ValueError, SyntaxError) as exc:
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
         raise JobParseError(f"unreadable layer list: {text[:60]!r}") from exc
-    return [(str(kind), int(numel), int(params)) for kind, numel, params in layers]
+    if not isinstance(layers, (list, tuple)):
+        raise JobParseError(f"unreadable layer list: {text[:60]!r}")
+    parsed = []
+    for layer in layers:
+        if (
+            not isinstance(layer, (list, tuple))
+            or len(layer) != 3
+            or not isinstance(layer[0], str)
+            or not all(
+                isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**63
+                for n in layer[1:]
+            )
+        ):
+            raise JobParseError(f"unreadable layer list entry in {text[:60]!r}")
+        parsed.append((layer[0], layer[1], layer[2]))
+    return parsed
 
 
 DENSE_GROWTH = 32

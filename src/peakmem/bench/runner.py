@@ -17,6 +17,7 @@ from pathlib import Path
 from peakmem.baselines.base import CannotEstimate, Estimator, MissingPackage
 from peakmem.bench.metrics import RowResult
 from peakmem.bench.rows import BenchRow
+from peakmem.inputs import capped_lines, open_regular_file
 
 CACHE_VERSION = 1
 DEFAULT_CACHE = Path.home() / ".cache" / "peakmem" / "bench-cache.jsonl"
@@ -41,20 +42,62 @@ def cacheable(result: RowResult) -> bool:
     return not (result.error or "").startswith(UNAVAILABLE_HERE)
 
 
+CACHE_LINE_CAP = 1 << 20
+_RESULT_FIELDS = {
+    "row_id": (str,),
+    "family": (str,),
+    "status": (str,),
+    "measured_bytes": (int,),
+    "gpu_total_bytes": (int,),
+    "estimate_bytes": (int, type(None)),
+    "seconds": (float, int, type(None)),
+    "error": (str, type(None)),
+    "stated_margin": (float, int, type(None)),
+}
+
+
+def _cache_entry(line: str) -> tuple[str, RowResult] | None:
+    """(key, result) of one cache line; None for anything but a well-formed result."""
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
+        return None
+    data = entry.get("result")
+    if not isinstance(data, dict) or set(data) - set(_RESULT_FIELDS):
+        return None
+    for name, types in _RESULT_FIELDS.items():
+        value = data.get(name)
+        if name not in data and type(None) in types:
+            continue
+        if not isinstance(value, types) or isinstance(value, bool):
+            return None
+        if isinstance(value, (int, float)) and not 0 <= value < 2**63:
+            return None  # negative, NaN, infinite or huge numbers are not results
+    if data["status"] not in ("ok", "oom"):
+        return None
+    return entry["key"], RowResult.from_json(data)
+
+
 class ResultCache:
     """Append-only JSON-lines store of RowResults keyed by dataset + estimator + row id."""
 
     def __init__(self, path: Path | None) -> None:
+        """Read the cache at `path` (None: keep results in memory only). A line that is not a
+        well-formed result (a torn last line from an interrupted run, an edited or foreign
+        line) is skipped, so that row is computed again. A path that exists but is not a
+        regular file (a directory, FIFO, device) or is over the input-file cap raises
+        InputError."""
         self.path = path
         self._entries: dict[str, RowResult] = {}
-        if path is not None and path.is_file():
-            with path.open() as fh:
-                for line in fh:
-                    try:
-                        entry = json.loads(line)
-                        self._entries[entry["key"]] = RowResult.from_json(entry["result"])
-                    except (ValueError, KeyError, TypeError):
-                        continue  # a torn last line from an interrupted run
+        if path is None or not path.exists():
+            return
+        with open_regular_file(path) as handle:
+            for _, line in capped_lines(handle, str(path), CACHE_LINE_CAP, CACHE_LINE_CAP):
+                entry = _cache_entry(line)
+                if entry is not None:
+                    self._entries[entry[0]] = entry[1]
 
     def get(self, key: str) -> RowResult | None:
         return self._entries.get(key)

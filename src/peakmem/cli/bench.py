@@ -14,16 +14,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from peakmem.cli.contract import BadInput, ContractCommand
+
 DEFAULT_ESTIMATORS = "peakmem,horus,faketensor,gpumemnet,accelerate,deepspeed"
 DEFAULT_MARGIN = 0.10
 
 
 def _fail(message: str) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
-    raise SystemExit(2)
+    """A bad flag or dataset: exit 2 the contract's way (ContractCommand reports it)."""
+    raise BadInput(message)
 
 
-@click.command("bench")
+@click.command("bench", cls=ContractCommand)
 @click.argument("dataset")
 @click.option(
     "--data",
@@ -94,7 +96,13 @@ def bench(
     """
     from peakmem.baselines.base import ESTIMATORS, EstimatorUnavailable, get_estimator
     from peakmem.bench.calibration import evaluation_rows
-    from peakmem.bench.datasets import DATASETS, DatasetUnavailable, load_rows, spread_subset
+    from peakmem.bench.datasets import (
+        DATASETS,
+        DatasetFormatError,
+        DatasetUnavailable,
+        load_rows,
+        spread_subset,
+    )
     from peakmem.bench.metrics import summarize_estimator
     from peakmem.bench.runner import DEFAULT_CACHE, ResultCache, run_estimators
 
@@ -111,7 +119,7 @@ def bench(
             _fail("--report needs matplotlib (pip install 'peakmem[bench]')")
     try:
         all_rows = load_rows(dataset, data_dir)
-    except DatasetUnavailable as exc:
+    except (DatasetUnavailable, DatasetFormatError) as exc:
         _fail(str(exc))
     if not all_rows:
         _fail(f"dataset {dataset!r} has no rows")
