@@ -153,7 +153,7 @@ class DeviceLimits:
     def address_space_total(self) -> int:
         """`prop.totalGlobalMem` for sizing expandable segments' address space."""
         for value in (self.total_bytes, self.capacity_bytes):
-            if value is not None:
+            if value:  # a capacity of 0 maps nothing, but the segment still needs a range
                 return value
         return 1 << 40
 
@@ -573,7 +573,11 @@ class CachingAllocator:
         while candidate.size < size:
             remaining = size - candidate.size
             nxt = candidate.next
-            assert nxt is not None and not nxt.mapped
+            if nxt is None:
+                # The request is larger than the segment's whole address space (the device's
+                # total memory + 1/8): no GPU could map it, so it is out of memory.
+                return None
+            assert not nxt.mapped
             mapped = self.map_block(nxt, min(remaining, nxt.size))
             if mapped is None:
                 return None

@@ -58,10 +58,27 @@ def available_ram_bytes() -> int:
 
 
 def eager_ram_limit() -> int:
-    """Bytes of shadows eager mode may hold (PEAKMEM_EAGER_RAM_BYTES overrides it)."""
+    """Bytes of shadows eager mode may hold (PEAKMEM_EAGER_RAM_BYTES overrides it: a number of
+    bytes such as 8589934592 or 8e9, or a size such as 8GiB). A value that is not a finite size
+    >= 0 raises InputError (a ValueError) naming the variable."""
+    from peakmem.inputs import InputError, one_line, parse_size
+
     override = os.environ.get("PEAKMEM_EAGER_RAM_BYTES")
-    if override:
-        return int(float(override))
+    if override is not None and override.strip():
+        value = parse_size(override)
+        if value is None:
+            try:
+                number = float(override) if len(override) <= 64 else math.nan
+            except ValueError:
+                number = math.nan
+            if math.isfinite(number) and 0 <= number < 2**63:
+                value = int(number)
+        if value is None or value >= 2**63:
+            raise InputError(
+                f"PEAKMEM_EAGER_RAM_BYTES={one_line(repr(override), 60)} is not a size in bytes "
+                "(use e.g. 8589934592 or 8GiB)"
+            )
+        return value
     return int(available_ram_bytes() * RAM_HEADROOM)
 
 
