@@ -6,10 +6,11 @@ import json
 
 import click
 
-from peakmem.allocator.config import AllocatorConfig
+from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
 from peakmem.allocator.simulate import simulate
 from peakmem.cli.common import echo_simulation, format_bytes, parse_bytes, simulation_options
 from peakmem.cli.contract import ContractCommand
+from peakmem.inputs import InputError
 from peakmem.trace.snapshot import SnapshotError, load_snapshot, snapshot_to_trace
 
 
@@ -47,8 +48,17 @@ def replay(
         trace, facts = snapshot_to_trace(data, device)
     except SnapshotError as exc:
         raise exc.at(snapshot) from None
-    conf_string = alloc_conf if alloc_conf is not None else (facts.alloc_conf or "")
-    config = AllocatorConfig.parse(conf_string, torch_version)
+    if alloc_conf is not None:
+        config = AllocatorConfig.parse(alloc_conf, torch_version)
+    else:
+        try:
+            config = AllocatorConfig.parse(facts.alloc_conf or "", torch_version)
+        except AllocatorConfigError as exc:
+            raise InputError(
+                f"the recorded PYTORCH_CUDA_ALLOC_CONF {facts.alloc_conf!r}: {exc} "
+                "(override it with --alloc-conf)",
+                snapshot,
+            ) from None
     result = simulate(
         trace,
         config,

@@ -262,7 +262,9 @@ class Trace:
         first = next(lines, None)
         if first is None:
             raise TraceFormatError("empty file, not a peakmem trace", name, 1)
-        header = _json_line(first[1], name, 1, "not a peakmem trace: the first line is not JSON")
+        header = _json_line(
+            first[1].removeprefix("\ufeff"), name, 1, "not a peakmem trace: the first line is not JSON"
+        )
         trace = _trace_from_header(header, name)
         valid_kinds = {int(k) for k in EventKind}
         blank_at: int | None = None

@@ -77,7 +77,9 @@ def loads_plain(data: bytes) -> Any:
     except InputError:
         raise
     except MemoryError:
-        raise InputError("the pickle needs more memory than this machine has") from None
+        raise InputError(
+            "the pickle declares more data than memory allows (a corrupt or hostile length)"
+        ) from None
     except RecursionError:
         raise InputError("the pickle is nested too deeply") from None
     except Exception as exc:  # noqa: BLE001 - no code from the file can run: any failure is bad data
