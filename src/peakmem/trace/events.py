@@ -243,18 +243,19 @@ class Trace:
         """Read a trace written by `dump`. Every field is checked (types, ranges, line lengths,
         the input-file cap); a problem raises TraceFormatError (a ValueError) naming the file
         and line. Blank lines may only end the file, so that event i is on line i + 2."""
-        if isinstance(path, (str, Path)):
-            name = os.fspath(path)
-            try:
+        is_path = isinstance(path, (str, Path))
+        name = os.fspath(path) if is_path else str(getattr(path, "name", None) or "<trace>")
+        try:
+            if is_path:
                 with open_regular_file(name) as handle:
                     return cls._load(handle, name)
-            except InputError as exc:
-                if isinstance(exc, TraceFormatError):
-                    raise
-                raise TraceFormatError(exc.detail, exc.path or name, exc.line) from None
-            except OSError as exc:
-                raise TraceFormatError(f"cannot read it ({exc.strerror or exc})", name) from None
-        return cls._load(path, getattr(path, "name", None) or "<trace>")
+            return cls._load(path, name)  # type: ignore[arg-type]
+        except TraceFormatError:
+            raise
+        except InputError as exc:
+            raise TraceFormatError(exc.detail, exc.path or name, exc.line) from None
+        except OSError as exc:
+            raise TraceFormatError(f"cannot read it ({exc.strerror or exc})", name) from None
 
     @classmethod
     def _load(cls, handle: IO[str] | IO[bytes], name: str) -> Trace:

@@ -138,6 +138,7 @@ def _quiet_child(budget: int) -> None:  # pragma: no cover - runs in the child
 
         with open("/proc/self/statm") as handle:
             mapped = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file from a crash
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = mapped + budget
         if hard != resource.RLIM_INFINITY:
