@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
 from peakmem.allocator.rules import KNOWN_VERSIONS, UnknownTorchVersion, parse_version
 from peakmem.allocator.simulate import TraceError, simulate
-from peakmem.bench.datasets import DatasetFormatError, DatasetUnavailable, load_groundtruth, load_rows
+from peakmem.bench.datasets import (
+    DatasetFormatError,
+    DatasetUnavailable,
+    load_groundtruth,
+    load_rows,
+)
 from peakmem.bench.gpumemnet_jobs import JobParseError, parse_layer_list
 from peakmem.cli.common import parse_bytes
 from peakmem.cli.contract import BadInput
