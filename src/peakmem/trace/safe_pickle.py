@@ -34,7 +34,7 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset()
 """(module, name) pairs a snapshot may name. None: the snapshot format needs no global."""
 
 _PLAIN_ONLY = "a memory snapshot holds only plain data"
-PROBE_MIN_BYTES = 16 * 1024
+PROBE_MIN_BYTES = 4 * 1024
 """Smaller pickles cannot nest deeply enough to overflow the C stack, nor grow large."""
 _MEMORY_EXIT = 3
 
