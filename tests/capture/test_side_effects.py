@@ -313,3 +313,33 @@ def test_a_save_module_imported_during_the_capture_is_covered(
     assert result.error is None, result.error_text
     assert out.read_bytes() == REAL
     assert str(out) in _diverted_note(result)
+
+
+def test_a_job_reads_back_what_it_saved(a100, stack24, real_file, tmp_path):
+    """Save then reload (a 'best model' checkpoint): the job reads its diverted save, both for a
+    new path and for one holding a real file."""
+    existing = real_file("best.pt")
+    new = tmp_path / "new" / "best.pt"
+    seen = {}
+
+    def job():
+        from safetensors.torch import load_file, save_file
+
+        model = _model().cuda()
+        new.parent.mkdir()
+        torch.save(model.state_dict(), new)
+        torch.save({"model": model.state_dict(), "epoch": 2}, str(existing))
+        seen["new"] = sorted(torch.load(new, map_location="cuda"))
+        seen["epoch"] = torch.load(existing)["epoch"]
+        save_file(model.state_dict(), "m.safetensors")
+        seen["st"] = load_file("m.safetensors")["2.weight"].shape
+        np.save("act", torch.ones(2, device="cuda").cpu().numpy())
+        seen["np"] = np.load("act.npy").shape
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert seen == {"new": ["0.bias", "0.weight", "2.bias", "2.weight"], "epoch": 2,
+                    "st": (2, 4), "np": (2,)}
+    assert existing.read_bytes() == REAL
+    assert not new.exists() and not (tmp_path / "act.npy").exists()
+    assert "saved 4 file(s)" in _diverted_note(result)

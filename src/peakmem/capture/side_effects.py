@@ -6,7 +6,9 @@ them are answered with placeholder zeros. A job that saves its model (`torch.sav
 user's real checkpoint with weightless tensors. While the capture runs, every save function in
 :data:`SAVE_FUNCTIONS` checks what it is about to write: when it holds fake device data it is
 written under a per-capture scratch directory instead (same relative name) and the capture notes
-it; anything else (logs, real host tensors) is written where the job said.
+it; anything else (logs, real host tensors) is written where the job said. A job that loads a
+file it saved (`torch.load`, safetensors' `load_file`, `numpy.load`: :data:`LOAD_FUNCTIONS`) reads
+the diverted copy, as it would have read its own save.
 
 Targets: a path (str / PathLike) is diverted. A file object is the job's own: an in-memory one
 (BytesIO) is written to as asked; a real file the job opened for writing (it has a `name` that
@@ -160,6 +162,26 @@ A module that imported one of these by name (`from safetensors.torch import save
 covered too: its binding is replaced while the capture runs."""
 
 
+@dataclass(frozen=True)
+class LoadFunction:
+    """A function that reads a file the job may have saved: a diverted file is read from the
+    scratch directory, so a job that saves and reloads its checkpoint sees its own save."""
+
+    module: str
+    name: str
+    target: tuple[int, str]
+
+    target_of = SaveFunction.target_of
+    with_target = SaveFunction.with_target
+
+
+LOAD_FUNCTIONS: tuple[LoadFunction, ...] = (
+    LoadFunction("torch", "load", (0, "f")),
+    LoadFunction("safetensors.torch", "load_file", (0, "filename")),
+    LoadFunction("numpy", "load", (0, "file")),
+)
+
+
 # -- fake device data --------------------------------------------------------------------------
 
 
@@ -305,6 +327,8 @@ class SaveDiverter:
     scratch: Path | None = None
     host_copies: HostCopies = field(default_factory=HostCopies)
     diverted: list[tuple[str, Path]] = field(default_factory=list)
+    redirects: dict[str, Path] = field(default_factory=dict)
+    """Absolute user path -> its diverted copy (read back by LOAD_FUNCTIONS)."""
     _local: threading.local = field(default_factory=threading.local)
 
     def scratch_dir(self) -> Path:
@@ -321,7 +345,10 @@ class SaveDiverter:
         finally:
             self._local.busy = False
 
-    def call(self, entry: SaveFunction, original: Callable, args: tuple, kwargs: dict) -> Any:
+    def call(self, entry: SaveFunction | LoadFunction, original: Callable, args: tuple,
+             kwargs: dict) -> Any:
+        if isinstance(entry, LoadFunction):
+            return self.load(entry, original, args, kwargs)
         if getattr(self._local, "busy", False):  # a save inside a save (save_model->save_file)
             return original(*args, **kwargs)
         target = entry.target_of(args, kwargs)
@@ -335,14 +362,32 @@ class SaveDiverter:
         destination = self.scratch_dir() / scratch_name(path)
         destination.parent.mkdir(parents=True, exist_ok=True)
         self.diverted.append((path, destination))
-        with self._inside():
-            if isinstance(target, str | bytes | os.PathLike):
+        try:
+            with self._inside():
+                if isinstance(target, str | bytes | os.PathLike):
+                    args, kwargs = entry.with_target(args, kwargs, str(destination))
+                    return self._write(entry, original, args, kwargs, str(destination))
+                mode = "ab" if "a" in str(getattr(target, "mode", "")) else "wb"
+                with open(destination, mode) as handle:
+                    args, kwargs = entry.with_target(args, kwargs, handle)
+                    return self._write(entry, original, args, kwargs, str(destination))
+        finally:
+            self._remember(path, destination)
+
+    def _remember(self, path: str, destination: Path) -> None:
+        self.redirects[os.path.abspath(path)] = destination
+        for suffix in (".npy", ".npz"):  # numpy adds its suffix to a name without one
+            added = destination.with_name(destination.name + suffix)
+            if not destination.exists() and added.exists():
+                self.redirects[os.path.abspath(path + suffix)] = added
+
+    def load(self, entry: LoadFunction, original: Callable, args: tuple, kwargs: dict) -> Any:
+        target = entry.target_of(args, kwargs)
+        if self.redirects and isinstance(target, str | bytes | os.PathLike):
+            destination = self.redirects.get(os.path.abspath(os.fsdecode(target)))
+            if destination is not None and destination.exists():
                 args, kwargs = entry.with_target(args, kwargs, str(destination))
-                return self._write(entry, original, args, kwargs, str(destination))
-            mode = "ab" if "a" in str(getattr(target, "mode", "")) else "wb"
-            with open(destination, mode) as handle:
-                args, kwargs = entry.with_target(args, kwargs, handle)
-                return self._write(entry, original, args, kwargs, str(destination))
+        return original(*args, **kwargs)
 
     def _write(self, entry: SaveFunction, original: Callable, args: tuple, kwargs: dict,
                destination: str) -> Any:
@@ -370,7 +415,7 @@ _WRAPPERS: dict[int, Callable] = {}  # id(original) -> its checking wrapper (kep
 _ORIGINALS: dict[int, Callable] = {}  # id(wrapper) -> original
 
 
-def _wrapper(entry: SaveFunction, original: Callable) -> Callable:
+def _wrapper(entry: SaveFunction | LoadFunction, original: Callable) -> Callable:
     if id(original) in _ORIGINALS:  # already a wrapper
         return original
     wrapper = _WRAPPERS.get(id(original))
@@ -393,7 +438,7 @@ class _Patches:
     def __init__(self) -> None:
         self.replaced: list[tuple[Any, str, Any]] = []
 
-    def install(self, entries: tuple[SaveFunction, ...]) -> None:
+    def install(self, entries: tuple[SaveFunction | LoadFunction, ...]) -> None:
         swaps: dict[int, Callable] = {}
         for entry in entries:
             module = sys.modules.get(entry.module)
@@ -422,7 +467,9 @@ class _Patches:
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Patches a save function's module when the job imports it during the capture."""
 
-    def __init__(self, patches: _Patches, entries: tuple[SaveFunction, ...]) -> None:
+    def __init__(
+        self, patches: _Patches, entries: tuple[SaveFunction | LoadFunction, ...]
+    ) -> None:
         self.patches = patches
         self.entries = entries
         self.names = {entry.module for entry in entries}
@@ -460,7 +507,8 @@ def divert_fake_saves(
     default, made on the first such save); the note naming them goes to `session.notes`."""
     diverter = SaveDiverter(session=session, scratch=scratch)
     patches = _Patches()
-    finder = _PatchOnImport(patches, SAVE_FUNCTIONS)
+    entries = (*SAVE_FUNCTIONS, *LOAD_FUNCTIONS)
+    finder = _PatchOnImport(patches, entries)
     saved_placeholder = device_map.placeholder
     saved_host_value = session.host_value if session is not None else None
 
@@ -468,7 +516,7 @@ def divert_fake_saves(
         return diverter.host_copies.add(saved_placeholder(tensor))
 
     _ACTIVE.append(diverter)
-    patches.install(SAVE_FUNCTIONS)
+    patches.install(entries)
     sys.meta_path.insert(0, finder)
     device_map.placeholder = placeholder
     if saved_host_value is not None:
