@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -329,3 +330,36 @@ def test_hidden_dirs_stay_when_the_job_needs_them(tmp_path):
     sandbox = Sandbox(backend="bwrap", tools={"bwrap": "bwrap", "prlimit": "prlimit"})
     assert "/run" in sandbox.wrap(["python", "x.py"], tmp_path)
     assert "/run" not in sandbox.wrap(["python", "/run/user/1/x.py"], tmp_path)
+
+
+def test_killing_the_sandbox_command_kills_the_job(backend, tmp_path):
+    """The supervisor's timeout kills the command it started: nothing of the job may live on."""
+    sandbox = _sandbox(backend)
+    scratch = tmp_path / "scratch"
+    beat = scratch / "beat"
+    code = textwrap.dedent(f"""
+        import os, time
+        if os.fork() == 0:  # a grandchild too
+            time.sleep(600)
+        while True:
+            with open({str(beat)!r}, "a") as f:
+                f.write(".")
+            time.sleep(0.05)
+    """)
+    argv = [sys.executable, "-I", "-S", "-c", code]
+    process = subprocess.Popen(
+        sandbox.wrap(argv, scratch), env=sandbox.environment(scratch),
+        preexec_fn=sandbox.preexec_fn,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (beat.exists() and beat.stat().st_size > 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert beat.exists(), "the job never started"
+    finally:
+        process.kill()
+        process.wait()
+    time.sleep(0.5)
+    size = beat.stat().st_size
+    time.sleep(0.5)
+    assert beat.stat().st_size == size
