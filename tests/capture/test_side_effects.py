@@ -175,6 +175,9 @@ def test_safetensors_saves_are_diverted_and_readable(a100, stack24, real_file):
 
 def test_a_module_that_imported_save_file_by_name_is_covered(a100, stack24, real_file):
     """HF modeling_utils does `from safetensors.torch import save_file as safe_save_file`."""
+    from peakmem.capture import vision_ops
+
+    vision_ops.declare_torchvision_ops()  # transformers may import torchvision
     import transformers.modeling_utils as mu
 
     st = real_file("hf/model.safetensors")
@@ -191,11 +194,11 @@ def test_a_module_that_imported_save_file_by_name_is_covered(a100, stack24, real
 
 
 def test_hf_save_pretrained(a100, stack24, real_file, tmp_path):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     weights = real_file("out/model.safetensors")
 
     def job():
+        from transformers import GPT2Config, GPT2LMHeadModel
+
         config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
         model = GPT2LMHeadModel(config).cuda()
         model.save_pretrained(tmp_path / "out")
@@ -343,3 +346,29 @@ def test_a_job_reads_back_what_it_saved(a100, stack24, real_file, tmp_path):
     assert existing.read_bytes() == REAL
     assert not new.exists() and not (tmp_path / "act.npy").exists()
     assert "saved 4 file(s)" in _diverted_note(result)
+
+
+def test_accelerate_save_and_trainer_save_model(a100, stack24, real_file, tmp_path):
+    acc_pt = real_file("acc.pt")
+    acc_st = real_file("acc.safetensors")
+    weights = real_file("saved/model.safetensors")
+
+    def job():  # imported inside the capture, as a script does (torchvision's ops need it)
+        from accelerate import Accelerator
+        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+        accelerator = Accelerator()
+        state = torch.nn.Linear(4, 2).cuda().state_dict()
+        accelerator.save(state, str(acc_pt))
+        accelerator.save(state, str(acc_st), safe_serialization=True)
+        config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
+        args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[])
+        Trainer(model=GPT2LMHeadModel(config), args=args).save_model(str(tmp_path / "saved"))
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    for path in (acc_pt, acc_st, weights):
+        assert path.read_bytes() == REAL
+    note = _diverted_note(result)
+    assert "saved 3 file(s)" in note and str(weights) in note
+    assert (tmp_path / "saved" / "config.json").is_file()  # no device data: written as asked
