@@ -372,3 +372,13 @@ def test_accelerate_save_and_trainer_save_model(a100, stack24, real_file, tmp_pa
     note = _diverted_note(result)
     assert "saved 3 file(s)" in note and str(weights) in note
     assert (tmp_path / "saved" / "config.json").is_file()  # no device data: written as asked
+
+
+def test_a_later_real_save_to_the_same_path_is_read_back(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with divert_fake_saves(scratch=tmp_path / "scratch"):
+        torch.save(torch.zeros(2, device="meta"), "x.pt")
+        assert torch.load("x.pt").is_meta  # the diverted copy
+        torch.save(torch.ones(2), "x.pt")  # host data: written where asked
+        assert torch.load("x.pt").tolist() == [1.0, 1.0]
+    assert torch.load(tmp_path / "x.pt").tolist() == [1.0, 1.0]
