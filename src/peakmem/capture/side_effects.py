@@ -500,6 +500,9 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
                 loader.exec_module(module)
                 patches.install(tuple(e for e in entries if e.module == module.__name__))
 
+            def __getattr__(self, name: str) -> Any:  # get_source, resource readers, ...
+                return getattr(loader, name)
+
         spec.loader = Loader()
         return spec
 
