@@ -363,3 +363,12 @@ def test_killing_the_sandbox_command_kills_the_job(backend, tmp_path):
     size = beat.stat().st_size
     time.sleep(0.5)
     assert beat.stat().st_size == size
+
+
+def test_a_scratch_path_with_spaces(backend, tmp_path):
+    sandbox = _sandbox(backend)
+    scratch = tmp_path / "my scratch dir"
+    code = f"open({str(scratch / 'out.txt')!r}, 'w').write('ok')"
+    done = _python(sandbox, code, scratch)
+    assert done.returncode == 0, done.stderr
+    assert (scratch / "out.txt").read_text() == "ok"
