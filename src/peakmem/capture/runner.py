@@ -19,6 +19,7 @@ from peakmem.capture.fake_cuda import fake_cuda_runtime
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
 from peakmem.capture.session import CaptureSession
+from peakmem.capture.side_effects import divert_fake_saves
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
 from peakmem.jobs.runner import (
     JobSpec,
@@ -257,6 +258,7 @@ def _run_captured(
             stack_ctx.enter_context(patch())
         stack_ctx.enter_context(_cuda_kernels(session))
         stack_ctx.enter_context(_epoch_length_probe(session, fast_forward=steps is None))
+        stack_ctx.enter_context(divert_fake_saves(session))
         stack_ctx.enter_context(phases)
         try:
             with ExitStack() as modes:
