@@ -105,3 +105,23 @@ def cuda_rng_state() -> Iterator[None]:
         ):
             stack.enter_context(patched(cuda, name, value))
         yield
+
+
+# -- torch.save ------------------------------------------------------------------------------------
+
+
+@register_library_patch("torch_save_device_tensors")
+@contextmanager
+def torch_save_device_tensors() -> Iterator[None]:
+    """`torch.save` of device tensors writes them as meta tensors (shape, dtype, no data), as
+    before the device view: its pickler asks `tensor.device` from Python, and seeing `cuda` it
+    would copy the storage to the host (a meta storage has no data). Values the job computed
+    before calling save (`t.device`, the state dict's keys) are what the job saw."""
+    original = torch.save
+
+    def save(*args: Any, **kwargs: Any) -> Any:
+        with torch._C.DisableTorchFunction():
+            return original(*args, **kwargs)
+
+    with patched(torch, "save", save), patched(torch.serialization, "save", save):
+        yield
