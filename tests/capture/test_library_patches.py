@@ -109,3 +109,25 @@ def test_patched_removes_an_attribute_it_shadowed_on_a_subclass():
     with patched(Child, "f", lambda self: "patched"):
         assert Child().f() == "patched"
     assert "f" not in vars(Child) and Child().f() == "base"
+
+
+def test_accelerate_trains_in_fp16(a100, stack24):
+    """Accelerate places the model by `device` and runs its GradScaler on `cuda`: no patch
+    needed once device tensors report cuda:0 (on meta devices its inf checks went missing)."""
+    accelerate = pytest.importorskip("accelerate")
+    seen = {}
+
+    def job():
+        accelerator = accelerate.Accelerator(mixed_precision="fp16")
+        model = _model()
+        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+        seen["device"] = next(model.parameters()).device
+        for _ in range(3):
+            loss = model(torch.randn(8, 64, device=accelerator.device)).float().sum()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    result = _run(job, a100, stack24)
+    assert seen["device"] == JOB_DEVICE
+    assert result.steps == 3
