@@ -9,7 +9,7 @@ The job sees device tensors as `cuda:0` tensors: tensor attributes the capture a
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import torch
@@ -118,7 +118,9 @@ class CudaAsMeta(TorchFunctionMode):
         if func in _BACKWARD_CALLS:
             # the job's code that runs in backward (hooks, checkpoint recomputation, custom
             # autograd functions) sees the device view and the function rules, as in forward
-            with self.phases.backward(), job_view_in_backward(self):
+            # a backward call made inside backward (reentrant checkpointing) stays in that phase
+            phase = nullcontext() if self.session.in_backward else self.phases.backward()
+            with phase, job_view_in_backward(self):
                 return func(*args, **kwargs)
         rule = FUNCTION_RULES.get(func)
         if rule is not None and _has_device_tensor(args, kwargs):
