@@ -283,3 +283,18 @@ def test_save_on_cpu_hooks_run_in_the_jobs_view(a100, stack24):
             optimizer.step()
 
     assert _run(job, a100, stack24).steps == 3
+
+
+def test_format_and_record_stream_on_device_tensors(a100, stack24):
+    seen = {}
+
+    def job():
+        x = torch.ones(2, device="cuda")
+        seen["format"] = f"{x}"
+        seen["scalar"] = f"{x.sum():.1f}"
+        x.record_stream(torch.cuda.current_stream())
+        seen["recorded"] = True
+
+    result = _run(job, a100, stack24, mode="eager")
+    assert seen == {"format": "tensor([1., 1.], device='cuda:0')", "scalar": "2.0", "recorded": True}
+    assert result.host_reads == 0  # eager: real values, nothing assumed

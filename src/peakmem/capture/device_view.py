@@ -80,3 +80,14 @@ def _repr(mode, func, args: tuple, kwargs: dict) -> Any:
     contents = torch._tensor_str._tensor_str(host.detach(), len("tensor("))
     with mode:  # the job's view of the tensor for the suffixes: device='cuda:0', not meta
         return torch._tensor_str._str(tensor, tensor_contents=contents)
+
+
+@register_override([Tensor.__format__])
+def _format(mode, func, args: tuple, kwargs: dict) -> Any:
+    """`f"{t}"` of a device tensor with dimensions prints like `repr` (as on CUDA); a scalar's
+    format spec reads its value (a host read, as before)."""
+    tensor = args[0]
+    if tensor.dim() and viewed_device(mode.session, tensor) == JOB_DEVICE:
+        return _repr(mode, Tensor.__repr__, (tensor,), {})
+    return func(*(mode.host_values(value) for value in args), **kwargs)
+
