@@ -10,6 +10,7 @@ from torch import nn
 from peakmem.capture import capture_callable
 from peakmem.capture.device_view import JOB_DEVICE
 from peakmem.cuda_rules.true_device import is_meta, true_device
+from peakmem.trace.events import EventKind
 from tests.capture.capture_helpers import allocations
 
 
@@ -73,6 +74,14 @@ def test_storage_kinds_decide_what_a_meta_tensor_reports(a100, stack24):
     assert seen["device"] == ("cuda", True, False, 0)
     assert seen["host"] == ("cpu", False, True, -1)
     assert seen["own"] == ("meta", False, True, -1)
+
+
+def _marks(trace):
+    return [
+        trace.tag_of(index).op
+        for index, (kind, *_rest) in enumerate(trace.events())
+        if kind == EventKind.MARK
+    ]
 
 
 def _current_session():
@@ -240,10 +249,11 @@ def test_checkpoint_recomputes_under_the_jobs_autocast(a100, stack24, reentrant)
     plain = _run(job, a100, stack24, use_checkpoint=False)
     plain_dtypes = list(dtypes)
     dtypes.clear()
-    _run(job, a100, stack24, use_checkpoint=True)
+    checkpointed = _run(job, a100, stack24, use_checkpoint=True)
     assert plain_dtypes == [(torch.float16, "cuda", True)] * 3
     assert dtypes == [(torch.float16, "cuda", True)] * 6  # forward and recomputation
-    assert plain.steps == 3
+    # one backward phase per step: the reentrant checkpoint's inner backward stays inside it
+    assert _marks(checkpointed.trace).count("backward") == _marks(plain.trace).count("backward") == 3
 
 
 def test_checkpoint_saves_fewer_activations_than_the_plain_run(a100, stack24):
