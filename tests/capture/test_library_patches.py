@@ -131,3 +131,17 @@ def test_accelerate_trains_in_fp16(a100, stack24):
     result = _run(job, a100, stack24)
     assert seen["device"] == JOB_DEVICE
     assert result.steps == 3
+
+
+def test_lstm_trains_without_a_cudnn_warning(a100, stack24, recwarn):
+    def job():
+        model = nn.LSTM(16, 32, num_layers=2, batch_first=True).cuda()
+        optimizer = torch.optim.Adam(model.parameters())
+        for _ in range(3):
+            out, _ = model(torch.randn(4, 10, 16, device="cuda"))
+            out.sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    assert _run(job, a100, stack24).steps == 3
+    assert not [w for w in recwarn if "cuDNN" in str(w.message)]

@@ -144,3 +144,21 @@ def record_stream() -> Iterator[None]:
 
     with patched(torch.Tensor, "record_stream", record):
         yield
+
+
+# -- torch.backends.cudnn.is_acceptable ------------------------------------------------------------
+
+
+@register_library_patch("cudnn_is_acceptable")
+@contextmanager
+def cudnn_is_acceptable() -> Iterator[None]:
+    """`nn.LSTM`/`GRU` ask `torch.backends.cudnn.is_acceptable(weight)` before flattening their
+    weights for cuDNN; with cuda tensors the CPU-only torch then warns that it has no cuDNN. The
+    flattened-weight cuDNN RNN path is not modelled (its kernels have no meta implementation):
+    the answer stays no, without the warning."""
+
+    def is_acceptable(tensor: torch.Tensor) -> bool:
+        return False
+
+    with patched(torch.backends.cudnn, "is_acceptable", is_acceptable):
+        yield
