@@ -229,3 +229,24 @@ def test_values_survive_the_moves_in_eager_mode(a100, stack24):
 
     _run(job, a100, stack24, mode="eager")
     assert torch.equal(seen["device"], values) and torch.equal(seen["host"], values)
+
+
+def test_lazy_modules_moved_before_their_first_call(a100, stack24):
+    """On CUDA `.cuda()` keeps a lazy module's UninitializedParameter (it materializes on the
+    first call, on the device); the capture used to turn it into a plain empty Parameter."""
+    seen = {}
+
+    def job():
+        model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.LazyLinear(2)).cuda()
+        seen["before"] = (type(model[0].weight).__name__, model[0].weight.device)
+        optimizer = None
+        for _ in range(3):
+            model(torch.randn(3, 5, device="cuda")).sum().backward()
+            optimizer = optimizer or torch.optim.Adam(model.parameters())
+            optimizer.step()
+            seen["after"] = (model[0].weight.shape, model[0].weight.device)
+
+    result = _run(job, a100, stack24)
+    assert seen["before"] == ("UninitializedParameter", JOB_DEVICE)
+    assert seen["after"] == (torch.Size([8, 5]), JOB_DEVICE)
+    assert result.steps == 3

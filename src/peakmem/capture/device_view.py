@@ -25,6 +25,7 @@ Tensor = torch.Tensor
 JOB_DEVICE = torch.device("cuda", 0)
 _HOST = torch.device("cpu")
 _BY_KIND = {"device": JOB_DEVICE, "host": _HOST}
+_PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def viewed_device(session: Any, tensor: Tensor) -> torch.device:
@@ -33,8 +34,12 @@ def viewed_device(session: Any, tensor: Tensor) -> torch.device:
     if device.type != "meta":
         return device
     try:
-        kind = session.storage_kind(tensor)
-    except (RuntimeError, NotImplementedError):  # no storage (sparse, nested, subclasses)
+        if type(tensor) in _PLAIN:
+            kind = session.storage_kind(tensor)
+        else:  # a subclass may refuse `untyped_storage()` (lazy modules' UninitializedParameter)
+            with torch._C.DisableTorchFunctionSubclass():
+                kind = session.storage_kind(tensor)
+    except (RuntimeError, NotImplementedError):  # no storage (sparse, nested, ...)
         kind = "device"
     return _BY_KIND.get(kind, device)
 

@@ -33,12 +33,19 @@ from peakmem.capture.tensor_overrides import register_override
 
 Tensor = torch.Tensor
 _compatible = torch._has_compatible_shallow_copy_type
+_PLAIN = (
+    Tensor,
+    torch.nn.Parameter,
+    torch.nn.parameter.UninitializedParameter,  # a lazy module moved before its first call
+    torch.nn.parameter.UninitializedBuffer,
+)
+_NO_SUBCLASS_HOOKS = torch._C.DisableTorchFunctionSubclass
 
 
 def _crosses(mode, tensor: Any, other: Any) -> bool:
     """Whether `tensor` and `other` are a host and a fake device tensor (either order)."""
-    if not (isinstance(tensor, Tensor) and isinstance(other, Tensor)):
-        return False
+    if type(tensor) not in _PLAIN or type(other) not in _PLAIN:
+        return False  # other subclasses keep their own rules
     if tensor.layout != torch.strided or other.layout != torch.strided:
         return False
     kinds = {tensor.device.type, other.device.type}
@@ -57,16 +64,23 @@ def _swappable(tensor: Tensor) -> bool:
 @register_override([torch._has_compatible_shallow_copy_type])
 def _shallow_copy_compatible(mode, func, args: tuple, kwargs: dict) -> Any:
     tensor, other = args[0], args[1]
-    if _crosses(mode, tensor, other) and _swappable(tensor):
-        return True
+    with _NO_SUBCLASS_HOOKS():
+        if _crosses(mode, tensor, other) and _swappable(tensor):
+            return True
     return func(*args, **kwargs)
 
 
 @register_override([Tensor.data.__set__])
 def _set_data(mode, func, args: tuple, kwargs: dict) -> Any:
     tensor, new = args[0], args[1]
-    if not _crosses(mode, tensor, new) or _compatible(tensor, new):
-        return func(*args, **kwargs)
+    with _NO_SUBCLASS_HOOKS():
+        if not _crosses(mode, tensor, new) or _compatible(tensor, new):
+            return func(*args, **kwargs)
+        _swap_data(mode, tensor, new)
+    return None
+
+
+def _swap_data(mode, tensor: Tensor, new: Tensor) -> None:
     grad = tensor.grad
     requires_grad = tensor.requires_grad
     if grad is not None:
@@ -78,7 +92,6 @@ def _set_data(mode, func, args: tuple, kwargs: dict) -> Any:
         moved = _moved_like(mode, grad, tensor)
         torch._C._swap_tensor_impl(grad, moved.detach())
         tensor.grad = grad
-    return None
 
 
 def _moved_like(mode, grad: Tensor, param: Tensor) -> Tensor:

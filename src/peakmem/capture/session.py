@@ -180,7 +180,8 @@ class CaptureSession:
         With `only_from`, only allocations currently tagged with one of those categories move."""
         if tensor is None or not is_meta(tensor):
             return
-        record = self.live.get(id(tensor.untyped_storage()))
+        with torch._C.DisableTorchFunction():  # runs in the job's hooks: no tensor subclass hook
+            record = self.live.get(id(tensor.untyped_storage()))
         if record is None:
             return
         old = self.trace.tag_of(record.alloc_index) or Tag()
