@@ -308,3 +308,19 @@ def test_format_and_record_stream_on_device_tensors(a100, stack24):
     result = _run(job, a100, stack24, mode="eager")
     assert seen == {"format": "tensor([1., 1.], device='cuda:0')", "scalar": "2.0", "recorded": True}
     assert result.host_reads == 0  # eager: real values, nothing assumed
+
+
+def test_autocast_keyed_on_the_tensors_device_type(a100, stack24):
+    """`torch.autocast(device_type=x.device.type)` (common in training loops) is CUDA autocast."""
+    seen = {}
+
+    def job():
+        layer = nn.Linear(8, 8).cuda()
+        x = torch.randn(4, 8, device="cuda")
+        with torch.autocast(device_type=x.device.type, dtype=torch.float16):
+            seen["dtype"] = layer(x).dtype
+        scaler = torch.amp.GradScaler(x.device.type)
+        seen["scaler"] = scaler.is_enabled()
+
+    _run(job, a100, stack24)
+    assert seen == {"dtype": torch.float16, "scaler": True}
