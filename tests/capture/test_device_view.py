@@ -324,3 +324,14 @@ def test_autocast_keyed_on_the_tensors_device_type(a100, stack24):
 
     _run(job, a100, stack24)
     assert seen == {"dtype": torch.float16, "scaler": True}
+
+
+def test_printing_a_huge_device_tensor_takes_no_host_memory(a100, stack24):
+    seen = {}
+
+    def job():
+        huge = torch.empty(2**32, device="cuda", dtype=torch.float16)  # 8 GiB on the device
+        seen["repr"] = repr(huge)
+
+    _run(job, a100, stack24)
+    assert seen["repr"] == "tensor([0., 0., 0.,  ..., 0., 0., 0.], device='cuda:0', dtype=torch.float16)"

@@ -139,13 +139,9 @@ class CudaAsMeta(TorchFunctionMode):
         tensor = func(*args, **kwargs).to(CAPTURE_DEVICE)
         return tensor.requires_grad_() if requires_grad else tensor
 
-    def host_values(self, value: Any, *, count: bool = True) -> Any:
+    def host_values(self, value: Any) -> Any:
         """A host tensor with a device tensor's values: real ones in eager mode, else zeros
-        (counted as a host read that saw zeros unless `count` is False)."""
-        if not is_meta(value):
-            return value
-        if not count and self.session.host_value is None:
-            return placeholder(value)
+        (counted as a host read that saw zeros)."""
         return self._host(value)
 
     def _host(self, value: Any) -> Any:

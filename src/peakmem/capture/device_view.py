@@ -81,7 +81,10 @@ def _repr(mode, func, args: tuple, kwargs: dict) -> Any:
         or viewed_device(mode.session, tensor) != JOB_DEVICE
     ):
         return func(*args, **kwargs)
-    host = mode.host_values(tensor, count=False)
+    if mode.session.host_value is None:  # fake mode: zeros that take no host memory
+        host = torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)
+    else:
+        host = mode.session.host_value(tensor)
     contents = torch._tensor_str._tensor_str(host.detach(), len("tensor("))
     with mode:  # the job's view of the tensor for the suffixes: device='cuda:0', not meta
         return torch._tensor_str._str(tensor, tensor_contents=contents)
