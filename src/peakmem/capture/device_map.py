@@ -116,9 +116,9 @@ class CudaAsMeta(TorchFunctionMode):
         if func in _HOST_READS and _has_device_tensor(args, kwargs):
             return func(*tree_map(self._host, args), **tree_map(self._host, kwargs))
         if func in _BACKWARD_CALLS:
-            # the job's code that runs in backward (hooks, checkpoint recomputation, custom
-            # autograd functions) sees the device view and the function rules, as in forward
-            # a backward call made inside backward (reentrant checkpointing) stays in that phase
+            # The job's code that runs in backward (hooks, checkpoint recomputation, custom
+            # autograd functions) sees the device view and the function rules, as in forward.
+            # A backward call made inside backward (reentrant checkpointing) stays in that phase.
             phase = nullcontext() if self.session.in_backward else self.phases.backward()
             with phase, job_view_in_backward(self):
                 return func(*args, **kwargs)
