@@ -1,19 +1,28 @@
 """A torch-function mode that puts "cuda" tensors on the meta device (no memory, no compute),
 keeps host tensors real, answers host reads of device tensors (`.item()`, `.tolist()`,
 `.cpu()`, printing with a format) with placeholder zeros (eager mode: their real values), and
-hands calls that CUDA dispatches differently to the CUDA function rules."""
+hands calls that CUDA dispatches differently to the CUDA function rules.
+
+The job sees device tensors as `cuda:0` tensors: tensor attributes the capture answers for the job
+(`.device`, `.is_cuda`, `.data = ...`, ...) are looked up in `capture.tensor_overrides`
+(capture/device_view.py, capture/module_apply.py)."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from peakmem.capture import device_view, module_apply  # noqa: F401  (their registrations)
+from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
 from peakmem.capture.phases import PhaseTracker
 from peakmem.capture.session import CaptureSession
+from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
 from peakmem.cuda_rules import FUNCTION_RULES
+from peakmem.cuda_rules.true_device import is_meta
 
 CAPTURE_DEVICE = torch.device("meta")
 Tensor = torch.Tensor
@@ -58,14 +67,14 @@ def is_host_device(value: Any) -> bool:
 
 def placeholder(tensor: Any) -> Any:
     """A real host tensor standing in for a device tensor's unknown values."""
-    if isinstance(tensor, Tensor) and tensor.is_meta:
+    if is_meta(tensor):
         return torch.zeros(tensor.shape, dtype=tensor.dtype)
     return tensor
 
 
 def _has_device_tensor(args: tuple, kwargs: dict) -> bool:
     flat, _ = tree_flatten((args, kwargs))
-    return any(isinstance(t, Tensor) and t.is_meta for t in flat)
+    return any(is_meta(t) for t in flat)
 
 
 class CudaAsMeta(TorchFunctionMode):
@@ -73,9 +82,26 @@ class CudaAsMeta(TorchFunctionMode):
         super().__init__()
         self.session = session
         self.phases = phases
+        self._entered = 0
+        self._hooks = ExitStack()
+
+    def __enter__(self):
+        if self._entered == 0:
+            self._hooks.enter_context(job_view_in_saved_tensor_hooks(self))
+        self._entered += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._entered -= 1
+        if self._entered == 0:
+            self._hooks.close()
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        override = TENSOR_OVERRIDES.get(func)
+        if override is not None:
+            return override(self, func, args, kwargs)
         if "device" in kwargs:
             kwargs["device"] = to_capture_device(kwargs["device"], ints=True)
 
@@ -85,12 +111,16 @@ class CudaAsMeta(TorchFunctionMode):
             return self._to(args, kwargs)
         if func is Tensor.cuda:
             return args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
-        if func is Tensor.cpu and args[0].is_meta:
+        if func is Tensor.cpu and is_meta(args[0]):
             return self._host(args[0])
         if func in _HOST_READS and _has_device_tensor(args, kwargs):
             return func(*tree_map(self._host, args), **tree_map(self._host, kwargs))
         if func in _BACKWARD_CALLS:
-            with self.phases.backward():
+            # The job's code that runs in backward (hooks, checkpoint recomputation, custom
+            # autograd functions) sees the device view and the function rules, as in forward.
+            # A backward call made inside backward (reentrant checkpointing) stays in that phase.
+            phase = nullcontext() if self.session.in_backward else self.phases.backward()
+            with phase, job_view_in_backward(self):
                 return func(*args, **kwargs)
         rule = FUNCTION_RULES.get(func)
         if rule is not None and _has_device_tensor(args, kwargs):
@@ -109,9 +139,14 @@ class CudaAsMeta(TorchFunctionMode):
         tensor = func(*args, **kwargs).to(CAPTURE_DEVICE)
         return tensor.requires_grad_() if requires_grad else tensor
 
+    def host_values(self, value: Any) -> Any:
+        """A host tensor with a device tensor's values: real ones in eager mode, else zeros
+        (counted as a host read that saw zeros)."""
+        return self._host(value)
+
     def _host(self, value: Any) -> Any:
         """A host tensor with a device tensor's values: real ones in eager mode, else zeros."""
-        if not (isinstance(value, Tensor) and value.is_meta):
+        if not is_meta(value):
             return value
         if self.session.host_value is not None:
             return self.session.host_value(value)
@@ -125,7 +160,7 @@ class CudaAsMeta(TorchFunctionMode):
         if rest:
             rest[0] = to_capture_device(rest[0], ints=True)
         target = kwargs.get("device", rest[0] if rest else None)
-        if tensor.is_meta and is_host_device(target):
+        if is_meta(tensor) and is_host_device(target):
             host = self._host(tensor)
             kwargs.pop("device", None)
             if rest and is_host_device(rest[0]):

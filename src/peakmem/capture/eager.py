@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from peakmem.capture.session import CaptureSession
+from peakmem.cuda_rules.true_device import is_meta
 
 aten = torch.ops.aten
 GIB = 2**30
@@ -83,7 +84,7 @@ def eager_ram_limit() -> int:
 
 
 def _is_meta(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.is_meta
+    return is_meta(value)
 
 
 def _is_meta_device(value: Any) -> bool:

@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_flatten
 from peakmem.capture.eager import op_name
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules import host_outputs_for, op_rule_for
+from peakmem.cuda_rules.true_device import is_meta, true_device
 from peakmem.trace.vocab import Category
 
 _HOST_COPY_OPS = {"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"}
@@ -28,7 +29,12 @@ class AllocationRecorder(TorchDispatchMode):
         self.session = session
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        # kernels written in Python (meta kernels, decompositions) and the rules must see the
+        # true devices, not the job's device view (capture/device_view.py)
+        with torch._C.DisableTorchFunction():
+            return self._dispatch(func, args, kwargs or {})
+
+    def _dispatch(self, func, args, kwargs):
         rule = None if self.session.closed else op_rule_for(func)
         around = None
         if rule is not None and inspect.isgeneratorfunction(rule):
@@ -57,7 +63,7 @@ class AllocationRecorder(TorchDispatchMode):
             category = Category.INPUT.value
         flat, _ = tree_flatten(out)
         for tensor in flat:
-            if isinstance(tensor, torch.Tensor) and tensor.is_meta and id(tensor) not in skip:
+            if is_meta(tensor) and id(tensor) not in skip:
                 self.session.track(tensor, op, category)
         if around is not None:
             with contextlib.suppress(StopIteration):
@@ -74,7 +80,7 @@ def _data_dependent(func, args) -> bool:
     """Whether a `dynamic_output_shape` op's size depends on device values here (indexing
     only does with a boolean mask)."""
     flat, _ = tree_flatten(args)
-    if not any(isinstance(t, torch.Tensor) and t.is_meta for t in flat):
+    if not any(is_meta(t) for t in flat):
         return False
     if func.overloadpacket.__name__ in _INDEX_OPS:
         return any(
@@ -88,7 +94,7 @@ def fake_limit_reason(func, args, kwargs, exc: BaseException) -> str | None:
     (None for the job's own errors: shape mismatches, wrong devices, ...)."""
     flat, _ = tree_flatten((args, kwargs))
     if not any(
-        (isinstance(t, torch.Tensor) and t.is_meta) or (isinstance(t, torch.device) and t.type == "meta")
+        is_meta(t) or (isinstance(t, torch.device) and t.type == "meta")
         for t in flat
     ):
         return None
@@ -111,4 +117,4 @@ def fake_limit_reason(func, args, kwargs, exc: BaseException) -> str | None:
 
 def _reads_host(args) -> bool:
     flat, _ = tree_flatten(args)
-    return any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in flat)
+    return any(isinstance(t, torch.Tensor) and true_device(t).type == "cpu" for t in flat)

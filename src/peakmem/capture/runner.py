@@ -16,6 +16,7 @@ from peakmem.capture import vision_ops
 from peakmem.capture.device_map import CudaAsMeta
 from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
 from peakmem.capture.fake_cuda import fake_cuda_runtime
+from peakmem.capture.library_patches import library_patches
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
 from peakmem.capture.session import CaptureSession
@@ -254,6 +255,7 @@ def _run_captured(
     with ExitStack() as stack_ctx:
         stack_ctx.enter_context(backend_flags_restored())
         stack_ctx.enter_context(fake_cuda_runtime(session))
+        stack_ctx.enter_context(library_patches())
         for patch in RUNTIME_PATCHES.values():
             stack_ctx.enter_context(patch())
         stack_ctx.enter_context(_cuda_kernels(session))

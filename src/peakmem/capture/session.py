@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from peakmem.cuda_rules.true_device import is_meta
 from peakmem.profiles import GpuProfile, StackProfile
 from peakmem.trace.events import Tag, Trace
 from peakmem.trace.vocab import Category, Phase
@@ -177,9 +178,10 @@ class CaptureSession:
     ) -> None:
         """Re-tag the allocation of `tensor`'s storage as `category` (and `module` if given).
         With `only_from`, only allocations currently tagged with one of those categories move."""
-        if tensor is None or not isinstance(tensor, torch.Tensor) or not tensor.is_meta:
+        if tensor is None or not is_meta(tensor):
             return
-        record = self.live.get(id(tensor.untyped_storage()))
+        with torch._C.DisableTorchFunction():  # runs in the job's hooks: no tensor subclass hook
+            record = self.live.get(id(tensor.untyped_storage()))
         if record is None:
             return
         old = self.trace.tag_of(record.alloc_index) or Tag()

@@ -23,6 +23,7 @@ from peakmem.cuda_rules.registry import (
     register_composite_rule,
     register_function_rule,
 )
+from peakmem.cuda_rules.true_device import is_meta
 
 DEVICE_TYPE = "cuda"
 _local = threading.local()
@@ -48,7 +49,7 @@ def inside_autocast_op() -> Iterator[None]:
 def _eligible(value: Any) -> bool:
     return (
         isinstance(value, torch.Tensor)
-        and value.is_meta
+        and is_meta(value)
         and value.is_floating_point()
         and value.dtype != torch.float64
     )

@@ -1,0 +1,164 @@
+"""Per-library patches for the fake device: a registry, one small patch per library behaviour
+that would otherwise reach for real CUDA. Each is a context manager taking no argument, entered
+for the capture's duration by `library_patches()` (capture/runner.py) and undone afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+LibraryPatch = Callable[[], AbstractContextManager[None]]
+LIBRARY_PATCHES: dict[str, LibraryPatch] = {}
+
+
+def register_library_patch(name: str) -> Callable[[LibraryPatch], LibraryPatch]:
+    def decorator(patch: LibraryPatch) -> LibraryPatch:
+        if name in LIBRARY_PATCHES:
+            raise ValueError(f"library patch {name!r} is already registered")
+        LIBRARY_PATCHES[name] = patch
+        return patch
+
+    return decorator
+
+
+@contextmanager
+def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name = value` for the duration; nothing when `owner` has no `name`."""
+    if not hasattr(owner, name):
+        yield
+        return
+    own = vars(owner) if isinstance(owner, type) else None
+    inherited = own is not None and name not in own
+    original = getattr(owner, name) if own is None else own.get(name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if inherited:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
+
+
+@contextmanager
+def library_patches() -> Iterator[None]:
+    """Every registered library patch, for the duration."""
+    with ExitStack() as stack:
+        for patch in LIBRARY_PATCHES.values():
+            stack.enter_context(patch())
+        yield
+
+
+# -- torch.nn.DataParallel -----------------------------------------------------------------------
+
+
+@register_library_patch("data_parallel_one_device")
+@contextmanager
+def data_parallel_one_device() -> Iterator[None]:
+    """`nn.DataParallel` on one device runs the module directly, but still scatters its inputs
+    with CUDA's comm kernels (a no-copy chunk on one device): here they are moved to the device
+    (a no-op for device tensors). Its check that the parameters are on cuda:0 sees the device
+    view. More than one device never happens: the fake runtime has one."""
+    data_parallel = torch.nn.DataParallel
+    original = data_parallel.scatter
+
+    def scatter(self: Any, inputs: Any, kwargs: Any, device_ids: Any) -> Any:
+        if len(device_ids) != 1:
+            return original(self, inputs, kwargs, device_ids)
+        device = torch.device("cuda", 0)
+
+        def move(value: Any) -> Any:
+            return value.to(device) if isinstance(value, torch.Tensor) else value
+
+        return (tree_map(move, tuple(inputs)),), (tree_map(move, dict(kwargs or {})),)
+
+    with patched(data_parallel, "scatter", scatter):
+        yield
+
+
+# -- CUDA random number generator state ----------------------------------------------------------
+
+_PHILOX_STATE_BYTES = 16  # CUDA's generator state: seed and offset
+
+
+def _rng_state(device: Any = "cuda") -> torch.Tensor:
+    return torch.zeros(_PHILOX_STATE_BYTES, dtype=torch.uint8)
+
+
+@register_library_patch("cuda_rng_state")
+@contextmanager
+def cuda_rng_state() -> Iterator[None]:
+    """`torch.cuda.get_rng_state()` / `set_rng_state` (checkpointing, `torch.random.fork_rng`,
+    saving a training state): a host byte tensor, as CUDA returns; setting it is a no-op."""
+    cuda = torch.cuda
+    with ExitStack() as stack:
+        for name, value in (
+            ("get_rng_state", _rng_state),
+            ("get_rng_state_all", lambda: [_rng_state()]),
+            ("set_rng_state", lambda new_state, device="cuda": None),
+            ("set_rng_state_all", lambda new_states: None),
+        ):
+            stack.enter_context(patched(cuda, name, value))
+        yield
+
+
+# -- torch.save ------------------------------------------------------------------------------------
+
+
+@register_library_patch("torch_save_device_tensors")
+@contextmanager
+def torch_save_device_tensors() -> Iterator[None]:
+    """`torch.save` of device tensors writes them as meta tensors (shape, dtype, no data), as
+    before the device view: its pickler asks `tensor.device` from Python, and seeing `cuda` it
+    would copy the storage to the host (a meta storage has no data). Values the job computed
+    before calling save (`t.device`, the state dict's keys) are what the job saw."""
+    original = torch.save
+
+    def save(*args: Any, **kwargs: Any) -> Any:
+        with torch._C.DisableTorchFunction():
+            return original(*args, **kwargs)
+
+    with patched(torch, "save", save), patched(torch.serialization, "save", save):
+        yield
+
+
+# -- Tensor.record_stream ------------------------------------------------------------------------
+
+
+@register_library_patch("record_stream")
+@contextmanager
+def record_stream() -> Iterator[None]:
+    """`t.record_stream(torch.cuda.current_stream())` (prefetchers, DataLoader wrappers): the fake
+    streams are not `torch.Stream`s, and one stream runs everything in program order here:
+    nothing to record. (torch parses the stream argument before any torch-function hook.)"""
+    original = torch.Tensor.record_stream
+
+    def record(self: torch.Tensor, stream: Any) -> None:
+        if isinstance(stream, torch.Stream):
+            original(self, stream)
+
+    with patched(torch.Tensor, "record_stream", record):
+        yield
+
+
+# -- torch.backends.cudnn.is_acceptable ------------------------------------------------------------
+
+
+@register_library_patch("cudnn_is_acceptable")
+@contextmanager
+def cudnn_is_acceptable() -> Iterator[None]:
+    """`nn.LSTM`/`GRU` ask `torch.backends.cudnn.is_acceptable(weight)` before flattening their
+    weights for cuDNN; with cuda tensors the CPU-only torch then warns that it has no cuDNN. The
+    flattened-weight cuDNN RNN path is not modelled (its kernels have no meta implementation):
+    the answer stays no, without the warning."""
+
+    def is_acceptable(tensor: torch.Tensor) -> bool:
+        return False
+
+    with patched(torch.backends.cudnn, "is_acceptable", is_acceptable):
+        yield

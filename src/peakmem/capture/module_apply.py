@@ -1,0 +1,125 @@
+"""Moving parameters between the host and the fake device in place, as CUDA does.
+
+On CUDA, `nn.Module._apply` (`.to("cuda")`, `.cuda()`, `.cpu()`, `.half()`, ...) keeps each
+Parameter object: a CPU and a CUDA tensor have "compatible shallow-copy types", so it sets
+`param.data = moved` (and `param.grad.data = moved_grad`). A CPU and a meta tensor do not, so on
+the fake device `_apply` would make a NEW Parameter per module: weights tied between two modules
+(`lm_head.weight = wte.weight`) would become two copies, and optimizers built before the move
+would hold the old host parameters.
+
+Here, while the capture runs:
+- `torch._has_compatible_shallow_copy_type(host, device_tensor)` answers True (both ways), as it
+  does for CPU and CUDA, when the host tensor can be swapped (no other C++ owner);
+- `tensor.data = other` across host and fake device swaps the tensor's implementation with
+  `other`'s (`torch._C._swap_tensor_impl`), keeping the Python object, its attributes, its
+  `requires_grad` and its `.grad` (moved along, same object).
+So a tied weight is moved once and stays one Parameter; buffers are replaced by `_apply` on CUDA
+too (`self._buffers[key] = fn(buf)`), so nothing changes for them.
+
+`model.to(0)` / `model.to(rank)`: `nn.Module.to` parses its arguments with `_parse_to`, which on a
+CPU-only torch rejects a device ordinal; ordinals are read as `cuda:N` during the capture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from peakmem.capture.library_patches import patched, register_library_patch
+from peakmem.capture.tensor_overrides import register_override
+
+Tensor = torch.Tensor
+_compatible = torch._has_compatible_shallow_copy_type
+_PLAIN = (
+    Tensor,
+    torch.nn.Parameter,
+    torch.nn.parameter.UninitializedParameter,  # a lazy module moved before its first call
+    torch.nn.parameter.UninitializedBuffer,
+)
+_NO_SUBCLASS_HOOKS = torch._C.DisableTorchFunctionSubclass
+
+
+def _crosses(mode, tensor: Any, other: Any) -> bool:
+    """Whether `tensor` and `other` are a host and a fake device tensor (either order)."""
+    if type(tensor) not in _PLAIN or type(other) not in _PLAIN:
+        return False  # other subclasses keep their own rules
+    if tensor.layout != torch.strided or other.layout != torch.strided:
+        return False
+    kinds = {tensor.device.type, other.device.type}
+    if kinds != {"cpu", "meta"}:
+        return False
+    meta = tensor if tensor.device.type == "meta" else other
+    return mode.session.storage_kind(meta) == "device"
+
+
+def _swappable(tensor: Tensor) -> bool:
+    """No C++ owner but the Python object (and a leaf's AccumulateGrad node) holds `tensor`."""
+    count = tensor._use_count()
+    return count == 1 or (count == 2 and tensor.is_leaf)
+
+
+@register_override([torch._has_compatible_shallow_copy_type])
+def _shallow_copy_compatible(mode, func, args: tuple, kwargs: dict) -> Any:
+    tensor, other = args[0], args[1]
+    with _NO_SUBCLASS_HOOKS():
+        if _crosses(mode, tensor, other) and _swappable(tensor):
+            return True
+    return func(*args, **kwargs)
+
+
+@register_override([Tensor.data.__set__])
+def _set_data(mode, func, args: tuple, kwargs: dict) -> Any:
+    tensor, new = args[0], args[1]
+    with _NO_SUBCLASS_HOOKS():
+        if not _crosses(mode, tensor, new) or _compatible(tensor, new):
+            return func(*args, **kwargs)
+        _swap_data(mode, tensor, new)
+    return None
+
+
+def _swap_data(mode, tensor: Tensor, new: Tensor) -> None:
+    grad = tensor.grad
+    requires_grad = tensor.requires_grad
+    if grad is not None:
+        tensor.grad = None
+    torch._C._swap_tensor_impl(tensor, new.detach())
+    if requires_grad:
+        tensor.requires_grad_(True)
+    if grad is not None:
+        moved = _moved_like(mode, grad, tensor)
+        torch._C._swap_tensor_impl(grad, moved.detach())
+        tensor.grad = grad
+
+
+def _moved_like(mode, grad: Tensor, param: Tensor) -> Tensor:
+    """`grad` on `param`'s device and dtype (a device copy, or a host read of a device one)."""
+    with torch.no_grad():
+        if param.device.type == "meta":
+            return grad.to(device=param.device, dtype=param.dtype)
+        return mode.host_values(grad).to(dtype=param.dtype)
+
+
+def _ordinal_as_cuda(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return torch.device("cuda", value)
+    return value
+
+
+@register_library_patch("module_to_device_ordinal")
+@contextmanager
+def module_to_device_ordinal() -> Iterator[None]:
+    """`model.to(0)`, `model.to(rank)`, `model.to(device=0)`."""
+    original = torch._C._nn._parse_to
+
+    def parse_to(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (_ordinal_as_cuda(args[0]), *args[1:])
+        if "device" in kwargs:
+            kwargs["device"] = _ordinal_as_cuda(kwargs["device"])
+        return original(*args, **kwargs)
+
+    with patched(torch._C._nn, "_parse_to", parse_to):
+        yield
