@@ -335,3 +335,27 @@ def test_printing_a_huge_device_tensor_takes_no_host_memory(a100, stack24):
 
     _run(job, a100, stack24)
     assert seen["repr"] == "tensor([0., 0., 0.,  ..., 0., 0., 0.], device='cuda:0', dtype=torch.float16)"
+
+
+def test_device_storages_have_distinct_stable_addresses(a100, stack24):
+    """transformers' save_pretrained tells shared tensors apart by storage address: meta
+    storages would all sit at 0."""
+    seen = {}
+
+    def job():
+        a = torch.empty(1000, device="cuda")
+        b = torch.empty(1000, device="cuda")
+        view = a[10:]
+        seen["distinct"] = a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+        seen["nonzero"] = a.data_ptr() != 0 and b.data_ptr() != 0
+        seen["stable"] = a.data_ptr() == a.data_ptr() == a.untyped_storage().data_ptr()
+        seen["view_offset"] = view.data_ptr() - a.data_ptr()
+        seen["view_shares"] = view.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+        seen["apart"] = abs(a.data_ptr() - b.data_ptr()) >= 4000
+
+    _run(job, a100, stack24)
+    assert seen == {
+        "distinct": True, "nonzero": True, "stable": True, "view_offset": 40,
+        "view_shares": True, "apart": True,
+    }
+    assert torch.empty(3, device="meta").untyped_storage().data_ptr() == 0  # undone afterwards

@@ -64,6 +64,17 @@ def _is_cpu(mode, func, args: tuple, kwargs: dict) -> Any:
     return viewed_device(mode.session, args[0]).type == "cpu"
 
 
+@register_override([Tensor.data_ptr])
+def _data_ptr(mode, func, args: tuple, kwargs: dict) -> Any:
+    """A fake device tensor's address: distinct per storage (capture.fake_addresses)."""
+    tensor = args[0]
+    if tensor.device.type != "meta":
+        return func(*args, **kwargs)
+    from peakmem.capture.fake_addresses import tensor_address
+
+    return tensor_address(tensor)
+
+
 @register_override([Tensor.get_device])
 def _get_device(mode, func, args: tuple, kwargs: dict) -> Any:
     device = viewed_device(mode.session, args[0])

@@ -162,3 +162,26 @@ def cudnn_is_acceptable() -> Iterator[None]:
 
     with patched(torch.backends.cudnn, "is_acceptable", is_acceptable):
         yield
+
+
+# -- storage addresses ---------------------------------------------------------------------------
+
+
+@register_library_patch("meta_storage_addresses")
+@contextmanager
+def meta_storage_addresses() -> Iterator[None]:
+    """`untyped_storage().data_ptr()` of a fake device storage is a distinct fake address
+    (capture.fake_addresses): transformers' `save_pretrained` and safetensors tell shared tensors
+    apart by it, and every meta storage would otherwise be at 0."""
+    from peakmem.capture.fake_addresses import ADDRESSES
+
+    storage_class = torch.UntypedStorage
+    original = storage_class.data_ptr
+
+    def data_ptr(self: Any) -> int:
+        if self.device.type == "meta":
+            return ADDRESSES.of(self)
+        return original(self)
+
+    with patched(storage_class, "data_ptr", data_ptr):
+        yield
