@@ -23,6 +23,7 @@ def main():
     parser.add_argument("--channels-last", action="store_true", default=True)
     parser.add_argument("--grad-checkpointing", action="store_true", default=True)
     parser.add_argument("--model-ema", action="store_true", default=True)
+    parser.add_argument("--no-model-ema", dest="model_ema", action="store_false")
     parser.add_argument("--model-ema-decay", type=float, default=0.9998)
     args = parser.parse_args()
 
