@@ -23,13 +23,14 @@ WORKSPACE_SLACK = 96 * MiB
 """Room above twice the model state for a tiny job: two cuBLAS workspaces (2 x 32 MiB on an
 H100) and a few MiB of activations."""
 
-needs_torchvision = pytest.mark.skipif(
-    importlib.util.find_spec("torchvision") is None, reason="torchvision is not installed"
-)
-needs_timm = pytest.mark.skipif(
-    importlib.util.find_spec("timm") is None or importlib.util.find_spec("torchvision") is None,
-    reason="timm (and torchvision) are not installed",
-)
+
+
+def needs(*modules: str) -> pytest.MarkDecorator:
+    """Skip when one of these libraries is not installed (torchvision is installed apart, with
+    --no-deps: see .ci/run)."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)}")
+
 
 STALE_PARAMS = (
     "optimizer built before the move to the device keeps the host parameters: .to('cuda') gives "
@@ -77,6 +78,7 @@ def fused_steps(shapes: list) -> int:
 
 # 1. transformers, plain loop -------------------------------------------------------------------
 
+@needs("transformers")
 @pytest.mark.xfail(strict=True, reason=TYING_LOST)
 def test_transformers_plain_loop_gpt2_from_config():
     params = ex.device_bytes(ex.gpt2_shapes(**ex.TINY_GPT2), ex.FP32)
@@ -86,6 +88,7 @@ def test_transformers_plain_loop_gpt2_from_config():
 
 # 2. transformers Trainer -----------------------------------------------------------------------
 
+@needs("transformers")
 @pytest.mark.xfail(strict=True, reason=TYING_LOST)
 def test_transformers_trainer_on_a_torch_dataset():
     shapes = ex.gpt2_shapes(**ex.TINY_GPT2)
@@ -100,6 +103,7 @@ def test_transformers_trainer_on_a_torch_dataset():
 
 # 3. from_pretrained(local_dir, torch_dtype=bf16) -----------------------------------------------
 
+@needs("transformers", "safetensors")
 def test_transformers_from_pretrained_local_bf16(llama_checkpoint):
     params = ex.device_bytes(ex.llama_shapes(**ex.TINY_LLAMA), ex.BF16)
     est = estimate("hf_from_pretrained.py", str(llama_checkpoint), "--steps", "2")
@@ -109,6 +113,7 @@ def test_transformers_from_pretrained_local_bf16(llama_checkpoint):
 
 # 4. PEFT LoRA ------------------------------------------------------------------------------------
 
+@needs("transformers", "peft")
 def test_peft_lora_only_adapters_train():
     base = ex.device_bytes(ex.llama_shapes(**ex.TINY_LLAMA), ex.FP32)
     adapters = ex.device_bytes(ex.lora_shapes(8, **ex.TINY_LLAMA), ex.FP32)
@@ -118,6 +123,7 @@ def test_peft_lora_only_adapters_train():
 
 # 5. accelerate -----------------------------------------------------------------------------------
 
+@needs("accelerate")
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 @pytest.mark.xfail(strict=True, reason=STALE_PARAMS)
 def test_accelerate_prepare_and_backward(precision):
@@ -128,6 +134,7 @@ def test_accelerate_prepare_and_backward(precision):
 
 # 6. Lightning Fabric -----------------------------------------------------------------------------
 
+@needs("lightning")
 @pytest.mark.xfail(strict=True, reason=STALE_PARAMS)
 def test_lightning_fabric_bf16_mixed():
     params = ex.device_bytes(ex.mlp3_shapes(), ex.FP32)
@@ -137,6 +144,7 @@ def test_lightning_fabric_bf16_mixed():
 
 # 7. Lightning Trainer ----------------------------------------------------------------------------
 
+@needs("lightning")
 def test_lightning_trainer_one_gpu():
     params = ex.device_bytes(ex.mlp3_shapes(), ex.FP32)
     est = estimate("lightning_trainer.py", "--max-steps", "2")
@@ -156,7 +164,7 @@ EMA_GENERATOR = (
 )
 
 
-@needs_timm
+@needs("timm", "torchvision")
 @pytest.mark.parametrize(
     "ema",
     [
@@ -181,7 +189,7 @@ def test_timm_amp_channels_last_grad_checkpointing(ema):
 
 # 9. torchvision + nn.DataParallel ----------------------------------------------------------------
 
-@needs_torchvision
+@needs("torchvision")
 @pytest.mark.xfail(
     strict=True,
     reason="device is meta: nn.DataParallel checks parameters are on cuda:0: RuntimeError: "
