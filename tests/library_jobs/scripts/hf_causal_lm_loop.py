@@ -32,6 +32,8 @@ def main():
         eos_token_id=0,
     )
     model = AutoModelForCausalLM.from_config(config)
+    print(f"{torch.cuda.get_device_name(0)}: {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB free")
+    torch.cuda.reset_peak_memory_stats()
     model.to("cuda")
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.01)
@@ -50,6 +52,8 @@ def main():
         input_ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), device="cuda")
         eval_loss = model(input_ids=input_ids, labels=input_ids).loss
     print(f"eval loss {eval_loss.item():.3f}")
+    print(f"peak memory: {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB")
+    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

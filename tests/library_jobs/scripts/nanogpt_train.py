@@ -142,7 +142,11 @@ def main():
     parser.add_argument("--n-embd", type=int, default=64)
     parser.add_argument("--vocab-size", type=int, default=512)
     parser.add_argument("--gradient-accumulation-steps", type=int, default=2)
-    parser.add_argument("--dtype", default="float16")
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        else "float16",
+    )
     parser.add_argument("--compile", type=int, default=1)
     args = parser.parse_args()
 
@@ -150,6 +154,7 @@ def main():
         np.random.randint(0, args.vocab_size, size=10_000).astype(np.uint16).tofile(args.data)
 
     device = "cuda"
+    torch.manual_seed(1337)
     device_type = "cuda" if "cuda" in device else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
