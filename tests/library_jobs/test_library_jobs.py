@@ -257,3 +257,18 @@ def test_litgpt_style_meta_init_to_empty_bf16(how):
     args = ["--steps", "2"] + (["--default-device"] if how == "set-default-device" else [])
     est = estimate("litgpt_meta_init.py", *args)
     assert_training(est, params=params, optimizer_state=2 * params)
+
+
+# Training without torch.optim ------------------------------------------------------------------
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="training without torch.optim (hand-written `p -= p.grad * lr`): no optimizer step "
+    "is seen, so estimate_kind is 'forward' ('the job never stepped an optimizer: this is a "
+    "forward/inference estimate')",
+)
+def test_pytorch_tutorial_hand_written_sgd_is_training():
+    params = ex.device_bytes(ex.linear(256, 784) + ex.linear(10, 256), ex.FP32)
+    est = estimate("pytorch_tutorial_manual_sgd.py")
+    assert_training(est, params=params, optimizer_state=0)
+    assert not any("never stepped" in note for note in est.data["notes"]), est.data["notes"]
