@@ -34,13 +34,15 @@ class JobEstimate:
         return f"exit {self.returncode}: {job_error or (lines[-1] if lines else '')}"
 
 
-def estimate(script: str, *args: str, timeout: float = 120) -> JobEstimate:
+def estimate(script: str, *args: str, timeout: float = 120, flags: tuple[str, ...] = ()) -> JobEstimate:
+    """`peakmem estimate --json --timeout T FLAGS -- python SCRIPT ARGS`; the job's own output
+    comes back in `stderr`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["HF_HUB_OFFLINE"] = "1"
     command = [sys.executable, "-m", "peakmem", "estimate", "--json", "--timeout", str(timeout),
-               "--", sys.executable, str(SCRIPTS / script), *args]
+               *flags, "--", sys.executable, str(SCRIPTS / script), *args]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout + 120)
     try:
         data = json.loads(done.stdout) if done.stdout.strip() else {}

@@ -272,3 +272,34 @@ def test_pytorch_tutorial_hand_written_sgd_is_training():
     est = estimate("pytorch_tutorial_manual_sgd.py")
     assert_training(est, params=params, optimizer_state=0)
     assert not any("never stepped" in note for note in est.data["notes"]), est.data["notes"]
+
+
+# pytorch/examples imagenet: the torch.cuda runtime as scripts call it ---------------------------
+
+def test_imagenet_style_cuda_runtime_calls():
+    params = ex.device_bytes(
+        [(32, 3, 3, 3), (32,), (32,), (32,), (64, 32, 3, 3), (64,), (64,), (64,),
+         *ex.linear(10, 64)],
+        ex.FP32,
+    )
+    # peakmem stops the job at its 3rd optimizer step, before the end-of-run statistics
+    est = estimate("imagenet_style_cuda_calls.py", "--steps", "3", flags=("--gpu", "a100-40gb"))
+    assert_training(est, params=params, optimizer_state=params)  # SGD momentum
+    # two BatchNorm2d: running_mean, running_var, num_batches_tracked
+    assert est.breakdown.get("buffer") == 6 * ex.BLOCK
+    # the job saw the GPU it is estimated for: set_device, properties, current_device
+    assert "Use GPU: 0 (NVIDIA A100" in est.stderr and "sm_80, 0)" in est.stderr, est.stderr[-2000:]
+    assert est.data["gpu"] == "a100-40gb"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="hole in the fake torch.cuda runtime: torch.cuda.memory_summary() reads "
+    "memory_stats()['allocated_bytes.all.current']: KeyError: 'allocated_bytes.all.current'",
+)
+def test_imagenet_style_job_that_ends_itself_reads_memory_summary():
+    est = estimate("imagenet_style_cuda_calls.py", "--steps", "1")
+    assert est.returncode == 0, est.failure()
+    assert est.data["estimate_kind"] == "training"
+    # the job's own report of the fake device's statistics, printed before it ended
+    assert "peak " in est.stderr and "MiB" in est.stderr
