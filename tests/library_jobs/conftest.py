@@ -15,11 +15,24 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
+RSS_MARK = "library-jobs-max-rss-kb="
+RSS_WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.run(sys.argv[1:]).returncode\n"
+    f"print('{RSS_MARK}%d' % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
+    " file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+"""Runs the estimate as this wrapper's only child and reports its peak resident memory
+(Linux: KiB): what estimating the job cost the host."""
+
+
 @dataclass
 class JobEstimate:
     returncode: int
     data: dict
     stderr: str
+    max_rss_bytes: int
 
     @property
     def breakdown(self) -> dict[str, int]:
@@ -43,12 +56,14 @@ def estimate(script: str, *args: str, timeout: float = 120, flags: tuple[str, ..
     env["HF_HUB_OFFLINE"] = "1"
     command = [sys.executable, "-m", "peakmem", "estimate", "--json", "--timeout", str(timeout),
                *flags, "--", sys.executable, str(SCRIPTS / script), *args]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout + 120)
+    done = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *command], capture_output=True,
+                          text=True, env=env, timeout=timeout + 120)
     try:
         data = json.loads(done.stdout) if done.stdout.strip() else {}
     except json.JSONDecodeError:
         data = {}
-    return JobEstimate(done.returncode, data, done.stderr)
+    stderr, _, rss = done.stderr.rpartition(RSS_MARK)
+    return JobEstimate(done.returncode, data, stderr, int(rss.strip() or 0) * 1024)
 
 
 @pytest.fixture(scope="session")
