@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.conftest import JobEstimate, estimate
+from tests.library_jobs.harness import JobEstimate, estimate
 
 MiB = 2**20
 WORKSPACE_SLACK = 96 * MiB
 """Room above twice the model state for a tiny job: two cuBLAS workspaces (2 x 32 MiB on an
 H100) and a few MiB of activations."""
-
 
 
 def needs(*modules: str) -> pytest.MarkDecorator:
