@@ -1,0 +1,128 @@
+"""Device bytes the library jobs' parameters must take, worked out from their configs.
+
+Every parameter is its own allocation, which the caching allocator rounds up to 512 bytes, and
+an estimate's breakdown counts blocks as the allocator rounds them (estimate/breakdown.py):
+`device_bytes` sums the rounded size of each tensor. Shapes are listed by hand from each
+library's layer definitions; none of this asks peakmem or imports the libraries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from math import prod
+
+Shape = tuple[int, ...]
+
+FP32, BF16 = 4, 2
+BLOCK = 512
+
+
+def rounded(nbytes: int) -> int:
+    return max(BLOCK, -(-nbytes // BLOCK) * BLOCK)
+
+
+def device_bytes(shapes: Iterable[Shape], itemsize: int) -> int:
+    """Device memory of one allocation per tensor of these shapes, as the allocator rounds it."""
+    return sum(rounded(prod(shape) * itemsize) for shape in shapes)
+
+
+def linear(d_out: int, d_in: int, bias: bool = True) -> list[Shape]:
+    return [(d_out, d_in), (d_out,)] if bias else [(d_out, d_in)]
+
+
+def gpt2_shapes(vocab: int, positions: int, embd: int, layers: int, tied: bool = True) -> list[Shape]:
+    """GPT-2 (transformers' GPT2LMHeadModel and nanoGPT / minGPT, biases on): the tied
+    lm_head is the token embedding, one tensor (counted once)."""
+    shapes: list[Shape] = [(vocab, embd), (positions, embd)]
+    for _ in range(layers):
+        shapes += [(embd,), (embd,)]  # ln_1
+        shapes += linear(3 * embd, embd)  # c_attn (Conv1D or Linear: same sizes)
+        shapes += linear(embd, embd)  # attn c_proj
+        shapes += [(embd,), (embd,)]  # ln_2
+        shapes += linear(4 * embd, embd)  # c_fc
+        shapes += linear(embd, 4 * embd)  # mlp c_proj
+    shapes += [(embd,), (embd,)]  # ln_f
+    if not tied:
+        shapes.append((vocab, embd))  # lm_head, no bias
+    return shapes
+
+
+TINY_GPT2 = dict(vocab=256, positions=64, embd=64, layers=2)
+"""hf_causal_lm_loop.py and hf_trainer.py (GPT2Config n_layer=2, n_embd=64, vocab 256, 64 pos)."""
+
+NANOGPT = dict(vocab=512, positions=64, embd=64, layers=2)
+"""nanogpt_train.py's defaults (bias=True, tied wte / lm_head)."""
+
+MINGPT = dict(vocab=96, positions=32, embd=64, layers=2)
+"""mingpt_trainer.py (untied lm_head)."""
+
+TINY_LLAMA = dict(vocab=320, hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2)
+"""make_llama_checkpoint.py and peft_lora.py (untied lm_head)."""
+
+
+def llama_shapes(vocab: int, hidden: int, intermediate: int, layers: int, heads: int,
+                 kv_heads: int) -> list[Shape]:
+    head_dim = hidden // heads
+    shapes: list[Shape] = [(vocab, hidden)]
+    for _ in range(layers):
+        shapes += [(hidden, hidden), (kv_heads * head_dim, hidden), (kv_heads * head_dim, hidden)]
+        shapes += [(hidden, hidden)]  # o_proj
+        shapes += [(intermediate, hidden), (intermediate, hidden), (hidden, intermediate)]
+        shapes += [(hidden,), (hidden,)]  # input / post-attention RMSNorm
+    shapes += [(hidden,), (vocab, hidden)]  # final norm, lm_head
+    return shapes
+
+
+def lora_shapes(rank: int, hidden: int, heads: int, kv_heads: int, layers: int,
+                **_: int) -> list[Shape]:
+    """LoRA A (r x in) and B (out x r) on q_proj and v_proj of each layer."""
+    kv_out = kv_heads * (hidden // heads)
+    per_layer = [(rank, hidden), (hidden, rank), (rank, hidden), (kv_out, rank)]
+    return per_layer * layers
+
+
+def mlp3_shapes(d_in: int = 128, hidden: int = 512, classes: int = 10) -> list[Shape]:
+    """The accelerate / Fabric / Lightning jobs' three Linear layers."""
+    return linear(hidden, d_in) + linear(hidden, hidden) + linear(classes, hidden)
+
+
+def mnist_cnn_shapes() -> list[Shape]:
+    """pytorch/examples mnist Net."""
+    return [(32, 1, 3, 3), (32,), (64, 32, 3, 3), (64,), *linear(128, 9216), *linear(10, 128)]
+
+
+def litgpt_shapes(vocab: int = 512, dim: int = 128, layers: int = 2, hidden: int = 352) -> list[Shape]:
+    shapes: list[Shape] = [(vocab, dim)]
+    for _ in range(layers):
+        shapes += [(dim,), (3 * dim, dim), (dim, dim), (dim,), (hidden, dim), (hidden, dim),
+                   (dim, hidden)]
+    return shapes + [(dim,), (vocab, dim)]
+
+
+def resnet18_shapes(classes: int = 10) -> tuple[list[Shape], list[Shape]]:
+    """ResNet-18 (torchvision and timm build the same tensors): (parameters, BatchNorm buffers).
+
+    Buffers per BatchNorm: running_mean, running_var (fp32) and num_batches_tracked (int64,
+    0-d): the last is listed as () and costs one 512-byte block like the others."""
+    params: list[Shape] = [(64, 3, 7, 7)]
+    bns = [64]
+    in_ch = 64
+    for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        for block in range(2):
+            params += [(width, in_ch if block == 0 else width, 3, 3), (width, width, 3, 3)]
+            bns += [width, width]
+            if block == 0 and (stride != 1 or in_ch != width):
+                params.append((width, in_ch, 1, 1))
+                bns.append(width)
+        in_ch = width
+    for channels in bns:
+        params += [(channels,), (channels,)]
+    params += linear(classes, 512)
+    buffers: list[Shape] = []
+    for channels in bns:
+        buffers += [(channels,), (channels,), ()]
+    return params, buffers
+
+
+def count(shapes: Iterable[Shape]) -> int:
+    return sum(prod(shape) for shape in shapes)

@@ -1,0 +1,74 @@
+"""Run a library job through the real CLI: `python -m peakmem estimate --json -- python SCRIPT`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+RSS_MARK = "library-jobs-max-rss-kb="
+RSS_WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.run(sys.argv[1:]).returncode\n"
+    f"print('{RSS_MARK}%d' % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
+    " file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+"""Runs the estimate as this wrapper's only child and reports its peak resident memory
+(Linux: KiB): what estimating the job cost the host."""
+
+
+@dataclass
+class JobEstimate:
+    returncode: int
+    data: dict
+    stderr: str
+    max_rss_bytes: int
+
+    @property
+    def breakdown(self) -> dict[str, int]:
+        return self.data.get("breakdown", {})
+
+    def failure(self) -> str:
+        """One line saying why there is no estimate (for assertion messages)."""
+        if "error" in self.data:
+            return f"{self.data['error'].get('kind')}: {self.data['error'].get('message')}"
+        lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
+        job_error = next((line for line in reversed(lines) if "Error" in line), "")
+        return f"exit {self.returncode}: {job_error or (lines[-1] if lines else '')}"
+
+
+def estimate(script: str, *args: str, timeout: float = 120, flags: tuple[str, ...] = ()) -> JobEstimate:
+    """`peakmem estimate --json --timeout T FLAGS -- python SCRIPT ARGS`; the job's own output
+    comes back in `stderr`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["HF_HUB_OFFLINE"] = "1"
+    command = [sys.executable, "-m", "peakmem", "estimate", "--json", "--timeout", str(timeout),
+               *flags, "--", sys.executable, str(SCRIPTS / script), *args]
+    done = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *command], capture_output=True,
+                          text=True, env=env, timeout=timeout + 120)
+    try:
+        data = json.loads(done.stdout) if done.stdout.strip() else {}
+    except json.JSONDecodeError:
+        data = {}
+    stderr, _, rss = done.stderr.rpartition(RSS_MARK)
+    return JobEstimate(done.returncode, data, stderr, int(rss.strip() or 0) * 1024)
+
+
+def write_llama_checkpoint(out: Path) -> Path:
+    """A tiny LlamaForCausalLM saved with save_pretrained (config.json + model.safetensors)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, str(SCRIPTS / "make_llama_checkpoint.py"), str(out)],
+                   check=True, capture_output=True, env=env, timeout=120)
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    return out
