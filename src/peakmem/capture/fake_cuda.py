@@ -9,7 +9,7 @@ the capture runs everything in program order on one stream.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +33,18 @@ class FakeDeviceProperties:
     is_multi_gpu_board: int = 0
     warp_size: int = 32
     max_threads_per_multi_processor: int = 2048
+    max_threads_per_block: int = 1024
+    regs_per_multiprocessor: int = 65536
+    shared_memory_per_block: int = 49152
+    shared_memory_per_block_optin: int = 232448
+    shared_memory_per_multiprocessor: int = 233472
     L2_cache_size: int = 0  # noqa: N815  (torch's spelling)
+    clock_rate: int = 0
+    memory_clock_rate: int = 0
+    memory_bus_width: int = 0
+    pci_bus_id: int = 0
+    pci_device_id: int = 0
+    pci_domain_id: int = 0
     uuid: str = "00000000-0000-0000-0000-000000000000"
     gcnArchName: str = "NVIDIA CUDA"  # noqa: N815
 
@@ -41,8 +52,24 @@ class FakeDeviceProperties:
         return (
             f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
             f"total_memory={self.total_memory // 2**20}MB, "
-            f"multi_processor_count={self.multi_processor_count})"
+            f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid}, "
+            f"pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
+            f"pci_domain_id={self.pci_domain_id}, L2_cache_size={self.L2_cache_size // 2**20}MB)"
         )
+
+
+class FakeDeviceContext:
+    """`torch.cuda.device(0)` / `device_of(tensor)`: selecting the only device."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.idx = 0
+        self.prev_idx = 0
+
+    def __enter__(self) -> FakeDeviceContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 class _NoOpContext:
@@ -146,7 +173,6 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     gpu = session.gpu
     major, minor = gpu.capability
     total = gpu.total_memory_bytes
-    context = int(session.stack.context_for(gpu).value)
     props = FakeDeviceProperties(
         name=gpu.device_name,
         major=major,
@@ -155,23 +181,6 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         multi_processor_count=int(gpu.sm_count.value),
     )
     default_stream = FakeStream()
-
-    def allocated(device: Any = None) -> int:
-        return session.allocated_bytes
-
-    def max_allocated(device: Any = None) -> int:
-        return session.max_allocated_bytes
-
-    def mem_get_info(device: Any = None) -> tuple[int, int]:
-        libraries = sum(session.libraries.values())
-        return max(total - context - libraries - session.allocated_bytes, 0), total
-
-    def empty_cache() -> None:
-        if not session.closed:
-            session.trace.empty_cache()
-
-    def reset_peak(device: Any = None) -> None:
-        session.max_allocated_bytes = session.allocated_bytes
 
     original_clear_autocast_cache = torch.clear_autocast_cache
 
@@ -201,25 +210,15 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (cuda, "get_device_capability"): lambda device=None: (major, minor),
         (cuda, "get_arch_list"): lambda: [f"sm_{major}{minor}"],
         (cuda, "is_bf16_supported"): lambda including_emulation=True: major >= 8,
-        (cuda, "mem_get_info"): mem_get_info,
         (cuda, "synchronize"): lambda device=None: None,
         (cuda, "ipc_collect"): lambda: None,
-        (cuda, "empty_cache"): empty_cache,
-        (cuda, "memory_allocated"): allocated,
-        (cuda, "max_memory_allocated"): max_allocated,
-        (cuda, "memory_reserved"): allocated,
-        (cuda, "max_memory_reserved"): max_allocated,
-        (cuda, "reset_peak_memory_stats"): reset_peak,
-        (cuda, "reset_max_memory_allocated"): reset_peak,
-        (cuda, "memory_stats"): lambda device=None: {},
-        (cuda, "set_per_process_memory_fraction"): lambda fraction, device=None: None,
         (cuda, "Stream"): FakeStream,
         (cuda, "Event"): FakeEvent,
         (cuda, "stream"): lambda stream=None: _NoOpContext(),
         (cuda, "current_stream"): lambda device=None: default_stream,
         (cuda, "default_stream"): lambda device=None: default_stream,
-        (cuda, "device"): _NoOpContext,
-        (cuda, "device_of"): _NoOpContext,
+        (cuda, "device"): FakeDeviceContext,
+        (cuda, "device_of"): FakeDeviceContext,
         (torch.accelerator, "is_available"): lambda: True,
         (torch.accelerator, "current_accelerator"): lambda check_available=False: torch.device("cuda"),
         (torch.accelerator, "device_count"): lambda: 1,
@@ -237,14 +236,41 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     return {(obj, name): value for (obj, name), value in patches.items() if hasattr(obj, name)}
 
 
+PatchProvider = Callable[[CaptureSession], dict[tuple[Any, str], Any]]
+
+
+def patch_providers() -> list[PatchProvider]:
+    """The fake runtime's themes beyond the basics above, each a module giving (object,
+    attribute) -> replacement: memory readings, RNG, graphs and profiling, processes, tensors."""
+    from peakmem.capture import fake_graphs, fake_memory_api, fake_processes, fake_rng, fake_tensors
+
+    return [
+        fake_memory_api.patches,
+        fake_rng.patches,
+        fake_graphs.patches,
+        fake_processes.patches,
+        fake_tensors.patches,
+    ]
+
+
+def all_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
+    patches = runtime_patches(session)
+    for provider in patch_providers():
+        patches.update(provider(session))
+    return {(obj, name): value for (obj, name), value in patches.items() if hasattr(obj, name)}
+
+
 @contextmanager
 def fake_cuda_runtime(session: CaptureSession) -> Iterator[None]:
+    from peakmem.capture import fake_tensors
+
     saved = []
     try:
-        for (obj, name), value in runtime_patches(session).items():
+        for (obj, name), value in all_patches(session).items():
             saved.append((obj, name, getattr(obj, name)))
             setattr(obj, name, value)
         yield
     finally:
         for obj, name, original in reversed(saved):
             setattr(obj, name, original)
+        fake_tensors.restore_default_device(session, torch.set_default_device)
