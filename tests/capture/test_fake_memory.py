@@ -282,3 +282,41 @@ def test_memory_fraction_is_validated_as_torch_does(a100, stack24, value, error)
 
     result = capture_callable(job, gpu=a100, stack=stack24)
     assert isinstance(result.error, error)
+
+
+def test_raw_allocator_calls_and_device_queries(a100, stack24):
+    seen = {}
+
+    def job():
+        pointer = torch.cuda.caching_allocator_alloc(3 * MIB)
+        seen["during"] = torch.cuda.memory_allocated()
+        torch.cuda.caching_allocator_delete(pointer)
+        seen["after"] = torch.cuda.memory_allocated()
+        seen["used"] = torch.cuda.device_memory_used()
+        seen["reserved"] = torch.cuda.memory_reserved()
+        seen["backend"] = torch.cuda.get_allocator_backend()
+        seen["blas"] = torch.cuda.current_blas_handle()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    context = int(stack24.context_for(a100).value)
+    assert seen["during"] == 3 * MIB and seen["after"] == 0
+    assert seen["used"] == context + seen["reserved"] == context + 20 * MIB
+    assert seen["backend"] == "native" and seen["blas"] == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "what"),
+    [
+        (lambda: torch.cuda.MemPool(), "torch.cuda.MemPool (private memory pools)"),
+        (lambda: torch.cuda.memory.change_current_allocator(None), "a custom CUDA allocator"),
+        (lambda: torch.cuda.memory._set_allocator_settings("expandable_segments:True"),
+         "changing the CUDA allocator settings at run time"),
+    ],
+)
+def test_allocator_replacements_are_refused_by_name(a100, stack24, call, what):
+    from peakmem.capture import Unsupported
+
+    result = capture_callable(call, gpu=a100, stack=stack24)
+    assert isinstance(result.error, Unsupported)
+    assert str(result.error) == f"peakmem does not support {what} yet"

@@ -13,6 +13,9 @@ import torch
 
 from peakmem.capture.fake_memory import SimulatedMemory, build
 from peakmem.capture.session import CaptureSession
+from peakmem.capture.unsupported import Unsupported
+
+RAW_POINTER_BASE = 0x7F00_0000_0000
 
 
 def _flatten(nested: dict[str, Any]) -> collections.OrderedDict[str, Any]:
@@ -122,6 +125,31 @@ def memory_patches(session: CaptureSession, memory: SimulatedMemory) -> dict[tup
     def list_gpu_processes(device: Any = None) -> str:
         return "GPU:0\nno processes are running (peakmem: a simulated device)"
 
+    pointers: dict[int, int] = {}  # fake device pointer -> scratch allocation id
+
+    def raw_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+        """`caching_allocator_alloc`: a raw block from the caching allocator."""
+        ident = session.scratch(int(size), category="other", op="caching_allocator_alloc")
+        pointer = RAW_POINTER_BASE + 512 * (len(pointers) + 1 + max(ident, 0))
+        pointers[pointer] = ident
+        return pointer
+
+    def raw_delete(mem_ptr: int) -> None:
+        ident = pointers.pop(mem_ptr, None)
+        if ident is not None:
+            session.release(ident)
+
+    def device_memory_used(device: Any = None) -> int:
+        """nvidia-smi's used memory: context, libraries and what the allocator reserved."""
+        with session._lock:
+            return memory.outside_bytes() + memory.stat("reserved_bytes")
+
+    def refuse(what: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise Unsupported(what)
+
+        return refused
+
     zero = lambda device=None: 0  # noqa: E731
 
     patches: dict[tuple[Any, str], Any] = {}
@@ -154,11 +182,24 @@ def memory_patches(session: CaptureSession, memory: SimulatedMemory) -> dict[tup
                 (owner, "_get_memory_metadata"): lambda: "",
                 (owner, "caching_allocator_enable"): lambda value=True: None,
                 (owner, "host_memory_stats"): lambda: collections.OrderedDict(),
+                (owner, "reset_peak_host_memory_stats"): lambda: None,
+                (owner, "reset_accumulated_host_memory_stats"): lambda: None,
+                (owner, "caching_allocator_alloc"): raw_alloc,
+                (owner, "caching_allocator_delete"): raw_delete,
+                (owner, "get_allocator_backend"): lambda: memory.config.backend,
+                (owner, "MemPool"): refuse("torch.cuda.MemPool (private memory pools)"),
+                (owner, "use_mem_pool"): refuse("torch.cuda.use_mem_pool (private memory pools)"),
+                (owner, "change_current_allocator"): refuse("a custom CUDA allocator"),
+                (owner, "CUDAPluggableAllocator"): refuse("a custom CUDA allocator"),
+                (owner, "_set_allocator_settings"): refuse(
+                    "changing the CUDA allocator settings at run time"
+                ),
             }
         )
     for name in ("utilization", "temperature", "power_draw", "clock_rate"):
         patches[(cuda, name)] = zero
     patches[(cuda, "memory_usage")] = lambda device=None: 0
+    patches[(cuda, "device_memory_used")] = device_memory_used
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:
         for owner in (accelerator, getattr(accelerator, "memory", None)):
