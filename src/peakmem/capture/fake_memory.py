@@ -7,21 +7,17 @@ version's rules and the job's `PYTORCH_CUDA_ALLOC_CONF`.
 stopped, only when a reading is asked: free when nobody asks, one simulation of the trace in all
 when the job reads at every step. After `set_per_process_memory_fraction` the simulation follows
 every allocation as it is recorded, and an allocation the capped allocator cannot satisfy raises
-`torch.OutOfMemoryError` in the job at that point, as on the GPU.
+`torch.OutOfMemoryError` in the job at that point, as on the GPU (capture.fake_oom).
 """
 
 from __future__ import annotations
 
 import bisect
 import os
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from peakmem.allocator.addresses import DeviceAddressSpace
 from peakmem.allocator.caching import (
@@ -33,7 +29,7 @@ from peakmem.allocator.caching import (
 )
 from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
 from peakmem.allocator.rules import AllocatorRules
-from peakmem.trace.events import NO_TAG, EventKind, Trace
+from peakmem.trace.events import EventKind, Trace
 
 POOLS = ("all", "small_pool", "large_pool")
 ARRAY_STATS = (
@@ -100,12 +96,6 @@ class Stat:
             "allocated": self.allocated,
             "freed": self.freed,
         }
-
-
-class SimulatedOutOfMemory(torch.OutOfMemoryError):
-    """`torch.OutOfMemoryError` raised in the job by the simulated (fraction-capped) allocator."""
-
-    peakmem_simulated_oom = True
 
 
 class SimulatedMemory:
@@ -175,14 +165,16 @@ class SimulatedMemory:
     def _malloc(self, index: int, kind: int, ident: int, size: int, stream: int) -> None:
         try:
             block: Block | None = self.allocator.malloc(size, stream)
-        except OutOfMemory as exc:
+        except OutOfMemory:
             if kind == EventKind.ALLOC_OR_SMALLER:
                 block = _smaller(self.allocator, size, stream)
             else:
                 self.num_ooms += 1
                 self._update_segments()
                 if self.strict and index == len(self.trace) - 1:
-                    raise _job_error(self, size, exc, index) from None
+                    from peakmem.capture.fake_oom import job_error
+
+                    raise job_error(self, size, index) from None
                 block = None
         if block is None:
             self.went_without.add(ident)
@@ -373,58 +365,6 @@ def _smaller(allocator: CachingAllocator, size: int, stream: int) -> Block | Non
         except OutOfMemory:
             size //= 2
     return None
-
-
-def _format(size: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.2f} {unit}" if unit != "bytes" else f"{int(size)} bytes"
-        size /= 1024
-    return f"{size:.2f} GiB"
-
-
-_SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parents[1]))
-
-
-def job_location() -> str | None:
-    """`file:line` of the innermost frame of the job's own code on the current stack."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_SKIP_DIRS) and not name.startswith("<") and "contextlib" not in name:
-            return f"{Path(name).name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
-
-
-def _job_error(
-    memory: SimulatedMemory, size: int, exc: OutOfMemory, index: int
-) -> SimulatedOutOfMemory:
-    """CUDA's out-of-memory error for the allocation at `index`, which did not happen: the event
-    becomes what the allocator did instead (freed its cache), and the OOM is noted in the trace."""
-    trace = memory.trace
-    trace.kinds[index], trace.ids[index] = EventKind.EMPTY_CACHE, -1
-    trace.sizes[index], trace.tag_ids[index] = 0, NO_TAG
-    allocator = memory.allocator
-    reserved, allocated = allocator.total_allocated_memory, allocator.allocated_bytes
-    limit = allocator._allowed_memory_maximum or 0
-    free = max(memory.total_bytes - memory.outside_bytes() - reserved, 0)
-    in_use = memory.outside_bytes() + reserved
-    where = job_location()
-    message = (
-        f"CUDA out of memory. Tried to allocate {_format(size)}. GPU 0 has a total capacity of "
-        f"{_format(memory.total_bytes)} of which {_format(free)} is free. Including non-PyTorch "
-        f"memory, this process has {_format(in_use)} memory in use. Process has "
-        f"{_format(limit)} memory allowed (per-process memory fraction "
-        f"{memory.fraction}). Of the allocated memory {_format(allocated)} is allocated by "
-        f"PyTorch, and {_format(reserved - allocated)} is reserved by PyTorch but unallocated. "
-        "(peakmem: simulated by the caching-allocator model, no GPU was used)"
-    )
-    trace.meta.setdefault("simulated_ooms", []).append(
-        {"bytes": size, "where": where, "fraction": memory.fraction, "event": index}
-    )
-    del exc
-    return SimulatedOutOfMemory(message)
 
 
 def build(
