@@ -341,3 +341,17 @@ def test_runtime_queries_a_script_makes(a100, stack24):
     assert seen["device_ctx"] == 0
     assert seen["share"] is True and seen["pin"] == "cpu"
     assert torch.version.cuda is None or torch.backends.cuda.is_built()  # restored
+
+
+def test_unsupported_in_fake_mode_is_not_retried_in_eager(a100):
+    import torch.multiprocessing as mp
+
+    def job():
+        loss = torch.ones(2, device="cuda").sum()
+        float(loss)  # a host read: auto mode would normally retry a failure in eager
+        mp.spawn(_spawned, args=(1, []), nprocs=2)
+
+    with pytest.raises(api.EstimateError) as raised:
+        api.estimate(job, gpu=a100, torch_version="2.4.1", mode="auto")
+    capture = raised.value.capture
+    assert capture.mode == "fake" and isinstance(capture.error, Unsupported)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from peakmem.capture import DEFAULT_STEPS, CaptureResult
+from peakmem.capture import DEFAULT_STEPS, CaptureResult, Unsupported
 from peakmem.capture.fake_memory import allocator_target
 from peakmem.estimate.breakdown import PeakBreakdown
 from peakmem.profiles import GpuProfile, StackProfile, load_gpu, load_stack
@@ -181,8 +181,8 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
     """Why auto mode must rerun a fake capture in eager mode (None: the fake one stands)."""
     if capture.fake_limit is not None:
         return capture.fake_limit
-    if simulated_oom(capture) is not None:
-        return None
+    if simulated_oom(capture) is not None or isinstance(capture.error, Unsupported):
+        return None  # the GPU would fail the same way / eager mode cannot help
     if capture.error is not None and capture.exit_code != 124 and capture.host_reads:
         error = capture.error
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
