@@ -45,6 +45,7 @@ def test_cuda_rng_state_and_seeds_behave_like_one_device_generator(a100, stack24
         generator = torch.Generator(device="cuda")
         generator.manual_seed(11)
         seen["generator"] = isinstance(generator, torch.Generator)
+        seen["generator_device"] = (generator.device, torch.cuda.default_generators[0].device)
         x = torch.randn(64, 64, device="cuda", generator=generator)
         seen["x"] = x.device.type
         seen["host_generator"] = torch.Generator().device.type
@@ -56,6 +57,7 @@ def test_cuda_rng_state_and_seeds_behave_like_one_device_generator(a100, stack24
     assert seen["state"] == (torch.uint8, "cpu") and seen["restored"] is True
     assert seen["generators"] == 1 and seen["forked"] == 6
     assert seen["generator"] is True and seen["x"] == "meta" and seen["host_generator"] == "cpu"
+    assert seen["generator_device"] == (torch.device("cuda", 0), torch.device("cuda", 0))
     assert 64 * 64 * 4 in [size for size, _ in allocations(result.trace)]
     assert torch.cuda.default_generators == ()  # restored
     assert torch.Generator is torch._C.Generator

@@ -1,8 +1,8 @@
 """The CUDA random number generators as the job sees them: one device generator (a host
 `torch.Generator` standing in for cuda:0's), `torch.cuda.{get,set}_rng_state[_all]`,
 `manual_seed[_all]`, `seed[_all]`, `initial_seed`, `torch.cuda.default_generators` and
-`torch.Generator(device="cuda")`. Fake tensors have no values, so only the bookkeeping is real:
-states round-trip, seeds are remembered."""
+`torch.Generator(device="cuda")` (its `device` is cuda:0). Fake tensors have no values, so only
+the bookkeeping is real: states round-trip, seeds are remembered."""
 
 from __future__ import annotations
 
@@ -24,6 +24,15 @@ def _is_cuda(device: Any) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
+class CudaGenerator(_RealGenerator):
+    """A generator that reports `cuda:0` as its device; a host generator underneath (fake
+    device tensors have no values to draw)."""
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("cuda", 0)
+
+
 class _GeneratorType(type):
     def __instancecheck__(cls, obj: object) -> bool:
         return isinstance(obj, _RealGenerator)
@@ -33,17 +42,17 @@ class _GeneratorType(type):
 
 
 class FakeGenerator(metaclass=_GeneratorType):
-    """`torch.Generator`: a "cuda" generator is a host generator (its values are never used:
-    device tensors are fake); anything else is the real thing."""
+    """`torch.Generator`: a "cuda" generator is a `CudaGenerator`; anything else is the real
+    thing."""
 
     def __new__(cls, device: Any = "cpu") -> Any:  # type: ignore[misc]
         if _is_cuda(device):
-            return _RealGenerator()
+            return CudaGenerator()
         return _RealGenerator(device)
 
 
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
-    generator = _RealGenerator()
+    generator = CudaGenerator()
     generator.manual_seed(torch.initial_seed())
     generators = (generator,)
 
