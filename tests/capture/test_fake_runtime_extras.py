@@ -228,6 +228,11 @@ def test_set_default_device_cuda_puts_factories_on_the_fake_device(a100, stack24
         torch.set_default_device("cuda:0")
         with torch.device("cuda"):
             seen["context"] = torch.empty(3).device.type
+            seen["context_default"] = torch.get_default_device()
+        torch.set_default_device(None)
+        with torch.device("cuda:0"):
+            seen["plain_context_default"] = torch.get_default_device()
+        seen["none"] = torch.get_default_device()
 
     result = _run(job, a100, stack24)
     assert seen == {
@@ -237,6 +242,9 @@ def test_set_default_device_cuda_puts_factories_on_the_fake_device(a100, stack24
         "explicit_cpu": "cpu",
         "back": "cpu",
         "context": "meta",
+        "context_default": torch.device("cuda", 0),
+        "plain_context_default": torch.device("cuda", 0),
+        "none": torch.device("cpu"),
     }
     assert 4 * 4 * 4 in [size for size, _ in allocations(result.trace)]
     assert torch.get_default_device() == torch.device("cpu")

@@ -41,13 +41,15 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             original_set_default_device(device)
 
     def get_default_device() -> torch.device:
-        if session.default_device_cuda:
-            from torch.utils._device import DeviceContext
+        from torch.utils._device import DeviceContext
 
-            stack = torch.overrides._get_current_function_mode_stack()
-            innermost = next((m for m in reversed(stack) if isinstance(m, DeviceContext)), None)
-            if innermost is None or innermost.device.type == "meta":
-                return torch.device("cuda", 0)
+        stack = torch.overrides._get_current_function_mode_stack()
+        innermost = next((m for m in reversed(stack) if isinstance(m, DeviceContext)), None)
+        if innermost is not None and innermost.device.type == "cuda":  # `with torch.device("cuda")`
+            return torch.device("cuda", innermost.device.index or 0)
+        job_default = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+        if session.default_device_cuda and innermost is job_default:
+            return torch.device("cuda", 0)
         return original_get_default_device()
 
     scaler_class = torch.amp.GradScaler
