@@ -344,12 +344,25 @@ def test_runtime_queries_a_script_makes(a100, stack24):
             torch.nn.functional.scaled_dot_product_attention(q, q, q)
         module = torch.nn.Linear(4, 4).cuda()
         module.share_memory()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            y = torch.randn(8, device="cuda")
+        torch.cuda.current_stream().wait_stream(side)
+        y.record_stream(torch.cuda.current_stream())  # the data-prefetcher pattern
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        module(torch.randn(2, 4, device="cuda"))
+        end.record()
+        end.synchronize()
+        seen["elapsed"] = start.elapsed_time(end)
+        seen["cudart"] = torch.cuda.cudart().cudaMemGetInfo(0) == torch.cuda.mem_get_info()
 
     _run(job, a100, stack24)
     assert seen["available"] == (True, True, True, True, True, True)
     assert seen["props"] == ("NVIDIA A100-SXM4-40GB", a100.total_memory_bytes, 108, 1024, 32, 65536, True)
     assert seen["device_ctx"] == 0
     assert seen["share"] is True and seen["pin"] == "cpu"
+    assert seen["elapsed"] > 0 and seen["cudart"] is True
     assert torch.version.cuda is None or torch.backends.cuda.is_built()  # restored
 
 

@@ -9,6 +9,7 @@ the capture runs everything in program order on one stream.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -84,11 +85,15 @@ class _NoOpContext:
 
 
 class FakeEvent:
+    """A CUDA event; timing events measure the host's wall clock between records (a job's
+    throughput arithmetic then sees a positive time)."""
+
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **kwargs: Any) -> None:
         self.enable_timing = enable_timing
+        self.recorded_at: float | None = None
 
     def record(self, stream: Any = None) -> None:
-        pass
+        self.recorded_at = time.perf_counter()
 
     def wait(self, stream: Any = None) -> None:
         pass
@@ -100,7 +105,9 @@ class FakeEvent:
         pass
 
     def elapsed_time(self, end_event: FakeEvent) -> float:
-        return 0.0
+        start = self.recorded_at if self.recorded_at is not None else time.perf_counter()
+        end = getattr(end_event, "recorded_at", None) or time.perf_counter()
+        return max((end - start) * 1000.0, 1e-3)
 
 
 class FakeStream(_NoOpContext):
@@ -133,6 +140,31 @@ class FakeStream(_NoOpContext):
 
     def __hash__(self) -> int:
         return 0
+
+
+class FakeCudart:
+    """`torch.cuda.cudart()`: the few runtime calls Python code makes through it."""
+
+    def __init__(self, mem_get_info: Callable[[Any], tuple[int, int]]) -> None:
+        self._mem_get_info = mem_get_info
+
+    def cudaMemGetInfo(self, device: Any = 0) -> tuple[int, int]:  # noqa: N802  (CUDA's name)
+        return self._mem_get_info(device)
+
+    def cudaProfilerStart(self) -> int:  # noqa: N802
+        return 0
+
+    def cudaProfilerStop(self) -> int:  # noqa: N802
+        return 0
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        return 0
+
+    def cudaGetErrorString(self, error: Any) -> str:  # noqa: N802
+        return "no error"
 
 
 def _identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -227,6 +259,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch.accelerator, "synchronize"): lambda device=None: None,
         (torch.accelerator, "current_stream"): lambda device=None: default_stream,
         (cuda, "is_current_stream_capturing"): lambda: False,
+        (cuda, "cudart"): lambda: FakeCudart(lambda device=None: torch.cuda.mem_get_info(device)),
         (cuda, "is_tf32_supported"): lambda: major >= 8,
         (cuda, "can_device_access_peer"): lambda device, peer_device: False,
         (cuda, "current_blas_handle"): lambda: 0,

@@ -63,7 +63,16 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             return float(self._init_scale)
         return original_get_scale(self)
 
+    original_record_stream = torch.Tensor.record_stream
+
+    def record_stream(self: torch.Tensor, stream: Any) -> None:
+        """The capture runs one stream in program order: recording a use on another is moot."""
+        if self.is_meta or not isinstance(stream, torch.Stream):
+            return None
+        return original_record_stream(self, stream)
+
     return {
+        (torch.Tensor, "record_stream"): record_stream,
         (scaler_class, "get_scale"): get_scale,
         (torch.Tensor, "share_memory_"): share_memory_,
         (torch.Tensor, "is_shared"): is_shared,
