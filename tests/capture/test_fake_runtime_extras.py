@@ -378,3 +378,27 @@ def test_unsupported_in_fake_mode_is_not_retried_in_eager(a100):
         api.estimate(job, gpu=a100, torch_version="2.4.1", mode="auto")
     capture = raised.value.capture
     assert capture.mode == "fake" and isinstance(capture.error, Unsupported)
+
+
+def test_data_parallel_on_the_one_device_runs_the_module(a100, stack24):
+    seen = {}
+
+    def job():
+        model = torch.nn.DataParallel(torch.nn.Linear(16, 16)).cuda()
+        out = model(torch.randn(4, 16, device="cuda"))
+        out.sum().backward()
+        seen["out"] = out.shape
+
+    result = _run(job, a100, stack24)
+    assert seen["out"] == torch.Size([4, 16])
+    assert 4 * 16 * 4 in [size for size, tag in allocations(result.trace) if tag.op.startswith("addmm")]
+
+
+def test_data_parallel_over_several_gpus_is_unsupported(a100, stack24):
+    def job():
+        model = torch.nn.DataParallel(torch.nn.Linear(16, 16).cuda(), device_ids=[0, 1, 2])
+        model(torch.randn(4, 16, device="cuda"))
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert isinstance(result.error, Unsupported)
+    assert str(result.error) == "peakmem does not support nn.DataParallel over 3 GPUs yet"

@@ -1,5 +1,8 @@
-"""`torch.multiprocessing.spawn` / `start_processes` during a capture: one process runs in
-this process as rank 0 (its device memory is the job's); more than one is not supported yet."""
+"""Processes and data parallelism during a capture. `torch.multiprocessing.spawn` /
+`start_processes`: one process runs in this process as rank 0 (its device memory is the job's);
+more than one is not supported yet. `nn.DataParallel` over the one device runs its module
+directly, as DataParallel does with a single device id (its parameters are fake tensors, which
+its device check would reject); over several devices it is not supported yet."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from typing import Any
 
 import torch.multiprocessing
 import torch.multiprocessing.spawn as spawn_module
+import torch.nn.parallel
 
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.unsupported import Unsupported
@@ -47,7 +51,14 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                         daemon: bool = False, start_method: str = "spawn") -> Any:
         return _run(session, fn, tuple(args), nprocs, join)
 
-    found: dict[tuple[Any, str], Any] = {}
+    def data_parallel_forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        if len(self.device_ids) > 1:
+            raise Unsupported(f"nn.DataParallel over {len(self.device_ids)} GPUs")
+        return self.module(*inputs, **kwargs)
+
+    found: dict[tuple[Any, str], Any] = {
+        (torch.nn.parallel.DataParallel, "forward"): data_parallel_forward,
+    }
     for owner in (torch.multiprocessing, spawn_module):
         found[(owner, "spawn")] = spawn
         found[(owner, "start_processes")] = start_processes
