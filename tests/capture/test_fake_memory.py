@@ -91,7 +91,8 @@ def test_alloc_conf_changes_what_the_job_reads(a100, stack24):
     assert readings[1] == 40 * MIB
 
 
-def test_reset_peak_memory_stats_resets_the_peaks_as_cuda_does(a100, stack24):
+@pytest.mark.parametrize("mode", ["fake", "eager"])
+def test_reset_peak_memory_stats_resets_the_peaks_as_cuda_does(a100, stack24, mode):
     seen = {}
 
     def job():
@@ -108,7 +109,7 @@ def test_reset_peak_memory_stats_resets_the_peaks_as_cuda_does(a100, stack24):
         seen["stats_peak"] = torch.cuda.memory_stats()["allocated_bytes.all.peak"]
         del small, more
 
-    result = capture_callable(job, gpu=a100, stack=stack24)
+    result = capture_callable(job, gpu=a100, stack=stack24, mode=mode)
     assert result.error is None, result.error_text
     assert seen["before"] == 64 * MIB + 4096
     assert seen["reset"] == (4096, 4096)
