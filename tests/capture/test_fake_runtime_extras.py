@@ -402,3 +402,41 @@ def test_data_parallel_over_several_gpus_is_unsupported(a100, stack24):
     result = capture_callable(job, gpu=a100, stack=stack24)
     assert isinstance(result.error, Unsupported)
     assert str(result.error) == "peakmem does not support nn.DataParallel over 3 GPUs yet"
+
+
+def test_legacy_cuda_tensor_types_make_fake_device_tensors(a100, stack24):
+    seen = {}
+
+    def job():
+        seen["sized"] = torch.cuda.FloatTensor(3, 4)
+        seen["data"] = torch.cuda.LongTensor([1, 2, 3])
+        seen["size_obj"] = torch.cuda.HalfTensor(torch.Size([5]))
+        host = torch.ones(6)
+        seen["type_class"] = host.type(torch.cuda.DoubleTensor)
+        seen["type_name"] = host.type("torch.cuda.HalfTensor")
+        seen["type_str"] = seen["sized"].type()
+        seen["isinstance"] = (
+            isinstance(seen["sized"], torch.cuda.FloatTensor),
+            isinstance(seen["sized"], torch.cuda.LongTensor),
+            isinstance(host, torch.cuda.FloatTensor),
+        )
+        torch.set_default_tensor_type(torch.cuda.HalfTensor)
+        seen["default"] = torch.zeros(7)
+        seen["nccl"] = torch.cuda.nccl.version()
+
+    result = _run(job, a100, stack24)
+    shapes = {k: (tuple(v.shape), v.dtype, v.device.type) for k, v in seen.items() if isinstance(v, torch.Tensor)}
+    assert shapes == {
+        "sized": ((3, 4), torch.float32, "meta"),
+        "data": ((3,), torch.int64, "meta"),
+        "size_obj": ((5,), torch.float16, "meta"),
+        "type_class": ((6,), torch.float64, "meta"),
+        "type_name": ((6,), torch.float16, "meta"),
+        "default": ((7,), torch.float16, "meta"),
+    }
+    assert seen["type_str"] == "torch.cuda.FloatTensor"
+    assert seen["isinstance"] == (True, False, False)
+    assert isinstance(seen["nccl"], tuple)
+    sizes = [size for size, _ in allocations(result.trace)]
+    assert 3 * 4 * 4 in sizes and 6 * 8 in sizes and 7 * 2 in sizes
+    assert torch.get_default_dtype() == torch.float32 and torch.zeros(1).device.type == "cpu"

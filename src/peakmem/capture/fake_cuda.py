@@ -259,6 +259,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch.accelerator, "synchronize"): lambda device=None: None,
         (torch.accelerator, "current_stream"): lambda device=None: default_stream,
         (cuda, "is_current_stream_capturing"): lambda: False,
+        (torch.cuda.nccl, "version"): lambda: (2, 21, 5),
         (cuda, "cudart"): lambda: FakeCudart(lambda device=None: torch.cuda.mem_get_info(device)),
         (cuda, "is_tf32_supported"): lambda: major >= 8,
         (cuda, "can_device_access_peer"): lambda device, peer_device: False,
@@ -283,10 +284,18 @@ PatchProvider = Callable[[CaptureSession], dict[tuple[Any, str], Any]]
 def patch_providers() -> list[PatchProvider]:
     """The fake runtime's themes beyond the basics above, each a module giving (object,
     attribute) -> replacement: memory readings, RNG, graphs and profiling, processes, tensors."""
-    from peakmem.capture import fake_graphs, fake_memory_api, fake_processes, fake_rng, fake_tensors
+    from peakmem.capture import (
+        fake_graphs,
+        fake_legacy,
+        fake_memory_api,
+        fake_processes,
+        fake_rng,
+        fake_tensors,
+    )
 
     return [
         fake_memory_api.patches,
+        fake_legacy.patches,
         fake_rng.patches,
         fake_graphs.patches,
         fake_processes.patches,
@@ -306,6 +315,7 @@ def fake_cuda_runtime(session: CaptureSession) -> Iterator[None]:
     from peakmem.capture import fake_tensors
 
     saved = []
+    default_dtype = torch.get_default_dtype()
     try:
         for (obj, name), value in all_patches(session).items():
             saved.append((obj, name, getattr(obj, name)))
@@ -315,3 +325,4 @@ def fake_cuda_runtime(session: CaptureSession) -> Iterator[None]:
         for obj, name, original in reversed(saved):
             setattr(obj, name, original)
         fake_tensors.restore_default_device(session, torch.set_default_device)
+        torch.set_default_dtype(default_dtype)  # a job's set_default_dtype / _tensor_type
