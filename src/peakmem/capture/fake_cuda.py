@@ -1,9 +1,11 @@
 """The CUDA runtime as the job sees it during a capture: one device shaped like the target GPU.
 
-`torch.cuda` (availability, device count, name, properties, memory info, streams, events,
-synchronize, memory statistics), `torch.accelerator`, cuDNN availability and pinned memory are
-patched for the duration of the capture and restored afterwards. Streams and events are no-ops:
-the capture runs everything in program order on one stream.
+`torch.cuda` (availability, device count, name, properties, streams, events, synchronize),
+`torch.accelerator`, cuDNN availability and pinned memory are patched for the duration of the
+capture and restored afterwards; the themed modules of `patch_providers()` add the rest (memory
+readings from the allocator simulation, RNG, graphs and profilers, processes, legacy tensor
+types, tensor methods). Streams and events are no-ops: the capture runs everything in program
+order on one stream. docs/capture.md ("The fake CUDA runtime") lists what is supported.
 """
 
 from __future__ import annotations
@@ -259,7 +261,6 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch.accelerator, "synchronize"): lambda device=None: None,
         (torch.accelerator, "current_stream"): lambda device=None: default_stream,
         (cuda, "is_current_stream_capturing"): lambda: False,
-        (torch.cuda.nccl, "version"): lambda: (2, 21, 5),
         (cuda, "cudart"): lambda: FakeCudart(lambda device=None: torch.cuda.mem_get_info(device)),
         (cuda, "is_tf32_supported"): lambda: major >= 8,
         (cuda, "can_device_access_peer"): lambda device, peer_device: False,
@@ -275,6 +276,9 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch, "compile"): compile_as_eager,
         (torch, "load"): _load_onto_device(torch.load),
     }
+    nccl = getattr(cuda, "nccl", None)
+    if nccl is not None:
+        patches[(nccl, "version")] = lambda: (2, 21, 5)
     return {(obj, name): value for (obj, name), value in patches.items() if hasattr(obj, name)}
 
 
@@ -318,11 +322,15 @@ def fake_cuda_runtime(session: CaptureSession) -> Iterator[None]:
     default_dtype = torch.get_default_dtype()
     try:
         for (obj, name), value in all_patches(session).items():
-            saved.append((obj, name, getattr(obj, name)))
+            own = not isinstance(obj, type) or name in vars(obj)  # else inherited: delete after
+            saved.append((obj, name, getattr(obj, name), own))
             setattr(obj, name, value)
         yield
     finally:
-        for obj, name, original in reversed(saved):
-            setattr(obj, name, original)
+        for obj, name, original, own in reversed(saved):
+            if own:
+                setattr(obj, name, original)
+            else:
+                delattr(obj, name)
         fake_tensors.restore_default_device(session, torch.set_default_device)
         torch.set_default_dtype(default_dtype)  # a job's set_default_dtype / _tensor_type
