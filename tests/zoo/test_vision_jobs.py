@@ -147,7 +147,7 @@ def test_timm_job_trains_with_a_stub_timm(monkeypatch):
     capture = _capture(["python", str(pe.TIMM_JOB), "--model", "stubnet", "--batch-size", "4",
                         "--steps", "3"])
     assert capture.error is None, capture.error_text
-    assert calls == [("stubnet", False, "meta")]  # built on the (fake) device, no host copy
+    assert calls == [("stubnet", False, "cuda")]  # built on the (fake) device, no host copy
     assert capture.steps == 3
     params = _allocated(TinyNet(7))
     est = _estimate(capture)
