@@ -42,7 +42,7 @@ def test_job_sees_a_cuda_device_shaped_like_the_target(a100, stack24):
     assert seen["mem_info"][0] < a100.total_memory_bytes
     assert seen["current"] == 0 and seen["bf16"] is True
     assert seen["x_device"] == "cuda"  # the job sees a CUDA tensor (meta underneath)
-    assert seen["allocated"] == 16
+    assert seen["allocated"] == 512  # the caching allocator rounds to 512-byte blocks
     assert seen["cudnn"] is True
 
 
@@ -51,6 +51,10 @@ def test_runtime_is_restored_after_the_capture(a100, stack24):
     capture_callable(lambda: torch.zeros(2, device="cuda"), gpu=a100, stack=stack24)
     assert torch.cuda.is_available() is before
     assert torch.Tensor.pin_memory is not None
+    for name in ("pin_memory", "type", "record_stream"):  # inherited: the patch is deleted
+        assert name not in vars(torch.Tensor)
+    assert torch.Tensor.type is torch._C.TensorBase.type
+    assert type(torch.cuda.FloatTensor) is type(torch.FloatTensor)  # the real legacy type again
     assert torch.zeros(2).device.type == "cpu"
 
 

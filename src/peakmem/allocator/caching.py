@@ -196,6 +196,19 @@ class CachingAllocator:
         self._expandable = self.config.expandable_segments
         self._large_segment_size = self.config.large_segment_size
 
+    def set_memory_fraction(self, fraction: float, total_bytes: int) -> None:
+        """`setMemoryFraction`: from now on reserved memory is capped at `fraction *
+        total_bytes` (and garbage collection may run, as with the limit given at start)."""
+        self.limits = DeviceLimits(self.limits.capacity_bytes, fraction, total_bytes)
+        self._set_fraction = True
+        self._allowed_memory_maximum = self.limits.allowed_memory_maximum
+        self._gc_enabled = self.config.garbage_collection_threshold > 0.0
+
+    def set_capacity(self, capacity_bytes: int | None) -> None:
+        """What cudaMalloc can hand out from now on (memory outside the allocator grew)."""
+        self.limits = DeviceLimits(capacity_bytes, self.limits.memory_fraction, self.limits.total_bytes)
+        self._capacity = capacity_bytes
+
     # -- sizes and pools ------------------------------------------------------------------------
     def round_size(self, size: int) -> int:
         if size < K_MIN_BLOCK_SIZE:

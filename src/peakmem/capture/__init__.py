@@ -7,11 +7,13 @@ from peakmem.capture.runner import (
     capture_callable,
     capture_command,
 )
+from peakmem.capture.unsupported import Unsupported
 
 __all__ = [
     "DEFAULT_STEPS",
     "CaptureResult",
     "StopJob",
+    "Unsupported",
     "capture_callable",
     "capture_command",
 ]

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from peakmem.capture.session import CaptureSession
+from peakmem.capture.unsupported import Unsupported
 from peakmem.cuda_rules.true_device import is_meta
 
 aten = torch.ops.aten
@@ -184,6 +185,10 @@ class ShadowExecutor(TorchDispatchMode):
             return func(*args, **kwargs)  # a host op
         if func is aten._local_scalar_dense.default:  # `.item()` from C++
             return self.shadow(args[0]).item()
+        if any(_is_meta(v) and v.layout != torch.strided for v in flat_in) or (
+            kwargs.get("layout") not in (None, torch.strided)
+        ):
+            raise Unsupported("sparse CUDA tensors in eager mode")
 
         meta_out, meta_error = None, None
         try:

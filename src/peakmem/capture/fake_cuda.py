@@ -1,15 +1,18 @@
 """The CUDA runtime as the job sees it during a capture: one device shaped like the target GPU.
 
-`torch.cuda` (availability, device count, name, properties, memory info, streams, events,
-synchronize, memory statistics), `torch.accelerator`, cuDNN availability and pinned memory are
-patched for the duration of the capture and restored afterwards. Streams and events are no-ops:
-the capture runs everything in program order on one stream.
+`torch.cuda` (availability, device count, name, properties, streams, events, synchronize),
+`torch.accelerator`, cuDNN availability and pinned memory are patched for the duration of the
+capture and restored afterwards; the themed modules of `patch_providers()` add the rest (memory
+readings from the allocator simulation, RNG, graphs and profilers, processes, legacy tensor
+types, tensor methods). Streams and events are no-ops: the capture runs everything in program
+order on one stream. docs/capture.md ("The fake CUDA runtime") lists what is supported.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +36,18 @@ class FakeDeviceProperties:
     is_multi_gpu_board: int = 0
     warp_size: int = 32
     max_threads_per_multi_processor: int = 2048
+    max_threads_per_block: int = 1024
+    regs_per_multiprocessor: int = 65536
+    shared_memory_per_block: int = 49152
+    shared_memory_per_block_optin: int = 232448
+    shared_memory_per_multiprocessor: int = 233472
     L2_cache_size: int = 0  # noqa: N815  (torch's spelling)
+    clock_rate: int = 0
+    memory_clock_rate: int = 0
+    memory_bus_width: int = 0
+    pci_bus_id: int = 0
+    pci_device_id: int = 0
+    pci_domain_id: int = 0
     uuid: str = "00000000-0000-0000-0000-000000000000"
     gcnArchName: str = "NVIDIA CUDA"  # noqa: N815
 
@@ -41,8 +55,24 @@ class FakeDeviceProperties:
         return (
             f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
             f"total_memory={self.total_memory // 2**20}MB, "
-            f"multi_processor_count={self.multi_processor_count})"
+            f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid}, "
+            f"pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
+            f"pci_domain_id={self.pci_domain_id}, L2_cache_size={self.L2_cache_size // 2**20}MB)"
         )
+
+
+class FakeDeviceContext:
+    """`torch.cuda.device(0)` / `device_of(tensor)`: selecting the only device."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.idx = 0
+        self.prev_idx = 0
+
+    def __enter__(self) -> FakeDeviceContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 class _NoOpContext:
@@ -57,11 +87,15 @@ class _NoOpContext:
 
 
 class FakeEvent:
+    """A CUDA event; timing events measure the host's wall clock between records (a job's
+    throughput arithmetic then sees a positive time)."""
+
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **kwargs: Any) -> None:
         self.enable_timing = enable_timing
+        self.recorded_at: float | None = None
 
     def record(self, stream: Any = None) -> None:
-        pass
+        self.recorded_at = time.perf_counter()
 
     def wait(self, stream: Any = None) -> None:
         pass
@@ -73,7 +107,9 @@ class FakeEvent:
         pass
 
     def elapsed_time(self, end_event: FakeEvent) -> float:
-        return 0.0
+        start = self.recorded_at if self.recorded_at is not None else time.perf_counter()
+        end = getattr(end_event, "recorded_at", None) or time.perf_counter()
+        return max((end - start) * 1000.0, 1e-3)
 
 
 class FakeStream(_NoOpContext):
@@ -106,6 +142,31 @@ class FakeStream(_NoOpContext):
 
     def __hash__(self) -> int:
         return 0
+
+
+class FakeCudart:
+    """`torch.cuda.cudart()`: the few runtime calls Python code makes through it."""
+
+    def __init__(self, mem_get_info: Callable[[Any], tuple[int, int]]) -> None:
+        self._mem_get_info = mem_get_info
+
+    def cudaMemGetInfo(self, device: Any = 0) -> tuple[int, int]:  # noqa: N802  (CUDA's name)
+        return self._mem_get_info(device)
+
+    def cudaProfilerStart(self) -> int:  # noqa: N802
+        return 0
+
+    def cudaProfilerStop(self) -> int:  # noqa: N802
+        return 0
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        return 0
+
+    def cudaGetErrorString(self, error: Any) -> str:  # noqa: N802
+        return "no error"
 
 
 def _identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -146,7 +207,6 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     gpu = session.gpu
     major, minor = gpu.capability
     total = gpu.total_memory_bytes
-    context = int(session.stack.context_for(gpu).value)
     props = FakeDeviceProperties(
         name=gpu.device_name,
         major=major,
@@ -155,23 +215,6 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         multi_processor_count=int(gpu.sm_count.value),
     )
     default_stream = FakeStream()
-
-    def allocated(device: Any = None) -> int:
-        return session.allocated_bytes
-
-    def max_allocated(device: Any = None) -> int:
-        return session.max_allocated_bytes
-
-    def mem_get_info(device: Any = None) -> tuple[int, int]:
-        libraries = sum(session.libraries.values())
-        return max(total - context - libraries - session.allocated_bytes, 0), total
-
-    def empty_cache() -> None:
-        if not session.closed:
-            session.trace.empty_cache()
-
-    def reset_peak(device: Any = None) -> None:
-        session.max_allocated_bytes = session.allocated_bytes
 
     original_clear_autocast_cache = torch.clear_autocast_cache
 
@@ -201,25 +244,15 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (cuda, "get_device_capability"): lambda device=None: (major, minor),
         (cuda, "get_arch_list"): lambda: [f"sm_{major}{minor}"],
         (cuda, "is_bf16_supported"): lambda including_emulation=True: major >= 8,
-        (cuda, "mem_get_info"): mem_get_info,
         (cuda, "synchronize"): lambda device=None: None,
         (cuda, "ipc_collect"): lambda: None,
-        (cuda, "empty_cache"): empty_cache,
-        (cuda, "memory_allocated"): allocated,
-        (cuda, "max_memory_allocated"): max_allocated,
-        (cuda, "memory_reserved"): allocated,
-        (cuda, "max_memory_reserved"): max_allocated,
-        (cuda, "reset_peak_memory_stats"): reset_peak,
-        (cuda, "reset_max_memory_allocated"): reset_peak,
-        (cuda, "memory_stats"): lambda device=None: {},
-        (cuda, "set_per_process_memory_fraction"): lambda fraction, device=None: None,
         (cuda, "Stream"): FakeStream,
         (cuda, "Event"): FakeEvent,
         (cuda, "stream"): lambda stream=None: _NoOpContext(),
         (cuda, "current_stream"): lambda device=None: default_stream,
         (cuda, "default_stream"): lambda device=None: default_stream,
-        (cuda, "device"): _NoOpContext,
-        (cuda, "device_of"): _NoOpContext,
+        (cuda, "device"): FakeDeviceContext,
+        (cuda, "device_of"): FakeDeviceContext,
         (torch.accelerator, "is_available"): lambda: True,
         (torch.accelerator, "current_accelerator"): lambda check_available=False: torch.device("cuda"),
         (torch.accelerator, "device_count"): lambda: 1,
@@ -228,23 +261,76 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch.accelerator, "synchronize"): lambda device=None: None,
         (torch.accelerator, "current_stream"): lambda device=None: default_stream,
         (cuda, "is_current_stream_capturing"): lambda: False,
+        (cuda, "cudart"): lambda: FakeCudart(lambda device=None: torch.cuda.mem_get_info(device)),
+        (cuda, "is_tf32_supported"): lambda: major >= 8,
+        (cuda, "can_device_access_peer"): lambda device, peer_device: False,
+        (cuda, "current_blas_handle"): lambda: 0,
+        (cuda, "current_solver_handle"): lambda: 0,
+        (cuda, "get_sync_debug_mode"): lambda: 0,
+        (cuda, "set_sync_debug_mode"): lambda debug_mode: None,
+        (cuda, "_get_rng_state_offset"): lambda device="cuda": 0,
+        (cuda, "_set_rng_state_offset"): lambda offset, device="cuda": None,
         (torch.backends.cudnn, "is_available"): lambda: True,
         (torch.Tensor, "pin_memory"): _identity,
         (torch, "clear_autocast_cache"): clear_autocast_cache,
         (torch, "compile"): compile_as_eager,
         (torch, "load"): _load_onto_device(torch.load),
     }
+    nccl = getattr(cuda, "nccl", None)
+    if nccl is not None:
+        patches[(nccl, "version")] = lambda: (2, 21, 5)
+    return {(obj, name): value for (obj, name), value in patches.items() if hasattr(obj, name)}
+
+
+PatchProvider = Callable[[CaptureSession], dict[tuple[Any, str], Any]]
+
+
+def patch_providers() -> list[PatchProvider]:
+    """The fake runtime's themes beyond the basics above, each a module giving (object,
+    attribute) -> replacement: memory readings, RNG, graphs and profiling, processes, tensors."""
+    from peakmem.capture import (
+        fake_graphs,
+        fake_legacy,
+        fake_memory_api,
+        fake_processes,
+        fake_rng,
+        fake_tensors,
+    )
+
+    return [
+        fake_memory_api.patches,
+        fake_legacy.patches,
+        fake_rng.patches,
+        fake_graphs.patches,
+        fake_processes.patches,
+        fake_tensors.patches,
+    ]
+
+
+def all_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
+    patches = runtime_patches(session)
+    for provider in patch_providers():
+        patches.update(provider(session))
     return {(obj, name): value for (obj, name), value in patches.items() if hasattr(obj, name)}
 
 
 @contextmanager
 def fake_cuda_runtime(session: CaptureSession) -> Iterator[None]:
+    from peakmem.capture import fake_tensors
+
     saved = []
+    default_dtype = torch.get_default_dtype()
     try:
-        for (obj, name), value in runtime_patches(session).items():
-            saved.append((obj, name, getattr(obj, name)))
+        for (obj, name), value in all_patches(session).items():
+            own = not isinstance(obj, type) or name in vars(obj)  # else inherited: delete after
+            saved.append((obj, name, getattr(obj, name), own))
             setattr(obj, name, value)
         yield
     finally:
-        for obj, name, original in reversed(saved):
-            setattr(obj, name, original)
+        for obj, name, original, own in reversed(saved):
+            if own:
+                setattr(obj, name, original)
+            else:
+                delattr(obj, name)
+        fake_tensors.restore_default_device(session, torch.set_default_device)
+        torch.set_default_dtype(default_dtype)  # a job's set_default_dtype / _tensor_type

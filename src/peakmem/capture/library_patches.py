@@ -63,13 +63,14 @@ def data_parallel_one_device() -> Iterator[None]:
     """`nn.DataParallel` on one device runs the module directly, but still scatters its inputs
     with CUDA's comm kernels (a no-copy chunk on one device): here they are moved to the device
     (a no-op for device tensors). Its check that the parameters are on cuda:0 sees the device
-    view. More than one device never happens: the fake runtime has one."""
+    view. More than one device is not supported yet (the fake runtime has one)."""
     data_parallel = torch.nn.DataParallel
-    original = data_parallel.scatter
 
     def scatter(self: Any, inputs: Any, kwargs: Any, device_ids: Any) -> Any:
         if len(device_ids) != 1:
-            return original(self, inputs, kwargs, device_ids)
+            from peakmem.capture.unsupported import Unsupported
+
+            raise Unsupported(f"nn.DataParallel over {len(device_ids)} GPUs")
         device = torch.device("cuda", 0)
 
         def move(value: Any) -> Any:
@@ -78,32 +79,6 @@ def data_parallel_one_device() -> Iterator[None]:
         return (tree_map(move, tuple(inputs)),), (tree_map(move, dict(kwargs or {})),)
 
     with patched(data_parallel, "scatter", scatter):
-        yield
-
-
-# -- CUDA random number generator state ----------------------------------------------------------
-
-_PHILOX_STATE_BYTES = 16  # CUDA's generator state: seed and offset
-
-
-def _rng_state(device: Any = "cuda") -> torch.Tensor:
-    return torch.zeros(_PHILOX_STATE_BYTES, dtype=torch.uint8)
-
-
-@register_library_patch("cuda_rng_state")
-@contextmanager
-def cuda_rng_state() -> Iterator[None]:
-    """`torch.cuda.get_rng_state()` / `set_rng_state` (checkpointing, `torch.random.fork_rng`,
-    saving a training state): a host byte tensor, as CUDA returns; setting it is a no-op."""
-    cuda = torch.cuda
-    with ExitStack() as stack:
-        for name, value in (
-            ("get_rng_state", _rng_state),
-            ("get_rng_state_all", lambda: [_rng_state()]),
-            ("set_rng_state", lambda new_state, device="cuda": None),
-            ("set_rng_state_all", lambda new_states: None),
-        ):
-            stack.enter_context(patched(cuda, name, value))
         yield
 
 

@@ -21,6 +21,7 @@ from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.side_effects import divert_fake_saves
+from peakmem.capture.threads import traced_threads
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
 from peakmem.jobs.runner import (
     JobSpec,
@@ -256,6 +257,7 @@ def _run_captured(
         stack_ctx.enter_context(backend_flags_restored())
         stack_ctx.enter_context(fake_cuda_runtime(session))
         stack_ctx.enter_context(library_patches())
+        stack_ctx.enter_context(traced_threads())
         for patch in RUNTIME_PATCHES.values():
             stack_ctx.enter_context(patch())
         stack_ctx.enter_context(_cuda_kernels(session))

@@ -20,6 +20,18 @@ from peakmem.trace.vocab import Category, Phase
 DEVICE_STREAM = 0
 
 
+def sparse_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The strided tensors holding a sparse tensor's memory (indices, values)."""
+    layout = tensor.layout
+    if layout == torch.sparse_coo:
+        return [tensor._indices(), tensor._values()]
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [tensor.crow_indices(), tensor.col_indices(), tensor.values()]
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [tensor.ccol_indices(), tensor.row_indices(), tensor.values()]
+    return []
+
+
 @dataclass
 class LiveStorage:
     alloc_index: int  # index of the ALLOC event in the trace
@@ -73,9 +85,18 @@ class CaptureSession:
     """id(untyped storage) -> what a meta storage stands for, where it is not GPU memory:
     "host" (a host tensor kept fake until its values are needed) or "meta" (the job's own meta
     tensor). Absent: "device"."""
+    memory: Any = None
+    default_device_set: bool = False
+    """The job called `torch.set_default_device` (undone after the capture)."""
+    default_device_cuda: bool = False
+    """... and its default device is CUDA (the capture device stands in for it)."""
+    """The allocator simulation the job's memory readings come from (capture.fake_memory)."""
 
     def storage_kind(self, tensor: torch.Tensor) -> str:
         """What a meta tensor stands for: "device" (GPU memory, the default), "host" or "meta"."""
+        if tensor.layout != torch.strided:
+            parts = sparse_parts(tensor)
+            return self.storage_kind(parts[-1]) if parts else "device"
         return self.storage_kinds.get(id(tensor.untyped_storage()), "device")
 
     # -- RuleContext ---------------------------------------------------------------------------
@@ -128,7 +149,12 @@ class CaptureSession:
         return Category.TEMPORARY.value
 
     def track(self, tensor: torch.Tensor, op: str, category: str | None = None) -> None:
-        """Record the allocation of `tensor`'s storage if it is new."""
+        """Record the allocation of `tensor`'s storage if it is new (a sparse tensor's: its
+        indices' and values' storages)."""
+        if tensor.layout != torch.strided:
+            for part in sparse_parts(tensor):
+                self.track(part, op, category)
+            return
         storage = tensor.untyped_storage()
         key = id(storage)
         with self._lock:
@@ -142,6 +168,8 @@ class CaptureSession:
         weakref.finalize(storage, self._storage_died, key)
 
     def is_tracked(self, tensor: torch.Tensor) -> bool:
+        if tensor.layout != torch.strided:
+            return all(self.is_tracked(part) for part in sparse_parts(tensor))
         return id(tensor.untyped_storage()) in self.live
 
     def _storage_died(self, key: int) -> None:
@@ -158,6 +186,8 @@ class CaptureSession:
                 tag=Tag(category, self.module_source(), self.state.phase, op),
                 or_smaller=or_smaller,
             )
+            if self.memory is not None and self.memory.strict:
+                self.memory.sync()  # raises the job's OutOfMemoryError past the memory fraction
             self.allocated_bytes += nbytes
             self.max_allocated_bytes = max(self.max_allocated_bytes, self.allocated_bytes)
             return ident
@@ -179,6 +209,10 @@ class CaptureSession:
         """Re-tag the allocation of `tensor`'s storage as `category` (and `module` if given).
         With `only_from`, only allocations currently tagged with one of those categories move."""
         if tensor is None or not is_meta(tensor):
+            return
+        if tensor.layout != torch.strided:
+            for part in sparse_parts(tensor):
+                self.classify(part, category, module=module, only_from=only_from)
             return
         with torch._C.DisableTorchFunction():  # runs in the job's hooks: no tensor subclass hook
             record = self.live.get(id(tensor.untyped_storage()))

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from peakmem.capture import DEFAULT_STEPS, CaptureResult
+from peakmem.capture import DEFAULT_STEPS, CaptureResult, Unsupported
+from peakmem.capture.fake_memory import allocator_target
 from peakmem.estimate.breakdown import PeakBreakdown
 from peakmem.profiles import GpuProfile, StackProfile, load_gpu, load_stack
 
@@ -180,6 +181,8 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
     """Why auto mode must rerun a fake capture in eager mode (None: the fake one stands)."""
     if capture.fake_limit is not None:
         return capture.fake_limit
+    if simulated_oom(capture) is not None or isinstance(capture.error, Unsupported):
+        return None  # the GPU would fail the same way / eager mode cannot help
     if capture.error is not None and capture.exit_code != 124 and capture.host_reads:
         error = capture.error
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
@@ -240,14 +243,23 @@ def estimate_capture(
     context = int(stack.context_for(gpu).value)
     libraries = dict(capture.libraries)
     config = parse_alloc_conf(alloc_conf, torch_version)
+    fraction = capture.trace.meta.get("memory_fraction")
+    fraction = float(fraction) if isinstance(fraction, (int, float)) and 0 <= fraction <= 1 else None
     result = simulate(
         capture.trace,
         config=config,
         torch_version=torch_version,
         capacity_bytes=gpu.total_memory_bytes - context - sum(libraries.values()),
+        memory_fraction=fraction,
+        total_bytes=gpu.total_memory_bytes if fraction is not None else None,
         timeline=timeline,
     )
     oom_message = result.oom_message if result.oom else None
+    if fraction is not None and oom_message:
+        oom_message += f" (the job capped its memory at fraction {fraction} of the GPU)"
+    job_oom = simulated_oom(capture)
+    if job_oom is not None and oom_message is None:
+        oom_message = job_oom
     if result.oom:
         # what the job would need on a device without a limit: the size of the shortfall
         result = simulate(capture.trace, config=config, torch_version=torch_version, timeline=timeline)
@@ -257,7 +269,14 @@ def estimate_capture(
     if peak_index is None or peak_index < 0:
         peak_index = len(capture.trace) - 1
     notes = list(capture.notes)
-    if oom_message:
+    if job_oom is None and capture.trace.meta.get("simulated_ooms"):
+        notes.append(
+            f"the job caught {len(capture.trace.meta['simulated_ooms'])} CUDA out-of-memory "
+            "error(s) under its per-process memory fraction and went on"
+        )
+    if job_oom is not None and oom_message == job_oom:
+        notes.append(job_oom)
+    elif oom_message:
         notes.append(f"the simulated run runs out of memory on this GPU: {oom_message}")
     return Estimate(
         gpu=gpu,
@@ -278,6 +297,21 @@ def estimate_capture(
         capture=capture,
         simulation=result,
         libraries=libraries,
+    )
+
+
+def simulated_oom(capture: CaptureResult) -> str | None:
+    """Where the job stopped with the out-of-memory error the capped simulated allocator raised
+    in it (`set_per_process_memory_fraction`), or None."""
+    if not getattr(capture.error, "peakmem_simulated_oom", False):
+        return None
+    ooms = capture.trace.meta.get("simulated_ooms") or [{}]
+    last = ooms[-1] if isinstance(ooms[-1], dict) else {}
+    where = f" at {last['where']}" if last.get("where") else ""
+    return (
+        f"the job ran out of memory{where} under its per-process memory fraction "
+        f"{last.get('fraction')}: it tried to allocate {last.get('bytes')} bytes (torch.OutOfMemoryError, "
+        "as on the GPU); the peaks are those of the run up to there"
     )
 
 
@@ -302,7 +336,7 @@ def _resolve(gpu: str | GpuProfile, torch_version: str | None, alloc_conf: str |
 
 
 def _finish(capture: CaptureResult, **kwargs: Any) -> Estimate:
-    if capture.error is not None:
+    if capture.error is not None and simulated_oom(capture) is None:
         raise EstimateError(capture.error_text or str(capture.error), capture, capture.exit_code)
     return estimate_capture(capture, **kwargs)
 
@@ -328,13 +362,14 @@ def estimate(
 
     _check_mode(mode)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
-    capture = _capture_with_mode(
-        lambda run_mode: capture_callable(
-            fn, *args, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
-            mode=run_mode, **kwargs,
-        ),
-        mode,
-    )
+    with allocator_target(conf, version):
+        capture = _capture_with_mode(
+            lambda run_mode: capture_callable(
+                fn, *args, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
+                mode=run_mode, **kwargs,
+            ),
+            mode,
+        )
     return _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
         mode=mode, timeline=timeline,
@@ -357,12 +392,13 @@ def estimate_command(
 
     _check_mode(mode)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
-    capture = _capture_with_mode(
-        lambda run_mode: capture_command(
-            argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout, mode=run_mode
-        ),
-        mode,
-    )
+    with allocator_target(conf, version):
+        capture = _capture_with_mode(
+            lambda run_mode: capture_command(
+                argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout, mode=run_mode
+            ),
+            mode,
+        )
     return _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
         mode=mode, timeline=timeline,

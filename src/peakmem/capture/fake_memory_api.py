@@ -1,0 +1,221 @@
+"""`torch.cuda`'s memory functions as the job calls them during a capture, answered from the
+allocator simulation (`fake_memory.SimulatedMemory`): allocated / reserved / peaks,
+`memory_stats` with c10's key names, `memory_summary`, `memory_snapshot`, `mem_get_info`,
+`set_per_process_memory_fraction`, the memory-history recorder and nvidia-smi-like queries."""
+
+from __future__ import annotations
+
+import collections
+import pickle
+from typing import Any
+
+import torch
+
+from peakmem.capture.fake_memory import SimulatedMemory, build
+from peakmem.capture.session import CaptureSession
+from peakmem.capture.unsupported import Unsupported
+
+RAW_POINTER_BASE = 0x7F00_0000_0000
+
+
+def _flatten(nested: dict[str, Any]) -> collections.OrderedDict[str, Any]:
+    """`torch.cuda.memory_stats`: the nested stats as sorted "a.b.c" keys."""
+    rows: list[tuple[str, Any]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+        else:
+            rows.append((prefix, value))
+
+    walk("", nested)
+    rows.sort()
+    return collections.OrderedDict(rows)
+
+
+def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
+    """Builds the capture's allocator simulation (`session.memory`) and the functions reading it."""
+    gpu, stack = session.gpu, session.stack
+    context = int(stack.context_for(gpu).value)
+    memory = build(
+        session.trace,
+        total_bytes=gpu.total_memory_bytes,
+        outside_bytes=lambda: context + sum(session.libraries.values()),
+        default_version="{}.{}".format(*stack.torch_min),
+        notes=session.notes,
+    )
+    session.memory = memory
+    return memory_patches(session, memory)
+
+
+def memory_patches(session: CaptureSession, memory: SimulatedMemory) -> dict[tuple[Any, str], Any]:
+    cuda = torch.cuda
+    cuda_memory = torch.cuda.memory
+    history: dict[str, Any] = {"enabled": None}
+
+    def memory_stats(device: Any = None) -> collections.OrderedDict[str, Any]:
+        with session._lock:
+            return _flatten(memory.nested_stats())
+
+    def nested(device: Any = None) -> dict[str, Any]:
+        with session._lock:
+            return memory.nested_stats()
+
+    def reading(name: str, metric: str) -> Any:
+        def read(device: Any = None) -> int:
+            with session._lock:
+                return memory.stat(name, metric)
+
+        return read
+
+    def reset_peaks(device: Any = None) -> None:
+        with session._lock:
+            memory.reset_peaks()
+
+    def reset_accumulated(device: Any = None) -> None:
+        with session._lock:
+            memory.reset_accumulated()
+
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        with session._lock:
+            return memory.mem_get_info()
+
+    def empty_cache() -> None:
+        session.empty_cache()
+
+    def set_fraction(fraction: float, device: Any = None) -> None:
+        if not isinstance(fraction, float):
+            raise TypeError("Invalid type for fraction argument, must be `float`")
+        if fraction < 0 or fraction > 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        with session._lock:
+            session.trace.meta["memory_fraction"] = fraction
+            memory.set_fraction(fraction)
+
+    def get_fraction(device: Any = None) -> float:
+        return memory.fraction if memory.fraction is not None else 1.0
+
+    def segments(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        with session._lock:
+            return memory.segments()
+
+    def snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
+        with session._lock:
+            return {
+                "segments": memory.segments(),
+                "device_traces": [[]],
+                "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": memory.config.source},
+            }
+
+    def dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
+        # The job's own file, written as torch writes it; peakmem never reads it back.
+        with open(filename, "wb") as handle:
+            pickle.dump(snapshot(), handle)
+
+    def record_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+        history["enabled"] = enabled
+        note = (
+            "torch.cuda.memory._record_memory_history: the snapshot holds the simulated "
+            "segments and blocks, without stack traces or an event history"
+        )
+        if enabled and note not in session.notes:
+            session.notes.append(note)
+
+    def list_gpu_processes(device: Any = None) -> str:
+        return "GPU:0\nno processes are running (peakmem: a simulated device)"
+
+    pointers: dict[int, int] = {}  # fake device pointer -> scratch allocation id
+
+    def raw_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+        """`caching_allocator_alloc`: a raw block from the caching allocator."""
+        ident = session.scratch(int(size), category="other", op="caching_allocator_alloc")
+        pointer = RAW_POINTER_BASE + 512 * (len(pointers) + 1 + max(ident, 0))
+        pointers[pointer] = ident
+        return pointer
+
+    def raw_delete(mem_ptr: int) -> None:
+        ident = pointers.pop(mem_ptr, None)
+        if ident is not None:
+            session.release(ident)
+
+    def device_memory_used(device: Any = None) -> int:
+        """nvidia-smi's used memory: context, libraries and what the allocator reserved."""
+        with session._lock:
+            return memory.outside_bytes() + memory.stat("reserved_bytes")
+
+    def refuse(what: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise Unsupported(what)
+
+        return refused
+
+    zero = lambda device=None: 0  # noqa: E731
+
+    patches: dict[tuple[Any, str], Any] = {}
+    for owner in (cuda, cuda_memory):
+        patches.update(
+            {
+                (owner, "memory_stats"): memory_stats,
+                (owner, "memory_stats_as_nested_dict"): nested,
+                (owner, "memory_allocated"): reading("allocated_bytes", "current"),
+                (owner, "max_memory_allocated"): reading("allocated_bytes", "peak"),
+                (owner, "memory_reserved"): reading("reserved_bytes", "current"),
+                (owner, "max_memory_reserved"): reading("reserved_bytes", "peak"),
+                (owner, "memory_cached"): reading("reserved_bytes", "current"),
+                (owner, "max_memory_cached"): reading("reserved_bytes", "peak"),
+                (owner, "reset_peak_memory_stats"): reset_peaks,
+                (owner, "reset_max_memory_allocated"): reset_peaks,
+                (owner, "reset_max_memory_cached"): reset_peaks,
+                (owner, "reset_accumulated_memory_stats"): reset_accumulated,
+                (owner, "mem_get_info"): mem_get_info,
+                (owner, "empty_cache"): empty_cache,
+                (owner, "set_per_process_memory_fraction"): set_fraction,
+                (owner, "get_per_process_memory_fraction"): get_fraction,
+                (owner, "memory_snapshot"): segments,
+                (owner, "list_gpu_processes"): list_gpu_processes,
+                (owner, "_snapshot"): snapshot,
+                (owner, "_dump_snapshot"): dump_snapshot,
+                (owner, "_record_memory_history"): record_history,
+                (owner, "_record_memory_history_legacy"): record_history,
+                (owner, "_set_memory_metadata"): lambda metadata: None,
+                (owner, "_get_memory_metadata"): lambda: "",
+                (owner, "caching_allocator_enable"): lambda value=True: None,
+                (owner, "host_memory_stats"): lambda: collections.OrderedDict(),
+                (owner, "reset_peak_host_memory_stats"): lambda: None,
+                (owner, "reset_accumulated_host_memory_stats"): lambda: None,
+                (owner, "caching_allocator_alloc"): raw_alloc,
+                (owner, "caching_allocator_delete"): raw_delete,
+                (owner, "get_allocator_backend"): lambda: memory.config.backend,
+                (owner, "MemPool"): refuse("torch.cuda.MemPool (private memory pools)"),
+                (owner, "use_mem_pool"): refuse("torch.cuda.use_mem_pool (private memory pools)"),
+                (owner, "change_current_allocator"): refuse("a custom CUDA allocator"),
+                (owner, "CUDAPluggableAllocator"): refuse("a custom CUDA allocator"),
+                (owner, "_set_allocator_settings"): refuse(
+                    "changing the CUDA allocator settings at run time"
+                ),
+            }
+        )
+    for name in ("utilization", "temperature", "power_draw", "clock_rate"):
+        patches[(cuda, name)] = zero
+    patches[(cuda, "memory_usage")] = lambda device=None: 0
+    patches[(cuda, "device_memory_used")] = device_memory_used
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        for owner in (accelerator, getattr(accelerator, "memory", None)):
+            if owner is None:
+                continue
+            patches.update(
+                {
+                    (owner, "memory_stats"): memory_stats,
+                    (owner, "memory_allocated"): reading("allocated_bytes", "current"),
+                    (owner, "max_memory_allocated"): reading("allocated_bytes", "peak"),
+                    (owner, "memory_reserved"): reading("reserved_bytes", "current"),
+                    (owner, "max_memory_reserved"): reading("reserved_bytes", "peak"),
+                    (owner, "reset_peak_memory_stats"): reset_peaks,
+                    (owner, "reset_accumulated_memory_stats"): reset_accumulated,
+                    (owner, "empty_cache"): empty_cache,
+                    (owner, "get_memory_info"): mem_get_info,
+                }
+            )
+    return patches

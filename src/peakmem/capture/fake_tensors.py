@@ -1,0 +1,82 @@
+"""Tensor-level and build-level facts of a CUDA runtime during a capture: `share_memory_()` of a
+device tensor (a no-op, as on CUDA), the CUDA build's version strings (`torch.version.cuda`,
+`torch.backends.cuda.is_built()`, `torch.backends.cudnn.version()`), and the default device a job
+sets (`torch.set_default_device("cuda")`), put back afterwards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from peakmem.capture.session import CaptureSession
+from peakmem.cuda_rules.true_device import is_meta
+
+CUDA_VERSION = "12.4"
+CUDNN_VERSION = 90100
+
+
+def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
+    original_share = torch.Tensor.share_memory_
+    original_is_shared = torch.Tensor.is_shared
+    original_set_default_device = torch.set_default_device
+    original_get_default_device = torch.get_default_device
+
+    def share_memory_(self: torch.Tensor) -> torch.Tensor:
+        if is_meta(self):  # CUDA tensors are shared through CUDA IPC: nothing to move
+            return self
+        return original_share(self)
+
+    def is_shared(self: torch.Tensor) -> bool:
+        return True if is_meta(self) else original_is_shared(self)
+
+    def set_default_device(device: Any) -> None:
+        """A CUDA default device becomes the capture device underneath the capture's modes
+        (torch puts the default-device mode at the bottom of the stack, below them)."""
+        session.default_device_set = True
+        if device is not None and torch.device(device).type == "cuda":
+            session.default_device_cuda = True
+            original_set_default_device("meta")
+        else:
+            session.default_device_cuda = False
+            original_set_default_device(device)
+
+    def get_default_device() -> torch.device:
+        from torch.utils._device import DeviceContext
+
+        stack = torch.overrides._get_current_function_mode_stack()
+        innermost = next((m for m in reversed(stack) if isinstance(m, DeviceContext)), None)
+        if innermost is not None and innermost.device.type == "cuda":  # `with torch.device("cuda")`
+            return torch.device("cuda", innermost.device.index or 0)
+        job_default = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+        if session.default_device_cuda and innermost is job_default:
+            return torch.device("cuda", 0)
+        return original_get_default_device()
+
+    scaler_class = torch.amp.GradScaler
+    original_get_scale = scaler_class.get_scale
+
+    def get_scale(self: Any) -> float:
+        """A fake device's scale has no value: the scale a GPU run keeps while no step overflows
+        (fake gradients never do), the initial one (growth every `growth_interval` steps aside)."""
+        scale = getattr(self, "_scale", None)
+        if self._enabled and isinstance(scale, torch.Tensor) and is_meta(scale) and not session.eager:
+            return float(self._init_scale)
+        return original_get_scale(self)
+
+    return {
+        (scaler_class, "get_scale"): get_scale,
+        (torch.Tensor, "share_memory_"): share_memory_,
+        (torch.Tensor, "is_shared"): is_shared,
+        (torch.version, "cuda"): CUDA_VERSION,
+        (torch.backends.cuda, "is_built"): lambda: True,
+        (torch.backends.cudnn, "version"): lambda: CUDNN_VERSION,
+        (torch, "set_default_device"): set_default_device,
+        (torch, "get_default_device"): get_default_device,
+    }
+
+
+def restore_default_device(session: CaptureSession, original_set_default_device: Any) -> None:
+    """Undo a default device the job set (after the capture's modes are gone)."""
+    if session.default_device_set:
+        original_set_default_device(None)
