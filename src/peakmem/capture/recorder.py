@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from peakmem.capture.eager import op_name
+from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules import host_outputs_for, op_rule_for
 from peakmem.trace.vocab import Category
@@ -29,7 +30,9 @@ class AllocationRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        rule = None if self.session.closed else op_rule_for(func)
+        kind, kind_category = outputs_kind(self.session, args, kwargs)
+        # a host-deferred or the job's own meta tensor: no CUDA kernel runs
+        rule = None if self.session.closed or kind != "device" else op_rule_for(func)
         around = None
         if rule is not None and inspect.isgeneratorfunction(rule):
             around = rule(self.session, func, args, kwargs)
@@ -55,10 +58,12 @@ class AllocationRecorder(TorchDispatchMode):
         category = None
         if func.overloadpacket.__name__ in _HOST_COPY_OPS and _reads_host(args):
             category = Category.INPUT.value
+        category = kind_category or category
         flat, _ = tree_flatten(out)
         for tensor in flat:
             if isinstance(tensor, torch.Tensor) and tensor.is_meta and id(tensor) not in skip:
-                self.session.track(tensor, op, category)
+                if not claim(self.session, tensor, kind):
+                    self.session.track(tensor, op, category)
         if around is not None:
             with contextlib.suppress(StopIteration):
                 around.send(out)

@@ -72,6 +72,8 @@ class CaptureSession:
     """id(untyped storage) -> what a meta storage stands for, where it is not GPU memory:
     "host" (a host tensor kept fake until its values are needed) or "meta" (the job's own meta
     tensor). Absent: "device"."""
+    host_deferral: Any = None
+    """The capture's host-deferral mode (capture.host_deferred) while the job runs."""
 
     def storage_kind(self, tensor: torch.Tensor) -> str:
         """What a meta tensor stands for: "device" (GPU memory, the default), "host" or "meta"."""

@@ -1,0 +1,667 @@
+"""Host tensors kept fake until their values are needed, and the job's own meta tensors.
+
+`model = LlamaForCausalLM(cfg).to("cuda", dtype=torch.bfloat16)` builds the model on the HOST,
+with real CPU tensors, then moves it. Built for real, an 8B model costs 30 GiB of host RAM before
+any device memory is allocated. During a capture (fake mode) it is built fake:
+
+- host factory calls (`torch.empty`, `zeros`, `ones`, `full`, `rand*`, `arange`, ...; `*_like`
+  and `new_*` of a host tensor) made while an `nn.Module` is being constructed (a frame of
+  `__init__`, `reset_parameters`, `_init_weights`, `init_weights`, `post_init`, `apply`, ... of
+  an `nn.Module` on the stack) that make a tensor of at least DEFER_MIN_NUMEL elements return a
+  meta tensor whose storage kind is "host" (`session.storage_kinds`): no host memory, and the
+  recorder does not count it as device memory. Smaller ones stay real (drop-path schedules, RoPE
+  frequencies, ... are read on the host while the model is built).
+- ops on host-deferred tensors alone stay fake (in-place init `normal_`, `uniform_`, `fill_`,
+  `zero_`, `copy_`; `.half()`, views, ...); their outputs are host-deferred too.
+- moving one to the device (`.to("cuda")`, `.cuda()`, `.to(0)`, with a dtype too, `model.to`)
+  is a device allocation of the moved size (category `input`, as a host-to-device copy is).
+- where a real value is needed (`.item()`, `.tolist()`, `.numpy()`, printing, an op mixing it
+  with real host data), it is computed then: the factory call that made it and the in-place ops
+  applied to it since are replayed on a real host tensor (random inits draw new random numbers
+  of the same distribution; values copied in from a loaded checkpoint are read from the file),
+  or, where it was derived in a way that was not recorded, zeros. Every such read is counted and
+  noted. A host-only job (a model trained on the CPU, never moved) thus runs and makes no device
+  allocations.
+
+The job's own meta tensors (`device="meta"`, `with torch.device("meta")`, accelerate's
+`init_empty_weights`, `to("meta")` of a host-deferred tensor) are marked "meta": not device
+memory until they are moved (`.to("cuda")`) or `to_empty(device="cuda")`'d.
+
+The recorder asks `outputs_kind` what a new meta storage stands for, and skips host and meta ones.
+Eager mode builds host tensors for real (it runs everything for real).
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._device as torch_device_context
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from peakmem.capture.session import CaptureSession
+from peakmem.trace.vocab import Category
+
+Tensor = torch.Tensor
+HOST, META, DEVICE = "host", "meta", "device"
+DEFER_MIN_NUMEL = 4096
+"""Host tensors made while a model is built with fewer elements than this stay real."""
+_NO_MODES = torch._C.DisableTorchFunction
+
+_FACTORIES = {
+    torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint,
+    torch.randperm, torch.arange, torch.linspace, torch.logspace, torch.eye, torch.empty_strided,
+}
+_LIKE = {
+    torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like, torch.rand_like,
+    torch.randn_like, torch.randint_like,
+}
+_NEW = {Tensor.new_empty, Tensor.new_zeros, Tensor.new_ones, Tensor.new_full}
+_READS = {
+    Tensor.item, Tensor.tolist, Tensor.numpy, Tensor.__float__, Tensor.__int__, Tensor.__bool__,
+    Tensor.__index__, Tensor.__complex__, Tensor.__format__, Tensor.__array__, Tensor.__repr__,
+    Tensor.__str__, Tensor.data_ptr,
+}
+_INIT_FUNCTIONS = frozenset({
+    "__init__", "reset_parameters", "_reset_parameters", "_init_weights", "init_weights",
+    "_initialize_weights", "initialize_weights", "_init_weight", "post_init", "apply",
+    "smart_apply", "_initialize_weight", "reset_params", "init_params", "_init_params",
+})
+_STACK_LIMIT = 96
+
+
+def _in_construction() -> bool:
+    """Whether an `nn.Module` is being constructed or initialised somewhere up the stack."""
+    frame = sys._getframe(2)
+    depth = 0
+    module = torch.nn.Module
+    while frame is not None and depth < _STACK_LIMIT:
+        code = frame.f_code
+        if code.co_name in _INIT_FUNCTIONS and code.co_argcount:
+            first = frame.f_locals.get(code.co_varnames[0])
+            if isinstance(first, module):
+                return True
+        frame = frame.f_back
+        depth += 1
+    return False
+
+
+def _is_cuda(value: Any) -> bool:
+    if isinstance(value, str):
+        return value == "cuda" or value.startswith("cuda:")
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_host(value: Any) -> bool:
+    if isinstance(value, str):
+        return value == "cpu" or value.startswith("cpu:")
+    return isinstance(value, torch.device) and value.type == "cpu"
+
+
+def _is_meta(value: Any) -> bool:
+    if isinstance(value, str):
+        return value == "meta" or value.startswith("meta:")
+    return isinstance(value, torch.device) and value.type == "meta"
+
+
+def _storage_id(tensor: Tensor) -> int:
+    return id(tensor.untyped_storage())
+
+
+@dataclass
+class _Recipe:
+    """How to compute a host-deferred storage's real values: `base()` gives a real tensor with
+    the storage's bytes (None: zeros), then the in-place `steps` are replayed on views of it."""
+
+    base: Callable[[], Tensor] | None
+    steps: list[tuple[Any, tuple, tuple, dict]] = field(default_factory=list)
+    """(func, (storage_offset, size, stride, dtype) of the view it ran on, other args, kwargs)."""
+    loaded: bool = False
+
+
+@dataclass
+class DeferralStats:
+    tensors: int = 0
+    bytes: int = 0
+    moved: int = 0
+    recomputed: int = 0
+    zeros: int = 0
+    loaded_reads: int = 0
+
+
+class HostDeferral(TorchFunctionMode):
+    """The torch-function mode (entered on top of `CudaAsMeta`) that defers host tensors made
+    while a model is built and routes moves of host-deferred and meta tensors to the device."""
+
+    def __init__(self, session: CaptureSession) -> None:
+        super().__init__()
+        self.session = session
+        self.kinds = session.storage_kinds
+        self.making: str | None = None
+        self.moving = False
+        self.recipes: dict[int, _Recipe] = {}
+        self.stats = DeferralStats()
+        self.defer_construction = not session.eager
+        self._view_probe: bool | None = None
+        self._handlers: dict[Any, Callable[[Any, tuple, dict], Any]] = {}
+        for func in _FACTORIES:
+            self._handlers[func] = self._factory
+        for func in _LIKE | _NEW:
+            self._handlers[func] = self._from_tensor
+        self._handlers[Tensor.to] = self._to
+        self._handlers[Tensor.cuda] = self._cuda
+        self._handlers[Tensor.cpu] = self._cpu
+        for func in _READS:
+            self._handlers[func] = self._read
+
+    # -- mode ----------------------------------------------------------------------------------
+    def __enter__(self) -> HostDeferral:
+        self.session.host_deferral = self
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self.session.host_deferral = None
+        self.session.notes.extend(self.notes())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = self._handlers.get(func)
+        if handler is not None:
+            result = handler(func, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        device = kwargs.get("device")
+        if device is not None and self.making is None:
+            if _is_cuda(device) and self.kinds:
+                with self.make(DEVICE):
+                    return func(*args, **kwargs)
+            if _is_meta(device) and self._user_meta(device):
+                with self.make(META):
+                    return func(*args, **kwargs)
+        if not self.kinds:
+            return func(*args, **kwargs)
+        return self._on_deferred(func, args, kwargs)
+
+    @contextmanager
+    def make(self, kind: str, *, moving: bool = False) -> Iterator[None]:
+        """New meta storages made inside stand for `kind` (outer settings win)."""
+        if self.making is not None:
+            yield
+            return
+        self.making, self.moving = kind, moving
+        try:
+            yield
+        finally:
+            self.making, self.moving = None, False
+
+    # -- kinds ---------------------------------------------------------------------------------
+    def kind(self, tensor: Any) -> str | None:
+        """"host", "meta", "device" for a meta tensor, None for anything else (true devices)."""
+        if not isinstance(tensor, Tensor):
+            return None
+        with _NO_MODES():
+            if tensor.device.type != "meta" or tensor.layout != torch.strided:
+                return None
+            return self.kinds.get(_storage_id(tensor), DEVICE)
+
+    def mark(self, tensor: Tensor, kind: str) -> None:
+        """Mark `tensor`'s (new) storage as `kind`; forgotten when the storage dies."""
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self.kinds:
+            return
+        self.kinds[key] = kind
+        weakref.finalize(storage, self._forget, key)
+
+    def _forget(self, key: int) -> None:
+        self.kinds.pop(key, None)
+        self.recipes.pop(key, None)
+
+    def _user_meta(self, device: Any) -> bool:
+        """Whether an explicit meta device is the job's own. A string "meta" or a
+        `torch.device("meta")` context is; a `torch.device("meta")` object otherwise only when
+        device tensors do not report meta (else it may be a device tensor's `.device`)."""
+        if isinstance(device, str):
+            return True
+        current = torch_device_context.CURRENT_DEVICE
+        if current is not None and torch.device(current).type == "meta":
+            return True
+        if self._view_probe is None:
+            probe = torch.empty(0, device="cuda")
+            self._view_probe = probe.device.type == "cuda"
+        return self._view_probe
+
+    # -- factories -----------------------------------------------------------------------------
+    def _factory(self, func, args: tuple, kwargs: dict):
+        device = kwargs.get("device")
+        if not self.defer_construction or not (device is None or _is_host(device)):
+            return NotImplemented
+        if kwargs.get("out") is not None or kwargs.get("layout") not in (None, torch.strided):
+            return NotImplemented
+        if not _in_construction():
+            return NotImplemented
+        return self._defer(func, args, kwargs)
+
+    def _from_tensor(self, func, args: tuple, kwargs: dict):
+        source = args[0] if args else kwargs.get("input")
+        device = kwargs.get("device")
+        if not self.defer_construction or not isinstance(source, Tensor):
+            return NotImplemented
+        if device is not None and not _is_host(device):
+            return NotImplemented
+        with _NO_MODES():
+            real_host = source.device.type == "cpu" and source.layout == torch.strided
+        if not real_host or kwargs.get("layout") not in (None, torch.strided):
+            return NotImplemented
+        if not _in_construction():
+            return NotImplemented
+        return self._defer(func, args, kwargs)
+
+    def _defer(self, func, args: tuple, kwargs: dict):
+        meta_kwargs = dict(kwargs, device="meta")
+        if func in _LIKE or func in _NEW:  # the source is a real host tensor: size from a meta twin
+            source = args[0] if args else kwargs["input"]
+            with self.make(HOST), _NO_MODES():
+                twin = torch.empty_like(source, device="meta")
+            if args:
+                meta_args = (twin, *args[1:])
+            else:
+                meta_args, meta_kwargs["input"] = args, twin
+        else:
+            meta_args = args
+        with self.make(HOST):
+            tensor = func(*meta_args, **meta_kwargs)
+        with _NO_MODES():
+            small = tensor.numel() < DEFER_MIN_NUMEL
+        if small:
+            return func(*args, **kwargs)
+        real_kwargs = {k: v for k, v in kwargs.items() if k not in ("requires_grad", "pin_memory")}
+        real_kwargs["device"] = "cpu"
+        self.recipes[_storage_id(tensor)] = _Recipe(lambda: func(*args, **real_kwargs))
+        self.stats.tensors += 1
+        self.stats.bytes += tensor.untyped_storage().nbytes()
+        return tensor
+
+    def defer_host(self, shape: Any, dtype: torch.dtype, base: Callable[[], Tensor]) -> Tensor:
+        """A new host-deferred tensor whose values `base()` reads when they are needed."""
+        with self.make(HOST), _NO_MODES():
+            tensor = torch.empty(shape, dtype=dtype, device="meta")
+        self.recipes[_storage_id(tensor)] = _Recipe(base, loaded=True)
+        return tensor
+
+    def defer_loaded(self, loaded: Any) -> Any:
+        """Loaded host tensors (e.g. memory-mapped from a checkpoint) as host-deferred ones: host
+        ops on them stay fake and never read the file; a real value is read when needed.
+        Tensors sharing a storage keep sharing one."""
+        bases: dict[int, Tensor] = {}
+
+        def convert(value: Any) -> Any:
+            if type(value) not in (Tensor, torch.nn.Parameter):
+                return value
+            with self.make(HOST), _NO_MODES():
+                if value.device.type != "cpu" or value.layout != torch.strided:
+                    return value
+                storage = value.untyped_storage()
+                if storage.nbytes() < DEFER_MIN_NUMEL:
+                    return value
+                base = bases.get(id(storage))
+                if base is None:
+                    real = torch.empty(0, dtype=torch.uint8).set_(storage)
+                    base = self.defer_host((storage.nbytes(),), torch.uint8, lambda r=real: r)
+                    bases[id(storage)] = base
+                view = torch.empty(0, dtype=value.dtype, device="meta").set_(
+                    base.untyped_storage(), value.storage_offset(), value.size(), value.stride()
+                )
+            if isinstance(value, torch.nn.Parameter):
+                return torch.nn.Parameter(view, requires_grad=value.requires_grad)
+            return view.requires_grad_(value.requires_grad)
+
+        return _map_containers(convert, loaded)
+
+    # -- moves ---------------------------------------------------------------------------------
+    def _to(self, func, args: tuple, kwargs: dict):
+        tensor = args[0]
+        kind = self.kind(tensor)
+        parsed = _parse_to(args[1:], kwargs)
+        if parsed is None:
+            return NotImplemented
+        device, dtype, non_blocking, copy, memory_format = parsed
+        target = self._target(device)
+        if kind is None:  # a real tensor
+            if target == META and self._user_meta(device):
+                with self.make(META):
+                    return func(*args, **kwargs)
+            return NotImplemented
+        if kind == DEVICE:
+            return NotImplemented
+        if target == DEVICE:
+            return self.move(tensor, dtype, non_blocking, memory_format, from_host=kind == HOST)
+        if target == META and kind == HOST:
+            with self.make(META):
+                return _to_copy(tensor, "meta", dtype, non_blocking, memory_format)
+        if target is None or (target == HOST and kind == HOST) or (target == META and kind == META):
+            if (dtype is None or dtype == tensor.dtype) and not copy and memory_format is None:
+                return tensor
+            return _to_copy(tensor, None, dtype, non_blocking, memory_format)
+        return NotImplemented  # the job's meta tensor to the host: CudaAsMeta's host read
+
+    def _target(self, device: Any) -> str | None:
+        if isinstance(device, Tensor):
+            kind = self.kind(device)
+            if kind is not None:
+                return kind
+            with _NO_MODES():
+                return HOST if device.device.type == "cpu" else None
+        if device is None:
+            return None
+        if _is_cuda(device):
+            return DEVICE
+        if _is_host(device):
+            return HOST
+        if _is_meta(device):
+            return META
+        return None
+
+    def _cuda(self, func, args: tuple, kwargs: dict):
+        tensor = args[0]
+        kind = self.kind(tensor)
+        if kind not in (HOST, META):
+            return NotImplemented
+        non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+        return self.move(tensor, None, non_blocking, kwargs.get("memory_format"),
+                         from_host=kind == HOST)
+
+    def move(self, tensor: Tensor, dtype: torch.dtype | None, non_blocking: bool = False,
+             memory_format: Any = None, *, from_host: bool = True) -> Tensor:
+        """A host-deferred or meta tensor copied to the device: a tracked device allocation."""
+        self.stats.moved += 1
+        with self.make(DEVICE, moving=from_host):
+            return _to_copy(tensor, "cuda", dtype, non_blocking, memory_format)
+
+    def _cpu(self, func, args: tuple, kwargs: dict):
+        return args[0] if self.kind(args[0]) == HOST else NotImplemented
+
+    # -- values --------------------------------------------------------------------------------
+    def _read(self, func, args: tuple, kwargs: dict):
+        if not self.kinds:
+            return NotImplemented
+        flat, _ = tree_flatten((args, kwargs))
+        if not any(self.kind(t) == HOST for t in flat):
+            return NotImplemented
+        real_args, real_kwargs = tree_map(self._real_or_same, (args, kwargs))
+        return func(*real_args, **real_kwargs)
+
+    def _real_or_same(self, value: Any) -> Any:
+        if self.kind(value) != HOST:
+            return value
+        real = self.materialize(value)
+        if value.requires_grad and real.is_floating_point():
+            real.requires_grad_(True)
+        return real
+
+    def materialize(self, tensor: Tensor, *, count: bool = True) -> Tensor:
+        """A real host tensor with a host-deferred tensor's values (computed now, see module)."""
+        with _NO_MODES():
+            storage = tensor.untyped_storage()
+            nbytes = storage.nbytes()
+            offset, size, stride = tensor.storage_offset(), tensor.size(), tensor.stride()
+            dtype = tensor.dtype
+        recipe = self.recipes.get(id(storage))
+        real = self._compute(recipe, nbytes) if recipe is not None else None
+        if count:
+            if real is None:
+                self.stats.zeros += 1
+            elif recipe is not None and recipe.loaded:
+                self.stats.loaded_reads += 1
+            else:
+                self.stats.recomputed += 1
+        if real is None:
+            real = torch.zeros(nbytes, dtype=torch.uint8)
+        with _NO_MODES():
+            return torch.empty(0, dtype=dtype).set_(real.untyped_storage(), offset, size, stride)
+
+    def _compute(self, recipe: _Recipe, nbytes: int) -> Tensor | None:
+        with torch.no_grad():
+            try:
+                base = recipe.base() if recipe.base is not None else None
+            except Exception:  # noqa: BLE001 - a value the replay cannot make: zeros
+                base = None
+            with _NO_MODES():
+                if base is None or base.device.type != "cpu" or base.untyped_storage().nbytes() != nbytes:
+                    if not recipe.steps:
+                        return None
+                    base = torch.zeros(nbytes, dtype=torch.uint8)
+                storage = base.untyped_storage()
+            for func, (offset, size, stride, dtype), rest, kwargs in recipe.steps:
+                with _NO_MODES():
+                    view = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+                try:
+                    func(view, *tree_map(self._step_arg, rest), **tree_map(self._step_arg, kwargs))
+                except Exception:  # noqa: BLE001 - keep the values made so far
+                    continue
+            return base
+
+    def _step_arg(self, value: Any) -> Any:
+        return self.materialize(value, count=False) if self.kind(value) == HOST else value
+
+    # -- ops on host-deferred tensors ----------------------------------------------------------
+    def _on_deferred(self, func, args: tuple, kwargs: dict):
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+        if not tensors:
+            return func(*args, **kwargs)
+        with _NO_MODES():
+            kinds = [self.kinds.get(_storage_id(t), DEVICE) if t.device.type == "meta" else None
+                     for t in tensors if t.layout == torch.strided]
+            real = any(t.device.type != "meta" and t.dim() > 0 for t in tensors)
+        if HOST not in kinds:
+            return func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        in_place = name.endswith("_") and not name.startswith("__") and bool(args)
+        if in_place and self.kind(args[0]) == HOST:
+            return self._in_place(func, args, kwargs)
+        if real and DEVICE not in kinds and META not in kinds:
+            # real host data meets a host-deferred tensor: compute on the host with real values
+            real_args, real_kwargs = tree_map(self._real_or_same, (args, kwargs))
+            return func(*real_args, **real_kwargs)
+        with _NO_MODES():
+            before = {id(t.untyped_storage()) for t in tensors if t.device.type == "meta"}
+        out = func(*args, **kwargs)
+        self._derived(func, args, kwargs, out, before)
+        return out
+
+    def _in_place(self, func, args: tuple, kwargs: dict):
+        target = args[0]
+        try:
+            out = func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError):  # a real host tensor argument: as meta
+            with self.make(HOST):
+                fake = tree_map(
+                    lambda t: t.to("meta") if isinstance(t, Tensor) and self.kind(t) is None else t,
+                    (args[1:], kwargs),
+                )
+            out = func(target, *fake[0], **fake[1])
+        with _NO_MODES():
+            recipe = self.recipes.get(_storage_id(target))
+            geometry = (target.storage_offset(), tuple(target.size()), tuple(target.stride()),
+                        target.dtype)
+        if recipe is None:
+            recipe = self.recipes.setdefault(_storage_id(target), _Recipe(None))
+        if func in (Tensor.copy_,) and _covers_storage(target):
+            source = args[1] if len(args) > 1 else kwargs.get("src")
+            recipe.base, recipe.steps, recipe.loaded = None, [], _loaded(self, source)
+        recipe.steps.append((func, geometry, args[1:], kwargs))
+        return out
+
+    def _derived(self, func, args: tuple, kwargs: dict, out: Any, before: set[int]) -> None:
+        """Note how to compute the new host-deferred storages `func` made from its inputs."""
+        flat, _ = tree_flatten(out)
+        for index, tensor in enumerate(flat):
+            if self.kind(tensor) != HOST:
+                continue
+            with _NO_MODES():
+                key = _storage_id(tensor)
+            if key in before or key in self.recipes:
+                continue
+
+            def base(index: int = index) -> Tensor:
+                real_args, real_kwargs = tree_map(self._step_arg, (args, kwargs))
+                return tree_flatten(func(*real_args, **real_kwargs))[0][index]
+
+            self.recipes[key] = _Recipe(base)
+
+    # -- notes ---------------------------------------------------------------------------------
+    def notes(self) -> list[str]:
+        stats, notes = self.stats, []
+        if stats.tensors:
+            notes.append(
+                f"{stats.tensors} host tensor(s) ({stats.bytes / 2**30:.2f} GiB) made while models "
+                "were built were kept fake (no host memory) until moved to the device or read"
+            )
+        reads = stats.recomputed + stats.zeros
+        if reads:
+            notes.append(
+                f"{reads} host tensor(s) built while the model was constructed were given "
+                f"placeholder values when read ({stats.recomputed} recomputed from the call that "
+                f"made them and the in-place inits since, random ones with new random numbers; "
+                f"{stats.zeros} zeros)"
+            )
+        return notes
+
+
+def _loaded(deferral: HostDeferral, source: Any) -> bool:
+    if deferral.kind(source) != HOST:
+        return False
+    with _NO_MODES():
+        recipe = deferral.recipes.get(_storage_id(source))
+    return recipe is not None and recipe.loaded
+
+
+def _covers_storage(tensor: Tensor) -> bool:
+    with _NO_MODES():
+        return (
+            tensor.storage_offset() == 0
+            and tensor.is_contiguous()
+            and tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes()
+        )
+
+
+def _to_copy(tensor: Tensor, device: Any, dtype: Any, non_blocking: bool, memory_format: Any):
+    kwargs: dict[str, Any] = {"copy": True, "non_blocking": bool(non_blocking)}
+    if device is not None:
+        kwargs["device"] = device
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if memory_format is not None:
+        kwargs["memory_format"] = memory_format
+    return tensor.to(**kwargs)
+
+
+def _parse_to(rest: tuple, kwargs: dict) -> tuple[Any, Any, bool, bool, Any] | None:
+    """`Tensor.to`'s arguments: (device or tensor, dtype, non_blocking, copy, memory_format)."""
+    rest = list(rest)
+    device = kwargs.get("device")
+    dtype = kwargs.get("dtype")
+    if "other" in kwargs:
+        device = kwargs["other"]
+    if rest:
+        first = rest[0]
+        if isinstance(first, Tensor):
+            device = rest.pop(0)
+            dtype = device.dtype
+        elif isinstance(first, torch.dtype):
+            dtype = rest.pop(0)
+        elif first is None or isinstance(first, (str, torch.device, int)):
+            device = rest.pop(0)
+            if rest and (rest[0] is None or isinstance(rest[0], torch.dtype)):
+                dtype = rest.pop(0)
+        else:
+            return None
+    non_blocking = rest[0] if rest else kwargs.get("non_blocking", False)
+    copy = rest[1] if len(rest) > 1 else kwargs.get("copy", False)
+    return device, dtype, bool(non_blocking), bool(copy), kwargs.get("memory_format")
+
+
+def _map_containers(fn: Callable[[Any], Any], value: Any) -> Any:
+    """`fn` over the tensors in dicts, lists and tuples (keeping their types and a state dict's
+    `_metadata`); other objects unchanged."""
+    if isinstance(value, dict):
+        try:
+            mapped = type(value)()
+        except TypeError:
+            mapped = {}
+        for key, item in value.items():
+            mapped[key] = _map_containers(fn, item)
+        metadata = getattr(value, "_metadata", None)
+        if metadata is not None:
+            mapped._metadata = metadata
+        return mapped
+    if isinstance(value, list):
+        return [_map_containers(fn, item) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_map_containers(fn, item) for item in value)
+    return fn(value)
+
+
+# -- the recorder's question ---------------------------------------------------------------------
+def outputs_kind(session: CaptureSession, args: tuple, kwargs: dict) -> tuple[str, str | None]:
+    """What the new meta storages of an op with these arguments stand for, and the category of
+    a device allocation it makes (None: the recorder's default): ("device", None) unless a
+    host-deferred or meta tensor is involved."""
+    deferral = session.host_deferral
+    if deferral is None:
+        return DEVICE, None
+    if deferral.making is not None:
+        return deferral.making, (Category.INPUT.value if deferral.moving else None)
+    kinds = session.storage_kinds
+    if not kinds:
+        return DEVICE, None
+    found = set()
+    for tensor in tree_flatten((args, kwargs))[0]:
+        if isinstance(tensor, Tensor) and tensor.device.type == "meta":
+            if tensor.layout != torch.strided:
+                return DEVICE, None
+            kind = kinds.get(id(tensor.untyped_storage()), DEVICE)
+            if kind == DEVICE:
+                return DEVICE, None
+            found.add(kind)
+    if HOST in found:
+        return HOST, None
+    if META in found:
+        return META, None
+    return DEVICE, None
+
+
+def claim(session: CaptureSession, tensor: Tensor, kind: str) -> bool:
+    """Whether the recorder must not track `tensor`'s storage as device memory (a host-deferred
+    or meta storage, new ones of `kind` marked here)."""
+    kinds = session.storage_kinds
+    if not kinds and kind == DEVICE:
+        return False
+    storage = tensor.untyped_storage()
+    if id(storage) in kinds:
+        return True
+    if kind == DEVICE:
+        return False
+    deferral = session.host_deferral
+    if deferral is not None:
+        deferral.mark(tensor, kind)
+    return True
+
+
+@contextmanager
+def host_deferral(session: CaptureSession) -> Iterator[HostDeferral]:
+    """The host-deferral mode and the weight-loading patches (capture.weights_loading), for the
+    job's run (entered on top of CudaAsMeta)."""
+    from peakmem.capture.weights_loading import weights_loading
+
+    with HostDeferral(session) as mode, weights_loading(session, mode):
+        yield mode
