@@ -61,9 +61,13 @@ class AllocationRecorder(TorchDispatchMode):
         category = kind_category or category
         flat, _ = tree_flatten(out)
         for tensor in flat:
-            if isinstance(tensor, torch.Tensor) and tensor.is_meta and id(tensor) not in skip:
-                if not claim(self.session, tensor, kind):
-                    self.session.track(tensor, op, category)
+            if (
+                isinstance(tensor, torch.Tensor)
+                and tensor.is_meta
+                and id(tensor) not in skip
+                and not claim(self.session, tensor, kind)
+            ):
+                self.session.track(tensor, op, category)
         if around is not None:
             with contextlib.suppress(StopIteration):
                 around.send(out)
