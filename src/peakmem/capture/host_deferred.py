@@ -151,6 +151,8 @@ class HostDeferral(TorchFunctionMode):
         self.stats = DeferralStats()
         self.defer_construction = not session.eager
         self._view_probe: bool | None = None
+        self.meta_context = 0
+        """How many `with torch.device("meta")` / `set_default_device("meta")` calls are running."""
         self._handlers: dict[Any, Callable[[Any, tuple, dict], Any]] = {}
         for func in _FACTORIES:
             self._handlers[func] = self._factory
@@ -232,8 +234,7 @@ class HostDeferral(TorchFunctionMode):
         device tensors do not report meta (else it may be a device tensor's `.device`)."""
         if isinstance(device, str):
             return True
-        current = torch_device_context.CURRENT_DEVICE
-        if current is not None and torch.device(current).type == "meta":
+        if self.meta_context:
             return True
         if self._view_probe is None:
             probe = torch.empty(0, device="cuda")
@@ -663,5 +664,28 @@ def host_deferral(session: CaptureSession) -> Iterator[HostDeferral]:
     job's run (entered on top of CudaAsMeta)."""
     from peakmem.capture.weights_loading import weights_loading
 
-    with HostDeferral(session) as mode, weights_loading(session, mode):
+    with HostDeferral(session) as mode, weights_loading(session, mode), _meta_contexts_seen(mode):
         yield mode
+
+
+@contextmanager
+def _meta_contexts_seen(mode: HostDeferral) -> Iterator[None]:
+    """`with torch.device("meta")` puts a DeviceContext mode on the stack that fills in
+    `device=meta` before this mode sees the call: count the calls it handles."""
+    context_class = torch_device_context.DeviceContext
+    original = context_class.__torch_function__
+
+    def handle(context, func, types, args=(), kwargs=None):
+        if context.device.type != "meta":
+            return original(context, func, types, args, kwargs)
+        mode.meta_context += 1
+        try:
+            return original(context, func, types, args, kwargs)
+        finally:
+            mode.meta_context -= 1
+
+    context_class.__torch_function__ = handle
+    try:
+        yield
+    finally:
+        context_class.__torch_function__ = original

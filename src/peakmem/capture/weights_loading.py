@@ -54,6 +54,9 @@ def _is_host_location(location: Any) -> bool:
     return isinstance(location, torch.device) and location.type == "cpu"
 
 
+_HF_SYNC_LOAD = "HF_DEACTIVATE_ASYNC_LOAD"
+
+
 class _Active:
     """The capture's host-deferral mode while weights loading is patched (None otherwise)."""
 
@@ -205,10 +208,18 @@ def weights_loading(session: CaptureSession, mode: Any) -> Iterator[None]:
             if isinstance(namespace, dict) and namespace.get("safe_open") is original:
                 patch(module, "safe_open", replacement)
     patch(torch, "load", _deferred_load(torch.load))
+    # transformers loads checkpoints in worker threads, where the capture's modes (thread-local)
+    # do not apply: sequential loading keeps them in the job's thread
+    saved_env = os.environ.get(_HF_SYNC_LOAD)
+    os.environ[_HF_SYNC_LOAD] = "1"
     _Active.mode = mode
     try:
         yield
     finally:
         _Active.mode = None
+        if saved_env is None:
+            os.environ.pop(_HF_SYNC_LOAD, None)
+        else:
+            os.environ[_HF_SYNC_LOAD] = saved_env
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
