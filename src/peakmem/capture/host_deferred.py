@@ -159,6 +159,7 @@ class HostDeferral(TorchFunctionMode):
         for func in _LIKE | _NEW:
             self._handlers[func] = self._from_tensor
         self._handlers[Tensor.to] = self._to
+        self._handlers[torch._C._nn._parse_to] = self._parse_to
         self._handlers[Tensor.cuda] = self._cuda
         self._handlers[Tensor.cpu] = self._cpu
         for func in _READS:
@@ -338,22 +339,37 @@ class HostDeferral(TorchFunctionMode):
         device, dtype, non_blocking, copy, memory_format = parsed
         target = self._target(device)
         if kind is None:  # a real tensor
-            if target == META and self._user_meta(device):
+            if target == META and (self._user_meta(device) or _in_construction()):
                 with self.make(META):
                     return func(*args, **kwargs)
             return NotImplemented
         if kind == DEVICE:
             return NotImplemented
+        if target == META and kind == HOST:
+            if not (self._user_meta(device) or _in_construction()):  # a device tensor's `.device`
+                target = DEVICE
+            else:
+                with self.make(META):
+                    return _to_copy(tensor, "meta", dtype, non_blocking, memory_format)
         if target == DEVICE:
             return self.move(tensor, dtype, non_blocking, memory_format, from_host=kind == HOST)
-        if target == META and kind == HOST:
-            with self.make(META):
-                return _to_copy(tensor, "meta", dtype, non_blocking, memory_format)
         if target is None or (target == HOST and kind == HOST) or (target == META and kind == META):
             if (dtype is None or dtype == tensor.dtype) and not copy and memory_format is None:
                 return tensor
             return _to_copy(tensor, None, dtype, non_blocking, memory_format)
         return NotImplemented  # the job's meta tensor to the host: CudaAsMeta's host read
+
+    def _parse_to(self, func, args: tuple, kwargs: dict):
+        """`nn.Module.to`'s argument parser: a GPU stays a GPU (`torch.device("cuda", N)`, also
+        for an ordinal), so the tensor moves that follow are seen as moves to the device."""
+        if args and _is_cuda(args[0]):
+            device, args = args[0], ("cpu", *args[1:])
+        elif _is_cuda(kwargs.get("device")):
+            device, kwargs = kwargs["device"], dict(kwargs, device="cpu")
+        else:
+            return NotImplemented
+        _cpu, dtype, non_blocking, memory_format = func(*args, **kwargs)
+        return _cuda_device(device), dtype, non_blocking, memory_format
 
     def _target(self, device: Any) -> str | None:
         if isinstance(device, Tensor):
@@ -564,6 +580,13 @@ def _to_copy(tensor: Tensor, device: Any, dtype: Any, non_blocking: bool, memory
     if memory_format is not None:
         kwargs["memory_format"] = memory_format
     return tensor.to(**kwargs)
+
+
+def _cuda_device(value: Any) -> torch.device:
+    if isinstance(value, int):
+        return torch.device("cuda", value)
+    device = torch.device(value)
+    return device if device.index is not None else torch.device("cuda", 0)
 
 
 def _parse_to(rest: tuple, kwargs: dict) -> tuple[Any, Any, bool, bool, Any] | None:

@@ -33,6 +33,8 @@ class AllocationRecorder(TorchDispatchMode):
         kind, kind_category = outputs_kind(self.session, args, kwargs)
         # a host-deferred or the job's own meta tensor: no CUDA kernel runs
         rule = None if self.session.closed or kind != "device" else op_rule_for(func)
+        if rule is not None and not _touches_device(args, kwargs):
+            rule = None  # a host op (real CPU tensors only): no CUDA kernel either
         around = None
         if rule is not None and inspect.isgeneratorfunction(rule):
             around = rule(self.session, func, args, kwargs)
@@ -116,6 +118,16 @@ def fake_limit_reason(func, args, kwargs, exc: BaseException) -> str | None:
     if "meta" in text.lower() and "device" not in text.lower():
         return f"{name} cannot run on fake (meta) tensors: {first}"
     return None
+
+
+def _touches_device(args, kwargs) -> bool:
+    """Whether an op has a meta (device) tensor or device among its arguments, or none at all
+    (a factory)."""
+    flat, _ = tree_flatten((args, kwargs))
+    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+    if not tensors or any(isinstance(d, torch.device) and d.type == "meta" for d in flat):
+        return True
+    return any(t.is_meta for t in tensors)
 
 
 def _reads_host(args) -> bool:
