@@ -173,12 +173,14 @@ def test_host_reads_replay_the_recorded_init(a100, stack24):
         seen["norm"] = (norm.weight.sum().item(), norm.bias.abs().sum().item())
         seen["linear"] = float(linear.weight[3, 4])
         seen["print"] = repr(nn.Linear(128, 128).weight)
+        seen["kaiming"] = nn.Linear(256, 256).weight.abs().max().item()
 
     result = capture_callable(job, gpu=a100, stack=stack24, steps=1)
     assert result.error is None, result.error_text
     assert seen["norm"] == (8192.0, 0.0)
     assert seen["linear"] == 0.5
     assert "tensor(" in seen["print"] and "meta" not in seen["print"]
+    assert 0 < seen["kaiming"] <= 1 / 16  # kaiming uniform's bound for 256 inputs
 
 
 def test_host_tensors_made_outside_construction_stay_real(a100, stack24):

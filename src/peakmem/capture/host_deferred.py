@@ -116,6 +116,11 @@ def _storage_id(tensor: Tensor) -> int:
     return id(tensor.untyped_storage())
 
 
+_SELF = object()
+"""Where an in-place step's own tensor goes in its recorded arguments."""
+_EMPTY = {torch.empty, torch.empty_like, torch.empty_strided, Tensor.new_empty}
+
+
 @dataclass
 class _Recipe:
     """How to compute a host-deferred storage's real values: `base()` gives a real tensor with
@@ -123,7 +128,8 @@ class _Recipe:
 
     base: Callable[[], Tensor] | None
     steps: list[tuple[Any, tuple, tuple, dict]] = field(default_factory=list)
-    """(func, (storage_offset, size, stride, dtype) of the view it ran on, other args, kwargs)."""
+    """(func, (storage_offset, size, stride, dtype) of the view it ran on, args, kwargs), the
+    view's place in args / kwargs held by _SELF."""
     loaded: bool = False
 
 
@@ -288,7 +294,10 @@ class HostDeferral(TorchFunctionMode):
             return func(*args, **kwargs)
         real_kwargs = {k: v for k, v in kwargs.items() if k not in ("requires_grad", "pin_memory")}
         real_kwargs["device"] = "cpu"
-        self.recipes[_storage_id(tensor)] = _Recipe(lambda: func(*args, **real_kwargs))
+        if func in _EMPTY:  # uninitialised memory: zeros (no NaNs from garbage)
+            self.recipes[_storage_id(tensor)] = _Recipe(lambda: func(*args, **real_kwargs).zero_())
+        else:
+            self.recipes[_storage_id(tensor)] = _Recipe(lambda: func(*args, **real_kwargs))
         self.stats.tensors += 1
         self.stats.bytes += tensor.untyped_storage().nbytes()
         return tensor
@@ -447,7 +456,8 @@ class HostDeferral(TorchFunctionMode):
             return torch.empty(0, dtype=dtype).set_(real.untyped_storage(), offset, size, stride)
 
     def _compute(self, recipe: _Recipe, nbytes: int) -> Tensor | None:
-        with torch.no_grad():
+        # replayed random inits must not move the job's own random stream
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
             try:
                 base = recipe.base() if recipe.base is not None else None
             except Exception:  # noqa: BLE001 - a value the replay cannot make: zeros
@@ -461,8 +471,11 @@ class HostDeferral(TorchFunctionMode):
             for func, (offset, size, stride, dtype), rest, kwargs in recipe.steps:
                 with _NO_MODES():
                     view = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+                step_args, step_kwargs = tree_map(
+                    lambda v, view=view: view if v is _SELF else self._step_arg(v), (rest, kwargs)
+                )
                 try:
-                    func(view, *tree_map(self._step_arg, rest), **tree_map(self._step_arg, kwargs))
+                    func(*step_args, **step_kwargs)
                 except Exception:  # noqa: BLE001 - keep the values made so far
                     continue
             return base
@@ -482,9 +495,12 @@ class HostDeferral(TorchFunctionMode):
         if HOST not in kinds:
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        in_place = name.endswith("_") and not name.startswith("__") and bool(args)
-        if in_place and self.kind(args[0]) == HOST:
-            return self._in_place(func, args, kwargs)
+        if name.endswith("_") and not name.startswith("__"):
+            # `t.normal_(...)`, or `nn.init.normal_(tensor=t, ...)` as torch-function dispatch
+            # passes it
+            target = args[0] if args else kwargs.get("tensor", kwargs.get("input"))
+            if self.kind(target) == HOST:
+                return self._in_place(func, target, args, kwargs)
         if real and DEVICE not in kinds and META not in kinds:
             # real host data meets a host-deferred tensor: compute on the host with real values
             real_args, real_kwargs = tree_map(self._real_or_same, (args, kwargs))
@@ -495,27 +511,26 @@ class HostDeferral(TorchFunctionMode):
         self._derived(func, args, kwargs, out, before)
         return out
 
-    def _in_place(self, func, args: tuple, kwargs: dict):
-        target = args[0]
+    def _in_place(self, func, target: Tensor, args: tuple, kwargs: dict):
         try:
             out = func(*args, **kwargs)
         except (RuntimeError, NotImplementedError):  # a real host tensor argument: as meta
             with self.make(HOST):
-                fake = tree_map(
+                args, kwargs = tree_map(
                     lambda t: t.to("meta") if isinstance(t, Tensor) and self.kind(t) is None else t,
-                    (args[1:], kwargs),
+                    (args, kwargs),
                 )
-            out = func(target, *fake[0], **fake[1])
+            out = func(*args, **kwargs)
         with _NO_MODES():
-            recipe = self.recipes.get(_storage_id(target))
+            key = _storage_id(target)
             geometry = (target.storage_offset(), tuple(target.size()), tuple(target.stride()),
                         target.dtype)
-        if recipe is None:
-            recipe = self.recipes.setdefault(_storage_id(target), _Recipe(None))
-        if func in (Tensor.copy_,) and _covers_storage(target):
+        recipe = self.recipes.setdefault(key, _Recipe(None))
+        if func is Tensor.copy_ and _covers_storage(target):
             source = args[1] if len(args) > 1 else kwargs.get("src")
             recipe.base, recipe.steps, recipe.loaded = None, [], _loaded(self, source)
-        recipe.steps.append((func, geometry, args[1:], kwargs))
+        template = tree_map(lambda v: _SELF if v is target else v, (args, kwargs))
+        recipe.steps.append((func, geometry, template[0], template[1]))
         return out
 
     def _derived(self, func, args: tuple, kwargs: dict, out: Any, before: set[int]) -> None:
