@@ -177,3 +177,35 @@ def test_from_pretrained_reads_only_metadata(
         assert seen["before_move"] == 0  # loaded on the host: nothing on the device yet
     # parameters (+ RoPE's tiny inv_freq buffer) on the device
     assert params * bytes_per_param <= seen["allocated"] <= params * bytes_per_param + 1024
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def test_loading_never_holds_the_weights_in_host_memory(tmp_path, a100, stack24):
+    weights = {f"w{i}": torch.ones(2048, 2048) for i in range(4)}  # 64 MiB
+    safetensors_torch.save_file(weights, str(tmp_path / "big.safetensors"))
+    torch.save(weights, tmp_path / "big.pt")
+    safetensors_torch.save_file({"x": torch.ones(4096)}, str(tmp_path / "small.safetensors"))
+    del weights
+    grown = {}
+
+    def job() -> None:
+        from safetensors.torch import load_file
+
+        load_file(str(tmp_path / "small.safetensors"))  # one-time imports (sympy for meta shapes)
+        before = _rss_bytes()
+        on_device = {k: v.to("cuda") for k, v in load_file(str(tmp_path / "big.safetensors")).items()}
+        loaded = torch.load(tmp_path / "big.pt", map_location="cpu")
+        halves = {k: v.half() for k, v in loaded.items()}  # host ops stay fake
+        also = torch.load(tmp_path / "big.pt", map_location="cuda")
+        grown["rss"] = _rss_bytes() - before
+        grown["keys"] = (len(on_device), len(halves), len(also))
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps=1)
+    assert result.error is None, result.error_text
+    assert grown["keys"] == (4, 4, 4)
+    assert grown["rss"] < 16 * 2**20
+    assert sum(_sizes(result)) == 2 * 64 * 2**20
