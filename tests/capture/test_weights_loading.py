@@ -135,7 +135,8 @@ def tiny_llama_dirs(tmp_path_factory):
     model.save_pretrained(root / "single")
     model.save_pretrained(root / "sharded", max_shard_size="100KB")
     params = sum(p.numel() for p in model.parameters())
-    return root, params
+    value = model.model.layers[1].mlp.down_proj.weight[2, 3].item()
+    return root, params, value
 
 
 @pytest.mark.parametrize(
@@ -151,7 +152,7 @@ def tiny_llama_dirs(tmp_path_factory):
 def test_from_pretrained_reads_only_metadata(
     tiny_llama_dirs, directory, kwargs, bytes_per_param, moved, a100, stack24
 ):
-    root, params = tiny_llama_dirs
+    root, params, _ = tiny_llama_dirs
     if directory == "sharded":
         assert (root / "sharded" / "model.safetensors.index.json").exists()
         assert len(json.loads((root / "sharded" / "model.safetensors.index.json").read_text())[
@@ -209,3 +210,26 @@ def test_loading_never_holds_the_weights_in_host_memory(tmp_path, a100, stack24)
     assert grown["keys"] == (4, 4, 4)
     assert grown["rss"] < 16 * 2**20
     assert sum(_sizes(result)) == 2 * 64 * 2**20
+
+
+def test_from_pretrained_host_reads_read_the_checkpoint(tiny_llama_dirs, a100, stack24):
+    root, _, value = tiny_llama_dirs
+    seen = {}
+
+    def job() -> None:
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(root / "sharded")
+        seen["fp32"] = model.model.layers[1].mlp.down_proj.weight[2, 3].item()
+        model = LlamaForCausalLM.from_pretrained(root / "single", dtype=torch.bfloat16)
+        seen["bf16"] = model.model.layers[1].mlp.down_proj.weight[2, 3].item()
+        ids = torch.randint(0, 1000, (1, 8))
+        seen["loss"] = model(input_ids=ids, labels=ids).loss.item()  # on the host, real weights
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps=1)
+    assert result.error is None, result.error_text
+    assert seen["fp32"] == value
+    assert seen["bf16"] == torch.tensor(value).bfloat16().item()
+    assert 5 < seen["loss"] < 9  # about log(1000) for random weights, not a zero-weight model
+    assert allocations(result.trace) == []
+    assert not any("placeholder" in note for note in result.notes)

@@ -66,7 +66,7 @@ _NEW = {Tensor.new_empty, Tensor.new_zeros, Tensor.new_ones, Tensor.new_full}
 _READS = {
     Tensor.item, Tensor.tolist, Tensor.numpy, Tensor.__float__, Tensor.__int__, Tensor.__bool__,
     Tensor.__index__, Tensor.__complex__, Tensor.__format__, Tensor.__array__, Tensor.__repr__,
-    Tensor.__str__, Tensor.data_ptr,
+    Tensor.__str__,
 }
 _INIT_FUNCTIONS = frozenset({
     "__init__", "reset_parameters", "_reset_parameters", "_init_weights", "init_weights",
@@ -365,7 +365,14 @@ class HostDeferral(TorchFunctionMode):
         if target is None or (target == HOST and kind == HOST) or (target == META and kind == META):
             if (dtype is None or dtype == tensor.dtype) and not copy and memory_format is None:
                 return tensor
-            return _to_copy(tensor, None, dtype, non_blocking, memory_format)
+            out = _to_copy(tensor, None, dtype, non_blocking, memory_format)
+            if kind == HOST:
+                with _NO_MODES():
+                    before = {_storage_id(tensor)}
+                self._derived(
+                    _to_copy, (tensor, None, dtype, False, memory_format), {}, out, before
+                )
+            return out
         return NotImplemented  # the job's meta tensor to the host: CudaAsMeta's host read
 
     def _parse_to(self, func, args: tuple, kwargs: dict):
@@ -548,7 +555,8 @@ class HostDeferral(TorchFunctionMode):
                 real_args, real_kwargs = tree_map(self._step_arg, (args, kwargs))
                 return tree_flatten(func(*real_args, **real_kwargs))[0][index]
 
-            self.recipes[key] = _Recipe(base)
+            loaded = any(_loaded(self, arg) for arg in tree_flatten((args, kwargs))[0])
+            self.recipes[key] = _Recipe(base, loaded=loaded)
 
     # -- notes ---------------------------------------------------------------------------------
     def notes(self) -> list[str]:
