@@ -566,6 +566,8 @@ class HostDeferral(TorchFunctionMode):
                 f"{stats.tensors} host tensor(s) ({stats.bytes / 2**30:.2f} GiB) made while models "
                 "were built were kept fake (no host memory) until moved to the device or read"
             )
+        if self.session.max_allocated_bytes == 0 and (stats.tensors or self.session.trace):
+            notes.append("the job made no device allocations (it ran on the host)")
         reads = stats.recomputed + stats.zeros
         if reads:
             notes.append(
