@@ -233,3 +233,28 @@ def test_from_pretrained_host_reads_read_the_checkpoint(tiny_llama_dirs, a100, s
     assert 5 < seen["loss"] < 9  # about log(1000) for random weights, not a zero-weight model
     assert allocations(result.trace) == []
     assert not any("placeholder" in note for note in result.notes)
+
+
+def test_torch_load_without_map_location_puts_gpu_tensors_on_the_device(tmp_path, a100, stack24):
+    import torch.serialization as serialization
+
+    path = tmp_path / "gpu.pt"
+    weight = torch.ones(256, 256)
+    original = serialization.location_tag
+    serialization.location_tag = lambda storage: "cuda:0"  # as if saved from a GPU
+    try:
+        torch.save({"w": weight, "t": weight.t(), "small": torch.ones(3)}, path)
+    finally:
+        serialization.location_tag = original
+    seen = {}
+
+    def job() -> None:
+        state = torch.load(path)
+        seen["cuda"] = torch.cuda.memory_allocated()
+        seen["shapes"] = {k: tuple(v.shape) for k, v in state.items()}
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps=1)
+    assert result.error is None, result.error_text
+    assert seen["shapes"] == {"w": (256, 256), "t": (256, 256), "small": (3,)}
+    # one device storage for the weight and its transposed view (shared, as on a GPU)
+    assert seen["cuda"] == 256 * 256 * 4 + 3 * 4

@@ -309,26 +309,39 @@ class HostDeferral(TorchFunctionMode):
         self.recipes[_storage_id(tensor)] = _Recipe(base, loaded=True)
         return tensor
 
-    def defer_loaded(self, loaded: Any) -> Any:
+    def defer_loaded(
+        self, loaded: Any, to_device: Callable[[Tensor], bool] = lambda tensor: False
+    ) -> Any:
         """Loaded host tensors (e.g. memory-mapped from a checkpoint) as host-deferred ones: host
         ops on them stay fake and never read the file; a real value is read when needed.
-        Tensors sharing a storage keep sharing one."""
+        Tensors sharing a storage keep sharing one; those `to_device` picks are moved to the
+        device (one device storage per loaded storage, as a GPU load makes)."""
         bases: dict[int, Tensor] = {}
+        device_bases: dict[int, Tensor] = {}
 
         def convert(value: Any) -> Any:
             if type(value) not in (Tensor, torch.nn.Parameter):
                 return value
-            with self.make(HOST), _NO_MODES():
+            with _NO_MODES():
                 if value.device.type != "cpu" or value.layout != torch.strided:
                     return value
                 storage = value.untyped_storage()
-                if storage.nbytes() < DEFER_MIN_NUMEL:
-                    return value
-                base = bases.get(id(storage))
-                if base is None:
+                small = storage.nbytes() < DEFER_MIN_NUMEL
+                move = to_device(value)
+            if small:
+                return value.to("cuda") if move else value
+            key = id(storage)
+            base = bases.get(key)
+            if base is None:
+                with _NO_MODES():
                     real = torch.empty(0, dtype=torch.uint8).set_(storage)
-                    base = self.defer_host((storage.nbytes(),), torch.uint8, lambda r=real: r)
-                    bases[id(storage)] = base
+                base = self.defer_host((storage.nbytes(),), torch.uint8, lambda r=real: r)
+                bases[key] = base
+            if move:
+                if key not in device_bases:
+                    device_bases[key] = self.move(base, None)
+                base = device_bases[key]
+            with self.make(HOST if not move else DEVICE), _NO_MODES():
                 view = torch.empty(0, dtype=value.dtype, device="meta").set_(
                     base.untyped_storage(), value.storage_offset(), value.size(), value.stride()
                 )
@@ -336,7 +349,7 @@ class HostDeferral(TorchFunctionMode):
                 return torch.nn.Parameter(view, requires_grad=value.requires_grad)
             return view.requires_grad_(value.requires_grad)
 
-        return _map_containers(convert, loaded)
+        return map_containers(convert, loaded)
 
     # -- moves ---------------------------------------------------------------------------------
     def _to(self, func, args: tuple, kwargs: dict):
@@ -639,7 +652,7 @@ def _parse_to(rest: tuple, kwargs: dict) -> tuple[Any, Any, bool, bool, Any] | N
     return device, dtype, bool(non_blocking), bool(copy), kwargs.get("memory_format")
 
 
-def _map_containers(fn: Callable[[Any], Any], value: Any) -> Any:
+def map_containers(fn: Callable[[Any], Any], value: Any) -> Any:
     """`fn` over the tensors in dicts, lists and tuples (keeping their types and a state dict's
     `_metadata`); other objects unchanged."""
     if isinstance(value, dict):
@@ -648,15 +661,15 @@ def _map_containers(fn: Callable[[Any], Any], value: Any) -> Any:
         except TypeError:
             mapped = {}
         for key, item in value.items():
-            mapped[key] = _map_containers(fn, item)
+            mapped[key] = map_containers(fn, item)
         metadata = getattr(value, "_metadata", None)
         if metadata is not None:
             mapped._metadata = metadata
         return mapped
     if isinstance(value, list):
-        return [_map_containers(fn, item) for item in value]
+        return [map_containers(fn, item) for item in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_map_containers(fn, item) for item in value)
+        return tuple(map_containers(fn, item) for item in value)
     return fn(value)
 
 

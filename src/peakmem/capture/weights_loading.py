@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from peakmem.capture.host_deferred import map_containers as _map_containers
 from peakmem.capture.session import CaptureSession
 
 _SAFETENSORS_DTYPES = {
@@ -163,27 +164,45 @@ def _deferred_load(original_load: Any) -> Any:
         to_device = _is_cuda_location(map_location)
         if mode is None or not (to_device or _is_host_location(map_location)):
             return original_load(f, map_location, *args, **kwargs)
+        # no map_location: each storage goes where it was saved (a GPU checkpoint to the GPU)
+        saved_on: dict[int, str] = {}
+
+        def host(storage: Any, location: str) -> Any:
+            saved_on[storage.data_ptr()] = location
+            return storage
+
+        location = host if map_location is None else "cpu"
         fake = mode.defer_construction
         mapped = False
         if fake and isinstance(f, (str, os.PathLike)) and "mmap" not in kwargs:
             try:
-                loaded = original_load(f, "cpu", *args, mmap=True, **kwargs)
+                loaded = original_load(f, location, *args, mmap=True, **kwargs)
                 mapped = True
             except RuntimeError:  # not a zipfile checkpoint: cannot be memory-mapped
-                loaded = original_load(f, "cpu", *args, **kwargs)
+                saved_on.clear()
+                loaded = original_load(f, location, *args, **kwargs)
         else:
-            loaded = original_load(f, "cpu", *args, **kwargs)
-        if fake and (mapped or to_device):
-            loaded = mode.defer_loaded(loaded)
-        if to_device:
-            from peakmem.capture.host_deferred import _map_containers
+            loaded = original_load(f, location, *args, **kwargs)
+        moves = {
+            ptr for ptr, where in saved_on.items() if _is_cuda_location(where.split(":")[0])
+        }
 
-            loaded = _map_containers(
-                lambda t: t.to("cuda") if isinstance(t, torch.Tensor) else t, loaded
+        def on_device(tensor: torch.Tensor) -> bool:
+            return to_device or tensor.untyped_storage().data_ptr() in moves
+
+        if fake and (mapped or to_device or moves):
+            return mode.defer_loaded(loaded, to_device=on_device)
+        if to_device or moves:
+            return _map_containers(
+                lambda t: t.to("cuda") if _is_host_tensor(t) and on_device(t) else t, loaded
             )
         return loaded
 
     return load
+
+
+def _is_host_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "cpu"
 
 
 @contextmanager
