@@ -16,10 +16,10 @@ any device memory is allocated. During a capture (fake mode) it is built fake:
 - moving one to the device (`.to("cuda")`, `.cuda()`, `.to(0)`, with a dtype too, `model.to`)
   is a device allocation of the moved size (category `input`, as a host-to-device copy is).
 - where a real value is needed (`.item()`, `.tolist()`, `.numpy()`, printing, an op mixing it
-  with real host data), it is computed then: the factory call that made it and the in-place ops
-  applied to it since are replayed on a real host tensor (random inits draw new random numbers
-  of the same distribution; values copied in from a loaded checkpoint are read from the file),
-  or, where it was derived in a way that was not recorded, zeros. Every such read is counted and
+  with real host data), it is computed then (capture.host_values): the factory call that made
+  it and the in-place ops applied to it since are replayed on a real host tensor (random inits
+  draw new random numbers of the same distribution; values copied in from a loaded checkpoint
+  are read from the file), or, where that was not recorded, zeros. Every such read is counted and
   noted. A host-only job (a model trained on the CPU, never moved) thus runs and makes no device
   allocations.
 
@@ -37,7 +37,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ import torch.utils._device as torch_device_context
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from peakmem.capture.host_values import HostValues
 from peakmem.capture.session import CaptureSession
 from peakmem.trace.vocab import Category
 
@@ -116,31 +117,10 @@ def _storage_id(tensor: Tensor) -> int:
     return id(tensor.untyped_storage())
 
 
-_SELF = object()
-"""Where an in-place step's own tensor goes in its recorded arguments."""
-_EMPTY = {torch.empty, torch.empty_like, torch.empty_strided, Tensor.new_empty}
-
-
-@dataclass
-class _Recipe:
-    """How to compute a host-deferred storage's real values: `base()` gives a real tensor with
-    the storage's bytes (None: zeros), then the in-place `steps` are replayed on views of it."""
-
-    base: Callable[[], Tensor] | None
-    steps: list[tuple[Any, tuple, tuple, dict]] = field(default_factory=list)
-    """(func, (storage_offset, size, stride, dtype) of the view it ran on, args, kwargs), the
-    view's place in args / kwargs held by _SELF."""
-    loaded: bool = False
-
-
 @dataclass
 class DeferralStats:
     tensors: int = 0
     bytes: int = 0
-    moved: int = 0
-    recomputed: int = 0
-    zeros: int = 0
-    loaded_reads: int = 0
 
 
 class HostDeferral(TorchFunctionMode):
@@ -153,7 +133,7 @@ class HostDeferral(TorchFunctionMode):
         self.kinds = session.storage_kinds
         self.making: str | None = None
         self.moving = False
-        self.recipes: dict[int, _Recipe] = {}
+        self.values = HostValues(lambda value: self.kind(value) == HOST)
         self.stats = DeferralStats()
         self.defer_construction = not session.eager
         self._view_probe: bool | None = None
@@ -233,7 +213,7 @@ class HostDeferral(TorchFunctionMode):
 
     def _forget(self, key: int) -> None:
         self.kinds.pop(key, None)
-        self.recipes.pop(key, None)
+        self.values.forget(key)
 
     def _user_meta(self, device: Any) -> bool:
         """Whether an explicit meta device is the job's own. A string "meta" or a
@@ -294,10 +274,7 @@ class HostDeferral(TorchFunctionMode):
             return func(*args, **kwargs)
         real_kwargs = {k: v for k, v in kwargs.items() if k not in ("requires_grad", "pin_memory")}
         real_kwargs["device"] = "cpu"
-        if func in _EMPTY:  # uninitialised memory: zeros (no NaNs from garbage)
-            self.recipes[_storage_id(tensor)] = _Recipe(lambda: func(*args, **real_kwargs).zero_())
-        else:
-            self.recipes[_storage_id(tensor)] = _Recipe(lambda: func(*args, **real_kwargs))
+        self.values.made_by(tensor, func, args, real_kwargs)
         self.stats.tensors += 1
         self.stats.bytes += tensor.untyped_storage().nbytes()
         return tensor
@@ -306,7 +283,7 @@ class HostDeferral(TorchFunctionMode):
         """A new host-deferred tensor whose values `base()` reads when they are needed."""
         with self.make(HOST), _NO_MODES():
             tensor = torch.empty(shape, dtype=dtype, device="meta")
-        self.recipes[_storage_id(tensor)] = _Recipe(base, loaded=True)
+        self.values.read_from(tensor, base)
         return tensor
 
     def defer_loaded(
@@ -382,7 +359,7 @@ class HostDeferral(TorchFunctionMode):
             if kind == HOST:
                 with _NO_MODES():
                     before = {_storage_id(tensor)}
-                self._derived(
+                self.values.derived(
                     _to_copy, (tensor, None, dtype, False, memory_format), {}, out, before
                 )
             return out
@@ -429,7 +406,6 @@ class HostDeferral(TorchFunctionMode):
     def move(self, tensor: Tensor, dtype: torch.dtype | None, non_blocking: bool = False,
              memory_format: Any = None, *, from_host: bool = True) -> Tensor:
         """A host-deferred or meta tensor copied to the device: a tracked device allocation."""
-        self.stats.moved += 1
         with self.make(DEVICE, moving=from_host):
             return _to_copy(tensor, "cuda", dtype, non_blocking, memory_format)
 
@@ -449,59 +425,10 @@ class HostDeferral(TorchFunctionMode):
     def _real_or_same(self, value: Any) -> Any:
         if self.kind(value) != HOST:
             return value
-        real = self.materialize(value)
+        real = self.values.materialize(value)
         if value.requires_grad and real.is_floating_point():
             real.requires_grad_(True)
         return real
-
-    def materialize(self, tensor: Tensor, *, count: bool = True) -> Tensor:
-        """A real host tensor with a host-deferred tensor's values (computed now, see module)."""
-        with _NO_MODES():
-            storage = tensor.untyped_storage()
-            nbytes = storage.nbytes()
-            offset, size, stride = tensor.storage_offset(), tensor.size(), tensor.stride()
-            dtype = tensor.dtype
-        recipe = self.recipes.get(id(storage))
-        real = self._compute(recipe, nbytes) if recipe is not None else None
-        if count:
-            if real is None:
-                self.stats.zeros += 1
-            elif recipe is not None and recipe.loaded:
-                self.stats.loaded_reads += 1
-            else:
-                self.stats.recomputed += 1
-        if real is None:
-            real = torch.zeros(nbytes, dtype=torch.uint8)
-        with _NO_MODES():
-            return torch.empty(0, dtype=dtype).set_(real.untyped_storage(), offset, size, stride)
-
-    def _compute(self, recipe: _Recipe, nbytes: int) -> Tensor | None:
-        # replayed random inits must not move the job's own random stream
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            try:
-                base = recipe.base() if recipe.base is not None else None
-            except Exception:  # noqa: BLE001 - a value the replay cannot make: zeros
-                base = None
-            with _NO_MODES():
-                if base is None or base.device.type != "cpu" or base.untyped_storage().nbytes() != nbytes:
-                    if not recipe.steps:
-                        return None
-                    base = torch.zeros(nbytes, dtype=torch.uint8)
-                storage = base.untyped_storage()
-            for func, (offset, size, stride, dtype), rest, kwargs in recipe.steps:
-                with _NO_MODES():
-                    view = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
-                step_args, step_kwargs = tree_map(
-                    lambda v, view=view: view if v is _SELF else self._step_arg(v), (rest, kwargs)
-                )
-                try:
-                    func(*step_args, **step_kwargs)
-                except Exception:  # noqa: BLE001 - keep the values made so far
-                    continue
-            return base
-
-    def _step_arg(self, value: Any) -> Any:
-        return self.materialize(value, count=False) if self.kind(value) == HOST else value
 
     # -- ops on host-deferred tensors ----------------------------------------------------------
     def _on_deferred(self, func, args: tuple, kwargs: dict):
@@ -528,7 +455,7 @@ class HostDeferral(TorchFunctionMode):
         with _NO_MODES():
             before = {id(t.untyped_storage()) for t in tensors if t.device.type == "meta"}
         out = func(*args, **kwargs)
-        self._derived(func, args, kwargs, out, before)
+        self.values.derived(func, args, kwargs, out, before)
         return out
 
     def _in_place(self, func, target: Tensor, args: tuple, kwargs: dict):
@@ -541,39 +468,12 @@ class HostDeferral(TorchFunctionMode):
                     (args, kwargs),
                 )
             out = func(*args, **kwargs)
-        with _NO_MODES():
-            key = _storage_id(target)
-            geometry = (target.storage_offset(), tuple(target.size()), tuple(target.stride()),
-                        target.dtype)
-        recipe = self.recipes.setdefault(key, _Recipe(None))
-        if func is Tensor.copy_ and _covers_storage(target):
-            source = args[1] if len(args) > 1 else kwargs.get("src")
-            recipe.base, recipe.steps, recipe.loaded = None, [], _loaded(self, source)
-        template = tree_map(lambda v: _SELF if v is target else v, (args, kwargs))
-        recipe.steps.append((func, geometry, template[0], template[1]))
+        self.values.in_place(func, target, args, kwargs)
         return out
-
-    def _derived(self, func, args: tuple, kwargs: dict, out: Any, before: set[int]) -> None:
-        """Note how to compute the new host-deferred storages `func` made from its inputs."""
-        flat, _ = tree_flatten(out)
-        for index, tensor in enumerate(flat):
-            if self.kind(tensor) != HOST:
-                continue
-            with _NO_MODES():
-                key = _storage_id(tensor)
-            if key in before or key in self.recipes:
-                continue
-
-            def base(index: int = index) -> Tensor:
-                real_args, real_kwargs = tree_map(self._step_arg, (args, kwargs))
-                return tree_flatten(func(*real_args, **real_kwargs))[0][index]
-
-            loaded = any(_loaded(self, arg) for arg in tree_flatten((args, kwargs))[0])
-            self.recipes[key] = _Recipe(base, loaded=loaded)
 
     # -- notes ---------------------------------------------------------------------------------
     def notes(self) -> list[str]:
-        stats, notes = self.stats, []
+        stats, reads, notes = self.stats, self.values.reads, []
         if stats.tensors:
             notes.append(
                 f"{stats.tensors} host tensor(s) ({stats.bytes / 2**30:.2f} GiB) made while models "
@@ -581,32 +481,14 @@ class HostDeferral(TorchFunctionMode):
             )
         if self.session.max_allocated_bytes == 0 and (stats.tensors or self.session.trace):
             notes.append("the job made no device allocations (it ran on the host)")
-        reads = stats.recomputed + stats.zeros
-        if reads:
+        if reads.recomputed + reads.zeros:
             notes.append(
-                f"{reads} host tensor(s) built while the model was constructed were given "
-                f"placeholder values when read ({stats.recomputed} recomputed from the call that "
-                f"made them and the in-place inits since, random ones with new random numbers; "
-                f"{stats.zeros} zeros)"
+                f"{reads.recomputed + reads.zeros} host tensor(s) built while the model was "
+                f"constructed were given placeholder values when read ({reads.recomputed} "
+                "recomputed from the call that made them and the in-place inits since, random "
+                f"ones with new random numbers; {reads.zeros} zeros)"
             )
         return notes
-
-
-def _loaded(deferral: HostDeferral, source: Any) -> bool:
-    if deferral.kind(source) != HOST:
-        return False
-    with _NO_MODES():
-        recipe = deferral.recipes.get(_storage_id(source))
-    return recipe is not None and recipe.loaded
-
-
-def _covers_storage(tensor: Tensor) -> bool:
-    with _NO_MODES():
-        return (
-            tensor.storage_offset() == 0
-            and tensor.is_contiguous()
-            and tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes()
-        )
 
 
 def _to_copy(tensor: Tensor, device: Any, dtype: Any, non_blocking: bool, memory_format: Any):
