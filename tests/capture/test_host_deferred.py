@@ -260,3 +260,26 @@ def test_host_storages_die_with_their_tensors(a100, stack24):
 def _session_kinds() -> dict:
     mode = torch.overrides._get_current_function_mode_stack()[-1]
     return mode.session.storage_kinds
+
+
+def test_a_host_buffer_written_in_place_stays_fake(a100, stack24):
+    class Agent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(64, 4)
+            self.register_buffer("memory", torch.zeros(100_000, 64))  # 25 MB replay buffer
+
+    seen = {}
+
+    def job() -> None:
+        agent = Agent()
+        for i in range(300):  # more writes than are replayed: the buffer reads as zeros after
+            agent.memory[i] = torch.randn(64)
+        agent.memory[3, :2] = torch.tensor([1.0, 2.0])
+        seen["row"] = agent.memory[3, :3].tolist()
+        agent.net.cuda()
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps=1)
+    assert result.error is None, result.error_text
+    assert seen["row"] == [1.0, 2.0, 0.0]
+    assert _sizes(result) == [16, 1024]  # only the network moved

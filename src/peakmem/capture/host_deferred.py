@@ -442,7 +442,7 @@ class HostDeferral(TorchFunctionMode):
         if HOST not in kinds:
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        if name.endswith("_") and not name.startswith("__"):
+        if (name.endswith("_") and not name.startswith("__")) or func is Tensor.__setitem__:
             # `t.normal_(...)`, or `nn.init.normal_(tensor=t, ...)` as torch-function dispatch
             # passes it
             target = args[0] if args else kwargs.get("tensor", kwargs.get("input"))

@@ -23,6 +23,8 @@ Tensor = torch.Tensor
 _NO_MODES = torch._C.DisableTorchFunction
 _SELF = object()
 """Where an in-place step's own tensor goes in its recorded arguments."""
+MAX_STEPS = 64
+"""In-place ops replayed per storage at most; beyond, its values read as zeros."""
 EMPTY_FACTORIES = {torch.empty, torch.empty_like, torch.empty_strided, Tensor.new_empty}
 
 
@@ -81,6 +83,9 @@ class HostValues:
         if func is Tensor.copy_ and _covers_storage(target):
             source = args[1] if len(args) > 1 else kwargs.get("src")
             recipe.base, recipe.steps, recipe.loaded = None, [], self.is_loaded(source)
+        if len(recipe.steps) >= MAX_STEPS:  # a buffer written over and over: not replayed
+            recipe.base, recipe.steps, recipe.loaded = None, [], False
+            return
         template = tree_map(lambda v: _SELF if v is target else v, (args, kwargs))
         recipe.steps.append((func, geometry, template[0], template[1]))
 
