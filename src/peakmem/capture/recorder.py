@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from peakmem.capture.eager import op_name
+from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules import host_outputs_for, op_rule_for
 from peakmem.cuda_rules.true_device import is_meta, true_device
@@ -35,7 +36,11 @@ class AllocationRecorder(TorchDispatchMode):
             return self._dispatch(func, args, kwargs or {})
 
     def _dispatch(self, func, args, kwargs):
-        rule = None if self.session.closed else op_rule_for(func)
+        kind, kind_category = outputs_kind(self.session, args, kwargs)
+        # a host-deferred or the job's own meta tensor: no CUDA kernel runs
+        rule = None if self.session.closed or kind != "device" else op_rule_for(func)
+        if rule is not None and not _touches_device(args, kwargs):
+            rule = None  # a host op (real CPU tensors only): no CUDA kernel either
         around = None
         if rule is not None and inspect.isgeneratorfunction(rule):
             around = rule(self.session, func, args, kwargs)
@@ -61,9 +66,14 @@ class AllocationRecorder(TorchDispatchMode):
         category = None
         if func.overloadpacket.__name__ in _HOST_COPY_OPS and _reads_host(args):
             category = Category.INPUT.value
+        category = kind_category or category
         flat, _ = tree_flatten(out)
         for tensor in flat:
-            if is_meta(tensor) and id(tensor) not in skip:
+            if (
+                is_meta(tensor)
+                and id(tensor) not in skip
+                and not claim(self.session, tensor, kind)
+            ):
                 self.session.track(tensor, op, category)
         if around is not None:
             with contextlib.suppress(StopIteration):
@@ -113,6 +123,16 @@ def fake_limit_reason(func, args, kwargs, exc: BaseException) -> str | None:
     if "meta" in text.lower() and "device" not in text.lower():
         return f"{name} cannot run on fake (meta) tensors: {first}"
     return None
+
+
+def _touches_device(args, kwargs) -> bool:
+    """Whether an op has a meta (device) tensor or device among its arguments, or none at all
+    (a factory)."""
+    flat, _ = tree_flatten((args, kwargs))
+    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+    if not tensors or any(isinstance(d, torch.device) and d.type == "meta" for d in flat):
+        return True
+    return any(t.is_meta for t in tensors)
 
 
 def _reads_host(args) -> bool:

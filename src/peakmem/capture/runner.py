@@ -16,6 +16,7 @@ from peakmem.capture import vision_ops
 from peakmem.capture.device_map import CudaAsMeta
 from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
 from peakmem.capture.fake_cuda import fake_cuda_runtime
+from peakmem.capture.host_deferred import host_deferral
 from peakmem.capture.library_patches import library_patches
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
@@ -268,6 +269,7 @@ def _run_captured(
             with ExitStack() as modes:
                 modes.enter_context(time_limit(timeout))
                 modes.enter_context(CudaAsMeta(session, phases))
+                modes.enter_context(host_deferral(session))  # on top of CudaAsMeta
                 if executor is not None:  # inside the recorder: it sees the meta outputs
                     modes.enter_context(executor)
                 modes.enter_context(AllocationRecorder(session))

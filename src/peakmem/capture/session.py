@@ -86,11 +86,13 @@ class CaptureSession:
     "host" (a host tensor kept fake until its values are needed) or "meta" (the job's own meta
     tensor). Absent: "device"."""
     memory: Any = None
+    """The allocator simulation the job's memory readings come from (capture.fake_memory)."""
     default_device_set: bool = False
     """The job called `torch.set_default_device` (undone after the capture)."""
     default_device_cuda: bool = False
     """... and its default device is CUDA (the capture device stands in for it)."""
-    """The allocator simulation the job's memory readings come from (capture.fake_memory)."""
+    host_deferral: Any = None
+    """The capture's host-deferral mode (capture.host_deferred) while the job runs."""
 
     def storage_kind(self, tensor: torch.Tensor) -> str:
         """What a meta tensor stands for: "device" (GPU memory, the default), "host" or "meta"."""

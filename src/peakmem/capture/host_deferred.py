@@ -1,0 +1,659 @@
+"""Host tensors kept fake until their values are needed, and the job's own meta tensors.
+
+`model = LlamaForCausalLM(cfg).to("cuda", dtype=torch.bfloat16)` builds the model on the HOST,
+with real CPU tensors, then moves it. Built for real, an 8B model costs 30 GiB of host RAM before
+any device memory is allocated. During a capture (fake mode) it is built fake:
+
+- host factory calls (`torch.empty`, `zeros`, `ones`, `full`, `rand*`, `arange`, ...; `*_like`
+  and `new_*` of a host tensor) made while an `nn.Module` is being constructed (a frame of
+  `__init__`, `reset_parameters`, `_init_weights`, `init_weights`, `post_init`, `apply`, ... of
+  an `nn.Module` on the stack) that make a tensor of at least DEFER_MIN_NUMEL elements return a
+  meta tensor whose storage kind is "host" (`session.storage_kinds`): no host memory, and the
+  recorder does not count it as device memory. Smaller ones stay real (drop-path schedules, RoPE
+  frequencies, ... are read on the host while the model is built).
+- ops on host-deferred tensors alone stay fake (in-place init `normal_`, `uniform_`, `fill_`,
+  `zero_`, `copy_`; `.half()`, views, ...); their outputs are host-deferred too.
+- moving one to the device (`.to("cuda")`, `.cuda()`, `.to(0)`, with a dtype too, `model.to`)
+  is a device allocation of the moved size (category `input`, as a host-to-device copy is).
+- where a real value is needed (`.item()`, `.tolist()`, `.numpy()`, printing, an op mixing it
+  with real host data), it is computed then (capture.host_values): the factory call that made
+  it and the in-place ops applied to it since are replayed on a real host tensor (random inits
+  draw new random numbers of the same distribution; values copied in from a loaded checkpoint
+  are read from the file), or, where that was not recorded, zeros. Every such read is counted and
+  noted. A host-only job (a model trained on the CPU, never moved) thus runs and makes no device
+  allocations.
+
+The job's own meta tensors (`device="meta"`, `with torch.device("meta")`, accelerate's
+`init_empty_weights`, `to("meta")` of a host-deferred tensor) are marked "meta": not device
+memory until they are moved (`.to("cuda")`) or `to_empty(device="cuda")`'d.
+
+The recorder asks `outputs_kind` what a new meta storage stands for, and skips host and meta ones.
+Eager mode builds host tensors for real (it runs everything for real).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._device as torch_device_context
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from peakmem.capture.host_values import HostValues
+from peakmem.capture.session import CaptureSession
+from peakmem.trace.vocab import Category
+
+Tensor = torch.Tensor
+HOST, META, DEVICE = "host", "meta", "device"
+DEFER_MIN_NUMEL = 4096
+"""Host tensors made while a model is built with fewer elements than this stay real."""
+_NO_MODES = torch._C.DisableTorchFunction
+
+_FACTORIES = {
+    torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint,
+    torch.randperm, torch.arange, torch.linspace, torch.logspace, torch.eye, torch.empty_strided,
+}
+_LIKE = {
+    torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like, torch.rand_like,
+    torch.randn_like, torch.randint_like,
+}
+_NEW = {Tensor.new_empty, Tensor.new_zeros, Tensor.new_ones, Tensor.new_full}
+_READS = {
+    Tensor.item, Tensor.tolist, Tensor.numpy, Tensor.__float__, Tensor.__int__, Tensor.__bool__,
+    Tensor.__index__, Tensor.__complex__, Tensor.__format__, Tensor.__array__, Tensor.__repr__,
+    Tensor.__str__,
+}
+_INIT_FUNCTIONS = frozenset({
+    "__init__", "reset_parameters", "_reset_parameters", "_init_weights", "init_weights",
+    "_initialize_weights", "initialize_weights", "_init_weight", "post_init", "apply",
+    "smart_apply", "_initialize_weight", "reset_params", "init_params", "_init_params",
+})
+_STACK_LIMIT = 96
+
+
+def _in_construction() -> bool:
+    """Whether an `nn.Module` is being constructed or initialised somewhere up the stack."""
+    frame = sys._getframe(2)
+    depth = 0
+    module = torch.nn.Module
+    while frame is not None and depth < _STACK_LIMIT:
+        code = frame.f_code
+        if code.co_name in _INIT_FUNCTIONS and code.co_argcount:
+            first = frame.f_locals.get(code.co_varnames[0])
+            if isinstance(first, module):
+                return True
+        frame = frame.f_back
+        depth += 1
+    return False
+
+
+def _is_cuda(value: Any) -> bool:
+    if isinstance(value, str):
+        return value == "cuda" or value.startswith("cuda:")
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_host(value: Any) -> bool:
+    if isinstance(value, str):
+        return value == "cpu" or value.startswith("cpu:")
+    return isinstance(value, torch.device) and value.type == "cpu"
+
+
+def _is_meta(value: Any) -> bool:
+    if isinstance(value, str):
+        return value == "meta" or value.startswith("meta:")
+    return isinstance(value, torch.device) and value.type == "meta"
+
+
+def _storage_id(tensor: Tensor) -> int:
+    return id(tensor.untyped_storage())
+
+
+@dataclass
+class DeferralStats:
+    tensors: int = 0
+    bytes: int = 0
+
+
+class HostDeferral(TorchFunctionMode):
+    """The torch-function mode (entered on top of `CudaAsMeta`) that defers host tensors made
+    while a model is built and routes moves of host-deferred and meta tensors to the device."""
+
+    def __init__(self, session: CaptureSession) -> None:
+        super().__init__()
+        self.session = session
+        self.kinds = session.storage_kinds
+        self._per_thread = threading.local()
+        self.values = HostValues(lambda value: self.kind(value) == HOST)
+        self.stats = DeferralStats()
+        self.defer_construction = not session.eager
+        self._view_probe: bool | None = None
+        self._handlers: dict[Any, Callable[[Any, tuple, dict], Any]] = {}
+        for func in _FACTORIES:
+            self._handlers[func] = self._factory
+        for func in _LIKE | _NEW:
+            self._handlers[func] = self._from_tensor
+        self._handlers[Tensor.to] = self._to
+        self._handlers[torch._C._nn._parse_to] = self._parse_to
+        self._handlers[Tensor.cuda] = self._cuda
+        self._handlers[Tensor.cpu] = self._cpu
+        for func in _READS:
+            self._handlers[func] = self._read
+
+    # -- per-thread state (threads the job starts run under this mode too: capture.threads) -----
+    @property
+    def making(self) -> str | None:
+        """The storage kind the factory call now running in this thread makes, if decided."""
+        return getattr(self._per_thread, "making", None)
+
+    @making.setter
+    def making(self, value: str | None) -> None:
+        self._per_thread.making = value
+
+    @property
+    def moving(self) -> bool:
+        return getattr(self._per_thread, "moving", False)
+
+    @moving.setter
+    def moving(self, value: bool) -> None:
+        self._per_thread.moving = value
+
+    @property
+    def meta_context(self) -> int:
+        """How many `with torch.device("meta")` / `set_default_device("meta")` calls are running."""
+        return getattr(self._per_thread, "meta_context", 0)
+
+    @meta_context.setter
+    def meta_context(self, value: int) -> None:
+        self._per_thread.meta_context = value
+
+    # -- mode ----------------------------------------------------------------------------------
+    def __enter__(self) -> HostDeferral:
+        self.session.host_deferral = self
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self.session.host_deferral = None
+        self.session.notes.extend(self.notes())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = self._handlers.get(func)
+        if handler is not None:
+            result = handler(func, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        device = kwargs.get("device")
+        if device is not None and self.making is None:
+            if _is_cuda(device) and self.kinds:
+                with self.make(DEVICE):
+                    return func(*args, **kwargs)
+            if _is_meta(device) and self._user_meta(device):
+                with self.make(META):
+                    return func(*args, **kwargs)
+        if not self.kinds:
+            return func(*args, **kwargs)
+        return self._on_deferred(func, args, kwargs)
+
+    @contextmanager
+    def make(self, kind: str, *, moving: bool = False) -> Iterator[None]:
+        """New meta storages made inside stand for `kind` (outer settings win)."""
+        if self.making is not None:
+            yield
+            return
+        self.making, self.moving = kind, moving
+        try:
+            yield
+        finally:
+            self.making, self.moving = None, False
+
+    # -- kinds ---------------------------------------------------------------------------------
+    def kind(self, tensor: Any) -> str | None:
+        """"host", "meta", "device" for a meta tensor, None for anything else (true devices)."""
+        if not isinstance(tensor, Tensor):
+            return None
+        with _NO_MODES():
+            if tensor.device.type != "meta" or tensor.layout != torch.strided:
+                return None
+            return self.kinds.get(_storage_id(tensor), DEVICE)
+
+    def mark(self, tensor: Tensor, kind: str) -> None:
+        """Mark `tensor`'s (new) storage as `kind`; forgotten when the storage dies."""
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self.kinds:
+            return
+        self.kinds[key] = kind
+        weakref.finalize(storage, self._forget, key)
+
+    def _forget(self, key: int) -> None:
+        self.kinds.pop(key, None)
+        self.values.forget(key)
+
+    def _user_meta(self, device: Any) -> bool:
+        """Whether an explicit meta device is the job's own. A string "meta" or a
+        `torch.device("meta")` context is; a `torch.device("meta")` object otherwise only when
+        device tensors do not report meta (else it may be a device tensor's `.device`)."""
+        if isinstance(device, str):
+            return True
+        if self.meta_context:
+            return True
+        if self._view_probe is None:
+            probe = torch.empty(0, device="cuda")
+            self._view_probe = probe.device.type == "cuda"
+        return self._view_probe
+
+    # -- factories -----------------------------------------------------------------------------
+    def _factory(self, func, args: tuple, kwargs: dict):
+        device = kwargs.get("device")
+        if not self.defer_construction or not (device is None or _is_host(device)):
+            return NotImplemented
+        if kwargs.get("out") is not None or kwargs.get("layout") not in (None, torch.strided):
+            return NotImplemented
+        if not _in_construction():
+            return NotImplemented
+        return self._defer(func, args, kwargs)
+
+    def _from_tensor(self, func, args: tuple, kwargs: dict):
+        source = args[0] if args else kwargs.get("input")
+        device = kwargs.get("device")
+        if not self.defer_construction or not isinstance(source, Tensor):
+            return NotImplemented
+        if device is not None and not _is_host(device):
+            return NotImplemented
+        with _NO_MODES():
+            real_host = source.device.type == "cpu" and source.layout == torch.strided
+        if not real_host or kwargs.get("layout") not in (None, torch.strided):
+            return NotImplemented
+        if not _in_construction():
+            return NotImplemented
+        return self._defer(func, args, kwargs)
+
+    def _defer(self, func, args: tuple, kwargs: dict):
+        meta_kwargs = dict(kwargs, device="meta")
+        if func in _LIKE or func in _NEW:  # the source is a real host tensor: size from a meta twin
+            source = args[0] if args else kwargs["input"]
+            with self.make(HOST), _NO_MODES():
+                twin = torch.empty_like(source, device="meta")
+            if args:
+                meta_args = (twin, *args[1:])
+            else:
+                meta_args, meta_kwargs["input"] = args, twin
+        else:
+            meta_args = args
+        with self.make(HOST):
+            tensor = func(*meta_args, **meta_kwargs)
+        with _NO_MODES():
+            small = tensor.numel() < DEFER_MIN_NUMEL
+        if small:
+            return func(*args, **kwargs)
+        real_kwargs = {k: v for k, v in kwargs.items() if k not in ("requires_grad", "pin_memory")}
+        real_kwargs["device"] = "cpu"
+        self.values.made_by(tensor, func, args, real_kwargs)
+        self.stats.tensors += 1
+        self.stats.bytes += tensor.untyped_storage().nbytes()
+        return tensor
+
+    def defer_host(self, shape: Any, dtype: torch.dtype, base: Callable[[], Tensor]) -> Tensor:
+        """A new host-deferred tensor whose values `base()` reads when they are needed."""
+        with self.make(HOST), _NO_MODES():
+            tensor = torch.empty(shape, dtype=dtype, device="meta")
+        self.values.read_from(tensor, base)
+        return tensor
+
+    def defer_loaded(
+        self, loaded: Any, to_device: Callable[[Tensor], bool] = lambda tensor: False
+    ) -> Any:
+        """Loaded host tensors (e.g. memory-mapped from a checkpoint) as host-deferred ones: host
+        ops on them stay fake and never read the file; a real value is read when needed.
+        Tensors sharing a storage keep sharing one; those `to_device` picks are moved to the
+        device (one device storage per loaded storage, as a GPU load makes)."""
+        bases: dict[int, Tensor] = {}
+        device_bases: dict[int, Tensor] = {}
+
+        def convert(value: Any) -> Any:
+            if type(value) not in (Tensor, torch.nn.Parameter):
+                return value
+            with _NO_MODES():
+                if value.device.type != "cpu" or value.layout != torch.strided:
+                    return value
+                storage = value.untyped_storage()
+                small = storage.nbytes() < DEFER_MIN_NUMEL
+                move = to_device(value)
+            if small:
+                return value.to("cuda") if move else value
+            key = id(storage)
+            base = bases.get(key)
+            if base is None:
+                with _NO_MODES():
+                    real = torch.empty(0, dtype=torch.uint8).set_(storage)
+                base = self.defer_host((storage.nbytes(),), torch.uint8, lambda r=real: r)
+                bases[key] = base
+            if move:
+                if key not in device_bases:
+                    device_bases[key] = self.move(base, None)
+                base = device_bases[key]
+            with self.make(HOST if not move else DEVICE), _NO_MODES():
+                view = torch.empty(0, dtype=value.dtype, device="meta").set_(
+                    base.untyped_storage(), value.storage_offset(), value.size(), value.stride()
+                )
+            if isinstance(value, torch.nn.Parameter):
+                return torch.nn.Parameter(view, requires_grad=value.requires_grad)
+            return view.requires_grad_(value.requires_grad)
+
+        return map_containers(convert, loaded)
+
+    # -- moves ---------------------------------------------------------------------------------
+    def _to(self, func, args: tuple, kwargs: dict):
+        tensor = args[0]
+        kind = self.kind(tensor)
+        parsed = _parse_to(args[1:], kwargs)
+        if parsed is None:
+            return NotImplemented
+        device, dtype, non_blocking, copy, memory_format = parsed
+        target = self._target(device)
+        if kind is None:  # a real tensor
+            if target == META and (self._user_meta(device) or _in_construction()):
+                with self.make(META):
+                    return func(*args, **kwargs)
+            return NotImplemented
+        if kind == DEVICE:
+            return NotImplemented
+        if target == META and kind == HOST:
+            if not (self._user_meta(device) or _in_construction()):  # a device tensor's `.device`
+                target = DEVICE
+            else:
+                with self.make(META):
+                    return _to_copy(tensor, "meta", dtype, non_blocking, memory_format)
+        if target == DEVICE:
+            return self.move(tensor, dtype, non_blocking, memory_format, from_host=kind == HOST)
+        if target is None or (target == HOST and kind == HOST) or (target == META and kind == META):
+            if (dtype is None or dtype == tensor.dtype) and not copy and memory_format is None:
+                return tensor
+            out = _to_copy(tensor, None, dtype, non_blocking, memory_format)
+            if kind == HOST:
+                with _NO_MODES():
+                    before = {_storage_id(tensor)}
+                self.values.derived(
+                    _to_copy, (tensor, None, dtype, False, memory_format), {}, out, before
+                )
+            return out
+        return NotImplemented  # the job's meta tensor to the host: CudaAsMeta's host read
+
+    def _parse_to(self, func, args: tuple, kwargs: dict):
+        """`nn.Module.to`'s argument parser: a GPU stays a GPU (`torch.device("cuda", N)`, also
+        for an ordinal), so the tensor moves that follow are seen as moves to the device."""
+        if args and _is_cuda(args[0]):
+            device, args = args[0], ("cpu", *args[1:])
+        elif _is_cuda(kwargs.get("device")):
+            device, kwargs = kwargs["device"], dict(kwargs, device="cpu")
+        else:
+            return NotImplemented
+        _cpu, dtype, non_blocking, memory_format = func(*args, **kwargs)
+        return _cuda_device(device), dtype, non_blocking, memory_format
+
+    def _target(self, device: Any) -> str | None:
+        if isinstance(device, Tensor):
+            kind = self.kind(device)
+            if kind is not None:
+                return kind
+            with _NO_MODES():
+                return HOST if device.device.type == "cpu" else None
+        if device is None:
+            return None
+        if _is_cuda(device):
+            return DEVICE
+        if _is_host(device):
+            return HOST
+        if _is_meta(device):
+            return META
+        return None
+
+    def _cuda(self, func, args: tuple, kwargs: dict):
+        tensor = args[0]
+        kind = self.kind(tensor)
+        if kind not in (HOST, META):
+            return NotImplemented
+        non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+        return self.move(tensor, None, non_blocking, kwargs.get("memory_format"),
+                         from_host=kind == HOST)
+
+    def move(self, tensor: Tensor, dtype: torch.dtype | None, non_blocking: bool = False,
+             memory_format: Any = None, *, from_host: bool = True) -> Tensor:
+        """A host-deferred or meta tensor copied to the device: a tracked device allocation."""
+        with self.make(DEVICE, moving=from_host):
+            return _to_copy(tensor, "cuda", dtype, non_blocking, memory_format)
+
+    def _cpu(self, func, args: tuple, kwargs: dict):
+        return args[0] if self.kind(args[0]) == HOST else NotImplemented
+
+    # -- values --------------------------------------------------------------------------------
+    def _read(self, func, args: tuple, kwargs: dict):
+        if not self.kinds:
+            return NotImplemented
+        flat, _ = tree_flatten((args, kwargs))
+        if not any(self.kind(t) == HOST for t in flat):
+            return NotImplemented
+        real_args, real_kwargs = tree_map(self._real_or_same, (args, kwargs))
+        return func(*real_args, **real_kwargs)
+
+    def _real_or_same(self, value: Any) -> Any:
+        if self.kind(value) != HOST:
+            return value
+        real = self.values.materialize(value)
+        if value.requires_grad and real.is_floating_point():
+            real.requires_grad_(True)
+        return real
+
+    # -- ops on host-deferred tensors ----------------------------------------------------------
+    def _on_deferred(self, func, args: tuple, kwargs: dict):
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+        if not tensors:
+            return func(*args, **kwargs)
+        with _NO_MODES():
+            kinds = [self.kinds.get(_storage_id(t), DEVICE) if t.device.type == "meta" else None
+                     for t in tensors if t.layout == torch.strided]
+            real = any(t.device.type != "meta" and t.dim() > 0 for t in tensors)
+        if HOST not in kinds:
+            return func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if (name.endswith("_") and not name.startswith("__")) or func is Tensor.__setitem__:
+            # `t.normal_(...)`, or `nn.init.normal_(tensor=t, ...)` as torch-function dispatch
+            # passes it
+            target = args[0] if args else kwargs.get("tensor", kwargs.get("input"))
+            if self.kind(target) == HOST:
+                return self._in_place(func, target, args, kwargs)
+        if real and DEVICE not in kinds and META not in kinds:
+            # real host data meets a host-deferred tensor: compute on the host with real values
+            real_args, real_kwargs = tree_map(self._real_or_same, (args, kwargs))
+            return func(*real_args, **real_kwargs)
+        with _NO_MODES():
+            before = {id(t.untyped_storage()) for t in tensors if t.device.type == "meta"}
+        out = func(*args, **kwargs)
+        self.values.derived(func, args, kwargs, out, before)
+        return out
+
+    def _in_place(self, func, target: Tensor, args: tuple, kwargs: dict):
+        try:
+            out = func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError):  # a real host tensor argument: as meta
+            with self.make(HOST):
+                args, kwargs = tree_map(
+                    lambda t: t.to("meta") if isinstance(t, Tensor) and self.kind(t) is None else t,
+                    (args, kwargs),
+                )
+            out = func(*args, **kwargs)
+        self.values.in_place(func, target, args, kwargs)
+        return out
+
+    # -- notes ---------------------------------------------------------------------------------
+    def notes(self) -> list[str]:
+        stats, reads, notes = self.stats, self.values.reads, []
+        if stats.tensors:
+            notes.append(
+                f"{stats.tensors} host tensor(s) ({stats.bytes / 2**30:.2f} GiB) made while models "
+                "were built were kept fake (no host memory) until moved to the device or read"
+            )
+        if self.session.max_allocated_bytes == 0 and (stats.tensors or self.session.trace):
+            notes.append("the job made no device allocations (it ran on the host)")
+        if reads.recomputed + reads.zeros:
+            notes.append(
+                f"{reads.recomputed + reads.zeros} host tensor(s) built while the model was "
+                f"constructed were given placeholder values when read ({reads.recomputed} "
+                "recomputed from the call that made them and the in-place inits since, random "
+                f"ones with new random numbers; {reads.zeros} zeros)"
+            )
+        return notes
+
+
+def _to_copy(tensor: Tensor, device: Any, dtype: Any, non_blocking: bool, memory_format: Any):
+    kwargs: dict[str, Any] = {"copy": True, "non_blocking": bool(non_blocking)}
+    if device is not None:
+        kwargs["device"] = device
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if memory_format is not None:
+        kwargs["memory_format"] = memory_format
+    return tensor.to(**kwargs)
+
+
+def _cuda_device(value: Any) -> torch.device:
+    if isinstance(value, int):
+        return torch.device("cuda", value)
+    device = torch.device(value)
+    return device if device.index is not None else torch.device("cuda", 0)
+
+
+def _parse_to(rest: tuple, kwargs: dict) -> tuple[Any, Any, bool, bool, Any] | None:
+    """`Tensor.to`'s arguments: (device or tensor, dtype, non_blocking, copy, memory_format)."""
+    rest = list(rest)
+    device = kwargs.get("device")
+    dtype = kwargs.get("dtype")
+    if "other" in kwargs:
+        device = kwargs["other"]
+    if rest:
+        first = rest[0]
+        if isinstance(first, Tensor):
+            device = rest.pop(0)
+            dtype = device.dtype
+        elif isinstance(first, torch.dtype):
+            dtype = rest.pop(0)
+        elif first is None or isinstance(first, (str, torch.device, int)):
+            device = rest.pop(0)
+            if rest and (rest[0] is None or isinstance(rest[0], torch.dtype)):
+                dtype = rest.pop(0)
+        else:
+            return None
+    non_blocking = rest[0] if rest else kwargs.get("non_blocking", False)
+    copy = rest[1] if len(rest) > 1 else kwargs.get("copy", False)
+    return device, dtype, bool(non_blocking), bool(copy), kwargs.get("memory_format")
+
+
+def map_containers(fn: Callable[[Any], Any], value: Any) -> Any:
+    """`fn` over the tensors in dicts, lists and tuples (keeping their types and a state dict's
+    `_metadata`); other objects unchanged."""
+    if isinstance(value, dict):
+        try:
+            mapped = type(value)()
+        except TypeError:
+            mapped = {}
+        for key, item in value.items():
+            mapped[key] = map_containers(fn, item)
+        metadata = getattr(value, "_metadata", None)
+        if metadata is not None:
+            mapped._metadata = metadata
+        return mapped
+    if isinstance(value, list):
+        return [map_containers(fn, item) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(map_containers(fn, item) for item in value)
+    return fn(value)
+
+
+# -- the recorder's question ---------------------------------------------------------------------
+def outputs_kind(session: CaptureSession, args: tuple, kwargs: dict) -> tuple[str, str | None]:
+    """What the new meta storages of an op with these arguments stand for, and the category of
+    a device allocation it makes (None: the recorder's default): ("device", None) unless a
+    host-deferred or meta tensor is involved."""
+    deferral = session.host_deferral
+    if deferral is None:
+        return DEVICE, None
+    if deferral.making is not None:
+        return deferral.making, (Category.INPUT.value if deferral.moving else None)
+    kinds = session.storage_kinds
+    if not kinds:
+        return DEVICE, None
+    found = set()
+    for tensor in tree_flatten((args, kwargs))[0]:
+        if isinstance(tensor, Tensor) and tensor.device.type == "meta":
+            if tensor.layout != torch.strided:
+                return DEVICE, None
+            kind = kinds.get(id(tensor.untyped_storage()), DEVICE)
+            if kind == DEVICE:
+                return DEVICE, None
+            found.add(kind)
+    if HOST in found:
+        return HOST, None
+    if META in found:
+        return META, None
+    return DEVICE, None
+
+
+def claim(session: CaptureSession, tensor: Tensor, kind: str) -> bool:
+    """Whether the recorder must not track `tensor`'s storage as device memory (a host-deferred
+    or meta storage, new ones of `kind` marked here)."""
+    kinds = session.storage_kinds
+    if not kinds and kind == DEVICE:
+        return False
+    storage = tensor.untyped_storage()
+    if id(storage) in kinds:
+        return True
+    if kind == DEVICE:
+        return False
+    deferral = session.host_deferral
+    if deferral is not None:
+        deferral.mark(tensor, kind)
+    return True
+
+
+@contextmanager
+def host_deferral(session: CaptureSession) -> Iterator[HostDeferral]:
+    """The host-deferral mode and the weight-loading patches (capture.weights_loading), for the
+    job's run (entered on top of CudaAsMeta)."""
+    from peakmem.capture.weights_loading import weights_loading
+
+    with HostDeferral(session) as mode, weights_loading(session, mode), _meta_contexts_seen(mode):
+        yield mode
+
+
+@contextmanager
+def _meta_contexts_seen(mode: HostDeferral) -> Iterator[None]:
+    """`with torch.device("meta")` puts a DeviceContext mode on the stack that fills in
+    `device=meta` before this mode sees the call: count the calls it handles."""
+    context_class = torch_device_context.DeviceContext
+    original = context_class.__torch_function__
+
+    def handle(context, func, types, args=(), kwargs=None):
+        if context.device.type != "meta":
+            return original(context, func, types, args, kwargs)
+        mode.meta_context += 1
+        try:
+            return original(context, func, types, args, kwargs)
+        finally:
+            mode.meta_context -= 1
+
+    context_class.__torch_function__ = handle
+    try:
+        yield
+    finally:
+        context_class.__torch_function__ = original

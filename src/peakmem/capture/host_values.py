@@ -1,0 +1,179 @@
+"""The real values of host-deferred tensors (capture.host_deferred), computed only when the job
+needs them.
+
+Each host-deferred storage has a recipe: `base()` makes a real host tensor with the storage's
+bytes (the factory call that made it, replayed on the host; a read of a loaded checkpoint; the op
+that derived it, replayed on its inputs' values), then the in-place ops applied to the storage
+since (`normal_`, `fill_`, `nn.init.*`, `copy_`, ...) are replayed on views of it with the
+geometry they ran on. No recipe, or a replay that fails: zeros. Replays do not move the job's
+random number stream (random inits give new numbers of the same distribution), and values a
+host optimizer later wrote to the fake tensor are not followed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+Tensor = torch.Tensor
+_NO_MODES = torch._C.DisableTorchFunction
+_SELF = object()
+"""Where an in-place step's own tensor goes in its recorded arguments."""
+MAX_STEPS = 64
+"""In-place ops replayed per storage at most; beyond, its values read as zeros."""
+EMPTY_FACTORIES = {torch.empty, torch.empty_like, torch.empty_strided, Tensor.new_empty}
+
+
+@dataclass
+class Recipe:
+    base: Callable[[], Tensor] | None
+    steps: list[tuple[Any, tuple, tuple, dict]] = field(default_factory=list)
+    """(func, (storage_offset, size, stride, dtype) of the view it ran on, args, kwargs), the
+    view's place in args / kwargs held by _SELF."""
+    loaded: bool = False
+    """The values come from a checkpoint (reads are not placeholders)."""
+
+
+@dataclass
+class ReadStats:
+    recomputed: int = 0
+    zeros: int = 0
+    loaded: int = 0
+
+
+def _storage_id(tensor: Tensor) -> int:
+    return id(tensor.untyped_storage())
+
+
+class HostValues:
+    """Recipes of host-deferred storages, by id(untyped storage). `is_deferred(value)` says
+    whether a value is a host-deferred tensor (the deferral mode's storage kinds)."""
+
+    def __init__(self, is_deferred: Callable[[Any], bool]) -> None:
+        self.is_deferred = is_deferred
+        self.recipes: dict[int, Recipe] = {}
+        self.reads = ReadStats()
+
+    def forget(self, key: int) -> None:
+        self.recipes.pop(key, None)
+
+    # -- recording -----------------------------------------------------------------------------
+    def made_by(self, tensor: Tensor, func: Any, args: tuple, real_kwargs: dict) -> None:
+        """`tensor` was made by the host factory call `func(*args, **real_kwargs)`."""
+        if func in EMPTY_FACTORIES:  # uninitialised memory: zeros (no NaNs from garbage)
+            self.recipes[_storage_id(tensor)] = Recipe(lambda: func(*args, **real_kwargs).zero_())
+        else:
+            self.recipes[_storage_id(tensor)] = Recipe(lambda: func(*args, **real_kwargs))
+
+    def read_from(self, tensor: Tensor, read: Callable[[], Tensor]) -> None:
+        """`tensor`'s values are `read()` (a checkpoint's)."""
+        self.recipes[_storage_id(tensor)] = Recipe(read, loaded=True)
+
+    def in_place(self, func: Any, target: Tensor, args: tuple, kwargs: dict) -> None:
+        """`func(*args, **kwargs)` changed `target` (a host-deferred tensor) in place."""
+        with _NO_MODES():
+            key = _storage_id(target)
+            geometry = (target.storage_offset(), tuple(target.size()), tuple(target.stride()),
+                        target.dtype)
+        recipe = self.recipes.setdefault(key, Recipe(None))
+        if func is Tensor.copy_ and _covers_storage(target):
+            source = args[1] if len(args) > 1 else kwargs.get("src")
+            recipe.base, recipe.steps, recipe.loaded = None, [], self.is_loaded(source)
+        if len(recipe.steps) >= MAX_STEPS:  # a buffer written over and over: not replayed
+            recipe.base, recipe.steps, recipe.loaded = None, [], False
+            return
+        template = tree_map(lambda v: _SELF if v is target else v, (args, kwargs))
+        recipe.steps.append((func, geometry, template[0], template[1]))
+
+    def derived(self, func: Any, args: tuple, kwargs: dict, out: Any, before: set[int]) -> None:
+        """Note how to compute the new host-deferred storages in `out` (those not in `before`)
+        from `func`'s inputs."""
+        flat, _ = tree_flatten(out)
+        for index, tensor in enumerate(flat):
+            if not self.is_deferred(tensor):
+                continue
+            with _NO_MODES():
+                key = _storage_id(tensor)
+            if key in before or key in self.recipes:
+                continue
+
+            def base(index: int = index) -> Tensor:
+                real_args, real_kwargs = tree_map(self._step_arg, (args, kwargs))
+                return tree_flatten(func(*real_args, **real_kwargs))[0][index]
+
+            loaded = any(self.is_loaded(arg) for arg in tree_flatten((args, kwargs))[0])
+            self.recipes[key] = Recipe(base, loaded=loaded)
+
+    def is_loaded(self, value: Any) -> bool:
+        if not self.is_deferred(value):
+            return False
+        with _NO_MODES():
+            recipe = self.recipes.get(_storage_id(value))
+        return recipe is not None and recipe.loaded
+
+    # -- computing -----------------------------------------------------------------------------
+    def materialize(self, tensor: Tensor, *, count: bool = True) -> Tensor:
+        """A real host tensor with a host-deferred tensor's values, computed now."""
+        with _NO_MODES():
+            storage = tensor.untyped_storage()
+            nbytes = storage.nbytes()
+            offset, size, stride = tensor.storage_offset(), tensor.size(), tensor.stride()
+            dtype = tensor.dtype
+        recipe = self.recipes.get(id(storage))
+        real = self._compute(recipe, nbytes) if recipe is not None else None
+        if count:
+            if real is None:
+                self.reads.zeros += 1
+            elif recipe is not None and recipe.loaded:
+                self.reads.loaded += 1
+            else:
+                self.reads.recomputed += 1
+        if real is None:
+            real = torch.zeros(nbytes, dtype=torch.uint8)
+        with _NO_MODES():
+            return torch.empty(0, dtype=dtype).set_(real.untyped_storage(), offset, size, stride)
+
+    def _compute(self, recipe: Recipe, nbytes: int) -> Tensor | None:
+        # replayed random inits must not move the job's own random stream
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            try:
+                base = recipe.base() if recipe.base is not None else None
+            except Exception:  # noqa: BLE001 - a value the replay cannot make: zeros
+                base = None
+            with _NO_MODES():
+                if (
+                    base is None
+                    or base.device.type != "cpu"
+                    or base.untyped_storage().nbytes() != nbytes
+                ):
+                    if not recipe.steps:
+                        return None
+                    base = torch.zeros(nbytes, dtype=torch.uint8)
+                storage = base.untyped_storage()
+            for func, (offset, size, stride, dtype), rest, kwargs in recipe.steps:
+                with _NO_MODES():
+                    view = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+                step_args, step_kwargs = tree_map(
+                    lambda v, view=view: view if v is _SELF else self._step_arg(v), (rest, kwargs)
+                )
+                try:
+                    func(*step_args, **step_kwargs)
+                except Exception:  # noqa: BLE001 - keep the values made so far
+                    continue
+            return base
+
+    def _step_arg(self, value: Any) -> Any:
+        return self.materialize(value, count=False) if self.is_deferred(value) else value
+
+
+def _covers_storage(tensor: Tensor) -> bool:
+    with _NO_MODES():
+        return (
+            tensor.storage_offset() == 0
+            and tensor.is_contiguous()
+            and tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes()
+        )
