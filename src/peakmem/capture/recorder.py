@@ -30,6 +30,8 @@ class AllocationRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         rule = None if self.session.closed else op_rule_for(func)
+        if rule is not None and not _touches_device(args, kwargs):
+            rule = None  # a host op: no CUDA library is involved
         around = None
         if rule is not None and inspect.isgeneratorfunction(rule):
             around = rule(self.session, func, args, kwargs)
@@ -42,6 +44,8 @@ class AllocationRecorder(TorchDispatchMode):
             raise
         if self.session.closed:
             return out
+        if self.session.watch_op is not None:
+            self.session.watch_op(func, args)
         if (
             not self.session.eager
             and torch.Tag.dynamic_output_shape in getattr(func, "tags", ())
@@ -107,6 +111,11 @@ def fake_limit_reason(func, args, kwargs, exc: BaseException) -> str | None:
     if "meta" in text.lower() and "device" not in text.lower():
         return f"{name} cannot run on fake (meta) tensors: {first}"
     return None
+
+
+def _touches_device(args, kwargs) -> bool:
+    flat, _ = tree_flatten((args, kwargs))
+    return any(isinstance(t, torch.Tensor) and t.is_meta for t in flat)
 
 
 def _reads_host(args) -> bool:

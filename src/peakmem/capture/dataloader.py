@@ -1,0 +1,230 @@
+"""The job's DataLoader epochs during a capture: shortened where that is exact, ended early once
+training has run long enough, so that what the script does after its training loop (evaluation,
+`predict`, generation, saving) still runs and is traced.
+
+Every iteration of a `torch.utils.data.DataLoader` goes through `LoaderEpochs`:
+- shortening (the default step policy): a map-style loader's epoch longer than
+  STEADY_BATCHES + 1 batches yields its first STEADY_BATCHES batches, then its last (often smaller)
+  batch; the batch sampler skips the indices between (no data is loaded for them). The batches
+  skipped repeat the allocations of those traced when every batch has the same shapes; a loader
+  whose traced batches differ in shape is noted (the skipped ones may be larger);
+- ending: once the step limit is reached, an iteration that fed a training step skips to its
+  epoch's last batch after that step, then ends (StopIteration) — the training loop ends the way
+  it would at the end of its data; later epochs over a dataset that fed training, iterated with
+  gradients enabled, yield their last batch only (an iteration under `no_grad` is an
+  evaluation: shortened, not ended);
+- worker processes: a loader with `num_workers > 0` loads its batches in the main process
+  (GPU memory does not depend on where the host loads data, and only a main-process sampler can
+  skip batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from peakmem.capture.session import CaptureSession
+
+STEADY_BATCHES = 3
+
+
+def _shapes(batch: Any) -> tuple:
+    """The shapes of the tensors in a batch, in order (its shape signature)."""
+    flat, _ = tree_flatten(batch)
+    return tuple(tuple(t.shape) for t in flat if isinstance(t, torch.Tensor))
+
+
+class LoaderIteration:
+    """One epoch of one DataLoader, as the job iterates it."""
+
+    def __init__(self, loaders: LoaderEpochs, loader: Any, iterator: Any, shorten: bool) -> None:
+        self._loaders = loaders
+        self._iterator = iterator
+        self.loader = loader
+        try:
+            self.length: int | None = len(loader)
+        except TypeError:  # an IterableDataset without a length
+            self.length = None
+        from torch.utils.data.dataloader import _DatasetKind
+
+        self.can_skip = (
+            self.length is not None
+            and getattr(loader, "_dataset_kind", None) == _DatasetKind.Map
+            and hasattr(iterator, "_sampler_iter")
+        )
+        self.shorten = shorten and self.can_skip and self.length > STEADY_BATCHES + 1
+        self.position = 0  # index in the epoch of the next batch
+        self.yielded = 0
+        self.ending = False  # end after the batch the job holds: skip to the last, then stop
+        self.finished = False
+        self.skipped = 0
+        self.fed_training = False
+        self.shapes: set[tuple] = set()
+
+    @property
+    def traced_length(self) -> int | None:
+        """Batches this epoch yields when it is not ended early."""
+        if self.shorten:
+            return STEADY_BATCHES + 1
+        return self.length
+
+    def __iter__(self) -> LoaderIteration:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._iterator)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterator, name)
+
+    def end_after_this_batch(self) -> None:
+        self.ending = True
+
+    def _skip_to(self, index: int) -> None:
+        count = index - self.position
+        if count <= 0:
+            return
+        for _ in range(count):
+            next(self._iterator._sampler_iter, None)
+        self._iterator._num_yielded += count
+        self.position = index
+        self.skipped += count
+
+    def __next__(self) -> Any:
+        if self.finished:
+            raise StopIteration
+        last = None if self.length is None else self.length - 1
+        if self.ending:
+            if not self.can_skip or last is None or self.position > last:
+                self._finish()
+            self._skip_to(last)
+        elif self.shorten and self.position == STEADY_BATCHES:
+            self._skip_to(last)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            self._finish()
+        self.position += 1
+        self.yielded += 1
+        if len(self.shapes) < 8:
+            self.shapes.add(_shapes(batch))
+        self._loaders.yielded(self)
+        return batch
+
+    def _finish(self) -> None:
+        self.finished = True
+        self._loaders.finished(self)
+        raise StopIteration
+
+
+class LoaderEpochs:
+    """Patches `DataLoader.__iter__` for the capture; tells the phase tracker which epoch fed
+    the latest training step."""
+
+    def __init__(self, session: CaptureSession, *, shorten: bool) -> None:
+        self.session = session
+        self.shorten = shorten
+        self.feeding: LoaderIteration | None = None
+        """The epoch that yielded a batch since the last training step (None: none did)."""
+        self.training_epochs = 0
+        """Epochs that fed a training step."""
+        self.first_training: LoaderIteration | None = None
+        self._noted: set[tuple] = set()
+        self._workers_noted = False
+        self._trained: set[int] = set()  # ids of the datasets whose loaders fed training
+
+    # -- read by the phase tracker -------------------------------------------------------------
+    def step_taken(self) -> LoaderIteration | None:
+        """A training step ran: the epoch that fed it (None: no DataLoader did)."""
+        feeding = self.feeding
+        self.feeding = None
+        if feeding is not None and not feeding.fed_training:
+            feeding.fed_training = True
+            self._trained.add(id(getattr(feeding.loader, "dataset", feeding.loader)))
+            self.training_epochs += 1
+            if self.first_training is None:
+                self.first_training = feeding
+        return feeding
+
+    # -- called by the iterations --------------------------------------------------------------
+    def yielded(self, iteration: LoaderIteration) -> None:
+        self.feeding = iteration
+
+    def finished(self, iteration: LoaderIteration) -> None:
+        self._note(iteration)
+
+    def _note(self, iteration: LoaderIteration) -> None:
+        if iteration.skipped and iteration.shorten and not iteration.ending:
+            key = ("short", iteration.length)
+            if key not in self._noted:
+                self._noted.add(key)
+                self.session.notes.append(
+                    f"DataLoader epoch of {iteration.length} batches: traced {STEADY_BATCHES} "
+                    f"full batches, then its last batch (the {iteration.skipped} between repeat "
+                    "the same allocations when every batch has the same shapes)"
+                )
+        if iteration.skipped and len(iteration.shapes) > 2:
+            key = ("varied", id(iteration.loader))
+            if key not in self._noted:
+                self._noted.add(key)
+                self.session.notes.append(
+                    f"a DataLoader's batches vary in shape ({len(iteration.shapes)} different "
+                    f"shapes among the {iteration.yielded} traced): the {iteration.skipped} "
+                    "batches skipped may be larger than those traced; --steps all runs every batch"
+                )
+
+    # -- the patch -----------------------------------------------------------------------------
+    def _main_process_iterator(self, loader: Any) -> Any:
+        """A single-process iterator for a loader with worker processes."""
+        from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+        workers, timeout = loader.num_workers, loader.timeout
+        object.__setattr__(loader, "num_workers", 0)
+        object.__setattr__(loader, "timeout", 0)
+        try:
+            iterator = _SingleProcessDataLoaderIter(loader)
+        finally:
+            object.__setattr__(loader, "num_workers", workers)
+            object.__setattr__(loader, "timeout", timeout)
+        if not self._workers_noted:
+            self._workers_noted = True
+            self.session.notes.append(
+                f"a DataLoader with num_workers={workers} loaded its batches in the main process "
+                "during the capture (GPU memory does not depend on it)"
+            )
+        return iterator
+
+    @contextmanager
+    def patched(self) -> Iterator[LoaderEpochs]:
+        loader_class = torch.utils.data.DataLoader
+        original_iter = loader_class.__iter__
+
+        def iterate(loader: Any) -> Any:
+            iterator = None
+            if getattr(loader, "num_workers", 0) > 0:
+                try:
+                    iterator = self._main_process_iterator(loader)
+                except Exception:  # an unusual loader: let it run as it is
+                    iterator = None
+            if iterator is None:
+                iterator = original_iter(loader)
+            if isinstance(iterator, LoaderIteration):  # a subclass calling super().__iter__
+                return iterator
+            iteration = LoaderIteration(self, loader, iterator, self.shorten)
+            if (
+                self.session.state.loop_ended
+                and id(getattr(loader, "dataset", loader)) in self._trained
+                and torch.is_grad_enabled()
+            ):
+                iteration.end_after_this_batch()  # a later epoch of the ended loop: its last batch
+            return iteration
+
+        loader_class.__iter__ = iterate
+        try:
+            yield self
+        finally:
+            loader_class.__iter__ = original_iter
