@@ -9,6 +9,7 @@ from typing import Any
 
 from peakmem.capture import DEFAULT_STEPS, CaptureResult
 from peakmem.estimate.breakdown import PeakBreakdown
+from peakmem.jobs.stop import Steps
 from peakmem.profiles import GpuProfile, StackProfile, load_gpu, load_stack
 
 DEFAULT_GPU = "h100-80gb"
@@ -87,6 +88,13 @@ class Estimate:
     def trained(self) -> bool:
         return self.steps > 0
 
+    @property
+    def estimate_kind(self) -> str:
+        """"training" when the job ran a backward pass (with or without a parameter update:
+        the notes say which), else "forward"."""
+        backward = self.capture is not None and self.capture.backward_passes > 0
+        return "training" if self.trained or backward else "forward"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "peak_bytes": self.peak_bytes,
@@ -112,7 +120,7 @@ class Estimate:
             "mode": self.mode,
             "mode_reason": self.mode_reason,
             "steps": self.steps,
-            "estimate_kind": "training" if self.trained else "forward",
+            "estimate_kind": self.estimate_kind,
             "seconds": round(self.seconds, 3),
             "notes": list(self.notes),
             "assumptions": list(self.assumptions),
@@ -257,6 +265,9 @@ def estimate_capture(
     if peak_index is None or peak_index < 0:
         peak_index = len(capture.trace) - 1
     notes = list(capture.notes)
+    peak_note = eval_peak_note(capture.trace, result.peak_reserved_index)
+    if peak_note is not None:
+        notes.append(peak_note)
     if oom_message:
         notes.append(f"the simulated run runs out of memory on this GPU: {oom_message}")
     return Estimate(
@@ -279,6 +290,41 @@ def estimate_capture(
         simulation=result,
         libraries=libraries,
     )
+
+
+def eval_peak_note(trace: Any, peak_index: int) -> str | None:
+    """Whether an evaluation after training (an "eval" mark in the trace) set the peak: the
+    event at `peak_index` (where reserved memory first reached its maximum) came after an "eval"
+    mark and before the next training mark."""
+    from peakmem.trace.events import EventKind
+
+    marks = [
+        (index, trace.tag_of(index).op)
+        for index, kind in enumerate(trace.kinds)
+        if kind == EventKind.MARK and trace.tag_of(index) is not None
+    ]
+    if not any(label == "eval" for _, label in marks):
+        return None
+    phase = None
+    for index, label in marks:
+        if index > peak_index:
+            break
+        if label == "eval":
+            phase = "eval"
+        elif label in ("forward", "backward", "optimizer") or (label or "").startswith("step "):
+            phase = "training"
+    if phase == "eval":
+        return "the peak was set by the evaluation after training"
+    return "the peak was set during training, not by the evaluation after it"
+
+
+def _check_steps(steps: Any) -> Any:
+    from peakmem.jobs.stop import parse_steps
+
+    try:
+        return parse_steps(steps)
+    except ValueError as exc:
+        raise EstimateError(str(exc), exit_code=2) from None
 
 
 def parse_alloc_conf(alloc_conf: str, torch_version: str) -> Any:
@@ -312,7 +358,7 @@ def estimate(
     gpu: str | GpuProfile = DEFAULT_GPU,
     torch_version: str | None = None,
     alloc_conf: str | None = None,
-    steps: int | None = DEFAULT_STEPS,
+    steps: Steps = DEFAULT_STEPS,
     mode: str = "auto",
     timeout: float | None = None,
     timeline: bool = False,
@@ -320,12 +366,16 @@ def estimate(
 ) -> Estimate:
     """Estimate the peak GPU memory of `fn(*args, **kwargs)` on `gpu`, without a GPU.
 
-    `fn` is written as for a GPU (it uses "cuda"); it runs on the CPU with fake device tensors
-    and stops after `steps` optimizer steps (None: at least 3; a DataLoader epoch plus 2 steps,
-    a long epoch shortened to 3 full batches and its smaller last batch)."""
+    `fn` is written as for a GPU (it uses "cuda"); it runs on the CPU with fake device tensors.
+    `steps`: None (default): at least 3 training steps (a DataLoader epoch plus 2, a long epoch
+    shortened to 3 full batches and its smaller last batch), then the training loop is ended
+    early so what follows it (evaluation, predict) still runs, or the job is stopped where its
+    loop does not iterate a DataLoader (the notes say so); N: stop after N steps; "all": run the
+    job to its end, nothing shortened."""
     from peakmem.capture import capture_callable
 
     _check_mode(mode)
+    steps = _check_steps(steps)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     capture = _capture_with_mode(
         lambda run_mode: capture_callable(
@@ -346,7 +396,7 @@ def estimate_command(
     gpu: str | GpuProfile = DEFAULT_GPU,
     torch_version: str | None = None,
     alloc_conf: str | None = None,
-    steps: int | None = DEFAULT_STEPS,
+    steps: Steps = DEFAULT_STEPS,
     mode: str = "auto",
     timeout: float | None = None,
     timeline: bool = False,
@@ -355,6 +405,7 @@ def estimate_command(
     from peakmem.capture import capture_command
 
     _check_mode(mode)
+    steps = _check_steps(steps)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     capture = _capture_with_mode(
         lambda run_mode: capture_command(
