@@ -93,6 +93,7 @@ class LoaderIteration:
         self._iterator._num_yielded += count
         self.position = index
         self.skipped += count
+        self._loaders.shortened = True
 
     def __next__(self) -> Any:
         if self.finished:
@@ -108,10 +109,10 @@ class LoaderIteration:
             batch = next(self._iterator)
         except StopIteration:
             self._finish()
+        if len(self.shapes) < 8 and self.position != last:  # the last batch may be smaller
+            self.shapes.add(_shapes(batch))
         self.position += 1
         self.yielded += 1
-        if len(self.shapes) < 8:
-            self.shapes.add(_shapes(batch))
         self._loaders.yielded(self)
         return batch
 
@@ -135,6 +136,8 @@ class LoaderEpochs:
         self.first_training: LoaderIteration | None = None
         self._noted: set[tuple] = set()
         self._workers_noted = False
+        self.shortened = False
+        """An epoch skipped batches (the job may notice: a count of batches, a `next()`)."""
         self._trained: set[int] = set()  # ids of the datasets whose loaders fed training
 
     # -- read by the phase tracker -------------------------------------------------------------
@@ -167,13 +170,15 @@ class LoaderEpochs:
                     f"full batches, then its last batch (the {iteration.skipped} between repeat "
                     "the same allocations when every batch has the same shapes)"
                 )
-        if iteration.skipped and len(iteration.shapes) > 2:
+        if iteration.skipped:
+            self.shortened = True
+        if iteration.skipped and len(iteration.shapes) > 1:
             key = ("varied", id(iteration.loader))
             if key not in self._noted:
                 self._noted.add(key)
                 self.session.notes.append(
                     f"a DataLoader's batches vary in shape ({len(iteration.shapes)} different "
-                    f"shapes among the {iteration.yielded} traced): the {iteration.skipped} "
+                    f"shapes among the first {iteration.yielded - 1} traced): the {iteration.skipped} "
                     "batches skipped may be larger than those traced; --steps all runs every batch"
                 )
 

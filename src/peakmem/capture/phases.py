@@ -105,17 +105,20 @@ class PhaseTracker:
         self._stack.close()
 
     def run(self, job: Any) -> None:
-        """Run the job. An error after its training loop was ended early may be a consequence
-        of the shortening (an empty list averaged, a `next()` on an ended iterator): the capture
-        keeps what ran until then and says so."""
+        """Run the job. An error after its DataLoader epochs were shortened (or its training
+        loop ended early) may be a consequence of the shortening (a count of batches checked, a
+        `next()` on an ended iterator): the capture keeps what ran until then and says so."""
         try:
             job()
         except (Exception, SystemExit) as exc:
             if isinstance(exc, SystemExit) and exc.code in (None, 0):
                 raise
-            if not self.session.state.loop_ended:
+            if not (self.session.state.loop_ended or self.loaders.shortened):
                 raise
             self.error_after_end = exc
+            self.stop_reason = "error"
+            self.session.state.stopped = True
+            self.session.mark(STOP_MARK)
             raise StopJob from exc
 
     # -- state read by the recorder ------------------------------------------------------------
@@ -157,6 +160,9 @@ class PhaseTracker:
                 self._in_eval = True
                 self._ran("eval")
                 self.session.mark(EVAL_MARK)
+                state.phase = Phase.FORWARD.value
+                state.forward_calls += 1
+                return
             elif not evaluating and self._in_eval:
                 self._in_eval = False
                 state.phase = Phase.OTHER.value
@@ -313,7 +319,7 @@ class PhaseTracker:
                 "that — later epochs, evaluation, saving — did not run; --steps all runs it to "
                 "the end"
             )
-        elif state.stopped:
+        elif state.stopped and self.stop_reason != "error":
             where = (
                 f"epoch {self.stop_epoch} of its DataLoader" if self.stop_epoch
                 else "its training loop does not iterate a DataLoader, so it cannot be ended early"
@@ -335,9 +341,9 @@ class PhaseTracker:
             text = str(error).strip().splitlines()[0] if str(error).strip() else ""
             notes.append(
                 f"the job raised {type(error).__name__}{': ' + text if text else ''} after "
-                "peakmem ended its training loop early (a consequence of the shortened "
-                "epochs, or an error of its own in what follows); the estimate covers what "
-                "ran until then; --steps all runs the job unchanged"
+                "peakmem shortened its DataLoader epochs (a consequence of the shortening, or "
+                "an error of its own in what follows); the estimate covers what ran until "
+                "then (what follows did not run); --steps all runs the job unchanged"
             )
         if "eval" in self.phases_ran:
             notes.append(
