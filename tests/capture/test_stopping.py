@@ -431,3 +431,48 @@ def test_the_cli_takes_a_step_count_or_all():
     with pytest.raises(Exception, match="steps must be an integer >= 1 or 'all'") as info:
         estimate(lambda: None, steps=0, **GPU)
     assert info.value.exit_code == 2
+
+
+def test_torch_compile_note_names_what_was_compiled_and_bounds_the_fusion(a100, stack24):
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(256, 256)
+
+        def forward(self, x):
+            h = self.linear(x)
+            y = h * torch.sigmoid(h)  # saves h and sigmoid(h)
+            return (y * y).sum()  # saves y
+
+    def job():
+        model = torch.compile(Block().cuda())
+
+        @torch.compile(mode="reduce-overhead")
+        def double(x):
+            return x * 2
+
+        assert isinstance(model, Block) and double.__name__ == "double"
+        double(torch.randn(4, device="cuda"))
+        model(torch.randn(8192, 256, device="cuda")).backward()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    compile_notes = [note for note in result.notes if note.startswith("torch.compile")]
+    assert compile_notes == [
+        "torch.compile was not applied: Block, test_torch_compile_note_names_what_was_compiled_"
+        "and_bounds_the_fusion.<locals>.job.<locals>.double ran eagerly; Inductor fuses chains of "
+        "elementwise ops and frees (or recomputes in backward) their intermediates, so the "
+        "activations traced are an upper bound for the compiled run; mode='reduce-overhead' also "
+        "records CUDA graphs, whose private memory pools are not modelled"
+    ]
+    labels = marks(result.trace)
+    assert labels.count("compiled region") == labels.count("compiled region end") == 2
+    est = estimate(job, **GPU)
+    bound = [note for note in est.notes if note.startswith("torch.compile: ")]
+    assert len(bound) == 1
+    # sigmoid's output and y are saved for backward: 2 x 8192 x 256 floats = 16 MiB
+    assert bound[0].startswith(
+        "torch.compile: 16.0 MiB live at the peak are outputs of elementwise ops in compiled "
+        "regions, which Inductor may fuse away or recompute; the compiled run's peak allocated "
+        "memory is likely between "
+    )

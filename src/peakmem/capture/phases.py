@@ -35,7 +35,7 @@ from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
 from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import CaptureSession
 from peakmem.jobs.stop import ALL_STEPS, Steps
-from peakmem.trace.vocab import Category, Phase
+from peakmem.trace.vocab import Category, Mark, Phase
 
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
 MIN_STEPS = 3
@@ -43,9 +43,9 @@ MAX_AUTO_EPOCH = 256
 MAX_STEPS_AFTER_END = 32
 """Steps allowed after the training loop was ended (later epochs run 1 step each) before the
 job is stopped: a loop that re-iterates its DataLoader until a step count never ends by itself."""
-EVAL_MARK = "eval"
-END_MARK = "training loop ended"
-STOP_MARK = "stopped"
+EVAL_MARK = Mark.EVAL.value
+END_MARK = Mark.LOOP_ENDED.value
+STOP_MARK = Mark.STOPPED.value
 MANUAL = "manual"
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from peakmem.capture import DEFAULT_STEPS, CaptureResult
 from peakmem.estimate.breakdown import PeakBreakdown
+from peakmem.estimate.phase_notes import compile_bound_note, eval_peak_note
 from peakmem.jobs.stop import Steps
 from peakmem.profiles import GpuProfile, StackProfile, load_gpu, load_stack
 
@@ -265,9 +266,12 @@ def estimate_capture(
     if peak_index is None or peak_index < 0:
         peak_index = len(capture.trace) - 1
     notes = list(capture.notes)
-    peak_note = eval_peak_note(capture.trace, result.peak_reserved_index)
-    if peak_note is not None:
-        notes.append(peak_note)
+    for note in (
+        eval_peak_note(capture.trace, result.peak_reserved_index),
+        compile_bound_note(capture.trace, peak_index, int(result.peak_allocated_bytes)),
+    ):
+        if note is not None:
+            notes.append(note)
     if oom_message:
         notes.append(f"the simulated run runs out of memory on this GPU: {oom_message}")
     return Estimate(
@@ -290,32 +294,6 @@ def estimate_capture(
         simulation=result,
         libraries=libraries,
     )
-
-
-def eval_peak_note(trace: Any, peak_index: int) -> str | None:
-    """Whether an evaluation after training (an "eval" mark in the trace) set the peak: the
-    event at `peak_index` (where reserved memory first reached its maximum) came after an "eval"
-    mark and before the next training mark."""
-    from peakmem.trace.events import EventKind
-
-    marks = [
-        (index, trace.tag_of(index).op)
-        for index, kind in enumerate(trace.kinds)
-        if kind == EventKind.MARK and trace.tag_of(index) is not None
-    ]
-    if not any(label == "eval" for _, label in marks):
-        return None
-    phase = None
-    for index, label in marks:
-        if index > peak_index:
-            break
-        if label == "eval":
-            phase = "eval"
-        elif label in ("forward", "backward", "optimizer") or (label or "").startswith("step "):
-            phase = "training"
-    if phase == "eval":
-        return "the peak was set by the evaluation after training"
-    return "the peak was set during training, not by the evaluation after it"
 
 
 def _check_steps(steps: Any) -> Any:
