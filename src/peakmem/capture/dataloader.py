@@ -129,8 +129,8 @@ class LoaderEpochs:
     def __init__(self, session: CaptureSession, *, shorten: bool) -> None:
         self.session = session
         self.shorten = shorten
-        self.feeding: LoaderIteration | None = None
-        """The epoch that yielded a batch since the last training step (None: none did)."""
+        self._last: LoaderIteration | None = None  # the epoch that yielded last
+        self._steps_since_yield = 2
         self.training_epochs = 0
         """Epochs that fed a training step."""
         self.first_training: LoaderIteration | None = None
@@ -142,9 +142,11 @@ class LoaderEpochs:
 
     # -- read by the phase tracker -------------------------------------------------------------
     def step_taken(self) -> LoaderIteration | None:
-        """A training step ran: the epoch that fed it (None: no DataLoader did)."""
-        feeding = self.feeding
-        self.feeding = None
+        """A training step ran: the epoch that fed it (None: no DataLoader did). That is the
+        epoch that yielded last, if it yielded since the step before this one (loaders that
+        fetch one batch ahead, as accelerate's do, yield a step early)."""
+        feeding = self._last if self._steps_since_yield <= 1 else None
+        self._steps_since_yield += 1
         if feeding is not None and not feeding.fed_training:
             feeding.fed_training = True
             self._trained.add(id(getattr(feeding.loader, "dataset", feeding.loader)))
@@ -155,7 +157,8 @@ class LoaderEpochs:
 
     # -- called by the iterations --------------------------------------------------------------
     def yielded(self, iteration: LoaderIteration) -> None:
-        self.feeding = iteration
+        self._last = iteration
+        self._steps_since_yield = 0
 
     def finished(self, iteration: LoaderIteration) -> None:
         self._note(iteration)

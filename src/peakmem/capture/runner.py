@@ -170,7 +170,8 @@ def _run_captured(
 ) -> CaptureResult:
     if mode not in MODES:
         raise ValueError(f"unknown capture mode {mode!r}; choose one of {', '.join(MODES)}")
-    steps = parse_steps(steps)
+    if isinstance(steps, str):  # "all" (an int is taken as it is: 0 stops at the first step)
+        steps = parse_steps(steps)
     session = CaptureSession(gpu=gpu, stack=stack)
     session.trace.meta.update(
         {"gpu": gpu.name, "stack": stack.name, "capture_torch": torch.__version__, "mode": mode}
