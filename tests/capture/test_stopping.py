@@ -342,7 +342,31 @@ def test_a_loop_that_reiterates_its_dataloader_until_a_step_count_is_stopped(a10
     )
 
 
-def test_an_error_after_the_loop_was_ended_keeps_the_estimate_and_says_so(a100, stack24):
+def test_a_next_past_a_shortened_epoch_keeps_the_estimate_and_says_so(a100, stack24):
+    def job():
+        model = torch.nn.Linear(8, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.randn(80, 8), batch_size=8)
+        for _epoch in range(2):
+            batches = iter(loader)
+            for _ in range(len(loader)):  # 10 batches: the shortened epoch has 4
+                model(next(batches).cuda()).sum().backward()
+                optimizer.step()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None and result.exit_code == 0
+    assert result.stopped and result.steps == 4
+    assert result.notes == [
+        "DataLoader epoch of 10 batches: traced 3 full batches, then its last batch (the 6 "
+        "between repeat the same allocations when every batch has the same shapes)",
+        "the job raised StopIteration after peakmem shortened its DataLoader epochs (a next() "
+        "on an iterator that ended early); the estimate covers what ran until then (what "
+        "follows did not run); --steps all runs the job unchanged",
+    ]
+    assert capture_callable(job, gpu=a100, stack=stack24, steps="all").steps == 20
+
+
+def test_the_jobs_own_error_after_shortening_fails_with_a_hint(a100, stack24):
     def job():
         model = torch.nn.Linear(8, 2).cuda()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -357,19 +381,19 @@ def test_an_error_after_the_loop_was_ended_keeps_the_estimate_and_says_so(a100, 
                 raise RuntimeError(f"saw {seen} of {len(loader)} batches")
 
     result = capture_callable(job, gpu=a100, stack=stack24)
-    assert result.error is None and result.exit_code == 0
-    assert result.notes[-1] == (
-        "the job raised RuntimeError: saw 4 of 10 batches after peakmem shortened its "
-        "DataLoader epochs (a consequence of the shortening, or an error of its own in what "
-        "follows); the estimate covers what ran until then (what follows did not run); --steps "
+    assert result.exit_code == 1 and "RuntimeError: saw 4 of 10 batches" in result.error_text
+    assert result.error_text.endswith(
+        "peakmem: the job failed after peakmem shortened its DataLoader epochs (3 full batches "
+        "and the last, the training loop ended after a few steps); if that caused it, --steps "
         "all runs the job unchanged"
     )
-    assert result.stopped and result.steps == 4
-    # the same error before any shortening is the job's own
-    def failing():
+    assert capture_callable(job, gpu=a100, stack=stack24, steps="all").error is None
+
+    def failing():  # an error before any shortening: no hint
         raise RuntimeError("broken")
 
-    assert capture_callable(failing, gpu=a100, stack=stack24).exit_code == 1
+    failed = capture_callable(failing, gpu=a100, stack=stack24)
+    assert failed.exit_code == 1 and "--steps all" not in failed.error_text
 
 
 def test_a_multi_worker_loader_loads_in_the_main_process(a100, stack24):

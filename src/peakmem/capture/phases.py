@@ -84,6 +84,7 @@ class PhaseTracker:
         self.end_steps = 0
         self.end_epoch = 0
         self.error_after_end: BaseException | None = None
+        self.failed_after_shortening = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> PhaseTracker:
@@ -105,21 +106,35 @@ class PhaseTracker:
         self._stack.close()
 
     def run(self, job: Any) -> None:
-        """Run the job. An error after its DataLoader epochs were shortened (or its training
-        loop ended early) may be a consequence of the shortening (a count of batches checked, a
-        `next()` on an ended iterator): the capture keeps what ran until then and says so."""
+        """Run the job. A `StopIteration` escaping it after its DataLoader epochs were
+        shortened or its training loop ended (a `next()` on an iterator the capture ended) is
+        the capture's doing: the estimate keeps what ran until then and says so. Any other
+        error is the job's own (`failed_after_shortening` tells the runner to hint at
+        --steps all)."""
         try:
             job()
-        except (Exception, SystemExit) as exc:
-            if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        except Exception as exc:
+            shortened = self.session.state.loop_ended or self.loaders.shortened
+            if not shortened:
                 raise
-            if not (self.session.state.loop_ended or self.loaders.shortened):
+            if not _is_stop_iteration(exc):
+                self.failed_after_shortening = True
                 raise
             self.error_after_end = exc
             self.stop_reason = "error"
             self.session.state.stopped = True
             self.session.mark(STOP_MARK)
             raise StopJob from exc
+
+    def failure_hint(self) -> str | None:
+        """A line for the job's error message when it failed after the capture shortened it."""
+        if not self.failed_after_shortening:
+            return None
+        return (
+            "peakmem: the job failed after peakmem shortened its DataLoader epochs (3 full "
+            "batches and the last, the training loop ended after a few steps); if that caused "
+            "it, --steps all runs the job unchanged"
+        )
 
     # -- state read by the recorder ------------------------------------------------------------
     def current_module(self) -> str | None:
@@ -337,13 +352,11 @@ class PhaseTracker:
                 "all runs every batch"
             )
         if self.error_after_end is not None:
-            error = self.error_after_end
-            text = str(error).strip().splitlines()[0] if str(error).strip() else ""
             notes.append(
-                f"the job raised {type(error).__name__}{': ' + text if text else ''} after "
-                "peakmem shortened its DataLoader epochs (a consequence of the shortening, or "
-                "an error of its own in what follows); the estimate covers what ran until "
-                "then (what follows did not run); --steps all runs the job unchanged"
+                f"the job raised {type(self.error_after_end).__name__} after peakmem shortened "
+                "its DataLoader epochs (a next() on an iterator that ended early); the estimate "
+                "covers what ran until then (what follows did not run); --steps all runs the "
+                "job unchanged"
             )
         if "eval" in self.phases_ran:
             notes.append(
@@ -361,6 +374,13 @@ class PhaseTracker:
                 "the job never ran a backward pass: this is a forward/inference estimate"
             )
         return notes
+
+
+def _is_stop_iteration(exc: BaseException) -> bool:
+    """`StopIteration`, or a generator's `RuntimeError` made from one."""
+    return isinstance(exc, StopIteration) or (
+        isinstance(exc, RuntimeError) and isinstance(exc.__cause__, StopIteration)
+    )
 
 
 def _step_unit(steps: int, *, manual: bool) -> str:

@@ -225,6 +225,9 @@ def _run_captured(
         finally:
             session.close()
     result.seconds = time.perf_counter() - start
+    hint = phases.failure_hint()
+    if hint is not None and result.error_text and session.fake_limit is None:
+        result.error_text = result.error_text.rstrip() + "\n" + hint
     result.steps = session.state.steps
     result.stopped = session.state.stopped
     result.forward_calls = session.state.forward_calls
