@@ -40,9 +40,9 @@ def stop_note(steps, where, unit="optimizer steps"):
     )
 
 
-def ended_note(at, epoch, total):
+def ended_note(at, epoch, total, unit="optimizer steps"):
     return (
-        f"training loop ended early after {at} optimizer steps (in epoch {epoch}): its DataLoader "
+        f"training loop ended early after {at} {unit} (in epoch {epoch}): its DataLoader "
         "skipped to the epoch's last batch and stopped, and each later epoch ran its last batch "
         f"only ({total} steps in all); the code after the training loop ran; --steps all runs "
         "every batch"
@@ -218,8 +218,8 @@ def test_foreach_updates_over_a_dataloader_end_its_loop(tmp_path):
     """)
     result = estimate_command(["python", script], **GPU)
     assert result.estimate_kind == "training" and result.steps == 8
-    assert "training loop ended early after 6 parameter updates" not in " ".join(result.notes)
-    assert ended_note(6, 2, 8) in result.notes and EVAL_NOTE in result.notes
+    assert ended_note(6, 2, 8, unit="parameter updates") in result.notes
+    assert EVAL_NOTE in result.notes
 
 
 def test_backward_without_an_update_is_noted(a100, stack24):
@@ -500,3 +500,35 @@ def test_torch_compile_note_names_what_was_compiled_and_bounds_the_fusion(a100, 
         "regions, which Inductor may fuse away or recompute; the compiled run's peak allocated "
         "memory is likely between "
     )
+
+
+def test_an_iterable_dataset_loop_is_ended_and_later_epochs_keep_one_batch(a100, stack24):
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for i in range(40):
+                yield torch.full((8,), float(i))
+
+    def job():
+        model = torch.nn.Linear(8, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(Stream(), batch_size=4)
+        for _epoch in range(4):
+            losses = []
+            for x in loader:
+                loss = model(x.cuda()).sum()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+            print(sum(losses) / len(losses))  # an empty epoch would divide by zero
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    # 3 steps (no epoch length), the epoch ends; each later epoch runs its first batch
+    assert result.steps == 3 + 3 and not result.stopped and result.trace.meta["loop_ended"]
+    assert input_rows(result.trace, 8) == [4] * 6
+    assert (
+        "training loop ended early after 3 optimizer steps (in epoch 1): its DataLoader stopped "
+        "(it cannot skip to its last batch: an iterable dataset), and each later epoch ran its "
+        "first batch only (6 steps in all); the code after the training loop ran; --steps all "
+        "runs every batch"
+    ) in result.notes

@@ -100,9 +100,13 @@ class LoaderIteration:
             raise StopIteration
         last = None if self.length is None else self.length - 1
         if self.ending:
-            if not self.can_skip or last is None or self.position > last:
+            if not self.can_skip or last is None:
+                if self.yielded:  # cannot skip: end here (an epoch keeps at least one batch)
+                    self._finish()
+            elif self.position > last:
                 self._finish()
-            self._skip_to(last)
+            else:
+                self._skip_to(last)
         elif self.shorten and self.position == STEADY_BATCHES:
             self._skip_to(last)
         try:

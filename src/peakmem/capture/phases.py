@@ -83,6 +83,7 @@ class PhaseTracker:
         self.stop_epoch: int | None = None
         self.end_steps = 0
         self.end_epoch = 0
+        self.end_can_skip = True
         self.error_after_end: BaseException | None = None
         self.failed_after_shortening = False
 
@@ -297,6 +298,7 @@ class PhaseTracker:
             state.loop_ended = True
             self.end_steps = steps
             self.end_epoch = self.loaders.training_epochs
+            self.end_can_skip = feeding.can_skip
             self.session.mark(END_MARK)
 
     def _check_pending_stop(self) -> None:
@@ -344,10 +346,16 @@ class PhaseTracker:
                 "— later epochs, evaluation, saving — did not run; --steps all runs it to the end"
             )
         elif state.loop_ended:
+            manual = state.manual_steps > 0 and not self._optimizers
+            how = (
+                "its DataLoader skipped to the epoch's last batch and stopped, and each later "
+                "epoch ran its last batch only" if self.end_can_skip else
+                "its DataLoader stopped (it cannot skip to its last batch: an iterable dataset), "
+                "and each later epoch ran its first batch only"
+            )
             notes.append(
-                f"training loop ended early after {self.end_steps} {_step_unit(self.end_steps, manual=False)} "
-                f"(in epoch {self.end_epoch}): its DataLoader skipped to the epoch's last batch "
-                "and stopped, and each later epoch ran its last batch only "
+                f"training loop ended early after {self.end_steps} "
+                f"{_step_unit(self.end_steps, manual=manual)} (in epoch {self.end_epoch}): {how} "
                 f"({state.steps} steps in all); the code after the training loop ran; --steps "
                 "all runs every batch"
             )
