@@ -106,6 +106,9 @@ def test_an_evaluation_after_training_is_run_and_sets_the_peak_by_default(tmp_pa
     assert stopped.peak_allocated_bytes < result.peak_allocated_bytes / 2
     assert stop_note(3, "epoch 1 of its DataLoader") in stopped.notes
     assert EVAL_NOTE not in stopped.notes and stopped.capture.stopped
+    assert stopped.to_json()["stopped"] and stopped.to_json()["phases_ran"] == ["training"]
+    payload = result.to_json()
+    assert not payload["stopped"] and payload["phases_ran"] == ["training", "eval"]
 
 
 def test_a_small_evaluation_is_seen_and_training_keeps_the_peak(tmp_path):

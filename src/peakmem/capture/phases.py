@@ -244,9 +244,12 @@ class PhaseTracker:
             target = target[0] if target else None
         if not isinstance(target, torch.Tensor):
             return
-        is_param = id(target.untyped_storage()) in self._updated_storages or (
-            target.is_leaf and target.requires_grad and target.grad is not None
-        )
+        try:
+            is_param = id(target.untyped_storage()) in self._updated_storages or (
+                target.is_leaf and target.requires_grad and target.grad is not None
+            )
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, ...)
+            return
         if not is_param:
             return
         self._await_update = False

@@ -122,6 +122,10 @@ class Estimate:
             "mode_reason": self.mode_reason,
             "steps": self.steps,
             "estimate_kind": self.estimate_kind,
+            "stopped": bool(self.capture is not None and self.capture.stopped),
+            "phases_ran": list(self.capture.trace.meta.get("phases_ran", []))
+            if self.capture is not None
+            else [],
             "seconds": round(self.seconds, 3),
             "notes": list(self.notes),
             "assumptions": list(self.assumptions),
