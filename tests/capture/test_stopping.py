@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from peakmem.capture import capture_callable, capture_command
-from peakmem.capture.phases import MAX_STEPS_AFTER_END
+from peakmem.capture.phases import MAX_BARE_EPOCHS, MAX_STEPS_AFTER_END
 from peakmem.capture.runner import NO_DEVICE_NOTE
 from peakmem.cli.main import main
 from peakmem.estimate import estimate, estimate_command
@@ -322,6 +322,15 @@ def test_a_loop_without_a_dataloader_is_stopped_with_the_note(tmp_path, a100, st
     assert explicit.notes == [stop_note(5, NO_LOADER)]
 
 
+def runaway_note(steps):
+    return (
+        f"stopped after {steps} optimizer steps: the job kept training after peakmem ended its "
+        "training loop early at step 6 (more epochs with nothing else between them, or a loop "
+        "over a step count that re-iterates its DataLoader); what the script does after that — "
+        "later epochs, evaluation, saving — did not run; --steps all runs it to the end"
+    )
+
+
 def test_a_loop_that_reiterates_its_dataloader_until_a_step_count_is_stopped(a100, stack24):
     def job():
         model = torch.nn.Linear(8, 2).cuda()
@@ -335,14 +344,32 @@ def test_a_loop_that_reiterates_its_dataloader_until_a_step_count_is_stopped(a10
                 step += 1
 
     result = capture_callable(job, gpu=a100, stack=stack24)
-    limit = 6 + MAX_STEPS_AFTER_END
-    assert result.steps == limit and result.stopped
-    assert result.notes[-1] == (
-        f"stopped after {limit} optimizer steps: the job kept training after peakmem ended its "
-        "training loop early at step 6 (a loop that re-iterates its DataLoader until a step "
-        "count); what the script does after that — later epochs, evaluation, saving — did not "
-        "run; --steps all runs it to the end"
-    )
+    # 4 + 3 steps, then later epochs of one batch: the 4th of them in a row with nothing else
+    # between them stops the job
+    assert result.steps == 7 + MAX_BARE_EPOCHS + 1 and result.stopped
+    assert result.notes[-1] == runaway_note(11)
+
+
+def test_per_epoch_evaluation_keeps_later_epochs_running_to_the_end(a100, stack24):
+    def job(epochs):
+        model = torch.nn.Linear(8, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.randn(80, 8), batch_size=8)
+        for _epoch in range(epochs):
+            for x in loader:
+                model(x.cuda()).sum().backward()
+                optimizer.step()
+            with torch.no_grad():
+                model(torch.randn(64, 8, device="cuda"))
+        torch.cuda.synchronize()
+        model(torch.randn(1000, 8, device="cuda"))  # after the last epoch
+
+    result = capture_callable(job, 12, gpu=a100, stack=stack24)
+    assert result.steps == 7 + 10 and not result.stopped
+    assert marks(result.trace)[-1] == "forward"
+    # an epoch loop long enough runs into the step budget after the end
+    long = capture_callable(job, 100, gpu=a100, stack=stack24)
+    assert long.steps == 6 + MAX_STEPS_AFTER_END and long.notes[-2] == runaway_note(38)
 
 
 def test_a_next_past_a_shortened_epoch_keeps_the_estimate_and_says_so(a100, stack24):

@@ -133,6 +133,9 @@ class LoaderEpochs:
     def __init__(self, session: CaptureSession, *, shorten: bool) -> None:
         self.session = session
         self.shorten = shorten
+        self.bare_epochs = 0
+        """Later epochs of the ended loop in a row with nothing else between them."""
+        self._activity = True  # something besides training since the last later epoch began
         self._last: LoaderIteration | None = None  # the epoch that yielded last
         self._steps_since_yield = 2
         self.training_epochs = 0
@@ -160,7 +163,17 @@ class LoaderEpochs:
         return feeding
 
     # -- called by the iterations --------------------------------------------------------------
+    def other_activity(self) -> None:
+        """An evaluation (or another loader) ran: the epochs around it are not bare repeats."""
+        self._activity = True
+
+    def _later_epoch(self) -> None:
+        self.bare_epochs = 0 if self._activity else self.bare_epochs + 1
+        self._activity = False
+
     def yielded(self, iteration: LoaderIteration) -> None:
+        if not iteration.ending and not iteration.fed_training:
+            self._activity = True
         self._last = iteration
         self._steps_since_yield = 0
 
@@ -233,6 +246,7 @@ class LoaderEpochs:
                 and torch.is_grad_enabled()
             ):
                 iteration.end_after_this_batch()  # a later epoch of the ended loop: its last batch
+                self._later_epoch()
             return iteration
 
         loader_class.__iter__ = iterate

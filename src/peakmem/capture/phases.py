@@ -43,6 +43,9 @@ MAX_AUTO_EPOCH = 256
 MAX_STEPS_AFTER_END = 32
 """Steps allowed after the training loop was ended (later epochs run 1 step each) before the
 job is stopped: a loop that re-iterates its DataLoader until a step count never ends by itself."""
+MAX_BARE_EPOCHS = 3
+"""Later epochs in a row with nothing but training between them (no evaluation, no other
+DataLoader) before the job is stopped: they repeat the same allocations."""
 EVAL_MARK = Mark.EVAL.value
 END_MARK = Mark.LOOP_ENDED.value
 STOP_MARK = Mark.STOPPED.value
@@ -174,6 +177,7 @@ class PhaseTracker:
             evaluating = state.backward_passes > 0 and not torch.is_grad_enabled()
             if evaluating and not self._in_eval:
                 self._in_eval = True
+                self.loaders.other_activity()
                 self._ran("eval")
                 self.session.mark(EVAL_MARK)
                 state.phase = Phase.FORWARD.value
@@ -282,7 +286,10 @@ class PhaseTracker:
             return
         if self.stop_after_steps is None and feeding is not None:
             self._end_loop(feeding, steps)
-            if steps < self.limit() + MAX_STEPS_AFTER_END:
+            if (
+                steps < self.limit() + MAX_STEPS_AFTER_END
+                and self.loaders.bare_epochs < MAX_BARE_EPOCHS
+            ):
                 return
             self.stop_reason = "runaway"
         else:
@@ -334,10 +341,10 @@ class PhaseTracker:
         if state.stopped and self.stop_reason == "runaway":
             notes.append(
                 f"stopped after {state.steps} {unit}: the job kept training after peakmem "
-                f"ended its training loop early at step {self.end_steps} (a loop that "
-                "re-iterates its DataLoader until a step count); what the script does after "
-                "that — later epochs, evaluation, saving — did not run; --steps all runs it to "
-                "the end"
+                f"ended its training loop early at step {self.end_steps} (more epochs with "
+                "nothing else between them, or a loop over a step count that re-iterates its "
+                "DataLoader); what the script does after that — later epochs, evaluation, "
+                "saving — did not run; --steps all runs it to the end"
             )
         elif state.stopped and self.stop_reason != "error":
             where = (
