@@ -104,7 +104,7 @@ def test_an_evaluation_after_training_is_run_and_sets_the_peak_by_default(tmp_pa
     # stopping after 3 steps misses it, and says so
     stopped = estimate_command(["python", script], steps=3, **GPU)
     assert stopped.peak_allocated_bytes < result.peak_allocated_bytes / 2
-    assert stop_note(3, "epoch 1 of its DataLoader") in stopped.notes
+    assert stop_note(3, "--steps 3, in epoch 1 of its DataLoader") in stopped.notes
     assert EVAL_NOTE not in stopped.notes and stopped.capture.stopped
     assert stopped.to_json()["stopped"] and stopped.to_json()["phases_ran"] == ["training"]
     payload = result.to_json()
@@ -319,7 +319,7 @@ def test_a_loop_without_a_dataloader_is_stopped_with_the_note(tmp_path, a100, st
     assert marks(result.trace)[-1] == "stopped" and result.trace.meta["stopped"]
     assert not (tmp_path / "never.pt").exists()
     explicit = capture_command(["python", script], gpu=a100, stack=stack24, steps=5)
-    assert explicit.notes == [stop_note(5, NO_LOADER)]
+    assert explicit.notes == [stop_note(5, "--steps 5")]
 
 
 def runaway_note(steps):

@@ -347,10 +347,13 @@ class PhaseTracker:
                 "saving — did not run; --steps all runs it to the end"
             )
         elif state.stopped and self.stop_reason != "error":
-            where = (
-                f"epoch {self.stop_epoch} of its DataLoader" if self.stop_epoch
-                else "its training loop does not iterate a DataLoader, so it cannot be ended early"
-            )
+            epoch = f"epoch {self.stop_epoch} of its DataLoader" if self.stop_epoch else None
+            if self.stop_after_steps is not None:
+                where = f"--steps {self.stop_after_steps}" + (f", in {epoch}" if epoch else "")
+            else:
+                where = epoch or (
+                    "its training loop does not iterate a DataLoader, so it cannot be ended early"
+                )
             notes.append(
                 f"stopped after {state.steps} {unit} ({where}); what the script does after that "
                 "— later epochs, evaluation, saving — did not run; --steps all runs it to the end"
