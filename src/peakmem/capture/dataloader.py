@@ -140,7 +140,6 @@ class LoaderEpochs:
         self._steps_since_yield = 2
         self.training_epochs = 0
         """Epochs that fed a training step."""
-        self.first_training: LoaderIteration | None = None
         self._noted: set[tuple] = set()
         self._workers_noted = False
         self.shortened = False
@@ -158,8 +157,6 @@ class LoaderEpochs:
             feeding.fed_training = True
             self._trained.add(id(getattr(feeding.loader, "dataset", feeding.loader)))
             self.training_epochs += 1
-            if self.first_training is None:
-                self.first_training = feeding
         return feeding
 
     # -- called by the iterations --------------------------------------------------------------

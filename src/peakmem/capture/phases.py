@@ -82,7 +82,7 @@ class PhaseTracker:
         self._stop_pending = False
         self._in_eval = False
         self.phases_ran: list[str] = []
-        self.stop_reason: str | None = None  # "limit", "runaway"
+        self.stop_reason: str | None = None  # "limit", "runaway", "error"
         self.stop_epoch: int | None = None
         self.end_steps = 0
         self.end_epoch = 0
@@ -295,10 +295,8 @@ class PhaseTracker:
         else:
             self.stop_reason = "limit"
         self.stop_epoch = self.loaders.training_epochs or None
-        state.stopped = True
         if stop_now:
-            session.mark(STOP_MARK)
-            raise StopJob
+            self._stop()
         self._stop_pending = True  # inside the job's update loop: stop at its next forward
 
     def _end_loop(self, feeding: LoaderIteration, steps: int) -> None:
@@ -314,8 +312,12 @@ class PhaseTracker:
     def _check_pending_stop(self) -> None:
         if self._stop_pending:
             self._stop_pending = False
-            self.session.mark(STOP_MARK)
-            raise StopJob
+            self._stop()
+
+    def _stop(self) -> None:
+        self.session.state.stopped = True
+        self.session.mark(STOP_MARK)
+        raise StopJob
 
     def trace_meta(self) -> dict[str, Any]:
         """What ran, for the trace's header: the phases in order (training / eval), whether
