@@ -379,16 +379,18 @@ def test_a_next_past_a_shortened_epoch_keeps_the_estimate_and_says_so(a100, stac
         loader = torch.utils.data.DataLoader(torch.randn(80, 8), batch_size=8)
         for _epoch in range(2):
             batches = iter(loader)
-            for _ in range(len(loader)):  # 10 batches: the shortened epoch has 4
+            for _ in range(len(loader)):
                 model(next(batches).cuda()).sum().backward()
                 optimizer.step()
 
     result = capture_callable(job, gpu=a100, stack=stack24)
     assert result.error is None and result.exit_code == 0
-    assert result.stopped and result.steps == 4
+    # len(loader) is the shortened epoch's (4): the ended epoch (3 batches) runs out first
+    assert result.stopped and result.steps == 4 + 3
     assert result.notes == [
         "DataLoader epoch of 10 batches: traced 3 full batches, then its last batch (the 6 "
         "between repeat the same allocations when every batch has the same shapes)",
+        ended_note(6, 2, 7),
         "the job raised StopIteration after peakmem shortened its DataLoader epochs (a next() "
         "on an iterator that ended early); the estimate covers what ran until then (what "
         "follows did not run); --steps all runs the job unchanged",
@@ -411,7 +413,7 @@ def test_the_jobs_own_error_after_shortening_fails_with_a_hint(a100, stack24):
                 raise RuntimeError(f"saw {seen} of {len(loader)} batches")
 
     result = capture_callable(job, gpu=a100, stack=stack24)
-    assert result.exit_code == 1 and "RuntimeError: saw 4 of 10 batches" in result.error_text
+    assert result.exit_code == 1 and "RuntimeError: saw 3 of 4 batches" in result.error_text
     assert result.error_text.endswith(
         "peakmem: the job failed after peakmem shortened its DataLoader epochs (3 full batches "
         "and the last, the training loop ended after a few steps); if that caused it, --steps "
@@ -562,3 +564,26 @@ def test_an_iterable_dataset_loop_is_ended_and_later_epochs_keep_one_batch(a100,
         "first batch only (6 steps in all); the code after the training loop ran; --steps all "
         "runs every batch"
     ) in result.notes
+
+
+def test_closure_steps_count_once_and_end_the_loop(a100, stack24):
+    def job():
+        model = torch.nn.Linear(8, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.randn(80, 8), batch_size=8)
+        for _epoch in range(3):
+            for x in loader:
+                def closure(x=x):
+                    optimizer.zero_grad()
+                    loss = model(x.cuda()).sum()
+                    loss.backward()
+                    return loss
+
+                optimizer.step(closure)
+                with torch.no_grad():  # not a training step: the optimizer's steps are
+                    model.weight.clamp_(-1, 1)
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert result.steps == 4 + 3 + 1 and not result.stopped
+    assert ended_note(6, 2, 8) in result.notes

@@ -5,7 +5,8 @@ training has run long enough, so that what the script does after its training lo
 Every iteration of a `torch.utils.data.DataLoader` goes through `LoaderEpochs`:
 - shortening (the default step policy): a map-style loader's epoch longer than
   STEADY_BATCHES + 1 batches yields its first STEADY_BATCHES batches, then its last (often smaller)
-  batch; the batch sampler skips the indices between (no data is loaded for them). The batches
+  batch; the batch sampler skips the indices between (no data is loaded for them), and
+  `len(loader)` says STEADY_BATCHES + 1, so code that counts batches sees a consistent epoch. The batches
   skipped repeat the allocations of those traced when every batch has the same shapes; a loader
   whose traced batches differ in shape is noted (the skipped ones may be larger);
 - ending: once the step limit is reached, an iteration that fed a training step skips to its
@@ -41,14 +42,11 @@ def _shapes(batch: Any) -> tuple:
 class LoaderIteration:
     """One epoch of one DataLoader, as the job iterates it."""
 
-    def __init__(self, loaders: LoaderEpochs, loader: Any, iterator: Any, shorten: bool) -> None:
+    def __init__(self, loaders: LoaderEpochs, loader: Any, iterator: Any) -> None:
         self._loaders = loaders
         self._iterator = iterator
         self.loader = loader
-        try:
-            self.length: int | None = len(loader)
-        except TypeError:  # an IterableDataset without a length
-            self.length = None
+        self.length = loaders.true_length(loader)
         from torch.utils.data.dataloader import _DatasetKind
 
         self.can_skip = (
@@ -56,7 +54,7 @@ class LoaderIteration:
             and getattr(loader, "_dataset_kind", None) == _DatasetKind.Map
             and hasattr(iterator, "_sampler_iter")
         )
-        self.shorten = shorten and self.can_skip and self.length > STEADY_BATCHES + 1
+        self.shorten = self.can_skip and loaders._shortens(loader, self.length)
         self.position = 0  # index in the epoch of the next batch
         self.yielded = 0
         self.ending = False  # end after the batch the job holds: skip to the last, then stop
@@ -76,7 +74,7 @@ class LoaderIteration:
         return self
 
     def __len__(self) -> int:
-        return len(self._iterator)
+        return len(self.loader)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._iterator, name)
@@ -109,6 +107,7 @@ class LoaderIteration:
                 self._skip_to(last)
         elif self.shorten and self.position == STEADY_BATCHES:
             self._skip_to(last)
+            self._loaders.shortened_epoch(self)
         try:
             batch = next(self._iterator)
         except StopIteration:
@@ -177,18 +176,17 @@ class LoaderEpochs:
     def finished(self, iteration: LoaderIteration) -> None:
         self._note(iteration)
 
+    def shortened_epoch(self, iteration: LoaderIteration) -> None:
+        key = ("short", iteration.length)
+        if key not in self._noted:
+            self._noted.add(key)
+            self.session.notes.append(
+                f"DataLoader epoch of {iteration.length} batches: traced {STEADY_BATCHES} "
+                f"full batches, then its last batch (the {iteration.skipped} between repeat "
+                "the same allocations when every batch has the same shapes)"
+            )
+
     def _note(self, iteration: LoaderIteration) -> None:
-        if iteration.skipped and iteration.shorten and not iteration.ending:
-            key = ("short", iteration.length)
-            if key not in self._noted:
-                self._noted.add(key)
-                self.session.notes.append(
-                    f"DataLoader epoch of {iteration.length} batches: traced {STEADY_BATCHES} "
-                    f"full batches, then its last batch (the {iteration.skipped} between repeat "
-                    "the same allocations when every batch has the same shapes)"
-                )
-        if iteration.skipped:
-            self.shortened = True
         if iteration.skipped and len(iteration.shapes) > 1:
             key = ("varied", id(iteration.loader))
             if key not in self._noted:
@@ -220,10 +218,35 @@ class LoaderEpochs:
             )
         return iterator
 
+    def true_length(self, loader: Any) -> int | None:
+        """The loader's length as torch computes it (None: an IterableDataset without one)."""
+        try:
+            return self._original_len(loader)
+        except TypeError:
+            return None
+
+    def _shortens(self, loader: Any, length: int | None) -> bool:
+        from torch.utils.data.dataloader import _DatasetKind
+
+        return (
+            self.shorten
+            and length is not None
+            and length > STEADY_BATCHES + 1
+            and getattr(loader, "_dataset_kind", None) == _DatasetKind.Map
+        )
+
     @contextmanager
     def patched(self) -> Iterator[LoaderEpochs]:
+        """`DataLoader.__iter__` yields LoaderIterations; with shortening, `len(loader)` is the
+        shortened epoch's length, so code that counts batches (Lightning's validation check,
+        HF Trainer's steps per epoch, `if i == len(loader) - 1`) sees a consistent epoch."""
         loader_class = torch.utils.data.DataLoader
         original_iter = loader_class.__iter__
+        self._original_len = original_len = loader_class.__len__
+
+        def length(loader: Any) -> int:
+            value = original_len(loader)
+            return STEADY_BATCHES + 1 if self._shortens(loader, value) else value
 
         def iterate(loader: Any) -> Any:
             iterator = None
@@ -236,7 +259,7 @@ class LoaderEpochs:
                 iterator = original_iter(loader)
             if isinstance(iterator, LoaderIteration):  # a subclass calling super().__iter__
                 return iterator
-            iteration = LoaderIteration(self, loader, iterator, self.shorten)
+            iteration = LoaderIteration(self, loader, iterator)
             if (
                 self.session.state.loop_ended
                 and id(getattr(loader, "dataset", loader)) in self._trained
@@ -247,7 +270,9 @@ class LoaderEpochs:
             return iteration
 
         loader_class.__iter__ = iterate
+        loader_class.__len__ = length
         try:
             yield self
         finally:
             loader_class.__iter__ = original_iter
+            loader_class.__len__ = original_len

@@ -233,13 +233,14 @@ class PhaseTracker:
                     value, Category.OPTIMIZER_STATE.value, module=owner, only_from=_STEP_TEMPS
                 )
         session.state.phase = Phase.OTHER.value
+        self._await_update = False  # a closure's backward ran inside the step it fed
         self._step_taken(id(optimizer), stop_now=True)
 
     def _watch_op(self, func: Any, args: tuple) -> None:
         """A training step without an optimizer: the first in-place write to a parameter that
         received a gradient, after a backward, outside any optimizer step."""
-        if not self._await_update or not args:
-            return
+        if not self._await_update or not args or self._optimizers:
+            return  # a job with an optimizer: its steps are the training steps
         name = getattr(func, "_opname", "")
         if not name.endswith("_") or self.session.state.phase == Phase.OPTIMIZER.value:
             return
