@@ -30,7 +30,7 @@ class AllocationRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         rule = None if self.session.closed else op_rule_for(func)
-        if rule is not None and not _touches_device(args, kwargs):
+        if rule is not None and not _touches_device(self.session, args, kwargs):
             rule = None  # a host op: no CUDA library is involved
         around = None
         if rule is not None and inspect.isgeneratorfunction(rule):
@@ -113,9 +113,13 @@ def fake_limit_reason(func, args, kwargs, exc: BaseException) -> str | None:
     return None
 
 
-def _touches_device(args, kwargs) -> bool:
+def _touches_device(session: CaptureSession, args, kwargs) -> bool:
+    """Whether the op reads a device tensor (CUDA rules apply to device ops only)."""
     flat, _ = tree_flatten((args, kwargs))
-    return any(isinstance(t, torch.Tensor) and t.is_meta for t in flat)
+    return any(
+        isinstance(t, torch.Tensor) and t.is_meta and session.storage_kind(t) == "device"
+        for t in flat
+    )
 
 
 def _reads_host(args) -> bool:
