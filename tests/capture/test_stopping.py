@@ -177,6 +177,7 @@ def test_the_exact_shortening_gives_the_peak_of_the_whole_run(tmp_path):
     [
         "p.data -= 0.1 * p.grad",
         "p.data.add_(p.grad, alpha=-0.1)",
+        "p.data = p.data - 0.1 * p.grad",
         "with torch.no_grad():\n                        p -= 0.1 * p.grad",
     ],
 )

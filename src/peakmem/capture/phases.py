@@ -11,7 +11,8 @@ for backward (activations) when backward starts.
 
 Training steps are optimizer steps, or — for jobs without `torch.optim` — the first in-place
 write to a parameter that received a gradient after a backward (`p.data -= lr * p.grad`,
-`p.sub_(...)` under `no_grad`, `torch._foreach_add_(params, ...)`). How long the job runs
+`p.sub_(...)` under `no_grad`, `torch._foreach_add_(params, ...)`), or new data for such a
+parameter when the next forward starts (`p.data = p.data - lr * p.grad`). How long the job runs
 (`stop_after_steps`):
 - None (the default): `auto_step_limit` steps; then the training loop is ENDED where it iterates a
   DataLoader (capture.dataloader: its epoch skips to its last batch and stops), so the code after
@@ -24,6 +25,7 @@ A forward pass without gradients after training is an evaluation: marked "eval" 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -78,6 +80,7 @@ class PhaseTracker:
         self._optimizers: dict[int, Any] = {}
         self._steps_by_optimizer: dict[int, int] = {}
         self._updated_storages: set[int] = set()  # parameters with a gradient after a backward
+        self._watched: list[tuple[weakref.ref, int]] = []  # those parameters, their storages
         self._await_update = False  # a backward ran; no parameter update seen since
         self._stop_pending = False
         self._in_eval = False
@@ -169,8 +172,10 @@ class PhaseTracker:
 
     # -- hooks ---------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
-        self._check_pending_stop()
         state = self.session.state
+        if state.phase == Phase.OTHER.value:
+            self._check_replaced_parameters()
+        self._check_pending_stop()
         if state.phase == Phase.OTHER.value or self._in_eval:
             # a top-level forward without gradients after training is an evaluation (inner
             # no-grad calls, e.g. reentrant checkpointing, do not start one)
@@ -203,14 +208,28 @@ class PhaseTracker:
                 session.classify(buffer, Category.BUFFER.value, module=owner)
 
     def _classify_gradients(self, modules) -> None:
-        updated = set()
+        updated, watched = set(), []
         for module in list(modules):
             for param in module.parameters():
                 if param.grad is not None:
-                    updated.add(id(param.untyped_storage()))
+                    storage = id(param.untyped_storage())
+                    updated.add(storage)
+                    watched.append((weakref.ref(param), storage))
                 self.session.classify(param.grad, Category.GRADIENT.value, only_from=_STEP_TEMPS)
         self._updated_storages = updated
+        self._watched = watched
         self._await_update = True
+
+    def _check_replaced_parameters(self) -> None:
+        """A training step without an optimizer that replaces parameters' data
+        (`p.data = p.data - lr * p.grad`): seen when the next forward starts."""
+        if not self._await_update or self._optimizers or not self._watched:
+            return
+        for ref, storage in self._watched:
+            param = ref()
+            if param is not None and id(param.untyped_storage()) != storage:
+                self._manual_step()
+                return
 
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._optimizers[id(optimizer)] = optimizer
@@ -257,6 +276,9 @@ class PhaseTracker:
             return
         if not is_param:
             return
+        self._manual_step()
+
+    def _manual_step(self) -> None:
         self._await_update = False
         self.session.state.manual_steps += 1
         self._step_taken(MANUAL, stop_now=False)
