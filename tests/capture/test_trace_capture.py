@@ -113,12 +113,12 @@ def test_a_70b_parameter_model_builds_without_memory(a100, stack24):
     assert grown_kib < 512 * 1024  # well under 0.5 GiB for a 140 GB model
 
 
-def loader_job(samples, batch):
+def loader_job(samples, batch, epochs=50):
     def job():
         model = torch.nn.Linear(8, 2).cuda()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         data = torch.utils.data.TensorDataset(torch.randn(samples, 8))
-        for _epoch in range(50):
+        for _epoch in range(epochs):
             for (x,) in torch.utils.data.DataLoader(data, batch_size=batch):
                 model(x.cuda()).sum().backward()
                 optimizer.step()
@@ -131,17 +131,20 @@ def input_rows(trace):
 
 
 def test_default_steps_cover_a_short_epoch_and_its_smaller_last_batch(a100, stack24):
-    result = capture_callable(loader_job(28, 8), gpu=a100, stack=stack24)  # 4 batches an epoch
-    assert result.steps == 6 and result.stopped
-    assert input_rows(result.trace) == [8, 8, 8, 4, 8, 8]  # the 4-row batch, then a new epoch
-    explicit = capture_callable(loader_job(28, 8), gpu=a100, stack=stack24, steps=2)
-    assert explicit.steps == 2
+    job = loader_job(28, 8, epochs=5)  # 4 batches an epoch
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    # the 4-row batch, 2 steps of a new epoch, then the loop is ended: each epoch's last batch
+    assert input_rows(result.trace) == [8, 8, 8, 4, 8, 8, 4, 4, 4, 4]
+    assert result.steps == 10 and not result.stopped
+    explicit = capture_callable(job, gpu=a100, stack=stack24, steps=2)
+    assert explicit.steps == 2 and explicit.stopped
 
 
 def test_long_epochs_skip_from_steady_state_to_their_last_batch(a100, stack24):
-    result = capture_callable(loader_job(8 * 300 + 5, 8), gpu=a100, stack=stack24)  # 301 batches
-    assert result.steps == 6 and result.stopped
-    assert input_rows(result.trace) == [8, 8, 8, 5, 8, 8]
+    job = loader_job(8 * 300 + 5, 8, epochs=3)  # 301 batches
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.steps == 8 and not result.stopped
+    assert input_rows(result.trace) == [8, 8, 8, 5, 8, 8, 5, 5]
     assert any("DataLoader epoch of 301 batches" in note for note in result.notes)
     # an explicit step count runs the epoch as it is
     explicit = capture_callable(loader_job(8 * 300 + 5, 8), gpu=a100, stack=stack24, steps=5)

@@ -19,7 +19,10 @@ def test_json_output_for_the_bundled_example():
     payload = json.loads(result.stdout)
     assert payload["gpu"] == "a100-40gb" and payload["fits"] is True
     assert payload["peak_bytes"] == payload["context_bytes"] + payload["peak_reserved_bytes"]
-    assert payload["steps"] == 6  # one epoch of 4 batches + 2 steps
+    # one epoch of 4 batches + 2 steps, then the loop is ended: epoch 2 skips to its last batch
+    assert payload["steps"] == 7 and payload["estimate_kind"] == "training"
+    assert any(note.startswith("training loop ended early after 6 optimizer steps (in epoch 2)")
+               for note in payload["notes"])
     assert "epoch 0 step 0" not in result.stdout  # the job's prints stay off stdout
 
 

@@ -223,12 +223,69 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         session.autocast_cache.clear()
 
     def compile_as_eager(model: Any = None, **kwargs: Any) -> Any:
-        note = "torch.compile was not applied: the job was traced eagerly (compiled kernels may use less memory)"
-        if note not in session.notes:
+        """torch.compile: the job runs eagerly. The note names what was compiled; calls of a
+        compiled module or function are bracketed by "compiled region" / "compiled region end"
+        marks, so the estimate can bound what Inductor would not materialise."""
+        import functools
+
+        from peakmem.trace.vocab import Mark
+
+        seen = compile_as_eager.__dict__.setdefault("seen", {"names": [], "modes": []})
+        mode = kwargs.get("mode")
+
+        def start(*args: Any) -> None:
+            session.mark(Mark.COMPILED.value)
+
+        def end(*args: Any) -> None:
+            session.mark(Mark.COMPILED_END.value)
+
+        def apply(target: Any) -> Any:
+            owner = getattr(target, "__self__", None)
+            if isinstance(target, torch.nn.Module):
+                name = type(target).__name__
+                target.register_forward_pre_hook(start)
+                target.register_forward_hook(end, always_call=True)
+                result = target
+            else:
+                name = getattr(target, "__qualname__", None) or type(target).__name__
+                if isinstance(owner, torch.nn.Module):  # Module.compile(): its _call_impl
+                    name = type(owner).__name__
+                result = target
+                if callable(target):
+
+                    @functools.wraps(target)
+                    def result(*args: Any, **kw: Any) -> Any:
+                        start()
+                        try:
+                            return target(*args, **kw)
+                        finally:
+                            end()
+
+            if name not in seen["names"]:
+                seen["names"].append(name)
+            if mode in ("reduce-overhead", "max-autotune") and mode not in seen["modes"]:
+                seen["modes"].append(mode)
+            names = seen["names"]
+            listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            note = (
+                f"torch.compile was not applied: {listed} ran eagerly; Inductor fuses chains of "
+                "elementwise ops and frees (or recomputes in backward) their intermediates, so "
+                "the activations traced are an upper bound for the compiled run"
+            )
+            for graph_mode in seen["modes"]:
+                note += (
+                    f"; mode={graph_mode!r} also records CUDA graphs, whose private memory "
+                    "pools are not modelled"
+                )
+            session.notes[:] = [
+                n for n in session.notes if not n.startswith("torch.compile was not applied")
+            ]
             session.notes.append(note)
+            return result
+
         if model is None:  # used as @torch.compile(...)
-            return lambda fn: fn
-        return model
+            return apply
+        return apply(model)
 
     cuda = torch.cuda
     patches: dict[tuple[Any, str], Any] = {

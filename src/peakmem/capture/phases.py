@@ -1,4 +1,4 @@
-"""Where the job is: the phase of the training step and the module running.
+"""Where the job is: the phase of the training step and the module running; how long it runs.
 
 - forward: from the first module call after a step until backward starts (the loss counts);
 - backward: while `backward()` / `autograd.grad()` runs;
@@ -8,10 +8,24 @@ Module paths come from `capture.modules.ModulePaths` (forward and backward).
 Tensors the job keeps are re-tagged when they are recognised: parameters and buffers of called
 modules, gradients after backward, optimizer state after a step, and what the forward left alive
 for backward (activations) when backward starts.
+
+Training steps are optimizer steps, or — for jobs without `torch.optim` — the first in-place
+write to a parameter that received a gradient after a backward (`p.data -= lr * p.grad`,
+`p.sub_(...)` under `no_grad`, `torch._foreach_add_(params, ...)`), or new data for such a
+parameter when the next forward starts (`p.data = p.data - lr * p.grad`). How long the job runs
+(`stop_after_steps`):
+- None (the default): `auto_step_limit` steps; then the training loop is ENDED where it iterates a
+  DataLoader (capture.dataloader: its epoch skips to its last batch and stops), so the code after
+  it (evaluation, predict, saving) still runs; a loop that does not iterate a DataLoader
+  (`while True: x = get_batch()`) is stopped (StopJob), and a note says what did not run;
+- N: stopped after N steps (StopJob), nothing shortened;
+- "all": run to the end, nothing shortened.
+A forward pass without gradients after training is an evaluation: marked "eval" in the trace.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -19,13 +33,25 @@ from typing import Any
 import torch
 import torch.optim.optimizer as optimizer_hooks
 
+from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
 from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import CaptureSession
-from peakmem.trace.vocab import Category, Phase
+from peakmem.jobs.stop import ALL_STEPS, Steps
+from peakmem.trace.vocab import Category, Mark, Phase
 
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
 MIN_STEPS = 3
 MAX_AUTO_EPOCH = 256
+MAX_STEPS_AFTER_END = 32
+"""Steps allowed after the training loop was ended (later epochs run 1 step each) before the
+job is stopped: a loop that re-iterates its DataLoader until a step count never ends by itself."""
+MAX_BARE_EPOCHS = 3
+"""Later epochs in a row with nothing but training between them (no evaluation, no other
+DataLoader) before the job is stopped: they repeat the same allocations."""
+EVAL_MARK = Mark.EVAL.value
+END_MARK = Mark.LOOP_ENDED.value
+STOP_MARK = Mark.STOPPED.value
+MANUAL = "manual"
 
 
 def auto_step_limit(epoch_steps: int | None) -> int:
@@ -38,34 +64,84 @@ def auto_step_limit(epoch_steps: int | None) -> int:
 
 
 class StopJob(BaseException):  # noqa: N818  (a control-flow signal, not an error)
-    """Raised from an optimizer step hook once enough steps ran; the runner catches it."""
+    """Raised once the job must stop (the step limit); the runner catches it."""
 
 
 class PhaseTracker:
-    def __init__(self, session: CaptureSession, stop_after_steps: int | None) -> None:
-        """`stop_after_steps`: stop after that many optimizer steps; None: `auto_step_limit`."""
+    def __init__(self, session: CaptureSession, stop_after_steps: Steps) -> None:
+        """`stop_after_steps`: N, "all" or None (`auto_step_limit`, then the loop is ended)."""
         self.session = session
-        self.stop_after_steps = stop_after_steps
+        self.run_all = stop_after_steps == ALL_STEPS
+        self.stop_after_steps = None if self.run_all else stop_after_steps
+        self.loaders = LoaderEpochs(session, shorten=stop_after_steps is None)
         self.modules = ModulePaths(on_root=self._classify_module_state)
         self._stack = ExitStack()
         self._param_owner: dict[int, str] = {}
         self._optimizers: dict[int, Any] = {}
         self._steps_by_optimizer: dict[int, int] = {}
+        self._updated_storages: set[int] = set()  # parameters with a gradient after a backward
+        self._watched: list[tuple[weakref.ref, int]] = []  # those parameters, their storages
+        self._await_update = False  # a backward ran; no parameter update seen since
+        self._stop_pending = False
+        self._in_eval = False
+        self.phases_ran: list[str] = []
+        self.stop_reason: str | None = None  # "limit", "runaway", "error"
+        self.stop_epoch: int | None = None
+        self.end_steps = 0
+        self.end_epoch = 0
+        self.end_can_skip = True
+        self.error_after_end: BaseException | None = None
+        self.failed_after_shortening = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> PhaseTracker:
         stack = self._stack
         stack.enter_context(self.modules)
+        if not self.run_all:
+            stack.enter_context(self.loaders.patched())
         for register, hook in (
             (torch.nn.modules.module.register_module_forward_pre_hook, self._forward_pre),
             (optimizer_hooks.register_optimizer_step_pre_hook, self._step_pre),
             (optimizer_hooks.register_optimizer_step_post_hook, self._step_post),
         ):
             stack.callback(register(hook).remove)
+        self.session.watch_op = self._watch_op
+        stack.callback(setattr, self.session, "watch_op", None)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+    def run(self, job: Any) -> None:
+        """Run the job. A `StopIteration` escaping it after its DataLoader epochs were
+        shortened or its training loop ended (a `next()` on an iterator the capture ended) is
+        the capture's doing: the estimate keeps what ran until then and says so. Any other
+        error is the job's own (`failed_after_shortening` tells the runner to hint at
+        --steps all)."""
+        try:
+            job()
+        except Exception as exc:
+            shortened = self.session.state.loop_ended or self.loaders.shortened
+            if not shortened:
+                raise
+            if not _is_stop_iteration(exc):
+                self.failed_after_shortening = True
+                raise
+            self.error_after_end = exc
+            self.stop_reason = "error"
+            self.session.state.stopped = True
+            self.session.mark(STOP_MARK)
+            raise StopJob from exc
+
+    def failure_hint(self) -> str | None:
+        """A line for the job's error message when it failed after the capture shortened it."""
+        if not self.failed_after_shortening:
+            return None
+        return (
+            "peakmem: the job failed after peakmem shortened its DataLoader epochs (3 full "
+            "batches and the last, the training loop ended after a few steps); if that caused "
+            "it, --steps all runs the job unchanged"
+        )
 
     # -- state read by the recorder ------------------------------------------------------------
     def current_module(self) -> str | None:
@@ -76,12 +152,15 @@ class PhaseTracker:
         # What the forward made and is still alive when backward starts is what autograd saved
         # (a saved_tensors_hooks pack hook would tell exactly, but returning the tensor from it
         # makes reference cycles that delay every free until Python's garbage collection).
+        self._check_pending_stop()
         self.session.reclassify_live(
             Category.ACTIVATION.value, phase=Phase.FORWARD.value, only_from=_STEP_TEMPS
         )
         state = self.session.state
         previous = state.phase
         state.phase = Phase.BACKWARD.value
+        state.backward_passes += 1
+        self._in_eval = False
         self.modules.in_backward, self.modules.backward_module = True, None
         self.session.mark("backward")
         try:
@@ -94,6 +173,24 @@ class PhaseTracker:
     # -- hooks ---------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         state = self.session.state
+        if state.phase == Phase.OTHER.value:
+            self._check_replaced_parameters()
+        self._check_pending_stop()
+        if state.phase == Phase.OTHER.value or self._in_eval:
+            # a top-level forward without gradients after training is an evaluation (inner
+            # no-grad calls, e.g. reentrant checkpointing, do not start one)
+            evaluating = state.backward_passes > 0 and not torch.is_grad_enabled()
+            if evaluating and not self._in_eval:
+                self._in_eval = True
+                self.loaders.other_activity()
+                self._ran("eval")
+                self.session.mark(EVAL_MARK)
+                state.phase = Phase.FORWARD.value
+                state.forward_calls += 1
+                return
+            elif not evaluating and self._in_eval:
+                self._in_eval = False
+                state.phase = Phase.OTHER.value
         if state.phase == Phase.OTHER.value:
             state.phase = Phase.FORWARD.value
             state.forward_calls += 1
@@ -111,12 +208,32 @@ class PhaseTracker:
                 session.classify(buffer, Category.BUFFER.value, module=owner)
 
     def _classify_gradients(self, modules) -> None:
+        updated, watched = set(), []
         for module in list(modules):
             for param in module.parameters():
+                if param.grad is not None:
+                    storage = id(param.untyped_storage())
+                    updated.add(storage)
+                    watched.append((weakref.ref(param), storage))
                 self.session.classify(param.grad, Category.GRADIENT.value, only_from=_STEP_TEMPS)
+        self._updated_storages = updated
+        self._watched = watched
+        self._await_update = True
+
+    def _check_replaced_parameters(self) -> None:
+        """A training step without an optimizer that replaces parameters' data
+        (`p.data = p.data - lr * p.grad`): seen when the next forward starts."""
+        if not self._await_update or self._optimizers or not self._watched:
+            return
+        for ref, storage in self._watched:
+            param = ref()
+            if param is not None and id(param.untyped_storage()) != storage:
+                self._manual_step()
+                return
 
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._optimizers[id(optimizer)] = optimizer
+        self._await_update = False
         for group in optimizer.param_groups:
             for param in group["params"]:
                 self.session.classify(param, Category.PARAMETER.value, only_from=_STEP_TEMPS)
@@ -135,13 +252,183 @@ class PhaseTracker:
                     value, Category.OPTIMIZER_STATE.value, module=owner, only_from=_STEP_TEMPS
                 )
         session.state.phase = Phase.OTHER.value
-        key = id(optimizer)
+        self._await_update = False  # a closure's backward ran inside the step it fed
+        self._step_taken(id(optimizer), stop_now=True)
+
+    def _watch_op(self, func: Any, args: tuple) -> None:
+        """A training step without an optimizer: the first in-place write to a parameter that
+        received a gradient, after a backward, outside any optimizer step."""
+        if not self._await_update or not args or self._optimizers:
+            return  # a job with an optimizer: its steps are the training steps
+        name = getattr(func, "_opname", "")
+        if not name.endswith("_") or self.session.state.phase == Phase.OPTIMIZER.value:
+            return
+        target = args[0]
+        if isinstance(target, (list, tuple)):
+            target = target[0] if target else None
+        if not isinstance(target, torch.Tensor):
+            return
+        try:
+            is_param = id(target.untyped_storage()) in self._updated_storages or (
+                target.is_leaf and target.requires_grad and target.grad is not None
+            )
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, ...)
+            return
+        if not is_param:
+            return
+        self._manual_step()
+
+    def _manual_step(self) -> None:
+        self._await_update = False
+        self.session.state.manual_steps += 1
+        self._step_taken(MANUAL, stop_now=False)
+
+    # -- steps and the limit -------------------------------------------------------------------
+    def _ran(self, phase: str) -> None:
+        if not self.phases_ran or self.phases_ran[-1] != phase:
+            self.phases_ran.append(phase)
+
+    def limit(self) -> int:
+        if self.stop_after_steps is not None:
+            return int(self.stop_after_steps)
+        return auto_step_limit(self.session.state.epoch_steps)
+
+    def _step_taken(self, key: Any, *, stop_now: bool) -> None:
+        session, state = self.session, self.session.state
         self._steps_by_optimizer[key] = self._steps_by_optimizer.get(key, 0) + 1
-        session.state.steps = max(self._steps_by_optimizer.values())
+        state.steps = max(self._steps_by_optimizer.values())
+        self._ran("training")
         session.mark(f"step {self._steps_by_optimizer[key]}")
-        limit = self.stop_after_steps
-        if limit is None:
-            limit = auto_step_limit(session.state.epoch_steps)
-        if min(self._steps_by_optimizer.values()) >= limit:
-            session.state.stopped = True
-            raise StopJob
+        feeding = self.loaders.step_taken() if not self.run_all else None
+        if feeding is not None and state.epoch_steps is None:
+            state.epoch_steps = feeding.traced_length
+        if self.run_all:
+            return
+        steps = min(self._steps_by_optimizer.values())
+        if steps < self.limit():
+            return
+        if self.stop_after_steps is None and feeding is not None:
+            self._end_loop(feeding, steps)
+            if (
+                steps < self.limit() + MAX_STEPS_AFTER_END
+                and self.loaders.bare_epochs < MAX_BARE_EPOCHS
+            ):
+                return
+            self.stop_reason = "runaway"
+        else:
+            self.stop_reason = "limit"
+        self.stop_epoch = self.loaders.training_epochs or None
+        if stop_now:
+            self._stop()
+        self._stop_pending = True  # inside the job's update loop: stop at its next forward
+
+    def _end_loop(self, feeding: LoaderIteration, steps: int) -> None:
+        state = self.session.state
+        feeding.end_after_this_batch()
+        if not state.loop_ended:
+            state.loop_ended = True
+            self.end_steps = steps
+            self.end_epoch = self.loaders.training_epochs
+            self.end_can_skip = feeding.can_skip
+            self.session.mark(END_MARK)
+
+    def _check_pending_stop(self) -> None:
+        if self._stop_pending:
+            self._stop_pending = False
+            self._stop()
+
+    def _stop(self) -> None:
+        self.session.state.stopped = True
+        self.session.mark(STOP_MARK)
+        raise StopJob
+
+    def trace_meta(self) -> dict[str, Any]:
+        """What ran, for the trace's header: the phases in order (training / eval), whether
+        the job was stopped before its end or its training loop ended early."""
+        state = self.session.state
+        return {
+            "phases_ran": list(self.phases_ran),
+            "stopped": state.stopped,
+            "loop_ended": state.loop_ended,
+            "steps_policy": "all" if self.run_all else (self.stop_after_steps or "auto"),
+        }
+
+    # -- what the estimate says about it -------------------------------------------------------
+    def notes(self) -> list[str]:
+        state = self.session.state
+        notes = []
+        unit = _step_unit(state.steps, manual=state.manual_steps > 0 and not self._optimizers)
+        if state.manual_steps and not self._optimizers:
+            notes.append(
+                "training recognised from in-place parameter updates after backward (no "
+                "torch.optim optimizer): each update after a backward counts as a step"
+            )
+        if state.stopped and self.stop_reason == "runaway":
+            notes.append(
+                f"stopped after {state.steps} {unit}: the job kept training after peakmem "
+                f"ended its training loop early at step {self.end_steps} (more epochs with "
+                "nothing else between them, or a loop over a step count that re-iterates its "
+                "DataLoader); what the script does after that — later epochs, evaluation, "
+                "saving — did not run; --steps all runs it to the end"
+            )
+        elif state.stopped and self.stop_reason != "error":
+            epoch = f"epoch {self.stop_epoch} of its DataLoader" if self.stop_epoch else None
+            if self.stop_after_steps is not None:
+                where = f"--steps {self.stop_after_steps}" + (f", in {epoch}" if epoch else "")
+            else:
+                where = epoch or (
+                    "its training loop does not iterate a DataLoader, so it cannot be ended early"
+                )
+            notes.append(
+                f"stopped after {state.steps} {unit} ({where}); what the script does after that "
+                "— later epochs, evaluation, saving — did not run; --steps all runs it to the end"
+            )
+        elif state.loop_ended:
+            manual = state.manual_steps > 0 and not self._optimizers
+            how = (
+                "its DataLoader skipped to the epoch's last batch and stopped, and each later "
+                "epoch ran its last batch only" if self.end_can_skip else
+                "its DataLoader stopped (it cannot skip to its last batch: an iterable dataset), "
+                "and each later epoch ran its first batch only"
+            )
+            notes.append(
+                f"training loop ended early after {self.end_steps} "
+                f"{_step_unit(self.end_steps, manual=manual)} (in epoch {self.end_epoch}): {how} "
+                f"({state.steps} steps in all); the code after the training loop ran; --steps "
+                "all runs every batch"
+            )
+        if self.error_after_end is not None:
+            notes.append(
+                f"the job raised {type(self.error_after_end).__name__} after peakmem shortened "
+                "its DataLoader epochs (a next() on an iterator that ended early); the estimate "
+                "covers what ran until then (what follows did not run); --steps all runs the "
+                "job unchanged"
+            )
+        if "eval" in self.phases_ran:
+            notes.append(
+                "an evaluation phase (forward passes without gradients) ran after training "
+                "and was traced"
+            )
+        if state.backward_passes and not state.steps:
+            notes.append(
+                f"training (no parameter update seen): the job ran {state.backward_passes} "
+                "backward pass(es) but no optimizer step and no in-place update of a parameter "
+                "after a backward"
+            )
+        elif not state.backward_passes and not state.steps:
+            notes.append(
+                "the job never ran a backward pass: this is a forward/inference estimate"
+            )
+        return notes
+
+
+def _is_stop_iteration(exc: BaseException) -> bool:
+    """`StopIteration`, or a generator's `RuntimeError` made from one."""
+    return isinstance(exc, StopIteration) or (
+        isinstance(exc, RuntimeError) and isinstance(exc.__cause__, StopIteration)
+    )
+
+
+def _step_unit(steps: int, *, manual: bool) -> str:
+    what = "parameter update" if manual else "optimizer step"
+    return f"{what}{'' if steps == 1 else 's'}"

@@ -39,7 +39,7 @@ class AllocationRecorder(TorchDispatchMode):
         kind, kind_category = outputs_kind(self.session, args, kwargs)
         # a host-deferred or the job's own meta tensor: no CUDA kernel runs
         rule = None if self.session.closed or kind != "device" else op_rule_for(func)
-        if rule is not None and not _touches_device(args, kwargs):
+        if rule is not None and not _touches_device(self.session, args, kwargs):
             rule = None  # a host op (real CPU tensors only): no CUDA kernel either
         around = None
         if rule is not None and inspect.isgeneratorfunction(rule):
@@ -53,6 +53,8 @@ class AllocationRecorder(TorchDispatchMode):
             raise
         if self.session.closed:
             return out
+        if self.session.watch_op is not None:
+            self.session.watch_op(func, args)
         if (
             not self.session.eager
             and torch.Tag.dynamic_output_shape in getattr(func, "tags", ())
@@ -125,14 +127,14 @@ def fake_limit_reason(func, args, kwargs, exc: BaseException) -> str | None:
     return None
 
 
-def _touches_device(args, kwargs) -> bool:
-    """Whether an op has a meta (device) tensor or device among its arguments, or none at all
-    (a factory)."""
+def _touches_device(session: CaptureSession, args, kwargs) -> bool:
+    """Whether the op reads a device tensor, or makes one from nothing (a factory on the
+    device): CUDA rules apply to device ops only."""
     flat, _ = tree_flatten((args, kwargs))
     tensors = [t for t in flat if isinstance(t, torch.Tensor)]
-    if not tensors or any(isinstance(d, torch.device) and d.type == "meta" for d in flat):
-        return True
-    return any(t.is_meta for t in tensors)
+    if not tensors:
+        return any(isinstance(d, torch.device) and d.type == "meta" for d in flat)
+    return any(t.is_meta and session.storage_kind(t) == "device" for t in tensors)
 
 
 def _reads_host(args) -> bool:

@@ -34,7 +34,9 @@ from peakmem.jobs.runner import (
     time_limit,
     user_traceback,
 )
+from peakmem.jobs.stop import Steps, parse_steps
 from peakmem.profiles import GpuProfile, StackProfile
+from peakmem.trace.events import ALLOC_KINDS
 
 DEFAULT_STEPS = None  # auto: see phases.auto_step_limit
 
@@ -64,6 +66,8 @@ class CaptureResult:
     """Fake mode: data-dependent ops, sized from above."""
     peak_device_bytes: int = 0
     """The largest allocated device memory the capture saw (before any error)."""
+
+    backward_passes: int = 0
 
     @property
     def trained(self) -> bool:
@@ -98,75 +102,6 @@ def _cuda_kernels(session: CaptureSession) -> Iterator[None]:
         yield
     finally:
         library._destroy()
-
-
-@contextmanager
-def _epoch_length_probe(session: CaptureSession, fast_forward: bool) -> Iterator[None]:
-    """Note the length of the first DataLoader epoch the job iterates. With `fast_forward`, a
-    long epoch of a single-process loader is shortened: after STEADY_BATCHES full batches the
-    batch sampler skips to the epoch's last (often smaller) batch, since the batches between them
-    repeat the same allocations."""
-    loader_class = torch.utils.data.DataLoader
-    original_iter = loader_class.__iter__
-
-    def iterate(loader: Any) -> Any:
-        iterator = original_iter(loader)
-        if session.state.epoch_steps is not None:
-            return iterator
-        try:
-            length = len(loader)
-        except TypeError:  # an IterableDataset without a length
-            return iterator
-        skip = length - STEADY_BATCHES - 1
-        if fast_forward and skip > 0 and hasattr(iterator, "_sampler_iter") and not getattr(
-            iterator, "_workers", None
-        ):
-            session.state.epoch_steps = STEADY_BATCHES + 1
-            session.notes.append(
-                f"DataLoader epoch of {length} batches: traced {STEADY_BATCHES} full batches, "
-                f"then its last batch (the {skip} between repeat the same allocations)"
-            )
-            return _SkipToLastBatch(iterator, STEADY_BATCHES, skip)
-        session.state.epoch_steps = length
-        return iterator
-
-    loader_class.__iter__ = iterate
-    try:
-        yield
-    finally:
-        loader_class.__iter__ = original_iter
-
-
-STEADY_BATCHES = 3
-
-
-class _SkipToLastBatch:
-    """A DataLoader iterator that, after `after` batches, drops the next `skip` index batches
-    from the batch sampler (no data is loaded for them) and goes on."""
-
-    def __init__(self, iterator: Any, after: int, skip: int) -> None:
-        self._iterator = iterator
-        self._after = after
-        self._skip = skip
-        self._yielded = 0
-
-    def __iter__(self) -> _SkipToLastBatch:
-        return self
-
-    def __next__(self) -> Any:
-        if self._yielded == self._after and self._skip:
-            for _ in range(self._skip):
-                next(self._iterator._sampler_iter, None)
-            self._iterator._num_yielded += self._skip
-            self._skip = 0
-        self._yielded += 1
-        return next(self._iterator)
-
-    def __len__(self) -> int:
-        return len(self._iterator)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._iterator, name)
 
 
 MODES = ("fake", "eager")
@@ -233,12 +168,14 @@ def _run_captured(
     job: Callable[[], Any],
     gpu: GpuProfile,
     stack: StackProfile,
-    steps: int | None,
+    steps: Steps,
     timeout: float | None,
     mode: str = "fake",
 ) -> CaptureResult:
     if mode not in MODES:
         raise ValueError(f"unknown capture mode {mode!r}; choose one of {', '.join(MODES)}")
+    if isinstance(steps, str):  # "all" (an int is taken as it is: 0 stops at the first step)
+        steps = parse_steps(steps)
     session = CaptureSession(gpu=gpu, stack=stack)
     session.trace.meta.update(
         {"gpu": gpu.name, "stack": stack.name, "capture_torch": torch.__version__, "mode": mode}
@@ -262,7 +199,6 @@ def _run_captured(
         for patch in RUNTIME_PATCHES.values():
             stack_ctx.enter_context(patch())
         stack_ctx.enter_context(_cuda_kernels(session))
-        stack_ctx.enter_context(_epoch_length_probe(session, fast_forward=steps is None))
         stack_ctx.enter_context(divert_fake_saves(session))
         stack_ctx.enter_context(phases)
         try:
@@ -273,7 +209,7 @@ def _run_captured(
                 if executor is not None:  # inside the recorder: it sees the meta outputs
                     modes.enter_context(executor)
                 modes.enter_context(AllocationRecorder(session))
-                job()
+                phases.run(job)
         except StopJob:
             pass
         except EagerMemoryError as exc:
@@ -297,6 +233,9 @@ def _run_captured(
         finally:
             session.close()
     result.seconds = time.perf_counter() - start
+    hint = phases.failure_hint()
+    if hint is not None and result.error_text and session.fake_limit is None:
+        result.error_text = result.error_text.rstrip() + "\n" + hint
     result.steps = session.state.steps
     result.stopped = session.state.stopped
     result.forward_calls = session.state.forward_calls
@@ -311,11 +250,24 @@ def _run_captured(
     result.peak_device_bytes = session.max_allocated_bytes
     if executor is not None:
         result.notes.extend(_eager_notes(executor))
-    if not result.trained and result.error is None:
-        result.notes.append(
-            "the job never stepped an optimizer: this is a forward/inference estimate"
-        )
+    if result.error is None:
+        result.notes.extend(phases.notes())
+        result.notes.extend(_device_use_notes(session))
+    result.backward_passes = session.state.backward_passes
+    session.trace.meta.update(phases.trace_meta())
     return result
+
+
+NO_DEVICE_NOTE = (
+    "WARNING: the job made no device allocations: it never used the GPU (did it run on the "
+    "CPU?); the estimate is the CUDA context alone"
+)
+
+
+def _device_use_notes(session: CaptureSession) -> list[str]:
+    if any(kind in ALLOC_KINDS for kind in session.trace.kinds) or session.libraries:
+        return []
+    return [NO_DEVICE_NOTE]
 
 
 def _eager_notes(executor: ShadowExecutor) -> list[str]:
@@ -340,13 +292,14 @@ def capture_callable(
     *args: Any,
     gpu: GpuProfile,
     stack: StackProfile,
-    steps: int | None = DEFAULT_STEPS,
+    steps: Steps = DEFAULT_STEPS,
     timeout: float | None = None,
     mode: str = "fake",
     **kwargs: Any,
 ) -> CaptureResult:
     """Run `fn(*args, **kwargs)` with "cuda" shaped like `gpu`; stop after `steps` optimizer
-    steps (None: at least 3, or a short DataLoader epoch plus 2). `mode`: "fake" (device tensors
+    steps ("all": run to the end; None: at least 3, or a short DataLoader epoch plus 2, then
+    the training loop is ended early so what follows it runs: capture.phases). `mode`: "fake" (device tensors
     are meta tensors) or "eager" (the same, plus their real values computed on the CPU)."""
     return _run_captured(lambda: fn(*args, **kwargs), gpu, stack, steps, timeout, mode)
 
@@ -356,7 +309,7 @@ def capture_command(
     *,
     gpu: GpuProfile,
     stack: StackProfile,
-    steps: int | None = DEFAULT_STEPS,
+    steps: Steps = DEFAULT_STEPS,
     timeout: float | None = None,
     mode: str = "fake",
 ) -> CaptureResult:

@@ -46,8 +46,14 @@ class CaptureState:
     phase: str = Phase.OTHER.value
     steps: int = 0
     forward_calls: int = 0
-    epoch_steps: int | None = None  # batches per epoch of the first DataLoader iterated
+    epoch_steps: int | None = None  # batches per epoch of the DataLoader that fed training
     stopped: bool = False
+    """The job was stopped before its end (the step limit, with its training loop not ended)."""
+    backward_passes: int = 0
+    manual_steps: int = 0
+    """Training steps without an optimizer: parameters updated in place after a backward."""
+    loop_ended: bool = False
+    """The training loop was ended early (its DataLoader stopped) so what follows it ran."""
 
 
 @dataclass
@@ -81,6 +87,9 @@ class CaptureSession:
     """Fake mode: those of them made before the first forward pass (while the model was built)."""
     data_dependent: dict[str, int] = field(default_factory=dict)
     """Fake mode: data-dependent ops met (sized as if every element were selected)."""
+    watch_op: Callable[[Any, tuple], None] | None = None
+    """Called by the recorder with every aten op and its arguments (the phase tracker watches
+    for in-place updates of parameters)."""
     storage_kinds: dict[int, str] = field(default_factory=dict)
     """id(untyped storage) -> what a meta storage stands for, where it is not GPU memory:
     "host" (a host tensor kept fake until its values are needed) or "meta" (the job's own meta

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from peakmem.cli.steps_option import STEPS
+
 
 @click.command(
     "estimate",
@@ -22,8 +24,8 @@ import click
 @click.option(
     "--steps",
     default=None,
-    type=click.IntRange(min=1),
-    help="Optimizer steps to run [default: 3, or a DataLoader epoch + 2, a long epoch shortened to 3 full batches and its last one].",
+    type=STEPS,
+    help="Optimizer steps to run, or 'all' to run the job to its end [default: 3, or a DataLoader epoch + 2, then the training loop is ended so evaluation after it still runs].",
 )
 @click.option(
     "--mode",

@@ -10,6 +10,8 @@ from typing import Any
 from peakmem.capture import DEFAULT_STEPS, CaptureResult, Unsupported
 from peakmem.capture.fake_memory import allocator_target
 from peakmem.estimate.breakdown import PeakBreakdown
+from peakmem.estimate.phase_notes import compile_bound_note, eval_peak_note
+from peakmem.jobs.stop import Steps
 from peakmem.profiles import GpuProfile, StackProfile, load_gpu, load_stack
 
 DEFAULT_GPU = "h100-80gb"
@@ -88,6 +90,13 @@ class Estimate:
     def trained(self) -> bool:
         return self.steps > 0
 
+    @property
+    def estimate_kind(self) -> str:
+        """"training" when the job ran a backward pass (with or without a parameter update:
+        the notes say which), else "forward"."""
+        backward = self.capture is not None and self.capture.backward_passes > 0
+        return "training" if self.trained or backward else "forward"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "peak_bytes": self.peak_bytes,
@@ -113,7 +122,11 @@ class Estimate:
             "mode": self.mode,
             "mode_reason": self.mode_reason,
             "steps": self.steps,
-            "estimate_kind": "training" if self.trained else "forward",
+            "estimate_kind": self.estimate_kind,
+            "stopped": bool(self.capture is not None and self.capture.stopped),
+            "phases_ran": list(self.capture.trace.meta.get("phases_ran", []))
+            if self.capture is not None
+            else [],
             "seconds": round(self.seconds, 3),
             "notes": list(self.notes),
             "assumptions": list(self.assumptions),
@@ -269,6 +282,12 @@ def estimate_capture(
     if peak_index is None or peak_index < 0:
         peak_index = len(capture.trace) - 1
     notes = list(capture.notes)
+    for note in (
+        eval_peak_note(capture.trace, result.peak_reserved_index),
+        compile_bound_note(capture.trace, peak_index, int(result.peak_allocated_bytes)),
+    ):
+        if note is not None:
+            notes.append(note)
     if job_oom is None and capture.trace.meta.get("simulated_ooms"):
         notes.append(
             f"the job caught {len(capture.trace.meta['simulated_ooms'])} CUDA out-of-memory "
@@ -315,6 +334,15 @@ def simulated_oom(capture: CaptureResult) -> str | None:
     )
 
 
+def _check_steps(steps: Any) -> Any:
+    from peakmem.jobs.stop import parse_steps
+
+    try:
+        return parse_steps(steps)
+    except ValueError as exc:
+        raise EstimateError(str(exc), exit_code=2) from None
+
+
 def parse_alloc_conf(alloc_conf: str, torch_version: str) -> Any:
     """The allocator configuration as the target torch parses it; EstimateError if it would
     reject it."""
@@ -347,7 +375,7 @@ def estimate(
     gpu: str | GpuProfile = DEFAULT_GPU,
     torch_version: str | None = None,
     alloc_conf: str | None = None,
-    steps: int | None = DEFAULT_STEPS,
+    steps: Steps = DEFAULT_STEPS,
     mode: str = "auto",
     timeout: float | None = None,
     timeline: bool = False,
@@ -355,12 +383,16 @@ def estimate(
 ) -> Estimate:
     """Estimate the peak GPU memory of `fn(*args, **kwargs)` on `gpu`, without a GPU.
 
-    `fn` is written as for a GPU (it uses "cuda"); it runs on the CPU with fake device tensors
-    and stops after `steps` optimizer steps (None: at least 3; a DataLoader epoch plus 2 steps,
-    a long epoch shortened to 3 full batches and its smaller last batch)."""
+    `fn` is written as for a GPU (it uses "cuda"); it runs on the CPU with fake device tensors.
+    `steps`: None (default): at least 3 training steps (a DataLoader epoch plus 2, a long epoch
+    shortened to 3 full batches and its smaller last batch), then the training loop is ended
+    early so what follows it (evaluation, predict) still runs, or the job is stopped where its
+    loop does not iterate a DataLoader (the notes say so); N: stop after N steps; "all": run the
+    job to its end, nothing shortened."""
     from peakmem.capture import capture_callable
 
     _check_mode(mode)
+    steps = _check_steps(steps)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     with allocator_target(conf, version):
         capture = _capture_with_mode(
@@ -382,7 +414,7 @@ def estimate_command(
     gpu: str | GpuProfile = DEFAULT_GPU,
     torch_version: str | None = None,
     alloc_conf: str | None = None,
-    steps: int | None = DEFAULT_STEPS,
+    steps: Steps = DEFAULT_STEPS,
     mode: str = "auto",
     timeout: float | None = None,
     timeline: bool = False,
@@ -391,6 +423,7 @@ def estimate_command(
     from peakmem.capture import capture_command
 
     _check_mode(mode)
+    steps = _check_steps(steps)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     with allocator_target(conf, version):
         capture = _capture_with_mode(

@@ -31,12 +31,12 @@ def short_source(value: Sourced) -> str:
 
 
 def render(result: Estimate, console: Console) -> None:
-    kind = "training" if result.trained else "forward/inference"
+    kind = "training" if result.estimate_kind == "training" else "forward/inference"
     console.print(
         f"[bold]peakmem estimate[/bold] on [cyan]{result.gpu.device_name}[/cyan] "
         f"({result.gpu.name}, {human_bytes(result.capacity_bytes)}), "
         f"torch {result.torch_version} ({result.stack.name}), mode {result.mode}, "
-        f"{kind}: {result.steps} optimizer step(s), {result.seconds:.2f} s"
+        f"{kind}: {result.steps} training step(s), {result.seconds:.2f} s"
     )
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")

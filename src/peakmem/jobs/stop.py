@@ -20,9 +20,33 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 OnStep = Callable[[int], None]
+
+ALL_STEPS = "all"
+Steps = int | Literal["all"] | None
+"""How long a job runs: N optimizer steps, "all" (to its end, nothing shortened) or None (the
+capture's default: a few steps, its training loop ended early so what follows still runs)."""
+
+
+def parse_steps(value: object) -> Steps:
+    """`3`, `"3"`, `"all"` or None -> a step limit; ValueError for anything else (0, -1,
+    "many", 2.5, True)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == ALL_STEPS:
+            return ALL_STEPS
+        if not text.isdigit():
+            raise ValueError(f"steps must be an integer >= 1 or 'all', got {value!r}")
+        value = int(text)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"steps must be an integer >= 1 or 'all', got {value!r}")
+    if value < 1:
+        raise ValueError(f"steps must be an integer >= 1 or 'all', got {value!r}")
+    return value
 
 
 class StepLimitReached(BaseException):  # noqa: N818 - a control-flow signal, not an error

@@ -33,3 +33,18 @@ class Phase(StrEnum):
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
     OTHER = "other"
+
+
+class Mark(StrEnum):
+    """Labels of MARK events besides the step marks ("forward", "backward", "optimizer",
+    "step N")."""
+
+    EVAL = "eval"
+    """A forward pass without gradients after training starts an evaluation."""
+    LOOP_ENDED = "training loop ended"
+    """The capture ended the training loop early (its DataLoader stopped); what follows runs."""
+    STOPPED = "stopped"
+    """The capture stopped the job before its end."""
+    COMPILED = "compiled region"
+    """A torch.compile'd module or function starts (it runs eagerly in the capture)."""
+    COMPILED_END = "compiled region end"

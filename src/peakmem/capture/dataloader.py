@@ -1,0 +1,278 @@
+"""The job's DataLoader epochs during a capture: shortened where that is exact, ended early once
+training has run long enough, so that what the script does after its training loop (evaluation,
+`predict`, generation, saving) still runs and is traced.
+
+Every iteration of a `torch.utils.data.DataLoader` goes through `LoaderEpochs`:
+- shortening (the default step policy): a map-style loader's epoch longer than
+  STEADY_BATCHES + 1 batches yields its first STEADY_BATCHES batches, then its last (often smaller)
+  batch; the batch sampler skips the indices between (no data is loaded for them), and
+  `len(loader)` says STEADY_BATCHES + 1, so code that counts batches sees a consistent epoch. The batches
+  skipped repeat the allocations of those traced when every batch has the same shapes; a loader
+  whose traced batches differ in shape is noted (the skipped ones may be larger);
+- ending: once the step limit is reached, an iteration that fed a training step skips to its
+  epoch's last batch after that step, then ends (StopIteration) — the training loop ends the way
+  it would at the end of its data; later epochs over a dataset that fed training, iterated with
+  gradients enabled, yield their last batch only (an iteration under `no_grad` is an
+  evaluation: shortened, not ended);
+- worker processes: a loader with `num_workers > 0` loads its batches in the main process
+  (GPU memory does not depend on where the host loads data, and only a main-process sampler can
+  skip batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from peakmem.capture.session import CaptureSession
+
+STEADY_BATCHES = 3
+
+
+def _shapes(batch: Any) -> tuple:
+    """The shapes of the tensors in a batch, in order (its shape signature)."""
+    flat, _ = tree_flatten(batch)
+    return tuple(tuple(t.shape) for t in flat if isinstance(t, torch.Tensor))
+
+
+class LoaderIteration:
+    """One epoch of one DataLoader, as the job iterates it."""
+
+    def __init__(self, loaders: LoaderEpochs, loader: Any, iterator: Any) -> None:
+        self._loaders = loaders
+        self._iterator = iterator
+        self.loader = loader
+        self.length = loaders.true_length(loader)
+        from torch.utils.data.dataloader import _DatasetKind
+
+        self.can_skip = (
+            self.length is not None
+            and getattr(loader, "_dataset_kind", None) == _DatasetKind.Map
+            and hasattr(iterator, "_sampler_iter")
+        )
+        self.shorten = self.can_skip and loaders._shortens(loader, self.length)
+        self.position = 0  # index in the epoch of the next batch
+        self.yielded = 0
+        self.ending = False  # end after the batch the job holds: skip to the last, then stop
+        self.finished = False
+        self.skipped = 0
+        self.fed_training = False
+        self.shapes: set[tuple] = set()
+
+    @property
+    def traced_length(self) -> int | None:
+        """Batches this epoch yields when it is not ended early."""
+        if self.shorten:
+            return STEADY_BATCHES + 1
+        return self.length
+
+    def __iter__(self) -> LoaderIteration:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterator, name)
+
+    def end_after_this_batch(self) -> None:
+        self.ending = True
+
+    def _skip_to(self, index: int) -> None:
+        count = index - self.position
+        if count <= 0:
+            return
+        for _ in range(count):
+            next(self._iterator._sampler_iter, None)
+        self._iterator._num_yielded += count
+        self.position = index
+        self.skipped += count
+        self._loaders.shortened = True
+
+    def __next__(self) -> Any:
+        if self.finished:
+            raise StopIteration
+        last = None if self.length is None else self.length - 1
+        if self.ending:
+            if not self.can_skip or last is None:
+                if self.yielded:  # cannot skip: end here (an epoch keeps at least one batch)
+                    self._finish()
+            elif self.position > last:
+                self._finish()
+            else:
+                self._skip_to(last)
+        elif self.shorten and self.position == STEADY_BATCHES:
+            self._skip_to(last)
+            self._loaders.shortened_epoch(self)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            self._finish()
+        if len(self.shapes) < 8 and self.position != last:  # the last batch may be smaller
+            self.shapes.add(_shapes(batch))
+        self.position += 1
+        self.yielded += 1
+        self._loaders.yielded(self)
+        return batch
+
+    def _finish(self) -> None:
+        self.finished = True
+        self._loaders.finished(self)
+        raise StopIteration
+
+
+class LoaderEpochs:
+    """Patches `DataLoader.__iter__` for the capture; tells the phase tracker which epoch fed
+    the latest training step."""
+
+    def __init__(self, session: CaptureSession, *, shorten: bool) -> None:
+        self.session = session
+        self.shorten = shorten
+        self.bare_epochs = 0
+        """Later epochs of the ended loop in a row with nothing else between them."""
+        self._activity = True  # something besides training since the last later epoch began
+        self._last: LoaderIteration | None = None  # the epoch that yielded last
+        self._steps_since_yield = 2
+        self.training_epochs = 0
+        """Epochs that fed a training step."""
+        self._noted: set[tuple] = set()
+        self._workers_noted = False
+        self.shortened = False
+        """An epoch skipped batches (the job may notice: a count of batches, a `next()`)."""
+        self._trained: set[int] = set()  # ids of the datasets whose loaders fed training
+
+    # -- read by the phase tracker -------------------------------------------------------------
+    def step_taken(self) -> LoaderIteration | None:
+        """A training step ran: the epoch that fed it (None: no DataLoader did). That is the
+        epoch that yielded last, if it yielded since the step before this one (loaders that
+        fetch one batch ahead, as accelerate's do, yield a step early)."""
+        feeding = self._last if self._steps_since_yield <= 1 else None
+        self._steps_since_yield += 1
+        if feeding is not None and not feeding.fed_training:
+            feeding.fed_training = True
+            self._trained.add(id(getattr(feeding.loader, "dataset", feeding.loader)))
+            self.training_epochs += 1
+        return feeding
+
+    # -- called by the iterations --------------------------------------------------------------
+    def other_activity(self) -> None:
+        """An evaluation (or another loader) ran: the epochs around it are not bare repeats."""
+        self._activity = True
+
+    def _later_epoch(self) -> None:
+        self.bare_epochs = 0 if self._activity else self.bare_epochs + 1
+        self._activity = False
+
+    def yielded(self, iteration: LoaderIteration) -> None:
+        if not iteration.ending and not iteration.fed_training:
+            self._activity = True
+        self._last = iteration
+        self._steps_since_yield = 0
+
+    def finished(self, iteration: LoaderIteration) -> None:
+        self._note(iteration)
+
+    def shortened_epoch(self, iteration: LoaderIteration) -> None:
+        key = ("short", iteration.length)
+        if key not in self._noted:
+            self._noted.add(key)
+            self.session.notes.append(
+                f"DataLoader epoch of {iteration.length} batches: traced {STEADY_BATCHES} "
+                f"full batches, then its last batch (the {iteration.skipped} between repeat "
+                "the same allocations when every batch has the same shapes)"
+            )
+
+    def _note(self, iteration: LoaderIteration) -> None:
+        if iteration.skipped and len(iteration.shapes) > 1:
+            key = ("varied", id(iteration.loader))
+            if key not in self._noted:
+                self._noted.add(key)
+                self.session.notes.append(
+                    f"a DataLoader's batches vary in shape ({len(iteration.shapes)} different "
+                    f"shapes among the first {iteration.yielded - 1} traced): the {iteration.skipped} "
+                    "batches skipped may be larger than those traced; --steps all runs every batch"
+                )
+
+    # -- the patch -----------------------------------------------------------------------------
+    def _main_process_iterator(self, loader: Any) -> Any:
+        """A single-process iterator for a loader with worker processes."""
+        from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+        workers, timeout = loader.num_workers, loader.timeout
+        object.__setattr__(loader, "num_workers", 0)
+        object.__setattr__(loader, "timeout", 0)
+        try:
+            iterator = _SingleProcessDataLoaderIter(loader)
+        finally:
+            object.__setattr__(loader, "num_workers", workers)
+            object.__setattr__(loader, "timeout", timeout)
+        if not self._workers_noted:
+            self._workers_noted = True
+            self.session.notes.append(
+                f"a DataLoader with num_workers={workers} loaded its batches in the main process "
+                "during the capture (GPU memory does not depend on it)"
+            )
+        return iterator
+
+    def true_length(self, loader: Any) -> int | None:
+        """The loader's length as torch computes it (None: an IterableDataset without one)."""
+        try:
+            return self._original_len(loader)
+        except TypeError:
+            return None
+
+    def _shortens(self, loader: Any, length: int | None) -> bool:
+        from torch.utils.data.dataloader import _DatasetKind
+
+        return (
+            self.shorten
+            and length is not None
+            and length > STEADY_BATCHES + 1
+            and getattr(loader, "_dataset_kind", None) == _DatasetKind.Map
+        )
+
+    @contextmanager
+    def patched(self) -> Iterator[LoaderEpochs]:
+        """`DataLoader.__iter__` yields LoaderIterations; with shortening, `len(loader)` is the
+        shortened epoch's length, so code that counts batches (Lightning's validation check,
+        HF Trainer's steps per epoch, `if i == len(loader) - 1`) sees a consistent epoch."""
+        loader_class = torch.utils.data.DataLoader
+        original_iter = loader_class.__iter__
+        self._original_len = original_len = loader_class.__len__
+
+        def length(loader: Any) -> int:
+            value = original_len(loader)
+            return STEADY_BATCHES + 1 if self._shortens(loader, value) else value
+
+        def iterate(loader: Any) -> Any:
+            iterator = None
+            if getattr(loader, "num_workers", 0) > 0:
+                try:
+                    iterator = self._main_process_iterator(loader)
+                except Exception:  # an unusual loader: let it run as it is
+                    iterator = None
+            if iterator is None:
+                iterator = original_iter(loader)
+            if isinstance(iterator, LoaderIteration):  # a subclass calling super().__iter__
+                return iterator
+            iteration = LoaderIteration(self, loader, iterator)
+            if (
+                self.session.state.loop_ended
+                and id(getattr(loader, "dataset", loader)) in self._trained
+                and torch.is_grad_enabled()
+            ):
+                iteration.end_after_this_batch()  # a later epoch of the ended loop: its last batch
+                self._later_epoch()
+            return iteration
+
+        loader_class.__iter__ = iterate
+        loader_class.__len__ = length
+        try:
+            yield self
+        finally:
+            loader_class.__iter__ = original_iter
+            loader_class.__len__ = original_len
