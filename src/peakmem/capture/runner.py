@@ -60,6 +60,16 @@ class CaptureResult:
     """Fake mode: data-dependent ops, sized from above."""
     peak_device_bytes: int = 0
     """The largest allocated device memory the capture saw (before any error)."""
+    reason: str | None = None
+    """Why the job failed, when it did: "raised", "exit" (sys.exit non-zero), "os_exit",
+    "timeout", "fake_limit", "host_memory", "signal", "no_result", "bad_input", "internal"
+    (the finer cause of the shared error contract)."""
+    job_exit_code: int | None = None
+    """The status the job itself asked for (sys.exit(n), os._exit(n)), when it did."""
+    signal: str | None = None
+    """The signal that ended the job's process (a supervised run), e.g. "SIGSEGV"."""
+    error_type: str | None = None
+    """The class name of the job's exception, when it raised."""
 
     @property
     def trained(self) -> bool:
@@ -194,10 +204,24 @@ def backend_flags_restored() -> Iterator[None]:
                 setattr(owner, name, value)
 
 
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, also for an exception whose ``__str__`` raises or returns a non-string."""
+    try:
+        text = str(exc)
+    except BaseException:  # noqa: BLE001 - a hostile __str__ may raise anything
+        return f"<{type(exc).__name__}: str() failed>"
+    return text if isinstance(text, str) else ""
+
+
+def first_line(exc: BaseException) -> str:
+    text = safe_str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def _is_fake_limit(exc: BaseException) -> bool:
     """An error raised because the device tensors are fake, not by the job itself (for errors
     the recorder did not see: raised above the aten ops)."""
-    text = str(exc).lower()
+    text = safe_str(exc).lower()
     return isinstance(exc, NotImplementedError) or ("meta" in text and "device" not in text)
 
 
@@ -250,6 +274,14 @@ def _run_captured(
         trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode
     )
     start = time.perf_counter()
+
+    def in_progress() -> CaptureResult:
+        snapshot = CaptureResult(
+            trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode
+        )
+        _collect(snapshot, session, executor, start)
+        return snapshot
+
     with ExitStack() as stack_ctx:
         stack_ctx.enter_context(backend_flags_restored())
         stack_ctx.enter_context(fake_cuda_runtime(session))
@@ -258,6 +290,7 @@ def _run_captured(
         stack_ctx.enter_context(_cuda_kernels(session))
         stack_ctx.enter_context(_epoch_length_probe(session, fast_forward=steps is None))
         stack_ctx.enter_context(phases)
+        _ACTIVE.append(in_progress)
         try:
             with ExitStack() as modes:
                 modes.enter_context(time_limit(timeout))
@@ -269,25 +302,64 @@ def _run_captured(
         except StopJob:
             pass
         except EagerMemoryError as exc:
-            result.error, result.exit_code = exc, 1
+            result.error, result.exit_code, result.reason = exc, 1, "host_memory"
             result.error_text = f"peakmem: {exc}"
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if code:
-                result.error, result.exit_code = exc, code
-                result.error_text = f"the job exited with status {code}"
+            _record_system_exit(result, exc)
         except JobTimeout as exc:
             result.error, result.exit_code, result.error_text = exc, 124, str(exc)
-        except Exception as exc:  # the job's own error: reported with its traceback
-            result.error, result.exit_code = exc, 1
+            result.reason = "timeout"
+        except BaseException as exc:  # the job's own error (KeyboardInterrupt and
+            # BaseException subclasses included): reported with its traceback
+            result.error, result.exit_code, result.reason = exc, 1, "raised"
+            result.error_type = type(exc).__name__
             result.error_text = user_traceback(exc)
             if session.fake_limit is None and not session.eager and _is_fake_limit(exc):
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                session.fake_limit = f"{type(exc).__name__}: {first}"
+                session.fake_limit = f"{type(exc).__name__}: {first_line(exc)}"
             if session.fake_limit is not None:
                 result.error_text = fake_limit_message(session.fake_limit, exc)
+                result.reason = "fake_limit"
         finally:
             session.close()
+            _ACTIVE.pop()
+    _collect(result, session, executor, start)
+    return result
+
+
+_ACTIVE: list[Callable[[], CaptureResult]] = []
+
+
+def capture_in_progress() -> CaptureResult | None:
+    """What the innermost running capture has recorded so far (None outside a capture): for a
+    job that ends its process itself (os._exit) in the middle of its run."""
+    return _ACTIVE[-1]() if _ACTIVE else None
+
+
+def _record_system_exit(result: CaptureResult, exc: SystemExit) -> None:
+    """sys.exit(0) / sys.exit(None) is a normal end; sys.exit(n) with any other int (256
+    included: a shell would see 0, but the job asked for 256) and sys.exit("message") fail."""
+    code = exc.code
+    if code is None or (isinstance(code, int) and not isinstance(code, bool) and code == 0):
+        return
+    if code is False:
+        return
+    result.error, result.reason = exc, "exit"
+    if isinstance(code, int):  # True is 1
+        result.exit_code = result.job_exit_code = int(code)
+        result.error_text = f"the job exited with status {int(code)} (sys.exit)"
+    else:  # python prints the object and exits with status 1
+        try:
+            text = str(code)
+        except BaseException:  # noqa: BLE001 - a hostile __str__
+            text = f"<{type(code).__name__}>"
+        result.exit_code = result.job_exit_code = 1
+        result.error_text = f"the job exited with status 1: {text}"
+
+
+def _collect(
+    result: CaptureResult, session: CaptureSession, executor: ShadowExecutor | None, start: float
+) -> None:
+    """Fill `result` from the session once the job has ended."""
     result.seconds = time.perf_counter() - start
     result.steps = session.state.steps
     result.stopped = session.state.stopped
@@ -307,7 +379,6 @@ def _run_captured(
         result.notes.append(
             "the job never stepped an optimizer: this is a forward/inference estimate"
         )
-    return result
 
 
 def _eager_notes(executor: ShadowExecutor) -> list[str]:

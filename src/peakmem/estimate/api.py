@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,13 +17,87 @@ DEFAULT_GPU = "h100-80gb"
 MODES = ("fake", "eager", "auto")
 
 
-class EstimateError(RuntimeError):
-    """The job could not be estimated (its own error, a timeout, or an unsupported mode)."""
+# peakmem's exit code -> the error kind of the shared contract (README "Exit codes")
+ERROR_KINDS = {1: "job_failed", 2: "bad_input", 3: "unsupported", 70: "internal", 124: "timeout"}
 
-    def __init__(self, message: str, capture: CaptureResult | None = None, exit_code: int = 1):
+
+class EstimateError(RuntimeError):
+    """The job could not be estimated (its own error, a timeout, or an unsupported mode).
+
+    ``str(error)`` is the whole text (the job's traceback where it raised); ``message`` is one
+    line; ``exit_code`` is peakmem's exit code (the contract's table), ``job_exit_code`` the
+    status the job asked for, ``reason`` the finer cause; ``to_json()`` the `--json` object."""
+
+    def __init__(
+        self,
+        message: str,
+        capture: CaptureResult | None = None,
+        exit_code: int = 1,
+        *,
+        reason: str | None = None,
+        job_exit_code: int | None = None,
+        signal: str | None = None,
+        traceback: str | None = None,
+        summary: str | None = None,
+    ):
         super().__init__(message)
         self.capture = capture
-        self.exit_code = exit_code
+        self.exit_code = exit_code if exit_code in ERROR_KINDS else 1
+        self.kind = ERROR_KINDS[self.exit_code]
+        self.reason = reason
+        self.job_exit_code = job_exit_code
+        self.signal = signal
+        self.traceback = traceback
+        self.message = _one_line(summary if summary is not None else message)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "kind": self.kind,
+                "message": self.message,
+                "exit_code": self.exit_code,
+                "reason": self.reason,
+                "job_exit_code": self.job_exit_code,
+                "signal": self.signal,
+                "traceback": self.traceback,
+            }
+        }
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    line = " ".join(lines[:1]) if lines else "the job failed"
+    return line if len(line) <= 2000 else line[:1997] + "..."
+
+
+def failure(capture: CaptureResult) -> EstimateError:
+    """The error for a capture whose job did not run to an estimate."""
+    from peakmem.capture.runner import first_line
+
+    reason = capture.reason or ("timeout" if capture.exit_code == 124 else "raised")
+    text = (capture.error_text or "").rstrip() or _safe(capture.error)
+    common = {"reason": reason, "job_exit_code": capture.job_exit_code, "signal": capture.signal}
+    if reason == "raised":
+        error = capture.error
+        type_name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
+        detail = first_line(error) if error is not None else ""
+        summary = f"the job raised {type_name}" + (f": {detail}" if detail else "")
+        return EstimateError(text, capture, 1, traceback=text or None, summary=summary, **common)
+    if reason == "timeout":
+        return EstimateError(text, capture, 124, summary=text, **common)
+    if reason == "fake_limit":
+        return EstimateError(text, capture, 3, summary=text, **common)
+    if reason == "bad_input":
+        return EstimateError(text, capture, 2, summary=text, **common)
+    if reason == "internal":
+        return EstimateError(text, capture, 70, traceback=text, summary=text, **common)
+    return EstimateError(text, capture, 1, summary=text, **common)
+
+
+def _safe(error: BaseException | None) -> str:
+    from peakmem.capture.runner import safe_str
+
+    return safe_str(error) if error is not None else ""
 
 
 @dataclass
@@ -180,11 +256,13 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
     """Why auto mode must rerun a fake capture in eager mode (None: the fake one stands)."""
     if capture.fake_limit is not None:
         return capture.fake_limit
-    if capture.error is not None and capture.exit_code != 124 and capture.host_reads:
+    if capture.reason == "raised" and capture.host_reads:
+        from peakmem.capture.runner import first_line
+
         error = capture.error
-        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
         return (
-            f"the job failed ({type(error).__name__}: {text}) after {capture.host_reads} host "
+            f"the job failed ({name}: {first_line(error)}) after {capture.host_reads} host "
             "read(s) of device values, which fake mode answers with zeros"
         )
     return None
@@ -216,6 +294,8 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str) -> Captur
             f"execution) needs at least {need / GIB:.1f} GiB of host RAM "
             f"({limit / GIB:.1f} GiB available)",
             capture,
+            3,
+            reason="fake_limit",
         )
     first = capture
     capture = run("eager")
@@ -302,8 +382,24 @@ def _resolve(gpu: str | GpuProfile, torch_version: str | None, alloc_conf: str |
 
 def _finish(capture: CaptureResult, **kwargs: Any) -> Estimate:
     if capture.error is not None:
-        raise EstimateError(capture.error_text or str(capture.error), capture, capture.exit_code)
+        raise failure(capture)
     return estimate_capture(capture, **kwargs)
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """A timeout is a finite positive number of seconds (or None); EstimateError otherwise."""
+    if timeout is None:
+        return None
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise EstimateError(
+            f"the timeout must be a finite positive number of seconds, got {timeout!r}",
+            exit_code=2, reason="bad_input",
+        )
+    return value
 
 
 def estimate(
@@ -326,6 +422,7 @@ def estimate(
     from peakmem.capture import capture_callable
 
     _check_mode(mode)
+    timeout = check_timeout(timeout)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     capture = _capture_with_mode(
         lambda run_mode: capture_callable(
@@ -350,19 +447,95 @@ def estimate_command(
     mode: str = "auto",
     timeout: float | None = None,
     timeline: bool = False,
+    max_host_memory: int | None = None,
+    job_log: str | os.PathLike[str] | None = None,
+    sandbox: Sequence[str] | None = None,
+    isolate: bool = True,
 ) -> Estimate:
-    """Estimate an unmodified `python script.py args` / `python -m module args`."""
-    from peakmem.capture import capture_command
+    """Estimate an unmodified `python script.py args` / `python -m module args`.
 
+    The job runs in a child process supervised from here (``isolate=False``: in this process,
+    without the limits below). `timeout`: wall-clock seconds for the whole estimate (auto mode's
+    eager rerun included); `max_host_memory`: bytes the job's processes may hold resident;
+    `job_log`: a file for the job's stdout and stderr (default: this process's stderr);
+    `sandbox`: a command prefix for the child. Raises EstimateError (``exit_code``, ``kind``,
+    ``reason``: the contract's table) when no estimate can be made."""
     _check_mode(mode)
+    timeout = check_timeout(timeout)
+    if max_host_memory is not None and max_host_memory <= 0:
+        raise EstimateError(f"--max-host-memory must be positive, got {max_host_memory}",
+                            exit_code=2, reason="bad_input")
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
-    capture = _capture_with_mode(
-        lambda run_mode: capture_command(
-            argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout, mode=run_mode
-        ),
-        mode,
-    )
+    _check_command(argv)
+    if not isolate:
+        from peakmem.capture import capture_command
+
+        capture = _capture_with_mode(
+            lambda run_mode: capture_command(
+                argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout, mode=run_mode
+            ),
+            mode,
+        )
+    else:
+        capture = _capture_supervised(
+            argv, gpu_profile, version, steps, mode, timeout, max_host_memory, job_log, sandbox
+        )
     return _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
         mode=mode, timeline=timeline,
     )
+
+
+def _check_command(argv: Sequence[str]) -> None:
+    from pathlib import Path
+
+    from peakmem.jobs.runner import JobSpec, JobSpecError
+
+    try:
+        spec = JobSpec.parse(list(argv))
+        if spec.script is not None and not Path(spec.script).is_file():
+            raise JobSpecError(f"script not found: {spec.script}")
+    except JobSpecError as exc:
+        raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None
+
+
+def _capture_supervised(
+    argv: Sequence[str],
+    gpu: GpuProfile,
+    version: str,
+    steps: int | None,
+    mode: str,
+    timeout: float | None,
+    max_host_memory: int | None,
+    job_log: str | os.PathLike[str] | None,
+    sandbox: Sequence[str] | None,
+) -> CaptureResult:
+    """Each capture pass in a fresh child (auto mode's eager rerun too), within one deadline."""
+    from peakmem.capture.supervised import capture_in_child, timed_out
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    log_fd = None
+    if job_log is not None:
+        try:
+            log_fd = os.open(os.path.abspath(job_log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            raise EstimateError(f"cannot open the job log {os.fspath(job_log)!r}: {exc.strerror}",
+                                exit_code=2, reason="bad_input") from None
+
+    def run(run_mode: str) -> CaptureResult:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return timed_out(run_mode, timeout)
+        return capture_in_child(
+            argv, gpu=gpu, torch_version=version, steps=steps, mode=run_mode, timeout=remaining,
+            max_host_memory=max_host_memory, output_fd=log_fd, sandbox=sandbox,
+        )
+
+    try:
+        capture = _capture_with_mode(run, mode)
+    finally:
+        if log_fd is not None:
+            os.close(log_fd)
+    if capture.reason == "timeout" and timeout is not None:
+        capture.error_text = f"the job ran past the time limit of {timeout:g} s"
+    return capture
