@@ -91,7 +91,7 @@ FIELDS: dict[str, Any] = {
 
 def encode(result: Any, pid: int) -> bytes:
     """The child's message for `result` (a CaptureResult)."""
-    from peakmem.capture.runner import first_line
+    from peakmem.capture.result import first_line
 
     error = result.error
     fields = {
@@ -176,7 +176,7 @@ def _tag_fields(tag: Tag) -> tuple[Any, ...]:
 
 def capture_result(fields: dict[str, Any], trace: Trace) -> Any:
     """A CaptureResult from decoded fields."""
-    from peakmem.capture.runner import CaptureResult
+    from peakmem.capture.result import CaptureResult
 
     values = {
         name: fields[name]

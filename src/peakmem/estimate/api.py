@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peakmem.capture import DEFAULT_STEPS, CaptureResult
+from peakmem.capture.result import DEFAULT_STEPS, CaptureResult
 from peakmem.estimate.breakdown import PeakBreakdown
 from peakmem.profiles import GpuProfile, StackProfile, load_gpu, load_stack
 
@@ -72,7 +72,7 @@ def _one_line(text: str) -> str:
 
 def failure(capture: CaptureResult) -> EstimateError:
     """The error for a capture whose job did not run to an estimate."""
-    from peakmem.capture.runner import first_line
+    from peakmem.capture.result import first_line
 
     reason = capture.reason or ("timeout" if capture.exit_code == 124 else "raised")
     text = (capture.error_text or "").rstrip() or _safe(capture.error)
@@ -95,7 +95,7 @@ def failure(capture: CaptureResult) -> EstimateError:
 
 
 def _safe(error: BaseException | None) -> str:
-    from peakmem.capture.runner import safe_str
+    from peakmem.capture.result import safe_str
 
     return safe_str(error) if error is not None else ""
 
@@ -196,9 +196,15 @@ class Estimate:
 
 
 def _installed_torch_version() -> str:
-    import torch
+    """The installed torch's version, read from its metadata (importing torch costs seconds)."""
+    from importlib import metadata
 
-    return torch.__version__.split("+")[0]
+    try:
+        return metadata.version("torch").split("+")[0]
+    except metadata.PackageNotFoundError:
+        import torch
+
+        return torch.__version__.split("+")[0]
 
 
 def margin_kind(libraries: dict[str, int]) -> str:
@@ -257,7 +263,7 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
     if capture.fake_limit is not None:
         return capture.fake_limit
     if capture.reason == "raised" and capture.host_reads:
-        from peakmem.capture.runner import first_line
+        from peakmem.capture.result import first_line
 
         error = capture.error
         name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
@@ -270,9 +276,6 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
 
 def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str) -> CaptureResult:
     """Run the capture in `mode`; auto: fake, then eager if fake mode could not run the job."""
-    from peakmem.capture.eager import GIB, eager_ram_limit
-    from peakmem.capture.runner import fake_limit_message
-
     if mode == "eager":
         capture = run("eager")
         capture.mode_reason = "--mode eager: the job ran for real on the CPU"
@@ -282,11 +285,15 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str) -> Captur
     if mode == "fake":
         capture.mode_reason = "--mode fake: device tensors were fake (meta), nothing computed"
         if reason is not None and capture.fake_limit is not None and capture.error is None:
+            from peakmem.capture.runner import fake_limit_message
+
             capture.notes.append(fake_limit_message(reason))
         return capture
     if reason is None:
         capture.mode_reason = "auto: the whole job ran on fake tensors"
         return capture
+    from peakmem.capture.eager import GIB, eager_ram_limit
+
     need, limit = capture.peak_device_bytes, eager_ram_limit()
     if need > limit:
         raise EstimateError(

@@ -123,13 +123,40 @@ def _proc_table() -> dict[int, tuple[int, int]]:
     return table
 
 
+def _become_subreaper() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux): a job's grandchild that
+    left the job's group (its own session) and whose parent ended is reparented here rather
+    than to init, so that it can still be found and ended with the job."""
+    global _SUBREAPER
+    if _SUBREAPER or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        _SUBREAPER = libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        _SUBREAPER = False
+
+
+_SUBREAPER = False
+_LIVE_CHILDREN: set[int] = set()  # pids of the children started here and not yet reaped
+
+
 def group_members(leader: int, table: dict[int, tuple[int, int]] | None = None) -> set[int]:
     """Processes of the child's group plus every descendant of the child (a grandchild that
-    made its own session is still found while its parent lives)."""
+    made its own session is still found while its parent lives), and the orphans of jobs that
+    were reparented to this process (subreaper): those outside this process's own group."""
     table = _proc_table() if table is None else table
     members = {pid for pid, (_ppid, pgid) in table.items() if pgid == leader}
     if leader in table:
         members.add(leader)
+    me, my_group = os.getpid(), os.getpgrp()
+    members |= {
+        pid
+        for pid, (ppid, pgid) in table.items()
+        if ppid == me and pgid != my_group and pid not in _LIVE_CHILDREN
+    }
     children: dict[int, list[int]] = {}
     for pid, (ppid, _pgid) in table.items():
         children.setdefault(ppid, []).append(pid)
@@ -256,9 +283,11 @@ def _start(spec: ChildSpec, sandbox: Sequence[str] | None) -> _Running:
 def _finish(run: _Running, status: str, note: str | None = None) -> None:
     """End the child's whole group (also when it exited: what it left behind) and record how it
     ended."""
+    _LIVE_CHILDREN.discard(run.process.pid)
     kill_group(run.process.pid, grace=0.0 if status == OutcomeStatus.EXITED else KILL_GRACE_SECONDS,
                wait=run.process)
     code = run.process.wait()
+    _reap_orphans()
     if run.forwarder is not None:
         run.forwarder.join(timeout=2.0)
     outcome = ChildOutcome(
@@ -278,6 +307,26 @@ def _finish(run: _Running, status: str, note: str | None = None) -> None:
     if note:
         outcome.notes.append(note)
     run.outcome = outcome
+
+
+def _reap_orphans() -> None:
+    """Collect the exit status of orphans reparented here (they were just killed)."""
+    me, my_group = os.getpid(), os.getpgrp()
+    for _ in range(20):
+        orphans = [
+            pid
+            for pid, (ppid, pgid) in _proc_table().items()
+            if ppid == me and pgid != my_group and pid not in _LIVE_CHILDREN
+        ]
+        reaped = 0
+        for pid in orphans:
+            try:
+                reaped += os.waitpid(pid, os.WNOHANG)[0] == pid
+            except (ChildProcessError, OSError):
+                reaped += 1
+        if reaped == len(orphans):
+            return
+        time.sleep(POLL_SECONDS)
 
 
 def _signal_name(signum: int) -> str:
@@ -303,9 +352,11 @@ def run_children(
     """
     limits = limits or Limits()
     running: list[_Running] = []
+    _become_subreaper()
     try:
         for spec in specs:
             running.append(_start(spec, sandbox))
+            _LIVE_CHILDREN.add(running[-1].process.pid)
         deadline = None if limits.timeout is None else time.monotonic() + limits.timeout
         next_memory_poll = 0.0
         while any(run.outcome is None for run in running):
