@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from peakmem.capture.child import child_command
-from peakmem.capture.result_io import JobError, ResultFormatError, capture_result, decode
 from peakmem.capture.result import CaptureResult
+from peakmem.capture.result_io import JobError, ResultFormatError, capture_result, decode
 from peakmem.jobs.supervisor import (
     ChildOutcome,
     ChildSpec,
