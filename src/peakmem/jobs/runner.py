@@ -9,6 +9,8 @@ traceback trimmed to the user's frames. Nothing here needs a GPU.
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
 import os
 import runpy
 import signal
@@ -16,6 +18,8 @@ import sys
 import threading
 import time
 import traceback
+import types
+import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -159,9 +163,34 @@ def run_job(
 def execute(spec: JobSpec) -> None:
     """Run the script or module as `__main__` (argv and sys.path set by script_environment)."""
     if spec.script is not None:
-        runpy.run_path(spec.script, run_name="__main__")
+        if os.path.isfile(spec.script) and not zipfile.is_zipfile(spec.script):
+            run_script_file(spec.script)
+        else:  # a directory or zip file with a __main__.py
+            runpy.run_path(spec.script, run_name="__main__")
     else:
         runpy.run_module(str(spec.module), run_name="__main__", alter_sys=True)
+
+
+def run_script_file(path: str) -> None:
+    """Run a script file as `python path` does: `__main__` with an absolute `__file__` (python
+    3.9+), sys.argv[0] left as given (runpy.run_path would set both to the same string)."""
+    filename = os.path.abspath(path)
+    with open(filename, "rb") as handle:
+        source = handle.read()
+    code = compile(source, filename, "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(
+        __file__=filename, __cached__=None, __package__=None, __spec__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", filename),
+        __builtins__=builtins,
+    )
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
 
 
 def _exit_code(exc: SystemExit) -> int:
