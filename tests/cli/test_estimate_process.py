@@ -175,3 +175,34 @@ def test_eight_concurrent_estimates_agree(tmp_path):
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(one, range(8)))
     assert len(set(results)) == 1, results
+
+
+def test_stopping_peakmem_stops_the_job(tmp_path):
+    import signal
+    import time
+
+    pidfile = tmp_path / "pid"
+    write(tmp_path / "spin.py", f"""
+        import os, signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open({str(pidfile)!r}, "w").write(str(os.getpid()))
+        while True:
+            pass
+    """)
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    peakmem = subprocess.Popen([sys.executable, "-m", "peakmem", "estimate", "--json", "--",
+                                "python", "spin.py"], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job = int(pidfile.read_text())
+    peakmem.send_signal(signal.SIGTERM)
+    peakmem.communicate(timeout=15)
+    assert peakmem.returncode != 0
+    time.sleep(0.2)
+    try:
+        state = open(f"/proc/{job}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = "gone"
+    assert state in ("gone", "Z")

@@ -44,7 +44,7 @@ class EstimateError(RuntimeError):
         self.capture = capture
         self.exit_code = exit_code if exit_code in ERROR_KINDS else 1
         self.kind = ERROR_KINDS[self.exit_code]
-        self.reason = reason
+        self.reason = reason or {2: "bad_input", 70: "internal", 124: "timeout"}.get(self.exit_code)
         self.job_exit_code = job_exit_code
         self.signal = signal
         self.traceback = traceback

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -353,6 +353,7 @@ def run_children(
     limits = limits or Limits()
     running: list[_Running] = []
     _become_subreaper()
+    restore = _exit_on_termination()
     try:
         for spec in specs:
             running.append(_start(spec, sandbox))
@@ -387,7 +388,31 @@ def run_children(
             if run.outcome is None:
                 with contextlib.suppress(Exception):
                     _finish(run, OutcomeStatus.CANCELLED)
+        restore()
     return [run.outcome for run in running if run.outcome is not None]
+
+
+def _exit_on_termination() -> Callable[[], None]:
+    """While children run, SIGTERM / SIGHUP to this process unwind it (SystemExit) so that the
+    children's groups are ended too (Ctrl-C raises KeyboardInterrupt already). Returns the
+    function that puts the previous handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def _unwind(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):
+            previous[signum] = signal.signal(signum, _unwind)
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(signum, handler)
+
+    return restore
 
 
 def run_child(spec: ChildSpec, limits: Limits | None = None, *,
