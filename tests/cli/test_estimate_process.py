@@ -11,6 +11,7 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -202,7 +203,23 @@ def test_stopping_peakmem_stops_the_job(tmp_path):
     assert peakmem.returncode != 0
     time.sleep(0.2)
     try:
-        state = open(f"/proc/{job}/stat").read().rsplit(")", 1)[1].split()[0]
+        state = Path(f"/proc/{job}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         state = "gone"
     assert state in ("gone", "Z")
+
+
+@click.command("boom")
+def _boom_cmd() -> None:
+    raise ZeroDivisionError("a bug in a peakmem command")
+
+
+def test_any_command_maps_a_bug_to_exit_70(monkeypatch):
+    from peakmem.cli import main as main_module
+
+    monkeypatch.setitem(main_module.COMMANDS, "boom", f"{__name__}:_boom_cmd")
+    result = CliRunner().invoke(main, ["boom"])
+    assert result.exit_code == 70
+    assert result.output.strip().splitlines()[-1] == (
+        "peakmem internal error: ZeroDivisionError: a bug in a peakmem command")
+    assert "test_estimate_process.py" in result.output  # peakmem's frames, shown as such

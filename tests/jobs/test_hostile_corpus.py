@@ -83,6 +83,9 @@ CASES = [
     Case("forge_result.py", 1, "bad_result"),
     Case("setsid_grandchild.py", 0),
     Case("sys_exit_in_thread_then_raise.py", 1, "raised"),
+    Case("posix_exit.py", 1, "no_result", job_exit_code=0),
+    Case("exec_other_program.py", 1, "no_result", job_exit_code=0),
+    Case("delete_result_dir.py", 1, "no_result", job_exit_code=1),
 ]
 
 

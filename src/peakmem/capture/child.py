@@ -14,8 +14,10 @@ reason ``os_exit``. A failure of peakmem's own code here is reported as ``intern
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -62,7 +64,14 @@ def main(args: list[str]) -> None:
         return
     if not writer.in_original_process:  # a fork of the job ran to the end: no second result
         end_process(0)
-    writer.write(encode(result, writer.pid))
+    try:
+        writer.write(encode(result, writer.pid))
+    except BaseException as exc:  # noqa: BLE001 - the job broke the way back (deleted the
+        # directory, patched json or open): peakmem reports that no result came
+        with contextlib.suppress(BaseException):
+            os.write(2, f"peakmem: the job's process could not deliver its result "
+                        f"({type(exc).__name__})\n".encode())
+        end_process(1)
     end_process(0)
 
 
