@@ -150,3 +150,41 @@ def test_result_files_are_read_safely(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(ResultFileError, match="regular"):
         read_result_file(tmp_path / "fifo")
+
+
+def test_supervisions_in_threads_do_not_end_each_others_children(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int):
+        d = tmp_path / str(i)
+        d.mkdir()
+        return run_child(python(d, f"import time; time.sleep({0.2 * i})"), Limits(timeout=30))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        outcomes = list(pool.map(one, range(4)))
+    assert all(o.ok for o in outcomes), outcomes
+
+
+def test_a_sandbox_object_wraps_the_command_and_its_environment(tmp_path):
+    class FakeSandbox:
+        def __init__(self):
+            self.scratch = None
+
+        def wrap(self, argv, scratch, env=None):
+            self.scratch = scratch
+            return ["env", "WRAPPED=1", *argv]
+
+        def environment(self, scratch, env=None):
+            return {**os.environ, "SCRATCH": str(scratch)}
+
+        def preexec_fn(self):
+            pass
+
+    sandbox = FakeSandbox()
+    spec = python(tmp_path, """
+        import os, sys
+        ok = os.environ.get("WRAPPED") == "1" and os.environ.get("SCRATCH")
+        sys.exit(0 if ok else 4)
+    """)
+    assert run_child(spec, sandbox=sandbox).ok
+    assert sandbox.scratch == spec.result_path.parent

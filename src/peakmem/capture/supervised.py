@@ -11,6 +11,7 @@ when it delivered one, else a failure whose ``reason`` says how it ended ("timeo
 from __future__ import annotations
 
 import json
+import signal
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from peakmem.jobs.supervisor import (
     Limits,
     OutcomeStatus,
     ResultFileError,
+    Sandboxing,
     read_result_file,
     run_child,
 )
@@ -41,12 +43,13 @@ def capture_in_child(
     timeout: float | None = None,
     max_host_memory: int | None = None,
     output_fd: int | None = None,
-    sandbox: Sequence[str] | None = None,
+    sandbox: Sandboxing = None,
 ) -> CaptureResult:
     """Run `python script.py args` / `python -m module args` in a fresh child and capture it.
 
     `output_fd`: where the job's stdout and stderr go (None: this process's stderr). `sandbox`:
-    a command prefix for the child (e.g. from ``peakmem.jobs.sandbox``)."""
+    a command prefix for the child, or a ``peakmem.jobs.sandbox.Sandbox`` (its scratch
+    directory is the child's private directory, which holds the request and the result)."""
     with tempfile.TemporaryDirectory(prefix="peakmem-job-", ignore_cleanup_errors=True) as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.jsonl"
         request = {
@@ -116,6 +119,12 @@ def outcome_capture(
         result = capture_result(fields, trace)
         result.seconds = max(result.seconds, 0.0)
         return result
+    if sandboxed and outcome.returncode is not None and outcome.returncode > 128:
+        try:  # a sandbox wrapper reports a job killed by signal N as status 128 + N
+            outcome.signal = signal.Signals(outcome.returncode - 128).name
+            outcome.status, outcome.returncode = OutcomeStatus.SIGNALED, None
+        except ValueError:
+            pass
     if outcome.status == OutcomeStatus.SIGNALED:
         return _failure(
             mode, "signal",

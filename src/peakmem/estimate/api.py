@@ -456,7 +456,7 @@ def estimate_command(
     timeline: bool = False,
     max_host_memory: int | None = None,
     job_log: str | os.PathLike[str] | None = None,
-    sandbox: Sequence[str] | None = None,
+    sandbox: Any = None,
     isolate: bool = True,
 ) -> Estimate:
     """Estimate an unmodified `python script.py args` / `python -m module args`.
@@ -465,8 +465,9 @@ def estimate_command(
     without the limits below). `timeout`: wall-clock seconds for the whole estimate (auto mode's
     eager rerun included); `max_host_memory`: bytes the job's processes may hold resident;
     `job_log`: a file for the job's stdout and stderr (default: this process's stderr);
-    `sandbox`: a command prefix for the child. Raises EstimateError (``exit_code``, ``kind``,
-    ``reason``: the contract's table) when no estimate can be made."""
+    `sandbox`: a command prefix for the child, or a ``peakmem.jobs.sandbox.Sandbox``. Raises
+    EstimateError (``exit_code``, ``kind``, ``reason``: the contract's table) when no estimate
+    can be made."""
     _check_mode(mode)
     timeout = check_timeout(timeout)
     if max_host_memory is not None and max_host_memory <= 0:
@@ -515,7 +516,7 @@ def _capture_supervised(
     timeout: float | None,
     max_host_memory: int | None,
     job_log: str | os.PathLike[str] | None,
-    sandbox: Sequence[str] | None,
+    sandbox: Any,
 ) -> CaptureResult:
     """Each capture pass in a fresh child (auto mode's eager rerun too), within one deadline."""
     from peakmem.capture.supervised import capture_in_child, timed_out

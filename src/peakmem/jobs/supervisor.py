@@ -27,10 +27,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Protocol
 
 POLL_SECONDS = 0.05
 MEMORY_POLL_SECONDS = 0.1
@@ -141,6 +141,7 @@ def _become_subreaper() -> None:
 
 _SUBREAPER = False
 _LIVE_CHILDREN: set[int] = set()  # pids of the children started here and not yet reaped
+_CHILDREN_LOCK = threading.RLock()  # a child is in _LIVE_CHILDREN before anyone looks for orphans
 
 
 def group_members(leader: int, table: dict[int, tuple[int, int]] | None = None) -> set[int]:
@@ -199,9 +200,10 @@ def kill_group(leader: int, grace: float = KILL_GRACE_SECONDS, wait: subprocess.
 def _signal_all(leader: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(leader, signum)
-    for pid in group_members(leader):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signum)
+    with _CHILDREN_LOCK:
+        for pid in group_members(leader):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
 
 
 # -- output -----------------------------------------------------------------------------------
@@ -252,8 +254,36 @@ class _Running:
     peak_rss: int = 0
 
 
-def _start(spec: ChildSpec, sandbox: Sequence[str] | None) -> _Running:
-    argv = [*(sandbox or ()), *spec.argv]
+class SandboxLike(Protocol):
+    """What ``peakmem.jobs.sandbox.Sandbox`` offers a launcher (duck-typed here)."""
+
+    def wrap(self, argv: Sequence[str], scratch: Path, env: Mapping[str, str] | None = None
+             ) -> list[str]: ...
+
+    def environment(self, scratch: Path, env: Mapping[str, str] | None = None
+                    ) -> dict[str, str]: ...
+
+    def preexec_fn(self) -> None: ...
+
+
+Sandboxing = Sequence[str] | SandboxLike | None
+"""A command prefix for each child, or a sandbox object (its `wrap`, `environment`,
+`preexec_fn`; the scratch directory is the one holding the child's result file)."""
+
+
+def _launch(spec: ChildSpec, sandbox: Sandboxing) -> tuple[list[str], dict[str, str] | None, Any]:
+    """The child's command line, environment and preexec function under `sandbox`."""
+    if sandbox is None:
+        return list(spec.argv), spec.env, None
+    if hasattr(sandbox, "wrap"):
+        scratch = spec.result_path.parent
+        return (sandbox.wrap(spec.argv, scratch, spec.env),
+                sandbox.environment(scratch, spec.env), sandbox.preexec_fn)
+    return [*sandbox, *spec.argv], spec.env, None
+
+
+def _start(spec: ChildSpec, sandbox: Sandboxing) -> _Running:
+    argv, env, preexec = _launch(spec, sandbox)
     out_fd, forwarder, write_end = spec.output_fd, None, None
     if out_fd is None:
         out_fd = _stderr_fd()
@@ -262,17 +292,21 @@ def _start(spec: ChildSpec, sandbox: Sequence[str] | None) -> _Running:
         forwarder = _Forwarder(read_end, sys.stderr)
         out_fd = write_end
     try:
+        _CHILDREN_LOCK.acquire()
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=out_fd,
             stderr=out_fd,
             cwd=spec.cwd,
-            env=spec.env,
+            env=env,
+            preexec_fn=preexec,
             start_new_session=True,
             close_fds=True,
         )
+        _LIVE_CHILDREN.add(process.pid)
     finally:
+        _CHILDREN_LOCK.release()
         if write_end is not None:
             os.close(write_end)
     if forwarder is not None:
@@ -313,11 +347,12 @@ def _reap_orphans() -> None:
     """Collect the exit status of orphans reparented here (they were just killed)."""
     me, my_group = os.getpid(), os.getpgrp()
     for _ in range(20):
-        orphans = [
-            pid
-            for pid, (ppid, pgid) in _proc_table().items()
-            if ppid == me and pgid != my_group and pid not in _LIVE_CHILDREN
-        ]
+        with _CHILDREN_LOCK:
+            orphans = [
+                pid
+                for pid, (ppid, pgid) in _proc_table().items()
+                if ppid == me and pgid != my_group and pid not in _LIVE_CHILDREN
+            ]
         reaped = 0
         for pid in orphans:
             try:
@@ -340,12 +375,13 @@ def run_children(
     specs: Sequence[ChildSpec],
     limits: Limits | None = None,
     *,
-    sandbox: Sequence[str] | None = None,
+    sandbox: Sandboxing = None,
     fail_fast: bool = True,
 ) -> list[ChildOutcome]:
     """Start every child, supervise them until all have ended, and say how each ended.
 
-    ``sandbox`` prefixes each child's command line (e.g. a ``bwrap ...`` wrapper). With
+    ``sandbox``: a command prefix for each child's command line, or a sandbox object
+    (``peakmem.jobs.sandbox.Sandbox``: wrap/environment/preexec_fn). With
     ``fail_fast``, a child that ends badly (non-zero, signal, timeout, memory) ends the others
     (status CANCELLED): ranks of one launch wait for each other. Every child's process group is
     ended when the call returns, also when this process is interrupted.
@@ -357,7 +393,6 @@ def run_children(
     try:
         for spec in specs:
             running.append(_start(spec, sandbox))
-            _LIVE_CHILDREN.add(running[-1].process.pid)
         deadline = None if limits.timeout is None else time.monotonic() + limits.timeout
         next_memory_poll = 0.0
         while any(run.outcome is None for run in running):
@@ -416,7 +451,7 @@ def _exit_on_termination() -> Callable[[], None]:
 
 
 def run_child(spec: ChildSpec, limits: Limits | None = None, *,
-              sandbox: Sequence[str] | None = None) -> ChildOutcome:
+              sandbox: Sandboxing = None) -> ChildOutcome:
     """One child: ``run_children([spec])[0]``."""
     return run_children([spec], limits, sandbox=sandbox)[0]
 
