@@ -223,3 +223,12 @@ def test_any_command_maps_a_bug_to_exit_70(monkeypatch):
     assert result.output.strip().splitlines()[-1] == (
         "peakmem internal error: ZeroDivisionError: a bug in a peakmem command")
     assert "test_estimate_process.py" in result.output  # peakmem's frames, shown as such
+
+
+def test_a_job_log_that_cannot_be_opened_is_bad_input(tmp_path):
+    write(tmp_path / "ok.py", "x = 1\n")
+    result = cli(tmp_path, "--json", "--job-log", str(tmp_path / "no" / "such" / "log"), "--",
+                 "python", "ok.py")
+    assert result.returncode == 2
+    error = json.loads(result.stdout)["error"]
+    assert error["kind"] == "bad_input" and "job log" in error["message"]

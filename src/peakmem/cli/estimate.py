@@ -8,6 +8,7 @@ object on stdout; the exit code follows the contract (README, "Exit codes").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -195,11 +196,16 @@ def _estimate(
     timeline = os.path.abspath(timeline) if timeline else None
     job_log = os.path.abspath(job_log) if job_log else None
 
+    # A spinner only while the job's output goes to a file: its writes to the terminal (file
+    # descriptor 2, from another process) would cut through the spinner's line.
     status_console = Console(stderr=True)
+    spinner = (
+        status_console.status(f"Running the job on a fake {gpu_profile.device_name} (mode {mode})...")
+        if job_log
+        else contextlib.nullcontext()
+    )
     try:
-        with status_console.status(
-            f"Running the job on a fake {gpu_profile.device_name} (mode {mode})..."
-        ):
+        with spinner:
             result = estimate_command(
                 list(command),
                 gpu=gpu_profile,
