@@ -232,3 +232,23 @@ def test_a_job_log_that_cannot_be_opened_is_bad_input(tmp_path):
     assert result.returncode == 2
     error = json.loads(result.stdout)["error"]
     assert error["kind"] == "bad_input" and "job log" in error["message"]
+
+
+@pytest.mark.parametrize("layout", ["spaces in name", "directory with __main__", "symlink"])
+def test_scripts_python_can_run(tmp_path, layout):
+    body = "import sys, os\nassert sys.argv[1:] == ['a b'], sys.argv\nprint(sys.path[0])\n"
+    if layout == "spaces in name":
+        target = write(tmp_path / "my train.py", body)
+    elif layout == "directory with __main__":
+        (tmp_path / "app").mkdir()
+        write(tmp_path / "app" / "__main__.py", body)
+        target = tmp_path / "app"
+    else:
+        real = write(tmp_path / "real.py", body)
+        target = tmp_path / "link.py"
+        target.symlink_to(real)
+    result = cli(tmp_path, "--json", "--job-log", "log", "--", "python", str(target), "a b")
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    plain = subprocess.run([sys.executable, str(target), "a b"], capture_output=True, text=True,
+                           cwd=tmp_path, check=True)
+    assert (tmp_path / "log").read_text() == plain.stdout

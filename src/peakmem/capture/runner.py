@@ -27,6 +27,7 @@ from peakmem.jobs.runner import (
     _is_runner_frame,
     execute,
     script_environment,
+    script_exists,
     time_limit,
     user_traceback,
 )
@@ -368,7 +369,7 @@ def capture_command(
 ) -> CaptureResult:
     """Run `python script.py args` / `python -m module args` in this process, unchanged."""
     spec = JobSpec.parse(argv)
-    if spec.script is not None and not Path(spec.script).is_file():
+    if spec.script is not None and not script_exists(spec.script):
         raise JobSpecError(f"script not found: {spec.script}")
 
     def job() -> None:

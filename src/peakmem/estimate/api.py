@@ -495,13 +495,12 @@ def estimate_command(
 
 
 def _check_command(argv: Sequence[str]) -> None:
-    from pathlib import Path
 
-    from peakmem.jobs.runner import JobSpec, JobSpecError
+    from peakmem.jobs.runner import JobSpec, JobSpecError, script_exists
 
     try:
         spec = JobSpec.parse(list(argv))
-        if spec.script is not None and not Path(spec.script).is_file():
+        if spec.script is not None and not script_exists(spec.script):
             raise JobSpecError(f"script not found: {spec.script}")
     except JobSpecError as exc:
         raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None

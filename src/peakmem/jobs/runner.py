@@ -79,6 +79,16 @@ class JobSpec:
         return cls(script=first, args=tuple(words[1:]))
 
 
+def script_exists(path: str) -> bool:
+    """What `python PATH` can run: a file, or a directory / zip file with a __main__.py."""
+    target = Path(path)
+    return target.is_file() or (target.is_dir() and (target / "__main__.py").is_file())
+
+
+def _runs_as_file(path: str) -> bool:
+    return os.path.isfile(path) and not zipfile.is_zipfile(path)
+
+
 def _is_python(word: str) -> bool:
     name = Path(word).name
     return word == sys.executable or name in _PYTHON_NAMES or name.startswith("python3.")
@@ -120,7 +130,7 @@ def run_job(
 
     ``timeout`` (seconds) needs the main thread (it uses ``SIGALRM``).
     """
-    if spec.script is not None and not Path(spec.script).is_file():
+    if spec.script is not None and not script_exists(spec.script):
         raise JobSpecError(f"script not found: {spec.script}")
     started = time.perf_counter()
     counter_steps = 0
@@ -163,7 +173,7 @@ def run_job(
 def execute(spec: JobSpec) -> None:
     """Run the script or module as `__main__` (argv and sys.path set by script_environment)."""
     if spec.script is not None:
-        if os.path.isfile(spec.script) and not zipfile.is_zipfile(spec.script):
+        if _runs_as_file(spec.script):
             run_script_file(spec.script)
         else:  # a directory or zip file with a __main__.py
             runpy.run_path(spec.script, run_name="__main__")
@@ -207,7 +217,8 @@ def script_environment(spec: JobSpec) -> Iterator[None]:
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     if spec.script is not None:
         sys.argv = [spec.script, *spec.args]
-        sys.path.insert(0, str(Path(spec.script).resolve().parent))
+        if _runs_as_file(spec.script):  # a directory or zip: runpy puts it on sys.path itself
+            sys.path.insert(0, str(Path(spec.script).resolve().parent))
     else:
         sys.argv = [str(spec.module), *spec.args]  # runpy replaces argv[0] with the file
         sys.path.insert(0, os.getcwd())
