@@ -86,6 +86,8 @@ CASES = [
     Case("posix_exit.py", 1, "no_result", job_exit_code=0),
     Case("exec_other_program.py", 1, "no_result", job_exit_code=0),
     Case("delete_result_dir.py", 1, "no_result", job_exit_code=1),
+    Case("hostile_exit_code.py", 1, "exit", job_exit_code=3),
+    Case("hostile_exception_class.py", 1, "raised"),
 ]
 
 

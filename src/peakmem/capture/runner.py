@@ -257,7 +257,7 @@ def _run_captured(
             # BaseException subclasses included): reported with its traceback
             result.error, result.exit_code, result.reason = exc, 1, "raised"
             result.error_type = type(exc).__name__
-            result.error_text = user_traceback(exc)
+            result.error_text = _safe_traceback(exc)
             if session.fake_limit is None and not session.eager and _is_fake_limit(exc):
                 session.fake_limit = f"{type(exc).__name__}: {first_line(exc)}"
             if session.fake_limit is not None:
@@ -281,23 +281,35 @@ def capture_in_progress() -> CaptureResult | None:
 
 def _record_system_exit(result: CaptureResult, exc: SystemExit) -> None:
     """sys.exit(0) / sys.exit(None) is a normal end; sys.exit(n) with any other int (256
-    included: a shell would see 0, but the job asked for 256) and sys.exit("message") fail."""
+    included: a shell would see 0, but the job asked for 256) and sys.exit("message") fail.
+    The code may be a hostile object (an int subclass whose __eq__ or __str__ raises)."""
     code = exc.code
-    if code is None or (isinstance(code, int) and not isinstance(code, bool) and code == 0):
+    if code is None or code is False:
         return
-    if code is False:
+    if isinstance(code, int):
+        number = int.__int__(code)  # the int itself, whatever the subclass overrides
+        if number == 0:
+            return
+        result.error, result.reason = exc, "exit"
+        result.exit_code = result.job_exit_code = number
+        result.error_text = f"the job exited with status {number} (sys.exit)"
         return
+    try:  # python prints the object and exits with status 1
+        text = str(code)
+        text = text if isinstance(text, str) else f"<{type(code).__name__}>"
+    except BaseException:  # noqa: BLE001 - a hostile __str__
+        text = f"<{type(code).__name__}>"
     result.error, result.reason = exc, "exit"
-    if isinstance(code, int):  # True is 1
-        result.exit_code = result.job_exit_code = int(code)
-        result.error_text = f"the job exited with status {int(code)} (sys.exit)"
-    else:  # python prints the object and exits with status 1
-        try:
-            text = str(code)
-        except BaseException:  # noqa: BLE001 - a hostile __str__
-            text = f"<{type(code).__name__}>"
-        result.exit_code = result.job_exit_code = 1
-        result.error_text = f"the job exited with status 1: {text}"
+    result.exit_code = result.job_exit_code = 1
+    result.error_text = f"the job exited with status 1: {text}"
+
+
+def _safe_traceback(exc: BaseException) -> str:
+    """The job's trimmed traceback; a last-resort line if formatting it fails."""
+    try:
+        return user_traceback(exc)
+    except BaseException:  # noqa: BLE001 - a hostile exception object
+        return f"{type(exc).__name__}: <the traceback could not be formatted>"
 
 
 def _collect(
