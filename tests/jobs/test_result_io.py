@@ -86,3 +86,40 @@ def test_a_malformed_trace_header_is_refused():
     text[1] = json.dumps(trace_header)
     with pytest.raises(ResultFormatError):
         decode("\n".join(text).encode())
+
+
+def test_outcomes_map_to_the_contract(tmp_path):
+    from peakmem.capture.result_io import encode_internal
+    from peakmem.capture.supervised import outcome_capture
+    from peakmem.estimate.api import failure
+    from peakmem.jobs.supervisor import ChildOutcome, OutcomeStatus
+
+    names = iter(range(100))
+
+    def outcome(status, data=None, **kw):
+        path = tmp_path / f"r{next(names)}"
+        if data is not None:
+            path.write_bytes(data)
+        return ChildOutcome(status=status, returncode=kw.pop("returncode", None), pid=7,
+                            result_path=path, **kw)
+
+    cases = [
+        (outcome(OutcomeStatus.TIMEOUT), (124, "timeout", "timeout")),
+        (outcome(OutcomeStatus.HOST_MEMORY, peak_rss_bytes=2**30),
+         (1, "job_failed", "host_memory")),
+        (outcome(OutcomeStatus.SIGNALED, signal="SIGSEGV"), (1, "job_failed", "signal")),
+        (outcome(OutcomeStatus.EXITED, returncode=0), (1, "job_failed", "no_result")),
+        (outcome(OutcomeStatus.EXITED, b"garbage", returncode=0), (1, "job_failed", "bad_result")),
+        (outcome(OutcomeStatus.EXITED, encode(sample(), pid=8), returncode=0),
+         (1, "job_failed", "bad_result")),  # not the child's own pid
+        (outcome(OutcomeStatus.EXITED, encode_internal("Traceback: bug", pid=7), returncode=0),
+         (70, "internal", "internal")),
+    ]
+    for child, (code, kind, reason) in cases:
+        capture = outcome_capture(child, "fake", 5.0, 2**20)
+        error = failure(capture)
+        assert (error.exit_code, error.kind, error.reason) == (code, kind, reason), child
+        assert "\n" not in error.message
+    good = outcome_capture(outcome(OutcomeStatus.EXITED, encode(sample(), pid=7), returncode=0),
+                           "fake", None, None)
+    assert good.error is None and good.steps == 2
