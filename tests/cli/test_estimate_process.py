@@ -252,3 +252,10 @@ def test_scripts_python_can_run(tmp_path, layout):
     plain = subprocess.run([sys.executable, str(target), "a b"], capture_output=True, text=True,
                            cwd=tmp_path, check=True)
     assert (tmp_path / "log").read_text() == plain.stdout
+
+
+def test_a_timeline_in_a_missing_directory_is_refused_before_the_job_runs(tmp_path):
+    write(tmp_path / "ok.py", "open('ran', 'w').write('yes')\n")
+    result = cli(tmp_path, "--json", "--timeline", "no/such/t.html", "--", "python", "ok.py")
+    assert result.returncode == 2 and json.loads(result.stdout)["error"]["kind"] == "bad_input"
+    assert not (tmp_path / "ran").exists()

@@ -195,6 +195,9 @@ def _estimate(
     # paths the user gave are peakmem's, resolved before the job runs
     timeline = os.path.abspath(timeline) if timeline else None
     job_log = os.path.abspath(job_log) if job_log else None
+    if timeline and not os.path.isdir(os.path.dirname(timeline)):
+        report(EstimateError(f"cannot write the timeline {timeline}: no such directory",
+                             exit_code=2, reason="bad_input"), as_json)
 
     # A spinner only while the job's output goes to a file: its writes to the terminal (file
     # descriptor 2, from another process) would cut through the spinner's line.
