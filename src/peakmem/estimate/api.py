@@ -519,7 +519,18 @@ def _capture_supervised(
 ) -> CaptureResult:
     """Each capture pass in a fresh child (auto mode's eager rerun too), within one deadline."""
     from peakmem.capture.supervised import capture_in_child, timed_out
+    from peakmem.profiles import ProfileError
 
+    try:
+        known = load_gpu(gpu.name) == gpu
+    except ProfileError:
+        known = False
+    if not known:  # the child loads the profile by name
+        raise EstimateError(
+            f"the GPU profile {gpu.name!r} is not one of peakmem's profiles and cannot be passed "
+            "to the job's process; use a profile name, or isolate=False to run in this process",
+            exit_code=3, reason="unsupported",
+        )
     deadline = None if timeout is None else time.monotonic() + timeout
     log_fd = None
     if job_log is not None:
