@@ -188,3 +188,25 @@ def test_a_sandbox_object_wraps_the_command_and_its_environment(tmp_path):
     """)
     assert run_child(spec, sandbox=sandbox).ok
     assert sandbox.scratch == spec.result_path.parent
+
+
+def test_this_process_is_a_subreaper_only_while_children_run(tmp_path):
+    def subreaper() -> bool:
+        import ctypes
+
+        value = ctypes.c_int(0)
+        ctypes.CDLL(None).prctl(37, ctypes.byref(value), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+        return bool(value.value)
+
+    seen = tmp_path / "seen"
+    spec = python(tmp_path, f"import time; open({str(seen)!r}, 'w').write('x'); time.sleep(1)")
+    import threading
+
+    during = []
+    runner = threading.Thread(target=lambda: run_child(spec, Limits(timeout=30)))
+    runner.start()
+    while not seen.exists():
+        time.sleep(0.05)
+    during.append(subreaper())
+    runner.join()
+    assert during == [True] and not subreaper()

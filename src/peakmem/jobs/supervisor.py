@@ -123,23 +123,28 @@ def _proc_table() -> dict[int, tuple[int, int]]:
     return table
 
 
-def _become_subreaper() -> None:
-    """Make this process the reaper of its descendants' orphans (Linux): a job's grandchild that
-    left the job's group (its own session) and whose parent ended is reparented here rather
-    than to init, so that it can still be found and ended with the job."""
-    global _SUBREAPER
-    if _SUBREAPER or not sys.platform.startswith("linux"):
+def _subreaper(on: bool) -> None:
+    """Make this process the reaper of its descendants' orphans (Linux) while children run: a
+    job's grandchild that left the job's group (its own session) and whose parent ended is
+    reparented here rather than to init, so that it can still be found and ended with the job.
+    Counted, so that concurrent supervisions share it; off again when the last one ends."""
+    global _subreaper_users
+    if not sys.platform.startswith("linux"):
         return
-    try:
-        import ctypes
+    with _CHILDREN_LOCK:
+        _subreaper_users += 1 if on else -1
+        if _subreaper_users != int(on):  # only the first start and the last end switch it
+            return
+        try:
+            import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        _SUBREAPER = libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        _SUBREAPER = False
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(36, 1 if _subreaper_users else 0, 0, 0, 0)  # PR_SET_CHILD_subreaper_users
+        except (OSError, AttributeError):
+            pass
 
 
-_SUBREAPER = False
+_subreaper_users = 0  # supervisions running
 _LIVE_CHILDREN: set[int] = set()  # pids of the children started here and not yet reaped
 _CHILDREN_LOCK = threading.RLock()  # a child is in _LIVE_CHILDREN before anyone looks for orphans
 
@@ -388,7 +393,7 @@ def run_children(
     """
     limits = limits or Limits()
     running: list[_Running] = []
-    _become_subreaper()
+    _subreaper(True)
     restore = _exit_on_termination()
     try:
         for spec in specs:
@@ -424,6 +429,7 @@ def run_children(
                 with contextlib.suppress(Exception):
                     _finish(run, OutcomeStatus.CANCELLED)
         restore()
+        _subreaper(False)
     return [run.outcome for run in running if run.outcome is not None]
 
 
