@@ -12,7 +12,7 @@ from peakmem.trace.vocab import Category, Phase
 
 __version__ = "0.1.0"
 
-_LAZY = {"estimate", "Estimate", "EstimateError"}  # import torch only when asked for
+_LAZY = {"estimate", "estimate_command", "Estimate", "EstimateError"}  # import torch only when asked for
 
 
 def __getattr__(name: str) -> Any:
@@ -33,6 +33,7 @@ __all__ = [
     "SimulationResult",
     "Trace",
     "estimate",
+    "estimate_command",
     "simulate",
     "__version__",
 ]

@@ -190,7 +190,9 @@ class PeakmemEstimator(Estimator):
         sink = io.StringIO()
         try:
             with redirect_stdout(sink), redirect_stderr(sink):
-                return estimate_command(argv, gpu=row.gpu, torch_version=row.torch_version)
+                # the bench's own generated jobs: in this (worker) process, as measured so far
+                return estimate_command(argv, gpu=row.gpu, torch_version=row.torch_version,
+                                        isolate=False)
         except EstimateError as exc:
             capture = exc.capture
             if capture is None or not capture.trained or capture.exit_code == 124:

@@ -6,7 +6,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,11 @@ from peakmem.capture.host_deferred import host_deferral
 from peakmem.capture.library_patches import library_patches
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
+from peakmem.capture.result import DEFAULT_STEPS, CaptureResult, first_line, safe_str
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.side_effects import divert_fake_saves
 from peakmem.capture.threads import traced_threads
+from peakmem.capture.unsupported import Unsupported
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
 from peakmem.jobs.runner import (
     JobSpec,
@@ -31,47 +32,13 @@ from peakmem.jobs.runner import (
     _is_runner_frame,
     execute,
     script_environment,
+    script_exists,
     time_limit,
     user_traceback,
 )
 from peakmem.jobs.stop import Steps, parse_steps
 from peakmem.profiles import GpuProfile, StackProfile
 from peakmem.trace.events import ALLOC_KINDS
-
-DEFAULT_STEPS = None  # auto: see phases.auto_step_limit
-
-
-@dataclass
-class CaptureResult:
-    trace: Any
-    steps: int
-    stopped: bool
-    forward_calls: int
-    seconds: float
-    mode: str = "fake"
-    mode_reason: str = ""
-    error: BaseException | None = None
-    error_text: str | None = None
-    exit_code: int = 0
-    notes: list[str] = field(default_factory=list)
-    libraries: dict[str, int] = field(default_factory=dict)
-    """Device memory outside the caching allocator loaded on first use, by library family."""
-    fake_limit: str | None = None
-    """Fake mode: why the fake device could not run the job (an op it cannot run)."""
-    host_reads: int = 0
-    """Fake mode: host reads of device values answered with placeholder zeros."""
-    host_reads_before_forward: int = 0
-    """Fake mode: those made before the first forward pass (while the model was built)."""
-    data_dependent: dict[str, int] = field(default_factory=dict)
-    """Fake mode: data-dependent ops, sized from above."""
-    peak_device_bytes: int = 0
-    """The largest allocated device memory the capture saw (before any error)."""
-
-    backward_passes: int = 0
-
-    @property
-    def trained(self) -> bool:
-        return self.steps > 0
 
 
 def _overload(name: str) -> Any:
@@ -136,7 +103,7 @@ def backend_flags_restored() -> Iterator[None]:
 def _is_fake_limit(exc: BaseException) -> bool:
     """An error raised because the device tensors are fake, not by the job itself (for errors
     the recorder did not see: raised above the aten ops)."""
-    text = str(exc).lower()
+    text = safe_str(exc).lower()
     return isinstance(exc, NotImplementedError) or ("meta" in text and "device" not in text)
 
 
@@ -191,6 +158,14 @@ def _run_captured(
         trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode
     )
     start = time.perf_counter()
+
+    def in_progress() -> CaptureResult:
+        snapshot = CaptureResult(
+            trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode
+        )
+        _collect(snapshot, session, phases, executor, start)
+        return snapshot
+
     with ExitStack() as stack_ctx:
         stack_ctx.enter_context(backend_flags_restored())
         stack_ctx.enter_context(fake_cuda_runtime(session))
@@ -201,6 +176,7 @@ def _run_captured(
         stack_ctx.enter_context(_cuda_kernels(session))
         stack_ctx.enter_context(divert_fake_saves(session))
         stack_ctx.enter_context(phases)
+        _ACTIVE.append(in_progress)
         try:
             with ExitStack() as modes:
                 modes.enter_context(time_limit(timeout))
@@ -213,25 +189,84 @@ def _run_captured(
         except StopJob:
             pass
         except EagerMemoryError as exc:
-            result.error, result.exit_code = exc, 1
+            result.error, result.exit_code, result.reason = exc, 1, "host_memory"
             result.error_text = f"peakmem: {exc}"
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if code:
-                result.error, result.exit_code = exc, code
-                result.error_text = f"the job exited with status {code}"
+            _record_system_exit(result, exc)
         except JobTimeout as exc:
             result.error, result.exit_code, result.error_text = exc, 124, str(exc)
-        except Exception as exc:  # the job's own error: reported with its traceback
-            result.error, result.exit_code = exc, 1
-            result.error_text = user_traceback(exc)
+            result.reason = "timeout"
+        except BaseException as exc:  # the job's own error (KeyboardInterrupt and
+            # BaseException subclasses included): reported with its traceback
+            result.error, result.exit_code, result.reason = exc, 1, "raised"
+            result.error_type = type(exc).__name__
+            result.error_text = _safe_traceback(exc)
             if session.fake_limit is None and not session.eager and _is_fake_limit(exc):
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                session.fake_limit = f"{type(exc).__name__}: {first}"
+                session.fake_limit = f"{type(exc).__name__}: {first_line(exc)}"
             if session.fake_limit is not None:
                 result.error_text = fake_limit_message(session.fake_limit, exc)
+                result.reason = "fake_limit"
+            if isinstance(exc, Unsupported):
+                result.reason, result.error_text = "unsupported", safe_str(exc)
+            elif getattr(exc, "peakmem_simulated_oom", False):
+                result.reason = "simulated_oom"  # the capped simulated allocator ran out
         finally:
             session.close()
+            _ACTIVE.pop()
+    _collect(result, session, phases, executor, start)
+    return result
+
+
+_ACTIVE: list[Callable[[], CaptureResult]] = []
+
+
+def capture_in_progress() -> CaptureResult | None:
+    """What the innermost running capture has recorded so far (None outside a capture): for a
+    job that ends its process itself (os._exit) in the middle of its run."""
+    return _ACTIVE[-1]() if _ACTIVE else None
+
+
+def _record_system_exit(result: CaptureResult, exc: SystemExit) -> None:
+    """sys.exit(0) / sys.exit(None) is a normal end; sys.exit(n) with any other int (256
+    included: a shell would see 0, but the job asked for 256) and sys.exit("message") fail.
+    The code may be a hostile object (an int subclass whose __eq__ or __str__ raises)."""
+    code = exc.code
+    if code is None or code is False:
+        return
+    if isinstance(code, int):
+        number = int.__int__(code)  # the int itself, whatever the subclass overrides
+        if number == 0:
+            return
+        result.error, result.reason = exc, "exit"
+        result.exit_code = result.job_exit_code = number
+        result.error_text = f"the job exited with status {number} (sys.exit)"
+        return
+    try:  # python prints the object and exits with status 1
+        text = str(code)
+        text = text if isinstance(text, str) else f"<{type(code).__name__}>"
+    except BaseException:  # noqa: BLE001 - a hostile __str__
+        text = f"<{type(code).__name__}>"
+    result.error, result.reason = exc, "exit"
+    result.exit_code = result.job_exit_code = 1
+    result.error_text = f"the job exited with status 1: {text}"
+
+
+def _safe_traceback(exc: BaseException) -> str:
+    """The job's trimmed traceback; a last-resort line if formatting it fails."""
+    try:
+        return user_traceback(exc)
+    except BaseException:  # noqa: BLE001 - a hostile exception object
+        return f"{type(exc).__name__}: <the traceback could not be formatted>"
+
+
+def _collect(
+    result: CaptureResult,
+    session: CaptureSession,
+    phases: PhaseTracker,
+    executor: ShadowExecutor | None,
+    start: float,
+) -> None:
+    """Fill `result` from the session once the job has ended."""
     result.seconds = time.perf_counter() - start
     hint = phases.failure_hint()
     if hint is not None and result.error_text and session.fake_limit is None:
@@ -255,7 +290,6 @@ def _run_captured(
         result.notes.extend(_device_use_notes(session))
     result.backward_passes = session.state.backward_passes
     session.trace.meta.update(phases.trace_meta())
-    return result
 
 
 NO_DEVICE_NOTE = (
@@ -315,7 +349,7 @@ def capture_command(
 ) -> CaptureResult:
     """Run `python script.py args` / `python -m module args` in this process, unchanged."""
     spec = JobSpec.parse(argv)
-    if spec.script is not None and not Path(spec.script).is_file():
+    if spec.script is not None and not script_exists(spec.script):
         raise JobSpecError(f"script not found: {spec.script}")
 
     def job() -> None:

@@ -1,19 +1,103 @@
-"""`peakmem estimate [options] -- python train.py [args]`."""
+"""`peakmem estimate [options] -- python train.py [args]`.
+
+The job runs in a child process supervised by peakmem (``peakmem.jobs.supervisor``); its output
+goes to stderr (or ``--job-log``), never to stdout. Every failure is one line on stderr (the job's
+trimmed traceback before it where the job raised), or with ``--json`` ONE ``{"error": {...}}``
+object on stdout; the exit code follows the contract (README, "Exit codes").
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
 import sys
-from pathlib import Path
+import traceback
+from typing import Any, NoReturn
 
 import click
 
 from peakmem.cli.steps_option import STEPS
 
 
+class _Seconds(click.ParamType):
+    """A finite positive number of seconds (`nan`, `inf`, 0 and negatives are refused)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not (math.isfinite(seconds) and seconds > 0):
+            self.fail(f"{value!r} is not a finite positive number of seconds", param, ctx)
+        return seconds
+
+
+class _Bytes(click.ParamType):
+    """A positive size: 8GiB, 500MB, or a number of bytes."""
+
+    name = "bytes"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        from peakmem.cli.common import parse_bytes
+
+        if isinstance(value, int):
+            size = value
+        else:
+            try:
+                size = parse_bytes(str(value))
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        if size <= 0:
+            self.fail(f"{value!r} is not a positive size", param, ctx)
+        return size
+
+
+class _EstimateCommand(click.Command):
+    """Bad flags are one line on stderr, or the `--json` error object on stdout (exit 2)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wants_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            from peakmem.estimate.api import EstimateError
+
+            report(EstimateError(exc.format_message(), exit_code=2, reason="bad_input"),
+                   wants_json)
+
+
+def report(error: Any, as_json: bool) -> NoReturn:
+    """Print an EstimateError as the contract says and exit with its code."""
+    if as_json:
+        click.echo(json.dumps(error.to_json()))
+    else:
+        if error.traceback:
+            click.echo(error.traceback.rstrip(), err=True)
+        prefix = "" if error.message.startswith("peakmem") else "peakmem: error: "
+        click.echo(f"{prefix}{error.message}", err=True)
+    sys.exit(error.exit_code)
+
+
+def internal_error(exc: BaseException) -> Any:
+    """peakmem's own bug, with peakmem's frames (never shown as the job's traceback)."""
+    from peakmem.estimate.api import EstimateError
+
+    try:
+        detail = f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001
+        detail = type(exc).__name__
+    text = "".join(traceback.format_exception(exc))
+    return EstimateError(f"peakmem internal error: {detail}", exit_code=70, reason="internal",
+                         traceback=text)
+
+
 @click.command(
     "estimate",
+    cls=_EstimateCommand,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.option("--gpu", default="h100-80gb", show_default=True, help="Target GPU profile name.")
@@ -36,7 +120,7 @@ from peakmem.cli.steps_option import STEPS
     "ops fake tensors cannot run, exact data-dependent sizes); auto: fake, eager if fake cannot "
     "run the job.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (also on failure).")
 @click.option(
     "--timeline",
     type=click.Path(dir_okay=False),
@@ -45,9 +129,22 @@ from peakmem.cli.steps_option import STEPS
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=_Seconds(),
     default=None,
-    help="Seconds before the job is stopped.",
+    help="Wall-clock seconds before the job (all its processes) is stopped; exit 124.",
+)
+@click.option(
+    "--max-host-memory",
+    type=_Bytes(),
+    default=None,
+    metavar="BYTES",
+    help="Stop the job when its processes hold more host RAM than this (e.g. 8GiB, 500MB).",
+)
+@click.option(
+    "--job-log",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the job's stdout and stderr to this file [default: peakmem's stderr].",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def estimate_cmd(
@@ -59,37 +156,61 @@ def estimate_cmd(
     as_json: bool,
     timeline: str | None,
     timeout: float | None,
+    max_host_memory: int | None,
+    job_log: str | None,
     command: tuple[str, ...],
 ) -> None:
     """Estimate the peak GPU memory of a training script, on this machine, without a GPU."""
+    try:
+        _estimate(gpu, torch_version, alloc_conf, steps, mode, as_json, timeline, timeout,
+                  max_host_memory, job_log, command)
+    except (SystemExit, KeyboardInterrupt, click.exceptions.Exit, click.Abort):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bug in peakmem: exit 70 with its frames
+        report(internal_error(exc), as_json)
+
+
+def _estimate(
+    gpu: str,
+    torch_version: str | None,
+    alloc_conf: str | None,
+    steps: int | None,
+    mode: str,
+    as_json: bool,
+    timeline: str | None,
+    timeout: float | None,
+    max_host_memory: int | None,
+    job_log: str | None,
+    command: tuple[str, ...],
+) -> None:
     from rich.console import Console
 
     from peakmem.estimate import EstimateError, estimate_command
-    from peakmem.jobs.runner import JobSpec, JobSpecError
     from peakmem.profiles import ProfileError, load_gpu, load_stack
 
     try:
         gpu_profile = load_gpu(gpu)
         if torch_version:
             load_stack(torch_version)
-        spec = JobSpec.parse(list(command))
-        if spec.script is not None and not Path(spec.script).is_file():
-            raise JobSpecError(f"script not found: {spec.script}")
     except ProfileError as exc:
-        raise click.BadParameter(str(exc)) from None
-    except JobSpecError as exc:
-        raise click.UsageError(str(exc)) from None
+        report(EstimateError(str(exc), exit_code=2, reason="bad_input"), as_json)
+    # paths the user gave are peakmem's, resolved before the job runs
+    timeline = os.path.abspath(timeline) if timeline else None
+    job_log = os.path.abspath(job_log) if job_log else None
+    if timeline and not os.path.isdir(os.path.dirname(timeline)):
+        report(EstimateError(f"cannot write the timeline {timeline}: no such directory",
+                             exit_code=2, reason="bad_input"), as_json)
 
+    # A spinner only while the job's output goes to a file: its writes to the terminal (file
+    # descriptor 2, from another process) would cut through the spinner's line.
     status_console = Console(stderr=True)
-    # With --json, stdout carries only the JSON object: the job's own prints go to stderr.
-    job_stdout = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+    spinner = (
+        status_console.status(f"Running the job on a fake {gpu_profile.device_name} (mode {mode})...")
+        if job_log
+        else contextlib.nullcontext()
+    )
     try:
-        with (
-            status_console.status(
-                f"Running the job on a fake {gpu_profile.device_name} (mode {mode})..."
-            ),
-            job_stdout,
-        ):
+        with spinner:
             result = estimate_command(
                 list(command),
                 gpu=gpu_profile,
@@ -99,12 +220,13 @@ def estimate_cmd(
                 mode=mode,
                 timeout=timeout,
                 timeline=bool(timeline),
+                max_host_memory=max_host_memory,
+                job_log=job_log,
             )
     except EstimateError as exc:
-        click.echo(str(exc).rstrip(), err=True)
-        if exc.capture is not None and not str(exc).startswith("peakmem:"):
-            click.echo("peakmem: the job failed; no estimate.", err=True)
-        sys.exit(exc.exit_code or 1)
+        report(exc, as_json)
+    except ProfileError as exc:
+        report(EstimateError(str(exc), exit_code=2, reason="bad_input"), as_json)
 
     if timeline:
         from peakmem.estimate.timeline import write_timeline
@@ -112,7 +234,8 @@ def estimate_cmd(
         try:
             write_timeline(result, timeline)
         except (OSError, ValueError) as exc:
-            raise click.ClickException(f"cannot write the timeline: {exc}") from None
+            report(EstimateError(f"cannot write the timeline {timeline}: {exc}", exit_code=2,
+                                 reason="bad_input"), as_json)
     if as_json:
         click.echo(json.dumps(result.to_json()))
     else:

@@ -32,6 +32,21 @@ class LazyGroup(click.Group):
         module_name, attr = target.split(":")
         return getattr(importlib.import_module(module_name), attr)
 
+    def invoke(self, ctx: click.Context) -> object:
+        """An unexpected exception is peakmem's bug: "peakmem internal error: ..." with
+        peakmem's frames on stderr, exit 70 (the contract's `internal`)."""
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort,
+                SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            import traceback
+
+            click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
+            click.echo(f"peakmem internal error: {type(exc).__name__}: {exc}", err=True)
+            raise SystemExit(70) from None
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="peakmem")

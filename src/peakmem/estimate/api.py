@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peakmem.capture import DEFAULT_STEPS, CaptureResult, Unsupported
-from peakmem.capture.fake_memory import allocator_target
+from peakmem.capture.result import DEFAULT_STEPS, CaptureResult
 from peakmem.estimate.breakdown import PeakBreakdown
 from peakmem.estimate.phase_notes import compile_bound_note, eval_peak_note
 from peakmem.jobs.stop import Steps
@@ -18,13 +19,101 @@ DEFAULT_GPU = "h100-80gb"
 MODES = ("fake", "eager", "auto")
 
 
-class EstimateError(RuntimeError):
-    """The job could not be estimated (its own error, a timeout, or an unsupported mode)."""
+# peakmem's exit code -> the error kind of the shared contract (README "Exit codes")
+ERROR_KINDS = {1: "job_failed", 2: "bad_input", 3: "unsupported", 70: "internal", 124: "timeout"}
 
-    def __init__(self, message: str, capture: CaptureResult | None = None, exit_code: int = 1):
+
+class EstimateError(RuntimeError):
+    """The job could not be estimated (its own error, a timeout, or an unsupported mode).
+
+    ``str(error)`` is the whole text (the job's traceback where it raised); ``message`` is one
+    line; ``exit_code`` is peakmem's exit code (the contract's table), ``job_exit_code`` the
+    status the job asked for, ``reason`` the finer cause; ``to_json()`` the `--json` object."""
+
+    def __init__(
+        self,
+        message: str,
+        capture: CaptureResult | None = None,
+        exit_code: int = 1,
+        *,
+        reason: str | None = None,
+        job_exit_code: int | None = None,
+        signal: str | None = None,
+        traceback: str | None = None,
+        summary: str | None = None,
+    ):
         super().__init__(message)
         self.capture = capture
-        self.exit_code = exit_code
+        self.exit_code = exit_code if exit_code in ERROR_KINDS else 1
+        self.kind = ERROR_KINDS[self.exit_code]
+        self.reason = reason or {2: "bad_input", 70: "internal", 124: "timeout"}.get(self.exit_code)
+        self.job_exit_code = job_exit_code
+        self.signal = signal
+        self.traceback = traceback
+        self.message = _one_line(summary if summary is not None else message)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "kind": self.kind,
+                "message": self.message,
+                "exit_code": self.exit_code,
+                "reason": self.reason,
+                "job_exit_code": self.job_exit_code,
+                "signal": self.signal,
+                "traceback": self.traceback,
+            }
+        }
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    line = " ".join(lines[:1]) if lines else "the job failed"
+    return line if len(line) <= 2000 else line[:1997] + "..."
+
+
+def _is_unsupported(capture: CaptureResult) -> bool:
+    """The job stopped on something peakmem does not support yet (capture.Unsupported), in this
+    process or in the job's."""
+    error = capture.error
+    return error is not None and (
+        capture.reason == "unsupported"
+        or (capture.error_type or type(error).__name__) == "Unsupported"
+    )
+
+
+def failure(capture: CaptureResult) -> EstimateError:
+    """The error for a capture whose job did not run to an estimate."""
+    from peakmem.capture.result import first_line
+
+    reason = capture.reason or ("timeout" if capture.exit_code == 124 else "raised")
+    if _is_unsupported(capture):
+        reason = "unsupported"
+    text = (capture.error_text or "").rstrip() or _safe(capture.error)
+    common = {"reason": reason, "job_exit_code": capture.job_exit_code, "signal": capture.signal}
+    if reason == "raised":
+        error = capture.error
+        type_name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
+        detail = first_line(error) if error is not None else ""
+        summary = f"the job raised {type_name}" + (f": {detail}" if detail else "")
+        return EstimateError(text, capture, 1, traceback=text or None, summary=summary, **common)
+    if reason == "timeout":
+        return EstimateError(text, capture, 124, summary=text, **common)
+    if reason in ("fake_limit", "unsupported"):
+        if reason == "unsupported":
+            text = _safe(capture.error) or text
+        return EstimateError(text, capture, 3, summary=text, **common)
+    if reason == "bad_input":
+        return EstimateError(text, capture, 2, summary=text, **common)
+    if reason == "internal":
+        return EstimateError(text, capture, 70, traceback=text, summary=text, **common)
+    return EstimateError(text, capture, 1, summary=text, **common)
+
+
+def _safe(error: BaseException | None) -> str:
+    from peakmem.capture.result import safe_str
+
+    return safe_str(error) if error is not None else ""
 
 
 @dataclass
@@ -134,9 +223,15 @@ class Estimate:
 
 
 def _installed_torch_version() -> str:
-    import torch
+    """The installed torch's version, read from its metadata (importing torch costs seconds)."""
+    from importlib import metadata
 
-    return torch.__version__.split("+")[0]
+    try:
+        return metadata.version("torch").split("+")[0]
+    except metadata.PackageNotFoundError:
+        import torch
+
+        return torch.__version__.split("+")[0]
 
 
 def margin_kind(libraries: dict[str, int]) -> str:
@@ -194,13 +289,15 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
     """Why auto mode must rerun a fake capture in eager mode (None: the fake one stands)."""
     if capture.fake_limit is not None:
         return capture.fake_limit
-    if simulated_oom(capture) is not None or isinstance(capture.error, Unsupported):
+    if simulated_oom(capture) is not None or _is_unsupported(capture):
         return None  # the GPU would fail the same way / eager mode cannot help
-    if capture.error is not None and capture.exit_code != 124 and capture.host_reads:
+    if capture.reason == "raised" and capture.host_reads:
+        from peakmem.capture.result import first_line
+
         error = capture.error
-        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
         return (
-            f"the job failed ({type(error).__name__}: {text}) after {capture.host_reads} host "
+            f"the job failed ({name}: {first_line(error)}) after {capture.host_reads} host "
             "read(s) of device values, which fake mode answers with zeros"
         )
     return None
@@ -208,9 +305,6 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
 
 def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str) -> CaptureResult:
     """Run the capture in `mode`; auto: fake, then eager if fake mode could not run the job."""
-    from peakmem.capture.eager import GIB, eager_ram_limit
-    from peakmem.capture.runner import fake_limit_message
-
     if mode == "eager":
         capture = run("eager")
         capture.mode_reason = "--mode eager: the job ran for real on the CPU"
@@ -220,11 +314,15 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str) -> Captur
     if mode == "fake":
         capture.mode_reason = "--mode fake: device tensors were fake (meta), nothing computed"
         if reason is not None and capture.fake_limit is not None and capture.error is None:
+            from peakmem.capture.runner import fake_limit_message
+
             capture.notes.append(fake_limit_message(reason))
         return capture
     if reason is None:
         capture.mode_reason = "auto: the whole job ran on fake tensors"
         return capture
+    from peakmem.capture.eager import GIB, eager_ram_limit
+
     need, limit = capture.peak_device_bytes, eager_ram_limit()
     if need > limit:
         raise EstimateError(
@@ -232,6 +330,8 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str) -> Captur
             f"execution) needs at least {need / GIB:.1f} GiB of host RAM "
             f"({limit / GIB:.1f} GiB available)",
             capture,
+            3,
+            reason="fake_limit",
         )
     first = capture
     capture = run("eager")
@@ -322,7 +422,9 @@ def estimate_capture(
 def simulated_oom(capture: CaptureResult) -> str | None:
     """Where the job stopped with the out-of-memory error the capped simulated allocator raised
     in it (`set_per_process_memory_fraction`), or None."""
-    if not getattr(capture.error, "peakmem_simulated_oom", False):
+    if capture.error is None or not (
+        capture.reason == "simulated_oom" or getattr(capture.error, "peakmem_simulated_oom", False)
+    ):
         return None
     ooms = capture.trace.meta.get("simulated_ooms") or [{}]
     last = ooms[-1] if isinstance(ooms[-1], dict) else {}
@@ -365,8 +467,24 @@ def _resolve(gpu: str | GpuProfile, torch_version: str | None, alloc_conf: str |
 
 def _finish(capture: CaptureResult, **kwargs: Any) -> Estimate:
     if capture.error is not None and simulated_oom(capture) is None:
-        raise EstimateError(capture.error_text or str(capture.error), capture, capture.exit_code)
+        raise failure(capture)
     return estimate_capture(capture, **kwargs)
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """A timeout is a finite positive number of seconds (or None); EstimateError otherwise."""
+    if timeout is None:
+        return None
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise EstimateError(
+            f"the timeout must be a finite positive number of seconds, got {timeout!r}",
+            exit_code=2, reason="bad_input",
+        )
+    return value
 
 
 def estimate(
@@ -390,9 +508,11 @@ def estimate(
     loop does not iterate a DataLoader (the notes say so); N: stop after N steps; "all": run the
     job to its end, nothing shortened."""
     from peakmem.capture import capture_callable
+    from peakmem.capture.fake_memory import allocator_target
 
     _check_mode(mode)
     steps = _check_steps(steps)
+    timeout = check_timeout(timeout)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     with allocator_target(conf, version):
         capture = _capture_with_mode(
@@ -418,21 +538,113 @@ def estimate_command(
     mode: str = "auto",
     timeout: float | None = None,
     timeline: bool = False,
+    max_host_memory: int | None = None,
+    job_log: str | os.PathLike[str] | None = None,
+    sandbox: Any = None,
+    isolate: bool = True,
 ) -> Estimate:
-    """Estimate an unmodified `python script.py args` / `python -m module args`."""
-    from peakmem.capture import capture_command
+    """Estimate an unmodified `python script.py args` / `python -m module args`.
 
+    The job runs in a child process supervised from here (``isolate=False``: in this process,
+    without the limits below). `timeout`: wall-clock seconds for the whole estimate (auto mode's
+    eager rerun included); `max_host_memory`: bytes the job's processes may hold resident;
+    `job_log`: a file for the job's stdout and stderr (default: this process's stderr);
+    `sandbox`: a command prefix for the child, or a ``peakmem.jobs.sandbox.Sandbox``. Raises
+    EstimateError (``exit_code``, ``kind``, ``reason``: the contract's table) when no estimate
+    can be made."""
     _check_mode(mode)
     steps = _check_steps(steps)
+    timeout = check_timeout(timeout)
+    if max_host_memory is not None and max_host_memory <= 0:
+        raise EstimateError(f"--max-host-memory must be positive, got {max_host_memory}",
+                            exit_code=2, reason="bad_input")
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
-    with allocator_target(conf, version):
-        capture = _capture_with_mode(
-            lambda run_mode: capture_command(
-                argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout, mode=run_mode
-            ),
-            mode,
+    _check_command(argv)
+    if not isolate:
+        from peakmem.capture import capture_command
+        from peakmem.capture.fake_memory import allocator_target
+
+        with allocator_target(conf, version):
+            capture = _capture_with_mode(
+                lambda run_mode: capture_command(
+                    argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
+                    mode=run_mode,
+                ),
+                mode,
+            )
+    else:
+        capture = _capture_supervised(
+            argv, gpu_profile, version, conf, steps, mode, timeout, max_host_memory, job_log,
+            sandbox,
         )
     return _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
         mode=mode, timeline=timeline,
     )
+
+
+def _check_command(argv: Sequence[str]) -> None:
+
+    from peakmem.jobs.runner import JobSpec, JobSpecError, script_exists
+
+    try:
+        spec = JobSpec.parse(list(argv))
+        if spec.script is not None and not script_exists(spec.script):
+            raise JobSpecError(f"script not found: {spec.script}")
+    except JobSpecError as exc:
+        raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None
+
+
+def _capture_supervised(
+    argv: Sequence[str],
+    gpu: GpuProfile,
+    version: str,
+    alloc_conf: str,
+    steps: int | None,
+    mode: str,
+    timeout: float | None,
+    max_host_memory: int | None,
+    job_log: str | os.PathLike[str] | None,
+    sandbox: Any,
+) -> CaptureResult:
+    """Each capture pass in a fresh child (auto mode's eager rerun too), within one deadline."""
+    from peakmem.capture.supervised import capture_in_child, timed_out
+    from peakmem.profiles import ProfileError
+
+    try:
+        known = load_gpu(gpu.name) == gpu
+    except ProfileError:
+        known = False
+    if not known:  # the child loads the profile by name
+        raise EstimateError(
+            f"the GPU profile {gpu.name!r} is not one of peakmem's profiles and cannot be passed "
+            "to the job's process; use a profile name, or isolate=False to run in this process",
+            exit_code=3, reason="unsupported",
+        )
+    deadline = None if timeout is None else time.monotonic() + timeout
+    log_fd = None
+    if job_log is not None:
+        try:
+            log_fd = os.open(os.path.abspath(job_log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            raise EstimateError(f"cannot open the job log {os.fspath(job_log)!r}: {exc.strerror}",
+                                exit_code=2, reason="bad_input") from None
+
+    def run(run_mode: str) -> CaptureResult:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return timed_out(run_mode, timeout)
+        return capture_in_child(
+            argv, gpu=gpu, torch_version=version, alloc_conf=alloc_conf, steps=steps,
+            mode=run_mode, timeout=remaining,
+            max_host_memory=max_host_memory, output_fd=log_fd, sandbox=sandbox,
+        )
+
+    try:
+        capture = _capture_with_mode(run, mode)
+    finally:
+        if log_fd is not None:
+            os.close(log_fd)
+    if capture.reason == "timeout" and timeout is not None:
+        capture.error_text = f"the job ran past the time limit of {timeout:g} s"
+    return capture

@@ -9,6 +9,8 @@ traceback trimmed to the user's frames. Nothing here needs a GPU.
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
 import os
 import runpy
 import signal
@@ -16,6 +18,8 @@ import sys
 import threading
 import time
 import traceback
+import types
+import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -75,6 +79,16 @@ class JobSpec:
         return cls(script=first, args=tuple(words[1:]))
 
 
+def script_exists(path: str) -> bool:
+    """What `python PATH` can run: a file, or a directory / zip file with a __main__.py."""
+    target = Path(path)
+    return target.is_file() or (target.is_dir() and (target / "__main__.py").is_file())
+
+
+def _runs_as_file(path: str) -> bool:
+    return os.path.isfile(path) and not zipfile.is_zipfile(path)
+
+
 def _is_python(word: str) -> bool:
     name = Path(word).name
     return word == sys.executable or name in _PYTHON_NAMES or name.startswith("python3.")
@@ -116,7 +130,7 @@ def run_job(
 
     ``timeout`` (seconds) needs the main thread (it uses ``SIGALRM``).
     """
-    if spec.script is not None and not Path(spec.script).is_file():
+    if spec.script is not None and not script_exists(spec.script):
         raise JobSpecError(f"script not found: {spec.script}")
     started = time.perf_counter()
     counter_steps = 0
@@ -159,9 +173,34 @@ def run_job(
 def execute(spec: JobSpec) -> None:
     """Run the script or module as `__main__` (argv and sys.path set by script_environment)."""
     if spec.script is not None:
-        runpy.run_path(spec.script, run_name="__main__")
+        if _runs_as_file(spec.script):
+            run_script_file(spec.script)
+        else:  # a directory or zip file with a __main__.py
+            runpy.run_path(spec.script, run_name="__main__")
     else:
         runpy.run_module(str(spec.module), run_name="__main__", alter_sys=True)
+
+
+def run_script_file(path: str) -> None:
+    """Run a script file as `python path` does: `__main__` with an absolute `__file__` (python
+    3.9+), sys.argv[0] left as given (runpy.run_path would set both to the same string)."""
+    filename = os.path.abspath(path)
+    with open(filename, "rb") as handle:
+        source = handle.read()
+    code = compile(source, filename, "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(
+        __file__=filename, __cached__=None, __package__=None, __spec__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", filename),
+        __builtins__=builtins,
+    )
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -178,7 +217,8 @@ def script_environment(spec: JobSpec) -> Iterator[None]:
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     if spec.script is not None:
         sys.argv = [spec.script, *spec.args]
-        sys.path.insert(0, str(Path(spec.script).resolve().parent))
+        if _runs_as_file(spec.script):  # a directory or zip: runpy puts it on sys.path itself
+            sys.path.insert(0, str(Path(spec.script).resolve().parent))
     else:
         sys.argv = [str(spec.module), *spec.args]  # runpy replaces argv[0] with the file
         sys.path.insert(0, os.getcwd())

@@ -1,0 +1,150 @@
+"""The job's process: capture one unmodified script in a child interpreter and report the result.
+
+Started by :mod:`peakmem.capture.supervised` as ``python -c BOOT REQUEST.json``. The request (written
+by peakmem) names the command, the GPU, the torch version, the step limit and the mode. The child
+runs the script as ``python script.py`` would (argv, ``sys.path[0]``, cwd and environment
+unchanged), captures it in-process (:func:`peakmem.capture.runner.capture_command`) and writes
+one result file (:mod:`peakmem.capture.result_io`), from the original process only. It then ends
+at once: the job's leftover threads and atexit handlers do not hold it up.
+
+``os._exit(n)`` called by the job in the original process delivers what was captured until then:
+with n == 0 the job ended normally (the estimate covers what it ran), otherwise it failed with
+reason ``os_exit``. A failure of peakmem's own code here is reported as ``internal``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import peakmem
+
+# sys.path[0] is '' for `python -c` (nothing prepended with -P / PYTHONSAFEPATH): peakmem's source
+# directory takes that place until the job's own sys.path[0] replaces it.
+_BOOT = (
+    "import sys; sys.path[0:int(not sys.flags.safe_path)] = [{src!r}]; "
+    "from peakmem.capture.child import main; main(sys.argv[1:])"
+)
+
+
+def child_command(request_path: str | Path) -> list[str]:
+    """The command line of a child that runs the request at `request_path`."""
+    src = str(Path(peakmem.__file__).resolve().parents[1])
+    return [sys.executable, "-c", _BOOT.format(src=src), str(request_path)]
+
+
+def main(args: list[str]) -> None:
+    from peakmem.capture.result_io import encode, encode_internal
+    from peakmem.jobs.child import ResultWriter, end_process
+
+    writer: ResultWriter | None = None
+    try:
+        request = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+        writer = ResultWriter(request["result"])
+        del sys.path[0]  # peakmem's entry: the job's script directory goes there instead
+        result = _run(request, writer)
+    except BaseException:  # noqa: BLE001 - peakmem's own failure, reported as internal
+        text = traceback.format_exc()
+        if writer is not None and writer.in_original_process:
+            try:
+                writer.write(encode_internal(text, writer.pid))
+            except BaseException:  # noqa: BLE001
+                sys.stderr.write(text)
+                end_process(70)
+            end_process(0)
+        if writer is None:
+            sys.stderr.write(text)
+        end_process(70)
+        return
+    if not writer.in_original_process:  # a fork of the job ran to the end: no second result
+        end_process(0)
+    try:
+        writer.write(encode(result, writer.pid))
+    except BaseException as exc:  # noqa: BLE001 - the job broke the way back (deleted the
+        # directory, patched json or open): peakmem reports that no result came
+        with contextlib.suppress(BaseException):
+            os.write(2, f"peakmem: the job's process could not deliver its result "
+                        f"({type(exc).__name__})\n".encode())
+        end_process(1)
+    end_process(0)
+
+
+def _run(request: dict[str, Any], writer: Any) -> Any:
+    from peakmem.capture.result_io import encode
+    from peakmem.capture.runner import CaptureResult, capture_command, capture_in_progress
+    from peakmem.jobs.child import os_exit_hook
+    from peakmem.jobs.runner import JobSpec
+    from peakmem.profiles import load_gpu, load_stack
+
+    gpu, stack = load_gpu(request["gpu"]), load_stack(request["torch_version"])
+    argv = list(request["argv"])
+    missing = _missing_module(JobSpec.parse(argv))
+    if missing is not None:
+        return CaptureResult(
+            trace=_empty_trace(), steps=0, stopped=False, forward_calls=0, seconds=0,
+            mode=request["mode"], error=ModuleNotFoundError(missing), error_text=missing,
+            exit_code=1, reason="bad_input",
+        )
+
+    def on_exit(code: int) -> None:
+        snapshot = capture_in_progress()
+        if snapshot is None:
+            return
+        mark_os_exit(snapshot, code)
+        writer.write(encode(snapshot, writer.pid))
+
+    from peakmem.capture.fake_memory import allocator_target
+
+    with os_exit_hook(writer, on_exit), allocator_target(
+        request.get("alloc_conf"), request["torch_version"]
+    ):
+        return capture_command(
+            argv, gpu=gpu, stack=stack, steps=request["steps"], mode=request["mode"]
+        )
+
+
+def mark_os_exit(result: Any, code: Any) -> None:
+    """The job ended its process with os._exit(code) in the middle of the capture."""
+    result.job_exit_code = code if type(code) is int else None
+    if code == 0:
+        result.notes.append(
+            "the job ended its own process with os._exit(0): the estimate covers what it ran "
+            "until then"
+        )
+        return
+    from peakmem.capture.result_io import JobError
+
+    result.error = JobError("os._exit", f"os._exit({code!r})")
+    result.error_type = None
+    result.exit_code, result.reason = 1, "os_exit"
+    result.error_text = f"the job ended its process with os._exit({code!r}) before the estimate"
+
+
+def _missing_module(spec: Any) -> str | None:
+    """For `-m module`: a one-line reason when the module's top-level package cannot be found
+    (found without importing anything: a package's own code runs under the capture only)."""
+    if spec.module is None:
+        return None
+    import os
+
+    top = spec.module.split(".")[0]
+    sys.path.insert(0, os.getcwd())  # as `python -m` would see it
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    finally:
+        del sys.path[0]
+    return None if found is not None else f"no module named {top!r} (python -m {spec.module})"
+
+
+def _empty_trace() -> Any:
+    from peakmem.trace.events import Trace
+
+    return Trace()

@@ -1,0 +1,73 @@
+"""The child side of a supervised job: helpers for the process that runs the user's code.
+
+- :class:`ResultWriter` delivers the child's one result, atomically (a temporary file renamed
+  over the result path), and only from the ORIGINAL child process: a job that forks (its own
+  ``os.fork``, multiprocessing, DataLoader workers) runs the rest of the job in the fork too, and
+  that copy must not deliver a second result.
+- :func:`os_exit_hook` replaces ``os._exit`` while the job runs, so that a job ending its process
+  with ``os._exit(n)`` still delivers what was captured up to that point (the hook runs in the
+  original process only; forks exit at once as they asked).
+- :func:`end_process` ends the child without waiting for the job's non-daemon threads or running
+  its atexit handlers: the result is delivered, nothing the job does afterwards matters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+_REAL_EXIT = os._exit
+
+
+class ResultWriter:
+    """Writes the child's result once, from the process that created the writer."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.pid = os.getpid()
+        self.written = False
+
+    @property
+    def in_original_process(self) -> bool:
+        return os.getpid() == self.pid
+
+    def write(self, data: bytes) -> bool:
+        """Deliver `data`; False (nothing written) in a fork or when already delivered."""
+        if self.written or not self.in_original_process:
+            return False
+        temporary = self.path.with_name(f".{self.path.name}.{self.pid}.tmp")
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, self.path)
+        self.written = True
+        return True
+
+
+@contextlib.contextmanager
+def os_exit_hook(writer: ResultWriter, on_exit: Callable[[int], None]) -> Iterator[None]:
+    """While the block runs, ``os._exit(n)`` in the original process first calls
+    ``on_exit(n)`` (which should deliver a result through `writer`), then ends the process with
+    status n. Errors in ``on_exit`` never stop the exit."""
+
+    def _exit(code: int = 0) -> None:  # the same signature as os._exit
+        if writer.in_original_process and not writer.written:
+            with contextlib.suppress(BaseException):
+                on_exit(code)
+        _REAL_EXIT(code)
+
+    os._exit = _exit
+    try:
+        yield
+    finally:
+        os._exit = _REAL_EXIT
+
+
+def end_process(code: int) -> None:
+    """Flush what the job printed and end the process now (no atexit, no thread joins)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    _REAL_EXIT(code)

@@ -1,0 +1,5 @@
+# deletes its own script while running
+import os
+
+os.remove(__file__)
+print("deleted", __file__)

@@ -1,0 +1,4 @@
+# sys.exit(True) is status 1
+import sys
+
+sys.exit(True)

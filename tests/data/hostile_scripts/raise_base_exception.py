@@ -1,0 +1,6 @@
+# a BaseException subclass (not an Exception) escapes the job
+class Abort(BaseException):
+    pass
+
+
+raise Abort("stop everything")

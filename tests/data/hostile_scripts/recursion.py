@@ -1,0 +1,6 @@
+# endless recursion: RecursionError
+def f(n):
+    return f(n + 1)
+
+
+f(0)

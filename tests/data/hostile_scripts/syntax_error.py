@@ -1,0 +1,3 @@
+# a script that does not parse
+def broken(:
+    pass
