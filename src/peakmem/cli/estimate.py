@@ -146,6 +146,13 @@ def internal_error(exc: BaseException) -> Any:
     default=None,
     help="Write the job's stdout and stderr to this file [default: peakmem's stderr].",
 )
+@click.option(
+    "--sandbox",
+    is_flag=True,
+    help="Run the job without network, with the filesystem read-only except a scratch "
+    "directory, under CPU/file/process limits (Linux: bubblewrap or unshare; exit 3 where "
+    "neither works). See SECURITY.md.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def estimate_cmd(
     gpu: str,
@@ -158,12 +165,13 @@ def estimate_cmd(
     timeout: float | None,
     max_host_memory: int | None,
     job_log: str | None,
+    sandbox: bool,
     command: tuple[str, ...],
 ) -> None:
     """Estimate the peak GPU memory of a training script, on this machine, without a GPU."""
     try:
         _estimate(gpu, torch_version, alloc_conf, steps, mode, as_json, timeline, timeout,
-                  max_host_memory, job_log, command)
+                  max_host_memory, job_log, sandbox, command)
     except (SystemExit, KeyboardInterrupt, click.exceptions.Exit, click.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - a bug in peakmem: exit 70 with its frames
@@ -181,6 +189,7 @@ def _estimate(
     timeout: float | None,
     max_host_memory: int | None,
     job_log: str | None,
+    sandbox: bool,
     command: tuple[str, ...],
 ) -> None:
     from rich.console import Console
@@ -200,6 +209,14 @@ def _estimate(
     if timeline and not os.path.isdir(os.path.dirname(timeline)):
         report(EstimateError(f"cannot write the timeline {timeline}: no such directory",
                              exit_code=2, reason="bad_input"), as_json)
+
+    from peakmem.jobs.sandbox import SandboxUnavailable, sandbox_for_cli
+
+    try:
+        job_sandbox = sandbox_for_cli(sandbox)
+    except SandboxUnavailable as exc:
+        report(EstimateError(str(exc), exit_code=exc.exit_code, reason="sandbox_unavailable"),
+               as_json)
 
     # A spinner only while the job's output goes to a file: its writes to the terminal (file
     # descriptor 2, from another process) would cut through the spinner's line.
@@ -222,6 +239,7 @@ def _estimate(
                 timeline=bool(timeline),
                 max_host_memory=max_host_memory,
                 job_log=job_log,
+                sandbox=job_sandbox,
             )
     except EstimateError as exc:
         report(exc, as_json)
