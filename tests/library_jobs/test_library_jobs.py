@@ -4,8 +4,9 @@ Each script under scripts/ imitates a well-known project's style (transformers, 
 accelerate, Lightning, timm, torchvision, nanoGPT, pytorch/examples, minGPT, litgpt) on a tiny
 model, and runs through the real CLI (`python -m peakmem estimate --json -- python SCRIPT`).
 The expected parameter and optimizer bytes are worked out from the scripts' configs
-(expected.py), not from peakmem's output. Tests peakmem cannot pass yet are strict xfails whose
-reason names the failure, so that they flip when the fix lands.
+(expected.py), not from peakmem's output. Each one failed before issue 12's fixes (tied weights
+through `.to`, device tensors that report `cuda`, the fake runtime's holes, host-built models,
+training without torch.optim); the suite keeps them fixed.
 """
 
 from __future__ import annotations
@@ -29,22 +30,6 @@ def needs(*modules: str) -> pytest.MarkDecorator:
     --no-deps: see .ci/run)."""
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     return pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)}")
-
-
-NEW_PARAMETERS_ON_MOVE = (
-    "torch._has_compatible_shallow_copy_type(cpu, meta) is False, so Module.to('cuda') makes "
-    "new Parameter objects instead of swapping .data"
-)
-STALE_PARAMS = (
-    "optimizer built before the move to the device keeps the host parameters ("
-    + NEW_PARAMETERS_ON_MOVE + "): the prepared optimizer has no grads to step, so no optimizer "
-    "state is recorded (optimizer_state 0)"
-)
-TYING_LOST = (
-    "weight tying lost through .to('cuda') (" + NEW_PARAMETERS_ON_MOVE + "): the tied "
-    "embedding / lm_head become two device Parameters, parameter bytes count the shared matrix "
-    "twice"
-)
 
 
 def assert_training(
@@ -83,7 +68,6 @@ def fused_steps(shapes: list) -> int:
 # 1. transformers, plain loop -------------------------------------------------------------------
 
 @needs("transformers")
-@pytest.mark.xfail(strict=True, reason=TYING_LOST)
 def test_transformers_plain_loop_gpt2_from_config():
     params = ex.device_bytes(ex.gpt2_shapes(**ex.TINY_GPT2), ex.FP32)
     est = estimate("hf_causal_lm_loop.py", "--steps", "3")
@@ -93,7 +77,6 @@ def test_transformers_plain_loop_gpt2_from_config():
 # 2. transformers Trainer -----------------------------------------------------------------------
 
 @needs("transformers")
-@pytest.mark.xfail(strict=True, reason=TYING_LOST)
 def test_transformers_trainer_on_a_torch_dataset():
     shapes = ex.gpt2_shapes(**ex.TINY_GPT2)
     params = ex.device_bytes(shapes, ex.FP32)
@@ -129,7 +112,6 @@ def test_peft_lora_only_adapters_train():
 
 @needs("accelerate")
 @pytest.mark.parametrize("precision", ["no", "bf16"])
-@pytest.mark.xfail(strict=True, reason=STALE_PARAMS)
 def test_accelerate_prepare_and_backward(precision):
     params = ex.device_bytes(ex.mlp3_shapes(), ex.FP32)
     est = estimate("accelerate_loop.py", "--mixed-precision", precision)
@@ -139,7 +121,6 @@ def test_accelerate_prepare_and_backward(precision):
 # 6. Lightning Fabric -----------------------------------------------------------------------------
 
 @needs("lightning")
-@pytest.mark.xfail(strict=True, reason=STALE_PARAMS)
 def test_lightning_fabric_bf16_mixed():
     params = ex.device_bytes(ex.mlp3_shapes(), ex.FP32)
     est = estimate("fabric_loop.py", "--steps", "2")
@@ -157,23 +138,12 @@ def test_lightning_trainer_one_gpu():
 
 # 8. timm train.py --------------------------------------------------------------------------------
 
-CHECKPOINT_UNDER_AUTOCAST = (
-    "device is meta: torch.utils.checkpoint re-runs the forward without the cuda autocast it "
-    "ran under (device type inferred from the tensors: meta): CheckpointError: Recomputed "
-    "values for the following tensors have different metadata (float16 saved, float32 recomputed)"
-)
-EMA_GENERATOR = (
-    "device is meta: timm ModelEmaV3 calls torch.Generator(device=param.device): "
-    "RuntimeError: META device type not an accelerator (then: " + CHECKPOINT_UNDER_AUTOCAST + ")"
-)
-
-
 @needs("timm", "torchvision")
 @pytest.mark.parametrize(
     "ema",
     [
-        pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=EMA_GENERATOR)),
-        pytest.param(False, marks=pytest.mark.xfail(strict=True, reason=CHECKPOINT_UNDER_AUTOCAST)),
+        pytest.param(True),
+        pytest.param(False),
     ],
     ids=["ema", "no-ema"],
 )
@@ -194,12 +164,6 @@ def test_timm_amp_channels_last_grad_checkpointing(ema):
 # 9. torchvision + nn.DataParallel ----------------------------------------------------------------
 
 @needs("torchvision")
-@pytest.mark.xfail(
-    strict=True,
-    reason="device is meta: nn.DataParallel checks parameters are on cuda:0: RuntimeError: "
-    "module must have its parameters and buffers on device cuda:0 (device_ids[0]) but found "
-    "one of them on device: meta",
-)
 def test_torchvision_resnet18_dataparallel_one_device():
     shapes, _ = ex.resnet18_shapes(classes=10)
     params = ex.device_bytes(shapes, ex.FP32)
@@ -209,7 +173,6 @@ def test_torchvision_resnet18_dataparallel_one_device():
 
 # 10. nanoGPT -------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=TYING_LOST)
 def test_nanogpt_tied_compiled_memmap_fused_adamw(tmp_path):
     data = tmp_path / "train.bin"
     np.random.default_rng(0).integers(0, 512, size=10_000).astype(np.uint16).tofile(data)
@@ -260,12 +223,6 @@ def test_litgpt_style_meta_init_to_empty_bf16(how):
 
 # Training without torch.optim ------------------------------------------------------------------
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="training without torch.optim (hand-written `p -= p.grad * lr`): no optimizer step "
-    "is seen, so estimate_kind is 'forward' ('the job never stepped an optimizer: this is a "
-    "forward/inference estimate')",
-)
 def test_pytorch_tutorial_hand_written_sgd_is_training():
     params = ex.device_bytes(ex.linear(256, 784) + ex.linear(10, 256), ex.FP32)
     est = estimate("pytorch_tutorial_manual_sgd.py")
@@ -291,11 +248,6 @@ def test_imagenet_style_cuda_runtime_calls():
     assert est.data["gpu"] == "a100-40gb"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole in the fake torch.cuda runtime: torch.cuda.memory_summary() reads "
-    "memory_stats()['allocated_bytes.all.current']: KeyError: 'allocated_bytes.all.current'",
-)
 def test_imagenet_style_job_that_ends_itself_reads_memory_summary():
     est = estimate("imagenet_style_cuda_calls.py", "--steps", "1")
     assert est.returncode == 0, est.failure()
@@ -307,11 +259,6 @@ def test_imagenet_style_job_that_ends_itself_reads_memory_summary():
 # Models built on the host ---------------------------------------------------------------------
 
 @needs("transformers")
-@pytest.mark.xfail(
-    strict=True,
-    reason="models built on the host cost real memory: from_config initialises the fp32 weights "
-    "on the CPU before .to('cuda'), so estimating a 673 MB model grows peakmem's RSS by ~650 MB",
-)
 def test_from_config_on_the_host_does_not_hold_the_weights_in_host_ram():
     small = dict(hidden=64, layers=1, intermediate=176, vocab=320)
     large = dict(hidden=1024, layers=8, intermediate=2816, vocab=32000)
