@@ -447,3 +447,23 @@ def test_legacy_cuda_tensor_types_make_fake_device_tensors(a100, stack24):
     sizes = [size for size, _ in allocations(result.trace)]
     assert 3 * 4 * 4 in sizes and 6 * 8 in sizes and 7 * 2 in sizes
     assert torch.get_default_dtype() == torch.float32 and torch.zeros(1).device.type == "cpu"
+
+
+def test_a_bare_device_ordinal_is_a_cuda_device(a100, stack24):
+    """`torch.device(0)` raises on a CPU-only torch (no accelerator); FSDP's device_id and
+    device_map code build devices that way."""
+    seen = {}
+
+    def job():
+        dev = torch.device(0)
+        seen["ordinal"] = dev
+        seen["is_device"] = isinstance(dev, torch.device) and type(dev) is type(torch.device("cpu"))
+        seen["plain"] = (torch.device("cuda", 0), torch.device("cpu"), torch.device(type="cuda"))
+        seen["tensor"] = torch.ones(2, device=torch.device(0)).device
+
+    _run(job, a100, stack24)
+    assert seen["ordinal"] == torch.device("cuda", 0) and seen["is_device"] is True
+    assert seen["plain"] == (torch.device("cuda", 0), torch.device("cpu"), torch.device("cuda"))
+    assert seen["tensor"] == torch.device("cuda", 0)
+    with pytest.raises(RuntimeError):  # undone after the capture
+        torch.device(0)

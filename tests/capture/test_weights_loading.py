@@ -147,6 +147,7 @@ def tiny_llama_dirs(tmp_path_factory):
         ("single", {"dtype": torch.bfloat16}, 2, True),
         ("sharded", {"device_map": "cuda"}, 4, False),
         ("single", {"device_map": "cuda", "dtype": torch.bfloat16}, 2, False),
+        ("sharded", {"device_map": "auto", "dtype": torch.bfloat16}, 2, False),  # torch.device(0)
     ],
 )
 def test_from_pretrained_reads_only_metadata(

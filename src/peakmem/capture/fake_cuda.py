@@ -346,6 +346,7 @@ def patch_providers() -> list[PatchProvider]:
     """The fake runtime's themes beyond the basics above, each a module giving (object,
     attribute) -> replacement: memory readings, RNG, graphs and profiling, processes, tensors."""
     from peakmem.capture import (
+        fake_device_ordinal,
         fake_graphs,
         fake_legacy,
         fake_memory_api,
@@ -361,6 +362,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_graphs.patches,
         fake_processes.patches,
         fake_tensors.patches,
+        fake_device_ordinal.patches,
     ]
 
 
