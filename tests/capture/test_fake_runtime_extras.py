@@ -467,3 +467,24 @@ def test_a_bare_device_ordinal_is_a_cuda_device(a100, stack24):
     assert seen["tensor"] == torch.device("cuda", 0)
     with pytest.raises(RuntimeError):  # undone after the capture
         torch.device(0)
+
+
+def test_devices_pickle_as_torch_device_during_the_capture(a100, stack24):
+    import io
+    import pickle
+
+    seen = {}
+
+    def job():
+        buffer = io.BytesIO()
+        torch.save({"device": torch.device(0), "cpu": torch.device("cpu")}, buffer)
+        buffer.seek(0)
+        seen["weights_only"] = torch.load(buffer, weights_only=True)
+        seen["pickle"] = pickle.loads(pickle.dumps(torch.device("cuda", 0)))
+        seen["blob"] = pickle.dumps(torch.device("cpu"))
+
+    _run(job, a100, stack24)
+    assert seen["weights_only"] == {"device": torch.device("cuda", 0), "cpu": torch.device("cpu")}
+    assert seen["pickle"] == torch.device("cuda", 0)
+    assert pickle.loads(seen["blob"]) == torch.device("cpu")  # outside: the real type
+    assert b"peakmem" not in seen["blob"]

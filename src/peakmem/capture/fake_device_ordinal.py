@@ -37,5 +37,11 @@ class device(metaclass=_DeviceType):  # noqa: N801 - stands in for torch.device
         return _REAL(*args, **kwargs)
 
 
+# Pickle looks the type up by name: `torch.device.__reduce__` names whatever `torch.device` is,
+# so the stand-in must pickle as "torch.device" (it unpickles as the real type, or as this
+# stand-in during a capture: both make real devices).
+device.__module__, device.__qualname__ = "torch", "device"
+
+
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     return {(torch, "device"): device}
