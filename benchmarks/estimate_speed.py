@@ -21,6 +21,11 @@ ZOO = Path(__file__).resolve().parent / "zoo"
 def real_iteration_seconds(model_name: str, batch: int, seq: int) -> float:
     import torch
 
+    from peakmem.capture import vision_ops
+
+    # transformers imports torchvision when it is installed; its compiled ops cannot load next
+    # to a CPU-only torch (peakmem declares their schemas, as a capture does)
+    vision_ops.declare_torchvision_ops()
     sys.path.insert(0, str(ZOO))
     import transformers_lm  # noqa: PLC0415
 

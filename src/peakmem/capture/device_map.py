@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from peakmem.capture import device_view, module_apply  # noqa: F401  (their registrations)
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
+from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
 from peakmem.capture.phases import PhaseTracker
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
@@ -44,25 +45,9 @@ _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 _BACKWARD_CALLS = {Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 
 
-def is_device_string(value: Any) -> bool:
-    return isinstance(value, str) and (value == "cuda" or value.startswith("cuda:"))
-
-
 def to_capture_device(value: Any, *, ints: bool = False) -> Any:
     """Map a CUDA device spec to the capture device; anything else unchanged."""
-    if is_device_string(value):
-        return CAPTURE_DEVICE
-    if isinstance(value, torch.device) and value.type == "cuda":
-        return CAPTURE_DEVICE
-    if ints and isinstance(value, int) and not isinstance(value, bool):
-        return CAPTURE_DEVICE
-    return value
-
-
-def is_host_device(value: Any) -> bool:
-    if isinstance(value, str):
-        return value == "cpu" or value.startswith("cpu:")
-    return isinstance(value, torch.device) and value.type == "cpu"
+    return CAPTURE_DEVICE if is_cuda_spec(value, ints=ints) else value
 
 
 def placeholder(tensor: Any) -> Any:
@@ -160,10 +145,10 @@ class CudaAsMeta(TorchFunctionMode):
         if rest:
             rest[0] = to_capture_device(rest[0], ints=True)
         target = kwargs.get("device", rest[0] if rest else None)
-        if is_meta(tensor) and is_host_device(target):
+        if is_meta(tensor) and is_host_spec(target):
             host = self._host(tensor)
             kwargs.pop("device", None)
-            if rest and is_host_device(rest[0]):
+            if rest and is_host_spec(rest[0]):
                 rest = rest[1:]
             return host.to(*rest, **kwargs) if (rest or kwargs) else host
         return tensor.to(*rest, **kwargs)

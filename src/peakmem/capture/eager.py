@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from peakmem.capture.device_specs import is_meta_spec
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.unsupported import Unsupported
 from peakmem.cuda_rules.true_device import is_meta
@@ -84,14 +85,8 @@ def eager_ram_limit() -> int:
     return int(available_ram_bytes() * RAM_HEADROOM)
 
 
-def _is_meta(value: Any) -> bool:
-    return is_meta(value)
-
-
 def _is_meta_device(value: Any) -> bool:
-    if isinstance(value, torch.device):
-        return value.type == "meta"
-    return isinstance(value, str) and value == "meta"
+    return isinstance(value, (str, torch.device)) and is_meta_spec(value)
 
 
 def op_name(func: Any) -> str:
@@ -131,7 +126,7 @@ class ShadowExecutor(TorchDispatchMode):
 
     def host_value(self, tensor: Any) -> Any:
         """The real values of a device tensor, as a host tensor of its own (a copy)."""
-        if _is_meta(tensor):
+        if is_meta(tensor):
             with torch.utils._python_dispatch._disable_current_modes():
                 return self.shadow(tensor).clone()
         return tensor
@@ -181,11 +176,11 @@ class ShadowExecutor(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         flat_in, _ = tree_flatten((args, kwargs))
-        if not any(_is_meta(v) or _is_meta_device(v) for v in flat_in):
+        if not any(is_meta(v) or _is_meta_device(v) for v in flat_in):
             return func(*args, **kwargs)  # a host op
         if func is aten._local_scalar_dense.default:  # `.item()` from C++
             return self.shadow(args[0]).item()
-        if any(_is_meta(v) and v.layout != torch.strided for v in flat_in) or (
+        if any(is_meta(v) and v.layout != torch.strided for v in flat_in) or (
             kwargs.get("layout") not in (None, torch.strided)
         ):
             raise Unsupported("sparse CUDA tensors in eager mode")
@@ -218,7 +213,7 @@ class ShadowExecutor(TorchDispatchMode):
 
     def _shadow_args(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         def convert(value: Any) -> Any:
-            if _is_meta(value):
+            if is_meta(value):
                 return self.shadow(value)
             if _is_meta_device(value):
                 return torch.device("cpu")
@@ -233,7 +228,7 @@ class ShadowExecutor(TorchDispatchMode):
         fresh = {
             id(t.untyped_storage()): t.untyped_storage().nbytes()
             for t in flat
-            if _is_meta(t) and id(t.untyped_storage()) not in self.storages
+            if is_meta(t) and id(t.untyped_storage()) not in self.storages
         }
         self._reserve(sum(fresh.values()))
 
@@ -246,7 +241,7 @@ class ShadowExecutor(TorchDispatchMode):
             flat_real = [None] * len(flat_meta)
         changed = False
         for index, (meta, value) in enumerate(zip(flat_meta, flat_real, strict=True)):
-            if not _is_meta(meta):
+            if not is_meta(meta):
                 continue
             source = value if isinstance(value, torch.Tensor) else None
             if id(meta.untyped_storage()) in self.storages:

@@ -10,7 +10,6 @@ order on one stream. docs/capture.md ("The fake CUDA runtime") lists what is sup
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from peakmem.capture.session import CaptureSession
 
@@ -173,35 +171,6 @@ def _identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return self
 
 
-def _is_cuda_location(location: Any) -> bool:
-    if isinstance(location, str):
-        return location == "cuda" or location.startswith("cuda:")
-    if isinstance(location, torch.device):
-        return location.type == "cuda"
-    return isinstance(location, int) and not isinstance(location, bool)
-
-
-def _load_onto_device(original_load: Any) -> Any:
-    """`torch.load(..., map_location="cuda")`: load on the host (memory-mapped when possible),
-    then move every tensor to the fake device, as the copy to the GPU would."""
-
-    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if not _is_cuda_location(map_location):
-            return original_load(f, map_location, *args, **kwargs)
-        if isinstance(f, (str, os.PathLike)) and "mmap" not in kwargs:
-            try:
-                loaded = original_load(f, "cpu", *args, mmap=True, **kwargs)
-            except RuntimeError:  # not a zipfile checkpoint: cannot be memory-mapped
-                loaded = original_load(f, "cpu", *args, **kwargs)
-        else:
-            loaded = original_load(f, "cpu", *args, **kwargs)
-        return tree_map(
-            lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, loaded
-        )
-
-    return load
-
-
 def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     """(object, attribute) -> replacement, for everything the capture fakes."""
     gpu = session.gpu
@@ -331,7 +300,6 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch.Tensor, "pin_memory"): _identity,
         (torch, "clear_autocast_cache"): clear_autocast_cache,
         (torch, "compile"): compile_as_eager,
-        (torch, "load"): _load_onto_device(torch.load),
     }
     nccl = getattr(cuda, "nccl", None)
     if nccl is not None:

@@ -11,18 +11,11 @@ from typing import Any
 
 import torch
 
+from peakmem.capture.device_specs import is_cuda_spec
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules.true_device import is_meta
 
 _RealGenerator = torch._C.Generator
-
-
-def _is_cuda(device: Any) -> bool:
-    if isinstance(device, str):
-        return device == "cuda" or device.startswith("cuda:")
-    if isinstance(device, torch.device):
-        return device.type == "cuda"
-    return isinstance(device, int) and not isinstance(device, bool)
 
 
 class CudaGenerator(_RealGenerator):
@@ -47,7 +40,7 @@ class FakeGenerator(metaclass=_GeneratorType):
     thing."""
 
     def __new__(cls, device: Any = "cpu") -> Any:  # type: ignore[misc]
-        if _is_cuda(device):
+        if is_cuda_spec(device):
             return CudaGenerator()
         return _RealGenerator(device)
 

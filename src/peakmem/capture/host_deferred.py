@@ -46,6 +46,7 @@ import torch.utils._device as torch_device_context
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from peakmem.capture.device_specs import is_cuda_spec, is_host_spec, is_meta_spec
 from peakmem.capture.host_values import HostValues
 from peakmem.capture.session import CaptureSession
 from peakmem.trace.vocab import Category
@@ -92,26 +93,6 @@ def _in_construction() -> bool:
         frame = frame.f_back
         depth += 1
     return False
-
-
-def _is_cuda(value: Any) -> bool:
-    if isinstance(value, str):
-        return value == "cuda" or value.startswith("cuda:")
-    if isinstance(value, torch.device):
-        return value.type == "cuda"
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_host(value: Any) -> bool:
-    if isinstance(value, str):
-        return value == "cpu" or value.startswith("cpu:")
-    return isinstance(value, torch.device) and value.type == "cpu"
-
-
-def _is_meta(value: Any) -> bool:
-    if isinstance(value, str):
-        return value == "meta" or value.startswith("meta:")
-    return isinstance(value, torch.device) and value.type == "meta"
 
 
 def _storage_id(tensor: Tensor) -> int:
@@ -195,10 +176,10 @@ class HostDeferral(TorchFunctionMode):
                 return result
         device = kwargs.get("device")
         if device is not None and self.making is None:
-            if _is_cuda(device) and self.kinds:
+            if is_cuda_spec(device) and self.kinds:
                 with self.make(DEVICE):
                     return func(*args, **kwargs)
-            if _is_meta(device) and self._user_meta(device):
+            if is_meta_spec(device) and self._user_meta(device):
                 with self.make(META):
                     return func(*args, **kwargs)
         if not self.kinds:
@@ -256,7 +237,7 @@ class HostDeferral(TorchFunctionMode):
     # -- factories -----------------------------------------------------------------------------
     def _factory(self, func, args: tuple, kwargs: dict):
         device = kwargs.get("device")
-        if not self.defer_construction or not (device is None or _is_host(device)):
+        if not self.defer_construction or not (device is None or is_host_spec(device)):
             return NotImplemented
         if kwargs.get("out") is not None or kwargs.get("layout") not in (None, torch.strided):
             return NotImplemented
@@ -269,7 +250,7 @@ class HostDeferral(TorchFunctionMode):
         device = kwargs.get("device")
         if not self.defer_construction or not isinstance(source, Tensor):
             return NotImplemented
-        if device is not None and not _is_host(device):
+        if device is not None and not is_host_spec(device):
             return NotImplemented
         with _NO_MODES():
             real_host = source.device.type == "cpu" and source.layout == torch.strided
@@ -393,9 +374,9 @@ class HostDeferral(TorchFunctionMode):
     def _parse_to(self, func, args: tuple, kwargs: dict):
         """`nn.Module.to`'s argument parser: a GPU stays a GPU (`torch.device("cuda", N)`, also
         for an ordinal), so the tensor moves that follow are seen as moves to the device."""
-        if args and _is_cuda(args[0]):
+        if args and is_cuda_spec(args[0]):
             device, args = args[0], ("cpu", *args[1:])
-        elif _is_cuda(kwargs.get("device")):
+        elif is_cuda_spec(kwargs.get("device")):
             device, kwargs = kwargs["device"], dict(kwargs, device="cpu")
         else:
             return NotImplemented
@@ -411,11 +392,11 @@ class HostDeferral(TorchFunctionMode):
                 return HOST if device.device.type == "cpu" else None
         if device is None:
             return None
-        if _is_cuda(device):
+        if is_cuda_spec(device):
             return DEVICE
-        if _is_host(device):
+        if is_host_spec(device):
             return HOST
-        if _is_meta(device):
+        if is_meta_spec(device):
             return META
         return None
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
 from peakmem.capture.host_deferred import map_containers as _map_containers
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules.true_device import true_device
@@ -40,20 +41,9 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def _is_cuda_location(location: Any) -> bool:
-    if isinstance(location, str):
-        return location == "cuda" or location.startswith("cuda:")
-    if isinstance(location, torch.device):
-        return location.type == "cuda"
-    return isinstance(location, int) and not isinstance(location, bool)
-
-
 def _is_host_location(location: Any) -> bool:
-    if location is None:
-        return True
-    if isinstance(location, str):
-        return location == "cpu" or location.startswith("cpu:")
-    return isinstance(location, torch.device) and location.type == "cpu"
+    """No `map_location` (each storage where it was saved) or the host."""
+    return location is None or is_host_spec(location)
 
 
 _HF_SYNC_LOAD = "HF_DEACTIVATE_ASYNC_LOAD"
@@ -98,7 +88,7 @@ class DeferredSafeOpen:
 
     def get_tensor(self, name: str) -> torch.Tensor:
         tensor = self._host(name)
-        if _is_cuda_location(self._device):
+        if is_cuda_spec(self._device):
             return _Active.mode.move(tensor, None)
         return tensor
 
@@ -140,7 +130,7 @@ class DeferredSlice:
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         tensor = self._parent._host(self._name)[index]
-        if _is_cuda_location(self._parent._device):
+        if is_cuda_spec(self._parent._device):
             return _Active.mode.move(tensor, None)
         return tensor
 
@@ -150,7 +140,7 @@ def _deferred_safe_open(original: Any) -> Any:
         mode = _Active.mode
         if mode is None or not mode.defer_construction or framework not in ("pt", "torch"):
             return original(filename, framework=framework, device=device, **kwargs)
-        if not (_is_host_location(device) or _is_cuda_location(device)):
+        if not (_is_host_location(device) or is_cuda_spec(device)):
             return original(filename, framework=framework, device=device, **kwargs)
         return DeferredSafeOpen(original, filename, framework, device, kwargs)
 
@@ -162,7 +152,7 @@ def _deferred_safe_open(original: Any) -> Any:
 def _deferred_load(original_load: Any) -> Any:
     def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
         mode = _Active.mode
-        to_device = _is_cuda_location(map_location)
+        to_device = is_cuda_spec(map_location)
         if mode is None or not (to_device or _is_host_location(map_location)):
             return original_load(f, map_location, *args, **kwargs)
         # no map_location: each storage goes where it was saved (a GPU checkpoint to the GPU)
@@ -187,7 +177,7 @@ def _deferred_load(original_load: Any) -> Any:
         # a storage saved on "meta" during a capture was a fake device storage (the device view's
         # torch.save writes device tensors as meta tensors): it loads onto the device
         moves = {
-            ptr for ptr, where in saved_on.items() if _is_cuda_location(where.split(":")[0])
+            ptr for ptr, where in saved_on.items() if is_cuda_spec(where.split(":")[0])
         }
 
         # device tensors saved during the capture are meta tensors, which torch saves without a
