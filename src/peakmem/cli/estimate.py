@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import click
 
+from peakmem.cli.emit_options import emit_options
 from peakmem.cli.steps_option import STEPS
 
 
@@ -153,6 +154,7 @@ def internal_error(exc: BaseException) -> Any:
     "directory, under CPU/file/process limits (Linux: bubblewrap or unshare; exit 3 where "
     "neither works). See SECURITY.md.",
 )
+@emit_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def estimate_cmd(
     gpu: str,
@@ -167,11 +169,15 @@ def estimate_cmd(
     job_log: str | None,
     sandbox: bool,
     command: tuple[str, ...],
+    emit: str | None = None,
+    emit_option: tuple[str, ...] = (),
+    mib_per_shard: int | None = None,
 ) -> None:
     """Estimate the peak GPU memory of a training script, on this machine, without a GPU."""
     try:
+        emit_request = _emit_request(emit, emit_option, mib_per_shard, command, as_json)
         _estimate(gpu, torch_version, alloc_conf, steps, mode, as_json, timeline, timeout,
-                  max_host_memory, job_log, sandbox, command)
+                  max_host_memory, job_log, sandbox, command, emit_request)
     except (SystemExit, KeyboardInterrupt, click.exceptions.Exit, click.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - a bug in peakmem: exit 70 with its frames
@@ -191,6 +197,7 @@ def _estimate(
     job_log: str | None,
     sandbox: bool,
     command: tuple[str, ...],
+    emit_request: tuple[str, dict[str, Any]] | None = None,
 ) -> None:
     from rich.console import Console
 
@@ -254,6 +261,9 @@ def _estimate(
         except (OSError, ValueError) as exc:
             report(EstimateError(f"cannot write the timeline {timeline}: {exc}", exit_code=2,
                                  reason="bad_input"), as_json)
+    if emit_request is not None:
+        _print_emit(result.to_json(), emit_request, as_json)
+        return
     if as_json:
         click.echo(json.dumps(result.to_json()))
     else:
@@ -262,3 +272,51 @@ def _estimate(
         render(result, Console())
         if timeline:
             Console().print(f"timeline written to {timeline}")
+
+
+def _emit_request(
+    emit: str | None,
+    pairs: tuple[str, ...],
+    mib_per_shard: int | None,
+    command: tuple[str, ...],
+    as_json: bool,
+) -> tuple[str, dict[str, Any]] | None:
+    """(format, options) of `--emit`, checked before the job runs (exit 2 if malformed)."""
+    if emit is None:
+        if pairs or mib_per_shard is not None:
+            _emit_failure("--emit-option and --mib-per-shard need --emit FORMAT", as_json)
+        return None
+    from peakmem.cli.contract import BadInput
+    from peakmem.cli.emit_options import parse_emit_options
+
+    try:
+        options = parse_emit_options(pairs, mib_per_shard)
+    except BadInput as exc:
+        _emit_failure(str(exc), as_json)
+    options.setdefault("command", list(command))
+    script = next((a for a in command[1:] if not a.startswith("-")), "peakmem-job")
+    name = os.path.basename(script)
+    options.setdefault("name", name[:-3] if name.endswith(".py") else name.rsplit(".", 1)[-1])
+    return emit.lower(), options
+
+
+def _emit_failure(message: str, as_json: bool) -> NoReturn:
+    from peakmem.estimate.api import EstimateError
+
+    report(EstimateError(message, exit_code=2, reason="bad_input"), as_json)
+
+
+def _print_emit(estimate: dict[str, Any], emit_request: tuple[str, dict[str, Any]],
+                as_json: bool) -> None:
+    """`--emit`: the scheduler's snippet instead of the table (under "emit" with --json)."""
+    from peakmem.schedule.emit import EmitError, render
+
+    fmt, options = emit_request
+    try:
+        snippet = render(estimate, fmt, **options)
+    except EmitError as exc:
+        _emit_failure(f"cannot emit {fmt}: {exc}", as_json)
+    if as_json:
+        click.echo(json.dumps({**estimate, "emit": snippet, "emit_format": fmt}))
+    else:
+        click.echo(snippet)

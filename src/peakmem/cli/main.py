@@ -14,6 +14,7 @@ COMMANDS: dict[str, str] = {
     "bench": "peakmem.cli.bench:bench",
     "estimate": "peakmem.cli.estimate:estimate_cmd",
     "measure": "peakmem.cli.measure:measure",
+    "pack": "peakmem.cli.pack:pack",
     "replay": "peakmem.cli.replay:replay",
     "simulate": "peakmem.cli.simulate:simulate_trace",
 }
