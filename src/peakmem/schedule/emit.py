@@ -174,7 +174,7 @@ def _kai_labels(job: Job) -> dict[str, str]:
 # --- Kubernetes MIG (NVIDIA k8s-device-plugin, mixed strategy): resources nvidia.com/mig-<profile>;
 #     https://github.com/NVIDIA/k8s-device-plugin#configuration-option-details (MIG_STRATEGY)
 def _mig_for(job: Job):
-    from peakmem.schedule.mig import MigError, load_mig, smallest_fitting
+    from peakmem.schedule.mig import MigError, load_mig, mig_gpus, mig_profiles, smallest_fitting
 
     if job.gpu is None:
         raise EmitError("the estimate names no GPU; give option gpu=PROFILE")
@@ -187,14 +187,19 @@ def _mig_for(job: Job):
                     f"MIG {mig.name} of {mig.gpu} holds {mig.capacity_bytes // MIB} MiB; the job needs {job.mib} MiB"
                 )
             return mig
+        if not mig_profiles(job.gpu):
+            raise EmitError(
+                f"{job.gpu} has no MIG profiles (peakmem knows MIG on {', '.join(mig_gpus())})"
+            )
         mig = smallest_fitting(job.gpu, job.bytes_with_margin)
         if mig is None:
-            load_mig(job.gpu, "7g.0gb")  # raises "has no MIG profiles" for GPUs without MIG
             raise EmitError(
                 f"no MIG profile of {job.gpu} holds the job's {job.mib} MiB with its margin"
             )
         return mig
-    except MigError as exc:
+    except (MigError, ValueError) as exc:
+        if isinstance(exc, EmitError):
+            raise
         raise EmitError(str(exc)) from None
 
 
