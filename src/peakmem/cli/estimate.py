@@ -210,6 +210,8 @@ def _estimate(
             load_stack(torch_version)
     except ProfileError as exc:
         report(EstimateError(str(exc), exit_code=2, reason="bad_input"), as_json)
+    if emit_request is not None:
+        _check_emit(emit_request, gpu_profile, as_json)
     # paths the user gave are peakmem's, resolved before the job runs
     timeline = os.path.abspath(timeline) if timeline else None
     job_log = os.path.abspath(job_log) if job_log else None
@@ -304,6 +306,21 @@ def _emit_failure(message: str, as_json: bool) -> NoReturn:
     from peakmem.estimate.api import EstimateError
 
     report(EstimateError(message, exit_code=2, reason="bad_input"), as_json)
+
+
+def _check_emit(emit_request: tuple[str, dict[str, Any]], gpu: Any, as_json: bool) -> None:
+    """Refuse, before the job runs, an --emit the estimate could never satisfy (a format option
+    it does not take, slurm without a shard size, MIG on a GPU without it): a 1-byte job on the
+    same GPU must be expressible."""
+    from peakmem.schedule.emit import EmitError, render
+
+    fmt, options = emit_request
+    tiny = {"peak_bytes": 1, "peak_bytes_with_margin": 1, "peak_reserved_bytes": 1,
+            "capacity_bytes": gpu.total_memory_bytes, "gpu": gpu.name}
+    try:
+        render(tiny, fmt, **options)
+    except EmitError as exc:
+        _emit_failure(f"cannot emit {fmt}: {exc}", as_json)
 
 
 def _print_emit(estimate: dict[str, Any], emit_request: tuple[str, dict[str, Any]],
