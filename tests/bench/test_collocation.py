@@ -45,3 +45,34 @@ def test_underestimating_estimator_causes_ooms_oracle_does_not():
     assert results["half"].oom_gpus > 0
     assert results["double"].oom_gpus == 0 and results["double"].gpus_used == 20
     assert [j.estimate_bytes for j in stream_from_sizes([10, 20], [1.5])] == [15, 30]
+
+
+def test_bench_packs_with_the_schedule_placement():
+    # the bench's placement is peakmem pack's: same bins for the same estimates
+    from peakmem.bench.collocation import pack_jobs
+    from peakmem.schedule.pack import assign
+
+    sizes = [6, 5, 4, 3, 7, 2]
+    jobs = [Job(s, s) for s in sizes]
+    for policy in ("first-fit", "best-fit-decreasing"):
+        where = assign(sizes, [10] * len(sizes), policy)
+        assert pack_jobs(jobs, 10, policy).gpus_used == len({b for b in where if b is not None})
+    # 7+3, 6+4, 5+2: best-fit-decreasing needs 3 GPUs, first-fit 3 too (6+4, 5+3+2, 7)
+    assert pack_jobs(jobs, 10, "best-fit-decreasing").gpus_used == 3
+
+
+def test_dataset_section_reports_margin_and_user_request_rows():
+    from peakmem.bench.metrics import RowResult
+    from peakmem.bench.report import dataset_collocation_section
+
+    def row(i, measured, estimate, margin=None):
+        return RowResult(f"r{i}", "mlp", "ok", measured, 100, estimate, 1.0, stated_margin=margin)
+
+    results = {"peakmem": [row(i, 30, 29, 0.1) for i in range(6)]}
+    text = dataset_collocation_section(results, 100)
+    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("|")}
+    # 29-byte estimates pack 3 per GPU: 90 real bytes each, no OOM; with the +10% margin still 3
+    assert "| oracle | 2 | 1.00x |" in lines["oracle"]
+    assert "| peakmem + margin | 2 |" in lines["peakmem + margin"]
+    assert "| whole GPU per job (user request) | 6 | 3.00x | 0 | 0 | 0 | 70.0% |" == lines[
+        "whole GPU per job (user request)"]

@@ -1,8 +1,10 @@
 """Collocation simulation: pack a stream of jobs onto GPUs by an estimator's numbers, then see what
 the real peaks do.
 
-Jobs arrive in order and go first-fit onto the first GPU whose reserved sum (of estimates) leaves
-room; a job whose estimate exceeds the GPU is rejected (a scheduler cannot place it). A GPU OOMs
+Jobs are placed by `peakmem.schedule.pack.assign`, the placement core of `peakmem pack`, with
+its policies (first-fit: jobs arrive in order and go onto the first GPU whose reserved sum of
+estimates leaves room); a job whose estimate exceeds the GPU is rejected (a scheduler cannot
+place it). A GPU OOMs
 when the sum of its jobs' real peaks exceeds its capacity; every job on it counts as hit. Idle
 memory is capacity minus the real peaks on GPUs that did not OOM. All jobs run at once (the
 worst case of overlapping peaks), as in the GPUMemNet paper's collocation argument.
@@ -54,24 +56,24 @@ class PackingResult:
 
 
 def pack_first_fit(jobs: Sequence[Job], capacity_bytes: int) -> PackingResult:
-    reserved: list[int] = []
-    real: list[int] = []
-    members: list[int] = []
-    rejected = 0
-    for job in jobs:
-        if job.estimate_bytes > capacity_bytes:
-            rejected += 1
-            continue
-        for gpu, used in enumerate(reserved):
-            if used + job.estimate_bytes <= capacity_bytes:
-                reserved[gpu] += job.estimate_bytes
-                real[gpu] += job.real_peak_bytes
-                members[gpu] += 1
-                break
-        else:
-            reserved.append(job.estimate_bytes)
-            real.append(job.real_peak_bytes)
-            members.append(1)
+    return pack_jobs(jobs, capacity_bytes, "first-fit")
+
+
+def pack_jobs(jobs: Sequence[Job], capacity_bytes: int, policy: str = "first-fit") -> PackingResult:
+    """Place `jobs` by their estimates on as many `capacity_bytes` GPUs as needed, with
+    `peakmem pack`'s placement (`policy`), then judge the placement by the real peaks."""
+    from peakmem.schedule.pack import assign
+
+    where = assign([j.estimate_bytes for j in jobs], [capacity_bytes] * len(jobs), policy)
+    used = sorted({b for b in where if b is not None})
+    slot = {b: i for i, b in enumerate(used)}
+    real = [0] * len(used)
+    members = [0] * len(used)
+    for job, b in zip(jobs, where, strict=True):
+        if b is not None:
+            real[slot[b]] += job.real_peak_bytes
+            members[slot[b]] += 1
+    rejected = sum(b is None for b in where)
     oom = [r > capacity_bytes for r in real]
     healthy = [r for r, o in zip(real, oom, strict=True) if not o]
     idle = sum(capacity_bytes - r for r in healthy)
@@ -79,7 +81,7 @@ def pack_first_fit(jobs: Sequence[Job], capacity_bytes: int) -> PackingResult:
         jobs=len(jobs),
         placed=len(jobs) - rejected,
         rejected=rejected,
-        gpus_used=len(reserved),
+        gpus_used=len(used),
         oom_gpus=sum(oom),
         jobs_oom=sum(m for m, o in zip(members, oom, strict=True) if o),
         idle_bytes=idle,

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import numpy as np
 
-from peakmem.bench.collocation import Job, pack_first_fit, pai_like_sizes, simulate_estimators
+from peakmem.bench.collocation import (
+    Job,
+    pack_first_fit,
+    pack_jobs,
+    pai_like_sizes,
+    simulate_estimators,
+)
 from peakmem.bench.metrics import RowResult
 from peakmem.bench.rows import MiB
 
@@ -111,8 +117,12 @@ def collocation_section(results: dict[str, list[RowResult]], capacity_bytes: int
     return "\n".join(lines) + "\n"
 
 
-def dataset_collocation_section(results: dict[str, list[RowResult]], capacity_bytes: int) -> str:
-    """Pack the dataset's own jobs (rows that ran and that every estimator estimated), in order."""
+def dataset_collocation_section(
+    results: dict[str, list[RowResult]], capacity_bytes: int, policy: str = "first-fit"
+) -> str:
+    """Pack the dataset's own jobs (rows that ran and that every estimator estimated), in order,
+    with `peakmem pack`'s placement; also each estimator with the margin it states (what `pack`
+    schedules on) and the user-request baseline (one whole GPU per job)."""
     usable = None
     for rs in results.values():
         ids = {r.row_id for r in rs if r.estimate_bytes is not None and r.status == "ok"}
@@ -120,22 +130,35 @@ def dataset_collocation_section(results: dict[str, list[RowResult]], capacity_by
     usable = usable or set()
     lines = [
         f"The dataset's own {len(usable)} jobs that ran and that every estimator estimated, in "
-        f"dataset order, packed first-fit on {capacity_bytes / MiB:.0f} MiB GPUs.\n",
-        "| estimator | GPUs used | rejected | GPUs OOM | jobs hit by OOM | idle memory |",
-        "| --- | --- | --- | --- | --- | --- |",
+        f"dataset order, packed {policy} (peakmem.schedule.pack, as `peakmem pack --policy "
+        f"{policy}`) on {capacity_bytes / MiB:.0f} MiB GPUs; `+ margin` packs by the estimate "
+        "with the margin the estimator states; the user request is one whole GPU per job.\n",
+        "| estimator | GPUs used | vs oracle | rejected | GPUs OOM | jobs hit by OOM | idle memory |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     if not usable:
         return lines[0] + "\n"
     first = next(iter(results.values()))
     oracle = [Job(r.measured_bytes, r.measured_bytes) for r in first if r.row_id in usable]
-    packed = {"oracle": pack_first_fit(oracle, capacity_bytes)}
+    packed = {"oracle": pack_jobs(oracle, capacity_bytes, policy)}
     for name, rs in results.items():
-        jobs = [Job(r.measured_bytes, r.estimate_bytes) for r in rs if r.row_id in usable]  # type: ignore[arg-type]
-        packed[name] = pack_first_fit(jobs, capacity_bytes)
+        rows = [r for r in rs if r.row_id in usable]
+        jobs = [Job(r.measured_bytes, r.estimate_bytes) for r in rows]  # type: ignore[arg-type]
+        packed[name] = pack_jobs(jobs, capacity_bytes, policy)
+        if any(r.stated_margin for r in rows):
+            with_margin = [
+                Job(r.measured_bytes, int(r.estimate_bytes * (1 + (r.stated_margin or 0.0))))  # type: ignore[operator]
+                for r in rows
+            ]
+            packed[f"{name} + margin"] = pack_jobs(with_margin, capacity_bytes, policy)
+    packed["whole GPU per job (user request)"] = pack_jobs(
+        [Job(j.real_peak_bytes, capacity_bytes) for j in oracle], capacity_bytes, policy
+    )
+    base = packed["oracle"].gpus_used or 1
     for name, p in packed.items():
         lines.append(
-            f"| {name} | {p.gpus_used} | {p.rejected} | {p.oom_gpus} | {p.jobs_oom} | "
-            f"{100 * p.idle_fraction:.1f}% |"
+            f"| {name} | {p.gpus_used} | {p.gpus_used / base:.2f}x | {p.rejected} | {p.oom_gpus} | "
+            f"{p.jobs_oom} | {100 * p.idle_fraction:.1f}% |"
         )
     return "\n".join(lines) + "\n"
 
@@ -239,6 +262,7 @@ def write_report(
         page += [
             "## Collocation\n",
             dataset_collocation_section(results, capacity_bytes),
+            dataset_collocation_section(results, capacity_bytes, "best-fit-decreasing"),
             collocation_section(results, capacity_bytes),
         ]
     page += ["## Plots\n"] + [f"![{p}]({p})\n" for p in plots]

@@ -121,11 +121,12 @@ def assign(
     for j in order:
         size = sizes[j]
         choice: int | None = None
-        fitting_used = [b for b in used if fits(b, j)]
-        if fitting_used:
-            choice = (
-                min(fitting_used, key=lambda b: (free[b] - size, b)) if rule.best_fit else fitting_used[0]
-            )
+        if rule.best_fit:
+            fitting_used = [b for b in used if fits(b, j)]
+            if fitting_used:
+                choice = min(fitting_used, key=lambda b: (free[b] - size, b))
+        else:
+            choice = next((b for b in used if fits(b, j)), None)
         if rule.best_fit and choice is None:
             start = bisect.bisect_left(unused_rooms, size)
             for k in range(start, len(unused_by_room)):
