@@ -74,5 +74,5 @@ def test_dataset_section_reports_margin_and_user_request_rows():
     # 29-byte estimates pack 3 per GPU: 90 real bytes each, no OOM; with the +10% margin still 3
     assert "| oracle | 2 | 1.00x |" in lines["oracle"]
     assert "| peakmem + margin | 2 |" in lines["peakmem + margin"]
-    assert "| whole GPU per job (user request) | 6 | 3.00x | 0 | 0 | 0 | 70.0% |" == lines[
-        "whole GPU per job (user request)"]
+    user = lines["whole GPU per job (user request)"]
+    assert user == "| whole GPU per job (user request) | 6 | 3.00x | 0 | 0 | 0 | 70.0% |"

@@ -420,9 +420,19 @@ def pod_name(text: str) -> str:
     return name or "peakmem-job"
 
 
+def _kubernetes_client() -> Any:
+    try:
+        from kubernetes import client
+    except ImportError:
+        raise EmitError(
+            "Pod manifests need the kubernetes package: pip install 'peakmem[schedule]'"
+        ) from None
+    return client
+
+
 def build_pod(estimate: dict, fmt: str, **options: Any) -> Any:
     """A kubernetes.client.V1Pod carrying the request of `fmt` (only for Kubernetes formats)."""
-    from kubernetes import client
+    client = _kubernetes_client()
 
     entry = check_format(fmt)
     request = container_request(estimate, fmt, **options)
@@ -460,9 +470,7 @@ def build_pod(estimate: dict, fmt: str, **options: Any) -> Any:
 
 def pod_dict(estimate: dict, fmt: str, **options: Any) -> dict[str, Any]:
     """The Pod manifest as the API server takes it (camelCase keys, no nulls)."""
-    from kubernetes import client
-
-    return client.ApiClient().sanitize_for_serialization(build_pod(estimate, fmt, **options))
+    return _kubernetes_client().ApiClient().sanitize_for_serialization(build_pod(estimate, fmt, **options))
 
 
 def render(estimate: dict, fmt: str, **options: Any) -> str:
