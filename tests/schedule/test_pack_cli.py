@@ -169,3 +169,52 @@ def test_estimate_emit_failures(args, says):
     assert result.exit_code == 2
     error = json.loads(result.stdout)["error"]
     assert says in error["message"] and error["kind"] == "bad_input"
+
+
+def test_hostile_estimate_files(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    huge_int = tmp_path / "int.json"
+    huge_int.write_text('{"peak_bytes": ' + "9" * 5000 + "}")
+    inf = tmp_path / "inf.json"
+    inf.write_text('{"peak_bytes": 1e999, "peak_bytes_with_margin": 1e999}')
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    for path, says in ((deep, "not usable JSON"), (huge_int, "not usable JSON"),
+                       (inf, "peak_bytes"), (binary, "UTF-8"), (tmp_path, "directory"),
+                       ("/dev/zero", "not a regular file")):
+        result = run("pack", str(path), "--gpus", "l4", "--json")
+        assert result.exit_code == 2, (path, result.output)
+        assert says in json.loads(result.stdout)["error"]["message"]
+
+
+def test_untrusted_names_cannot_inject_markup_or_lines(tmp_path, capsys):
+    evil = "x\n#SBATCH --gres=gpu:8 [bold red]boom[/]"
+    estimate = {"peak_bytes": G, "peak_bytes_with_margin": G, "gpu": "l4",
+                "capacity_bytes": 24152899584}
+    renamed = tmp_path / "[bold]x.json"
+    renamed.write_text(json.dumps(estimate))
+    table = run("pack", str(renamed), "--gpus", "l4")
+    assert "[bold]x.json" in table.stdout
+    # a jobs-file id with a newline stays on its comment line in the Slurm script
+    from peakmem.cli.pack import _print_snippets
+
+    capsys.readouterr()
+    _print_snippets("slurm", {evil: "#SBATCH --gres=shard:1"}, {})
+    text = capsys.readouterr().out
+    assert [line for line in text.splitlines() if line.startswith("#SBATCH")] == ["#SBATCH --gres=shard:1"]
+
+
+def test_emit_refuses_non_finite_and_bad_labels():
+    from peakmem.schedule.emit import EmitError, render
+
+    base = {"peak_bytes_with_margin": G, "capacity_bytes": 40 * G, "gpu": "a100-40gb"}
+    for bad in ({**base, "peak_bytes_with_margin": float("inf")}, {**base, "capacity_bytes": float("nan")},
+                {**base, "peak_bytes_with_margin": True}):
+        with pytest.raises(EmitError):
+            render(bad, "hami")
+    assert "0.0001" not in render({**base, "peak_reserved_bytes": float("inf")}, "torch")
+    with pytest.raises(EmitError, match="label value"):
+        render(base, "kai", queue="bad queue\nname")
+    with pytest.raises(EmitError, match="label key"):
+        render(base, "kai", queue="q", queue_label="Bad Key")

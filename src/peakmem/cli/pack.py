@@ -150,14 +150,19 @@ def _emit(placement: Any, fmt: str, options: dict[str, Any], commands: dict[str,
     return snippets, errors
 
 
+def _safe(name: str) -> str:
+    """A job name on one line of plain text (names come from untrusted files)."""
+    return "".join(c if c.isprintable() else "?" for c in name)
+
+
 def _print_snippets(fmt: str, snippets: dict[str, str], errors: dict[str, str]) -> None:
     kubernetes = fmt in ("hami", "volcano", "kai", "runai", "k8s-mig")
     parts = []
     for name, text in snippets.items():
-        parts.append(text if kubernetes else f"# {name}\n{text}")
+        parts.append(text if kubernetes else f"# {_safe(name)}\n{text}")
     click.echo(("\n---\n" if kubernetes else "\n\n").join(parts))
     for name, message in errors.items():
-        click.echo(f"peakmem: cannot emit {fmt} for {name}: {message}", err=True)
+        click.echo(f"peakmem: cannot emit {fmt} for {_safe(name)}: {message}", err=True)
 
 
 def _gib(n: int) -> str:
@@ -170,6 +175,7 @@ def _risk(value: float | None) -> str:
 
 def _print_placement(placement: Any) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -181,7 +187,7 @@ def _print_placement(placement: Any) -> None:
     for load in placement.bins:
         table.add_row(
             str(load.index), load.bin.label, str(load.bin.device),
-            ", ".join(job.name for job in load.jobs), _gib(load.bytes_with_margin),
+            escape(", ".join(_safe(job.name) for job in load.jobs)), _gib(load.bytes_with_margin),
             _gib(load.bin.capacity_bytes),
             f"{100 * load.bytes_with_margin / load.bin.capacity_bytes:.0f}%", _risk(load.oom_risk),
         )
@@ -192,9 +198,10 @@ def _print_placement(placement: Any) -> None:
         f"chance of any OOM {_risk(placement.oom_risk_any)} (calibrated margins: <=1% of jobs each)"
     )
     for job, why in placement.rejected:
-        console.print(f"[red]rejected[/red] {job.name}: {why}", highlight=False)
+        console.print(f"[red]rejected[/red] {escape(_safe(job.name))}: {escape(_safe(why))}",
+                      highlight=False)
     for note in placement.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {escape(_safe(note))}", highlight=False)
 
 
 def _print_what_if(answers: list[Any], failed: list[Any], policy: str, as_json: bool) -> None:
@@ -208,6 +215,7 @@ def _print_what_if(answers: list[Any], failed: list[Any], policy: str, as_json: 
         }))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"which single GPU type holds all the jobs ({policy})")
@@ -216,9 +224,10 @@ def _print_what_if(answers: list[Any], failed: list[Any], policy: str, as_json: 
     for a in answers:
         table.add_row(
             a.gpu, "-" if a.count is None else str(a.count), _gib(a.capacity_bytes),
-            ", ".join(job.name for job, _ in a.rejected) or "",
+            escape(", ".join(_safe(job.name) for job, _ in a.rejected)),
         )
     console = Console()
     console.print(table)
     for job, why in failed:
-        console.print(f"[red]rejected[/red] {job.name}: {why}", highlight=False)
+        console.print(f"[red]rejected[/red] {escape(_safe(job.name))}: {escape(_safe(why))}",
+                      highlight=False)

@@ -77,6 +77,13 @@ def _ceil(value: float, digits: int) -> float:
     return math.ceil(value * scale - 1e-9) / scale
 
 
+def _finite(value: Any) -> bool:
+    """A real, finite number (not a bool)."""
+    return (
+        not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    )
+
+
 def _number(value: Any, name: str) -> float:
     try:
         number = float(value)
@@ -163,12 +170,23 @@ def _kai(job: Job) -> ContainerRequest:
     return _request(annotations={"gpu-memory": str(job.mib)})
 
 
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
 def _kai_labels(job: Job) -> dict[str, str]:
     queue = job.options.get("queue")
     if not queue:
         return {}
-    key = job.options.get("queue_label", "kai.scheduler/queue")
-    return {str(key): str(queue)}
+    key = str(job.options.get("queue_label", "kai.scheduler/queue"))
+    if not _LABEL_KEY.match(key) or len(key) > 316:
+        raise EmitError(f"queue_label {key!r} is not a Kubernetes label key")
+    if not _LABEL_VALUE.match(str(queue)):
+        raise EmitError(f"queue {str(queue)!r} is not a Kubernetes label value (63 characters of A-Z a-z 0-9 - _ .)")
+    return {key: str(queue)}
 
 
 # --- Kubernetes MIG (NVIDIA k8s-device-plugin, mixed strategy): resources nvidia.com/mig-<profile>;
@@ -365,7 +383,7 @@ def _job(estimate: dict[str, Any], entry: Format, options: dict[str, Any]) -> Jo
         known = ", ".join(COMMON_OPTIONS + entry.options)
         raise EmitError(f"{entry.name} takes no option {', '.join(sorted(unknown))} (options: {known})")
     with_margin = estimate.get("peak_bytes_with_margin", estimate.get("peak_bytes"))
-    if isinstance(with_margin, bool) or not isinstance(with_margin, (int, float)) or with_margin < 0:
+    if not _finite(with_margin) or with_margin < 0:
         raise EmitError("the estimate has no `peak_bytes_with_margin`")
     gpu = options.get("gpu") or estimate.get("gpu")
     capacity = options.get("capacity_bytes")
@@ -378,16 +396,16 @@ def _job(estimate: dict[str, Any], entry: Format, options: dict[str, Any]) -> Jo
             raise EmitError(str(exc)) from None
     if capacity is None:
         capacity = estimate.get("capacity_bytes")
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or capacity <= 0:
+    if not _finite(capacity) or capacity <= 0:
         raise EmitError("the estimate has no positive `capacity_bytes`; give option gpu=PROFILE")
     margin = estimate.get("safety_margin", 0.0)
-    margin = float(margin) if isinstance(margin, (int, float)) and margin >= 0 else 0.0
+    margin = float(margin) if _finite(margin) and 0 <= margin <= 100 else 0.0
     reserved = estimate.get("peak_reserved_bytes", with_margin)
-    if isinstance(reserved, bool) or not isinstance(reserved, (int, float)) or reserved < 0:
+    if not _finite(reserved) or reserved < 0:
         reserved = with_margin
     utilization = estimate.get("utilization")
     smact = utilization.get("smact") if isinstance(utilization, dict) else None
-    if isinstance(smact, bool) or not isinstance(smact, (int, float)) or not 0 <= smact <= 1:
+    if not _finite(smact) or not 0 <= smact <= 1:
         smact = None
     conf = estimate.get("alloc_conf") or ""
     return Job(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,16 +28,29 @@ JOB_OPTIONS = ("steps", "mode", "timeout", "torch", "alloc_conf", "max_host_memo
 
 
 def _read(path: str) -> str:
+    """A regular file's text, at most MAX_FILE_BYTES (PackError otherwise)."""
     try:
-        size = os.path.getsize(path)
-        if size > MAX_FILE_BYTES:
-            raise PackError(f"{path}: {size} bytes is more than the {MAX_FILE_BYTES} peakmem reads")
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except UnicodeDecodeError:
-        raise PackError(f"{path}: not UTF-8 text") from None
+        with open(path, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise PackError(f"{path}: not a regular file")
+            data = handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise PackError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise PackError(f"{path}: more than the {MAX_FILE_BYTES} bytes peakmem reads")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PackError(f"{path}: not UTF-8 text") from None
+
+
+def _loads(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PackError(f"{where}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    except (ValueError, RecursionError) as exc:  # huge integers, absurd nesting
+        raise PackError(f"{where}: not usable JSON ({type(exc).__name__})") from None
 
 
 def _int(value: Any) -> int | None:
@@ -96,11 +110,7 @@ def load_estimate_files(paths: Sequence[str]) -> list[PackJob]:
     jobs = []
     for path, name in zip(paths, base, strict=True):
         label = name if base.count(name) == 1 else path
-        text = _read(path)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PackError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+        data = _loads(_read(path), path)
         jobs.append(job_from_estimate(label, data))
     return jobs
 
@@ -114,10 +124,7 @@ def read_jobs_file(path: str) -> list[dict[str, Any]]:
         if not text or text.startswith("#"):
             continue
         where = f"{path}:{number}"
-        try:
-            entry = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PackError(f"{where}: not JSON ({exc.msg})") from None
+        entry = _loads(text, where)
         if not isinstance(entry, dict):
             raise PackError(f"{where}: expected an object with `id` and `command`")
         unknown = set(entry) - {"id", "command", "gpu", "options"}
