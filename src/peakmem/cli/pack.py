@@ -48,6 +48,9 @@ class _Float(click.ParamType):
               "--gpus types, or of every known GPU).")
 @click.option("--timeout", type=_Float(), default=None,
               help="--jobs: wall-clock seconds for each job's estimate.")
+@click.option("--sandbox", is_flag=True,
+              help="--jobs: run each job as `peakmem estimate --sandbox` does (exit 3 where it "
+              "cannot be provided).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (also on failure).")
 @emit_options
 def pack(
@@ -58,6 +61,7 @@ def pack(
     max_smact: float,
     what_if: bool,
     timeout: float | None,
+    sandbox: bool,
     as_json: bool,
     emit: str | None,
     emit_option: tuple[str, ...],
@@ -83,12 +87,17 @@ def pack(
         commands: dict[str, list[str]] = {}
         if jobs_file:
             from peakmem.estimate.api import DEFAULT_GPU
+            from peakmem.jobs.sandbox import SandboxUnavailable, sandbox_for_cli
             from peakmem.schedule.jobs import read_jobs_file
 
             default_gpu = bins[0].gpu if bins else DEFAULT_GPU
             commands = {e["id"]: list(e["command"]) for e in read_jobs_file(jobs_file)}
+            try:
+                job_sandbox = sandbox_for_cli(sandbox)
+            except SandboxUnavailable as exc:
+                report_error("unsupported", str(exc), exc.exit_code, as_json)
             estimated, failed = estimate_jobs_file(
-                jobs_file, default_gpu, timeout=timeout,
+                jobs_file, default_gpu, timeout=timeout, sandbox=job_sandbox,
                 on_job=lambda job_id: click.echo(f"peakmem: estimating {job_id}...", err=True),
             )
             jobs += estimated

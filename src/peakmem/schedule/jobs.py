@@ -81,8 +81,13 @@ def job_from_estimate(name: str, estimate: Any) -> PackJob:
     rate = estimate.get("margin_failure_rate")
     if not (isinstance(rate, (int, float)) and 0 <= rate <= 1):
         rate = MARGIN_FAILURE_RATE if margin > 0 else None
+    assumptions = estimate.get("assumptions")
+    margin_assumed = isinstance(assumptions, list) and any(
+        isinstance(a, str) and a.startswith("safety margin") for a in assumptions
+    )
     return PackJob(
         name=name,
+        margin_assumed=margin_assumed,
         bytes_with_margin=with_margin,
         peak_bytes=peak,
         safety_margin=margin,
@@ -159,6 +164,7 @@ def estimate_jobs_file(
     default_gpu: str,
     *,
     timeout: float | None = None,
+    sandbox: Any = None,
     estimator: Estimator | None = None,
     on_job: Callable[[str], None] | None = None,
 ) -> tuple[list[PackJob], list[tuple[PackJob, str]]]:
@@ -185,6 +191,8 @@ def estimate_jobs_file(
                 raise PackError(f"{path}: job {entry['id']!r}: {exc}") from None
         kwargs.update(options)
         kwargs.setdefault("timeout", timeout)
+        if sandbox is not None:
+            kwargs["sandbox"] = sandbox
         if on_job is not None:
             on_job(entry["id"])
         try:

@@ -61,6 +61,9 @@ class PackJob:
     failure_rate: float | None = None
     """Chance the job's real peak exceeds `bytes_with_margin` (None: unknown)."""
     estimate: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    margin_assumed: bool = False
+    """The estimate's margin was carried over from another GPU / stack (its assumptions say so):
+    its failure rate is the calibration target, not measured for this GPU."""
 
 
 @dataclass(frozen=True)
@@ -308,6 +311,13 @@ def _notes(jobs: Sequence[PackJob], placed: list[BinLoad]) -> list[str]:
         notes.append(
             f"{len(unknown)} job(s) carry no calibrated safety margin ({', '.join(unknown[:3])}"
             f"{', ...' if len(unknown) > 3 else ''}): the OOM risk of their GPUs is unknown"
+        )
+    carried = [job.name for job in jobs if job.margin_assumed]
+    if carried:
+        notes.append(
+            f"{len(carried)} job(s) use a safety margin carried over from another GPU or stack "
+            f"({', '.join(carried[:3])}{', ...' if len(carried) > 3 else ''}): their 1% failure "
+            "rate is the calibration's target, not measured for their GPU"
         )
     moved = sorted(
         {
