@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from peakmem.schedule.inventory import Bin, parse_inventory
 from peakmem.schedule.jobs import job_from_estimate
@@ -129,3 +131,21 @@ def test_what_if_picks_the_cheapest_single_type():
     assert by_gpu["a100-80gb"].count == 2  # 50 + 30 > 79.3 GiB: 50 | 30 + 30
     assert by_gpu["h200"].count == 1
     assert answers[-1].gpu == "a100-40gb"  # one that cannot hold every job comes last
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 100), max_size=30),
+    capacities=st.lists(st.integers(1, 120), max_size=8),
+    policy=st.sampled_from(["first-fit", "best-fit-decreasing"]),
+)
+def test_assign_invariants(sizes, capacities, policy):
+    where = assign(sizes, capacities, policy)
+    used = [0] * len(capacities)
+    for size, b in zip(sizes, where, strict=True):
+        if b is not None:
+            used[b] += size
+    assert all(u <= c for u, c in zip(used, capacities, strict=True))  # never over capacity
+    for size, b in zip(sizes, where, strict=True):
+        if b is None:  # rejected only when no bin had room (room only shrinks)
+            assert all(c - u < size for u, c in zip(used, capacities, strict=True))
