@@ -104,8 +104,11 @@ def test_slurm_shards_and_mig_gres():
     assert render(EST, "slurm", mib_per_shard=1000) == "#SBATCH --gres=shard:6"
     # 8 shards per 40536 MiB GPU = 5067 MiB each: 5076 MiB needs 2
     assert render(EST, "slurm", shards_per_gpu=8) == "#SBATCH --gres=shard:2"
-    assert render(EST, "slurm", mig="true") == "#SBATCH --gres=gpu:1g.10gb:1"
-    assert render(EST, "slurm", mig="3g.20gb") == "#SBATCH --gres=gpu:3g.20gb:1"
+    assert render(EST, "slurm", mig="true") == "#SBATCH --gres=gpu:a100_1g.10gb:1"
+    assert render(EST, "slurm", mig="3g.20gb") == "#SBATCH --gres=gpu:a100_3g.20gb:1"
+    assert render(EST, "slurm", mig="true", gres_type="mig1g") == "#SBATCH --gres=gpu:mig1g:1"
+    with pytest.raises(EmitError, match="GRES type"):
+        render(EST, "slurm", mig="true", gres_type="a b")
     with pytest.raises(EmitError, match="shard size"):
         render(EST, "slurm")
     with pytest.raises(EmitError, match="not a Kubernetes format"):

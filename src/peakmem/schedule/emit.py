@@ -227,14 +227,21 @@ def _k8s_mig(job: Job) -> ContainerRequest:
 
 
 # --- Slurm: https://slurm.schedmd.com/gres.html ("Sharding": --gres=shard:N; "MIG Management":
-#     MIG GRES typed by profile, --gres=gpu:<profile>:1)
+#     MIG slices are gpu GRES of their own type, --gres=gpu:<type>:1; sites name the type
+#     <gpu>_<profile>, e.g. --gres=gpu:a100_1g.5gb:1 on the Alliance and CSC clusters)
 def _slurm(job: Job) -> str:
     opts = job.options
     mig = opts.get("mig")
     if mig is not None and str(mig).strip().lower() not in ("", "0", "false", "no", "off"):
         if _truthy(mig):  # mig=true: the smallest profile that fits
             job = Job(**{**job.__dict__, "options": {**opts, "mig": None}})
-        return f"#SBATCH --gres=gpu:{_mig_for(job).name}:1"
+        profile = _mig_for(job)
+        # Sites name MIG GRES types <gpu>_<profile> (gres.conf Type=, e.g. a100_1g.5gb);
+        # gres_type= gives the site's own name
+        gres_type = opts.get("gres_type") or f"{profile.gpu.split('-')[0]}_{profile.name}"
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", str(gres_type)):
+            raise EmitError(f"gres_type {gres_type!r} is not a GRES type name")
+        return f"#SBATCH --gres=gpu:{gres_type}:1"
     per_shard = opts.get("mib_per_shard")
     shards_per_gpu = opts.get("shards_per_gpu")
     if per_shard is None and shards_per_gpu is not None:
@@ -347,7 +354,7 @@ FORMATS: dict[str, Format] = {
     "slurm": Format(
         "slurm", "Slurm: --gres=shard:N (given the MiB per shard) or a MIG GRES",
         "https://slurm.schedmd.com/gres.html#Sharding", None, text=_slurm,
-        options=("mib_per_shard", "shards_per_gpu", "mig"),
+        options=("mib_per_shard", "shards_per_gpu", "mig", "gres_type"),
     ),
     "mps": Format(
         "mps", "NVIDIA MPS: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
