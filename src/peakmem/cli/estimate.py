@@ -128,6 +128,13 @@ def internal_error(exc: BaseException) -> Any:
     help="Write a memory timeline (.html or .png).",
 )
 @click.option(
+    "--snapshot",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the simulated run as a torch.cuda.memory._snapshot() pickle (open it at "
+    "https://pytorch.org/memory_viz).",
+)
+@click.option(
     "--timeout",
     type=_Seconds(),
     default=None,
@@ -167,11 +174,12 @@ def estimate_cmd(
     job_log: str | None,
     sandbox: bool,
     command: tuple[str, ...],
+    snapshot: str | None = None,
 ) -> None:
     """Estimate the peak GPU memory of a training script, on this machine, without a GPU."""
     try:
         _estimate(gpu, torch_version, alloc_conf, steps, mode, as_json, timeline, timeout,
-                  max_host_memory, job_log, sandbox, command)
+                  max_host_memory, job_log, sandbox, command, snapshot=snapshot)
     except (SystemExit, KeyboardInterrupt, click.exceptions.Exit, click.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - a bug in peakmem: exit 70 with its frames
@@ -191,6 +199,7 @@ def _estimate(
     job_log: str | None,
     sandbox: bool,
     command: tuple[str, ...],
+    snapshot: str | None = None,
 ) -> None:
     from rich.console import Console
 
@@ -208,6 +217,10 @@ def _estimate(
     job_log = os.path.abspath(job_log) if job_log else None
     if timeline and not os.path.isdir(os.path.dirname(timeline)):
         report(EstimateError(f"cannot write the timeline {timeline}: no such directory",
+                             exit_code=2, reason="bad_input"), as_json)
+    snapshot = os.path.abspath(snapshot) if snapshot else None
+    if snapshot and not os.path.isdir(os.path.dirname(snapshot)):
+        report(EstimateError(f"cannot write the snapshot {snapshot}: no such directory",
                              exit_code=2, reason="bad_input"), as_json)
 
     from peakmem.jobs.sandbox import SandboxUnavailable, sandbox_for_cli
@@ -254,6 +267,14 @@ def _estimate(
         except (OSError, ValueError) as exc:
             report(EstimateError(f"cannot write the timeline {timeline}: {exc}", exit_code=2,
                                  reason="bad_input"), as_json)
+    if snapshot:
+        from peakmem.estimate.memory_snapshot import write_snapshot
+
+        try:
+            write_snapshot(result, snapshot)
+        except OSError as exc:
+            report(EstimateError(f"cannot write the snapshot {snapshot}: {exc}", exit_code=2,
+                                 reason="bad_input"), as_json)
     if as_json:
         click.echo(json.dumps(result.to_json()))
     else:
@@ -262,3 +283,6 @@ def _estimate(
         render(result, Console())
         if timeline:
             Console().print(f"timeline written to {timeline}")
+        if snapshot:
+            Console().print(f"snapshot written to {snapshot} (open it at "
+                            "https://pytorch.org/memory_viz)", markup=False)
