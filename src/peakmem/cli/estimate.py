@@ -218,6 +218,9 @@ def _estimate(
     if timeline and not os.path.isdir(os.path.dirname(timeline)):
         report(EstimateError(f"cannot write the timeline {timeline}: no such directory",
                              exit_code=2, reason="bad_input"), as_json)
+    if timeline and not timeline.lower().endswith((".html", ".htm", ".png")):
+        report(EstimateError(f"a timeline is an .html or .png file, not {timeline}",
+                             exit_code=2, reason="bad_input"), as_json)
     snapshot = os.path.abspath(snapshot) if snapshot else None
     if snapshot and not os.path.isdir(os.path.dirname(snapshot)):
         report(EstimateError(f"cannot write the snapshot {snapshot}: no such directory",
