@@ -62,12 +62,30 @@ class _EstimateCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         wants_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
         try:
-            return super().parse_args(ctx, args)
+            rest = super().parse_args(ctx, args)
+            _refuse_unknown_option(self, ctx)
+            return rest
         except click.UsageError as exc:
             from peakmem.estimate.api import EstimateError
 
             report(EstimateError(exc.format_message(), exit_code=2, reason="bad_input"),
                    wants_json)
+
+
+def _refuse_unknown_option(command: click.Command, ctx: click.Context) -> None:
+    """An unknown option before the job's command (`--gpus a100 -- python ...`) would be taken
+    for the command itself: refuse it by name, with the nearest option, as click does."""
+    job = ctx.params.get("command") or ()
+    if not job or not str(job[0]).startswith("-") or job[0] == "--":
+        return
+    import difflib
+
+    option = str(job[0]).split("=", 1)[0]
+    known = [name for param in command.params for name in getattr(param, "opts", [])
+             if name.startswith("--")]
+    near = difflib.get_close_matches(option, known, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise click.UsageError(f"no such option: {option}{hint}", ctx)
 
 
 def report(error: Any, as_json: bool) -> NoReturn:
@@ -121,6 +139,8 @@ def internal_error(exc: BaseException) -> Any:
     "run the job.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (also on failure).")
+@click.option("--verbose", "-v", is_flag=True,
+              help="List every assumption (default: one line naming them; --json has them all).")
 @click.option(
     "--timeline",
     type=click.Path(dir_okay=False),
@@ -175,11 +195,13 @@ def estimate_cmd(
     sandbox: bool,
     command: tuple[str, ...],
     snapshot: str | None = None,
+    verbose: bool = False,
 ) -> None:
     """Estimate the peak GPU memory of a training script, on this machine, without a GPU."""
     try:
         _estimate(gpu, torch_version, alloc_conf, steps, mode, as_json, timeline, timeout,
-                  max_host_memory, job_log, sandbox, command, snapshot=snapshot)
+                  max_host_memory, job_log, sandbox, command, snapshot=snapshot,
+                  verbose=verbose)
     except (SystemExit, KeyboardInterrupt, click.exceptions.Exit, click.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - a bug in peakmem: exit 70 with its frames
@@ -200,6 +222,7 @@ def _estimate(
     sandbox: bool,
     command: tuple[str, ...],
     snapshot: str | None = None,
+    verbose: bool = False,
 ) -> None:
     from rich.console import Console
 
@@ -270,6 +293,11 @@ def _estimate(
         except (OSError, ValueError) as exc:
             report(EstimateError(f"cannot write the timeline {timeline}: {exc}", exit_code=2,
                                  reason="bad_input"), as_json)
+    from peakmem.estimate.fallbacks import gpu_alias_note
+
+    alias = gpu_alias_note(gpu, gpu_profile)
+    if alias:
+        result.notes.insert(0, alias)
     if snapshot:
         from peakmem.estimate.memory_snapshot import write_snapshot
 
@@ -283,7 +311,7 @@ def _estimate(
     else:
         from peakmem.estimate.report import render
 
-        render(result, Console())
+        render(result, Console(), verbose=verbose)
         if timeline:
             Console().print(f"timeline written to {timeline}")
         if snapshot:

@@ -130,11 +130,15 @@ def _fit(gpus: str, arg_spec: str, torch_version: str | None, alloc_conf: str | 
         click.echo(json.dumps({
             "arg": knob.name,
             "results": [answer.to_json() for answer in answers],
-            "estimates": estimates,
-            "seconds": round(seconds, 3),
         }))
         return
-    _render(knob.name, knob.low, knob.high, answers, estimates, seconds, Console())
+    out = Console()
+    _render(knob.name, knob.low, knob.high, answers, estimates, seconds, out)
+    from peakmem.estimate.fallbacks import gpu_alias_note
+
+    for note in dict.fromkeys(gpu_alias_note(name, load_gpu(name)) for name in names):
+        if note:
+            out.print(f"note: {note}", markup=False)
 
 
 def _render(name: str, low: int, high: int, answers: list[Any], estimates: int, seconds: float,
