@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import click
 
+from peakmem.cli.model_options import model_command, model_options
 from peakmem.cli.steps_option import STEPS
 
 
@@ -86,6 +87,16 @@ def _refuse_unknown_option(command: click.Command, ctx: click.Context) -> None:
     near = difflib.get_close_matches(option, known, n=1)
     hint = f" (did you mean {near[0]}?)" if near else ""
     raise click.UsageError(f"no such option: {option}{hint}", ctx)
+
+
+def _job_command(command: tuple[str, ...], model: dict[str, Any], as_json: bool) -> tuple[str, ...]:
+    """The command to estimate (a generated script with --model); bad input reported."""
+    try:
+        return model_command(command, model)
+    except ValueError as exc:
+        from peakmem.estimate.api import EstimateError
+
+        report(EstimateError(str(exc), exit_code=2, reason="bad_input"), as_json)
 
 
 def report(error: Any, as_json: bool) -> NoReturn:
@@ -180,7 +191,8 @@ def internal_error(exc: BaseException) -> Any:
     "directory, under CPU/file/process limits (Linux: bubblewrap or unshare; exit 3 where "
     "neither works). See SECURITY.md.",
 )
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@model_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=False)
 def estimate_cmd(
     gpu: str,
     torch_version: str | None,
@@ -196,9 +208,12 @@ def estimate_cmd(
     command: tuple[str, ...],
     snapshot: str | None = None,
     verbose: bool = False,
+    **model: Any,
 ) -> None:
-    """Estimate the peak GPU memory of a training script, on this machine, without a GPU."""
+    """Estimate the peak GPU memory of a training script, on this machine, without a GPU
+    (or, with --model CONFIG, of a standard training script for a transformers config)."""
     try:
+        command = _job_command(command, model, as_json)
         _estimate(gpu, torch_version, alloc_conf, steps, mode, as_json, timeline, timeout,
                   max_host_memory, job_log, sandbox, command, snapshot=snapshot,
                   verbose=verbose)
