@@ -91,3 +91,11 @@ def test_unknown_option_is_refused_by_name(flags: list[str], as_json: bool) -> N
     assert "unsupported python option" not in message
     if option != "--tiemout":
         assert "did you mean --gpu?" in message
+
+
+def test_job_options_after_the_separator_are_the_jobs() -> None:
+    out = CliRunner().invoke(main, ["estimate", "--json", "--", "--gpus", "t.py"])
+    assert out.exit_code == 2
+    assert "no such option" not in json.loads(out.stdout)["error"]["message"]
+    out = CliRunner().invoke(main, ["estimate", "--gpus=a100", "python", "t.py"])
+    assert out.exit_code == 2 and "no such option: --gpus" in out.stderr

@@ -63,8 +63,9 @@ class _EstimateCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         wants_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
         try:
+            ours = args[: args.index("--")] if "--" in args else list(args)
             rest = super().parse_args(ctx, args)
-            _refuse_unknown_option(self, ctx)
+            _refuse_unknown_option(self, ctx, ours)
             return rest
         except click.UsageError as exc:
             from peakmem.estimate.api import EstimateError
@@ -73,11 +74,13 @@ class _EstimateCommand(click.Command):
                    wants_json)
 
 
-def _refuse_unknown_option(command: click.Command, ctx: click.Context) -> None:
+def _refuse_unknown_option(command: click.Command, ctx: click.Context,
+                           ours: list[str]) -> None:
     """An unknown option before the job's command (`--gpus a100 -- python ...`) would be taken
-    for the command itself: refuse it by name, with the nearest option, as click does."""
+    for the command itself: refuse it by name, with the nearest option, as click does. (`ours`:
+    the arguments before `--`, the only place peakmem's options are.)"""
     job = ctx.params.get("command") or ()
-    if not job or not str(job[0]).startswith("-") or job[0] == "--":
+    if not job or not str(job[0]).startswith("-") or job[0] not in ours:
         return
     import difflib
 
