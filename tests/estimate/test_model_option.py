@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,16 @@ def test_print_script(configs) -> None:
     for text in ("AutoModelForMaskedLM", "LoraConfig(r=8", "gradient_checkpointing_enable()",
                  "GradScaler", "torch.float16", "Adafactor(", 'device="cuda"'):
         assert text in script
+
+
+def test_printed_script_takes_the_fit_knobs(configs, tmp_path: Path, in_process) -> None:
+    out = CliRunner().invoke(main, ["estimate", "--model", str(configs["llama"]), "--batch", "2",
+                                    "--seq", "64", "--print-script"])
+    script = tmp_path / "train.py"
+    script.write_text(out.stdout)
+    small = _estimate("--", sys.executable, str(script))
+    bigger = _estimate("--", sys.executable, str(script), "--batch-size", "8", "--seq-len", "256")
+    assert bigger["peak_allocated_bytes"] > small["peak_allocated_bytes"]
 
 
 def test_hostile_config_values_stay_data() -> None:
