@@ -222,7 +222,10 @@ def _walk(block: Block | None) -> list[Block]:
 
 
 def estimate_snapshot(result: Any) -> dict[str, Any]:
-    """The snapshot of an Estimate's simulated run (on its GPU, with its allocator settings)."""
+    """The snapshot of an Estimate's simulated run (on its GPU, with its allocator settings).
+    A run that does not fit the GPU is written whole, as the estimate's peak is (on a device
+    without a limit), not cut at the out-of-memory error; a job's own per-process memory
+    fraction is not applied."""
     from peakmem.estimate.api import parse_alloc_conf
 
     capture = result.capture
