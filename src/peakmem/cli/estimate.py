@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import click
 
 from peakmem.cli.emit_options import emit_options
+from peakmem.cli.model_options import model_command, model_options
 from peakmem.cli.steps_option import STEPS
 
 
@@ -63,12 +64,43 @@ class _EstimateCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         wants_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
         try:
-            return super().parse_args(ctx, args)
+            ours = args[: args.index("--")] if "--" in args else list(args)
+            rest = super().parse_args(ctx, args)
+            _refuse_unknown_option(self, ctx, ours)
+            return rest
         except click.UsageError as exc:
             from peakmem.estimate.api import EstimateError
 
             report(EstimateError(exc.format_message(), exit_code=2, reason="bad_input"),
                    wants_json)
+
+
+def _refuse_unknown_option(command: click.Command, ctx: click.Context,
+                           ours: list[str]) -> None:
+    """An unknown option before the job's command (`--gpus a100 -- python ...`) would be taken
+    for the command itself: refuse it by name, with the nearest option, as click does. (`ours`:
+    the arguments before `--`, the only place peakmem's options are.)"""
+    job = ctx.params.get("command") or ()
+    if not job or not str(job[0]).startswith("-") or job[0] not in ours:
+        return
+    import difflib
+
+    option = str(job[0]).split("=", 1)[0]
+    known = [name for param in command.params for name in getattr(param, "opts", [])
+             if name.startswith("--")]
+    near = difflib.get_close_matches(option, known, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise click.UsageError(f"no such option: {option}{hint}", ctx)
+
+
+def _job_command(command: tuple[str, ...], model: dict[str, Any], as_json: bool) -> tuple[str, ...]:
+    """The command to estimate (a generated script with --model); bad input reported."""
+    try:
+        return model_command(command, model)
+    except ValueError as exc:
+        from peakmem.estimate.api import EstimateError
+
+        report(EstimateError(str(exc), exit_code=2, reason="bad_input"), as_json)
 
 
 def report(error: Any, as_json: bool) -> NoReturn:
@@ -122,11 +154,20 @@ def internal_error(exc: BaseException) -> Any:
     "run the job.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (also on failure).")
+@click.option("--verbose", "-v", is_flag=True,
+              help="List every assumption (default: one line naming them; --json has them all).")
 @click.option(
     "--timeline",
     type=click.Path(dir_okay=False),
     default=None,
     help="Write a memory timeline (.html or .png).",
+)
+@click.option(
+    "--snapshot",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the simulated run as a torch.cuda.memory._snapshot() pickle (open it at "
+    "https://pytorch.org/memory_viz).",
 )
 @click.option(
     "--timeout",
@@ -155,7 +196,8 @@ def internal_error(exc: BaseException) -> Any:
     "neither works). See SECURITY.md.",
 )
 @emit_options
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@model_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=False)
 def estimate_cmd(
     gpu: str,
     torch_version: str | None,
@@ -172,12 +214,18 @@ def estimate_cmd(
     emit: str | None = None,
     emit_option: tuple[str, ...] = (),
     mib_per_shard: int | None = None,
+    snapshot: str | None = None,
+    verbose: bool = False,
+    **model: Any,
 ) -> None:
-    """Estimate the peak GPU memory of a training script, on this machine, without a GPU."""
+    """Estimate the peak GPU memory of a training script, on this machine, without a GPU
+    (or, with --model CONFIG, of a standard training script for a transformers config)."""
     try:
+        command = _job_command(command, model, as_json)
         emit_request = _emit_request(emit, emit_option, mib_per_shard, command, as_json)
         _estimate(gpu, torch_version, alloc_conf, steps, mode, as_json, timeline, timeout,
-                  max_host_memory, job_log, sandbox, command, emit_request)
+                  max_host_memory, job_log, sandbox, command, emit_request,
+                  snapshot=snapshot, verbose=verbose)
     except (SystemExit, KeyboardInterrupt, click.exceptions.Exit, click.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - a bug in peakmem: exit 70 with its frames
@@ -198,6 +246,8 @@ def _estimate(
     sandbox: bool,
     command: tuple[str, ...],
     emit_request: tuple[str, dict[str, Any]] | None = None,
+    snapshot: str | None = None,
+    verbose: bool = False,
 ) -> None:
     from rich.console import Console
 
@@ -217,6 +267,13 @@ def _estimate(
     job_log = os.path.abspath(job_log) if job_log else None
     if timeline and not os.path.isdir(os.path.dirname(timeline)):
         report(EstimateError(f"cannot write the timeline {timeline}: no such directory",
+                             exit_code=2, reason="bad_input"), as_json)
+    if timeline and not timeline.lower().endswith((".html", ".htm", ".png")):
+        report(EstimateError(f"a timeline is an .html or .png file, not {timeline}",
+                             exit_code=2, reason="bad_input"), as_json)
+    snapshot = os.path.abspath(snapshot) if snapshot else None
+    if snapshot and not os.path.isdir(os.path.dirname(snapshot)):
+        report(EstimateError(f"cannot write the snapshot {snapshot}: no such directory",
                              exit_code=2, reason="bad_input"), as_json)
 
     from peakmem.jobs.sandbox import SandboxUnavailable, sandbox_for_cli
@@ -263,6 +320,19 @@ def _estimate(
         except (OSError, ValueError) as exc:
             report(EstimateError(f"cannot write the timeline {timeline}: {exc}", exit_code=2,
                                  reason="bad_input"), as_json)
+    from peakmem.estimate.fallbacks import gpu_alias_note
+
+    alias = gpu_alias_note(gpu, gpu_profile)
+    if alias:
+        result.notes.insert(0, alias)
+    if snapshot:
+        from peakmem.estimate.memory_snapshot import write_snapshot
+
+        try:
+            write_snapshot(result, snapshot)
+        except OSError as exc:
+            report(EstimateError(f"cannot write the snapshot {snapshot}: {exc}", exit_code=2,
+                                 reason="bad_input"), as_json)
     if emit_request is not None:
         _print_emit(result.to_json(), emit_request, as_json)
         return
@@ -271,9 +341,12 @@ def _estimate(
     else:
         from peakmem.estimate.report import render
 
-        render(result, Console())
+        render(result, Console(), verbose=verbose)
         if timeline:
             Console().print(f"timeline written to {timeline}")
+        if snapshot:
+            Console().print(f"snapshot written to {snapshot} (open it at "
+                            "https://pytorch.org/memory_viz)", markup=False)
 
 
 def _emit_request(

@@ -13,6 +13,7 @@ from peakmem import __version__
 COMMANDS: dict[str, str] = {
     "bench": "peakmem.cli.bench:bench",
     "estimate": "peakmem.cli.estimate:estimate_cmd",
+    "fit": "peakmem.cli.fit:fit_cmd",
     "measure": "peakmem.cli.measure:measure",
     "pack": "peakmem.cli.pack:pack",
     "replay": "peakmem.cli.replay:replay",

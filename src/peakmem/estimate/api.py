@@ -393,6 +393,10 @@ def estimate_capture(
             f"the job caught {len(capture.trace.meta['simulated_ooms'])} CUDA out-of-memory "
             "error(s) under its per-process memory fraction and went on"
         )
+    from peakmem.estimate.fallbacks import stack_note
+
+    if stack_note(torch_version, stack):
+        notes.append(stack_note(torch_version, stack))
     if job_oom is not None and oom_message == job_oom:
         notes.append(job_oom)
     elif oom_message:

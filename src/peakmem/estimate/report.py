@@ -24,18 +24,18 @@ def short_source(value: Sourced) -> str:
     """Where a profile number came from, in a few words (the profile file has the whole story)."""
     source = value.source.strip()
     if value.assumed:
-        return "assumed (see notes)"
+        return "assumed (--verbose says why)"
     if source.lower().startswith("fitted"):
         return "fitted (calibration split)"
     return source if len(source) <= 40 else source[:37] + "..."
 
 
-def render(result: Estimate, console: Console) -> None:
+def render(result: Estimate, console: Console, verbose: bool = False) -> None:
     kind = "training" if result.estimate_kind == "training" else "forward/inference"
     console.print(
         f"[bold]peakmem estimate[/bold] on [cyan]{result.gpu.device_name}[/cyan] "
         f"({result.gpu.name}, {human_bytes(result.capacity_bytes)}), "
-        f"torch {result.torch_version} ({result.stack.name}), mode {result.mode}, "
+        f"torch {result.torch_version} ({result.stack.name} profile), mode {result.mode}, "
         f"{kind}: {result.steps} training step(s), {result.seconds:.2f} s"
     )
     summary = Table(show_header=False, box=None, pad_edge=False)
@@ -85,5 +85,12 @@ def render(result: Estimate, console: Console) -> None:
         console.print(table)
     for note in result.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
-    for assumption in result.assumptions:
-        console.print(f"[dim]assumed: {assumption}[/dim]")
+    if verbose:
+        for assumption in result.assumptions:
+            console.print(f"assumed: {assumption}", style="dim", markup=False)
+    else:
+        from peakmem.estimate.fallbacks import assumptions_line
+
+        line = assumptions_line(result.assumptions)
+        if line:
+            console.print(f"assumed: {line}", style="dim", markup=False)

@@ -1,0 +1,84 @@
+"""Find a transformers `config.json`: a file, a local model directory, or a Hub id resolved from
+the local Hugging Face cache (fetching only `config.json` when online, never weights, never
+code). The file is untrusted: read as JSON under a size cap, checked to be a config of a
+model type transformers knows (no `trust_remote_code`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from peakmem.inputs import InputError
+
+MAX_CONFIG_BYTES = 4 * 2**20
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+
+
+class ConfigError(InputError):
+    """The model config cannot be found or is not a usable transformers config."""
+
+
+def _hub_config(repo_id: str) -> str | None:
+    """The cached config.json of a Hub model, else (online only) that one file downloaded."""
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    except ImportError:
+        return None
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    if isinstance(cached, str):
+        return cached
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return None
+    try:
+        return hf_hub_download(repo_id, "config.json")
+    except Exception:  # noqa: BLE001 - offline, unknown repo, gated: all mean "not found"
+        return None
+
+
+def find_config(source: str) -> tuple[dict[str, Any], str]:
+    """(the config dict, where it came from) for a config.json path, a model directory or a
+    Hub id; ConfigError (one line) otherwise."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"--model {source}: the directory has no config.json")
+    elif not path.is_file():
+        found = _hub_config(source) if _HUB_ID.match(source) else None
+        if found is None:
+            raise ConfigError(
+                f"--model {source}: not a config.json, a model directory, or a Hub model id in "
+                "the local Hugging Face cache (online, only its config.json is fetched)")
+        path = Path(found)
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"--model {source}: {path.name} is {size} bytes, more than a "
+                              f"config ({MAX_CONFIG_BYTES} at most)")
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"--model {source}: {path} is not a JSON config ({exc})") from None
+    check_config(config, source)
+    return config, str(path)
+
+
+def check_config(config: Any, source: str) -> None:
+    """A dict with a `model_type` transformers knows; ConfigError otherwise."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"--model {source}: the config is not a JSON object")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ConfigError(f"--model {source}: the config has no model_type")
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        raise ConfigError("--model needs transformers (pip install 'peakmem[hf]')") from None
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ConfigError(
+            f"--model {source}: model_type {model_type[:60]!r} is not one transformers knows "
+            "(models that need trust_remote_code are not built)")
