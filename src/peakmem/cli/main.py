@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "estimate": "peakmem.cli.estimate:estimate_cmd",
     "measure": "peakmem.cli.measure:measure",
     "replay": "peakmem.cli.replay:replay",
+    "serve": "peakmem.cli.serve:serve",
     "simulate": "peakmem.cli.simulate:simulate_trace",
 }
 
