@@ -185,7 +185,7 @@ def test_multipart_archive_on_the_same_path():
             data={"command": "python x.py"},
         )
         assert bad.status_code == 400 and bad.json()["error"]["kind"] == "bad_input"
-        junk = client.post("/v1/estimates/archive", files={"archive": ("a", b"junk", "x/y")},
+        junk = client.post("/v1/estimate-archives", files={"archive": ("a", b"junk", "x/y")},
                            data={"command": "python a.py"})
         assert junk.status_code == 400
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, File, Form, Path, UploadFile
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from peakmem import __version__
 from peakmem.service.admission import (
@@ -86,7 +87,7 @@ class _BodyLimit:
         if scope["method"] == "POST" and scope["path"] == "/v1/estimates" and ctype.startswith(
             "multipart/form-data"
         ):
-            scope = {**scope, "path": "/v1/estimates/archive", "raw_path": b"/v1/estimates/archive"}
+            scope = {**scope, "path": "/v1/estimate-archives", "raw_path": b"/v1/estimate-archives"}
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
             await _too_large(self.limit)(scope, receive, send)
@@ -181,6 +182,15 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.queue = queue
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Any, exc: StarletteHTTPException) -> JSONResponse:
+        """400s raised by the framework (a malformed multipart body) carry the contract's error
+        object like peakmem's own; the others a `detail` line."""
+        if exc.status_code == 400:
+            return _bad_input(f"malformed request: {exc.detail}")
+        return JSONResponse({"detail": str(exc.detail)}, exc.status_code, headers=exc.headers)
+
     app.state.metrics = metrics
     app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
     submit_responses: dict[int | str, dict[str, Any]] = {
@@ -204,7 +214,7 @@ def create_app(
               responses=submit_responses)
     async def submit_estimate(body: EstimateRequest) -> JSONResponse:
         """Queue an estimate of `command` run over `files` (JSON). A multipart form with an
-        `archive` (tar or zip) is accepted here too (see POST /v1/estimates/archive)."""
+        `archive` (tar or zip) is accepted here too (see POST /v1/estimate-archives)."""
         try:
             files = check_files({k: v.encode("utf-8") for k, v in body.files.items()},
                                 config.file_limits)
@@ -212,7 +222,7 @@ def create_app(
             return _bad_input(str(exc))
         return enqueue(EstimateJob(tuple(body.command), files, body.gpu, body.options.as_dict()))
 
-    @app.post("/v1/estimates/archive", status_code=202, response_model=Submitted,
+    @app.post("/v1/estimate-archives", status_code=202, response_model=Submitted,
               responses=submit_responses)
     async def submit_archive(
         archive: UploadFile = File(..., description="tar (optionally compressed) or zip"),  # noqa: B008
@@ -259,12 +269,12 @@ def create_app(
         """Prometheus metrics."""
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    @app.post("/v1/admission", responses={400: {"model": Detail}})
+    @app.post("/v1/admission", responses={400: {"model": ErrorResponse}})
     async def admission(review_body: dict[str, Any]) -> Any:
         """Kubernetes mutating admission webhook (AdmissionReview v1) for pods that opt in."""
         request = review_body.get("request")
         if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
-            return JSONResponse({"detail": "not an AdmissionReview with a request uid"}, 400)
+            return _bad_input("not an AdmissionReview with a request uid")
         answer = await _admit(request, config.admission, queue, configmaps)
         metrics.admission.labels(
             "patched" if answer["response"].get("patch") else

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
@@ -21,8 +21,8 @@ class EstimateOptions(BaseModel):
     """The `peakmem estimate` options a request may set (the service caps timeout and memory)."""
 
     model_config = ConfigDict(extra="forbid")
-    steps: StrictInt | Literal["all"] | None = Field(
-        None, description="optimizer steps to run, or 'all'", ge=1, le=1_000_000)
+    steps: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | Literal["all"] | None = Field(
+        None, description="optimizer steps to run, or 'all'")
     mode: Literal["fake", "eager", "auto"] | None = None
     timeout: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False,
                                   description="seconds (at most the service's limit)")
