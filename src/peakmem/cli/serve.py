@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from peakmem.cli.contract import ContractCommand
@@ -32,6 +34,9 @@ from peakmem.cli.contract import ContractCommand
               show_default=True,
               help="Webhook without an estimate in time (or a failed one): open admits the pod "
               "unchanged with a warning, closed refuses it.")
+@click.option("--admission-workdir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Directory where a pod's peakmem.io/command runs when no ConfigMap sends its "
+              "files (e.g. a shared code volume).")
 @click.option("--configmaps/--no-configmaps", default=False, show_default=True,
               help="Let the webhook read a pod's peakmem.io/configmap (needs Kubernetes access).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -45,7 +50,7 @@ from peakmem.cli.contract import ContractCommand
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float,
           max_host_memory: str, sandbox: str, fmt: str, admission_budget: float,
-          failure_policy: str, configmaps: bool, tls_cert: str | None, tls_key: str | None,
+          failure_policy: str, admission_workdir: str | None, configmaps: bool, tls_cert: str | None, tls_key: str | None,
           estimator: str | None, log_level: str) -> None:
     """Serve estimates over HTTP: POST /v1/estimates, GET /v1/estimates/{id}, POST
     /v1/admission (Kubernetes mutating webhook), /healthz, /metrics, /docs."""
@@ -79,7 +84,9 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
         workers=workers, max_queue=max_queue, max_seconds=max_seconds,
         max_host_memory=parse_bytes(max_host_memory, "--max-host-memory"), sandbox=sandbox,
         admission=AdmissionConfig(fmt=fmt, budget_seconds=admission_budget,
-                                  failure_policy=failure_policy),
+                                  failure_policy=failure_policy,
+                                  workdir=os.path.abspath(admission_workdir) if admission_workdir
+                                  else None),
     )
     reader = kubernetes_configmaps() if configmaps else None
     app = create_app(config, estimator=run_estimate, configmaps=reader)

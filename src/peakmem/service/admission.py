@@ -5,6 +5,8 @@ A pod opts in with annotations (prefix ``peakmem.io/``):
 - ``command``: the job's command, a JSON list (``["python", "train.py"]``) or shell words;
 - ``configmap``: a ConfigMap in the pod's namespace whose keys are the job's files (the command
   defaults to the container's ``command`` + ``args`` when only this is given);
+  (without one, the command runs in the service's ``--admission-workdir``, or must be
+  ``python -m module`` of a module installed with the service);
 - ``gpu`` (profile name), ``options`` (a JSON object of estimate options), ``container`` (the
   container to patch; default the first).
 
@@ -43,6 +45,9 @@ class AdmissionConfig:
     """open: admit the pod unchanged (with a warning) when no estimate is ready in the budget or
     it failed; closed: refuse it."""
     default_gpu: str = DEFAULT_GPU
+    workdir: str | None = None
+    """Where a pod's command runs when no ConfigMap sends its files (a directory the service
+    can read, such as a shared code volume); without it such a command must be `-m module`."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ class PodJob:
 
 
 def pod_job(pod: Mapping[str, Any], namespace: str, read_configmap: ConfigMapReader | None,
-            default_gpu: str = DEFAULT_GPU) -> PodJob | None:
+            default_gpu: str = DEFAULT_GPU, workdir: str | None = None) -> PodJob | None:
     """The job a pod opted in for, or None when it did not opt in."""
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
@@ -81,7 +86,8 @@ def pod_job(pod: Mapping[str, Any], namespace: str, read_configmap: ConfigMapRea
             raise AdmissionError(f"ConfigMap {namespace}/{configmap}: {exc}") from None
     options = _parse_options(annotations.get(PREFIX + "options"))
     gpu = annotations.get(PREFIX + "gpu") or default_gpu
-    return PodJob(EstimateJob(tuple(command), files, gpu, options), index)
+    cwd = workdir if configmap is None else None
+    return PodJob(EstimateJob(tuple(command), files, gpu, options, cwd), index)
 
 
 def _container_index(containers: list[dict[str, Any]], name: str | None) -> int:

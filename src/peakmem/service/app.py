@@ -136,7 +136,8 @@ def _check_job(job: EstimateJob) -> str | None:
         except FilesError:
             return f"the script {spec.script!r} must be a relative path to one of the files sent"
         if script not in job.files and f"{script}/__main__.py" not in job.files:
-            return f"script not found: {spec.script} is not among the files sent"
+            return (f"script not found: {spec.script} is not among the files sent (the webhook: "
+                    "ship it in a ConfigMap named by peakmem.io/configmap)")
     try:
         load_gpu(job.gpu)
     except ProfileError as exc:
@@ -300,7 +301,8 @@ async def _admit(request: dict[str, Any], policy: AdmissionConfig, queue: JobQue
         return review(uid, True, warnings=[f"peakmem: no GPU memory request added: {message}"])
 
     try:
-        found = await asyncio.to_thread(pod_job, pod, namespace, configmaps, policy.default_gpu)
+        found = await asyncio.to_thread(pod_job, pod, namespace, configmaps, policy.default_gpu,
+                                        policy.workdir)
     except AdmissionError as exc:
         return give_up(str(exc))
     if found is None:
