@@ -32,10 +32,9 @@ from peakmem.service.files import (
     FileLimits,
     FilesError,
     check_files,
-    check_path,
     extract_archive,
 )
-from peakmem.service.jobs import DEFAULT_GPU, EstimateJob, Estimator, error_object
+from peakmem.service.jobs import DEFAULT_GPU, EstimateJob, Estimator, error_object, job_problem
 from peakmem.service.metrics import ServiceMetrics
 from peakmem.service.models import (
     Detail,
@@ -121,30 +120,6 @@ def _bad_input(message: str) -> JSONResponse:
     return JSONResponse({"error": error_object("bad_input", message, 2, "bad_input")}, 400)
 
 
-def _check_job(job: EstimateJob) -> str | None:
-    """Why `job` cannot be run (a bad command or GPU), or None."""
-    from peakmem.jobs.runner import JobSpec, JobSpecError
-    from peakmem.profiles import ProfileError, load_gpu
-
-    try:
-        spec = JobSpec.parse(list(job.command))
-    except JobSpecError as exc:
-        return str(exc)
-    if spec.script is not None and job.cwd is None:
-        try:
-            script = check_path(spec.script)
-        except FilesError:
-            return f"the script {spec.script!r} must be a relative path to one of the files sent"
-        if script not in job.files and f"{script}/__main__.py" not in job.files:
-            return (f"script not found: {spec.script} is not among the files sent (the webhook: "
-                    "ship it in a ConfigMap named by peakmem.io/configmap)")
-    try:
-        load_gpu(job.gpu)
-    except ProfileError as exc:
-        return str(exc)
-    return None
-
-
 def create_app(
     config: ServiceConfig | None = None,
     estimator: Estimator | None = None,
@@ -202,7 +177,7 @@ def create_app(
     }
 
     def enqueue(job: EstimateJob) -> JSONResponse:
-        problem = _check_job(job)
+        problem = job_problem(job)
         if problem is not None:
             return _bad_input(problem)
         try:
@@ -307,7 +282,7 @@ async def _admit(request: dict[str, Any], policy: AdmissionConfig, queue: JobQue
         return give_up(str(exc))
     if found is None:
         return review(uid, True)
-    problem = _check_job(found.job)
+    problem = job_problem(found.job)
     if problem is not None:
         return give_up(problem)
     try:

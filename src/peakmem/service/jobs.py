@@ -126,3 +126,29 @@ def load_estimator(spec: str) -> Estimator:
     if not callable(target):
         raise ValueError(f"{spec!r} is not callable")
     return target
+
+
+def job_problem(job: EstimateJob) -> str | None:
+    """Why `job` cannot be run, found before running it (a command that names no script or
+    module, a script that is not among the files sent, an unknown GPU), or None."""
+    from peakmem.jobs.runner import JobSpec, JobSpecError
+    from peakmem.profiles import ProfileError, load_gpu
+    from peakmem.service.files import FilesError, check_path
+
+    try:
+        spec = JobSpec.parse(list(job.command))
+    except JobSpecError as exc:
+        return str(exc)
+    if spec.script is not None and job.cwd is None:
+        try:
+            script = check_path(spec.script)
+        except FilesError:
+            return f"the script {spec.script!r} must be a relative path to one of the files sent"
+        if script not in job.files and f"{script}/__main__.py" not in job.files:
+            return (f"script not found: {spec.script} is not among the files sent (the webhook: "
+                    "ship it in a ConfigMap named by peakmem.io/configmap)")
+    try:
+        load_gpu(job.gpu)
+    except ProfileError as exc:
+        return str(exc)
+    return None

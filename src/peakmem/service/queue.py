@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import tempfile
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from peakmem.service.files import write_files
+from peakmem.service.attempt import run_attempt
 from peakmem.service.jobs import (
     EstimateJob,
     Estimator,
     JobFailed,
-    RunContext,
     WorkerLost,
     error_object,
 )
@@ -258,18 +254,6 @@ class JobQueue:
 
     def _attempt(self, job: EstimateJob) -> dict[str, Any]:
         """One run of the estimator in a fresh work directory (a worker thread)."""
-        base = tempfile.mkdtemp(prefix="peakmem-job-", dir=self.workdir_base)
-        try:
-            workdir = Path(base) / "work"
-            workdir.mkdir()
-            write_files(dict(job.files), workdir)
-            ctx = RunContext(
-                workdir=Path(job.cwd) if job.cwd else workdir,
-                sandbox=self.sandbox.enabled,
-                max_seconds=self.max_seconds,
-                max_host_memory=self.max_host_memory,
-                log_path=Path(base) / "job.log",
-            )
-            return self.estimator(job, ctx)
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
+        return run_attempt(job, self.estimator, sandbox=self.sandbox.enabled,
+                           max_seconds=self.max_seconds, max_host_memory=self.max_host_memory,
+                           workdir_base=self.workdir_base)
