@@ -11,6 +11,7 @@ from peakmem import __version__
 
 # command name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
+    "batch": "peakmem.cli.batch:batch",
     "bench": "peakmem.cli.bench:bench",
     "estimate": "peakmem.cli.estimate:estimate_cmd",
     "measure": "peakmem.cli.measure:measure",

@@ -284,6 +284,9 @@ async def _admit(request: dict[str, Any], policy: AdmissionConfig, queue: JobQue
         return review(uid, True)
     problem = job_problem(found.job)
     if problem is not None:
+        if problem.startswith("script not found"):
+            problem += (" (ship it in a ConfigMap named by peakmem.io/configmap, or start the "
+                        "service with --admission-workdir)")
         return give_up(problem)
     try:
         record, _ = queue.submit(found.job)

@@ -145,8 +145,7 @@ def job_problem(job: EstimateJob) -> str | None:
         except FilesError:
             return f"the script {spec.script!r} must be a relative path to one of the files sent"
         if script not in job.files and f"{script}/__main__.py" not in job.files:
-            return (f"script not found: {spec.script} is not among the files sent (the webhook: "
-                    "ship it in a ConfigMap named by peakmem.io/configmap)")
+            return f"script not found: {spec.script} is not among the files sent"
     try:
         load_gpu(job.gpu)
     except ProfileError as exc:
