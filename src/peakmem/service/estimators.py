@@ -110,11 +110,16 @@ def parse_output(returncode: int, stdout: bytes, stderr: bytes) -> dict[str, Any
 
 def fake_estimator(job: EstimateJob, ctx: RunContext) -> dict[str, Any]:
     """A stand-in that answers at once with a made-up but well-formed estimate: for tests and
-    load benchmarks (`PEAKMEM_FAKE_ESTIMATE_SECONDS` makes it take that long). A command whose
+    load benchmarks (`PEAKMEM_FAKE_ESTIMATE_SECONDS`: sleep that long; `..._CPU_SECONDS`: spin
+    the CPU that long). A command whose
     first word is `fail` fails as a job that raised."""
     delay = float(os.environ.get("PEAKMEM_FAKE_ESTIMATE_SECONDS", "0") or 0)
     if delay > 0:
         time.sleep(delay)
+    busy = float(os.environ.get("PEAKMEM_FAKE_ESTIMATE_CPU_SECONDS", "0") or 0)
+    end = time.process_time() + busy
+    while time.process_time() < end:  # CPU work, as a real estimate does
+        pass
     if job.command and job.command[0] == "fail":
         raise JobFailed(error_object("job_failed", "the job raised RuntimeError: fake", 1,
                                      "raised", traceback="RuntimeError: fake"))
