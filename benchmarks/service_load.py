@@ -87,9 +87,9 @@ async def wait_all(url: str, ids: set[str], deadline_s: float) -> dict[str, dict
     async with httpx.AsyncClient(base_url=url, timeout=60,
                                  limits=httpx.Limits(max_connections=50)) as client:
         deadline = time.monotonic() + deadline_s
+        sem = asyncio.Semaphore(50)
         while len(final) < len(ids) and time.monotonic() < deadline:
             todo = [i for i in ids if i not in final]
-            sem = asyncio.Semaphore(50)
 
             async def get(i: str) -> None:
                 async with sem:
@@ -142,7 +142,7 @@ def main() -> None:
                           if kind == "cached" and body.get("status") == "done")
         new_latency = [t for (_, _, t), kind in zip(answers, kinds, strict=True) if kind == "new"]
         id_of: dict[str, set[str]] = {}
-        for (code, body, _), i in zip(answers, order, strict=True):
+        for (_code, body, _), i in zip(answers, order, strict=True):
             key = json.dumps(bodies[i][1], sort_keys=True)
             id_of.setdefault(key, set()).add(body.get("id"))
         one_id_each = all(len(ids) == 1 for ids in id_of.values())
