@@ -39,8 +39,13 @@ def batch(jobs: str, output: str | None, ray_address: str | None, workers: int |
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from peakmem.cli.common import parse_bytes
-    from peakmem.service.batch import BatchInputError, BatchSettings, run_batch
     from peakmem.service.jobs import load_estimator
+
+    try:
+        from peakmem.service.batch import BatchInputError, BatchSettings, run_batch
+    except ImportError as exc:
+        raise BadInput(f"`peakmem batch` needs the service extra (pip install "
+                       f"'peakmem[service]'): {exc}") from None
 
     jobs_path = Path(jobs)
     if not jobs_path.is_file():
