@@ -240,14 +240,9 @@ def _in_process(todo, base, settings) -> Iterator[dict[str, Any]]:
 
 def _on_ray(address: str | None, workers: int | None):
     def run(todo, base, settings) -> Iterator[dict[str, Any]]:
-        import ray
+        from peakmem.service.ray_pool import ray_connect
 
-        if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                      "logging_level": "ERROR"}
-            if address is None:
-                kwargs["num_cpus"] = workers or os.cpu_count() or 1
-            ray.init(address=address, **kwargs)
+        ray = ray_connect(address, workers)
         remote = ray.remote(num_cpus=1, max_retries=2, retry_exceptions=False)(run_one)
         pending = {remote.remote(job_id, raw, base, settings): job_id for job_id, raw in todo}
         while pending:

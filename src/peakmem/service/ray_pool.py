@@ -1,0 +1,43 @@
+"""Ray for peakmem's many-estimates paths (`peakmem batch`, `peakmem bench --ray`): connect (a
+local Ray by default, a cluster by address) and map work over it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+
+def ray_connect(address: str | None = None, workers: int | None = None) -> Any:
+    """Start a local Ray with `workers` CPUs, or join the cluster at `address`; the `ray`
+    module."""
+    import ray
+
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                  "logging_level": "ERROR"}
+        if address is None:
+            kwargs["num_cpus"] = workers or os.cpu_count() or 1
+        ray.init(address=address, **kwargs)
+    return ray
+
+
+def ray_imap_unordered(
+    fn: Callable[[Any], Any],
+    items: Iterable[Any],
+    *,
+    workers: int | None = None,
+    address: str | None = None,
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple = (),
+) -> Iterator[Any]:
+    """`fn(item)` for every item on a pool of Ray actors (each set up once by `initializer`),
+    in the order they finish."""
+    ray_connect(address, workers)
+    from ray.util.multiprocessing import Pool
+
+    pool = Pool(processes=workers, initializer=initializer, initargs=initargs)
+    try:
+        yield from pool.imap_unordered(fn, list(items))
+    finally:
+        pool.terminate()
