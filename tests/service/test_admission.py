@@ -198,6 +198,18 @@ def test_failure_policy_on_a_failed_estimate_a_missing_configmap_and_a_slow_one(
     assert "not ready within 0.5 s" in (responses[2].get("warnings") or [responses[2]["status"]["message"]])[0]
 
 
+def test_updates_and_other_kinds_are_admitted_unchanged():
+    original = pod({"peakmem.io/command": "python -m peakmem.examples.mlp_train"})
+    update = admission_review(original)
+    update["request"]["operation"] = "UPDATE"
+    deployment = admission_review(original)
+    deployment["request"]["kind"] = {"group": "apps", "version": "v1", "kind": "Deployment"}
+    with serve() as url:
+        for review in (update, deployment):
+            response = post(url, review)
+            assert response == {"uid": review["request"]["uid"], "allowed": True}
+
+
 def test_not_an_admission_review_is_400():
     with serve() as url:
         response = httpx.post(f"{url}/v1/admission", json={"hello": 1}, timeout=10)

@@ -150,6 +150,9 @@ def create_app(
             yield
         finally:
             await queue.stop()
+            from peakmem.service.estimators import kill_running
+
+            kill_running()
 
     app = FastAPI(
         title="peakmem",
@@ -264,8 +267,8 @@ async def _admit(request: dict[str, Any], policy: AdmissionConfig, queue: JobQue
                  configmaps: ConfigMapReader | None) -> dict[str, Any]:
     uid = request["uid"]
     pod = request.get("object")
-    if not isinstance(pod, dict) or request.get("operation", "CREATE") not in ("CREATE", "UPDATE"):
-        return review(uid, True)
+    if not isinstance(pod, dict) or request.get("operation", "CREATE") != "CREATE":
+        return review(uid, True)  # a running pod's resources cannot change
     if (request.get("kind") or {}).get("kind", "Pod") != "Pod":
         return review(uid, True)
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default"

@@ -11,10 +11,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
 from peakmem.service.jobs import EstimateJob, JobFailed, RunContext, WorkerLost, error_object
+
+RUNNING: set[subprocess.Popen] = set()
+"""Worker processes running now (killed when the service stops)."""
+_RUNNING_LOCK = threading.Lock()
 
 KILL_GRACE_SECONDS = 30.0
 """How long past the job's own time limit the worker process may run before it is killed."""
@@ -63,6 +68,8 @@ def cli_estimator(job: EstimateJob, ctx: RunContext) -> dict[str, Any]:
         )
     except OSError as exc:
         raise WorkerLost(f"peakmem: cannot start the estimate's worker: {exc}") from None
+    with _RUNNING_LOCK:
+        RUNNING.add(proc)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -70,7 +77,19 @@ def cli_estimator(job: EstimateJob, ctx: RunContext) -> dict[str, Any]:
         raise JobFailed(error_object(
             "timeout", f"the estimate ran past the service's limit of {timeout:g} s", 124,
             "timeout")) from None
+    finally:
+        with _RUNNING_LOCK:
+            RUNNING.discard(proc)
     return parse_output(proc.returncode, stdout, stderr)
+
+
+def kill_running() -> None:
+    """Stop every worker process still running (the service is shutting down)."""
+    with _RUNNING_LOCK:
+        procs = list(RUNNING)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
 
 
 def _worker_env() -> dict[str, str]:
