@@ -210,6 +210,30 @@ def test_updates_and_other_kinds_are_admitted_unchanged():
             assert response == {"uid": review["request"]["uid"], "allowed": True}
 
 
+MANGLES = [
+    lambda p: p["metadata"].update(annotations=["peakmem.io/command"]),
+    lambda p: p["metadata"]["annotations"].update({"peakmem.io/command": 42}),
+    lambda p: p["spec"].update(containers="train"),
+    lambda p: p["spec"].update(containers=[]),
+    lambda p: p.update(metadata="x"),
+    lambda p: p["metadata"]["annotations"].update({"peakmem.io/container": "nope"}),
+    lambda p: p["metadata"]["annotations"].update({"peakmem.io/command": "python 'unclosed"}),
+    lambda p: p["metadata"]["annotations"].update({"peakmem.io/options": '{"evil": 1}'}),
+    lambda p: (p["metadata"].update(annotations={"peakmem.io/configmap": "train-script"}),
+               p["spec"]["containers"][0].update(command=[1, 2])),
+]
+
+
+def test_malformed_pods_follow_the_failure_policy():
+    with serve(failure_policy="closed") as url:
+        for mangle in MANGLES:
+            original = pod({"peakmem.io/command": "python -m peakmem.examples.mlp_train"})
+            mangle(original)
+            response = post(url, admission_review(original))
+            assert response["allowed"] is False
+            assert response["status"]["message"].startswith("peakmem: ")
+
+
 def test_not_an_admission_review_is_400():
     with serve() as url:
         response = httpx.post(f"{url}/v1/admission", json={"hello": 1}, timeout=10)

@@ -60,13 +60,20 @@ def pod_job(pod: Mapping[str, Any], namespace: str, read_configmap: ConfigMapRea
             default_gpu: str = DEFAULT_GPU, workdir: str | None = None) -> PodJob | None:
     """The job a pod opted in for, or None when it did not opt in."""
     metadata = pod.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
+    annotations = metadata.get("annotations") or {} if isinstance(metadata, dict) else None
+    if not isinstance(annotations, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise AdmissionError("the pod's metadata.annotations is not a map of strings")
     command_text = annotations.get(PREFIX + "command")
     configmap = annotations.get(PREFIX + "configmap")
     if command_text is None and configmap is None:
         return None
-    containers = (pod.get("spec") or {}).get("containers") or []
-    if not containers:
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    if not isinstance(containers, list) or not containers or not all(
+        isinstance(c, dict) for c in containers
+    ):
         raise AdmissionError("the pod has no containers")
     index = _container_index(containers, annotations.get(PREFIX + "container"))
     if command_text is not None:
@@ -74,6 +81,8 @@ def pod_job(pod: Mapping[str, Any], namespace: str, read_configmap: ConfigMapRea
     else:
         container = containers[index]
         command = [*(container.get("command") or []), *(container.get("args") or [])]
+        if not all(isinstance(word, str) for word in command):
+            raise AdmissionError("the container's command is not a list of strings")
         if not command:
             raise AdmissionError(f"set {PREFIX}command: the container has no command")
     files: dict[str, bytes] = {}

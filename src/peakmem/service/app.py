@@ -283,6 +283,8 @@ async def _admit(request: dict[str, Any], policy: AdmissionConfig, queue: JobQue
                                         policy.workdir)
     except AdmissionError as exc:
         return give_up(str(exc))
+    except (TypeError, ValueError, AttributeError) as exc:  # a malformed object in the review
+        return give_up(f"malformed pod object ({type(exc).__name__})")
     if found is None:
         return review(uid, True)
     problem = job_problem(found.job)
