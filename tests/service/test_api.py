@@ -194,3 +194,25 @@ def test_body_over_the_limit_is_413():
     with client_for(max_body_bytes=1000) as client:
         big = {**JOB, "files": {"train.py": "x" * 5000}}
         assert client.post("/v1/estimates", json=big).status_code == 413
+
+
+def test_required_sandbox_that_is_unavailable_fails_jobs_as_unsupported(monkeypatch):
+    from peakmem.service import app as app_module
+    from peakmem.service.queue import SandboxChoice
+
+    monkeypatch.setattr(app_module, "choose_sandbox",
+                        lambda mode: SandboxChoice("none", "user namespaces are disabled", refuse=True))
+    with client_for() as client:
+        body = wait_final(client, client.post("/v1/estimates", json=JOB).json()["id"])
+        health = client.get("/healthz").json()
+    assert body["status"] == "failed"
+    assert body["error"]["kind"] == "unsupported" and body["error"]["exit_code"] == 3
+    assert body["error"]["reason"] == "sandbox_unavailable"
+    assert "user namespaces are disabled" in body["error"]["message"]
+    assert health["sandbox"] == "none" and "user namespaces" in health["sandbox_note"]
+
+
+def test_an_estimator_returning_garbage_fails_the_job_not_the_api():
+    with client_for(lambda job, ctx: ["not", "a", "dict"]) as client:
+        body = wait_final(client, client.post("/v1/estimates", json=JOB).json()["id"])
+    assert body["status"] == "failed" and body["error"]["kind"] == "internal"

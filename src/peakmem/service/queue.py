@@ -230,6 +230,8 @@ class JobQueue:
                     self._fail(record, error, retryable=True)
                     return
                 break
+            if not isinstance(result, dict):
+                raise TypeError(f"the estimator returned {type(result).__name__}, not a dict")
             if not self.sandbox.enabled:
                 result = dict(result)
                 result["notes"] = [*result.get("notes", []),
