@@ -18,7 +18,7 @@ def test_bench_on_ray_matches_serial(fixture_data):
     serial = json.loads(CliRunner().invoke(main, [*base, "--jobs", "1"],
                                            catch_exceptions=False).stdout)
     try:
-        on_ray = CliRunner().invoke(main, [*base, "--jobs", "2", "--ray"], catch_exceptions=False)
+        on_ray = CliRunner().invoke(main, [*base, "--jobs", "1", "--ray"], catch_exceptions=False)
     finally:
         ray.shutdown()
     assert on_ray.exit_code == 0, on_ray.output
