@@ -58,6 +58,7 @@ def test_webhook_points_at_the_service_and_the_admission_route():
     assert client["path"] == "/v1/admission" and client["port"] == service["spec"]["ports"][0]["port"]
     assert hook["admissionReviewVersions"] == ["v1"] and hook["sideEffects"] == "None"
     assert hook["rules"][0]["resources"] == ["pods"]
+    assert deployment["spec"]["replicas"] == 1  # the job store is in memory
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert service["spec"]["selector"].items() <= labels.items()
