@@ -307,8 +307,8 @@ async def _admit(request: dict[str, Any], policy: AdmissionConfig, queue: JobQue
 
     try:
         emitted = container_request(record.result, policy.fmt)
-    except (ValueError, KeyError) as exc:
-        return give_up(f"cannot emit the {policy.fmt} request: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a format that cannot use this estimate
+        return give_up(f"cannot emit the {policy.fmt} request: {type(exc).__name__}: {exc}")
     extra = {"peakmem.io/estimate-id": record.id,
              "peakmem.io/peak-bytes": str(record.result.get("peak_bytes"))}
     patch = build_patch(pod, found.container_index, emitted, extra)
