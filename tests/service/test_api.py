@@ -190,6 +190,19 @@ def test_multipart_archive_on_the_same_path():
         assert junk.status_code == 400
 
 
+@pytest.mark.parametrize("raw, status", [
+    (b'{"files": {"train.py": "\\ud800"}, "command": ["python", "train.py"]}', 400),
+    (b'{"files": {"train.py": ""}, "command": ["python", "train.py", "\\ud800"]}', 422),
+    (b'{"files": {"train.py": ""}, "command": ["python", "train.py"], '
+     b'"options": {"alloc_conf": "x\\udfff"}}', 422),
+])
+def test_lone_surrogates_are_refused(raw, status):
+    with client_for() as client:
+        response = client.post("/v1/estimates", content=raw,
+                               headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+
+
 def test_body_over_the_limit_is_413():
     with client_for(max_body_bytes=1000) as client:
         big = {**JOB, "files": {"train.py": "x" * 5000}}

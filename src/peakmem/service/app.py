@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, File, Form, Path, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -161,6 +162,18 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.queue = queue
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Any, exc: RequestValidationError) -> JSONResponse:
+        """422 without echoing the input back (it may be large, or not encodable)."""
+        detail = [
+            {"type": str(error.get("type", "")),
+             "loc": [part if isinstance(part, int) else str(part).encode("utf-8", "replace")
+                     .decode() for part in error.get("loc", ())],
+             "msg": str(error.get("msg", "")).encode("utf-8", "replace").decode()}
+            for error in exc.errors()[:20]
+        ]
+        return JSONResponse({"detail": detail}, 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Any, exc: StarletteHTTPException) -> JSONResponse:

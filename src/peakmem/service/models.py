@@ -11,10 +11,18 @@ from peakmem.service.jobs import DEFAULT_GPU
 Status = Literal["queued", "running", "done", "failed"]
 
 
+def _encodable(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode (a lone surrogate)") from None
+    return value
+
+
 def _no_controls(value: str) -> str:
     if any(ord(ch) < 32 and ch not in "\t" for ch in value) or "\x7f" in value:
         raise ValueError("control characters are not allowed")
-    return value
+    return _encodable(value)
 
 
 class EstimateOptions(BaseModel):
@@ -57,6 +65,7 @@ class EstimateRequest(BaseModel):
                 raise ValueError("a command word is longer than 4096 characters")
             if "\x00" in word:
                 raise ValueError("a command word holds a NUL character")
+            _encodable(word)
         return words
 
 
