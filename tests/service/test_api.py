@@ -229,3 +229,11 @@ def test_an_estimator_returning_garbage_fails_the_job_not_the_api():
     with client_for(lambda job, ctx: ["not", "a", "dict"]) as client:
         body = wait_final(client, client.post("/v1/estimates", json=JOB).json()["id"])
     assert body["status"] == "failed" and body["error"]["kind"] == "internal"
+
+
+def test_finished_jobs_do_not_keep_their_files_in_memory():
+    with client_for() as client:
+        job_id = client.post("/v1/estimates", json=JOB).json()["id"]
+        assert wait_final(client, job_id)["status"] == "done"
+        record = client.app.state.queue.get(job_id)
+        assert record.job.files == {} and record.result is not None

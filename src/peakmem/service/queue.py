@@ -15,7 +15,7 @@ import logging
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from peakmem.service.attempt import run_attempt
@@ -239,6 +239,7 @@ class JobQueue:
             record.result = result
             record.status = "done"
             record.finished = time.time()
+            record.job = replace(record.job, files={})  # the store keeps results, not inputs
             self.metrics.jobs.labels("done").inc()
             record.done.set()
         finally:
@@ -251,6 +252,7 @@ class JobQueue:
         record.retryable = retryable
         record.status = "failed"
         record.finished = time.time()
+        record.job = replace(record.job, files={})
         self.metrics.jobs.labels("failed").inc()
         record.done.set()
 
