@@ -237,3 +237,17 @@ def test_finished_jobs_do_not_keep_their_files_in_memory():
         assert wait_final(client, job_id)["status"] == "done"
         record = client.app.state.queue.get(job_id)
         assert record.job.files == {} and record.result is not None
+
+
+def test_chunked_body_over_the_limit_is_413():
+    def chunks():
+        yield b'{"files": {"train.py": "'
+        for _ in range(20):
+            yield b"x" * 100
+        yield b'"}, "command": ["python", "train.py"]}'
+
+    with client_for(max_body_bytes=1000) as client:
+        response = client.post("/v1/estimates", content=chunks(),
+                               headers={"content-type": "application/json"})
+        assert response.status_code == 413
+        assert client.get("/healthz").status_code == 200

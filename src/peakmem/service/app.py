@@ -109,8 +109,11 @@ class _BodyLimit:
             await _too_large(self.limit)(scope, receive, send)
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised while the body is read: the framework lets HTTP exceptions through."""
+
+    def __init__(self) -> None:
+        super().__init__(413, "the request body is too large")
 
 
 def _too_large(limit: int) -> Response:
@@ -181,6 +184,8 @@ def create_app(
         object like peakmem's own; the others a `detail` line."""
         if exc.status_code == 400:
             return _bad_input(f"malformed request: {exc.detail}")
+        if isinstance(exc, _BodyTooLarge):
+            return _too_large(config.max_body_bytes)
         return JSONResponse({"detail": str(exc.detail)}, exc.status_code, headers=exc.headers)
 
     app.state.metrics = metrics
