@@ -121,3 +121,22 @@ def test_cli_batch_on_a_local_ray(tmp_path):
     assert (summary["done"], summary["failed"]) == (12, 0)
     results = lines(tmp_path / "jobs.results.jsonl")
     assert sorted(line["id"] for line in results) == sorted(f"job-{i}" for i in range(12))
+
+
+def test_an_unreachable_ray_cluster_is_one_line_exit_2(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    from click.testing import CliRunner
+
+    from peakmem.cli.main import main
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    write_jobs(tmp_path / "jobs.jsonl", jobs_of(1))
+    result = CliRunner().invoke(main, ["batch", str(tmp_path / "jobs.jsonl"), "--ray-address",
+                                       "10.0.0.1:6379", "--json"])
+    assert result.exit_code == 2
+    error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+    assert error["kind"] == "bad_input" and "10.0.0.1:6379" in error["message"]

@@ -7,6 +7,8 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from peakmem.inputs import InputError
+
 
 def ray_connect(address: str | None = None, workers: int | None = None) -> Any:
     """Start a local Ray with `workers` CPUs, or join the cluster at `address`; the `ray`
@@ -18,8 +20,19 @@ def ray_connect(address: str | None = None, workers: int | None = None) -> Any:
                                   "logging_level": "ERROR"}
         if address is None:
             kwargs["num_cpus"] = workers or os.cpu_count() or 1
-        ray.init(address=address, **kwargs)
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = f"the Ray cluster at {address}" if address else "a local Ray"
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            raise RayUnavailable(f"cannot start or reach {where}: "
+                                 f"{lines[-1] if lines else type(exc).__name__}") from None
     return ray
+
+
+class RayUnavailable(InputError):
+    """Ray cannot be started here or the cluster address cannot be reached (bad_input: the
+    address or the machine is the user's to fix)."""
 
 
 def ray_imap_unordered(
