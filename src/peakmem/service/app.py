@@ -20,14 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from peakmem import __version__
-from peakmem.service.admission import (
-    AdmissionConfig,
-    AdmissionError,
-    ConfigMapReader,
-    build_patch,
-    pod_job,
-    review,
-)
+from peakmem.service.admission import AdmissionConfig, ConfigMapReader
+from peakmem.service.body_limit import ARCHIVE_ROUTE, BodyLimit, BodyTooLarge, too_large
 from peakmem.service.files import (
     DEFAULT_LIMITS,
     FileLimits,
@@ -46,6 +40,7 @@ from peakmem.service.models import (
     Submitted,
 )
 from peakmem.service.queue import JobQueue, QueueFull, SandboxChoice, choose_sandbox
+from peakmem.service.webhook import admit
 
 log = logging.getLogger("peakmem.service")
 
@@ -68,56 +63,6 @@ class ServiceConfig:
     max_records: int = 10000
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     workdir_base: str | None = None
-
-
-class _BodyLimit:
-    """ASGI middleware: 413 past `limit` bytes of request body; a multipart POST to
-    /v1/estimates goes to the archive route."""
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        ctype = headers.get(b"content-type", b"").decode("latin-1").lower()
-        if scope["method"] == "POST" and scope["path"] == "/v1/estimates" and ctype.startswith(
-            "multipart/form-data"
-        ):
-            scope = {**scope, "path": "/v1/estimate-archives", "raw_path": b"/v1/estimate-archives"}
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await _too_large(self.limit)(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await _too_large(self.limit)(scope, receive, send)
-
-
-class _BodyTooLarge(StarletteHTTPException):
-    """Raised while the body is read: the framework lets HTTP exceptions through."""
-
-    def __init__(self) -> None:
-        super().__init__(413, "the request body is too large")
-
-
-def _too_large(limit: int) -> Response:
-    return JSONResponse({"detail": f"the request body is larger than {limit} bytes"}, 413)
 
 
 def _bad_input(message: str) -> JSONResponse:
@@ -184,12 +129,12 @@ def create_app(
         object like peakmem's own; the others a `detail` line."""
         if exc.status_code == 400:
             return _bad_input(f"malformed request: {exc.detail}")
-        if isinstance(exc, _BodyTooLarge):
-            return _too_large(config.max_body_bytes)
+        if isinstance(exc, BodyTooLarge):
+            return too_large(config.max_body_bytes)
         return JSONResponse({"detail": str(exc.detail)}, exc.status_code, headers=exc.headers)
 
     app.state.metrics = metrics
-    app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     submit_responses: dict[int | str, dict[str, Any]] = {
         200: {"model": Submitted, "description": "already known (cached, queued or running)"},
         400: {"model": ErrorResponse, "description": "bad files, command or GPU"},
@@ -219,7 +164,7 @@ def create_app(
             return _bad_input(str(exc))
         return enqueue(EstimateJob(tuple(body.command), files, body.gpu, body.options.as_dict()))
 
-    @app.post("/v1/estimate-archives", status_code=202, response_model=Submitted,
+    @app.post(ARCHIVE_ROUTE, status_code=202, response_model=Submitted,
               responses=submit_responses)
     async def submit_archive(
         archive: UploadFile = File(..., description="tar (optionally compressed) or zip"),  # noqa: B008
@@ -272,62 +217,10 @@ def create_app(
         request = review_body.get("request")
         if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
             return _bad_input("not an AdmissionReview with a request uid")
-        answer = await _admit(request, config.admission, queue, configmaps)
+        answer = await admit(request, config.admission, queue, configmaps)
         metrics.admission.labels(
             "patched" if answer["response"].get("patch") else
             "allowed" if answer["response"]["allowed"] else "denied").inc()
         return answer
 
     return app
-
-
-async def _admit(request: dict[str, Any], policy: AdmissionConfig, queue: JobQueue,
-                 configmaps: ConfigMapReader | None) -> dict[str, Any]:
-    uid = request["uid"]
-    pod = request.get("object")
-    if not isinstance(pod, dict) or request.get("operation", "CREATE") != "CREATE":
-        return review(uid, True)  # a running pod's resources cannot change
-    if (request.get("kind") or {}).get("kind", "Pod") != "Pod":
-        return review(uid, True)
-    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default"
-
-    def give_up(message: str) -> dict[str, Any]:
-        if policy.failure_policy == "closed":
-            return review(uid, False, message=f"peakmem: {message}", code=403)
-        return review(uid, True, warnings=[f"peakmem: no GPU memory request added: {message}"])
-
-    try:
-        found = await asyncio.to_thread(pod_job, pod, namespace, configmaps, policy.default_gpu,
-                                        policy.workdir)
-    except AdmissionError as exc:
-        return give_up(str(exc))
-    except (TypeError, ValueError, AttributeError) as exc:  # a malformed object in the review
-        return give_up(f"malformed pod object ({type(exc).__name__})")
-    if found is None:
-        return review(uid, True)
-    problem = job_problem(found.job)
-    if problem is not None:
-        if problem.startswith("script not found"):
-            problem += (" (ship it in a ConfigMap named by peakmem.io/configmap, or start the "
-                        "service with --admission-workdir)")
-        return give_up(problem)
-    try:
-        record, _ = queue.submit(found.job)
-    except QueueFull as exc:
-        return give_up(str(exc))
-    if not await queue.wait(record, policy.budget_seconds):
-        return give_up(f"the estimate {record.id} was not ready within "
-                       f"{policy.budget_seconds:g} s (it goes on; a retry reads it)")
-    if record.status != "done" or record.result is None:
-        message = (record.error or {}).get("message", "the estimate failed")
-        return give_up(f"the estimate failed: {message}")
-    from peakmem.schedule.emit import container_request
-
-    try:
-        emitted = container_request(record.result, policy.fmt)
-    except Exception as exc:  # noqa: BLE001 - a format that cannot use this estimate
-        return give_up(f"cannot emit the {policy.fmt} request: {type(exc).__name__}: {exc}")
-    extra = {"peakmem.io/estimate-id": record.id,
-             "peakmem.io/peak-bytes": str(record.result.get("peak_bytes"))}
-    patch = build_patch(pod, found.container_index, emitted, extra)
-    return review(uid, True, patch=patch)
