@@ -21,10 +21,13 @@ def serve(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_bad_flags_exit_2_with_one_line(tmp_path):
+def test_bad_flags_exit_2_with_one_line(tmp_path, monkeypatch):
     cert = tmp_path / "tls.crt"
     cert.write_text("x")
-    for args in (["--tls-cert", str(cert)], ["--emit", "nope"], ["--port", "-1"],
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    for args in (["--configmaps", "--port", "0"], ["--tls-cert", str(cert)], ["--emit", "nope"], ["--port", "-1"],
                  ["--estimator", "no.such.module:fn"], ["--max-host-memory", "lots"]):
         proc = serve(*args)
         _, err = proc.communicate(timeout=60)

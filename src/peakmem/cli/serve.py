@@ -88,7 +88,11 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
                                   workdir=os.path.abspath(admission_workdir) if admission_workdir
                                   else None),
     )
-    reader = kubernetes_configmaps() if configmaps else None
+    try:
+        reader = kubernetes_configmaps() if configmaps else None
+    except Exception as exc:  # noqa: BLE001 - kubernetes' config errors have no common base
+        raise BadInput(f"--configmaps: no Kubernetes access here ({type(exc).__name__}: "
+                       f"{exc})") from None
     app = create_app(config, estimator=run_estimate, configmaps=reader)
     uvicorn.run(app, host=host, port=port, log_level=log_level, ssl_certfile=tls_cert,
                 ssl_keyfile=tls_key, timeout_graceful_shutdown=10)
