@@ -35,6 +35,15 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, monkeypatch):
         assert err.strip().startswith("peakmem: error:") and len(err.strip().splitlines()) == 1
 
 
+def test_a_port_in_use_is_exit_2():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        proc = serve("--port", str(taken.getsockname()[1]))
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "address already in use" in err.lower()
+
+
 def test_serve_starts_and_answers():
     port = free_port()
     proc = serve("--port", str(port), "--sandbox", "off", "--log-level", "warning",

@@ -93,6 +93,21 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
     except Exception as exc:  # noqa: BLE001 - kubernetes' config errors have no common base
         raise BadInput(f"--configmaps: no Kubernetes access here ({type(exc).__name__}: "
                        f"{exc})") from None
+    _check_listen(host, port)
     app = create_app(config, estimator=run_estimate, configmaps=reader)
     uvicorn.run(app, host=host, port=port, log_level=log_level, ssl_certfile=tls_cert,
                 ssl_keyfile=tls_key, timeout_graceful_shutdown=10)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Bad input (exit 2, one line) when the address cannot be listened on (in use, unknown)."""
+    import socket
+
+    from peakmem.cli.contract import BadInput
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.create_server((host, port), family=family):
+            pass
+    except OSError as exc:
+        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
