@@ -251,3 +251,19 @@ def test_chunked_body_over_the_limit_is_413():
                                headers={"content-type": "application/json"})
         assert response.status_code == 413
         assert client.get("/healthz").status_code == 200
+
+
+def test_a_token_guards_the_estimate_routes_only():
+    with client_for(token="s3cret-token") as client:
+        assert client.post("/v1/estimates", json=JOB).status_code == 401
+        wrong = client.post("/v1/estimates", json=JOB, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+        good = {"Authorization": "Bearer s3cret-token"}
+        job_id = client.post("/v1/estimates", json=JOB, headers=good).json()["id"]
+        assert client.get(f"/v1/estimates/{job_id}").status_code == 401
+        assert client.get(f"/v1/estimates/{job_id}", headers=good).status_code == 200
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/metrics").status_code == 200
+        assert client.post("/v1/admission", json={"request": {"uid": "u"}}).status_code == 200
+        spec = client.get("/openapi.json").json()
+        assert "401" in spec["paths"]["/v1/estimates"]["post"]["responses"]

@@ -43,6 +43,9 @@ from peakmem.cli.contract import ContractCommand
               help="TLS certificate (PEM); Kubernetes calls webhooks over HTTPS only.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
               help="TLS private key (PEM).")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A file holding the bearer token the estimate routes require (also "
+              "PEAKMEM_SERVICE_TOKEN); without either, they are open to whoever can connect.")
 @click.option("--estimator", default=None, metavar="MODULE:FUNCTION",
               help="Run estimates with this callable instead of `peakmem estimate` (testing, "
               "load benchmarks: peakmem.service.estimators:fake_estimator).")
@@ -50,8 +53,8 @@ from peakmem.cli.contract import ContractCommand
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float,
           max_host_memory: str, sandbox: str, fmt: str, admission_budget: float,
-          failure_policy: str, admission_workdir: str | None, configmaps: bool, tls_cert: str | None, tls_key: str | None,
-          estimator: str | None, log_level: str) -> None:
+          failure_policy: str, admission_workdir: str | None, configmaps: bool,
+          tls_cert: str | None, tls_key: str | None, token_file: str | None, estimator: str | None, log_level: str) -> None:
     """Serve estimates over HTTP: POST /v1/estimates, GET /v1/estimates/{id}, POST
     /v1/admission (Kubernetes mutating webhook), /healthz, /metrics, /docs."""
     from peakmem.cli.common import parse_bytes
@@ -80,7 +83,16 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
         run_estimate = load_estimator(estimator) if estimator else None
     except (ImportError, AttributeError, ValueError) as exc:
         raise BadInput(f"--estimator {estimator!r}: {exc}") from None
+    token = os.environ.get("PEAKMEM_SERVICE_TOKEN") or None
+    if token_file:
+        try:
+            token = open(token_file, encoding="utf-8").read().strip()  # noqa: SIM115
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"--token-file: cannot read {token_file}: {exc}") from None
+        if not token:
+            raise BadInput(f"--token-file: {token_file} is empty")
     config = ServiceConfig(
+        token=token,
         workers=workers, max_queue=max_queue, max_seconds=max_seconds,
         max_host_memory=parse_bytes(max_host_memory, "--max-host-memory"), sandbox=sandbox,
         admission=AdmissionConfig(fmt=fmt, budget_seconds=admission_budget,

@@ -7,6 +7,7 @@ POST /v1/estimates (JSON, or multipart with an archive) -> {"id"}; GET /v1/estim
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import shlex
@@ -14,9 +15,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, File, Form, Path, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Path, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from peakmem import __version__
@@ -63,6 +65,9 @@ class ServiceConfig:
     max_records: int = 10000
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     workdir_base: str | None = None
+    token: str | None = None
+    """When set, the estimate routes need `Authorization: Bearer <token>` (401 otherwise);
+    /healthz, /metrics and the webhook (behind TLS, called by the API server) do not."""
 
 
 def _bad_input(message: str) -> JSONResponse:
@@ -142,6 +147,22 @@ def create_app(
         429: {"model": Detail, "description": "the queue is full"},
     }
 
+    guarded: list[Any] = []
+    if config.token:
+        bearer = HTTPBearer(auto_error=False, description="the service's token (--token-file)")
+        expected = config.token.encode()
+
+        async def require_token(
+            credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
+        ) -> None:
+            given = (credentials.credentials if credentials else "").encode("utf-8", "replace")
+            if not hmac.compare_digest(given, expected):
+                raise StarletteHTTPException(401, "a valid bearer token is required",
+                                             headers={"WWW-Authenticate": "Bearer"})
+
+        guarded = [Depends(require_token)]
+        submit_responses[401] = {"model": Detail, "description": "no valid bearer token"}
+
     def enqueue(job: EstimateJob) -> JSONResponse:
         problem = job_problem(job)
         if problem is not None:
@@ -153,7 +174,7 @@ def create_app(
         return JSONResponse({"id": record.id, "status": record.status}, 202 if created else 200)
 
     @app.post("/v1/estimates", status_code=202, response_model=Submitted,
-              responses=submit_responses)
+              responses=submit_responses, dependencies=guarded)
     async def submit_estimate(body: EstimateRequest) -> JSONResponse:
         """Queue an estimate of `command` run over `files` (JSON). A multipart form with an
         `archive` (tar or zip) is accepted here too (see POST /v1/estimate-archives)."""
@@ -165,7 +186,7 @@ def create_app(
         return enqueue(EstimateJob(tuple(body.command), files, body.gpu, body.options.as_dict()))
 
     @app.post(ARCHIVE_ROUTE, status_code=202, response_model=Submitted,
-              responses=submit_responses)
+              responses=submit_responses, dependencies=guarded)
     async def submit_archive(
         archive: UploadFile = File(..., description="tar (optionally compressed) or zip"),  # noqa: B008
         command: str = Form(..., description="JSON list of words, or shell words"),
@@ -188,8 +209,9 @@ def create_app(
         return enqueue(EstimateJob(tuple(parsed.command), files, parsed.gpu,
                                    parsed.options.as_dict()))
 
-    @app.get("/v1/estimates/{estimate_id}", response_model=EstimateStatus,
-             responses={404: {"model": Detail, "description": "no such estimate"}})
+    @app.get("/v1/estimates/{estimate_id}", response_model=EstimateStatus, dependencies=guarded,
+             responses={404: {"model": Detail, "description": "no such estimate"},
+                        **({401: submit_responses[401]} if config.token else {})})
     async def get_estimate(estimate_id: str = Path(..., pattern=ID_PATTERN)) -> Any:
         """The status of an estimate, with its result or error once it is final."""
         record = queue.get(estimate_id)
