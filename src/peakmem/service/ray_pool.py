@@ -18,10 +18,10 @@ def ray_connect(address: str | None = None, workers: int | None = None) -> Any:
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                   "logging_level": "ERROR"}
-        if address is None:
+        if address is None:  # a Ray of our own, even where a cluster runs on this machine
             kwargs["num_cpus"] = workers or os.cpu_count() or 1
         try:
-            ray.init(address=address, **kwargs)
+            ray.init(address=address or "local", **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = f"the Ray cluster at {address}" if address else "a local Ray"
             lines = [line for line in str(exc).splitlines() if line.strip()]
