@@ -148,6 +148,10 @@ def _work(name: str, row: BenchRow) -> tuple[str, RowResult]:
     return name, estimate_row(_WORKER_ESTIMATORS[name], row)
 
 
+def _work_pair(item: tuple[str, BenchRow]) -> tuple[str, RowResult]:
+    return _work(*item)
+
+
 def run_estimators(
     estimators: dict[str, Estimator],
     rows: list[BenchRow],
@@ -158,6 +162,8 @@ def run_estimators(
     all_rows: list[BenchRow] | None = None,
     on_result: Callable[[], None] | None = None,
     on_total: Callable[[int], None] | None = None,
+    use_ray: bool = False,
+    ray_address: str | None = None,
 ) -> dict[str, list[RowResult]]:
     """Every estimator on every row; cached results are reused, new ones appended.
 
@@ -181,12 +187,25 @@ def run_estimators(
         estimators[name].prepare(all_rows)
     if on_total:
         on_total(len(todo))
-    if jobs <= 1 or len(todo) <= 1:
+    if (jobs <= 1 or len(todo) <= 1) and not use_ray:
         for name, row, key in todo:
             result = estimate_row(estimators[name], row)
             if cacheable(result):
                 cache.put(key, result)
             results[name][row.id] = result
+            if on_result:
+                on_result()
+    elif use_ray:  # the same Ray path as `peakmem batch` (a local Ray, or ray_address)
+        from peakmem.service.ray_pool import ray_imap_unordered
+
+        keys = {(name, row.id): key for name, row, key in todo}
+        for name, result in ray_imap_unordered(
+            _work_pair, [(name, row) for name, row, _ in todo], workers=jobs,
+            address=ray_address, initializer=_init_worker, initargs=(estimators,),
+        ):
+            if cacheable(result):
+                cache.put(keys[(name, result.row_id)], result)
+            results[name][result.row_id] = result
             if on_result:
                 on_result()
     else:

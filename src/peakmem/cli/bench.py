@@ -77,6 +77,11 @@ def _fail(message: str) -> None:
     "else ~/.cache/peakmem/bench-cache.jsonl).",
 )
 @click.option("--no-cache", is_flag=True, help="Recompute everything, store nothing.")
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Run the estimates on Ray (a local Ray with --jobs workers; needs the "
+              "service extra), as `peakmem batch` does.")
+@click.option("--ray-address", default=None, metavar="ADDRESS",
+              help="With --ray: the Ray cluster to run on.")
 def bench(
     dataset: str,
     data_dir: str | None,
@@ -88,12 +93,19 @@ def bench(
     margin: float,
     cache_path: str | None,
     no_cache: bool,
+    use_ray: bool,
+    ray_address: str | None,
 ) -> None:
     """Run estimators over DATASET and report accuracy, safety and speed.
 
     Datasets: gpumemnet-mlp1, gpumemnet-mlp2, gpumemnet-cnn, gpumemnet-transformer, timm, xmem,
     groundtruth. Estimators: peakmem, horus, faketensor, gpumemnet, accelerate, deepspeed.
     """
+    if use_ray or ray_address:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            _fail("--ray needs Ray (pip install 'peakmem[service]')")
     from peakmem.baselines.base import ESTIMATORS, EstimatorUnavailable, get_estimator
     from peakmem.bench.calibration import evaluation_rows
     from peakmem.bench.datasets import (
@@ -163,6 +175,8 @@ def bench(
             dataset=dataset,
             cache=cache,
             jobs=jobs,
+            use_ray=use_ray or ray_address is not None,
+            ray_address=ray_address,
             all_rows=all_rows,
             on_total=lambda n: progress.update(task, total=n),
             on_result=lambda: progress.advance(task),

@@ -11,12 +11,14 @@ from peakmem import __version__
 
 # command name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
+    "batch": "peakmem.cli.batch:batch",
     "bench": "peakmem.cli.bench:bench",
     "estimate": "peakmem.cli.estimate:estimate_cmd",
     "fit": "peakmem.cli.fit:fit_cmd",
     "measure": "peakmem.cli.measure:measure",
     "pack": "peakmem.cli.pack:pack",
     "replay": "peakmem.cli.replay:replay",
+    "serve": "peakmem.cli.serve:serve",
     "simulate": "peakmem.cli.simulate:simulate_trace",
 }
 

@@ -1,0 +1,125 @@
+"""`peakmem serve`: the estimation API and the Kubernetes admission webhook (FastAPI on uvicorn)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from peakmem.cli.contract import ContractCommand
+
+
+@click.command("serve", cls=ContractCommand)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 256),
+              help="Estimates run at once.")
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(1, 100000),
+              help="Jobs that may wait for a worker; past it, 429.")
+@click.option("--max-seconds", default=600.0, show_default=True,
+              type=click.FloatRange(0, 86400, min_open=True),
+              help="Wall-clock limit of one estimate (a request may only lower it).")
+@click.option("--max-host-memory", default="16GiB", show_default=True, metavar="BYTES",
+              help="Host RAM one job may hold (a request may only lower it).")
+@click.option("--sandbox", "sandbox", type=click.Choice(["required", "auto", "off"]),
+              default="auto", show_default=True,
+              help="required: jobs fail (unsupported) where no sandbox works; auto: sandbox when "
+              "it works, else run without and say so in /healthz and each result's notes.")
+@click.option("--emit", "fmt", default="hami", show_default=True,
+              help="Scheduler format of the webhook's patch (the --emit formats).")
+@click.option("--admission-budget", default=8.0, show_default=True,
+              type=click.FloatRange(0, 30, min_open=True),
+              help="Seconds the webhook waits for an estimate.")
+@click.option("--failure-policy", type=click.Choice(["open", "closed"]), default="open",
+              show_default=True,
+              help="Webhook without an estimate in time (or a failed one): open admits the pod "
+              "unchanged with a warning, closed refuses it.")
+@click.option("--admission-workdir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Directory where a pod's peakmem.io/command runs when no ConfigMap sends its "
+              "files (e.g. a shared code volume).")
+@click.option("--configmaps/--no-configmaps", default=False, show_default=True,
+              help="Let the webhook read a pod's peakmem.io/configmap (needs Kubernetes access).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="TLS certificate (PEM); Kubernetes calls webhooks over HTTPS only.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="TLS private key (PEM).")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A file holding the bearer token the estimate routes require (also "
+              "PEAKMEM_SERVICE_TOKEN); without either, they are open to whoever can connect.")
+@click.option("--estimator", default=None, metavar="MODULE:FUNCTION",
+              help="Run estimates with this callable instead of `peakmem estimate` (testing, "
+              "load benchmarks: peakmem.service.estimators:fake_estimator).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float,
+          max_host_memory: str, sandbox: str, fmt: str, admission_budget: float,
+          failure_policy: str, admission_workdir: str | None, configmaps: bool,
+          tls_cert: str | None, tls_key: str | None, token_file: str | None, estimator: str | None, log_level: str) -> None:
+    """Serve estimates over HTTP: POST /v1/estimates, GET /v1/estimates/{id}, POST
+    /v1/admission (Kubernetes mutating webhook), /healthz, /metrics, /docs."""
+    from peakmem.cli.common import parse_bytes
+    from peakmem.cli.contract import BadInput
+
+    try:
+        import uvicorn
+
+        from peakmem.service.admission import AdmissionConfig, kubernetes_configmaps
+        from peakmem.service.app import ServiceConfig, create_app
+        from peakmem.service.jobs import load_estimator
+    except ImportError as exc:
+        raise BadInput(f"`peakmem serve` needs the service extra (pip install "
+                       f"'peakmem[service]'): {exc}") from None
+    if (tls_cert is None) != (tls_key is None):
+        raise BadInput("--tls-cert and --tls-key go together")
+    from peakmem.schedule.emit import container_request
+
+    try:
+        container_request({"peak_bytes_with_margin": 1, "peak_bytes": 1}, fmt)
+    except ValueError as exc:
+        raise BadInput(f"--emit: {exc}") from None
+    except Exception:  # noqa: BLE001 - a format needing more of the estimate is still a format
+        pass
+    try:
+        run_estimate = load_estimator(estimator) if estimator else None
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise BadInput(f"--estimator {estimator!r}: {exc}") from None
+    token = os.environ.get("PEAKMEM_SERVICE_TOKEN") or None
+    if token_file:
+        try:
+            token = open(token_file, encoding="utf-8").read().strip()  # noqa: SIM115
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"--token-file: cannot read {token_file}: {exc}") from None
+        if not token:
+            raise BadInput(f"--token-file: {token_file} is empty")
+    config = ServiceConfig(
+        token=token,
+        workers=workers, max_queue=max_queue, max_seconds=max_seconds,
+        max_host_memory=parse_bytes(max_host_memory, "--max-host-memory"), sandbox=sandbox,
+        admission=AdmissionConfig(fmt=fmt, budget_seconds=admission_budget,
+                                  failure_policy=failure_policy,
+                                  workdir=os.path.abspath(admission_workdir) if admission_workdir
+                                  else None),
+    )
+    try:
+        reader = kubernetes_configmaps() if configmaps else None
+    except Exception as exc:  # noqa: BLE001 - kubernetes' config errors have no common base
+        raise BadInput(f"--configmaps: no Kubernetes access here ({type(exc).__name__}: "
+                       f"{exc})") from None
+    _check_listen(host, port)
+    app = create_app(config, estimator=run_estimate, configmaps=reader)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, ssl_certfile=tls_cert,
+                ssl_keyfile=tls_key, timeout_graceful_shutdown=10)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Bad input (exit 2, one line) when the address cannot be listened on (in use, unknown)."""
+    import socket
+
+    from peakmem.cli.contract import BadInput
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.create_server((host, port), family=family):
+            pass
+    except OSError as exc:
+        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

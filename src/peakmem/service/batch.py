@@ -1,0 +1,260 @@
+"""`peakmem batch JOBS.jsonl`: many estimates at once on Ray (a local Ray by default, any cluster
+with `ray_address`), results streamed to a JSON-lines file as they finish, resumable.
+
+Each line of JOBS.jsonl is one job: `{"id": "...", "command": ["python", "train.py", ...],
+"files": {"PATH": "TEXT"}, "gpu": "...", "options": {...}}`, or `"cwd": "DIR"` instead of
+`files` for a job whose files are already on disk (relative to the JOBS file's directory; on a
+multi-node cluster, a path every node has). Each result line: `{"id", "status": "done" |
+"failed", "result", "error", "key", "attempts", "seconds", "retryable"}`. A rerun skips the ids
+whose last line is final (done, or failed by the job itself); `retry_failed` reruns every failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+
+from peakmem.service.jobs import (
+    EstimateJob,
+    JobFailed,
+    WorkerLost,
+    error_object,
+    job_problem,
+    load_estimator,
+)
+from peakmem.service.models import EstimateRequest
+
+
+class BatchInputError(ValueError):
+    """The jobs file cannot be used (unreadable, a line that is not a JSON object with an id,
+    a duplicated id): the contract's bad_input."""
+
+
+class BatchJob(EstimateRequest):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(..., min_length=1, max_length=256)
+    cwd: str | None = Field(None, max_length=4096)
+
+    @model_validator(mode="after")
+    def _files_or_cwd(self) -> BatchJob:
+        if self.cwd is not None and self.files:
+            raise ValueError("give `files` or `cwd`, not both")
+        return self
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    estimator: str | None = None
+    """`module:function` (default: `peakmem estimate --json` in a child process)."""
+    sandbox: bool = False
+    max_seconds: float | None = None
+    max_host_memory: int | None = None
+    max_attempts: int = 2
+
+
+@dataclass
+class BatchSummary:
+    total: int = 0
+    skipped: int = 0
+    done: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+
+def read_jobs(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(id, raw job object) of every line; BatchInputError for a line without a usable id."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BatchInputError(f"cannot read {path}: {exc}") from None
+    jobs: list[tuple[str, dict[str, Any]]] = []
+    seen: set[str] = set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except ValueError as exc:
+            raise BatchInputError(f"{path} line {number}: not JSON ({exc})") from None
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not raw["id"]:
+            raise BatchInputError(f"{path} line {number}: a job is a JSON object with an \"id\"")
+        if raw["id"] in seen:
+            raise BatchInputError(f"{path} line {number}: id {raw['id']!r} appears twice")
+        seen.add(raw["id"])
+        jobs.append((raw["id"], raw))
+    return jobs
+
+
+def finished_ids(output: Path, retry_failed: bool = False) -> set[str]:
+    """Ids whose last line in `output` is final (a rerun skips them)."""
+    last: dict[str, dict[str, Any]] = {}
+    try:
+        with output.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by a crash
+                if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                    last[entry["id"]] = entry
+    except FileNotFoundError:
+        return set()
+    return {
+        job_id for job_id, entry in last.items()
+        if entry.get("status") == "done"
+        or (entry.get("status") == "failed" and not retry_failed and not entry.get("retryable"))
+    }
+
+
+def to_job(raw: dict[str, Any], base: Path) -> EstimateJob:
+    """The EstimateJob of a raw line; JobFailed (bad_input) when it is not a valid job."""
+    try:
+        parsed = BatchJob.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        raise JobFailed(error_object("bad_input", f"bad job: {where}: {first.get('msg')}", 2,
+                                     "bad_input")) from None
+    from peakmem.service.files import FilesError, check_files
+
+    try:
+        files = check_files({k: v.encode("utf-8") for k, v in parsed.files.items()})
+    except (FilesError, UnicodeEncodeError) as exc:
+        raise JobFailed(error_object("bad_input", str(exc), 2, "bad_input")) from None
+    cwd = str((base / parsed.cwd).resolve()) if parsed.cwd is not None else None
+    job = EstimateJob(tuple(parsed.command), files, parsed.gpu, parsed.options.as_dict(), cwd)
+    problem = job_problem(job)
+    if problem is not None:
+        raise JobFailed(error_object("bad_input", problem, 2, "bad_input"))
+    return job
+
+
+def run_one(job_id: str, raw: dict[str, Any], base: str, settings: BatchSettings) -> dict[str, Any]:
+    """Estimate one job; always a result line, never an exception (a Ray task or in-process)."""
+    from peakmem.service.attempt import run_attempt
+
+    started = time.monotonic()
+    line: dict[str, Any] = {"id": job_id, "status": "failed", "result": None, "error": None,
+                            "key": None, "attempts": 0, "seconds": 0.0, "retryable": False}
+    try:
+        job = to_job(raw, Path(base))
+        line["key"] = job.key()
+        if settings.estimator:
+            estimator = load_estimator(settings.estimator)
+        else:
+            from peakmem.service.estimators import cli_estimator as estimator
+        while True:
+            line["attempts"] += 1
+            try:
+                line["result"] = run_attempt(
+                    job, estimator, sandbox=settings.sandbox, max_seconds=settings.max_seconds,
+                    max_host_memory=settings.max_host_memory)
+                line["status"] = "done"
+                break
+            except WorkerLost as exc:
+                if line["attempts"] >= settings.max_attempts:
+                    line["error"] = {**exc.error, "message": f"{exc.error['message']} (tried "
+                                     f"{line['attempts']} times)"}
+                    line["retryable"] = True
+                    break
+    except JobFailed as exc:
+        line["error"] = exc.error
+    except Exception as exc:  # noqa: BLE001 - one bad job must not end the batch
+        line["error"] = error_object("internal", f"peakmem internal error: {type(exc).__name__}: "
+                                     f"{exc}", 70, "internal")
+        line["retryable"] = True
+    line["seconds"] = round(time.monotonic() - started, 3)
+    return line
+
+
+class ResultWriter:
+    """Appends result lines, flushed one by one (a crash loses at most the line being written)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        needs_newline = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+        self.fh = path.open("a", encoding="utf-8")
+        if needs_newline:
+            self.fh.write("\n")
+
+    def write(self, line: dict[str, Any]) -> None:
+        self.fh.write(json.dumps(line, sort_keys=True) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def run_batch(
+    jobs_path: Path,
+    output: Path,
+    settings: BatchSettings,
+    *,
+    ray_address: str | None = None,
+    workers: int | None = None,
+    in_process: bool = False,
+    retry_failed: bool = False,
+    on_start: Callable[[int], None] | None = None,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> BatchSummary:
+    """Run every job of `jobs_path` not already final in `output`, appending to `output`."""
+    jobs = read_jobs(jobs_path)
+    finished = finished_ids(output, retry_failed)
+    todo = [(job_id, raw) for job_id, raw in jobs if job_id not in finished]
+    summary = BatchSummary(total=len(jobs), skipped=len(jobs) - len(todo))
+    if on_start:
+        on_start(len(todo))
+    base = str(jobs_path.resolve().parent)
+    started = time.monotonic()
+    writer = ResultWriter(output)
+    try:
+        runner = _in_process if in_process else _on_ray(ray_address, workers)
+        for line in runner(todo, base, settings):
+            writer.write(line)
+            if line["status"] == "done":
+                summary.done += 1
+            else:
+                summary.failed += 1
+                summary.failures.append(f"{line['id']}: {(line['error'] or {}).get('message')}")
+            if on_result:
+                on_result(line)
+    finally:
+        writer.close()
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _in_process(todo, base, settings) -> Iterator[dict[str, Any]]:
+    for job_id, raw in todo:
+        yield run_one(job_id, raw, base, settings)
+
+
+def _on_ray(address: str | None, workers: int | None):
+    def run(todo, base, settings) -> Iterator[dict[str, Any]]:
+        from peakmem.service.ray_pool import ray_connect
+
+        ray = ray_connect(address, workers)
+        remote = ray.remote(num_cpus=1, max_retries=2, retry_exceptions=False)(run_one)
+        pending = {remote.remote(job_id, raw, base, settings): job_id for job_id, raw in todo}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=None)
+            for ref in ready:
+                job_id = pending.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - the task's worker died every retry
+                    yield {"id": job_id, "status": "failed", "result": None, "key": None,
+                           "attempts": 3, "seconds": 0.0, "retryable": True,
+                           "error": error_object("job_failed", f"the Ray task failed: "
+                                                 f"{type(exc).__name__}: {str(exc)[:300]}", 1,
+                                                 "signal")}
+    return run
