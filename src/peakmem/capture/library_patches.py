@@ -160,3 +160,8 @@ def meta_storage_addresses() -> Iterator[None]:
 
     with patched(storage_class, "data_ptr", data_ptr):
         yield
+
+
+# -- fine-tuning libraries (bitsandbytes, torchtune): capture/finetune_libs.py --------------------
+
+from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  (registers them)
