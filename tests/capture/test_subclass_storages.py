@@ -6,23 +6,11 @@ import torch
 
 from peakmem.capture import capture_callable
 from peakmem.capture.subclass_storages import inner_tensors, storage_tensors
-from peakmem.trace.events import EventKind
-from tests.capture.capture_helpers import allocations
+from tests.capture.capture_helpers import allocations, live_at_end
 
 torchao = pytest.importorskip("torchao")
 
 N = 1024
-
-
-def live_at_end(trace) -> list[int]:
-    """Sizes of the allocations never freed (the job kept them until it ended)."""
-    live = {}
-    for kind, ident, size, _stream, _tag in trace.events():
-        if kind == EventKind.ALLOC:
-            live[ident] = size
-        elif kind == EventKind.FREE:
-            live.pop(ident, None)
-    return sorted(live.values())
 
 
 def inner_bytes(tensor) -> int:

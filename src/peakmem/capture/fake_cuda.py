@@ -171,6 +171,11 @@ def _identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return self
 
 
+LIBRARY_KERNEL_COMPILES = ("bitsandbytes.",)
+"""Modules whose `torch.compile` calls compile the library's own fallback kernels for the host
+(bitsandbytes' default backend) at import: not the job's compiled code, not noted."""
+
+
 def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     """(object, attribute) -> replacement, for everything the capture fakes."""
     gpu = session.gpu
@@ -209,6 +214,8 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             session.mark(Mark.COMPILED_END.value)
 
         def apply(target: Any) -> Any:
+            if str(getattr(target, "__module__", "")).startswith(LIBRARY_KERNEL_COMPILES):
+                return target  # a library's own host kernels: never run on device tensors
             owner = getattr(target, "__self__", None)
             if isinstance(target, torch.nn.Module):
                 name = type(target).__name__
