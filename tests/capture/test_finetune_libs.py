@@ -150,3 +150,83 @@ def test_a_qlora_recipe_from_a_local_checkpoint(tmp_path, tiny_llama):
     assert by["parameter"] < 300_000
     assert by["optimizer_state"] > 0  # the adapters' state
     assert PAGED_NOTE not in result.notes  # bitsandbytes pages only states over 1e5 values
+
+
+def test_torchtunes_bf16_check_passes_under_the_fake_runtime(a100, stack24):
+    """torchtune's `verify_bf16_support()`: CUDA available, bf16 supported, NCCL available and
+    at least 2.10 (the same expression, so the test runs without importing torchtune)."""
+    seen = {}
+
+    def job():
+        seen["bf16"] = (
+            torch.cuda.is_available()
+            and torch.cuda.is_bf16_supported()
+            and torch.distributed.is_nccl_available()
+            and torch.cuda.nccl.version() >= (2, 10)
+        )
+        torch.cuda.memory._record_memory_history(max_entries=1000)  # a no-op here
+        torch.zeros(4, device="cuda")
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps="all")
+    assert result.error is None, result.error_text
+    assert seen["bf16"] is True
+    assert not torch.distributed.is_nccl_available()  # restored after the capture
+
+
+TORCHTUNE_LORA = """
+    import torch
+    from torchtune.models.llama3_2 import lora_llama3_2
+    from torchtune.modules.peft import get_adapter_params, set_trainable_params
+    from torchtune.training.precision import get_dtype, verify_bf16_support
+
+    assert verify_bf16_support()
+    torch.set_default_dtype(get_dtype("bf16", device=torch.device("cuda")))
+    with torch.device("cuda"):
+        model = lora_llama3_2(lora_attn_modules=["q_proj", "v_proj"], vocab_size=512, num_layers=2,
+                              num_heads=4, num_kv_heads=2, embed_dim=64, max_seq_len=2048,
+                              intermediate_dim=128, lora_rank=8, lora_alpha=16)
+    torch.set_default_dtype(torch.float32)
+    rope = model.layers[0].attn.pos_embeddings
+    assert rope.is_cache_built, "the Llama 3 RoPE cache was skipped"
+    set_trainable_params(model, get_adapter_params(model))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    for _ in range(3):
+        tokens = torch.randint(0, 512, (2, 64), device="cuda")
+        logits = model(tokens)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_a_torchtune_lora_llama3_model_trains_with_its_rope_cache(tmp_path):
+    try:  # torchtune 0.6 imports torchao modules that newer torchao releases moved
+        import torchtune.training  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"torchtune cannot import here: {exc}")
+    result = estimate_command(["python", write(tmp_path, TORCHTUNE_LORA)], **GPU)
+    assert result.steps == 3
+    # the RoPE cache: 2048 positions x 8 frequencies x (cos, sin), fp32... in bf16 default dtype
+    assert result.breakdown.by_category.get("buffer", 0) > 0
+
+
+IGEMM = """
+    import torch
+    import bitsandbytes as bnb
+
+    a = torch.randint(-5, 5, (16, 32), dtype=torch.int8, device="cuda")
+    b = torch.randint(-5, 5, (32, 8), dtype=torch.int8, device="cuda")
+    bnb.functional.igemm(a, b)
+"""
+
+
+def test_a_native_bitsandbytes_kernel_called_directly_is_unsupported(tmp_path):
+    from click.testing import CliRunner
+
+    from peakmem.cli.main import main
+
+    run = CliRunner().invoke(main, ["estimate", "--json", "--", "python", write(tmp_path, IGEMM)])
+    assert run.exit_code == 3, run.output
+    assert '"kind": "unsupported"' in run.output
+    assert "peakmem does not support bitsandbytes' native CUDA function" in run.output

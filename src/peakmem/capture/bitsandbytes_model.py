@@ -88,8 +88,40 @@ def _apply(functional: Any) -> Any:
     return undo
 
 
+def _native_unsupported(cextension: Any) -> Any:
+    """bitsandbytes' stand-in for its native library (it cannot load without libcudart) raises
+    its CUDA-setup error when a kernel is called; a kernel called directly (not through a torch
+    op with a fake kernel: `percentile_clipping`, ...) is not modelled: `Unsupported` instead."""
+    mock = getattr(cextension, "ErrorHandlerMockBNBNativeLibrary", None)
+    if mock is None:
+        return lambda: None
+    original = mock.__dict__.get("__getattr__")
+
+    def getattr_(self: Any, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def unsupported(*args: Any, **kwargs: Any) -> Any:
+            from peakmem.capture.unsupported import Unsupported
+
+            raise Unsupported(f"bitsandbytes' native CUDA function {name} (called directly)")
+
+        return unsupported
+
+    mock.__getattr__ = getattr_
+
+    def undo() -> None:
+        if original is not None:
+            mock.__getattr__ = original
+
+    return undo
+
+
 @register_library_patch("bitsandbytes_paged_memory")
 @contextmanager
 def bitsandbytes_paged_memory() -> Iterator[None]:
-    with patch_on_import("bitsandbytes.functional", _apply):
+    with (
+        patch_on_import("bitsandbytes.cextension", _native_unsupported),
+        patch_on_import("bitsandbytes.functional", _apply),
+    ):
         yield
