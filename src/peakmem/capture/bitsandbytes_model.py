@@ -29,6 +29,7 @@ import torch
 
 from peakmem.capture.library_patches import register_library_patch
 from peakmem.capture.on_import import patch_on_import
+from peakmem.capture.unsupported import Unsupported
 
 PAGED_NOTE = (
     "bitsandbytes paged optimizer state (CUDA managed memory, outside the caching allocator) "
@@ -88,6 +89,11 @@ def _apply(functional: Any) -> Any:
     return undo
 
 
+class NativeKernelUnsupported(Unsupported, RuntimeError):
+    """Unsupported, and a RuntimeError as bitsandbytes' own stand-in raises: its probes that
+    catch that (`has_avx512bf16`) still answer no."""
+
+
 def _native_unsupported(cextension: Any) -> Any:
     """bitsandbytes' stand-in for its native library (it cannot load without libcudart) raises
     its CUDA-setup error when a kernel is called; a kernel called directly (not through a torch
@@ -102,9 +108,7 @@ def _native_unsupported(cextension: Any) -> Any:
             raise AttributeError(name)
 
         def unsupported(*args: Any, **kwargs: Any) -> Any:
-            from peakmem.capture.unsupported import Unsupported
-
-            raise Unsupported(f"bitsandbytes' native CUDA function {name} (called directly)")
+            raise NativeKernelUnsupported(f"bitsandbytes' native CUDA function {name} (called directly)")
 
         return unsupported
 
