@@ -4,7 +4,7 @@ torchao's low-bit optimizer states (8-bit, 4-bit, fp8), NF4 and float8 weights, 
 import pytest
 import torch
 
-from peakmem.capture import capture_callable
+from peakmem.capture import capture_callable, fused_updates
 from peakmem.capture.subclass_storages import inner_tensors, storage_tensors
 from tests.capture.capture_helpers import allocations, live_at_end
 
@@ -43,9 +43,13 @@ def test_torchao_low_bit_optimizer_state_is_counted_at_its_real_size(a100, stack
     qmaps = 2 * 256 * 4  # at most: the lookup tables (made from host lists: inputs)
     assert state_bytes - qmaps <= state <= state_bytes
     assert state < N * N * 4  # far below the two fp32 states (8 MiB) the outer tensors claim
-    # no state is ever allocated at the outer (fp32) size besides the real fp32 temporaries of
-    # the update, which die inside the step
-    assert sizes.count(N * N * 4) >= 1
+    # the update is torch.compile(fullgraph=True)'d: Inductor fuses it, so its fp32 temporaries
+    # (the eager run makes several of N * N * 4 bytes) are not device memory
+    assert [size for size, _tag in allocations(result.trace, phase="optimizer") if size >= N * N] == [
+        size for size, tag in allocations(result.trace, phase="optimizer") if tag.category == "optimizer_state" and size >= N * N
+    ]
+    assert fused_updates.NOTE in result.notes
+    assert sizes.count(N * N * 4) == 3  # the weight and the gradient of each of the 2 steps
 
 
 def test_nf4_weights_are_their_packed_storages(a100, stack24):
@@ -116,3 +120,23 @@ def test_a_dtensor_is_its_local_shard():
     finally:
         if started:
             dist.destroy_process_group()
+
+
+def test_a_fullgraph_compiled_update_that_returns_something_keeps_its_temporaries(a100, stack24):
+    def job():
+        weight = torch.nn.Parameter(torch.zeros(N, N, device="cuda"))
+        weight.grad = torch.ones(N, N, device="cuda")
+
+        def update(p, g):  # returns a value: not an in-place fused update
+            return (p.float() - 0.1 * g).sum()
+
+        class Step(torch.optim.Optimizer):
+            def step(self, closure=None):
+                torch.compile(update, fullgraph=True)(weight, weight.grad)
+
+        Step([weight], {}).step()
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps="all")
+    assert result.error is None, result.error_text
+    assert any(size == N * N * 4 for size, _tag in allocations(result.trace, phase="optimizer"))
+    assert fused_updates.NOTE not in result.notes

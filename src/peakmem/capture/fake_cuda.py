@@ -202,6 +202,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         marks, so the estimate can bound what Inductor would not materialise."""
         import functools
 
+        from peakmem.capture import fused_updates
         from peakmem.trace.vocab import Mark
 
         seen = compile_as_eager.__dict__.setdefault("seen", {"names": [], "modes": []})
@@ -232,8 +233,11 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                     @functools.wraps(target)
                     def result(*args: Any, **kw: Any) -> Any:
                         start()
+                        fused = fused_updates.begin(session, bool(kwargs.get("fullgraph")))
                         try:
-                            return target(*args, **kw)
+                            returned = target(*args, **kw)
+                            fused_updates.end(session, fused, returned)
+                            return returned
                         finally:
                             end()
 
