@@ -104,7 +104,11 @@ def test_window_sources_read_the_frameworks_declared_window():
     def asks(args):
         return window_in_callers(skip=1)
 
+    class SFTConfig(TrainingArguments):  # TRL's configs subclass TrainingArguments
+        pass
+
     assert asks(TrainingArguments()) == 16
+    assert asks(SFTConfig()) == 16
     assert asks(Other()) is None
     TrainingArguments.gradient_accumulation_steps = 10**6
     assert asks(TrainingArguments()) == 256  # capped

@@ -52,9 +52,11 @@ def _positive_int(value: Any) -> int | None:
 
 @register_window_source("transformers.Trainer")
 def _hf_trainer(frame_locals: dict[str, Any]) -> int | None:
-    """Hugging Face `Trainer`: `args.gradient_accumulation_steps` (a `TrainingArguments`)."""
+    """Hugging Face `Trainer` (and TRL's trainers): `args.gradient_accumulation_steps`."""
     for holder in (frame_locals.get("args"), getattr(frame_locals.get("self"), "args", None)):
-        if holder is not None and type(holder).__name__.endswith("TrainingArguments"):
+        if holder is not None and any(
+            cls.__name__ == "TrainingArguments" for cls in type(holder).__mro__
+        ):  # TrainingArguments and its subclasses (Seq2SeqTrainingArguments, TRL's SFTConfig)
             window = _positive_int(getattr(holder, "gradient_accumulation_steps", None))
             if window is not None:
                 return window
