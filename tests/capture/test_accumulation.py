@@ -176,9 +176,23 @@ ACCELERATE = """
 @pytest.mark.parametrize("accum", [4, 64])
 @pytest.mark.parametrize("script", [HF_TRAINER, LIGHTNING, ACCELERATE], ids=["hf", "lightning", "accelerate"])
 def test_framework_accumulation_traces_two_steps_with_the_state_live(tmp_path, script, accum):
-    result = estimate_command(["python", write(tmp_path, script), str(accum)], isolate=False, **GPU)
+    try:  # in-process (the libraries are imported once): their process-wide state is reset after
+        result = estimate_command(["python", write(tmp_path, script), str(accum)], isolate=False, **GPU)
+    finally:
+        _reset_accelerate()
     assert result.steps >= STEADY_STEPS, result.notes
     assert result.estimate_kind == "training"
     [note] = accumulation_note(result.notes)
     assert note.endswith(f"(accumulation window {accum})")
     assert result.breakdown.by_category.get("optimizer_state", 0) > 0
+
+
+def _reset_accelerate():
+    """accelerate's process-wide AcceleratorState (HF Trainer and accelerate jobs make one): a
+    later job in this process may ask for another precision."""
+    import sys
+
+    state = sys.modules.get("accelerate.state")
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)
+        state.GradientState._reset_state()
