@@ -156,14 +156,22 @@ def test_torchtunes_bf16_check_passes_under_the_fake_runtime(a100, stack24):
     """torchtune's `verify_bf16_support()`: CUDA available, bf16 supported, NCCL available and
     at least 2.10 (the same expression, so the test runs without importing torchtune)."""
     seen = {}
+    import types
+
+    # the expression as torchtune.training.precision writes it, run as torchtune's code
+    probe = types.ModuleType("torchtune.training.precision")
+    exec(
+        "import torch\n"
+        "def verify_bf16_support():\n"
+        "    return (torch.cuda.is_available() and torch.cuda.is_bf16_supported()\n"
+        "            and torch.distributed.is_nccl_available()\n"
+        "            and torch.cuda.nccl.version() >= (2, 10))\n",
+        probe.__dict__,
+    )
 
     def job():
-        seen["bf16"] = (
-            torch.cuda.is_available()
-            and torch.cuda.is_bf16_supported()
-            and torch.distributed.is_nccl_available()
-            and torch.cuda.nccl.version() >= (2, 10)
-        )
+        seen["bf16"] = probe.verify_bf16_support()
+        seen["job_nccl"] = torch.distributed.is_nccl_available()  # the job's own question
         torch.cuda.memory._record_memory_history(max_entries=1000)  # a no-op here
         torch.zeros(4, device="cuda")
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -171,6 +179,7 @@ def test_torchtunes_bf16_check_passes_under_the_fake_runtime(a100, stack24):
     result = capture_callable(job, gpu=a100, stack=stack24, steps="all")
     assert result.error is None, result.error_text
     assert seen["bf16"] is True
+    assert seen["job_nccl"] is False  # a job choosing its backend keeps gloo (no NCCL here)
     assert not torch.distributed.is_nccl_available()  # restored after the capture
 
 

@@ -10,11 +10,13 @@ torchtune): the few runtime pieces they reach for, registered as library patches
   kernels make beyond the outputs);
 - torchtune checks bf16 support with `torch.distributed.is_nccl_available()` and
   `torch.cuda.nccl.version() >= (2, 10)`: a CUDA build of torch has NCCL, so here
-  `torch.cuda.nccl.version()` answers NCCL_VERSION and `is_nccl_available()` True.
+  `torch.cuda.nccl.version()` answers NCCL_VERSION and `is_nccl_available()` True to torchtune
+  (NCCL_PROBES); other callers get the CPU build's answer.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -53,8 +55,19 @@ def _nccl_version() -> tuple[int, int, int]:
     return NCCL_VERSION
 
 
-def _nccl_available() -> bool:
-    return True
+NCCL_PROBES = ("torchtune.",)
+"""Modules whose `is_nccl_available()` is a hardware-capability check (torchtune's bf16 check),
+answered True. Everyone else gets the CPU build's answer (False), so a single-process job that
+picks its backend by it (`"nccl" if dist.is_nccl_available() else "gloo"`) keeps the backend it
+can start here."""
+
+
+def _nccl_available_to_probes(original: Any) -> Any:
+    def is_nccl_available() -> bool:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        return True if str(caller).startswith(NCCL_PROBES) else bool(original())
+
+    return is_nccl_available
 
 
 @register_library_patch("cuda_raw_stream")
@@ -68,13 +81,13 @@ def cuda_raw_stream() -> Iterator[None]:
 @register_library_patch("nccl_present")
 @contextmanager
 def nccl_present() -> Iterator[None]:
-    """`torch.cuda.nccl.version()` and `torch.distributed.is_nccl_available()` as a CUDA build
-    answers them (torchtune's bf16 check). Starting an NCCL process group is still refused
-    (multi-rank is not supported yet)."""
+    """`torch.cuda.nccl.version()` as a CUDA build answers it, and
+    `torch.distributed.is_nccl_available()` True to torchtune's bf16 check (NCCL_PROBES)."""
     with ExitStack() as stack:
         nccl = getattr(torch.cuda, "nccl", None)
         if nccl is not None:
             stack.enter_context(provided(nccl, "version", _nccl_version))
         if torch.distributed.is_available():
-            stack.enter_context(provided(torch.distributed, "is_nccl_available", _nccl_available))
+            answer = _nccl_available_to_probes(torch.distributed.is_nccl_available)
+            stack.enter_context(provided(torch.distributed, "is_nccl_available", answer))
         yield
