@@ -239,3 +239,46 @@ def test_a_native_bitsandbytes_kernel_called_directly_is_unsupported(tmp_path):
     assert run.exit_code == 3, run.output
     assert '"kind": "unsupported"' in run.output
     assert "peakmem does not support bitsandbytes' native CUDA function" in run.output
+
+
+HF_TRAINER_OPTIM = """
+    import sys, tempfile, torch
+    from transformers import Trainer, TrainingArguments
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+        def __getitem__(self, i):
+            return {"x": torch.randn(256)}
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 4))
+        def forward(self, x):
+            return {"loss": self.net(x).square().mean()}
+
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(output_dir=out, max_steps=3, per_device_train_batch_size=4,
+            optim=sys.argv[1], report_to=[], save_strategy="no", dataloader_num_workers=0,
+            remove_unused_columns=False)
+        Trainer(model=Net(), args=args, train_dataset=Rows()).train()
+"""
+
+
+@pytest.mark.parametrize(
+    ("optim", "bytes_per_value"),
+    [("adamw_torch", 8), ("adamw_bnb_8bit", 2), ("paged_adamw_8bit", 2), ("adamw_torch_4bit", 1)],
+)
+def test_hf_trainer_low_bit_optimizers(tmp_path, optim, bytes_per_value):
+    pytest.importorskip("torchao")
+    from tests.capture.test_accumulation import _reset_accelerate
+
+    try:
+        result = estimate_command(["python", write(tmp_path, HF_TRAINER_OPTIM), optim], isolate=False, **GPU)
+    finally:
+        _reset_accelerate()
+    assert result.steps == 3
+    big = 256 * 1024 + 1024 * 4  # the two weights: the quantised ones (the biases stay 32-bit)
+    state = result.breakdown.by_category["optimizer_state"]
+    assert bytes_per_value * big <= state <= bytes_per_value * big * 1.15 + 64 * 1024, state
