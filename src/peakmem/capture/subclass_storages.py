@@ -20,8 +20,7 @@ MAX_DEPTH = 8
 """Nesting of subclasses followed (a DTensor of an OptimState8bit is 2)."""
 
 
-def _plain(value: Any) -> bool:
-    return type(value) is torch.Tensor or not isinstance(value, torch.Tensor)
+_TENSOR = torch.Tensor
 
 
 def inner_tensors(tensor: torch.Tensor, depth: int = 0) -> list[torch.Tensor]:
@@ -41,7 +40,10 @@ def inner_tensors(tensor: torch.Tensor, depth: int = 0) -> list[torch.Tensor]:
 def storage_tensors(flat: list[Any]) -> list[Any]:
     """`flat` with each wrapper subclass replaced by its inner tensors (`flat` itself, unchanged,
     when it holds none: the common case costs one pass over type checks)."""
-    if all(_plain(value) for value in flat):
+    for value in flat:  # the recorder's hot path: a plain loop, no generator
+        if type(value) is not _TENSOR and isinstance(value, _TENSOR):
+            break
+    else:
         return flat
     expanded: list[Any] = []
     for value in flat:
