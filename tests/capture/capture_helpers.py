@@ -18,3 +18,14 @@ def allocations(trace, category=None, op=None, phase=None):
             continue
         found.append((size, tag))
     return found
+
+
+def live_at_end(trace) -> list[int]:
+    """Sizes of the allocations never freed (the job kept them until it ended), sorted."""
+    live = {}
+    for kind, ident, size, _stream, _tag in trace.events():
+        if kind == EventKind.ALLOC:
+            live[ident] = size
+        elif kind == EventKind.FREE:
+            live.pop(ident, None)
+    return sorted(live.values())

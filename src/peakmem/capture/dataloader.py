@@ -8,7 +8,9 @@ Every iteration of a `torch.utils.data.DataLoader` goes through `LoaderEpochs`:
   batch; the batch sampler skips the indices between (no data is loaded for them), and
   `len(loader)` says STEADY_BATCHES + 1, so code that counts batches sees a consistent epoch. The batches
   skipped repeat the allocations of those traced when every batch has the same shapes; a loader
-  whose traced batches differ in shape is noted (the skipped ones may be larger);
+  whose traced batches differ in shape is noted (the skipped ones may be larger). With gradient
+  accumulation the epoch yields whole windows until it has fed two optimizer steps
+  (capture.accumulation), so the steady state (a step with the optimizer state live) is traced;
 - ending: once the step limit is reached, an iteration that fed a training step skips to its
   epoch's last batch after that step, then ends (StopIteration) — the training loop ends the way
   it would at the end of its data; later epochs over a dataset that fed training, iterated with
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from peakmem.capture.accumulation import MAX_WAIT_BATCHES, STEADY_STEPS, window_in_callers
 from peakmem.capture.session import CaptureSession
 
 STEADY_BATCHES = 3
@@ -54,7 +57,15 @@ class LoaderIteration:
             and getattr(loader, "_dataset_kind", None) == _DatasetKind.Map
             and hasattr(iterator, "_sampler_iter")
         )
-        self.shorten = self.can_skip and loaders._shortens(loader, self.length)
+        self.window = loaders.window_of(loader)
+        """The accumulation window a framework declared for this loader (None: not known)."""
+        self.steady_batches = loaders.steady_batches(self.window)
+        self.shorten = self.can_skip and loaders._shortens(loader, self.length, self.window)
+        self.backward_at_start = loaders.session.state.backward_passes
+        self.steps_fed = 0
+        self.step_positions: list[int] = []  # batches yielded when each step it fed ran
+        self.waited = False  # yielded more full batches than steady_batches, waiting for steps
+        self._short_done = False
         self.position = 0  # index in the epoch of the next batch
         self.yielded = 0
         self.ending = False  # end after the batch the job holds: skip to the last, then stop
@@ -67,7 +78,7 @@ class LoaderIteration:
     def traced_length(self) -> int | None:
         """Batches this epoch yields when it is not ended early."""
         if self.shorten:
-            return STEADY_BATCHES + 1
+            return self.steady_batches + 1
         return self.length
 
     def __iter__(self) -> LoaderIteration:
@@ -105,9 +116,18 @@ class LoaderIteration:
                 self._finish()
             else:
                 self._skip_to(last)
-        elif self.shorten and self.position == STEADY_BATCHES:
-            self._skip_to(last)
-            self._loaders.shortened_epoch(self)
+        elif (
+            self.shorten
+            and not self._short_done
+            and last is not None
+            and self.steady_batches <= self.position < last
+        ):
+            if self._awaiting_steps():
+                self.waited = True
+            else:
+                self._short_done = True
+                self._skip_to(last)
+                self._loaders.shortened_epoch(self)
         try:
             batch = next(self._iterator)
         except StopIteration:
@@ -118,6 +138,22 @@ class LoaderIteration:
         self.yielded += 1
         self._loaders.yielded(self)
         return batch
+
+    def _awaiting_steps(self) -> bool:
+        """A training epoch (a backward ran during it) that has not fed STEADY_STEPS optimizer
+        steps yet, in a loop that counts its accumulation window itself: keep yielding full
+        batches (MAX_WAIT_BATCHES at most). A window a framework declared is already in
+        `steady_batches` (its `len(loader)` says so): no wait."""
+        return (
+            self.window is None
+            and self.steps_fed < STEADY_STEPS
+            and self.position < MAX_WAIT_BATCHES
+            and self._loaders.session.state.backward_passes > self.backward_at_start
+        )
+
+    def fed_step(self) -> None:
+        self.steps_fed += 1
+        self.step_positions.append(self.yielded)
 
     def _finish(self) -> None:
         self.finished = True
@@ -144,6 +180,12 @@ class LoaderEpochs:
         self.shortened = False
         """An epoch skipped batches (the job may notice: a count of batches, a `next()`)."""
         self._trained: set[int] = set()  # ids of the datasets whose loaders fed training
+        self._windows: dict[int, int] = {}  # id(loader) -> the window a framework declared
+        self._training_iterations: list[LoaderIteration] = []
+        self.window: int | None = None
+        """The accumulation window seen: batches between two steps in one epoch."""
+        self.first_epoch_steps: int | None = None
+        """Steps fed by the first training epoch that waited for its steps, when it finished."""
 
     # -- read by the phase tracker -------------------------------------------------------------
     def step_taken(self) -> LoaderIteration | None:
@@ -156,7 +198,35 @@ class LoaderEpochs:
             feeding.fed_training = True
             self._trained.add(id(getattr(feeding.loader, "dataset", feeding.loader)))
             self.training_epochs += 1
+        if feeding is not None:
+            if feeding.steps_fed == 0:
+                self._training_iterations.append(feeding)
+            feeding.fed_step()
+            positions = feeding.step_positions
+            if self.window is None and len(positions) >= 2:
+                self.window = positions[1] - positions[0]
         return feeding
+
+    # -- accumulation windows ------------------------------------------------------------------
+    def window_of(self, loader: Any) -> int | None:
+        """The accumulation window a framework declared for `loader` (seen when it asked for
+        the loader's length or iterated it), or None."""
+        window = self._windows.get(id(loader))
+        if window is None:
+            window = window_in_callers(skip=3)
+            if window is not None:
+                self._windows[id(loader)] = window
+        return window
+
+    def training_batches(self) -> int:
+        """Batches yielded by the epochs that fed training."""
+        return sum(iteration.yielded for iteration in self._training_iterations)
+
+    @staticmethod
+    def steady_batches(window: int | None) -> int:
+        """Full batches a shortened epoch yields: STEADY_BATCHES, or STEADY_STEPS whole windows
+        when a framework declared a larger window."""
+        return max(STEADY_BATCHES, STEADY_STEPS * (window or 1))
 
     # -- called by the iterations --------------------------------------------------------------
     def other_activity(self) -> None:
@@ -174,6 +244,8 @@ class LoaderEpochs:
         self._steps_since_yield = 0
 
     def finished(self, iteration: LoaderIteration) -> None:
+        if iteration.fed_training and iteration.waited and self.first_epoch_steps is None:
+            self.first_epoch_steps = iteration.steps_fed
         self._note(iteration)
 
     def shortened_epoch(self, iteration: LoaderIteration) -> None:
@@ -181,7 +253,7 @@ class LoaderEpochs:
         if key not in self._noted:
             self._noted.add(key)
             self.session.notes.append(
-                f"DataLoader epoch of {iteration.length} batches: traced {STEADY_BATCHES} "
+                f"DataLoader epoch of {iteration.length} batches: traced {iteration.yielded} "
                 f"full batches, then its last batch (the {iteration.skipped} between repeat "
                 "the same allocations when every batch has the same shapes)"
             )
@@ -225,13 +297,13 @@ class LoaderEpochs:
         except TypeError:
             return None
 
-    def _shortens(self, loader: Any, length: int | None) -> bool:
+    def _shortens(self, loader: Any, length: int | None, window: int | None) -> bool:
         from torch.utils.data.dataloader import _DatasetKind
 
         return (
             self.shorten
             and length is not None
-            and length > STEADY_BATCHES + 1
+            and length > self.steady_batches(window) + 1
             and getattr(loader, "_dataset_kind", None) == _DatasetKind.Map
         )
 
@@ -246,7 +318,10 @@ class LoaderEpochs:
 
         def length(loader: Any) -> int:
             value = original_len(loader)
-            return STEADY_BATCHES + 1 if self._shortens(loader, value) else value
+            if not self.shorten or value <= STEADY_BATCHES + 1:
+                return value
+            window = self.window_of(loader)
+            return self.steady_batches(window) + 1 if self._shortens(loader, value, window) else value
 
         def iterate(loader: Any) -> Any:
             iterator = None

@@ -171,6 +171,11 @@ def _identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return self
 
 
+LIBRARY_KERNEL_COMPILES = ("bitsandbytes.",)
+"""Modules whose `torch.compile` calls compile the library's own fallback kernels for the host
+(bitsandbytes' default backend) at import: not the job's compiled code, not noted."""
+
+
 def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     """(object, attribute) -> replacement, for everything the capture fakes."""
     gpu = session.gpu
@@ -197,6 +202,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         marks, so the estimate can bound what Inductor would not materialise."""
         import functools
 
+        from peakmem.capture import fused_updates
         from peakmem.trace.vocab import Mark
 
         seen = compile_as_eager.__dict__.setdefault("seen", {"names": [], "modes": []})
@@ -209,6 +215,8 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             session.mark(Mark.COMPILED_END.value)
 
         def apply(target: Any) -> Any:
+            if str(getattr(target, "__module__", "")).startswith(LIBRARY_KERNEL_COMPILES):
+                return target  # a library's own host kernels: never run on device tensors
             owner = getattr(target, "__self__", None)
             if isinstance(target, torch.nn.Module):
                 name = type(target).__name__
@@ -225,8 +233,11 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                     @functools.wraps(target)
                     def result(*args: Any, **kw: Any) -> Any:
                         start()
+                        fused = fused_updates.begin(session, bool(kwargs.get("fullgraph")))
                         try:
-                            return target(*args, **kw)
+                            returned = target(*args, **kw)
+                            fused_updates.end(session, fused, returned)
+                            return returned
                         finally:
                             end()
 

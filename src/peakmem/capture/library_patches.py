@@ -160,3 +160,9 @@ def meta_storage_addresses() -> Iterator[None]:
 
     with patched(storage_class, "data_ptr", data_ptr):
         yield
+
+
+# -- fine-tuning libraries (bitsandbytes, torchtune): capture/finetune_libs.py --------------------
+
+from peakmem.capture import bitsandbytes_model as _bitsandbytes_model  # noqa: E402,F401
+from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  (registers them)

@@ -63,6 +63,15 @@ def auto_step_limit(epoch_steps: int | None) -> int:
     return MIN_STEPS
 
 
+def _epoch_steps(epoch: LoaderIteration) -> int | None:
+    """Steps an epoch feeds, from its traced length and its accumulation window (if known)."""
+    length = epoch.traced_length
+    if length is None:
+        return None
+    window = epoch.window or 1
+    return -(-length // window)
+
+
 class StopJob(BaseException):  # noqa: N818  (a control-flow signal, not an error)
     """Raised once the job must stop (the step limit); the runner catches it."""
 
@@ -291,7 +300,8 @@ class PhaseTracker:
     def limit(self) -> int:
         if self.stop_after_steps is not None:
             return int(self.stop_after_steps)
-        return auto_step_limit(self.session.state.epoch_steps)
+        measured = self.loaders.first_epoch_steps  # an accumulating epoch, as it ran
+        return auto_step_limit(measured if measured else self.session.state.epoch_steps)
 
     def _step_taken(self, key: Any, *, stop_now: bool) -> None:
         session, state = self.session, self.session.state
@@ -301,7 +311,7 @@ class PhaseTracker:
         session.mark(f"step {self._steps_by_optimizer[key]}")
         feeding = self.loaders.step_taken() if not self.run_all else None
         if feeding is not None and state.epoch_steps is None:
-            state.epoch_steps = feeding.traced_length
+            state.epoch_steps = _epoch_steps(feeding)
         if self.run_all:
             return
         steps = min(self._steps_by_optimizer.values())
@@ -396,6 +406,19 @@ class PhaseTracker:
                 f"{_step_unit(self.end_steps, manual=manual)} (in epoch {self.end_epoch}): {how} "
                 f"({state.steps} steps in all); the code after the training loop ran; --steps "
                 "all runs every batch"
+            )
+        window = self.loaders.window
+        if window is not None and window > 1 and state.steps:
+            notes.append(
+                f"traced {state.steps} {unit} over {self.loaders.training_batches()} batches "
+                f"(accumulation window {window})"
+            )
+        if state.steps == 1 and state.backward_passes > 1 and not self.run_all:
+            notes.append(
+                f"only 1 {unit} was traced over "
+                f"{state.backward_passes} backward passes (gradient accumulation): the steady "
+                "state (forward and backward with the optimizer state already allocated) was "
+                "not seen; the job ended first"
             )
         if self.error_after_end is not None:
             notes.append(

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from peakmem.capture.subclass_storages import inner_tensors, is_wrapper
 from peakmem.cuda_rules.true_device import is_meta
 from peakmem.profiles import GpuProfile, StackProfile
 from peakmem.trace.events import Tag, Trace
@@ -220,6 +221,11 @@ class CaptureSession:
         """Re-tag the allocation of `tensor`'s storage as `category` (and `module` if given).
         With `only_from`, only allocations currently tagged with one of those categories move."""
         if tensor is None or not is_meta(tensor):
+            return
+        if is_wrapper(tensor):  # a tensor subclass: its inner storages
+            for inner in inner_tensors(tensor):
+                if inner is not tensor:
+                    self.classify(inner, category, module=module, only_from=only_from)
             return
         if tensor.layout != torch.strided:
             for part in sparse_parts(tensor):

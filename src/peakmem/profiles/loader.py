@@ -6,7 +6,9 @@ a cited report, or "assumed" with a reason). Estimates list the assumed values t
 
 from __future__ import annotations
 
+import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -73,6 +75,8 @@ class StackProfile:
     whose calibrated model the estimate leans on, e.g. "cudnn_convolution")."""
     kernel_workspace: dict[str, Sourced] = field(default_factory=dict)
     """Library workspaces of single kernels by name (e.g. cuDNN batch norm), each sourced."""
+    cuda_version: tuple[int, int] = (12, 1)
+    """The CUDA the stack's torch wheels are built with (decides lazy module loading)."""
 
     def kernel_workspace_bytes(self, name: str) -> int:
         """The size of a named kernel workspace; 0 where the stack does not list it."""
@@ -88,8 +92,23 @@ class StackProfile:
             return self.cublas_workspace[major_key]
         return self.cublas_workspace["default"]
 
-    def context_for(self, gpu: GpuProfile) -> Sourced:
-        return self.context.get(gpu.name, self.context["default"])
+    def context_for(self, gpu: GpuProfile, environ: Mapping[str, str] | None = None) -> Sourced:
+        """The CUDA context for `gpu`: the stack's calibrated figure for it, else the context
+        model (data/contexts/: by module-loading mode and architecture), else the stack's
+        default."""
+        calibrated = self.context.get(gpu.name)
+        if calibrated is not None:
+            return calibrated
+        modelled = context_model(self.module_loading(environ), gpu)
+        return modelled if modelled is not None else self.context["default"]
+
+    def module_loading(self, environ: Mapping[str, str] | None = None) -> str:
+        """"lazy" or "eager": lazy when the stack's CUDA has lazy loading (11.7+) and
+        CUDA_MODULE_LOADING (peakmem's environment, which the job inherits) does not say EAGER."""
+        env = os.environ if environ is None else environ
+        if env.get("CUDA_MODULE_LOADING", "").strip().upper() == "EAGER":
+            return "eager"
+        return "lazy" if self.cuda_version >= LAZY_LOADING_CUDA else "eager"
 
     def conv_workspace_for(self, gpu: GpuProfile) -> Sourced:
         return self.conv_workspace.get(
@@ -147,6 +166,31 @@ def _read_dir(kind: str) -> dict[str, dict[str, Any]]:
             except tomllib.TOMLDecodeError as exc:
                 raise ProfileError(f"{kind}/{entry.name}: {exc}") from None
     return tables
+
+
+LAZY_LOADING_CUDA = (11, 7)
+"""The first CUDA with lazy module loading (NVIDIA CUDA 11.7 release notes)."""
+
+
+@cache
+def _contexts() -> dict[str, dict[str, Sourced]]:
+    """data/contexts/*.toml: mode -> architecture ("7", "8", "9" or "default") -> context."""
+    model: dict[str, dict[str, Sourced]] = {}
+    for filename, table in _read_dir("contexts").items():
+        for mode, by_arch in table.items():
+            for arch, raw in by_arch.items():
+                model.setdefault(mode, {})[arch] = _sourced(raw, f"contexts/{filename} {mode}.{arch}")
+    return model
+
+
+def context_model(mode: str, gpu: GpuProfile) -> Sourced | None:
+    """The modelled context for a module-loading mode on `gpu`'s architecture (None: no figure)."""
+    by_arch = _contexts().get(mode, {})
+    found = by_arch.get(str(gpu.capability[0])) or by_arch.get("default")
+    if found is None:
+        return None
+    reason = f"{found.reason}; {mode} module loading" if found.reason else f"{mode} module loading"
+    return Sourced(found.value, found.source, reason)
 
 
 @cache
@@ -232,6 +276,7 @@ def _stacks() -> list[StackProfile]:
                     key: _sourced(raw, f"{where} kernel_workspace_bytes.{key}")
                     for key, raw in table.get("kernel_workspace_bytes", {}).items()
                 },
+                cuda_version=_version_tuple(str(table.get("cuda_version", "12.1"))),
             )
         )
     return sorted(stacks, key=lambda s: s.torch_min)
