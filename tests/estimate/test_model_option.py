@@ -88,8 +88,6 @@ def test_gradient_checkpointing_saves_activations(configs, in_process) -> None:
 def test_lora_trains_adapters_only(configs, in_process) -> None:
     out = CliRunner().invoke(main, ["estimate", "--json", "--model", str(configs["llama"]),
                                     "--lora-rank", "4", "--seq", "64"])
-    if out.exit_code == 1 and "_cuda_getCurrentRawStream" in out.stdout:
-        pytest.xfail("bitsandbytes (imported by peft) cannot load under the fake CUDA yet")
     assert out.exit_code == 0, out.output
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["breakdown"]["optimizer_state"] < result["breakdown"]["parameter"] / 10
