@@ -160,3 +160,17 @@ def meta_storage_addresses() -> Iterator[None]:
 
     with patched(storage_class, "data_ptr", data_ptr):
         yield
+
+
+# -- torch.distributed ---------------------------------------------------------------------------
+
+
+@register_library_patch("distributed_groups_destroyed")
+@contextmanager
+def distributed_groups_destroyed() -> Iterator[None]:
+    """Process groups the job left behind (it need not call destroy_process_group) are destroyed
+    when the capture ends, so the next capture in the process can create its own."""
+    from peakmem.capture.fake_distributed import process_groups_destroyed
+
+    with process_groups_destroyed():
+        yield
