@@ -316,16 +316,17 @@ class _HostRoundTrip(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func is torch.ops.aten.copy_.default and len(args) >= 2:
-            dst, src = args[0], args[1]
-            if is_meta(dst) and not is_meta(src):
-                self._sent[id(dst)] = (weakref.ref(dst), src.detach().clone())
-            elif not is_meta(dst) and is_meta(src) and id(src) in self._sent:
-                ref, values = self._sent[id(src)]
-                if ref() is src and values.shape == dst.shape:
-                    with torch._C.DisableTorchFunction():
+        # the job's device view and the capture's torch-function modes are not for this op
+        with torch._C.DisableTorchFunction():
+            if func is torch.ops.aten.copy_.default and len(args) >= 2:
+                dst, src = args[0], args[1]
+                if is_meta(dst) and not is_meta(src):
+                    self._sent[id(dst)] = (weakref.ref(dst), src.detach().clone())
+                elif not is_meta(dst) and is_meta(src) and id(src) in self._sent:
+                    ref, values = self._sent[id(src)]
+                    if ref() is src and values.shape == dst.shape:
                         return dst.copy_(values)
-        return func(*args, **kwargs)
+            return func(*args, **kwargs)
 
 
 def _reducer_class() -> Any:
