@@ -38,6 +38,8 @@ BACKEND = "peakmem_fake"
 """The name the fake group is registered under (the job sees the backend it asked for)."""
 
 DEFAULT_BACKEND = "nccl"
+NCCL_FAMILY = "nccl"
+"""The library family of NCCL's own device memory in the stack profiles (`library_bytes`)."""
 
 
 # -- the rank's environment ---------------------------------------------------------------------
@@ -116,6 +118,23 @@ class FakeGroup(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, backend_name: str = DEFAULT_BACKEND) -> None:
         super().__init__(rank, size)
         self._rank, self._size, self._backend_name = rank, size, backend_name
+        self._communicator = False
+
+    def _on_device(self, *values: Any) -> None:
+        """A collective on device tensors: the first one creates this group's NCCL communicator,
+        whose buffers live outside the caching allocator (GPU profile figure, per communicator
+        of more than one rank)."""
+        if self._communicator or self._size < 2:
+            return
+        from torch.utils._pytree import tree_leaves
+
+        if any(is_meta(value) for value in tree_leaves(list(values))):
+            self._communicator = True
+            _STATE.communicators += 1
+            session = _STATE.session
+            if session is not None and not session.closed:
+                each = int(session.stack.library_bytes_for(session.gpu, NCCL_FAMILY).value)
+                session.libraries[NCCL_FAMILY] = each * _STATE.communicators
 
     def size(self) -> int:
         return self._size
@@ -131,6 +150,7 @@ class FakeGroup(dist.ProcessGroup):
 
     # all-reduce / broadcast / reduce: in place
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+        self._on_device(tensors)
         tensors = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
         with torch.no_grad():
             for tensor in tensors:
@@ -142,13 +162,16 @@ class FakeGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
+        self._on_device(tensors)
         return _done(list(tensors) if isinstance(tensors, (list, tuple)) else [tensors])
 
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
+        self._on_device(tensors)
         return _done(list(tensors))
 
     # all-gather
     def allgather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
+        self._on_device(output_lists, inputs)
         with torch.no_grad():
             for outputs, tensor in zip(output_lists, inputs, strict=False):
                 _flat_scratch([tensor], len(outputs))
@@ -162,6 +185,7 @@ class FakeGroup(dist.ProcessGroup):
         return self.allgather(output_lists, inputs, opts)
 
     def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Any:
+        self._on_device(output, tensor)
         if _host(output) and _host(tensor) and output.numel() == tensor.numel() * self._size:
             with torch.no_grad():
                 output.view(self._size, -1).copy_(tensor.reshape(1, -1))
@@ -170,6 +194,7 @@ class FakeGroup(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        self._on_device(outputs, inputs)
         for output, tensor in zip(outputs, inputs, strict=False):
             self._allgather_base(output, tensor, opts)
         return _done(list(outputs))
@@ -178,6 +203,7 @@ class FakeGroup(dist.ProcessGroup):
 
     # reduce-scatter
     def reduce_scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
+        self._on_device(outputs, input_lists)
         with torch.no_grad():
             for out, inputs in zip(outputs, input_lists, strict=False):
                 _flat_scratch(list(inputs), len(inputs))
@@ -189,6 +215,7 @@ class FakeGroup(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor,
                              opts: Any = None) -> Any:
+        self._on_device(output, tensor)
         if _host(output) and _host(tensor) and tensor.numel() == output.numel() * self._size:
             with torch.no_grad():
                 output.copy_(tensor.reshape(self._size, -1)[self._rank].reshape(output.shape))
@@ -198,6 +225,7 @@ class FakeGroup(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        self._on_device(outputs, inputs)
         for output, tensor in zip(outputs, inputs, strict=False):
             self._reduce_scatter_base(output, tensor, opts)
         return _done(list(outputs))
@@ -207,6 +235,7 @@ class FakeGroup(dist.ProcessGroup):
     # all-to-all
     def alltoall_base(self, output: torch.Tensor, tensor: torch.Tensor, output_splits: Any,
                       input_splits: Any, opts: Any = None) -> Any:
+        self._on_device(output, tensor)
         if _host(output) and _host(tensor) and output.shape == tensor.shape:
             with torch.no_grad():
                 output.copy_(tensor)
@@ -217,6 +246,7 @@ class FakeGroup(dist.ProcessGroup):
         return self.alltoall_base(output, tensor, output_splits, input_splits, opts)
 
     def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        self._on_device(outputs, inputs)
         with torch.no_grad():
             for out, tensor in zip(outputs, inputs, strict=False):
                 if _host(out) and _host(tensor) and out.shape == tensor.shape:
@@ -225,6 +255,7 @@ class FakeGroup(dist.ProcessGroup):
 
     # gather / scatter
     def gather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
+        self._on_device(output_lists, inputs)
         with torch.no_grad():
             for outputs, tensor in zip(output_lists, inputs, strict=False):
                 for out in outputs:
@@ -233,6 +264,7 @@ class FakeGroup(dist.ProcessGroup):
         return _done(output_lists)
 
     def scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
+        self._on_device(outputs, input_lists)
         with torch.no_grad():
             for out, inputs in zip(outputs, input_lists, strict=False):
                 mine = inputs[self._rank] if self._rank < len(inputs) else None
@@ -242,12 +274,15 @@ class FakeGroup(dist.ProcessGroup):
 
     # point to point and barriers: nothing arrives (receive buffers keep their values)
     def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
+        self._on_device(tensors)
         return _done(list(tensors))
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> Any:
+        self._on_device(tensors)
         return _done(list(tensors))
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
+        self._on_device(tensors)
         return _done(list(tensors))
 
     def barrier(self, opts: Any = None) -> Any:
@@ -271,6 +306,8 @@ def register_backend() -> None:
 
 class _State:
     backend_name: str = DEFAULT_BACKEND
+    session: CaptureSession | None = None
+    communicators: int = 0
 
 
 _STATE = _State()
@@ -353,6 +390,7 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     from torch.distributed import distributed_c10d as c10d
 
     register_backend()
+    _STATE.session, _STATE.communicators = session, 0
     env = RankEnv.from_environ()
     original_init = c10d.init_process_group
     original_helper = c10d._new_process_group_helper
@@ -427,6 +465,14 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (c10d, "is_nccl_available"): lambda: True,
         (dist, "is_nccl_available"): lambda: True,
     }
+    if env.local_rank > 0:
+        # the rank's tensors are on its own GPU (`torch.cuda.set_device(local_rank)`): the job's
+        # view of device tensors says cuda:LOCAL_RANK
+        from peakmem.capture import device_view
+
+        mine = torch.device("cuda", env.local_rank)
+        found[(device_view, "JOB_DEVICE")] = mine
+        found[(device_view, "_BY_KIND")] = {**device_view._BY_KIND, "device": mine}
     if env.local_world_size > 1:
         found.update({
             (torch.cuda, "device_count"): device_count,
@@ -449,4 +495,4 @@ def process_groups_destroyed() -> Iterator[None]:
         if dist.is_available() and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-        _STATE.backend_name = DEFAULT_BACKEND
+        _STATE.backend_name, _STATE.session, _STATE.communicators = DEFAULT_BACKEND, None, 0
