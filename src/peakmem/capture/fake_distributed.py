@@ -145,6 +145,17 @@ class FakeGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
         return self._backend_name
 
+    @property
+    def group_name(self) -> str:
+        """The name c10d registered this group under (a Python group answers it itself)."""
+        from torch.distributed import distributed_c10d as c10d
+
+        return c10d._world.pg_names.get(self, "")
+
+    @property
+    def pg_name(self) -> str:
+        return self.group_name
+
     def __repr__(self) -> str:
         return f"FakeGroup(rank={self._rank}, size={self._size}, backend={self._backend_name})"
 
@@ -188,7 +199,7 @@ class FakeGroup(dist.ProcessGroup):
         self._on_device(output, tensor)
         if _host(output) and _host(tensor) and output.numel() == tensor.numel() * self._size:
             with torch.no_grad():
-                output.view(self._size, -1).copy_(tensor.reshape(1, -1))
+                output.view(self._size, -1).copy_(tensor.reshape(1, -1).clone())  # in place: a view
         return _done([output])
 
     all_gather_single = _allgather_base
@@ -218,7 +229,7 @@ class FakeGroup(dist.ProcessGroup):
         self._on_device(output, tensor)
         if _host(output) and _host(tensor) and tensor.numel() == output.numel() * self._size:
             with torch.no_grad():
-                output.copy_(tensor.reshape(self._size, -1)[self._rank].reshape(output.shape))
+                output.copy_(tensor.reshape(self._size, -1)[self._rank].reshape(output.shape).clone())
                 _scale_sum(output, self._size, opts)
         return _done([output])
 
@@ -463,6 +474,9 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (dist, "_verify_params_across_processes"): verify_params,
         (dist, "Reducer"): _reducer_class(),
         (c10d, "is_nccl_available"): lambda: True,
+        # FSDP2's default mesh and DTensor ask the compiled-in accelerator (none on a CPU
+        # build): the fake runtime's GPU
+        (torch._C, "_get_accelerator"): lambda check=False: torch.device("cuda"),
         (dist, "is_nccl_available"): lambda: True,
     }
     if env.local_rank > 0:

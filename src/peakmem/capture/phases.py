@@ -36,6 +36,7 @@ import torch.optim.optimizer as optimizer_hooks
 from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
 from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import CaptureSession
+from peakmem.capture.wrapper_tensors import storage_holders
 from peakmem.jobs.stop import ALL_STEPS, Steps
 from peakmem.trace.vocab import Category, Mark, Phase
 
@@ -236,10 +237,11 @@ class PhaseTracker:
         self._await_update = False
         for group in optimizer.param_groups:
             for param in group["params"]:
-                self.session.classify(param, Category.PARAMETER.value, only_from=_STEP_TEMPS)
-                self.session.classify(
-                    param.grad, Category.GRADIENT.value, only_from=_STEP_TEMPS
-                )
+                # a DTensor parameter's memory is its local shard (capture.wrapper_tensors)
+                for part in storage_holders([param]):
+                    self.session.classify(part, Category.PARAMETER.value, only_from=_STEP_TEMPS)
+                for part in storage_holders([param.grad]):
+                    self.session.classify(part, Category.GRADIENT.value, only_from=_STEP_TEMPS)
         self.session.state.phase = Phase.OPTIMIZER.value
         self.session.mark("optimizer")
 
@@ -247,7 +249,7 @@ class PhaseTracker:
         session = self.session
         for param, per_param in optimizer.state.items():
             owner = self._param_owner.get(id(param))
-            for value in per_param.values():
+            for value in storage_holders(per_param.values()):
                 session.classify(
                     value, Category.OPTIMIZER_STATE.value, module=owner, only_from=_STEP_TEMPS
                 )

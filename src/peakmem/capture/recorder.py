@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_flatten
 from peakmem.capture.eager import op_name
 from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.session import CaptureSession
+from peakmem.capture.wrapper_tensors import storage_holders
 from peakmem.cuda_rules import host_outputs_for, op_rule_for
 from peakmem.cuda_rules.true_device import is_meta, true_device
 from peakmem.trace.vocab import Category
@@ -70,7 +71,7 @@ class AllocationRecorder(TorchDispatchMode):
             category = Category.INPUT.value
         category = kind_category or category
         flat, _ = tree_flatten(out)
-        for tensor in flat:
+        for tensor in storage_holders(flat):  # a DTensor's memory is its local tensor's
             if (
                 is_meta(tensor)
                 and id(tensor) not in skip
