@@ -319,6 +319,7 @@ class _State:
     backend_name: str = DEFAULT_BACKEND
     session: CaptureSession | None = None
     communicators: int = 0
+    patched: dict[tuple[Any, str], Any] = {}
 
 
 _STATE = _State()
@@ -347,6 +348,38 @@ def _init_method_fields(init_method: Any) -> dict[str, int]:
         if key in ("rank", "world_size") and values and values[0].isdigit():
             found[key] = int(values[0])
     return found
+
+
+# -- libraries' cross-rank checks ---------------------------------------------------------------
+
+# Checks that ranks agree, made by broadcasting a device tensor and reading it back on the host:
+# a device tensor holds no value here, and every rank is this one, so they agree. Module ->
+# function -> replacement; applied once the library is imported (at init_process_group).
+AGREEMENT_CHECKS: dict[str, dict[str, Any]] = {
+    "deepspeed.runtime.zero.utils": {
+        "assert_lst_len_same_as_other_ranks": lambda lst: None,
+        "get_lst_from_rank0": lambda lst: list(lst),
+    },
+}
+
+
+def _agreement_checks_patched() -> None:
+    import sys
+
+    for module_name, functions in AGREEMENT_CHECKS.items():
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        for name, replacement in functions.items():
+            if hasattr(module, name) and (module, name) not in _STATE.patched:
+                _STATE.patched[(module, name)] = getattr(module, name)
+                setattr(module, name, replacement)
+
+
+def _agreement_checks_restored() -> None:
+    for (module, name), original in _STATE.patched.items():
+        setattr(module, name, original)
+    _STATE.patched.clear()
 
 
 # -- DDP's reducer --------------------------------------------------------------------------------
@@ -423,6 +456,7 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         if note not in session.notes:
             session.notes.append(note)
         kwargs.pop("_ranks", None)
+        _agreement_checks_patched()
         return original_init(backend=BACKEND, timeout=timeout, world_size=world_size, rank=rank,
                              store=dist.HashStore(), group_name=group_name, **kwargs)
 
@@ -510,3 +544,4 @@ def process_groups_destroyed() -> Iterator[None]:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         _STATE.backend_name, _STATE.session, _STATE.communicators = DEFAULT_BACKEND, None, 0
+        _agreement_checks_restored()
