@@ -30,7 +30,7 @@ UNEVEN = """
         model(torch.randn(8, 64, device="cuda")).sum().backward()
         opt.step()
         opt.zero_grad()
-    print("rank", rank, "local", local, "args", sys.argv[1:])
+    print("rank", rank, "local", local, "args", sys.argv[1:], flush=True)
     dist.destroy_process_group()
 """
 
