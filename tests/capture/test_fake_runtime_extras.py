@@ -170,14 +170,17 @@ def test_spawn_of_one_process_runs_in_process_as_rank_0(a100, stack24):
 
 
 @pytest.mark.parametrize("how", ["spawn", "start_processes"])
-def test_spawn_of_several_processes_is_unsupported(a100, stack24, how):
+def test_spawn_of_several_processes_runs_rank_0(a100, stack24, how):
     import torch.multiprocessing as mp
 
+    seen = []
     result = capture_callable(
-        lambda: getattr(mp, how)(_spawned, args=(1, []), nprocs=4), gpu=a100, stack=stack24
+        lambda: getattr(mp, how)(_spawned, args=(4321, seen), nprocs=4), gpu=a100, stack=stack24
     )
-    assert isinstance(result.error, Unsupported)
-    assert str(result.error) == "peakmem does not support multi-process spawn with 4 processes yet"
+    assert result.error is None, result.error_text
+    assert seen == [0]
+    assert 4321 in [size for size, _ in allocations(result.trace)]
+    assert any("spawn of 4 processes: rank 0" in note for note in result.notes)
 
 
 def test_threads_started_during_the_capture_are_traced(a100, stack24):
@@ -379,7 +382,7 @@ def test_unsupported_in_fake_mode_is_not_retried_in_eager(a100):
     def job():
         loss = torch.ones(2, device="cuda").sum()
         float(loss)  # a host read: auto mode would normally retry a failure in eager
-        mp.spawn(_spawned, args=(1, []), nprocs=2)
+        mp.spawn(_spawned, args=(1, []), nprocs=0)
 
     with pytest.raises(api.EstimateError) as raised:
         api.estimate(job, gpu=a100, torch_version="2.4.1", mode="auto")

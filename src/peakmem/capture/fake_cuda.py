@@ -326,6 +326,7 @@ def patch_providers() -> list[PatchProvider]:
     attribute) -> replacement: memory readings, RNG, graphs and profiling, processes, tensors."""
     from peakmem.capture import (
         fake_device_ordinal,
+        fake_distributed,
         fake_graphs,
         fake_legacy,
         fake_memory_api,
@@ -342,6 +343,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_processes.patches,
         fake_tensors.patches,
         fake_device_ordinal.patches,
+        fake_distributed.patches,
     ]
 
 

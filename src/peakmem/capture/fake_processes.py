@@ -1,6 +1,8 @@
 """Processes and data parallelism during a capture. `torch.multiprocessing.spawn` /
-`start_processes`: one process runs in this process as rank 0 (its device memory is the job's);
-more than one is not supported yet. (`nn.DataParallel` on the one device: capture.library_patches.)"""
+`start_processes`: process 0 runs in this process as rank 0 (its device memory is the job's);
+with more than one process, rank 0 is the representative rank (the others are not run: their
+process groups are fake, capture.fake_distributed). (`nn.DataParallel` on the one device:
+capture.library_patches.)"""
 
 from __future__ import annotations
 
@@ -30,9 +32,12 @@ class InProcessContext:
 
 
 def _run(session: CaptureSession, fn: Any, args: tuple, nprocs: int, join: bool) -> Any:
-    if nprocs != 1:
-        raise Unsupported(f"multi-process spawn with {nprocs} processes")
+    if not isinstance(nprocs, int) or nprocs < 1:
+        raise Unsupported(f"multi-process spawn with {nprocs!r} processes")
     note = "torch.multiprocessing spawn of 1 process: it ran in the capture's process as rank 0"
+    if nprocs > 1:
+        note = (f"torch.multiprocessing spawn of {nprocs} processes: rank 0 ran in the capture's "
+                "process as the representative rank; the others were not run")
     if note not in session.notes:
         session.notes.append(note)
     fn(0, *args)

@@ -166,3 +166,16 @@ def meta_storage_addresses() -> Iterator[None]:
 
 from peakmem.capture import bitsandbytes_model as _bitsandbytes_model  # noqa: E402,F401
 from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  (registers them)
+
+# -- torch.distributed ---------------------------------------------------------------------------
+
+
+@register_library_patch("distributed_groups_destroyed")
+@contextmanager
+def distributed_groups_destroyed() -> Iterator[None]:
+    """Process groups the job left behind (it need not call destroy_process_group) are destroyed
+    when the capture ends, so the next capture in the process can create its own."""
+    from peakmem.capture.fake_distributed import process_groups_destroyed
+
+    with process_groups_destroyed():
+        yield

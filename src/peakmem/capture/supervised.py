@@ -45,12 +45,14 @@ def capture_in_child(
     max_host_memory: int | None = None,
     output_fd: int | None = None,
     sandbox: Sandboxing = None,
+    env: dict[str, str] | None = None,
 ) -> CaptureResult:
     """Run `python script.py args` / `python -m module args` in a fresh child and capture it.
 
     `output_fd`: where the job's stdout and stderr go (None: this process's stderr). `sandbox`:
     a command prefix for the child, or a ``peakmem.jobs.sandbox.Sandbox`` (its scratch
-    directory is the child's private directory, which holds the request and the result)."""
+    directory is the child's private directory, which holds the request and the result). `env`:
+    the child's whole environment (None: this process's; a distributed rank's: jobs.launchers)."""
     with tempfile.TemporaryDirectory(prefix="peakmem-job-", ignore_cleanup_errors=True) as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.jsonl"
         request = {
@@ -64,7 +66,8 @@ def capture_in_child(
         }
         request_path.write_text(json.dumps(request), encoding="utf-8")
         spec = ChildSpec(
-            argv=child_command(request_path), result_path=result_path, output_fd=output_fd
+            argv=child_command(request_path), result_path=result_path, output_fd=output_fd,
+            env=env,
         )
         outcome = run_child(spec, Limits(timeout, max_host_memory), sandbox=sandbox)
         return outcome_capture(outcome, mode, timeout, max_host_memory, sandboxed=bool(sandbox))

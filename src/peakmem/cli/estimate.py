@@ -195,6 +195,22 @@ def internal_error(exc: BaseException) -> Any:
     "directory, under CPU/file/process limits (Linux: bubblewrap or unshare; exit 3 where "
     "neither works). See SECURITY.md.",
 )
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(1, 1 << 16),
+    default=None,
+    help="Processes (GPUs) per node of a distributed launch: the job runs as torchrun would "
+    "start it, with a fake process group of the full world size.",
+)
+@click.option("--nnodes", type=click.IntRange(1, 1 << 16), default=None,
+              help="Nodes of a distributed launch [default: 1, or the launcher's].")
+@click.option(
+    "--ranks",
+    default=None,
+    metavar="RANKS",
+    help="Ranks of a distributed launch to trace, each in its own process: all, or a list "
+    "(0,3,4-7) [default: 0]; the estimate is the largest rank's.",
+)
 @emit_options
 @model_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=False)
@@ -210,6 +226,9 @@ def estimate_cmd(
     max_host_memory: int | None,
     job_log: str | None,
     sandbox: bool,
+    nproc_per_node: int | None,
+    nnodes: int | None,
+    ranks: str | None,
     command: tuple[str, ...],
     emit: str | None = None,
     emit_option: tuple[str, ...] = (),
@@ -225,7 +244,9 @@ def estimate_cmd(
         emit_request = _emit_request(emit, emit_option, mib_per_shard, command, as_json)
         _estimate(gpu, torch_version, alloc_conf, steps, mode, as_json, timeline, timeout,
                   max_host_memory, job_log, sandbox, command, emit_request,
-                  snapshot=snapshot, verbose=verbose)
+                  snapshot=snapshot, verbose=verbose,
+                  distributed={"nproc_per_node": nproc_per_node, "nnodes": nnodes,
+                               "ranks": ranks})
     except (SystemExit, KeyboardInterrupt, click.exceptions.Exit, click.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - a bug in peakmem: exit 70 with its frames
@@ -248,6 +269,7 @@ def _estimate(
     emit_request: tuple[str, dict[str, Any]] | None = None,
     snapshot: str | None = None,
     verbose: bool = False,
+    distributed: dict[str, Any] | None = None,
 ) -> None:
     from rich.console import Console
 
@@ -306,6 +328,7 @@ def _estimate(
                 max_host_memory=max_host_memory,
                 job_log=job_log,
                 sandbox=job_sandbox,
+                **(distributed or {}),
             )
     except EstimateError as exc:
         report(exc, as_json)

@@ -138,6 +138,9 @@ class Estimate:
     mode_reason: str = ""
     libraries: dict[str, int] = field(default_factory=dict)
     """Device memory libraries load outside the caching allocator on first use (cuDNN...)."""
+    distributed: dict[str, Any] | None = None
+    """A distributed launch: its shape and every traced rank (estimate.distributed); this
+    estimate is the largest rank's."""
 
     @property
     def library_bytes(self) -> int:
@@ -219,6 +222,7 @@ class Estimate:
             "seconds": round(self.seconds, 3),
             "notes": list(self.notes),
             "assumptions": list(self.assumptions),
+            **(self.distributed or {}),
         }
 
 
@@ -546,6 +550,9 @@ def estimate_command(
     job_log: str | os.PathLike[str] | None = None,
     sandbox: Any = None,
     isolate: bool = True,
+    nproc_per_node: int | None = None,
+    nnodes: int | None = None,
+    ranks: str | None = None,
 ) -> Estimate:
     """Estimate an unmodified `python script.py args` / `python -m module args`.
 
@@ -555,7 +562,9 @@ def estimate_command(
     `job_log`: a file for the job's stdout and stderr (default: this process's stderr);
     `sandbox`: a command prefix for the child, or a ``peakmem.jobs.sandbox.Sandbox``. Raises
     EstimateError (``exit_code``, ``kind``, ``reason``: the contract's table) when no estimate
-    can be made."""
+    can be made. A launcher command (`torchrun ...`, `accelerate launch ...`, `deepspeed ...`)
+    or `nproc_per_node` / `nnodes` make it a distributed launch: `ranks` (None: rank 0, "all",
+    "0,3") are traced, see estimate.distributed."""
     _check_mode(mode)
     steps = _check_steps(steps)
     timeout = check_timeout(timeout)
@@ -563,6 +572,15 @@ def estimate_command(
         raise EstimateError(f"--max-host-memory must be positive, got {max_host_memory}",
                             exit_code=2, reason="bad_input")
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
+    from peakmem.estimate.distributed import estimate_launch, launch_for
+
+    launch = launch_for(argv, nproc_per_node, nnodes, ranks)
+    if launch is not None:
+        return estimate_launch(
+            launch, ranks, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
+            steps=steps, mode=mode, timeout=timeout, timeline=timeline,
+            max_host_memory=max_host_memory, job_log=job_log, sandbox=sandbox, isolate=isolate,
+        )
     _check_command(argv)
     if not isolate:
         from peakmem.capture import capture_command
@@ -610,6 +628,7 @@ def _capture_supervised(
     max_host_memory: int | None,
     job_log: str | os.PathLike[str] | None,
     sandbox: Any,
+    env: dict[str, str] | None = None,
 ) -> CaptureResult:
     """Each capture pass in a fresh child (auto mode's eager rerun too), within one deadline."""
     from peakmem.capture.supervised import capture_in_child, timed_out
@@ -641,7 +660,7 @@ def _capture_supervised(
         return capture_in_child(
             argv, gpu=gpu, torch_version=version, alloc_conf=alloc_conf, steps=steps,
             mode=run_mode, timeout=remaining,
-            max_host_memory=max_host_memory, output_fd=log_fd, sandbox=sandbox,
+            max_host_memory=max_host_memory, output_fd=log_fd, sandbox=sandbox, env=env,
         )
 
     try:

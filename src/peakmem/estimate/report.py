@@ -63,6 +63,8 @@ def render(result: Estimate, console: Console, verbose: bool = False) -> None:
             f"<= 1% of calibration jobs above it; {margin_source}",
         )
     console.print(summary)
+    if result.distributed:
+        render_ranks(result, console)
     if result.mode_reason:
         console.print(f"mode {result.mode}: {result.mode_reason}", markup=False)
 
@@ -94,3 +96,26 @@ def render(result: Estimate, console: Console, verbose: bool = False) -> None:
         line = assumptions_line(result.assumptions)
         if line:
             console.print(f"assumed: {line}", style="dim", markup=False)
+
+
+def render_ranks(result: Estimate, console: Console) -> None:
+    """A distributed launch: its shape, and each traced rank's peak (the headline is the
+    largest rank's)."""
+    info = result.distributed or {}
+    console.print(
+        f"distributed: {info.get('launcher')}, world size {info.get('world_size')} "
+        f"({info.get('nnodes')} node(s) x {info.get('nproc_per_node')}); figures above are rank "
+        f"{info.get('largest_rank')}'s",
+        markup=False,
+    )
+    rows = info.get("ranks") or []
+    if len(rows) < 2:
+        return
+    table = Table(title="Per rank", title_justify="left")
+    for column in ("rank", "peak", "peak reserved", "peak allocated", "fits"):
+        table.add_column(column, justify="right" if column != "fits" else "left")
+    for row in rows:
+        table.add_row(str(row["rank"]), human_bytes(row["peak_bytes"]),
+                      human_bytes(row["peak_reserved_bytes"]),
+                      human_bytes(row["peak_allocated_bytes"]), "yes" if row["fits"] else "no")
+    console.print(table)

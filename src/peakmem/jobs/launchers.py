@@ -1,0 +1,441 @@
+"""Multi-process launchers: what each rank of `torchrun ... train.py` would run, and with what
+environment, without starting a launcher.
+
+``peakmem estimate -- torchrun --nproc-per-node 8 train.py`` (or ``python -m torch.distributed.run``,
+``python -m torch.distributed.launch``, ``accelerate launch``, ``deepspeed``) and
+``peakmem estimate --nproc-per-node 8 [--nnodes 2] -- python train.py`` all become a
+:class:`Launch`: the Python command one rank runs, the world's shape, and per rank the environment
+the launcher gives it (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+MASTER_PORT, TORCHELASTIC_*; accelerate's ACCELERATE_* / FSDP_*). Each launcher's own arguments
+are parsed by a parser registered under its program or module name (:data:`LAUNCHERS`).
+
+Nothing here imports torch or the launcher: parsing is by hand, from the launchers' documented
+options (torch 2.13's ``torch.distributed.run``, accelerate 1.x ``launch``, deepspeed's runner).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_GPUS_PER_NODE = 8
+"""What `--nproc-per-node gpu|auto` means here (the machine peakmem runs on has no GPU)."""
+MAX_WORLD_SIZE = 1 << 16
+
+
+class LaunchError(ValueError):
+    """The launcher's command line cannot be run here (one line, for `bad_input` or
+    `unsupported`)."""
+
+    def __init__(self, message: str, unsupported: bool = False) -> None:
+        super().__init__(message)
+        self.unsupported = unsupported
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one rank runs and the shape of the world it runs in."""
+
+    command: tuple[str, ...]
+    """`python script.py args` / `python -m module args`, as one rank runs it (without the
+    per-rank arguments, see :meth:`rank_command`)."""
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    launcher: str = "python"
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables the launcher sets for every rank besides the rank's own."""
+    local_rank_argument: str | None = None
+    """`--local_rank={n}` style argument the launcher appends for each rank (deepspeed,
+    torch.distributed.launch without --use-env)."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    @property
+    def distributed(self) -> bool:
+        return self.launcher != "python" or self.world_size > 1
+
+    def rank_command(self, rank: int) -> list[str]:
+        """The command rank `rank` runs (with its `--local_rank=N` where the launcher adds it)."""
+        command = list(self.command)
+        if self.local_rank_argument is None:
+            return command
+        cut = 3 if command[1:2] == ["-m"] else 2
+        local = rank % self.nproc_per_node
+        return [*command[:cut], self.local_rank_argument.format(local), *command[cut:]]
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """The variables torchrun's elastic agent gives global rank `rank` (plus the
+        launcher's own)."""
+        if not 0 <= rank < self.world_size:
+            raise LaunchError(f"rank {rank} is not in a world of {self.world_size} rank(s)")
+        local, node = rank % self.nproc_per_node, rank // self.nproc_per_node
+        env = dict(self.env)
+        env.update({
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
+            "GROUP_RANK": str(node),
+            "GROUP_WORLD_SIZE": str(self.nnodes),
+            "ROLE_RANK": str(rank),
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(self.world_size),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RUN_ID": "none",
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        })
+        if self.launcher == "deepspeed":
+            env["CROSS_RANK"], env["CROSS_SIZE"] = str(node), str(self.nnodes)
+            env["LOCAL_SIZE"] = str(self.nproc_per_node)
+        return env
+
+    def describe(self) -> dict[str, object]:
+        """The launch as `--json` reports it."""
+        return {"launcher": self.launcher, "world_size": self.world_size,
+                "nproc_per_node": self.nproc_per_node, "nnodes": self.nnodes}
+
+
+# -- option scanning ----------------------------------------------------------------------------
+
+
+def _scan(words: Sequence[str], flags: frozenset[str], launcher: str,
+          ) -> tuple[dict[str, str | bool], list[str]]:
+    """Options before the script: name (dashes as `_`, no leading dashes) -> value (True for a
+    flag), and the words from the script on. An option not in `flags` takes a value (the next
+    word, or after `=`), unless the next word is the script (`*.py`)."""
+    options: dict[str, str | bool] = {}
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word == "--":
+            index += 1
+            break
+        if not word.startswith("-") or word == "-":
+            break
+        name, eq, value = word.partition("=")
+        key = name.lstrip("-").replace("-", "_")
+        if not key:
+            raise LaunchError(f"{launcher}: cannot read option {word!r}")
+        if eq:
+            options[key] = value
+        elif name in flags:
+            options[key] = True
+        elif index + 1 < len(words) and not words[index + 1].endswith(".py"):
+            index += 1
+            options[key] = words[index]
+        else:
+            options[key] = True
+        index += 1
+    return options, list(words[index:])
+
+
+def _int(value: str | bool | None, what: str, launcher: str, default: int) -> int:
+    if value is None or value is True:
+        return default
+    text = str(value).strip()
+    try:
+        number = int(text)
+    except ValueError:
+        raise LaunchError(f"{launcher}: {what} must be a whole number, got {text!r}") from None
+    if not 1 <= number <= MAX_WORLD_SIZE:
+        raise LaunchError(f"{launcher}: {what} must be between 1 and {MAX_WORLD_SIZE}, got {number}")
+    return number
+
+
+def _port(value: str | bool | None, launcher: str) -> int:
+    if value is None or value is True:
+        return 29500
+    try:
+        port = int(str(value))
+    except ValueError:
+        raise LaunchError(f"{launcher}: the master port must be a number, got {value!r}") from None
+    return port if 0 < port < 65536 else 29500
+
+
+def _script_command(rest: list[str], module: bool, launcher: str) -> tuple[str, ...]:
+    if not rest:
+        raise LaunchError(f"{launcher}: no training script given")
+    if module:
+        return ("python", "-m", *rest)
+    if rest[0] in ("python", "python3") or Path(rest[0]).name.startswith("python"):
+        raise LaunchError(f"{launcher}: give the training script, not {rest[0]!r} (the "
+                          "launcher starts Python itself)")
+    return ("python", *rest)
+
+
+def _gpus(value: str | bool | None, launcher: str, notes: list[str]) -> int:
+    if isinstance(value, str) and value.strip().lower() in ("gpu", "auto", "cuda"):
+        notes.append(f"{launcher}: --nproc-per-node {value} assumed {DEFAULT_GPUS_PER_NODE} GPUs "
+                     "per node; give a number to say how many")
+        return DEFAULT_GPUS_PER_NODE
+    if isinstance(value, str) and value.strip().lower() in ("cpu", "xpu"):
+        raise LaunchError(f"{launcher}: --nproc-per-node {value} does not use GPUs",
+                          unsupported=True)
+    return _int(value, "--nproc-per-node", launcher, 1)
+
+
+# -- launchers ----------------------------------------------------------------------------------
+
+_TORCHRUN_FLAGS = frozenset({
+    "--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path",
+    "--virtual-local-rank", "--virtual_local_rank",
+    # torch.distributed.launch
+    "--use-env", "--use_env",
+})
+
+
+def torchrun(words: Sequence[str], name: str = "torchrun") -> Launch:
+    """`torchrun [options] script args` / `python -m torch.distributed.run ...`."""
+    options, rest = _scan(words, _TORCHRUN_FLAGS, name)
+    if options.get("no_python"):
+        raise LaunchError(f"{name} --no-python runs a program that is not Python",
+                          unsupported=True)
+    notes: list[str] = []
+    nnodes_text = str(options.get("nnodes", "1"))
+    nnodes = _int(nnodes_text.split(":")[-1], "--nnodes", name, 1)
+    if ":" in nnodes_text:
+        notes.append(f"{name}: elastic --nnodes {nnodes_text}: the largest world ({nnodes} "
+                     "nodes) was assumed")
+    nproc = _gpus(options.get("nproc_per_node"), name, notes)
+    addr = str(options.get("master_addr", "127.0.0.1"))
+    local_rank_argument = None
+    if name == "torch.distributed.launch" and not options.get("use_env"):
+        local_rank_argument = "--local-rank={}"
+    return Launch(_script_command(rest, bool(options.get("module") or options.get("m")), name),
+                  nproc, nnodes, "torchrun", addr, _port(options.get("master_port"), name),
+                  local_rank_argument=local_rank_argument, notes=tuple(notes))
+
+
+def torch_distributed_launch(words: Sequence[str]) -> Launch:
+    return torchrun(words, "torch.distributed.launch")
+
+
+_DEEPSPEED_FLAGS = frozenset({
+    "--module", "--no_python", "--no_local_rank", "--no_ssh", "--no_ssh_check", "--force_multi",
+    "--save_pid", "--bind_cores_to_rank", "-q", "--quiet", "--autotuning_run",
+})
+
+
+def deepspeed(words: Sequence[str]) -> Launch:
+    """`deepspeed [--num_gpus N] [--num_nodes M] script args`: the script also gets
+    `--local_rank=N` (unless --no_local_rank)."""
+    options, rest = _scan(words, _DEEPSPEED_FLAGS, "deepspeed")
+    if options.get("no_python"):
+        raise LaunchError("deepspeed --no_python runs a program that is not Python",
+                          unsupported=True)
+    notes: list[str] = []
+    for option in ("hostfile", "H", "include", "i", "exclude", "e"):
+        if option in options:
+            notes.append(f"deepspeed: --{option} was not read: the world is --num_nodes x "
+                         "--num_gpus")
+    if "num_gpus" in options:
+        gpus = _int(options["num_gpus"], "--num_gpus", "deepspeed", 1)
+    else:
+        gpus = DEFAULT_GPUS_PER_NODE
+        notes.append(f"deepspeed: no --num_gpus: {gpus} GPUs per node assumed (all of a node's)")
+    nodes = _int(options.get("num_nodes"), "--num_nodes", "deepspeed", 1)
+    argument = None if options.get("no_local_rank") else "--local_rank={}"
+    return Launch(_script_command(rest, bool(options.get("module")), "deepspeed"), gpus, nodes,
+                  "deepspeed", str(options.get("master_addr", "127.0.0.1")),
+                  _port(options.get("master_port"), "deepspeed"), local_rank_argument=argument,
+                  notes=tuple(notes))
+
+
+_ACCELERATE_FLAGS = frozenset({
+    "--cpu", "--debug", "--downcast_bf16", "--dynamo_use_dynamic", "--dynamo_use_fullgraph",
+    "--dynamo_use_regional_compilation", "--enable_cpu_affinity",
+    "--fp8_use_autocast_during_eval", "--module", "-m", "--multi_gpu", "--no_python",
+    "--no_tpu_cluster", "--quiet", "-q", "--same_network", "--tpu", "--tpu_cluster",
+    "--tpu_use_sudo", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm",
+    "--use_parallelism_config",
+})
+_ACCELERATE_FSDP_ENV = {"fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO_WRAP"}
+_ACCELERATE_DEEPSPEED_ENV = {
+    "deepspeed_config_file": "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+    "zero_stage": "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+    "offload_optimizer_device": "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+    "offload_param_device": "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE",
+    "zero3_init_flag": "ACCELERATE_DEEPSPEED_ZERO3_INIT",
+    "gradient_clipping": "ACCELERATE_GRADIENT_CLIPPING",
+}
+
+
+def _accelerate_config(path: str | None) -> dict[str, object]:
+    """accelerate's YAML or JSON config (the file named, or the default one), read as data."""
+    if path is None:
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface")
+        default = Path(home) / "accelerate" / "default_config.yaml"
+        if not default.is_file():
+            return {}
+        path = str(default)
+    try:
+        text = Path(path).read_text(encoding="utf-8")[: 1 << 20]
+    except OSError as exc:
+        raise LaunchError(f"accelerate launch: cannot read the config file {path!r} "
+                          f"({exc.strerror})") from None
+    try:
+        if path.endswith(".json"):
+            import json
+
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # noqa: BLE001 - a malformed file, named in one line
+        raise LaunchError(f"accelerate launch: cannot parse the config file {path!r} "
+                          f"({type(exc).__name__})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def accelerate(words: Sequence[str]) -> Launch:
+    """`accelerate launch [options] script args` (accelerate's config file is read for what the
+    options do not say)."""
+    words = list(words)
+    if not words or words[0] != "launch":
+        raise LaunchError("accelerate: only `accelerate launch` starts a training job")
+    options, rest = _scan(words[1:], _ACCELERATE_FLAGS, "accelerate launch")
+    if options.get("no_python"):
+        raise LaunchError("accelerate launch --no_python runs a program that is not Python",
+                          unsupported=True)
+    config = _accelerate_config(options.get("config_file") if isinstance(
+        options.get("config_file"), str) else None)
+    for key, value in config.items():  # the command line wins over the config file
+        if isinstance(value, (str, int, float, bool)) and key not in options:
+            options[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    notes: list[str] = []
+    machines = _int(options.get("num_machines"), "--num_machines", "accelerate launch", 1)
+    if "num_processes" in options:
+        processes = _int(options["num_processes"], "--num_processes", "accelerate launch", 1)
+    else:
+        processes = DEFAULT_GPUS_PER_NODE * machines if options.get("multi_gpu") else 1
+        if options.get("multi_gpu"):
+            notes.append(f"accelerate launch: no --num_processes: {DEFAULT_GPUS_PER_NODE} GPUs "
+                         "per machine assumed")
+    per_node = max(1, processes // machines)
+    distributed_type = str(options.get("distributed_type", "")).upper()
+    env = {"ACCELERATE_MIXED_PRECISION": str(options.get("mixed_precision", "no")).lower()}
+    if "gradient_accumulation_steps" in options:
+        env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(options["gradient_accumulation_steps"])
+    fsdp = options.get("use_fsdp") is True or distributed_type == "FSDP"
+    if fsdp:
+        env["ACCELERATE_USE_FSDP"] = "true"
+        env.setdefault("FSDP_VERSION", "1")
+        for key, value in options.items():
+            if key.startswith("fsdp_") and value is not True:
+                env[_ACCELERATE_FSDP_ENV.get(key, key.upper())] = str(value)
+        nested = config.get("fsdp_config")
+        if isinstance(nested, dict):
+            for key, value in nested.items():
+                name = _ACCELERATE_FSDP_ENV.get(key, key.upper())
+                if key.startswith("fsdp_") and isinstance(value, (str, int, float, bool)):
+                    env.setdefault(name, str(value).lower() if isinstance(value, bool) else str(value))
+    if options.get("use_deepspeed") is True or distributed_type == "DEEPSPEED":
+        env["ACCELERATE_USE_DEEPSPEED"] = "true"
+        for key, name in _ACCELERATE_DEEPSPEED_ENV.items():
+            if key in options and options[key] is not True:
+                env[name] = str(options[key])
+        nested = config.get("deepspeed_config")
+        if isinstance(nested, dict):
+            for key, name in _ACCELERATE_DEEPSPEED_ENV.items():
+                value = nested.get(key)
+                if isinstance(value, (str, int, float)):
+                    env.setdefault(name, str(value))
+    if options.get("dynamo_backend"):
+        env["ACCELERATE_DYNAMO_BACKEND"] = str(options["dynamo_backend"]).upper()
+    command = _script_command(rest, bool(options.get("module") or options.get("m")),
+                              "accelerate launch")
+    return Launch(command, per_node, machines, "accelerate",
+                  str(options.get("main_process_ip", "127.0.0.1")),
+                  _port(options.get("main_process_port"), "accelerate launch"), env=env,
+                  notes=tuple(notes))
+
+
+LauncherParser = Callable[[Sequence[str]], Launch]
+LAUNCHERS: dict[str, LauncherParser] = {
+    "torchrun": torchrun,
+    "torch.distributed.run": torchrun,
+    "torch.distributed.launch": torch_distributed_launch,
+    "accelerate": accelerate,
+    "accelerate.commands.launch": lambda words: accelerate(["launch", *words]),
+    "accelerate.commands.accelerate_cli": accelerate,
+    "deepspeed": deepspeed,
+    "deepspeed.launcher.runner": deepspeed,
+}
+"""Program (or `python -m` module) name -> the parser of the words after it."""
+
+
+def _launcher_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
+    """(launcher name, the words after it) when `argv` starts a launcher."""
+    words = list(argv)
+    if not words:
+        return None
+    program = Path(words[0]).name
+    if program in LAUNCHERS and program not in ("torch.distributed.run",):
+        return program, words[1:]
+    if program in ("python", "python3") or program.startswith("python3."):
+        rest = words[1:]
+        while rest and rest[0] in ("-u", "-B", "-O", "-OO", "-s", "-E", "-I"):
+            rest = rest[1:]
+        if len(rest) >= 2 and rest[0] == "-m" and rest[1] in LAUNCHERS:
+            return rest[1], rest[2:]
+    return None
+
+
+def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
+                 nnodes: int | None = None) -> Launch | None:
+    """The launch `argv` describes; None for a plain `python train.py` without
+    `nproc_per_node`/`nnodes` (one process, no distributed environment).
+
+    `nproc_per_node` / `nnodes` (peakmem's own options) override the launcher's."""
+    for value, what in ((nproc_per_node, "--nproc-per-node"), (nnodes, "--nnodes")):
+        if value is not None and not 1 <= value <= MAX_WORLD_SIZE:
+            raise LaunchError(f"{what} must be between 1 and {MAX_WORLD_SIZE}, got {value}")
+    found = _launcher_of(argv)
+    if found is None:
+        if nproc_per_node is None and nnodes is None:
+            return None
+        return Launch(tuple(argv), nproc_per_node or 1, nnodes or 1, "torchrun")
+    name, words = found
+    launch = LAUNCHERS[name](words)
+    if nproc_per_node is not None or nnodes is not None:
+        from dataclasses import replace
+
+        launch = replace(launch, nproc_per_node=nproc_per_node or launch.nproc_per_node,
+                         nnodes=nnodes or launch.nnodes)
+    return launch
+
+
+def parse_ranks(text: str | None, world_size: int) -> list[int]:
+    """`--ranks`: None -> [0]; "all" -> every rank; "0,3,5-7" -> those ranks."""
+    if text is None:
+        return [0]
+    text = text.strip().lower()
+    if text == "all":
+        return list(range(world_size))
+    ranks: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low = int(first)
+            high = int(last) if dash else low
+        except ValueError:
+            raise LaunchError(f"--ranks: {part.strip()!r} is not a rank or a range of ranks "
+                              "(e.g. all, 0, 0,3, 4-7)") from None
+        if not 0 <= low <= high < world_size:
+            raise LaunchError(f"--ranks: {part.strip()!r} is outside the world's ranks "
+                              f"0-{world_size - 1}")
+        ranks.update(range(low, high + 1))
+    return sorted(ranks)

@@ -1,0 +1,58 @@
+"""DeepSpeed ZeRO 1/2/3 under the fake process group (DeepSpeed itself runs): each rank holds its
+partition of the optimizer state (ZeRO 1+), of the gradients (2+) and of the parameters (3)."""
+
+import importlib.util
+from collections import Counter
+
+import pytest
+
+from peakmem.estimate import estimate_command
+from tests.capture.capture_helpers import allocations
+
+# not imported here: DeepSpeed picks its accelerator when first imported, which must happen in
+# the capture (where the fake GPU is)
+if importlib.util.find_spec("deepspeed") is None:
+    pytest.skip("deepspeed is not installed", allow_module_level=True)
+
+WIDTH = 256
+NUMEL = 2 * (WIDTH * WIDTH + WIDTH)  # two Linear(256, 256)
+
+
+SCRIPT = """
+import sys, torch, deepspeed
+deepspeed.init_distributed()
+model = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
+                            torch.nn.Linear(WIDTH, WIDTH))
+config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": int(sys.argv[-1])},
+          "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}}}
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                       config=config)
+for _ in range(2):
+    loss = engine(torch.randn(8, WIDTH, device=engine.device)).sum()
+    engine.backward(loss)
+    engine.step()
+""".replace("WIDTH", str(WIDTH))
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_partitions_the_optimizer_state(tmp_path, stage):
+    """Through the `deepspeed` launcher, in a child process of its own (DeepSpeed keeps its
+    groups in module globals: one run per process, as in real use)."""
+    world = 4
+    script = tmp_path / "zero.py"
+    script.write_text(SCRIPT)
+    estimate = estimate_command(["deepspeed", "--num_gpus", str(world), str(script), str(stage)],
+                                gpu="a100-40gb", torch_version="2.4.1", steps=2, mode="fake")
+    result = estimate.capture
+    assert estimate.distributed["launcher"] == "deepspeed"
+    assert estimate.distributed["world_size"] == world
+    partition = 4 * NUMEL // world
+    totals = Counter()
+    for size, tag in allocations(result.trace):
+        totals[tag.category] += size
+    # Adam's two moments of the rank's fp32 partition
+    assert totals["optimizer_state"] == 2 * partition
+    # the rank's fp32 partition of the parameters (the master copy the optimizer updates)
+    sizes = Counter(size for size, tag in allocations(result.trace) if tag.category == "parameter")
+    assert sizes[partition] == 1
+    assert result.libraries.get("nccl", 0) > 0

@@ -1,0 +1,83 @@
+"""The fake process group: collectives are shape-correct no-ops on device tensors, plausible on
+host tensors; NCCL's own buffers are allocated; groups do not outlive a capture."""
+
+from collections import Counter
+
+import torch
+
+from peakmem.capture import capture_callable
+from tests.capture.capture_helpers import allocations
+from tests.distributed.test_ddp import set_world
+
+
+def test_collectives_and_groups(monkeypatch, a100, stack24):
+    set_world(monkeypatch, 4, rank=2)
+    seen = {}
+
+    def job():
+        import torch.distributed as dist
+
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl")
+        seen["rank"], seen["size"] = dist.get_rank(), dist.get_world_size()
+        seen["backend"] = dist.get_backend()
+        host = torch.tensor([1.0, 2.0])
+        dist.all_reduce(host)
+        seen["sum"] = host.tolist()
+        gathered = [torch.zeros(2) for _ in range(4)]
+        dist.all_gather(gathered, torch.tensor([3.0, 4.0]))
+        seen["gathered"] = [t.tolist() for t in gathered]
+        objects = [None] * 4
+        dist.all_gather_object(objects, {"rank": dist.get_rank()})
+        seen["objects"] = objects
+        box = [{"from": 2}]
+        dist.broadcast_object_list(box, src=2)  # this rank's own objects
+        seen["box"] = box
+        device = torch.ones(1000, device="cuda")  # 4000 bytes
+        dist.all_reduce(device)
+        outputs = [torch.empty(1000, device="cuda") for _ in range(4)]
+        dist.all_gather(outputs, device)  # NCCL flattens the list: 4 x 4000 bytes, freed
+        out = torch.empty(4000, device="cuda")
+        dist.all_gather_into_tensor(out, device)
+        shard = torch.empty(250, device="cuda")
+        dist.reduce_scatter_tensor(shard, device)
+        pair = dist.new_group([0, 2])
+        dist.all_reduce(device, group=pair)
+        seen["pair"] = dist.get_world_size(pair)
+        dist.barrier()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert (seen["rank"], seen["size"], seen["backend"]) == (2, 4, "nccl")
+    assert seen["sum"] == [4.0, 8.0]  # every rank held the same values
+    assert seen["gathered"] == [[3.0, 4.0]] * 4
+    assert seen["objects"] == [{"rank": 2}] * 4
+    assert seen["pair"] == 2 and seen["box"] == [{"from": 2}]
+    sizes = Counter(size for size, _ in allocations(result.trace))
+    assert sizes[4 * 4000] == 2  # the flattened all-gather scratch and `out`
+    # two communicators (the world and the pair), each with NCCL's buffers outside the allocator
+    each = int(stack24.library_bytes_for(a100, "nccl").value)
+    assert result.libraries["nccl"] == 2 * each
+    # the group is gone after the capture: the next capture initialises its own
+    again = capture_callable(job, gpu=a100, stack=stack24)
+    assert again.error is None, again.error_text
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+
+def test_world_size_one_without_a_launcher(monkeypatch, a100, stack24):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def job():
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:1?rank=0&world_size=1")
+        model = DistributedDataParallel(torch.nn.Linear(8, 8).cuda())
+        model(torch.randn(2, 8, device="cuda")).sum().backward()
+
+    for _ in range(2):  # twice in one process: no "initialize the default process group twice"
+        result = capture_callable(job, gpu=a100, stack=stack24)
+        assert result.error is None, result.error_text
+        assert "nccl" not in result.libraries  # one rank: no communicator buffers

@@ -1,0 +1,124 @@
+"""Launcher command lines -> what each rank runs and its environment (no torch, no processes)."""
+
+import pytest
+
+from peakmem.jobs.launchers import LaunchError, parse_launch, parse_ranks
+
+
+@pytest.mark.parametrize("argv", [
+    ["torchrun", "--nproc-per-node", "4", "train.py", "--lr", "1"],
+    ["torchrun", "--nproc_per_node=4", "--standalone", "train.py", "--lr", "1"],
+    ["/usr/bin/torchrun", "--nnodes=1", "--nproc-per-node=4", "--rdzv-backend", "c10d",
+     "--rdzv-endpoint=localhost:0", "train.py", "--lr", "1"],
+    ["python", "-m", "torch.distributed.run", "--nproc-per-node", "4", "train.py", "--lr", "1"],
+    ["python3", "-u", "-m", "torch.distributed.run", "--nproc_per_node", "4", "train.py", "--lr",
+     "1"],
+    ["accelerate", "launch", "--num_processes", "4", "--multi_gpu", "train.py", "--lr", "1"],
+    ["accelerate", "launch", "--multi_gpu", "--num_processes=4", "--mixed_precision", "bf16",
+     "train.py", "--lr", "1"],
+    ["python", "-m", "accelerate.commands.launch", "--num_processes", "4", "train.py", "--lr",
+     "1"],
+])
+def test_four_ranks_of_train_py(argv):
+    launch = parse_launch(argv)
+    assert launch.world_size == 4 and launch.nnodes == 1
+    assert launch.rank_command(2) == ["python", "train.py", "--lr", "1"]
+    env = launch.rank_env(2)
+    assert env["RANK"] == env["LOCAL_RANK"] == "2"
+    assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "4"
+    assert env["GROUP_RANK"] == "0" and env["MASTER_ADDR"] and env["MASTER_PORT"].isdigit()
+
+
+def test_nodes_and_ranks():
+    launch = parse_launch(["torchrun", "--nnodes", "1:2", "--nproc-per-node", "8", "-m",
+                           "pkg.train", "x"])
+    assert launch.world_size == 16 and launch.rank_command(0) == ["python", "-m", "pkg.train", "x"]
+    env = launch.rank_env(13)
+    assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"]) == ("13", "5", "1")
+    assert any("largest world" in note for note in launch.notes)
+    with pytest.raises(LaunchError):
+        launch.rank_env(16)
+
+
+def test_peakmem_options_make_a_plain_command_distributed_and_override():
+    assert parse_launch(["python", "train.py"]) is None
+    launch = parse_launch(["python", "train.py", "a"], nproc_per_node=2, nnodes=3)
+    assert launch.world_size == 6 and launch.rank_command(5) == ["python", "train.py", "a"]
+    assert parse_launch(["torchrun", "--nproc-per-node", "8", "t.py"], nproc_per_node=2
+                        ).world_size == 2
+
+
+def test_deepspeed_passes_local_rank():
+    launch = parse_launch(["deepspeed", "--num_gpus", "2", "--num_nodes", "2", "train.py",
+                           "--deepspeed_config", "ds.json"])
+    assert launch.world_size == 4 and launch.launcher == "deepspeed"
+    assert launch.rank_command(3) == ["python", "train.py", "--local_rank=1",
+                                      "--deepspeed_config", "ds.json"]
+    no_arg = parse_launch(["deepspeed", "--num_gpus=2", "--no_local_rank", "train.py"])
+    assert no_arg.rank_command(1) == ["python", "train.py"]
+    assumed = parse_launch(["deepspeed", "train.py"])
+    assert assumed.world_size == 8 and assumed.notes
+
+
+def test_torch_distributed_launch_local_rank_argument():
+    launch = parse_launch(["python", "-m", "torch.distributed.launch", "--nproc_per_node", "2",
+                           "t.py", "a"])
+    assert launch.rank_command(1) == ["python", "t.py", "--local-rank=1", "a"]
+    env_only = parse_launch(["python", "-m", "torch.distributed.launch", "--use-env",
+                             "--nproc_per_node", "2", "t.py"])
+    assert env_only.rank_command(1) == ["python", "t.py"]
+
+
+def test_accelerate_environment(tmp_path):
+    config = tmp_path / "fsdp.yaml"
+    config.write_text("distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\n"
+                      "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
+                      "  fsdp_offload_params: false\n")
+    launch = parse_launch(["accelerate", "launch", "--config_file", str(config), "train.py"])
+    env = launch.rank_env(1)
+    assert launch.world_size == 2 and launch.launcher == "accelerate"
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert env["ACCELERATE_USE_FSDP"] == "true"
+    assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD" and env["FSDP_OFFLOAD_PARAMS"] == "false"
+    deepspeed = parse_launch(["accelerate", "launch", "--use_deepspeed", "--zero_stage", "2",
+                              "--num_processes", "2", "train.py"])
+    assert deepspeed.rank_env(0)["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "2"
+
+
+@pytest.mark.parametrize(("argv", "unsupported"), [
+    (["torchrun", "--nproc-per-node", "4"], False),  # no script
+    (["torchrun", "--nproc-per-node", "four", "t.py"], False),
+    (["torchrun", "--nproc-per-node", "0", "t.py"], False),
+    (["torchrun", "--nproc-per-node", "99999999", "t.py"], False),
+    (["torchrun", "--no-python", "--nproc-per-node", "2", "./a.out"], True),
+    (["torchrun", "--nproc-per-node", "cpu", "t.py"], True),
+    (["torchrun", "python", "t.py"], False),
+    (["accelerate", "config"], False),
+    (["accelerate", "launch", "--config_file", "/nonexistent.yaml", "t.py"], False),
+    (["deepspeed", "--num_gpus", "-3", "t.py"], False),
+])
+def test_bad_launches_are_one_line_errors(argv, unsupported):
+    with pytest.raises(LaunchError) as caught:
+        parse_launch(argv)
+    assert caught.value.unsupported is unsupported
+    assert "\n" not in str(caught.value)
+
+
+def test_malformed_accelerate_config_is_refused(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("a: [unclosed\n  - {")
+    with pytest.raises(LaunchError, match="cannot parse"):
+        parse_launch(["accelerate", "launch", "--config_file", str(config), "t.py"])
+    hostile = tmp_path / "hostile.yaml"
+    hostile.write_text("!!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(LaunchError, match="cannot parse"):
+        parse_launch(["accelerate", "launch", "--config_file", str(hostile), "t.py"])
+
+
+def test_ranks_option():
+    assert parse_ranks(None, 8) == [0]
+    assert parse_ranks("all", 3) == [0, 1, 2]
+    assert parse_ranks("0,3,5-6", 8) == [0, 3, 5, 6]
+    for bad in ("8", "x", "3-1", "-1", "0,,1"):
+        with pytest.raises(LaunchError):
+            parse_ranks(bad, 8)
