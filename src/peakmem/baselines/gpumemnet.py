@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from peakmem.baselines.base import CannotEstimate, Estimator, EstimatorUnavailable
-from peakmem.bench.gpumemnet_jobs import ACTIVATIONS
-from peakmem.bench.rows import BenchRow, MiB
+from peakmem.datasets.gpumemnet_jobs import ACTIVATIONS
+from peakmem.datasets.rows import BenchRow, MiB
 
 MLP_ACTIVATIONS = (
     "ELU",

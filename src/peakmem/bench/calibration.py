@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Iterable
 
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 CALIBRATION_BUCKETS = 10  # MLP step 1: 1 bucket of 10, ~10% of the rows (issue 3: at most 10%)
 CNN_BUCKETS, CNN_TAKEN = 100, 18  # CNN: 18 buckets of 100, ~18% (issue 6: at most 20%)

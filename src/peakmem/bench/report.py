@@ -8,7 +8,7 @@ import numpy as np
 
 from peakmem.bench.collocation import Job, pack_first_fit, pai_like_sizes, simulate_estimators
 from peakmem.bench.metrics import RowResult
-from peakmem.bench.rows import MiB
+from peakmem.datasets.rows import MiB
 
 PAI_STREAM_JOBS = 2000
 

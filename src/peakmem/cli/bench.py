@@ -96,15 +96,15 @@ def bench(
     """
     from peakmem.baselines.base import ESTIMATORS, EstimatorUnavailable, get_estimator
     from peakmem.bench.calibration import evaluation_rows
-    from peakmem.bench.datasets import (
+    from peakmem.bench.metrics import summarize_estimator
+    from peakmem.bench.runner import DEFAULT_CACHE, ResultCache, run_estimators
+    from peakmem.datasets.loaders import (
         DATASETS,
         DatasetFormatError,
         DatasetUnavailable,
         load_rows,
         spread_subset,
     )
-    from peakmem.bench.metrics import summarize_estimator
-    from peakmem.bench.runner import DEFAULT_CACHE, ResultCache, run_estimators
 
     if dataset not in DATASETS:
         _fail(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")

@@ -5,15 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from peakmem.bench.datasets import (
+from peakmem.datasets.gpumemnet_jobs import CNNJob, MLPJob, TransformerJob
+from peakmem.datasets.loaders import (
     DATASETS,
     DatasetUnavailable,
     load_groundtruth,
     load_rows,
     spread_subset,
 )
-from peakmem.bench.gpumemnet_jobs import CNNJob, MLPJob, TransformerJob
-from peakmem.bench.rows import GPU_TOTAL_BYTES, MiB
+from peakmem.datasets.rows import GPU_TOTAL_BYTES, MiB
 
 GROUNDTRUTH = Path(__file__).resolve().parents[1] / "data" / "groundtruth"
 

@@ -11,14 +11,15 @@ import csv
 import dataclasses
 import io
 import math
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from peakmem.bench.gpumemnet_jobs import JobParseError, parse_cnn, parse_mlp, parse_transformer
-from peakmem.bench.rows import GPU_TOTAL_BYTES, BenchRow, MiB
+from peakmem.datasets.gpumemnet_jobs import JobParseError, parse_cnn, parse_mlp, parse_transformer
+from peakmem.datasets.rows import GPU_TOTAL_BYTES, BenchRow, MiB
 from peakmem.inputs import InputError, describe, open_regular_file
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -57,9 +58,15 @@ MAX_MEASURED_MIB = 2**30
 """A measured or total memory figure above 1 PiB is not a measurement."""
 
 
+DATA_DIR_ENV = "PEAKMEM_DATASETS"
+"""Environment variable naming the data directory when `--data` is not given (checkouts that do
+not sit next to `shared/`, e.g. git worktrees)."""
+
+
 def default_data_dir() -> Path | None:
-    """`../shared/datasets/` next to the repository root, when it exists."""
-    candidate = REPO_ROOT.parent / "shared" / "datasets"
+    """$PEAKMEM_DATASETS, else `../shared/datasets/` next to the repository root, when it exists."""
+    from_env = os.environ.get(DATA_DIR_ENV)
+    candidate = Path(from_env) if from_env else REPO_ROOT.parent / "shared" / "datasets"
     return candidate if candidate.is_dir() else None
 
 
