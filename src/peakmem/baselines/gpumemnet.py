@@ -141,6 +141,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "gpumemnet-mlp2": FamilySpec(mlp_features, BinScheme(1000, right_closed=True)),
     "gpumemnet-cnn": FamilySpec(cnn_features, BinScheme(8000, right_closed=False)),
     "gpumemnet-transformer": FamilySpec(transformer_features, BinScheme(8000, right_closed=False)),
+    "gpumemnet-transformer17": FamilySpec(transformer_features, BinScheme(8000, right_closed=False)),
 }
 
 

@@ -91,7 +91,8 @@ def bench(
 ) -> None:
     """Run estimators over DATASET and report accuracy, safety and speed.
 
-    Datasets: gpumemnet-mlp1, gpumemnet-mlp2, gpumemnet-cnn, gpumemnet-transformer, timm, xmem,
+    Datasets: gpumemnet-mlp1, gpumemnet-mlp2, gpumemnet-cnn, gpumemnet-transformer,
+    gpumemnet-transformer17, timm, xmem,
     groundtruth. Estimators: peakmem, horus, faketensor, gpumemnet, accelerate, deepspeed.
     """
     from peakmem.baselines.base import ESTIMATORS, EstimatorUnavailable, get_estimator
