@@ -30,7 +30,8 @@ def describe(row) -> str:
             f"FF={j.ff_hidden_size} S={j.seq_length} B={j.batch_size} K={j.num_classes}")
 
 
-def score(rows, breakdown: bool) -> dict[str, dict]:
+def score(rows, breakdown: bool, out: Path | None = None) -> dict[str, dict]:
+    """Estimate each row; `out` (JSON) is rewritten after every row."""
     from peakmem.baselines.peakmem_estimator import PeakmemEstimator, compared_bytes
 
     results: dict[str, dict] = {}
@@ -55,6 +56,8 @@ def score(rows, breakdown: bool) -> dict[str, dict]:
         print(f"{row.id} {describe(row)} measured {row.measured_mib:.0f} estimated "
               f"{estimated / MiB:.1f} error {error_mib:+.1f} MiB ({error_mib / row.measured_mib:+.2%}) "
               f"[{time.perf_counter() - start:.0f} s]", flush=True)
+        if out is not None:
+            out.write_text(json.dumps(results, indent=1))
         if breakdown:
             for category, size in sorted(estimate.breakdown.by_category.items()):
                 print(f"    {category}: {size / MiB:.1f} MiB")
@@ -105,7 +108,7 @@ def main() -> None:
         rows = spread_subset([r for r in rows if in_calibration_split(r)], args.spread)
     else:
         rows = spread_subset(evaluation_rows(rows), args.spread or 16)
-    results = score(rows, args.breakdown)
+    results = score(rows, args.breakdown, args.out)
     print(summary(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
