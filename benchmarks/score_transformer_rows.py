@@ -6,7 +6,8 @@
 `--split` scores the rows of the declared calibration split instead (all of them, or `--spread N`).
 `--spread N` takes N held-out (outside the declared calibration split) successful rows evenly
 spaced over the set. One process: each row is one `peakmem estimate` of `gpumemnet.py`.
-`--compare A.json B.json` prints a before/after table of two result files.
+`--compare A.json B.json` prints a before/after table of two result files (`--check-margin M`: how
+many of B's rows stay under at +M); `--fit-margin SPLIT.json` prints the margin fitted on them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from peakmem.bench.calibration import evaluation_rows, in_calibration_split
+from peakmem.bench.calibration import evaluation_rows, in_calibration_split, safety_margin
 from peakmem.datasets.loaders import load_rows, spread_subset
 from peakmem.datasets.rows import MiB
 
@@ -95,10 +96,26 @@ def main() -> None:
                         help="score the declared calibration split's rows instead of held-out ones")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--reuse", type=Path, default=None,
+                        help="a result file of the same code: its rows are taken, not rerun")
     parser.add_argument("--compare", nargs=2, type=Path, default=None)
+    parser.add_argument("--fit-margin", type=Path, default=None, metavar="SPLIT.json",
+                        help="print the smallest margin under which <= 1%% of these rows fail")
+    parser.add_argument("--check-margin", type=float, default=None, metavar="M",
+                        help="with --compare A B: the share of B's rows under even at +M")
     args = parser.parse_args()
+    if args.fit_margin:
+        results = json.loads(args.fit_margin.read_text())
+        errors = [r["error"] for r in results.values() if "error_mib" in r]
+        print(f"{summary(results)}; margin for <= 1% failures: {safety_margin(errors):.3f}")
+        return
     if args.compare:
-        compare(*(json.loads(p.read_text()) for p in args.compare))
+        before, after = (json.loads(p.read_text()) for p in args.compare)
+        compare(before, after)
+        if args.check_margin is not None:
+            errors = [r["error"] for r in after.values() if "error_mib" in r]
+            failing = sum((1 + e) * (1 + args.check_margin) < 1 for e in errors)
+            print(f"at +{args.check_margin:.1%}: {failing} of {len(errors)} rows still under")
         return
     rows = [r for r in load_rows(DATASET, args.data) if r.status == "ok"]
     if args.rows:
@@ -108,7 +125,9 @@ def main() -> None:
         rows = spread_subset([r for r in rows if in_calibration_split(r)], args.spread)
     else:
         rows = spread_subset(evaluation_rows(rows), args.spread or 16)
-    results = score(rows, args.breakdown, args.out)
+    reused = json.loads(args.reuse.read_text()) if args.reuse else {}
+    results = {r.id: reused[r.id] for r in rows if r.id in reused}
+    results |= score([r for r in rows if r.id not in reused], args.breakdown, args.out)
     print(summary(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
