@@ -117,3 +117,22 @@ def test_the_staging_buffer_is_freed_when_the_kernel_returns(a100, stack24):
     # buffer, semaphores, then semaphores freed and the buffer freed
     assert [k for k, _ in kinds[at:at + 4]] == [EventKind.ALLOC, EventKind.ALLOC, EventKind.FREE,
                                                 EventKind.FREE]
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (lambda x: x.sum(0), (4 * 768 * 256 * 32 * 4, 4 * 6)),
+        (lambda x: x.mean(0), (4 * 768 * 256 * 32 * 4, 4 * 6)),
+        (lambda x: torch.nansum(x, 0), (4 * 768 * 256 * 32 * 4, 4 * 6)),
+        (lambda x: x.sum(), (4 * 432, 4)),
+        (lambda x: x.sum(1), None),  # row sums stay inside one block per output
+    ],
+)
+def test_every_registered_overload(a100, stack24, call, expected):
+    def job():
+        call(torch.randn(16384, 768, device="cuda"))
+
+    trace = capture_callable(job, gpu=a100, stack=stack24).trace
+    found = [size for size, _ in allocations(trace, category="temporary") if size != 4 * 16384]
+    assert found == (list(expected) if expected else [])

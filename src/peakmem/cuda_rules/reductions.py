@@ -311,6 +311,6 @@ def reduction_global_scratch(ctx: RuleContext, op, args: tuple, kwargs: dict, ou
     if not isinstance(x, torch.Tensor):
         return
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
-    if op in (aten.sum.default, aten.mean.default, aten.nansum.default):
+    if op in (aten.sum.default, aten.mean.default):  # nansum.default takes `dim`
         dim = None
     add_reduction_scratch(ctx, x, _reduced_dims(x, dim), op.overloadpacket.__name__)
