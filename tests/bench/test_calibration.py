@@ -42,6 +42,21 @@ def test_the_real_cnn_split_is_at_most_20_percent_of_the_rows():
     assert sum(map(in_calibration_split, rows)) <= 0.20 * len(rows)
 
 
+def test_transformer_split_is_declared_and_stays_under_a_fifth():
+    names = [f"num_classes:{i}_embedding_size:64_num_layers:2.out" for i in range(3000)]
+    chosen = [n for n in names if in_calibration_split(row(n, "gpumemnet-transformer"))]
+    assert 0.15 * 3000 <= len(chosen) <= 0.20 * 3000
+    assert not any(in_calibration_split(row(n, "gpumemnet-transformer17")) for n in names)
+
+
+@pytest.mark.skipif(not (SHARED / "gpumemnet").is_dir(), reason="needs ../shared/datasets")
+def test_the_real_transformer_split_is_at_most_20_percent_of_the_rows():
+    from peakmem.datasets.loaders import load_rows
+
+    rows = load_rows("gpumemnet-transformer", SHARED)
+    assert sum(map(in_calibration_split, rows)) <= 0.20 * len(rows)
+
+
 def test_context_fit_is_the_most_common_difference_to_the_mib():
     measured = [1477, 1537, 1495, 1809, 1500]
     reserved = [48 * MiB, 108 * MiB, 64 * MiB, 376 * MiB, 51 * MiB + 300]
