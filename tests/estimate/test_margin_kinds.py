@@ -53,7 +53,7 @@ def mlp_job():
 def test_an_encoder_states_the_attention_margin(a100, stack24):
     estimate = estimate_capture(capture_callable(encoder_job, gpu=a100, stack=stack24), a100,
                                 stack24, torch_version="2.4.1")
-    assert estimate.margin_kind == "attention"
+    assert estimate.margin_kind == "attention" == estimate.to_json()["margin_kind"]
     assert estimate.safety_margin == stack24.safety_margin_for(a100, "attention").value
     assert estimate.safety_margin != stack24.safety_margin_for(a100, "default").value
     assert estimate.to_json()["peak_bytes_with_margin"] == int(

@@ -209,6 +209,7 @@ class Estimate:
             ],
             "fits": self.fits,
             "safety_margin": self.safety_margin,
+            "margin_kind": self.margin_kind,
             "peak_bytes_with_margin": self.peak_bytes_with_margin,
             "fits_with_margin": self.fits and self.peak_bytes_with_margin <= self.capacity_bytes,
             "headroom_bytes": self.headroom_bytes,
