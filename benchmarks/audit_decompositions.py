@@ -45,8 +45,10 @@ FOOTER = """
 - cuDNN batch-norm forward/backward workspaces and the training reserve space: structure in
   `cuda_rules/norms.py`, sizes "assumed" 0 in `profiles/data/stacks/torch-2.*.toml` until an
   allocator snapshot on a GPU gives them per shape;
-- reduction scratch of CUDA reduce kernels (`sum`/`mean` split across blocks: a small global
-  staging buffer and semaphores) and cub temp storage of `cumsum`: small, not modelled;
+- reduction scratch of CUDA reduce kernels other than `sum`/`mean`/`nansum` and the losses'
+  internal means (modelled in `cuda_rules/reductions.py`): `amax`, `norm`, `var`/`std`
+  (Welford), `argmax` keep their staging buffers unmodelled; cub temp storage of `cumsum`: small,
+  not modelled;
 - CompositeExplicitAutograd ops not in the table run their internals below the recorder on meta
   (e.g. `soft_margin_loss`, `multilabel_soft_margin_loss`): their CUDA temporaries are missing;
 - `rms_norm`: composite on CUDA in torch 2.4-2.6 (the fused `_fused_rms_norm` kernel came later),

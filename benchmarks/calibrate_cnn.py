@@ -144,7 +144,7 @@ def main() -> None:
         in_calibration_split,
         safety_margin,
     )
-    from peakmem.bench.datasets import load_rows
+    from peakmem.datasets.loaders import load_rows
     from peakmem.profiles import load_gpu, load_stack
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -27,7 +27,7 @@ from peakmem.bench.calibration import (
     in_calibration_split,
     safety_margin,
 )
-from peakmem.bench.datasets import load_rows
+from peakmem.datasets.loaders import load_rows
 
 MiB = 2**20
 STACKS = Path(__file__).resolve().parents[1] / "src" / "peakmem" / "profiles" / "data" / "stacks"

@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/make_gpumemnet_conv_shapes.py [--data-dir ../shared/datasets]
         [--out benchmarks/data/gpumemnet_conv_shapes.csv] [--limit 4000]
 
-Each rebuildable CNN row's model (peakmem.bench.gpumemnet_models) runs on the meta device with a
+Each rebuildable CNN row's model (peakmem.datasets.gpumemnet_models) runs on the meta device with a
 hook on every Conv2d; a shape is (batch, C_in, H, W, C_out, kernel, stride, padding, dilation,
 groups, bias). Priority order: first the largest conv of each job (by input + output elements:
 the layer most likely to set the step's peak), shuffled with a fixed seed; then every other
@@ -26,7 +26,7 @@ FIELDS = ["n", "cin", "h", "w", "cout", "kernel", "stride", "padding", "dilation
 def job_convs(job) -> list[tuple[int, ...]]:
     import torch
 
-    from peakmem.bench.gpumemnet_models import build_model, make_batch
+    from peakmem.datasets.gpumemnet_models import build_model, make_batch
 
     model = build_model(job, "meta")
     found: list[tuple[int, ...]] = []
@@ -54,8 +54,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    from peakmem.bench.datasets import load_rows
-    from peakmem.bench.gpumemnet_models import CannotBuildJob
+    from peakmem.datasets.gpumemnet_models import CannotBuildJob
+    from peakmem.datasets.loaders import load_rows
 
     jobs: dict[tuple[int, ...], int] = {}
     largest: set[tuple[int, ...]] = set()

@@ -21,7 +21,7 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 def _score(task: tuple[str, str, str]) -> tuple[str, int | str]:
     dataset, data, row_id = task
     from peakmem.baselines.peakmem_estimator import PeakmemEstimator
-    from peakmem.bench.datasets import load_rows
+    from peakmem.datasets.loaders import load_rows
 
     row = next(r for r in load_rows(dataset, data) if r.id == row_id)
     try:

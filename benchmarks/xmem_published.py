@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import sys
 
-from peakmem.bench.datasets import load_rows
 from peakmem.bench.metrics import RowResult, summarize
-from peakmem.bench.rows import MiB
+from peakmem.datasets.loaders import load_rows
+from peakmem.datasets.rows import MiB
 
 PUBLISHED = ("xMem", "DNNMem", "SchedTune", "LLMem")
 

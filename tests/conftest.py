@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from peakmem.bench.datasets import default_data_dir
+from peakmem.datasets.loaders import default_data_dir
 
 FIXTURE_DATA = Path(__file__).resolve().parent / "data" / "datasets"
 

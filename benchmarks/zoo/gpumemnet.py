@@ -5,7 +5,7 @@ zero_grad -> forward -> loss -> backward -> step -> loss.item().
 
     python gpumemnet.py --config "input:1259_output:79_depth:8_arch:pyramid_batch:717"
 
-The models come from peakmem.bench.gpumemnet_models (one builder for the bench, the baselines
+The models come from peakmem.datasets.gpumemnet_models (one builder for the bench, the baselines
 and this script, checked layer by layer against the rows' published layer lists).
 """
 
@@ -19,8 +19,8 @@ from _common import base_parser, report, setup, train
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from peakmem.bench.gpumemnet_jobs import CNNJob, JobParseError, MLPJob, parse_job
-from peakmem.bench.gpumemnet_models import CannotBuildJob, build_model, num_classes
+from peakmem.datasets.gpumemnet_jobs import CNNJob, JobParseError, MLPJob, parse_job
+from peakmem.datasets.gpumemnet_models import CannotBuildJob, build_model, num_classes
 
 
 class RandomImages(Dataset):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from peakmem.baselines import ESTIMATORS, CannotEstimate, get_estimator
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 
 def test_issue_names_are_registered():

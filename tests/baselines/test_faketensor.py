@@ -5,8 +5,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from peakmem.baselines import get_estimator
 from peakmem.baselines.faketensor import LiveStorageTracker
-from peakmem.bench.gpumemnet_jobs import CNNJob, MLPJob, TransformerJob
-from peakmem.bench.rows import BenchRow, MiB
+from peakmem.datasets.gpumemnet_jobs import CNNJob, MLPJob, TransformerJob
+from peakmem.datasets.rows import BenchRow, MiB
 
 
 def _row(job) -> BenchRow:

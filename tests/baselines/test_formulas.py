@@ -9,10 +9,10 @@ from peakmem.baselines import get_estimator
 from peakmem.baselines.accelerate import model_bytes, training_bytes_fp32_adam
 from peakmem.baselines.deepspeed import largest_layer_params, zero2_gpu_bytes, zero3_gpu_bytes
 from peakmem.baselines.horus import horus_mib, per_sample_activations
-from peakmem.bench.datasets import load_rows
-from peakmem.bench.gpumemnet_jobs import MLPJob
-from peakmem.bench.gpumemnet_models import build_model, make_batch
-from peakmem.bench.rows import BenchRow, MiB
+from peakmem.datasets.gpumemnet_jobs import MLPJob
+from peakmem.datasets.gpumemnet_models import build_model, make_batch
+from peakmem.datasets.loaders import load_rows
+from peakmem.datasets.rows import BenchRow, MiB
 
 
 def _row(job) -> BenchRow:

@@ -7,8 +7,8 @@ import pytest
 
 from peakmem.baselines import CannotEstimate, get_estimator
 from peakmem.baselines.gpumemnet import BinScheme, cross_validate
-from peakmem.bench.datasets import load_rows
-from peakmem.bench.rows import MiB
+from peakmem.datasets.loaders import load_rows
+from peakmem.datasets.rows import MiB
 
 
 def test_bins_by_hand():

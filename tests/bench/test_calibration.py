@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from peakmem.bench.calibration import evaluation_rows, fit_context_bytes, in_calibration_split
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 MiB = 2**20
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
@@ -36,9 +36,24 @@ def test_cnn_split_stays_under_a_fifth():
 
 @pytest.mark.skipif(not (SHARED / "gpumemnet").is_dir(), reason="needs ../shared/datasets")
 def test_the_real_cnn_split_is_at_most_20_percent_of_the_rows():
-    from peakmem.bench.datasets import load_rows
+    from peakmem.datasets.loaders import load_rows
 
     rows = load_rows("gpumemnet-cnn", SHARED)
+    assert sum(map(in_calibration_split, rows)) <= 0.20 * len(rows)
+
+
+def test_transformer_split_is_declared_and_stays_under_a_fifth():
+    names = [f"num_classes:{i}_embedding_size:64_num_layers:2.out" for i in range(3000)]
+    chosen = [n for n in names if in_calibration_split(row(n, "gpumemnet-transformer"))]
+    assert 0.15 * 3000 <= len(chosen) <= 0.20 * 3000
+    assert not any(in_calibration_split(row(n, "gpumemnet-transformer17")) for n in names)
+
+
+@pytest.mark.skipif(not (SHARED / "gpumemnet").is_dir(), reason="needs ../shared/datasets")
+def test_the_real_transformer_split_is_at_most_20_percent_of_the_rows():
+    from peakmem.datasets.loaders import load_rows
+
+    rows = load_rows("gpumemnet-transformer", SHARED)
     assert sum(map(in_calibration_split, rows)) <= 0.20 * len(rows)
 
 
@@ -54,7 +69,7 @@ def test_context_fit_is_the_most_common_difference_to_the_mib():
 @pytest.mark.skipif(not (SHARED / "gpumemnet").is_dir(), reason="needs ../shared/datasets")
 def test_peakmem_matches_measured_a100_mlp_rows_to_2_mib():
     from peakmem.baselines.peakmem_estimator import PeakmemEstimator
-    from peakmem.bench.datasets import load_rows
+    from peakmem.datasets.loaders import load_rows
 
     rows = evaluation_rows(load_rows("gpumemnet-mlp1", SHARED))
     sample = rows[100:106]

@@ -126,8 +126,8 @@ def test_report_writes_markdown_and_plots(fixture_data, tmp_path):
 
 def test_cache_keys_carry_the_estimator_version_and_skip_missing_packages(tmp_path):
     from peakmem.baselines.base import Estimator, MissingPackage
-    from peakmem.bench.rows import BenchRow
     from peakmem.bench.runner import ResultCache, run_estimators
+    from peakmem.datasets.rows import BenchRow
 
     class Versioned(Estimator):
         name = "v"

@@ -90,7 +90,7 @@ def test_published_xmem_table_is_reproduced(shared_data):
     """xmem/README.md's table (87 runs with a measured peak and all three estimates, Colab runs
     left out): median relative error / underestimate rate xMem 3.0% / 51%, DNNMem 20.0% / 86%,
     SchedTune 24.2% / 66%."""
-    from peakmem.bench.datasets import load_rows
+    from peakmem.datasets.loaders import load_rows
 
     rows = [r for r in load_rows("xmem", shared_data) if r.status == "ok" and r.measured_peak_bytes]
     names = ("xMem", "DNNMem", "SchedTune")
@@ -118,7 +118,7 @@ def test_published_xmem_table_is_reproduced(shared_data):
 def test_published_timm_faketensor_underestimates(shared_data):
     """gpumemnet/README.md: the paper's naive FakeTensor peak underestimates 4379 of 5085 timm rows
     (as measured, OOM or not); 571 rows cannot have fit the 40 GB card (bound above it)."""
-    from peakmem.bench.datasets import load_rows
+    from peakmem.datasets.loaders import load_rows
 
     rows = load_rows("timm", shared_data)
     results = [

@@ -17,15 +17,15 @@ from hypothesis import strategies as st
 from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
 from peakmem.allocator.rules import KNOWN_VERSIONS, UnknownTorchVersion, parse_version
 from peakmem.allocator.simulate import TraceError, simulate
-from peakmem.bench.datasets import (
+from peakmem.cli.common import parse_bytes
+from peakmem.cli.contract import BadInput
+from peakmem.datasets.gpumemnet_jobs import JobParseError, parse_layer_list
+from peakmem.datasets.loaders import (
     DatasetFormatError,
     DatasetUnavailable,
     load_groundtruth,
     load_rows,
 )
-from peakmem.bench.gpumemnet_jobs import JobParseError, parse_layer_list
-from peakmem.cli.common import parse_bytes
-from peakmem.cli.contract import BadInput
 from peakmem.inputs import InputError
 from peakmem.trace.events import EventKind, Tag, Trace, TraceFormatError
 from peakmem.trace.safe_pickle import RefusedPickle, loads_plain
@@ -370,7 +370,7 @@ def test_bench_csv_rows_are_checked(name, data, drop_column):
 def test_groundtruth_csv_rows_are_checked(rows):
     import tempfile
 
-    from peakmem.bench.datasets import GROUNDTRUTH_COLUMNS
+    from peakmem.datasets.loaders import GROUNDTRUTH_COLUMNS
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "g.csv").write_text(_csv_text(list(GROUNDTRUTH_COLUMNS), rows))

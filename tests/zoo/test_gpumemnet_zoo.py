@@ -1,5 +1,5 @@
 """The GPUMemNet zoo script trains each family on the CPU, with the shared model builders
-(peakmem.bench.gpumemnet_models, whose layer-by-layer checks live in tests/bench)."""
+(peakmem.datasets.gpumemnet_models, whose layer-by-layer checks live in tests/bench)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from peakmem.measure.sweep_plan import load_plan
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((REPO / "benchmarks" / "sweeps").glob("*.toml"))
-from peakmem.bench.gpumemnet_jobs import parse_job  # noqa: E402
+from peakmem.datasets.gpumemnet_jobs import parse_job  # noqa: E402
 
 
 class _Parsed(BaseException):  # noqa: N818 - a control-flow signal

@@ -14,7 +14,7 @@ from torch import nn
 
 from peakmem.baselines import peakmem_estimator as pe
 from peakmem.baselines.base import CannotEstimate
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 GPU, TORCH = "rtx3060-12gb", "2.6.0"
 
@@ -71,7 +71,7 @@ def test_xmem_cnn_rows_need_torchvision(installed):
 
 
 def test_dataset_rows_say_why_without_the_packages(installed, shared_data):
-    from peakmem.bench.datasets import load_rows
+    from peakmem.datasets.loaders import load_rows
 
     for name, package in (("timm", "timm"), ("xmem", "torchvision")):
         rows = load_rows(name, shared_data)

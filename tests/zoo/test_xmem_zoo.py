@@ -16,7 +16,7 @@ from peakmem.baselines.peakmem_estimator import (
     compared_bytes,
     job_command,
 )
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 ZOO = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo"
 pytestmark = pytest.mark.skipif(
@@ -92,7 +92,7 @@ def test_job_command_maps_xmem_rows():
 
 
 def test_xmem_dataset_rows_map(shared_data):
-    from peakmem.bench.datasets import load_rows
+    from peakmem.datasets.loaders import load_rows
 
     rows = load_rows("xmem", shared_data)
     assert rows and not any(r.measured_includes_context for r in rows)

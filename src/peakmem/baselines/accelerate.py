@@ -11,7 +11,7 @@ from torch import nn
 
 from peakmem.baselines.base import Estimator
 from peakmem.baselines.rebuild import rebuild
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 
 def model_bytes(model: nn.Module) -> int:

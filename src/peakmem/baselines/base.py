@@ -6,7 +6,7 @@ import importlib
 import time
 from dataclasses import dataclass
 
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 
 class CannotEstimate(Exception):

@@ -14,7 +14,7 @@ from torch import nn
 
 from peakmem.baselines.base import Estimator
 from peakmem.baselines.rebuild import parameter_count, rebuild
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 
 def zero2_gpu_bytes(total_params: int, total_gpus: int = 1) -> int:

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from peakmem.baselines.base import CannotEstimate, Estimator
 from peakmem.baselines.rebuild import rebuild
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 
 class LiveStorageTracker(TorchDispatchMode):

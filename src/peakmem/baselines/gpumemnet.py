@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from peakmem.baselines.base import CannotEstimate, Estimator, EstimatorUnavailable
-from peakmem.bench.gpumemnet_jobs import ACTIVATIONS
-from peakmem.bench.rows import BenchRow, MiB
+from peakmem.datasets.gpumemnet_jobs import ACTIVATIONS
+from peakmem.datasets.rows import BenchRow, MiB
 
 MLP_ACTIVATIONS = (
     "ELU",
@@ -141,6 +141,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "gpumemnet-mlp2": FamilySpec(mlp_features, BinScheme(1000, right_closed=True)),
     "gpumemnet-cnn": FamilySpec(cnn_features, BinScheme(8000, right_closed=False)),
     "gpumemnet-transformer": FamilySpec(transformer_features, BinScheme(8000, right_closed=False)),
+    "gpumemnet-transformer17": FamilySpec(transformer_features, BinScheme(8000, right_closed=False)),
 }
 
 

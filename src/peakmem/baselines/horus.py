@@ -16,7 +16,7 @@ from torch import nn
 
 from peakmem.baselines.base import Estimator
 from peakmem.baselines.rebuild import parameter_count, rebuild
-from peakmem.bench.rows import BenchRow, MiB
+from peakmem.datasets.rows import BenchRow, MiB
 
 CONTEXT_MIB = 800
 

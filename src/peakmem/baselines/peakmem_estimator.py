@@ -33,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 
 from peakmem.baselines.base import CannotEstimate, Estimate, Estimator, MissingPackage
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 REPO = Path(__file__).resolve().parents[3]
 ZOO = REPO / "benchmarks" / "zoo"

@@ -1,6 +1,6 @@
 """Rebuild a bench row's job as (model, inputs) for the estimators that need a model.
 
-GPUMemNet rows rebuild exactly (peakmem.bench.gpumemnet_models). timm rows need the optional
+GPUMemNet rows rebuild exactly (peakmem.datasets.gpumemnet_models). timm rows need the optional
 `timm` package; other rows (xMem's torchvision / Hugging Face runs, ground-truth scripts) are not
 rebuilt here: CannotEstimate.
 """
@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from peakmem.baselines.base import CannotEstimate, MissingPackage
-from peakmem.bench.gpumemnet_jobs import CNNJob, MLPJob, TransformerJob
-from peakmem.bench.gpumemnet_models import CannotBuildJob, build_model, make_batch
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.gpumemnet_jobs import CNNJob, MLPJob, TransformerJob
+from peakmem.datasets.gpumemnet_models import CannotBuildJob, build_model, make_batch
+from peakmem.datasets.rows import BenchRow
 
 
 @dataclass

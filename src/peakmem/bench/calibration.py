@@ -13,17 +13,22 @@ import math
 import statistics
 from collections.abc import Iterable
 
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 
 CALIBRATION_BUCKETS = 10  # MLP step 1: 1 bucket of 10, ~10% of the rows (issue 3: at most 10%)
 CNN_BUCKETS, CNN_TAKEN = 100, 18  # CNN: 18 buckets of 100, ~18% (issue 6: at most 20%)
+TRANSFORMER_BUCKETS, TRANSFORMER_TAKEN = 100, 20  # Transformer: ~20% (issue 13: margins fitted)
 CALIBRATION_SPLITS = {
     "gpumemnet-mlp1": (CALIBRATION_BUCKETS, 1),
     "gpumemnet-cnn": (CNN_BUCKETS, CNN_TAKEN),
+    "gpumemnet-transformer": (TRANSFORMER_BUCKETS, TRANSFORMER_TAKEN),
 }
 """dataset -> (buckets, taken): a row is in the split when sha1(Filename) % buckets < taken."""
 CALIBRATION_DATASETS = set(CALIBRATION_SPLITS)
 CNN_SPLIT_DESCRIPTION = f"gpumemnet-cnn rows with sha1(Filename) % {CNN_BUCKETS} < {CNN_TAKEN}"
+TRANSFORMER_SPLIT_DESCRIPTION = (
+    f"gpumemnet-transformer rows with sha1(Filename) % {TRANSFORMER_BUCKETS} < {TRANSFORMER_TAKEN}"
+)
 MiB = 2**20
 
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from peakmem.bench.rows import MiB
+from peakmem.datasets.rows import MiB
 
 FAILURE_TARGET = 0.01
 

@@ -14,7 +14,7 @@ from peakmem.bench.collocation import (
     simulate_estimators,
 )
 from peakmem.bench.metrics import RowResult
-from peakmem.bench.rows import MiB
+from peakmem.datasets.rows import MiB
 
 PAI_STREAM_JOBS = 2000
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from peakmem.baselines.base import CannotEstimate, Estimator, MissingPackage
 from peakmem.bench.metrics import RowResult
-from peakmem.bench.rows import BenchRow
+from peakmem.datasets.rows import BenchRow
 from peakmem.inputs import capped_lines, open_regular_file
 
 CACHE_VERSION = 1

@@ -98,7 +98,8 @@ def bench(
 ) -> None:
     """Run estimators over DATASET and report accuracy, safety and speed.
 
-    Datasets: gpumemnet-mlp1, gpumemnet-mlp2, gpumemnet-cnn, gpumemnet-transformer, timm, xmem,
+    Datasets: gpumemnet-mlp1, gpumemnet-mlp2, gpumemnet-cnn, gpumemnet-transformer,
+    gpumemnet-transformer17, timm, xmem,
     groundtruth. Estimators: peakmem, horus, faketensor, gpumemnet, accelerate, deepspeed.
     """
     if use_ray or ray_address:
@@ -108,15 +109,15 @@ def bench(
             _fail("--ray needs Ray (pip install 'peakmem[service]')")
     from peakmem.baselines.base import ESTIMATORS, EstimatorUnavailable, get_estimator
     from peakmem.bench.calibration import evaluation_rows
-    from peakmem.bench.datasets import (
+    from peakmem.bench.metrics import summarize_estimator
+    from peakmem.bench.runner import DEFAULT_CACHE, ResultCache, run_estimators
+    from peakmem.datasets.loaders import (
         DATASETS,
         DatasetFormatError,
         DatasetUnavailable,
         load_rows,
         spread_subset,
     )
-    from peakmem.bench.metrics import summarize_estimator
-    from peakmem.bench.runner import DEFAULT_CACHE, ResultCache, run_estimators
 
     if dataset not in DATASETS:
         _fail(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")

@@ -43,8 +43,8 @@ def _bad_input_types() -> tuple[type[BaseException], ...]:
         TraceError,
         ProfileError,
     ]
-    if "peakmem.bench.datasets" in sys.modules:
-        from peakmem.bench.datasets import DatasetUnavailable
+    if "peakmem.datasets.loaders" in sys.modules:
+        from peakmem.datasets.loaders import DatasetUnavailable
 
         types.append(DatasetUnavailable)
     return tuple(types)

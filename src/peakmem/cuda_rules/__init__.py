@@ -13,6 +13,7 @@ from peakmem.cuda_rules import (  # noqa: F401  (imported for their registration
     losses,
     norms,
     optimizers,
+    reductions,
     sdpa,
 )
 from peakmem.cuda_rules.registry import (

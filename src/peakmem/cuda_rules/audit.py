@@ -67,6 +67,9 @@ N, C, H, W = 32, 64, 28, 28  # the reference activation: 6.1 MiB in fp32
 X = N * C * H * W * F32
 NC = N * C * F32
 B, K = 256, 1000  # the reference classifier batch / classes
+# a full sum/mean of the reference activation on an A100 (Reduce.cuh setReduceConfig: 1605632
+# values, 512 threads along x, ceil(3136 / 16) = 196 blocks -> 4 x 196 bytes; cuda_rules/reductions.py)
+REDUCE_X = [(4 * 196, "reduce kernel staging buffer, freed"), (4, "reduce kernel semaphores, freed")]
 L = B * K * F32
 
 
@@ -188,30 +191,34 @@ def _loss_cases() -> list[Case]:
     cls = lambda: (_randn(B, K), torch.randint(0, K, (B,), device="cuda"))  # noqa: E731
     loss_src = "aten/src/ATen/native/Loss.cpp"
     return [
-        Case("mse_loss (mean)", target, F.mse_loss, [(F32, "output"), (X, "loss, freed")],
+        Case("mse_loss (mean)", target, F.mse_loss, [(F32, "output"), (X, "loss, freed"), *REDUCE_X],
              f"{loss_src} TORCH_IMPL_FUNC(mse_loss_out)", "op rule (losses.py)"),
         Case("mse_loss_backward", lambda: (torch.ones((), device="cuda"),) + target(),
              lambda g, x, t: aten.mse_loss_backward(g, x, t, 1), [(X, "grad_input")],
              f"{loss_src} mse_loss_backward (in place)"),
-        Case("smooth_l1_loss (mean)", target, F.smooth_l1_loss, [(F32, "output"), (X, "loss, freed")],
+        Case("smooth_l1_loss (mean)", target, F.smooth_l1_loss,
+             [(F32, "output"), (X, "loss, freed"), *REDUCE_X],
              f"{loss_src} TORCH_IMPL_FUNC(smooth_l1_loss_out)", "op rule (losses.py)"),
-        Case("huber_loss (mean)", target, F.huber_loss, [(X, "loss"), (F32, "output")],
+        Case("huber_loss (mean)", target, F.huber_loss, [(X, "loss"), (F32, "output"), *REDUCE_X],
              f"{loss_src} huber_loss", "op rule (losses.py)"),
-        Case("l1_loss (mean)", target, F.l1_loss, [(X, "input - target"), (X, "abs"), (F32, "mean")],
+        Case("l1_loss (mean)", target, F.l1_loss,
+             [(X, "input - target"), (X, "abs"), (F32, "mean"), *REDUCE_X],
              f"{loss_src} l1_loss (composite on both)"),
         Case("binary_cross_entropy (mean)", prob, F.binary_cross_entropy,
-             [(X, "loss, resized to the scalar in place (storage kept)"), (F32, "loss.mean(), freed")],
+             [(X, "loss, resized to the scalar in place (storage kept)"), (F32, "loss.mean(), freed"),
+              *REDUCE_X],
              "aten/src/ATen/native/cuda/Loss.cu binary_cross_entropy_out_cuda",
              "fused kernel + op rule (losses.py)"),
         Case("binary_cross_entropy_backward", lambda: (torch.ones((), device="cuda"),) + prob(),
              lambda g, x, t: aten.binary_cross_entropy_backward(g, x, t), [(X, "grad_input")],
              "aten/src/ATen/native/cuda/Loss.cu binary_cross_entropy_backward_cuda"),
         Case("binary_cross_entropy_with_logits (mean)", prob, F.binary_cross_entropy_with_logits,
-             [(X, "log_sigmoid"), (X, "1 - target"), (F32, "output")],
+             [(X, "log_sigmoid"), (X, "1 - target"), (F32, "output"), *REDUCE_X],
              f"{loss_src} binary_cross_entropy_with_logits (CompositeExplicitAutograd)",
              "op rule (losses.py)", "meta ran the composite below the recorder"),
         Case("kl_div (batchmean)", target, lambda x, t: F.kl_div(x, t, reduction="batchmean"),
-             [(X, "xlogy(target, target)"), (X, "target * input"), (X, "sub"), (F32, "sum"), (F32, "/ batch")],
+             [(X, "xlogy(target, target)"), (X, "target * input"), (X, "sub"), (F32, "sum"), *REDUCE_X,
+              (F32, "/ batch")],
              f"{loss_src} kl_div (composite on both)"),
         Case("cross_entropy", cls, F.cross_entropy,
              [(L, "log_softmax"), (F32, "loss"), (F32, "total_weight")],

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from peakmem.cuda_rules.reductions import add_reduction_scratch
 from peakmem.cuda_rules.registry import RuleContext, register_fused_kernel, register_op_rule
 
 aten = torch.ops.aten
@@ -54,7 +55,17 @@ def pointwise_loss_before_reduction(ctx: RuleContext, op, args: tuple, kwargs: d
         if beta == 0:  # l1_loss_out: no full-size temporary in this kernel
             return
     nbytes = _broadcast_bytes(args[0], args[1])
-    ctx.transient(nbytes, category="temporary", op=f"{op.overloadpacket.__name__}[loss]")
+    name = op.overloadpacket.__name__
+    loss = ctx.scratch(nbytes, category="temporary", op=f"{name}[loss]")
+    # mean_out / sum_out of the full-size loss: a CUDA reduce kernel (reductions.py)
+    add_reduction_scratch(ctx, _full_size(args[0], args[1]), None, name)
+    ctx.release(loss)
+
+
+def _full_size(*tensors: torch.Tensor) -> torch.Tensor:
+    """A contiguous meta tensor shaped like the broadcast of `tensors` (for reduction configs)."""
+    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    return torch.empty(shape, dtype=tensors[0].dtype, device="meta")
 
 
 @register_op_rule(aten.huber_loss)
@@ -66,6 +77,7 @@ def huber_loss_before_reduction(ctx: RuleContext, op, args: tuple, kwargs: dict)
         args[0].numel() * args[0].element_size(), category="temporary", op="huber_loss[loss]"
     )
     yield
+    add_reduction_scratch(ctx, _full_size(args[0]), None, "huber_loss")  # loss.mean() / sum()
     ctx.release(loss)
 
 
@@ -87,8 +99,11 @@ def binary_cross_entropy(
 def binary_cross_entropy_reduced(ctx: RuleContext, op, args: tuple, kwargs: dict, out) -> None:
     if _reduction(args, kwargs, 3) == REDUCTION_NONE:
         return
-    # loss.mean() / loss.sum(): a scalar copied into the resized loss, then freed
-    ctx.transient(out.element_size(), category="temporary", op="binary_cross_entropy[reduced]")
+    # loss.mean() / loss.sum(): a scalar (its reduce kernel's staging buffer first), copied into
+    # the resized loss, then freed
+    reduced = ctx.scratch(out.element_size(), category="temporary", op="binary_cross_entropy[reduced]")
+    add_reduction_scratch(ctx, _full_size(args[0]), None, "binary_cross_entropy")
+    ctx.release(reduced)
 
 
 _BCE_LOGITS_SCHEMA = ("input", "target", "weight", "pos_weight", "reduction")
@@ -111,5 +126,7 @@ def binary_cross_entropy_with_logits(ctx: RuleContext, op, args: tuple, kwargs: 
         # (1 - target), made into the unreduced loss in place; without a reduction it is the output
         idents.append(ctx.scratch(target.numel() * target.element_size(), category="temporary", op=name))
     yield
+    if reduction != REDUCTION_NONE:  # apply_loss_reduction: a CUDA reduce kernel
+        add_reduction_scratch(ctx, _full_size(input, target), None, "binary_cross_entropy_with_logits")
     for ident in reversed(idents):
         ctx.release(ident)

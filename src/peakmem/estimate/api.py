@@ -11,6 +11,8 @@ from typing import Any
 
 from peakmem.capture.result import DEFAULT_STEPS, CaptureResult
 from peakmem.estimate.breakdown import PeakBreakdown
+from peakmem.estimate.margin_kinds import margin_kind as _kind_of
+from peakmem.estimate.margin_kinds import op_packets
 from peakmem.estimate.phase_notes import compile_bound_note, eval_peak_note
 from peakmem.jobs.stop import Steps
 from peakmem.profiles import GpuProfile, StackProfile, load_gpu, load_stack
@@ -154,7 +156,14 @@ class Estimate:
 
     @property
     def margin_kind(self) -> str:
-        return margin_kind(self.libraries)
+        return margin_kind(self.libraries, self.ops)
+
+    @property
+    def ops(self) -> frozenset[str]:
+        """The aten ops (overload packets) whose allocations the trace records."""
+        if self.capture is None:
+            return frozenset()
+        return op_packets(tag.op for tag in self.capture.trace.tags)
 
     @property
     def safety_margin(self) -> float:
@@ -203,6 +212,7 @@ class Estimate:
             ],
             "fits": self.fits,
             "safety_margin": self.safety_margin,
+            "margin_kind": self.margin_kind,
             "peak_bytes_with_margin": self.peak_bytes_with_margin,
             "fits_with_margin": self.fits and self.peak_bytes_with_margin <= self.capacity_bytes,
             "headroom_bytes": self.headroom_bytes,
@@ -238,13 +248,17 @@ def _installed_torch_version() -> str:
         return torch.__version__.split("+")[0]
 
 
-def margin_kind(libraries: dict[str, int]) -> str:
-    """Which calibrated safety margin applies: the cuDNN model's for jobs that convolve."""
-    return "cudnn_convolution" if "cudnn_convolution" in libraries else "default"
+def margin_kind(libraries: dict[str, int], ops: frozenset[str] = frozenset()) -> str:
+    """Which calibrated safety margin applies (estimate/margin_kinds.py): the cuDNN model's for
+    jobs that convolve, the attention fit's for jobs that run fused attention, else default."""
+    return _kind_of(libraries, ops)
 
 
 def _assumptions(
-    gpu: GpuProfile, stack: StackProfile, libraries: dict[str, int] | None = None
+    gpu: GpuProfile,
+    stack: StackProfile,
+    libraries: dict[str, int] | None = None,
+    ops: frozenset[str] = frozenset(),
 ) -> list[str]:
     used = [
         ("GPU total memory", gpu.total_memory),
@@ -256,7 +270,7 @@ def _assumptions(
         used.append(("cuDNN convolution workspace model", stack.conv_workspace_for(gpu)))
     for family in sorted(libraries or {}):
         used.append((f"{family} library memory", stack.library_bytes_for(gpu, family)))
-    used.append(("safety margin", stack.safety_margin_for(gpu, margin_kind(libraries or {}))))
+    used.append(("safety margin", stack.safety_margin_for(gpu, margin_kind(libraries or {}, ops))))
     return [f"{what}: {value.value} ({value.describe()})" for what, value in used if value.assumed]
 
 
@@ -420,7 +434,8 @@ def estimate_capture(
         seconds=capture.seconds,
         oom=oom_message is not None,
         notes=notes,
-        assumptions=_assumptions(gpu, stack, libraries) + _fake_assumptions(capture),
+        assumptions=_assumptions(gpu, stack, libraries, op_packets(t.op for t in capture.trace.tags))
+        + _fake_assumptions(capture),
         capture=capture,
         simulation=result,
         libraries=libraries,

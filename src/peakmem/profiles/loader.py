@@ -116,9 +116,12 @@ class StackProfile:
         )
 
     def safety_margin_for(self, gpu: GpuProfile, kind: str) -> Sourced:
-        return _per_gpu(self.safety_margin, gpu, kind) or Sourced(
-            0.0, "assumed", f"no margin fitted for {kind} jobs on {gpu.name}"
-        )
+        """The margin fitted for `kind` jobs on `gpu` (else on any GPU of this stack); a kind
+        without a figure in this stack takes the stack's `default` margin."""
+        found = _per_gpu(self.safety_margin, gpu, kind)
+        if found is None and kind != "default":
+            found = _per_gpu(self.safety_margin, gpu, "default")
+        return found or Sourced(0.0, "assumed", f"no margin fitted for {kind} jobs on {gpu.name}")
 
     def library_bytes_for(self, gpu: GpuProfile, family: str) -> Sourced:
         return _per_gpu(self.library, gpu, family) or Sourced(

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from peakmem.bench.gpumemnet_jobs import (
+from peakmem.datasets.gpumemnet_jobs import (
     CNNJob,
     MLPJob,
     TransformerJob,
@@ -14,7 +14,7 @@ from peakmem.bench.gpumemnet_jobs import (
     parse_layer_list,
     parse_mlp,
 )
-from peakmem.bench.gpumemnet_models import (
+from peakmem.datasets.gpumemnet_models import (
     CannotBuildJob,
     build_model,
     cnn_plain_channels,

@@ -11,14 +11,15 @@ import csv
 import dataclasses
 import io
 import math
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from peakmem.bench.gpumemnet_jobs import JobParseError, parse_cnn, parse_mlp, parse_transformer
-from peakmem.bench.rows import GPU_TOTAL_BYTES, BenchRow, MiB
+from peakmem.datasets.gpumemnet_jobs import JobParseError, parse_cnn, parse_mlp, parse_transformer
+from peakmem.datasets.rows import GPU_TOTAL_BYTES, BenchRow, MiB
 from peakmem.inputs import InputError, describe, open_regular_file
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -57,9 +58,15 @@ MAX_MEASURED_MIB = 2**30
 """A measured or total memory figure above 1 PiB is not a measurement."""
 
 
+DATA_DIR_ENV = "PEAKMEM_DATASETS"
+"""Environment variable naming the data directory when `--data` is not given (checkouts that do
+not sit next to `shared/`, e.g. git worktrees)."""
+
+
 def default_data_dir() -> Path | None:
-    """`../shared/datasets/` next to the repository root, when it exists."""
-    candidate = REPO_ROOT.parent / "shared" / "datasets"
+    """$PEAKMEM_DATASETS, else `../shared/datasets/` next to the repository root, when it exists."""
+    from_env = os.environ.get(DATA_DIR_ENV)
+    candidate = Path(from_env) if from_env else REPO_ROOT.parent / "shared" / "datasets"
     return candidate if candidate.is_dir() else None
 
 
@@ -251,12 +258,24 @@ def load_gpumemnet_cnn(data_dir: Path) -> Iterator[BenchRow]:
             yield _gpumemnet_row("gpumemnet-cnn", this_index, f"cnn-{job.arch}", job, raw, where)
 
 
-def load_gpumemnet_transformer(data_dir: Path) -> Iterator[BenchRow]:
-    name = "transformer_data_sample17.csv"
-    rows = _csv_rows(data_dir / "gpumemnet" / name, ("Filename", _MEMORY_MIB))
-    for index, (where, raw) in enumerate(rows):
-        job = _job(parse_transformer, where, raw["Filename"])
-        yield _gpumemnet_row("gpumemnet-transformer", index, "transformer", job, raw, where)
+def _load_transformer(dataset: str, filename: str) -> Callable[[Path], Iterator[BenchRow]]:
+    """GPUMemNet Transformer rows of `filename`; OOM_CRASH rows stay in the set as status "oom"."""
+
+    def load(data_dir: Path) -> Iterator[BenchRow]:
+        rows = _csv_rows(data_dir / "gpumemnet" / filename, ("Filename", _MEMORY_MIB))
+        for index, (where, raw) in enumerate(rows):
+            job = _job(parse_transformer, where, raw["Filename"])
+            yield _gpumemnet_row(dataset, index, "transformer", job, raw, where)
+
+    return load
+
+
+load_gpumemnet_transformer = _load_transformer("gpumemnet-transformer", "transformer_data_sample.csv")
+"""The 952-row Transformer sample (869 ran, 83 OOM_CRASH), spread over the whole published set."""
+load_gpumemnet_transformer17 = _load_transformer(
+    "gpumemnet-transformer17", "transformer_data_sample17.csv"
+)
+"""The earlier 17-row sample (every row is also in the 952-row file, under another id)."""
 
 
 def _timm_family(model: str) -> str:
@@ -432,8 +451,13 @@ DATASETS: dict[str, DatasetSpec] = {
         DatasetSpec("gpumemnet-cnn", "GPUMemNet CNNs (7 archs), A100-40GB", load_gpumemnet_cnn),
         DatasetSpec(
             "gpumemnet-transformer",
-            "GPUMemNet Transformer encoders, A100-40GB",
+            "GPUMemNet Transformer encoders, A100-40GB (952 rows, 83 OOM)",
             load_gpumemnet_transformer,
+        ),
+        DatasetSpec(
+            "gpumemnet-transformer17",
+            "GPUMemNet Transformer encoders, the earlier 17-row sample, A100-40GB",
+            load_gpumemnet_transformer17,
         ),
         DatasetSpec("timm", "timm models x 5 batch sizes, A100-40GB (needs timm)", load_timm),
         DatasetSpec("xmem", "xMem's own evaluation runs (RTX 3060/4060, A100)", load_xmem),

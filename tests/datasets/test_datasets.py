@@ -5,15 +5,18 @@ from pathlib import Path
 
 import pytest
 
-from peakmem.bench.datasets import (
+from peakmem.datasets.gpumemnet_jobs import CNNJob, MLPJob, TransformerJob
+from peakmem.datasets.loaders import (
+    DATA_DIR_ENV,
     DATASETS,
+    DatasetFormatError,
     DatasetUnavailable,
+    default_data_dir,
     load_groundtruth,
     load_rows,
     spread_subset,
 )
-from peakmem.bench.gpumemnet_jobs import CNNJob, MLPJob, TransformerJob
-from peakmem.bench.rows import GPU_TOTAL_BYTES, MiB
+from peakmem.datasets.rows import GPU_TOTAL_BYTES, MiB
 
 GROUNDTRUTH = Path(__file__).resolve().parents[1] / "data" / "groundtruth"
 
@@ -65,7 +68,8 @@ def test_every_shared_dataset_loads(shared_data):
         assert len({r.id for r in rows}) == len(rows)
         sizes[name] = len(rows)
     assert sizes["gpumemnet-mlp1"] == 2978
-    assert sizes["gpumemnet-transformer"] == 17
+    assert sizes["gpumemnet-transformer"] == 952  # gpumemnet/README.md: 869 ran, 83 OOM_CRASH
+    assert sizes["gpumemnet-transformer17"] == 17
     assert sizes["xmem"] == 131  # xmem/README.md: 131 runs
 
 
@@ -78,6 +82,11 @@ def test_shared_cnn_and_transformer_jobs(shared_data):
     assert sum(r.job.dense_transitions is not None for r in dense) >= 0.8 * len(dense)
     tr = load_rows("gpumemnet-transformer", shared_data)
     assert all(isinstance(r.job, TransformerJob) for r in tr)
+    assert Counter(r.status for r in tr) == {"ok": 869, "oom": 83}
+    old = load_rows("gpumemnet-transformer17", shared_data)
+    by_name = {r.features["Filename"]: r for r in tr}
+    for row in old:  # the earlier sample is a subset of the new one, same measurement
+        assert by_name[row.features["Filename"]].measured_peak_bytes == row.measured_peak_bytes
     xmem = load_rows("xmem", shared_data)
     assert {r.gpu for r in xmem} == {"rtx3060-12gb", "rtx4060-8gb", "a100-40gb"}
 
@@ -94,3 +103,49 @@ def test_timm_rows_whose_naive_lower_bound_exceeds_the_gpu_are_oom(tmp_path):
     rows = load_rows("timm", tmp_path)
     assert [r.status for r in rows] == ["ok", "oom", "ok"]
     assert rows[1].measured_peak_bytes == 17615 * MiB and rows[1].family == "eva"
+
+
+TRANSFORMER_HEADER = "Filename,Max GPU Memory (MiB),Status\n"
+TRANSFORMER_NAME = (
+    "num_classes:{k}_embedding_size:64_num_layers:2_num_heads:4_ff_hidden_size:128_dropout_rate:0.1"
+    "_seq_length:32_input_size:1000_num_samples:100_batch_size:8.out"
+)
+
+
+def test_transformer_sets_read_their_own_files(tmp_path):
+    folder = tmp_path / "gpumemnet"
+    folder.mkdir()
+    (folder / "transformer_data_sample.csv").write_text(
+        TRANSFORMER_HEADER
+        + f"{TRANSFORMER_NAME.format(k=3)},1500,SUCCESSFUL\n"
+        + f"{TRANSFORMER_NAME.format(k=4)},39000,OOM_CRASH\n"
+        + f"{TRANSFORMER_NAME.format(k=5)},1600,SUCCESSFUL\n"
+    )
+    (folder / "transformer_data_sample17.csv").write_text(
+        TRANSFORMER_HEADER + f"{TRANSFORMER_NAME.format(k=5)},1600,SUCCESSFUL\n"
+    )
+    new = load_rows("gpumemnet-transformer", tmp_path)
+    assert [r.job.num_classes for r in new] == [3, 4, 5]
+    assert [r.status for r in new] == ["ok", "oom", "ok"]
+    assert {r.dataset for r in new} == {"gpumemnet-transformer"}
+    old = load_rows("gpumemnet-transformer17", tmp_path)
+    assert [(r.dataset, r.job.num_classes, r.measured_mib) for r in old] == [
+        ("gpumemnet-transformer17", 5, 1600)
+    ]
+
+
+def test_transformer_set_bad_status_is_a_format_error(tmp_path):
+    folder = tmp_path / "gpumemnet"
+    folder.mkdir()
+    (folder / "transformer_data_sample.csv").write_text(
+        TRANSFORMER_HEADER + f"{TRANSFORMER_NAME.format(k=3)},1500,MAYBE\n"
+    )
+    with pytest.raises(DatasetFormatError, match="transformer_data_sample.csv:2"):
+        load_rows("gpumemnet-transformer", tmp_path)
+
+
+def test_data_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    assert default_data_dir() == tmp_path
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "absent"))
+    assert default_data_dir() is None

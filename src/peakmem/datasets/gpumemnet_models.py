@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from peakmem.bench.gpumemnet_jobs import (
+from peakmem.datasets.gpumemnet_jobs import (
     ACTIVATIONS,
     CNNJob,
     GpuMemNetJob,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from peakmem.bench.gpumemnet_jobs import (
+from peakmem.datasets.gpumemnet_jobs import (
     JobParseError,
     dense_transitions_from_layers,
     parse_cnn,

@@ -26,7 +26,7 @@ class BenchRow:
     """One measured training job.
 
     `job` is what an estimator needs to rebuild the job: a GPUMemNet job dataclass
-    (peakmem.bench.gpumemnet_jobs), or a small dict for the other sets ({"model", "batch_size",
+    (peakmem.datasets.gpumemnet_jobs), or a small dict for the other sets ({"model", "batch_size",
     ...}). `features` holds the dataset's raw per-row columns (what feature-based estimators such as
     GPUMemNet's classifier read). `measured_peak_bytes` is device-level (nvidia-smi) unless the
     dataset says otherwise; for an `oom` row it is only the level reached before the crash.
