@@ -42,6 +42,11 @@ PUBLIC_PARAMETERS = {
 
 @pytest.fixture(scope="module")
 def zoo():
+    # transformers imports torchvision when it is installed; under a CPU-only torch that import
+    # works only with peakmem's declared schemas (as in every capture), whatever ran before
+    from peakmem.capture.vision_ops import declare_torchvision_ops
+
+    declare_torchvision_ops()
     sys.path.insert(0, str(ZOO))
     try:
         import hf_configs
