@@ -1,0 +1,123 @@
+"""During a capture: the cost of every device op of the training steps, kept for the last
+completed step (the steady state), and written into the trace's metadata at the end.
+
+The recorder calls `OpCostObserver.observe` once per aten op (session.op_observer). The
+observer also counts the host-side work of each step (ops on real CPU tensors: the
+DataLoader's indexing, collation and random data) and the host reads of device values
+(`.item()`: a device synchronisation each).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from peakmem.capture.session import CaptureSession
+from peakmem.cuda_rules.true_device import is_meta
+from peakmem.utilization.op_costs import op_cost
+
+META_KEY = "utilization"
+FORMAT_VERSION = 1
+MAX_OPS_PER_STEP = 200_000
+
+
+class StepRecord:
+    def __init__(self) -> None:
+        self.ops: list[list[Any]] = []
+        self.phases: list[str] = []
+        self.syncs_before: list[int] = []  # host reads (syncs) seen just before each op
+        self.host_ops = 0
+        self.host_bytes = 0
+        self.input_bytes = 0  # host -> device copies
+        self.trailing_syncs = 0
+        self.overflow = False
+
+    def to_json(self, step: int) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "step": step,
+            "ops": self.ops,
+            "phases": self.phases,
+            "syncs_before": self.syncs_before,
+            "host_ops": self.host_ops,
+            "host_bytes": self.host_bytes,
+            "input_bytes": self.input_bytes,
+            "trailing_syncs": self.trailing_syncs,
+            "overflow": self.overflow,
+        }
+
+
+class OpCostObserver:
+    """Per-op costs of the current and the last completed training step."""
+
+    def __init__(self, session: CaptureSession) -> None:
+        self.session = session
+        self.current = StepRecord()
+        self.completed: dict[str, Any] | None = None
+        self._step = session.state.steps
+        self._reads = session.host_reads
+
+    def _roll(self) -> None:
+        state = self.session.state
+        if state.steps != self._step:
+            self._sync_check()
+            # the first step (model build, optimizer state init) is kept only until a steady one
+            if self._step > 0 or self.completed is None:
+                self.completed = self.current.to_json(state.steps)
+                self.completed["steady"] = self._step > 0
+            self.current = StepRecord()
+            self._step = state.steps
+
+    def _sync_check(self) -> int:
+        reads = self.session.host_reads
+        delta, self._reads = reads - self._reads, reads
+        return max(delta, 0)
+
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
+        self._roll()
+        record = self.current
+        syncs = self._sync_check()
+        flat, _ = tree_flatten((args, kwargs, out))
+        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+        device = [t for t in tensors if is_meta(t)]
+        if kind != "device" or not device:
+            if tensors and not device:
+                record.host_ops += 1
+                record.host_bytes += sum(
+                    int(t.numel()) * t.element_size() for t in _flat(out) if t.layout == torch.strided
+                )
+            record.trailing_syncs += syncs
+            return
+        if any(self.session.storage_kind(t) != "device" for t in device):
+            record.trailing_syncs += syncs
+            return
+        cost = op_cost(func, args, kwargs, out)
+        name = func.overloadpacket.__name__
+        if name in ("_to_copy", "copy_") and any(not is_meta(t) for t in tensors):
+            record.input_bytes += sum(int(t.numel()) * t.element_size() for t in device)
+            record.trailing_syncs += syncs
+            return  # a host -> device copy: the copy engine, not a kernel
+        if cost is None:
+            record.trailing_syncs += syncs
+            return
+        if len(record.ops) >= MAX_OPS_PER_STEP:
+            record.overflow = True
+            return
+        record.ops.append(cost.to_row())
+        record.phases.append(self.session.state.phase)
+        record.syncs_before.append(syncs + record.trailing_syncs)
+        record.trailing_syncs = 0
+
+    def finish(self) -> None:
+        """Write the last completed step's costs into the trace's metadata."""
+        self._roll()
+        self.current.trailing_syncs += self._sync_check()
+        if self.completed is not None:
+            self.session.trace.meta[META_KEY] = self.completed
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    flat, _ = tree_flatten(value)
+    return [t for t in flat if isinstance(t, torch.Tensor)]
