@@ -19,6 +19,8 @@ from peakmem.cuda_rules.true_device import is_meta
 from peakmem.utilization.op_costs import op_cost
 
 META_KEY = "utilization"
+_RANDOM_OPS = frozenset({"normal", "normal_", "randn", "rand", "uniform_", "randint", "random_",
+                         "bernoulli", "bernoulli_", "randperm"})
 FORMAT_VERSION = 1
 MAX_OPS_PER_STEP = 200_000
 
@@ -30,6 +32,7 @@ class StepRecord:
         self.syncs_before: list[int] = []  # host reads (syncs) seen just before each op
         self.host_ops = 0
         self.host_bytes = 0
+        self.host_random_bytes = 0  # host random data (randn per sample in a Dataset)
         self.input_bytes = 0  # host -> device copies
         self.trailing_syncs = 0
         self.overflow = False
@@ -43,6 +46,7 @@ class StepRecord:
             "syncs_before": self.syncs_before,
             "host_ops": self.host_ops,
             "host_bytes": self.host_bytes,
+            "host_random_bytes": self.host_random_bytes,
             "input_bytes": self.input_bytes,
             "trailing_syncs": self.trailing_syncs,
             "overflow": self.overflow,
@@ -55,18 +59,20 @@ class OpCostObserver:
     def __init__(self, session: CaptureSession) -> None:
         self.session = session
         self.current = StepRecord()
-        self.completed: dict[str, Any] | None = None
+        self.best: dict[str, Any] | None = None
         self._step = session.state.steps
         self._reads = session.host_reads
 
     def _roll(self) -> None:
         state = self.session.state
         if state.steps != self._step:
-            self._sync_check()
-            # the first step (model build, optimizer state init) is kept only until a steady one
-            if self._step > 0 or self.completed is None:
-                self.completed = self.current.to_json(state.steps)
-                self.completed["steady"] = self._step > 0
+            # the first step (model build, optimizer state init) is kept only until a steady
+            # one; of the steady steps, the one that moved the most input (a full batch, not an
+            # epoch's smaller last one), the latest of equals
+            record = self.current.to_json(state.steps)
+            record["steady"] = self._step > 0
+            if self.best is None or _rank(record) >= _rank(self.best):
+                self.best = record
             self.current = StepRecord()
             self._step = state.steps
 
@@ -84,10 +90,13 @@ class OpCostObserver:
         device = [t for t in tensors if is_meta(t)]
         if kind != "device" or not device:
             if tensors and not device:
-                record.host_ops += 1
-                record.host_bytes += sum(
+                made = sum(
                     int(t.numel()) * t.element_size() for t in _flat(out) if t.layout == torch.strided
                 )
+                record.host_ops += 1
+                record.host_bytes += made
+                if func.overloadpacket.__name__ in _RANDOM_OPS:
+                    record.host_random_bytes += made
             record.trailing_syncs += syncs
             return
         if any(self.session.storage_kind(t) != "device" for t in device):
@@ -111,11 +120,14 @@ class OpCostObserver:
         record.trailing_syncs = 0
 
     def finish(self) -> None:
-        """Write the last completed step's costs into the trace's metadata."""
+        """Write the costs of a full steady step into the trace's metadata."""
         self._roll()
-        self.current.trailing_syncs += self._sync_check()
-        if self.completed is not None:
-            self.session.trace.meta[META_KEY] = self.completed
+        if self.best is not None:
+            self.session.trace.meta[META_KEY] = self.best
+
+
+def _rank(record: dict[str, Any]) -> tuple[bool, int, int]:
+    return record["steady"], record["input_bytes"], len(record["ops"])
 
 
 def _flat(value: Any) -> list[torch.Tensor]:
