@@ -77,6 +77,14 @@ def _fail(message: str) -> None:
     "else ~/.cache/peakmem/bench-cache.jsonl).",
 )
 @click.option("--no-cache", is_flag=True, help="Recompute everything, store nothing.")
+@click.option(
+    "--metric",
+    type=click.Choice(["memory", "utilization"]),
+    default="memory",
+    show_default=True,
+    help="What to score: peak memory, or GPU utilization (GRACT/SMACT/SMOCC/FP32A; "
+    "GPUMemNet MLP and CNN sets).",
+)
 def bench(
     dataset: str,
     data_dir: str | None,
@@ -88,6 +96,7 @@ def bench(
     margin: float,
     cache_path: str | None,
     no_cache: bool,
+    metric: str = "memory",
 ) -> None:
     """Run estimators over DATASET and report accuracy, safety and speed.
 
@@ -108,6 +117,11 @@ def bench(
 
     if dataset not in DATASETS:
         _fail(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    if metric == "utilization":
+        from peakmem.cli.bench_utilization import bench_utilization
+
+        bench_utilization(dataset, data_dir, limit, as_json, report_dir, jobs, cache_path, no_cache)
+        return
     names = [n.strip() for n in estimators.split(",") if n.strip()]
     unknown = [n for n in names if n not in ESTIMATORS]
     if unknown or not names:

@@ -138,6 +138,9 @@ class Estimate:
     mode_reason: str = ""
     libraries: dict[str, int] = field(default_factory=dict)
     """Device memory libraries load outside the caching allocator on first use (cuDNN...)."""
+    utilization: Any = None
+    """Predicted GPU utilization of a steady-state training iteration
+    (peakmem.utilization.model.Utilization), None where the job trained no step."""
 
     @property
     def library_bytes(self) -> int:
@@ -219,6 +222,7 @@ class Estimate:
             "seconds": round(self.seconds, 3),
             "notes": list(self.notes),
             "assumptions": list(self.assumptions),
+            "utilization": self.utilization.to_json() if self.utilization is not None else None,
         }
 
 
@@ -397,6 +401,9 @@ def estimate_capture(
         notes.append(job_oom)
     elif oom_message:
         notes.append(f"the simulated run runs out of memory on this GPU: {oom_message}")
+    from peakmem.utilization.estimate import utilization_of
+
+    utilization = utilization_of(capture, gpu, notes)
     return Estimate(
         gpu=gpu,
         stack=stack,
@@ -416,6 +423,7 @@ def estimate_capture(
         capture=capture,
         simulation=result,
         libraries=libraries,
+        utilization=utilization,
     )
 
 

@@ -74,21 +74,34 @@ class StepCache:
             fh.write(json.dumps({"key": key, field: value}) + "\n")
 
 
+CAPTURE_STEPS = 5
+"""Steps captured per row: a loader's shortened epoch yields 3 full batches and its last one,
+so step 5 (the next epoch's first batch) is a full steady step for any epoch length."""
+
+
 def capture_step(row: BenchRow) -> dict[str, Any] | str:
     """The row's steady-state step record, or a one-line reason it has none."""
     from peakmem.baselines.base import CannotEstimate
-    from peakmem.baselines.peakmem_estimator import PeakmemEstimator
+    from peakmem.baselines.peakmem_estimator import job_command
+    from peakmem.estimate import EstimateError, estimate_command
     from peakmem.utilization.observer import META_KEY
 
     sink = io.StringIO()
     try:
+        argv = job_command(row)
         with redirect_stdout(sink), redirect_stderr(sink):
-            estimate = PeakmemEstimator().run(row)
+            estimate = estimate_command(argv, gpu=row.gpu, torch_version=row.torch_version,
+                                        steps=CAPTURE_STEPS, isolate=False)
+        capture = estimate.capture
+    except EstimateError as exc:
+        capture = exc.capture  # a job that trained, then raised: its steps were recorded
+        if capture is None or not capture.trained:
+            return f"cannot estimate: {str(exc).strip().splitlines()[-1][:120]}"
     except CannotEstimate as exc:
         return f"cannot estimate: {exc}"
     except Exception as exc:  # noqa: BLE001 - one bad row must not end a long run
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
-    record = estimate.capture.trace.meta.get(META_KEY) if estimate.capture else None
+    record = capture.trace.meta.get(META_KEY) if capture is not None else None
     return record if isinstance(record, dict) else "no steady-state step recorded"
 
 

@@ -1,0 +1,135 @@
+"""Fit the timing model's free parameters on the declared split, and write params.toml.
+
+    python -m peakmem.utilization.fit --data ../shared/datasets [--fit-rows 40,40,25] [--jobs 2]
+
+Only rows of the fit split (utilization.rows.in_fit_split: ~20% of each dataset) are used; a
+spread sample of them (`--fit-rows` per dataset) is captured (cached) and the parameters
+minimise a robust (soft-L1) sum of the GRACT, SMACT, SMOCC and FP32A errors over them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+from peakmem.utilization.model import ModelParams, StepOps, utilization
+from peakmem.utilization.rows import DATASETS, FIT_SPLIT_DESCRIPTION, METRICS
+
+FITTED = (
+    "host_forward_us", "host_backward_us", "host_optimizer_us", "host_step_us", "host_param_us",
+    "loader_op_us", "loader_random_ns_per_byte", "kernel_min_us", "gemm_efficiency",
+    "conv_efficiency", "memory_efficiency", "achieved_occupancy", "fp32_per_element",
+    "tensor_fp32_share",
+)
+BOUNDS = {
+    "gemm_efficiency": (0.05, 1.0),
+    "conv_efficiency": (0.05, 1.0),
+    "memory_efficiency": (0.05, 1.0),
+    "achieved_occupancy": (0.05, 1.0),
+    "tensor_fp32_share": (0.001, 2.0),
+}
+DEFAULT_BOUNDS = (1e-3, 1e4)
+
+Sample = tuple[StepOps, tuple[int, bool], dict[str, float]]
+
+
+def predict(sample: Sample, gpu, params: ModelParams) -> np.ndarray:  # type: ignore[no-untyped-def]
+    ops, (workers, pinned), _ = sample
+    u = utilization(ops, gpu, params, loader_workers=workers, pinned=pinned)
+    return np.array([getattr(u, m) for m in METRICS])
+
+
+def residuals(samples: list[Sample], gpu, params: ModelParams) -> np.ndarray:  # type: ignore[no-untyped-def]
+    out = [predict(s, gpu, params) - np.array([s[2][m] for m in METRICS]) for s in samples]
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def fit(samples: list[Sample], gpu, start: ModelParams | None = None) -> ModelParams:  # type: ignore[no-untyped-def]
+    from scipy.optimize import least_squares
+
+    start = start or ModelParams()
+    lows = np.log([BOUNDS.get(n, DEFAULT_BOUNDS)[0] for n in FITTED])
+    highs = np.log([BOUNDS.get(n, DEFAULT_BOUNDS)[1] for n in FITTED])
+    x0 = np.clip(np.log([getattr(start, n) for n in FITTED]), lows + 1e-9, highs - 1e-9)
+
+    def params_of(x: np.ndarray) -> ModelParams:
+        values = {f.name: getattr(start, f.name) for f in fields(ModelParams)}
+        values.update({n: float(math.exp(v)) for n, v in zip(FITTED, x, strict=True)})
+        return ModelParams(**values)
+
+    result = least_squares(
+        lambda x: residuals(samples, gpu, params_of(x)),
+        x0,
+        bounds=(lows, highs),
+        loss="soft_l1",
+        f_scale=0.05,
+        diff_step=1e-3,
+        max_nfev=400,
+    )
+    return params_of(result.x)
+
+
+def write_params(params: ModelParams, path: Path, description: str) -> None:
+    lines = [
+        "# Free parameters of the utilization timing model (peakmem.utilization.model).",
+        f"# Fitted by `python -m peakmem.utilization.fit` on {description}.",
+        "[params]",
+    ]
+    lines += [f"{f.name} = {getattr(params, f.name):.6g}" for f in fields(ModelParams)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def fit_samples(
+    data_dir: str | None, per_dataset: list[int], cache_path: Path | None, jobs: int
+) -> list[Sample]:
+    from peakmem.bench.datasets import load_rows, spread_subset
+    from peakmem.utilization.collect import DEFAULT_CACHE, StepCache, collect
+    from peakmem.utilization.rows import in_fit_split, loader_of, measured
+
+    cache = StepCache(cache_path or DEFAULT_CACHE)
+    samples: list[Sample] = []
+    for dataset, count in zip(DATASETS, per_dataset, strict=True):
+        rows = [r for r in load_rows(dataset, data_dir) if measured(r) and in_fit_split(r)]
+        rows = spread_subset(rows, count)
+        records = collect(rows, cache, jobs=jobs)
+        for row in rows:
+            record = records[row.id]
+            if isinstance(record, dict):
+                samples.append((StepOps.from_meta(record), loader_of(row), measured(row)))  # type: ignore[arg-type]
+    return samples
+
+
+def main(argv: list[str] | None = None) -> None:
+    from peakmem.profiles import load_gpu
+
+    parser = argparse.ArgumentParser(prog="python -m peakmem.utilization.fit")
+    parser.add_argument("--data", default=None, help="datasets directory (../shared/datasets)")
+    parser.add_argument("--fit-rows", default="30,30,20",
+                        help="fit-split rows sampled per dataset (mlp1,mlp2,cnn)")
+    parser.add_argument("--cache", type=Path, default=None, help="step cache (JSON lines)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parent / "params.toml")
+    args = parser.parse_args(argv)
+    per_dataset = [int(n) for n in args.fit_rows.split(",")]
+    samples = fit_samples(args.data, per_dataset, args.cache, args.jobs)
+    gpu = load_gpu("a100-40gb")
+    params = fit(samples, gpu)
+    before = np.abs(residuals(samples, gpu, ModelParams())).mean()
+    after = np.abs(residuals(samples, gpu, params)).mean()
+    description = (
+        f"{len(samples)} rows of the declared split ({FIT_SPLIT_DESCRIPTION}; "
+        f"{args.fit_rows} spread over {', '.join(DATASETS)}); fit MAE {after:.3f} "
+        f"(defaults {before:.3f})"
+    )
+    write_params(params, args.out, description)
+    print(description)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
