@@ -21,15 +21,26 @@ from peakmem.utilization.rows import DATASETS, FIT_SPLIT_DESCRIPTION, METRICS
 
 FITTED = (
     "host_forward_us", "host_backward_us", "host_optimizer_us", "host_step_us", "host_param_us",
-    "loader_op_us", "loader_random_ns_per_byte", "kernel_min_us", "gemm_efficiency",
+    "loader_op_us", "loader_random_ns_per_byte", "loader_ns_per_byte", "h2d_gbps", "kernel_min_us", "gemm_efficiency",
     "conv_efficiency", "memory_efficiency", "achieved_occupancy", "fp32_per_element",
     "tensor_fp32_share",
 )
-BOUNDS = {
-    "gemm_efficiency": (0.05, 1.0),
-    "conv_efficiency": (0.05, 1.0),
-    "memory_efficiency": (0.05, 1.0),
-    "achieved_occupancy": (0.05, 1.0),
+BOUNDS = {  # physically plausible ranges (a parameter at a bound is reported by the fit)
+    "host_forward_us": (2.0, 100.0),
+    "host_backward_us": (1.0, 100.0),
+    "host_optimizer_us": (2.0, 200.0),
+    "host_step_us": (10.0, 5000.0),
+    "host_param_us": (0.1, 50.0),
+    "loader_op_us": (0.5, 50.0),
+    "loader_random_ns_per_byte": (0.01, 20.0),
+    "loader_ns_per_byte": (0.01, 20.0),
+    "h2d_gbps": (1.0, 25.0),
+    "kernel_min_us": (1.0, 10.0),
+    "gemm_efficiency": (0.1, 1.0),
+    "conv_efficiency": (0.1, 1.0),
+    "memory_efficiency": (0.3, 1.0),
+    "achieved_occupancy": (0.2, 1.0),
+    "fp32_per_element": (0.5, 50.0),
     "tensor_fp32_share": (0.001, 2.0),
 }
 DEFAULT_BOUNDS = (1e-3, 1e4)

@@ -55,6 +55,8 @@ class ModelParams:
     """DataLoader: host time per host-side op (indexing, collation)."""
     loader_random_ns_per_byte: float = 0.8
     """DataLoader: host time per byte of random data made per sample."""
+    loader_ns_per_byte: float = 0.3
+    """DataLoader: host time per byte of the other host tensors it makes (collation copies)."""
     kernel_min_us: float = 2.0
     """GPU time of the smallest kernel (launch to completion)."""
     gemm_efficiency: float = 0.7
@@ -174,6 +176,7 @@ class StepOps:
     phase: np.ndarray  # 0 forward/other, 1 backward, 2 optimizer
     syncs: np.ndarray  # host reads (syncs) before each op
     host_ops: int
+    host_bytes: int
     host_random_bytes: int
     input_bytes: int
     steady: bool
@@ -205,7 +208,9 @@ class StepOps:
             columns[5].append(float(max(op[6], 1)))
         if not all(isinstance(p, str) for p in phases) or not all(_number(s) for s in syncs):
             raise StepFormatError("malformed per-op cost record")
-        counts = [record.get(k, 0) for k in ("host_ops", "host_random_bytes", "input_bytes")]
+        counts = [
+            record.get(k, 0) for k in ("host_ops", "host_bytes", "host_random_bytes", "input_bytes")
+        ]
         if not all(_number(c) for c in counts):
             raise StepFormatError("malformed per-op cost record")
         return cls(
@@ -218,8 +223,9 @@ class StepOps:
             phase=np.array([_PHASE_CODE.get(p, 0) for p in phases], dtype=np.int64),
             syncs=np.array(syncs, dtype=float),
             host_ops=int(counts[0]),
-            host_random_bytes=int(counts[1]),
-            input_bytes=int(counts[2]),
+            host_bytes=int(counts[1]),
+            host_random_bytes=int(counts[2]),
+            input_bytes=int(counts[3]),
             steady=bool(record.get("steady", True)),
         )
 
@@ -333,6 +339,7 @@ def simulate(
     loader = (
         params.loader_op_us * 1e-6 * ops.host_ops
         + params.loader_random_ns_per_byte * 1e-9 * ops.host_random_bytes
+        + params.loader_ns_per_byte * 1e-9 * max(ops.host_bytes - ops.host_random_bytes, 0)
     )
     h2d = ops.input_bytes / (params.h2d_gbps * 1e9 * (2.0 if pinned else 1.0))
     fixed = params.host_step_us * 1e-6 + params.host_param_us * 1e-6 * params_tensors
