@@ -21,7 +21,7 @@ from peakmem.utilization.rows import DATASETS, FIT_SPLIT_DESCRIPTION, METRICS
 
 FITTED = (
     "host_forward_us", "host_backward_us", "host_optimizer_us", "host_step_us", "host_param_us",
-    "loader_op_us", "loader_random_ns_per_byte", "loader_ns_per_byte", "h2d_gbps", "kernel_min_us", "gemm_efficiency",
+    "loader_op_us", "loader_random_ns_per_byte", "loader_ns_per_byte", "loader_batch_us", "h2d_gbps", "kernel_min_us", "gemm_efficiency",
     "conv_efficiency", "memory_efficiency", "achieved_occupancy", "fp32_per_element",
     "tensor_fp32_share",
 )
@@ -35,9 +35,10 @@ BOUNDS = {  # physically plausible ranges (a parameter at a bound is reported by
     "loader_random_ns_per_byte": (0.01, 20.0),
     "loader_ns_per_byte": (0.01, 20.0),
     "h2d_gbps": (1.0, 25.0),
+    "loader_batch_us": (10.0, 5000.0),
     "kernel_min_us": (1.0, 10.0),
     "gemm_efficiency": (0.1, 1.0),
-    "conv_efficiency": (0.1, 1.0),
+    "conv_efficiency": (0.02, 1.0),
     "memory_efficiency": (0.3, 1.0),
     "achieved_occupancy": (0.2, 1.0),
     "fp32_per_element": (0.5, 50.0),
@@ -45,17 +46,25 @@ BOUNDS = {  # physically plausible ranges (a parameter at a bound is reported by
 }
 DEFAULT_BOUNDS = (1e-3, 1e4)
 
-Sample = tuple[StepOps, tuple[int, bool], dict[str, float]]
+Sample = tuple[StepOps, tuple[int, bool], dict[str, float], str]
+"""(the step's ops, the job's DataLoader (workers, pinned), measured metrics, dataset)."""
 
 
 def predict(sample: Sample, gpu, params: ModelParams) -> np.ndarray:  # type: ignore[no-untyped-def]
-    ops, (workers, pinned), _ = sample
+    ops, (workers, pinned), _, _ = sample
     u = utilization(ops, gpu, params, loader_workers=workers, pinned=pinned)
     return np.array([getattr(u, m) for m in METRICS])
 
 
-def residuals(samples: list[Sample], gpu, params: ModelParams) -> np.ndarray:  # type: ignore[no-untyped-def]
-    out = [predict(s, gpu, params) - np.array([s[2][m] for m in METRICS]) for s in samples]
+def residuals(samples: list[Sample], gpu, params: ModelParams, weighted: bool = False) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Predicted - measured, per row and metric; `weighted`: every family (MLP, CNN) weighs the
+    same in total, whatever its number of rows."""
+    families = [s[3].rstrip("0123456789") for s in samples]
+    counts = {f: families.count(f) for f in set(families)}
+    out = []
+    for sample, family in zip(samples, families, strict=True):
+        error = predict(sample, gpu, params) - np.array([sample[2][m] for m in METRICS])
+        out.append(error / math.sqrt(counts[family]) if weighted else error)
     return np.concatenate(out) if out else np.zeros(0)
 
 
@@ -73,11 +82,11 @@ def fit(samples: list[Sample], gpu, start: ModelParams | None = None) -> ModelPa
         return ModelParams(**values)
 
     result = least_squares(
-        lambda x: residuals(samples, gpu, params_of(x)),
+        lambda x: residuals(samples, gpu, params_of(x), weighted=True),
         x0,
         bounds=(lows, highs),
         loss="soft_l1",
-        f_scale=0.05,
+        f_scale=0.05 / math.sqrt(len(samples)),
         diff_step=1e-3,
         max_nfev=400,
     )
@@ -110,7 +119,9 @@ def fit_samples(
         for row in rows:
             record = records[row.id]
             if isinstance(record, dict):
-                samples.append((StepOps.from_meta(record), loader_of(row), measured(row)))  # type: ignore[arg-type]
+                samples.append(
+                    (StepOps.from_meta(record), loader_of(row), measured(row), dataset)  # type: ignore[arg-type]
+                )
     return samples
 
 

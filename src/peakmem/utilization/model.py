@@ -57,6 +57,9 @@ class ModelParams:
     """DataLoader: host time per byte of random data made per sample."""
     loader_ns_per_byte: float = 0.3
     """DataLoader: host time per byte of the other host tensors it makes (collation copies)."""
+    loader_batch_us: float = 300.0
+    """DataLoader with worker processes: the training loop's time to receive a batch (queue,
+    unpickling shared-memory handles, the pin-memory thread's handoff)."""
     kernel_min_us: float = 2.0
     """GPU time of the smallest kernel (launch to completion)."""
     gemm_efficiency: float = 0.7
@@ -243,7 +246,8 @@ ELEMENTS_PER_BLOCK = 512  # TensorIterator: 128 threads x 4 elements
 FOREACH_CHUNK = 65536  # multi_tensor_apply: elements per block
 FOREACH_TENSORS_PER_LAUNCH = 48
 FOREACH_BLOCKS_PER_LAUNCH = 320
-SATURATING_WARPS_PER_SM = 16  # resident warps an SM needs to keep DRAM busy
+SATURATING_WARPS_PER_SM = 16
+SPLIT_K_MIN = 256  # resident warps an SM needs to keep DRAM busy
 
 
 def _grids(ops: StepOps, gpu: GpuRates) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -261,7 +265,12 @@ def _grids(ops: StepOps, gpu: GpuRates) -> tuple[np.ndarray, np.ndarray, np.ndar
         for i in range(len(_TILES) - 1, -1, -1):
             tile = np.where(np.ceil(work / _TILES[i][0]) >= gpu.sms, i, tile)
         elems = np.array([t[0] for t in _TILES])[tile]
-        blocks[matrix] = np.ceil(work / elems)
+        tiles = np.ceil(work / elems)
+        # split-K: a small output with a long reduction (weight gradients) is split along K
+        # until the GPU is full, each split keeping at least SPLIT_K_MIN of the reduction
+        depth = ops.flops[matrix] / (2 * work)
+        split = np.clip(np.floor(depth / SPLIT_K_MIN), 1, np.ceil(2 * gpu.sms / tiles))
+        blocks[matrix] = tiles * split
         warps[matrix] = np.array([t[1] for t in _TILES], dtype=float)[tile]
         resident[matrix] = np.array([t[2] for t in _TILES], dtype=float)[tile]
     pointwise = ops.family == 3
@@ -343,7 +352,7 @@ def simulate(
     )
     h2d = ops.input_bytes / (params.h2d_gbps * 1e9 * (2.0 if pinned else 1.0))
     fixed = params.host_step_us * 1e-6 + params.host_param_us * 1e-6 * params_tensors
-    start = h2d + fixed + (loader if loader_workers <= 0 else 0.0)
+    start = h2d + fixed + (loader if loader_workers <= 0 else params.loader_batch_us * 1e-6)
     end = _gpu_end(host_per_op, duration, ops.syncs, start)
     loop = max(end[1], end[0])  # the step's `.item()` waits for the GPU
     period = max(loop, loader / loader_workers) if loader_workers > 0 else loop
