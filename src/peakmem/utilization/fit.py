@@ -23,7 +23,7 @@ FITTED = (
     "host_forward_us", "host_backward_us", "host_optimizer_us", "host_step_us", "host_param_us",
     "loader_op_us", "loader_random_ns_per_byte", "loader_ns_per_byte", "loader_batch_us", "h2d_gbps", "kernel_min_us", "gemm_efficiency",
     "conv_efficiency", "memory_efficiency", "achieved_occupancy", "fp32_per_element",
-    "tensor_fp32_share",
+    "tensor_fp32_share", "steady_share",
 )
 BOUNDS = {  # physically plausible ranges (a parameter at a bound is reported by the fit)
     "host_forward_us": (2.0, 100.0),
@@ -43,6 +43,7 @@ BOUNDS = {  # physically plausible ranges (a parameter at a bound is reported by
     "achieved_occupancy": (0.2, 1.0),
     "fp32_per_element": (0.5, 50.0),
     "tensor_fp32_share": (0.001, 2.0),
+    "steady_share": (0.7, 1.0),
 }
 DEFAULT_BOUNDS = (1e-3, 1e4)
 

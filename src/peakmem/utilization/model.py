@@ -76,6 +76,10 @@ class ModelParams:
     """FP32 pipe time of a tensor-core kernel, per unit of its tensor time (epilogues)."""
     h2d_gbps: float = 10.0
     """Host-to-device copy rate of a batch (pageable memory)."""
+    steady_share: float = 1.0
+    """Share of a run's sampled time that is steady-state training: a sampler's mean over a
+    whole run (DCGM's non-zero 1 s samples of a ~60 s job) also covers start-up and teardown,
+    which dilute every metric by this factor (1: the steady state alone)."""
 
     @classmethod
     def names(cls) -> list[str]:
@@ -409,6 +413,7 @@ def utilization(
     rates = GpuRates.of(gpu)
     line = simulate(ops, rates, params, loader_workers=loader_workers, pinned=pinned)
     t = line.iteration_seconds
+    share = params.steady_share
     assumptions = [
         "utilization: a timing model of one steady-state iteration from the trace's per-op "
         "costs and the GPU's datasheet rates; the job alone on the GPU (utilization of jobs "
@@ -419,11 +424,11 @@ def utilization(
     if not ops.steady:
         assumptions.append("utilization: only the first training step was seen (not steady)")
     return Utilization(
-        gract=min(1.0, line.busy / t),
-        smact=min(1.0, line.sm_busy / t),
-        smocc=min(1.0, line.warp_busy / t),
-        drama=min(1.0, line.dram_busy / t),
-        fp32a=min(1.0, line.fp32_busy / t),
+        gract=share * min(1.0, line.busy / t),
+        smact=share * min(1.0, line.sm_busy / t),
+        smocc=share * min(1.0, line.warp_busy / t),
+        drama=share * min(1.0, line.dram_busy / t),
+        fp32a=share * min(1.0, line.fp32_busy / t),
         iteration_seconds=t,
         assumptions=assumptions,
     )
