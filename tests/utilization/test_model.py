@@ -133,3 +133,20 @@ def test_estimate_utilization_needs_a_trained_step_and_throughput(gpu):
 def test_malformed_records_are_refused(record):
     with pytest.raises(StepFormatError):
         StepOps.from_meta(record)
+
+
+def test_an_unreadable_op_turns_the_observer_off_not_the_capture(gpu, monkeypatch):
+    import peakmem.utilization.observer as observer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("unusual tensor")
+
+    monkeypatch.setattr(observer, "op_cost", broken)
+    result, _ = None, None
+    from peakmem.profiles import load_stack
+
+    result = capture_callable(_train(16, 1, batch=8), gpu=gpu, stack=load_stack("2.4.1"), steps=3)
+    assert result.error is None and result.steps == 3
+    assert META_KEY not in result.trace.meta
+    assert any("per-op costs could not be recorded" in n for n in result.notes)
+    assert utilization_of(result, gpu, []) is None

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules.true_device import is_meta
@@ -60,6 +59,7 @@ class OpCostObserver:
         self.session = session
         self.current = StepRecord()
         self.best: dict[str, Any] | None = None
+        self.failed: str | None = None
         self._step = session.state.steps
         self._reads = session.host_reads
 
@@ -82,32 +82,41 @@ class OpCostObserver:
         return max(delta, 0)
 
     def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
+        """Record one op; an op the cost model cannot read (an unusual tensor subclass) turns
+        the observer off rather than failing the job's capture."""
+        if self.failed:
+            return
+        try:
+            self._observe(func, args, kwargs, out, kind)
+        except Exception as exc:  # noqa: BLE001 - never let the utilization model break a capture
+            self.failed = f"{type(exc).__name__} on {getattr(func, '__name__', func)}"
+
+    def _observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
         self._roll()
         record = self.current
         syncs = self._sync_check()
-        flat, _ = tree_flatten((args, kwargs, out))
-        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+        inputs = _tensors_of(args)
+        if kwargs:
+            inputs += _tensors_of(tuple(kwargs.values()))
+        outputs = _tensors_of((out,))
+        tensors = inputs + outputs
         device = [t for t in tensors if is_meta(t)]
         if kind != "device" or not device:
             if tensors and not device:
-                made = sum(
-                    int(t.numel()) * t.element_size() for t in _flat(out) if t.layout == torch.strided
-                )
+                made = sum(int(t.numel()) * t.element_size() for t in outputs
+                           if t.layout == torch.strided)
                 record.host_ops += 1
                 record.host_bytes += made
                 if func.overloadpacket.__name__ in _RANDOM_OPS:
                     record.host_random_bytes += made
             record.trailing_syncs += syncs
             return
-        if any(self.session.storage_kind(t) != "device" for t in device):
-            record.trailing_syncs += syncs
-            return
-        cost = op_cost(func, args, kwargs, out)
         name = func.overloadpacket.__name__
-        if name in ("_to_copy", "copy_") and any(not is_meta(t) for t in tensors):
+        if name in ("_to_copy", "copy_") and len(device) < len(tensors):
             record.input_bytes += sum(int(t.numel()) * t.element_size() for t in device)
             record.trailing_syncs += syncs
             return  # a host -> device copy: the copy engine, not a kernel
+        cost = op_cost(func, args, kwargs, out, inputs=inputs, outputs=outputs)
         if cost is None:
             record.trailing_syncs += syncs
             return
@@ -121,6 +130,11 @@ class OpCostObserver:
 
     def finish(self) -> None:
         """Write the costs of a full steady step into the trace's metadata."""
+        if self.failed:
+            self.session.notes.append(
+                f"utilization: per-op costs could not be recorded ({self.failed}): not predicted"
+            )
+            return
         self._roll()
         if self.best is not None:
             self.session.trace.meta[META_KEY] = self.best
@@ -130,6 +144,17 @@ def _rank(record: dict[str, Any]) -> tuple[bool, int, int]:
     return record["steady"], record["input_bytes"], len(record["ops"])
 
 
-def _flat(value: Any) -> list[torch.Tensor]:
-    flat, _ = tree_flatten(value)
-    return [t for t in flat if isinstance(t, torch.Tensor)]
+def _tensors_of(values: tuple) -> list[torch.Tensor]:
+    """The tensors among `values` and inside their lists/tuples (two levels: foreach ops' tensor
+    lists); faster than a pytree flatten on the capture's hot path."""
+    found: list[torch.Tensor] = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    found.append(item)
+                elif isinstance(item, (list, tuple)):
+                    found.extend(t for t in item if isinstance(t, torch.Tensor))
+    return found

@@ -129,13 +129,22 @@ def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float | None:
         return None
 
 
-def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost | None:
-    """The cost of one device op (None: the op launches no kernel)."""
+def op_cost(
+    func: Any,
+    args: tuple,
+    kwargs: dict,
+    out: Any,
+    *,
+    inputs: list[torch.Tensor] | None = None,
+    outputs: list[torch.Tensor] | None = None,
+) -> OpCost | None:
+    """The cost of one device op (None: the op launches no kernel). `inputs` / `outputs`: the
+    tensors of (args, kwargs) and of `out`, where the caller has them flattened already."""
     name = func.overloadpacket.__name__
     if name in NO_KERNEL or getattr(func, "is_view", False):
         return None
-    inputs = [t for t in _tensors((args, kwargs)) if is_meta(t)]
-    outputs = [t for t in _tensors(out) if is_meta(t)]
+    inputs = [t for t in (_tensors((args, kwargs)) if inputs is None else inputs) if is_meta(t)]
+    outputs = [t for t in (_tensors(out) if outputs is None else outputs) if is_meta(t)]
     family = family_of(name)
     moved = sum(map(_nbytes, inputs)) + sum(map(_nbytes, outputs))
     if family == FOREACH and not outputs:  # in-place foreach: it writes what it reads
