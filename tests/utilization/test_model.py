@@ -128,6 +128,14 @@ def test_estimate_utilization_needs_a_trained_step_and_throughput(gpu):
          "syncs_before": [0]},
         {"version": 1, "ops": [["mm", "gemm", 1, 1, 1, "f32", 1]], "phases": ["forward"],
          "syncs_before": [0], "host_ops": "many"},
+        {"version": 1, "ops": [["mm", "gemm", 1, 1, 1, ["f32"], 1]], "phases": ["forward"],
+         "syncs_before": [0]},
+        {"version": 1, "ops": [["mm", ["gemm"], 1, 1, 1, "f32", 1]], "phases": ["forward"],
+         "syncs_before": [0]},
+        {"version": 1, "ops": [["mm", "gemm", True, 1, 1, "f32", 1]], "phases": ["forward"],
+         "syncs_before": [0]},
+        {"version": 1, "ops": [["mm", "gemm", 1, 1, 1, "f32", 1]], "phases": [None],
+         "syncs_before": [0]},
     ],
 )
 def test_malformed_records_are_refused(record):
@@ -150,3 +158,12 @@ def test_an_unreadable_op_turns_the_observer_off_not_the_capture(gpu, monkeypatc
     assert META_KEY not in result.trace.meta
     assert any("per-op costs could not be recorded" in n for n in result.notes)
     assert utilization_of(result, gpu, []) is None
+
+
+def test_a_tampered_record_in_a_capture_gives_a_note_not_an_error(gpu):
+    result, _ = _record(_train(16, 1, batch=8), gpu)
+    result.trace.meta[META_KEY] = {"version": 1, "ops": [[1, 2, 3]], "phases": [], "syncs_before": []}
+    result.trace.meta["loader_workers"] = "lots"
+    notes: list[str] = []
+    assert utilization_of(result, gpu, notes) is None
+    assert any("utilization: not predicted" in n for n in notes)

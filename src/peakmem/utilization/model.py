@@ -203,7 +203,9 @@ class StepOps:
             if (
                 not isinstance(op, list)
                 or len(op) != 7
+                or not isinstance(op[1], str)
                 or op[1] not in _FAMILY_CODE
+                or not isinstance(op[5], str)
                 or not all(_number(v) for v in (op[2], op[3], op[4], op[6]))
             ):
                 raise StepFormatError("malformed per-op cost entry")
