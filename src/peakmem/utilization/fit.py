@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m peakmem.utilization.fit")
     parser.add_argument("--data", default=None, help="datasets directory (../shared/datasets)")
-    parser.add_argument("--fit-rows", default="30,30,20",
+    parser.add_argument("--fit-rows", default="30,30,50",
                         help="fit-split rows sampled per dataset (mlp1,mlp2,cnn)")
     parser.add_argument("--cache", type=Path, default=None, help="step cache (JSON lines)")
     parser.add_argument("--jobs", type=int, default=2)
