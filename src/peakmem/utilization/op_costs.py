@@ -11,6 +11,7 @@ a registry from aten op name to family, with the elementwise family as the defau
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,22 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from peakmem.cuda_rules.true_device import is_meta
+
+
+def _load_flop_registry() -> dict:
+    """torch's FLOP formulas. Imported once, quietly: the module warns on stderr at import when
+    triton is missing on a CUDA build (and a capture makes torch look like one)."""
+    logger = logging.getLogger("torch.utils.flop_counter")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils.flop_counter import flop_registry
+    finally:
+        logger.setLevel(level)
+    return flop_registry
+
+
+FLOP_REGISTRY = _load_flop_registry()
 
 # kernel families (codes kept short: they travel in the trace's metadata)
 GEMM = "gemm"  # cuBLAS matmul
@@ -118,9 +135,7 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float | None:
-    from torch.utils.flop_counter import flop_registry
-
-    counter = flop_registry.get(func.overloadpacket)
+    counter = FLOP_REGISTRY.get(func.overloadpacket)
     if counter is None:
         return None
     try:
