@@ -403,7 +403,8 @@ def estimate_capture(
         notes.append(f"the simulated run runs out of memory on this GPU: {oom_message}")
     from peakmem.utilization.estimate import utilization_of
 
-    utilization = utilization_of(capture, gpu, notes)
+    utilization_assumptions: list[str] = []
+    utilization = utilization_of(capture, gpu, notes, assumptions=utilization_assumptions)
     return Estimate(
         gpu=gpu,
         stack=stack,
@@ -419,7 +420,8 @@ def estimate_capture(
         seconds=capture.seconds,
         oom=oom_message is not None,
         notes=notes,
-        assumptions=_assumptions(gpu, stack, libraries) + _fake_assumptions(capture),
+        assumptions=_assumptions(gpu, stack, libraries) + _fake_assumptions(capture)
+        + utilization_assumptions,
         capture=capture,
         simulation=result,
         libraries=libraries,

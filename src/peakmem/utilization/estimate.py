@@ -24,6 +24,7 @@ def utilization_of(
     notes: list[str] | None = None,
     *,
     loader: tuple[int, bool] | None = None,
+    assumptions: list[str] | None = None,
 ) -> Utilization | None:
     """The predicted utilization of the capture's job on `gpu`; None (with a note) when the job
     trained no step or the GPU profile has no throughput figures."""
@@ -43,10 +44,11 @@ def utilization_of(
         return None
     workers, pinned = loader if loader is not None else loader_settings(meta)
     result = utilization(ops, gpu, loader_workers=workers, pinned=pinned)
-    if notes is not None:
-        notes.append(
-            "utilization: predicted by a timing model of one steady-state iteration "
-            "(docs/utilization.md): the job alone on the GPU; jobs sharing a GPU do not add up"
-            + ("" if ops.steady else "; only the first training step was seen")
+    if assumptions is not None:
+        assumptions.append(
+            "utilization: a timing model of one steady-state iteration (docs/utilization.md): "
+            "the job alone on the GPU; jobs sharing a GPU do not add up"
         )
+    if notes is not None and not ops.steady:
+        notes.append("utilization: only the first training step was seen (not a steady state)")
     return result
