@@ -161,6 +161,16 @@ class LoaderIteration:
         raise StopIteration
 
 
+def _note_loader(session: CaptureSession, loader: Any) -> None:
+    """The job's DataLoader workers and pinning, for the utilization model (trace metadata)."""
+    meta = session.trace.meta
+    workers = getattr(loader, "num_workers", 0)
+    if isinstance(workers, int) and workers > meta.get("loader_workers", 0):
+        meta["loader_workers"] = workers
+    if getattr(loader, "pin_memory", False) is True:
+        meta["loader_pin_memory"] = True
+
+
 class LoaderEpochs:
     """Patches `DataLoader.__iter__` for the capture; tells the phase tracker which epoch fed
     the latest training step."""
@@ -325,6 +335,7 @@ class LoaderEpochs:
 
         def iterate(loader: Any) -> Any:
             iterator = None
+            _note_loader(self.session, loader)
             if getattr(loader, "num_workers", 0) > 0:
                 try:
                     iterator = self._main_process_iterator(loader)

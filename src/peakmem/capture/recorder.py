@@ -78,6 +78,8 @@ class AllocationRecorder(TorchDispatchMode):
                 and not claim(self.session, tensor, kind)
             ):
                 self.session.track(tensor, op, category)
+        if self.session.op_observer is not None:
+            self.session.op_observer(func, args, kwargs, out, kind)
         if around is not None:
             with contextlib.suppress(StopIteration):
                 around.send(out)

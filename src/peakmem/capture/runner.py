@@ -39,6 +39,7 @@ from peakmem.jobs.runner import (
 from peakmem.jobs.stop import Steps, parse_steps
 from peakmem.profiles import GpuProfile, StackProfile
 from peakmem.trace.events import ALLOC_KINDS
+from peakmem.utilization.observer import OpCostObserver
 
 
 def _overload(name: str) -> Any:
@@ -152,6 +153,8 @@ def _run_captured(
         executor = ShadowExecutor(session)
         session.eager, session.host_value = True, executor.host_value
     phases = PhaseTracker(session, stop_after_steps=steps)
+    op_costs = OpCostObserver(session)
+    session.op_observer = op_costs.observe
     session.module_source = phases.current_module
     vision_ops.declare_torchvision_ops()  # a CPU-only torch cannot load torchvision's compiled ops
     result = CaptureResult(
@@ -212,6 +215,7 @@ def _run_captured(
                 result.reason = "simulated_oom"  # the capped simulated allocator ran out
         finally:
             session.close()
+            op_costs.finish()
             _ACTIVE.pop()
     _collect(result, session, phases, executor, start)
     return result

@@ -103,6 +103,9 @@ class CaptureSession:
     """... and its default device is CUDA (the capture device stands in for it)."""
     host_deferral: Any = None
     """The capture's host-deferral mode (capture.host_deferred) while the job runs."""
+    op_observer: Callable[[Any, tuple, dict, Any, str], None] | None = None
+    """Called by the recorder with every op, its arguments, outputs and outputs' kind
+    (utilization.observer: the per-op cost of the training steps)."""
 
     def storage_kind(self, tensor: torch.Tensor) -> str:
         """What a meta tensor stands for: "device" (GPU memory, the default), "host" or "meta"."""

@@ -82,6 +82,14 @@ def _fail(message: str) -> None:
               "service extra), as `peakmem batch` does.")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="With --ray: the Ray cluster to run on.")
+@click.option(
+    "--metric",
+    type=click.Choice(["memory", "utilization"]),
+    default="memory",
+    show_default=True,
+    help="What to score: peak memory, or GPU utilization (GRACT/SMACT/SMOCC/FP32A; "
+    "GPUMemNet MLP and CNN sets).",
+)
 def bench(
     dataset: str,
     data_dir: str | None,
@@ -95,6 +103,7 @@ def bench(
     no_cache: bool,
     use_ray: bool,
     ray_address: str | None,
+    metric: str = "memory",
 ) -> None:
     """Run estimators over DATASET and report accuracy, safety and speed.
 
@@ -121,6 +130,11 @@ def bench(
 
     if dataset not in DATASETS:
         _fail(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    if metric == "utilization":
+        from peakmem.cli.bench_utilization import bench_utilization
+
+        bench_utilization(dataset, data_dir, limit, as_json, report_dir, jobs, cache_path, no_cache)
+        return
     names = [n.strip() for n in estimators.split(",") if n.strip()]
     unknown = [n for n in names if n not in ESTIMATORS]
     if unknown or not names:

@@ -143,6 +143,9 @@ class Estimate:
     distributed: dict[str, Any] | None = None
     """A distributed launch: its shape and every traced rank (estimate.distributed); this
     estimate is the largest rank's."""
+    utilization: Any = None
+    """Predicted GPU utilization of a steady-state training iteration
+    (peakmem.utilization.model.Utilization), None where the job trained no step."""
 
     @property
     def library_bytes(self) -> int:
@@ -233,6 +236,7 @@ class Estimate:
             "notes": list(self.notes),
             "assumptions": list(self.assumptions),
             **(self.distributed or {}),
+            "utilization": self.utilization.to_json() if self.utilization is not None else None,
         }
 
 
@@ -419,6 +423,10 @@ def estimate_capture(
         notes.append(job_oom)
     elif oom_message:
         notes.append(f"the simulated run runs out of memory on this GPU: {oom_message}")
+    from peakmem.utilization.estimate import utilization_of
+
+    utilization_assumptions: list[str] = []
+    utilization = utilization_of(capture, gpu, notes, assumptions=utilization_assumptions)
     return Estimate(
         gpu=gpu,
         stack=stack,
@@ -435,10 +443,12 @@ def estimate_capture(
         oom=oom_message is not None,
         notes=notes,
         assumptions=_assumptions(gpu, stack, libraries, op_packets(t.op for t in capture.trace.tags))
-        + _fake_assumptions(capture),
+        + _fake_assumptions(capture)
+        + utilization_assumptions,
         capture=capture,
         simulation=result,
         libraries=libraries,
+        utilization=utilization,
     )
 
 

@@ -67,6 +67,8 @@ def render(result: Estimate, console: Console, verbose: bool = False) -> None:
         render_ranks(result, console)
     if result.mode_reason:
         console.print(f"mode {result.mode}: {result.mode_reason}", markup=False)
+    if result.utilization is not None:
+        console.print(f"utilization: {result.utilization.line()}", markup=False)
 
     total = max(result.breakdown.live_bytes, 1)
     categories = Table(title="Live at the peak, by category", title_justify="left")

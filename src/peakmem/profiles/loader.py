@@ -45,6 +45,10 @@ class GpuProfile:
     total_memory: Sourced
     compute_capability: Sourced
     sm_count: Sourced
+    throughput: dict[str, float] = field(default_factory=dict, compare=False)
+    """Peak rates for the utilization model (`[throughput]`: TFLOP/s per unit, memory GB/s,
+    clocks, warps and blocks per SM); `throughput_source` says where they come from."""
+    throughput_source: str = field(default="", compare=False)
 
     @property
     def total_memory_bytes(self) -> int:
@@ -196,6 +200,19 @@ def context_model(mode: str, gpu: GpuProfile) -> Sourced | None:
     return Sourced(found.value, found.source, reason)
 
 
+def _throughput(raw: Any, where: str) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: [throughput] must be a table")
+    values = {}
+    for key, value in raw.items():
+        if key.endswith("source"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ProfileError(f"{where}: throughput {key} must be a positive number")
+        values[key] = float(value)
+    return values
+
+
 @cache
 def _gpus() -> dict[str, GpuProfile]:
     profiles: dict[str, GpuProfile] = {}
@@ -210,6 +227,8 @@ def _gpus() -> dict[str, GpuProfile]:
                 table.get("compute_capability"), f"{where} compute_capability"
             ),
             sm_count=_sourced(table.get("sm_count"), f"{where} sm_count"),
+            throughput=_throughput(table.get("throughput", {}), where),
+            throughput_source=str(table.get("throughput", {}).get("source", "")),
         )
         profiles[profile.name] = profile
     return profiles

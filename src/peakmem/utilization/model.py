@@ -1,0 +1,436 @@
+"""The timing model of one steady-state training iteration, and the utilization it implies.
+
+Input: the per-op costs of one full training step (utilization.observer, in the trace's
+metadata), a GPU's peak rates (profile `[throughput]`) and the fitted parameters (params.toml).
+
+1. Each kernel's duration is a roofline: max(FLOPs / achieved FLOP/s, bytes / achieved
+   bandwidth) + a fixed minimum, where the achieved rate is the unit's peak (FP32 SIMT for FP32
+   matmuls, TF32 tensor cores for FP32 cuDNN convolutions, FP16/BF16 tensor cores) times a fitted
+   efficiency times the fraction of SMs the kernel's grid can fill (small kernels).
+2. The grid of each kernel family (cuBLAS tiles, TensorIterator's 512 elements per block,
+   multi_tensor_apply's 65536-element chunks) gives its blocks and warps: SM activity and
+   occupancy.
+3. A host timeline launches the kernels: each op costs the host a fitted dispatch time per phase
+   (forward ops through Python modules, backward ops from the autograd engine, optimizer foreach
+   launches); the GPU runs a kernel when it was launched and the previous one ended. Host reads of
+   device values (`.item()`) wait for the GPU. The DataLoader's work (host ops, random data) and
+   the host-to-device copy of the batch come first, in the loop, or in parallel when the loader
+   has worker processes.
+4. From the timeline: iteration time T, GRACT = kernel time / T, SMACT = SM-time-weighted
+   activity / T, SMOCC = resident warps / max warps / T, DRAMA = bytes / (bandwidth x T),
+   FP32A = FP32-pipe time / T.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from peakmem.utilization.op_costs import ATTENTION, CONV, ELEMENTWISE, FOREACH, GEMM, REDUCTION
+
+PARAMS_FILE = "params.toml"
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """The model's free parameters (fitted on the declared split; utilization.fit)."""
+
+    host_forward_us: float = 12.0
+    """Host time per forward-phase op (Python module call + dispatch)."""
+    host_backward_us: float = 6.0
+    """Host time per backward op (the autograd engine's C++ thread)."""
+    host_optimizer_us: float = 12.0
+    """Host time per optimizer op (foreach launch, Python optimizer code)."""
+    host_step_us: float = 150.0
+    """Host time per iteration outside the ops (loop, zero_grad, optimizer bookkeeping)."""
+    host_param_us: float = 1.0
+    """Host time per parameter tensor per iteration (zero_grad, grouping tensors)."""
+    loader_op_us: float = 3.0
+    """DataLoader: host time per host-side op (indexing, collation)."""
+    loader_random_ns_per_byte: float = 0.8
+    """DataLoader: host time per byte of random data made per sample."""
+    loader_ns_per_byte: float = 0.3
+    """DataLoader: host time per byte of the other host tensors it makes (collation copies)."""
+    loader_batch_us: float = 300.0
+    """DataLoader with worker processes: the training loop's time to receive a batch (queue,
+    unpickling shared-memory handles, the pin-memory thread's handoff)."""
+    kernel_min_us: float = 2.0
+    """GPU time of the smallest kernel (launch to completion)."""
+    gemm_efficiency: float = 0.7
+    """Achieved fraction of the unit's peak FLOP/s by a matmul that fills the GPU."""
+    conv_efficiency: float = 0.5
+    """The same for cuDNN convolutions (TF32 tensor cores for FP32 on Ampere and later)."""
+    memory_efficiency: float = 0.8
+    """Achieved fraction of peak DRAM bandwidth by a memory-bound kernel that fills the GPU."""
+    achieved_occupancy: float = 0.7
+    """Achieved / theoretical resident warps of a running kernel."""
+    fp32_per_element: float = 2.0
+    """FP32 pipe operations per element of an elementwise / reduction kernel."""
+    tensor_fp32_share: float = 0.1
+    """FP32 pipe time of a tensor-core kernel, per unit of its tensor time (epilogues)."""
+    h2d_gbps: float = 10.0
+    """Host-to-device copy rate of a batch (pageable memory)."""
+    steady_share: float = 1.0
+    """Share of a run's sampled time that is steady-state training: a sampler's mean over a
+    whole run (DCGM's non-zero 1 s samples of a ~60 s job) also covers start-up and teardown,
+    which dilute every metric by this factor (1: the steady state alone)."""
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return list(cls.__dataclass_fields__)
+
+    def vector(self) -> list[float]:
+        return [float(getattr(self, name)) for name in self.names()]
+
+
+@cache
+def fitted_params() -> ModelParams:
+    """The parameters in utilization/params.toml (the defaults where a key is missing)."""
+    try:
+        text = resources.files("peakmem.utilization").joinpath(PARAMS_FILE).read_text("utf-8")
+    except FileNotFoundError:
+        return ModelParams()
+    table = tomllib.loads(text).get("params", {})
+    known = {k: float(v) for k, v in table.items() if k in ModelParams.names()}
+    return ModelParams(**known)
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """Predicted DCGM-style means over the steady-state iterations (0..1) and their period."""
+
+    gract: float
+    smact: float
+    smocc: float
+    drama: float
+    fp32a: float
+    iteration_seconds: float
+    assumptions: list[str] = field(default_factory=list, compare=False)
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "gract": round(self.gract, 4),
+            "smact": round(self.smact, 4),
+            "smocc": round(self.smocc, 4),
+            "drama": round(self.drama, 4),
+            "fp32a": round(self.fp32a, 4),
+            "iteration_seconds": float(f"{self.iteration_seconds:.6g}"),
+        }
+
+    def line(self) -> str:
+        return (
+            f"GRACT {self.gract:.2f}  SMACT {self.smact:.2f}  SMOCC {self.smocc:.2f}  "
+            f"DRAMA {self.drama:.2f}  FP32A {self.fp32a:.2f}  "
+            f"iteration {1e3 * self.iteration_seconds:.3g} ms"
+        )
+
+
+@dataclass(frozen=True)
+class GpuRates:
+    sms: int
+    fp32: float  # FLOP/s
+    tf32: float
+    fp16: float
+    bf16: float
+    bandwidth: float  # bytes/s
+    max_warps: int
+    max_blocks: int
+
+    @classmethod
+    def of(cls, gpu: Any) -> GpuRates:
+        t = gpu.throughput
+        if not t:
+            raise ValueError(f"GPU profile {gpu.name} has no [throughput] table")
+        return cls(
+            sms=int(gpu.sm_count.value),
+            fp32=t["fp32_tflops"] * 1e12,
+            tf32=t.get("tf32_tflops", t["fp32_tflops"]) * 1e12,
+            fp16=t.get("fp16_tflops", t["fp32_tflops"]) * 1e12,
+            bf16=t.get("bf16_tflops", t["fp32_tflops"]) * 1e12,
+            bandwidth=t["memory_gbps"] * 1e9,
+            max_warps=int(t.get("max_warps_per_sm", 64)),
+            max_blocks=int(t.get("max_blocks_per_sm", 32)),
+        )
+
+
+# -- the step's ops as arrays ------------------------------------------------------------------
+_FAMILY_CODE = {GEMM: 0, CONV: 1, ATTENTION: 2, ELEMENTWISE: 3, REDUCTION: 4, FOREACH: 5}
+_PHASE_CODE = {"forward": 0, "backward": 1, "optimizer": 2}
+MAX_OPS = 200_000
+MAX_VALUE = 2.0**63
+
+
+class StepFormatError(ValueError):
+    """The trace's utilization record is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class StepOps:
+    """One training step's kernels, column-wise."""
+
+    family: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+    work: np.ndarray
+    dtype: np.ndarray  # 0 f32, 1 f16, 2 bf16, 3 other
+    tensors: np.ndarray
+    phase: np.ndarray  # 0 forward/other, 1 backward, 2 optimizer
+    syncs: np.ndarray  # host reads (syncs) before each op
+    host_ops: int
+    host_bytes: int
+    host_random_bytes: int
+    input_bytes: int
+    steady: bool
+
+    @classmethod
+    def from_meta(cls, record: Any) -> StepOps:
+        """Parse the (untrusted) record a capture wrote; StepFormatError when malformed."""
+        if not isinstance(record, dict) or record.get("version") != 1:
+            raise StepFormatError("no per-op cost record of a training step in the trace")
+        ops, phases, syncs = record.get("ops"), record.get("phases"), record.get("syncs_before")
+        if not (isinstance(ops, list) and isinstance(phases, list) and isinstance(syncs, list)):
+            raise StepFormatError("malformed per-op cost record")
+        if not len(ops) == len(phases) == len(syncs) or len(ops) > MAX_OPS:
+            raise StepFormatError("malformed per-op cost record")
+        columns: list[list[float]] = [[] for _ in range(6)]
+        for op in ops:
+            if (
+                not isinstance(op, list)
+                or len(op) != 7
+                or not isinstance(op[1], str)
+                or op[1] not in _FAMILY_CODE
+                or not isinstance(op[5], str)
+                or not all(_number(v) for v in (op[2], op[3], op[4], op[6]))
+            ):
+                raise StepFormatError("malformed per-op cost entry")
+            columns[0].append(_FAMILY_CODE[op[1]])
+            columns[1].append(float(op[2]))
+            columns[2].append(float(op[3]))
+            columns[3].append(float(op[4]))
+            columns[4].append({"f32": 0, "f16": 1, "bf16": 2}.get(op[5], 3))
+            columns[5].append(float(max(op[6], 1)))
+        if not all(isinstance(p, str) for p in phases) or not all(_number(s) for s in syncs):
+            raise StepFormatError("malformed per-op cost record")
+        counts = [
+            record.get(k, 0) for k in ("host_ops", "host_bytes", "host_random_bytes", "input_bytes")
+        ]
+        if not all(_number(c) for c in counts):
+            raise StepFormatError("malformed per-op cost record")
+        return cls(
+            family=np.array(columns[0], dtype=np.int64),
+            flops=np.array(columns[1]),
+            bytes=np.array(columns[2]),
+            work=np.array(columns[3]),
+            dtype=np.array(columns[4], dtype=np.int64),
+            tensors=np.array(columns[5]),
+            phase=np.array([_PHASE_CODE.get(p, 0) for p in phases], dtype=np.int64),
+            syncs=np.array(syncs, dtype=float),
+            host_ops=int(counts[0]),
+            host_bytes=int(counts[1]),
+            host_random_bytes=int(counts[2]),
+            input_bytes=int(counts[3]),
+            steady=bool(record.get("steady", True)),
+        )
+
+
+def _number(value: Any) -> bool:
+    return (
+        type(value) in (int, float) and math.isfinite(value) and 0 <= value < MAX_VALUE
+    )
+
+
+# -- kernel grids ------------------------------------------------------------------------------
+# cuBLAS / cuDNN tile shapes: (output elements per block, warps per block, resident blocks/SM)
+_TILES = ((16384, 8, 2), (8192, 4, 3), (4096, 4, 4), (2048, 4, 6), (1024, 2, 8))
+ELEMENTS_PER_BLOCK = 512  # TensorIterator: 128 threads x 4 elements
+FOREACH_CHUNK = 65536  # multi_tensor_apply: elements per block
+FOREACH_TENSORS_PER_LAUNCH = 48
+FOREACH_BLOCKS_PER_LAUNCH = 320
+SATURATING_WARPS_PER_SM = 16
+SPLIT_K_MIN = 256  # resident warps an SM needs to keep DRAM busy
+
+
+def _grids(ops: StepOps, gpu: GpuRates) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(blocks, warps per block, resident blocks per SM, launches) per op."""
+    n = len(ops.family)
+    blocks = np.ones(n)
+    warps = np.full(n, 4.0)
+    resident = np.full(n, 16.0)
+    launches = np.ones(n)
+    matrix = (ops.family == 0) | (ops.family == 1) | (ops.family == 2)
+    if matrix.any():
+        work = np.maximum(ops.work[matrix], 1)
+        # the largest tile that still gives every SM a block, else the smallest
+        tile = np.full(work.shape, len(_TILES) - 1)
+        for i in range(len(_TILES) - 1, -1, -1):
+            tile = np.where(np.ceil(work / _TILES[i][0]) >= gpu.sms, i, tile)
+        elems = np.array([t[0] for t in _TILES])[tile]
+        tiles = np.ceil(work / elems)
+        # split-K: a small output with a long reduction (weight gradients) is split along K
+        # until the GPU is full, each split keeping at least SPLIT_K_MIN of the reduction
+        depth = ops.flops[matrix] / (2 * work)
+        split = np.clip(np.floor(depth / SPLIT_K_MIN), 1, np.ceil(2 * gpu.sms / tiles))
+        blocks[matrix] = tiles * split
+        warps[matrix] = np.array([t[1] for t in _TILES], dtype=float)[tile]
+        resident[matrix] = np.array([t[2] for t in _TILES], dtype=float)[tile]
+    pointwise = ops.family == 3
+    blocks[pointwise] = np.ceil(np.maximum(ops.work[pointwise], 1) / ELEMENTS_PER_BLOCK)
+    reduce = ops.family == 4
+    blocks[reduce] = np.clip(np.ceil(ops.work[reduce] / (4 * ELEMENTS_PER_BLOCK)), 1, 4 * gpu.sms)
+    warps[reduce] = 16.0
+    resident[reduce] = 4.0
+    foreach = ops.family == 5
+    chunks = ops.tensors[foreach] + np.floor(ops.work[foreach] / FOREACH_CHUNK)
+    blocks[foreach] = chunks
+    warps[foreach] = 16.0
+    resident[foreach] = 4.0
+    launches[foreach] = np.maximum(
+        np.ceil(ops.tensors[foreach] / FOREACH_TENSORS_PER_LAUNCH),
+        np.ceil(chunks / FOREACH_BLOCKS_PER_LAUNCH),
+    )
+    resident = np.minimum(resident, np.floor(gpu.max_warps / warps))
+    resident = np.minimum(resident, gpu.max_blocks)
+    return blocks, warps, resident, launches
+
+
+@dataclass(frozen=True)
+class Timeline:
+    iteration_seconds: float
+    busy: float
+    sm_busy: float
+    warp_busy: float
+    dram_busy: float
+    fp32_busy: float
+
+
+def _peak_flops(ops: StepOps, gpu: GpuRates) -> np.ndarray:
+    """The unit each op's FLOPs run on: FP32 SIMT for FP32 matmuls (PyTorch's default
+    `allow_tf32 = False` for matmul), TF32 tensor cores for FP32 convolutions (cuDNN's default
+    `allow_tf32 = True`), FP16/BF16 tensor cores, FP32 SIMT for everything else."""
+    peak = np.full(len(ops.family), gpu.fp32)
+    conv = ops.family == 1
+    peak[conv & (ops.dtype == 0)] = gpu.tf32
+    tensor = (ops.family <= 2) & (ops.dtype == 1)
+    peak[tensor] = gpu.fp16
+    peak[(ops.family <= 2) & (ops.dtype == 2)] = gpu.bf16
+    return peak
+
+
+def simulate(
+    ops: StepOps,
+    gpu: GpuRates,
+    params: ModelParams,
+    *,
+    loader_workers: int = 0,
+    pinned: bool = False,
+) -> Timeline:
+    blocks, warps, resident, launches = _grids(ops, gpu)
+    sms = gpu.sms
+    sm_fraction = np.minimum(1.0, blocks / sms)
+    # wave quantisation of matmul-like kernels: the last wave leaves SMs idle
+    matrix = ops.family <= 2
+    waves = np.ceil(blocks / sms)
+    fill = np.where(matrix, blocks / (waves * sms), sm_fraction)
+    efficiency = np.where(ops.family == 1, params.conv_efficiency, params.gemm_efficiency)
+    peak = _peak_flops(ops, gpu)
+    compute = np.where(matrix, ops.flops / (peak * efficiency * fill), 0.0)
+    resident_warps = np.minimum(blocks, resident * sms) * warps / sms  # per SM, averaged
+    memory_parallel = np.minimum(1.0, resident_warps / SATURATING_WARPS_PER_SM)
+    memory = ops.bytes / (gpu.bandwidth * params.memory_efficiency * np.maximum(memory_parallel, 1e-3))
+    minimum = params.kernel_min_us * 1e-6 * launches
+    duration = np.maximum(compute, memory) + minimum
+
+    host_per_op = np.array(
+        [params.host_forward_us, params.host_backward_us, params.host_optimizer_us]
+    )[ops.phase] * 1e-6
+    host_per_op = host_per_op * np.where(ops.family == 5, launches, 1.0)
+    params_tensors = float(ops.tensors[ops.family == 5].max(initial=0.0))
+    loader = (
+        params.loader_op_us * 1e-6 * ops.host_ops
+        + params.loader_random_ns_per_byte * 1e-9 * ops.host_random_bytes
+        + params.loader_ns_per_byte * 1e-9 * max(ops.host_bytes - ops.host_random_bytes, 0)
+    )
+    h2d = ops.input_bytes / (params.h2d_gbps * 1e9 * (2.0 if pinned else 1.0))
+    fixed = params.host_step_us * 1e-6 + params.host_param_us * 1e-6 * params_tensors
+    start = h2d + fixed + (loader if loader_workers <= 0 else params.loader_batch_us * 1e-6)
+    end = _gpu_end(host_per_op, duration, ops.syncs, start)
+    loop = max(end[1], end[0])  # the step's `.item()` waits for the GPU
+    period = max(loop, loader / loader_workers) if loader_workers > 0 else loop
+    period = max(period, 1e-9)
+
+    fp32_flops = np.where(
+        matrix & (peak == gpu.fp32),
+        ops.flops,
+        np.where(matrix, params.tensor_fp32_share * compute * gpu.fp32, params.fp32_per_element * ops.work),
+    )
+    occupancy = np.minimum(1.0, resident_warps / gpu.max_warps) * params.achieved_occupancy
+    return Timeline(
+        iteration_seconds=period,
+        busy=float(duration.sum()),
+        sm_busy=float((duration * sm_fraction).sum()),
+        warp_busy=float((duration * occupancy).sum()),
+        dram_busy=float(ops.bytes.sum() / gpu.bandwidth),
+        fp32_busy=float(np.minimum(fp32_flops / gpu.fp32, duration).sum()),
+    )
+
+
+def _gpu_end(host: np.ndarray, duration: np.ndarray, syncs: np.ndarray, start: float) -> tuple[float, float]:
+    """(host time, GPU time) at the end of the step. The host launches op i at
+    start + sum(host[:i+1]) (after waiting for the GPU at a sync); the GPU runs it from
+    max(launch, end of op i-1). A max-plus scan per stretch between syncs."""
+    t_host, t_gpu = start, 0.0
+    cuts = [0, *np.flatnonzero(syncs[1:] > 0) + 1, len(host)] if len(host) else [0, 0]
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        if b <= a:
+            continue
+        if a > 0 or syncs[0] > 0:
+            t_host = max(t_host, t_gpu)
+        launch = t_host + np.cumsum(host[a:b])
+        d = duration[a:b]
+        c = np.cumsum(d)
+        # end_i = max(t_gpu + c_i, max_{j<=i} (launch_j + c_i - c_{j-1}))
+        prev = np.concatenate(([0.0], c[:-1]))
+        best = np.maximum.accumulate(launch - prev)
+        end = c + np.maximum(best, t_gpu)
+        t_host, t_gpu = float(launch[-1]), float(end[-1])
+    return t_host, t_gpu
+
+
+def utilization(
+    ops: StepOps,
+    gpu: Any,
+    params: ModelParams | None = None,
+    *,
+    loader_workers: int = 0,
+    pinned: bool = False,
+) -> Utilization:
+    """The predicted utilization of the step's GPU `gpu` (a GpuProfile)."""
+    params = params or fitted_params()
+    rates = GpuRates.of(gpu)
+    line = simulate(ops, rates, params, loader_workers=loader_workers, pinned=pinned)
+    t = line.iteration_seconds
+    share = params.steady_share
+    assumptions = [
+        "utilization: a timing model of one steady-state iteration from the trace's per-op "
+        "costs and the GPU's datasheet rates; the job alone on the GPU (utilization of jobs "
+        "sharing a GPU does not add up)"
+    ]
+    if loader_workers <= 0:
+        assumptions.append("utilization: the DataLoader's work runs in the training loop")
+    if not ops.steady:
+        assumptions.append("utilization: only the first training step was seen (not steady)")
+    return Utilization(
+        gract=share * min(1.0, line.busy / t),
+        smact=share * min(1.0, line.sm_busy / t),
+        smocc=share * min(1.0, line.warp_busy / t),
+        drama=share * min(1.0, line.dram_busy / t),
+        fp32a=share * min(1.0, line.fp32_busy / t),
+        iteration_seconds=t,
+        assumptions=assumptions,
+    )

@@ -1,0 +1,160 @@
+"""During a capture: the cost of every device op of the training steps, kept for the last
+completed step (the steady state), and written into the trace's metadata at the end.
+
+The recorder calls `OpCostObserver.observe` once per aten op (session.op_observer). The
+observer also counts the host-side work of each step (ops on real CPU tensors: the
+DataLoader's indexing, collation and random data) and the host reads of device values
+(`.item()`: a device synchronisation each).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from peakmem.capture.session import CaptureSession
+from peakmem.cuda_rules.true_device import is_meta
+from peakmem.utilization.op_costs import op_cost
+
+META_KEY = "utilization"
+_RANDOM_OPS = frozenset({"normal", "normal_", "randn", "rand", "uniform_", "randint", "random_",
+                         "bernoulli", "bernoulli_", "randperm"})
+FORMAT_VERSION = 1
+MAX_OPS_PER_STEP = 200_000
+
+
+class StepRecord:
+    def __init__(self) -> None:
+        self.ops: list[list[Any]] = []
+        self.phases: list[str] = []
+        self.syncs_before: list[int] = []  # host reads (syncs) seen just before each op
+        self.host_ops = 0
+        self.host_bytes = 0
+        self.host_random_bytes = 0  # host random data (randn per sample in a Dataset)
+        self.input_bytes = 0  # host -> device copies
+        self.trailing_syncs = 0
+        self.overflow = False
+
+    def to_json(self, step: int) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "step": step,
+            "ops": self.ops,
+            "phases": self.phases,
+            "syncs_before": self.syncs_before,
+            "host_ops": self.host_ops,
+            "host_bytes": self.host_bytes,
+            "host_random_bytes": self.host_random_bytes,
+            "input_bytes": self.input_bytes,
+            "trailing_syncs": self.trailing_syncs,
+            "overflow": self.overflow,
+        }
+
+
+class OpCostObserver:
+    """Per-op costs of the current and the last completed training step."""
+
+    def __init__(self, session: CaptureSession) -> None:
+        self.session = session
+        self.current = StepRecord()
+        self.best: dict[str, Any] | None = None
+        self.failed: str | None = None
+        self._step = session.state.steps
+        self._reads = session.host_reads
+
+    def _roll(self) -> None:
+        state = self.session.state
+        if state.steps != self._step:
+            # the first step (model build, optimizer state init) is kept only until a steady
+            # one; of the steady steps, the one that moved the most input (a full batch, not an
+            # epoch's smaller last one), the latest of equals
+            record = self.current.to_json(state.steps)
+            record["steady"] = self._step > 0
+            if self.best is None or _rank(record) >= _rank(self.best):
+                self.best = record
+            self.current = StepRecord()
+            self._step = state.steps
+
+    def _sync_check(self) -> int:
+        reads = self.session.host_reads
+        delta, self._reads = reads - self._reads, reads
+        return max(delta, 0)
+
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
+        """Record one op; an op the cost model cannot read (an unusual tensor subclass) turns
+        the observer off rather than failing the job's capture."""
+        if self.failed:
+            return
+        try:
+            self._observe(func, args, kwargs, out, kind)
+        except Exception as exc:  # noqa: BLE001 - never let the utilization model break a capture
+            self.failed = f"{type(exc).__name__} on {getattr(func, '__name__', func)}"
+
+    def _observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
+        self._roll()
+        record = self.current
+        syncs = self._sync_check()
+        inputs = _tensors_of(args)
+        if kwargs:
+            inputs += _tensors_of(tuple(kwargs.values()))
+        outputs = _tensors_of((out,))
+        tensors = inputs + outputs
+        device = [t for t in tensors if is_meta(t)]
+        if kind != "device" or not device:
+            if tensors and not device:
+                made = sum(int(t.numel()) * t.element_size() for t in outputs
+                           if t.layout == torch.strided)
+                record.host_ops += 1
+                record.host_bytes += made
+                if func.overloadpacket.__name__ in _RANDOM_OPS:
+                    record.host_random_bytes += made
+            record.trailing_syncs += syncs
+            return
+        name = func.overloadpacket.__name__
+        if name in ("_to_copy", "copy_") and len(device) < len(tensors):
+            record.input_bytes += sum(int(t.numel()) * t.element_size() for t in device)
+            record.trailing_syncs += syncs
+            return  # a host -> device copy: the copy engine, not a kernel
+        cost = op_cost(func, args, kwargs, out, inputs=inputs, outputs=outputs)
+        if cost is None:
+            record.trailing_syncs += syncs
+            return
+        if len(record.ops) >= MAX_OPS_PER_STEP:
+            record.overflow = True
+            return
+        record.ops.append(cost.to_row())
+        record.phases.append(self.session.state.phase)
+        record.syncs_before.append(syncs + record.trailing_syncs)
+        record.trailing_syncs = 0
+
+    def finish(self) -> None:
+        """Write the costs of a full steady step into the trace's metadata."""
+        if self.failed:
+            self.session.notes.append(
+                f"utilization: per-op costs could not be recorded ({self.failed}): not predicted"
+            )
+            return
+        self._roll()
+        if self.best is not None:
+            self.session.trace.meta[META_KEY] = self.best
+
+
+def _rank(record: dict[str, Any]) -> tuple[bool, int, int]:
+    return record["steady"], record["input_bytes"], len(record["ops"])
+
+
+def _tensors_of(values: tuple) -> list[torch.Tensor]:
+    """The tensors among `values` and inside their lists/tuples (two levels: foreach ops' tensor
+    lists); faster than a pytree flatten on the capture's hot path."""
+    found: list[torch.Tensor] = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    found.append(item)
+                elif isinstance(item, (list, tuple)):
+                    found.extend(t for t in item if isinstance(t, torch.Tensor))
+    return found

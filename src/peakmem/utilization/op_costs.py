@@ -1,0 +1,179 @@
+"""Per-op cost: what one aten op on the device costs a GPU (FLOPs, bytes moved, kernel family).
+
+FLOPs of the matrix ops (mm, addmm, bmm, convolution and its backward, attention) come from
+torch's own registry (`torch.utils.flop_counter.flop_registry`). Every other op is a
+memory-bound kernel: its FLOPs are one per output element and its bytes the sum of its device
+inputs and outputs. Ops that launch no kernel (views, `empty`, `detach`) cost nothing.
+
+The kernel family decides the pipe a kernel keeps busy and its occupancy (utilization.model):
+a registry from aten op name to family, with the elementwise family as the default.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from peakmem.cuda_rules.true_device import is_meta
+
+
+def _load_flop_registry() -> dict:
+    """torch's FLOP formulas. Imported once, quietly: the module warns on stderr at import when
+    triton is missing on a CUDA build (and a capture makes torch look like one)."""
+    logger = logging.getLogger("torch.utils.flop_counter")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils.flop_counter import flop_registry
+    finally:
+        logger.setLevel(level)
+    return flop_registry
+
+
+FLOP_REGISTRY = _load_flop_registry()
+
+# kernel families (codes kept short: they travel in the trace's metadata)
+GEMM = "gemm"  # cuBLAS matmul
+CONV = "conv"  # cuDNN convolution (forward and backward)
+ATTENTION = "attn"  # flash / memory-efficient attention
+ELEMENTWISE = "elem"  # TensorIterator kernels: pointwise, copies, fills
+REDUCTION = "red"  # reductions, softmax, norms, losses
+FOREACH = "foreach"  # multi_tensor_apply kernels (optimizers, grad clipping)
+FAMILIES = (GEMM, CONV, ATTENTION, ELEMENTWISE, REDUCTION, FOREACH)
+
+_FAMILY_BY_OP: dict[str, str] = {}
+
+
+def register(family: str, *names: str) -> None:
+    """Declare the kernel family of aten ops (by overload packet name)."""
+    for name in names:
+        _FAMILY_BY_OP[name] = family
+
+
+register(GEMM, "mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addmv", "mv", "dot", "_addmm_activation")
+register(
+    CONV,
+    "convolution", "_convolution", "cudnn_convolution", "convolution_overrideable",
+    "convolution_backward", "cudnn_convolution_transpose", "_slow_conv2d_forward",
+)
+register(
+    ATTENTION,
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
+    "_flash_attention_forward", "_efficient_attention_forward", "_flash_attention_backward",
+    "_efficient_attention_backward",
+)
+register(
+    REDUCTION,
+    "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm", "linalg_vector_norm",
+    "var", "var_mean", "std", "prod", "cumsum", "_softmax", "_log_softmax",
+    "_softmax_backward_data", "_log_softmax_backward_data", "nll_loss_forward",
+    "nll_loss_backward", "native_batch_norm", "native_batch_norm_backward",
+    "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training", "cudnn_batch_norm", "cudnn_batch_norm_backward",
+    "native_layer_norm", "native_layer_norm_backward", "native_group_norm",
+    "native_group_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
+    "embedding_dense_backward", "adaptive_avg_pool2d", "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool2d_backward", "avg_pool2d", "avg_pool2d_backward", "max_pool2d_with_indices",
+    "max_pool2d_with_indices_backward", "topk", "sort", "any", "all",
+)
+
+NO_KERNEL: frozenset[str] = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias",
+    "lift_fresh", "lift_fresh_copy", "_local_scalar_dense", "set_", "resize_", "sym_size",
+    "sym_stride", "sym_numel", "is_same_size", "_has_compatible_shallow_copy_type", "_to_copy_meta",
+    "record_stream", "_reshape_alias", "view", "_unsafe_view", "t", "expand", "as_strided",
+    "slice", "select", "unsqueeze", "squeeze", "permute", "transpose", "unbind", "split",
+    "split_with_sizes", "chunk", "narrow", "view_as", "reshape", "flatten", "unflatten",
+    "is_nonzero", "equal", "is_pinned",
+})
+
+
+def family_of(name: str) -> str:
+    if name in _FAMILY_BY_OP:
+        return _FAMILY_BY_OP[name]
+    if name.startswith(("_foreach_", "_fused_")):
+        return FOREACH
+    return ELEMENTWISE
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op's cost: kernel family, FLOPs, bytes read + written, the elements it produced
+    (its parallel work), its dtype ("f32", "f16", "bf16", other), its tensor count (foreach)."""
+
+    name: str
+    family: str
+    flops: float
+    bytes: int
+    work: int
+    dtype: str
+    tensors: int = 1
+
+    def to_row(self) -> list[Any]:
+        return [self.name, self.family, self.flops, self.bytes, self.work, self.dtype, self.tensors]
+
+
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    flat, _ = tree_flatten(value)
+    return [t for t in flat if isinstance(t, torch.Tensor)]
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    try:
+        return int(tensor.numel()) * tensor.element_size()
+    except (RuntimeError, TypeError):  # a tensor without a plain size (nested, sparse)
+        return 0
+
+
+def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float | None:
+    counter = FLOP_REGISTRY.get(func.overloadpacket)
+    if counter is None:
+        return None
+    try:
+        return float(counter(*args, **kwargs, out_val=out))
+    except Exception:  # noqa: BLE001 - an unusual signature: fall back to the elementwise cost
+        return None
+
+
+def op_cost(
+    func: Any,
+    args: tuple,
+    kwargs: dict,
+    out: Any,
+    *,
+    inputs: list[torch.Tensor] | None = None,
+    outputs: list[torch.Tensor] | None = None,
+) -> OpCost | None:
+    """The cost of one device op (None: the op launches no kernel). `inputs` / `outputs`: the
+    tensors of (args, kwargs) and of `out`, where the caller has them flattened already."""
+    name = func.overloadpacket.__name__
+    if name in NO_KERNEL or getattr(func, "is_view", False):
+        return None
+    inputs = [t for t in (_tensors((args, kwargs)) if inputs is None else inputs) if is_meta(t)]
+    outputs = [t for t in (_tensors(out) if outputs is None else outputs) if is_meta(t)]
+    family = family_of(name)
+    moved = sum(map(_nbytes, inputs)) + sum(map(_nbytes, outputs))
+    if family == FOREACH and not outputs:  # in-place foreach: it writes what it reads
+        written = _tensors(args[0]) if args else []
+        moved += sum(_nbytes(t) for t in written if is_meta(t))
+    elif not outputs and inputs:  # an in-place op writes its first argument
+        moved += _nbytes(inputs[0])
+    reference = outputs or inputs
+    work = max((int(t.numel()) for t in reference), default=0)
+    if family == FOREACH:
+        work = sum(int(t.numel()) for t in (_tensors(args[0]) if args else reference))
+    flops = _flops(func, args, kwargs, out) if family in (GEMM, CONV, ATTENTION) else None
+    if flops is None:
+        flops = float(work)
+    dtype = _DTYPES.get(reference[0].dtype, "other") if reference else "other"
+    tensors = len(_tensors(args[0])) if family == FOREACH and args else 1
+    return OpCost(name, family, flops, moved, work, dtype, max(tensors, 1))

@@ -1,0 +1,73 @@
+import torch
+from torch.utils.flop_counter import flop_registry
+
+from peakmem.utilization.op_costs import (
+    CONV,
+    ELEMENTWISE,
+    FOREACH,
+    GEMM,
+    REDUCTION,
+    family_of,
+    op_cost,
+)
+
+aten = torch.ops.aten
+
+
+def meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+def test_matmul_flops_come_from_torch_registry_and_bytes_from_shapes():
+    bias, x, w = meta(64), meta(32, 128), meta(128, 64)
+    out = aten.addmm.default(bias, x, w)
+    cost = op_cost(aten.addmm.default, (bias, x, w), {}, out)
+    assert cost.family == GEMM
+    assert cost.flops == flop_registry[aten.addmm](bias, x, w, out_val=out) == 2 * 32 * 128 * 64
+    assert cost.bytes == 4 * (64 + 32 * 128 + 128 * 64 + 32 * 64)
+    assert cost.work == 32 * 64 and cost.dtype == "f32"
+
+
+def test_convolution_is_its_own_family_with_registry_flops():
+    x, w = meta(2, 3, 8, 8), meta(16, 3, 3, 3)
+    args = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    out = aten.convolution.default(*args)
+    cost = op_cost(aten.convolution.default, args, {}, out)
+    assert cost.family == CONV
+    assert cost.flops == 2 * (2 * 16 * 8 * 8) * (3 * 3 * 3)
+
+
+def test_pointwise_costs_one_flop_per_element_and_half_precision_is_named():
+    x = meta(1000, dtype=torch.bfloat16)
+    out = aten.relu.default(x)
+    cost = op_cost(aten.relu.default, (x,), {}, out)
+    assert cost.family == ELEMENTWISE and cost.flops == 1000 and cost.dtype == "bf16"
+    assert cost.bytes == 2 * 2 * 1000
+
+
+def test_in_place_op_writes_what_it_reads():
+    x, y = meta(100), meta(100)
+    cost = op_cost(aten.add_.Tensor, (x, y), {}, x)
+    assert cost.bytes == 3 * 400  # reads x and y, writes x (the output is x itself)
+
+
+def test_ops_without_a_kernel_cost_nothing():
+    x = meta(4, 5)
+    assert op_cost(aten.view.default, (x, [20]), {}, x.view(20)) is None
+    assert op_cost(aten.t.default, (x,), {}, x.t()) is None
+    assert op_cost(aten.detach.default, (x,), {}, x.detach()) is None
+    assert op_cost(aten.empty.memory_format, ([3],), {}, meta(3)) is None
+
+
+def test_foreach_ops_count_their_tensors_and_elements():
+    params = [meta(10, 10), meta(10)]
+    grads = [meta(10, 10), meta(10)]
+    cost = op_cost(aten._foreach_add_.List, (params, grads), {}, None)
+    assert cost.family == FOREACH and cost.tensors == 2 and cost.work == 110
+    assert cost.bytes == 3 * 4 * 110
+
+
+def test_family_registry_defaults_to_elementwise():
+    assert family_of("native_layer_norm") == REDUCTION
+    assert family_of("_foreach_mul_") == FOREACH
+    assert family_of("some_new_pointwise_op") == ELEMENTWISE
