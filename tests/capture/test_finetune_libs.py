@@ -185,7 +185,7 @@ def test_torchtunes_bf16_check_passes_under_the_fake_runtime(a100, stack24):
     result = capture_callable(job, gpu=a100, stack=stack24, steps="all")
     assert result.error is None, result.error_text
     assert seen["bf16"] is True
-    assert seen["job_nccl"] is False  # a job choosing its backend keeps gloo (no NCCL here)
+    assert seen["job_nccl"] is True  # as on a CUDA build: "nccl" gets the fake process group
     assert not torch.distributed.is_nccl_available()  # restored after the capture
 
 

@@ -10,13 +10,12 @@ torchtune): the few runtime pieces they reach for, registered as library patches
   kernels make beyond the outputs);
 - torchtune checks bf16 support with `torch.distributed.is_nccl_available()` and
   `torch.cuda.nccl.version() >= (2, 10)`: a CUDA build of torch has NCCL, so here
-  `torch.cuda.nccl.version()` answers NCCL_VERSION and `is_nccl_available()` True to torchtune
-  (NCCL_PROBES); other callers get the CPU build's answer.
+  `torch.cuda.nccl.version()` answers NCCL_VERSION; `is_nccl_available()` answers True to every
+  caller (capture.fake_distributed: a job that picks "nccl" by it gets the fake process group).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -55,21 +54,6 @@ def _nccl_version() -> tuple[int, int, int]:
     return NCCL_VERSION
 
 
-NCCL_PROBES = ("torchtune.",)
-"""Modules whose `is_nccl_available()` is a hardware-capability check (torchtune's bf16 check),
-answered True. Everyone else gets the CPU build's answer (False), so a single-process job that
-picks its backend by it (`"nccl" if dist.is_nccl_available() else "gloo"`) keeps the backend it
-can start here."""
-
-
-def _nccl_available_to_probes(original: Any) -> Any:
-    def is_nccl_available() -> bool:
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        return True if str(caller).startswith(NCCL_PROBES) else bool(original())
-
-    return is_nccl_available
-
-
 @register_library_patch("cuda_raw_stream")
 @contextmanager
 def cuda_raw_stream() -> Iterator[None]:
@@ -81,13 +65,10 @@ def cuda_raw_stream() -> Iterator[None]:
 @register_library_patch("nccl_present")
 @contextmanager
 def nccl_present() -> Iterator[None]:
-    """`torch.cuda.nccl.version()` as a CUDA build answers it, and
-    `torch.distributed.is_nccl_available()` True to torchtune's bf16 check (NCCL_PROBES)."""
+    """`torch.cuda.nccl.version()` as a CUDA build answers it (`is_nccl_available()` is
+    capture.fake_distributed's)."""
     with ExitStack() as stack:
         nccl = getattr(torch.cuda, "nccl", None)
         if nccl is not None:
             stack.enter_context(provided(nccl, "version", _nccl_version))
-        if torch.distributed.is_available():
-            answer = _nccl_available_to_probes(torch.distributed.is_nccl_available)
-            stack.enter_context(provided(torch.distributed, "is_nccl_available", answer))
         yield
