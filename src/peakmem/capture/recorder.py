@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten
 
 from peakmem.capture.eager import op_name
 from peakmem.capture.host_deferred import claim, outputs_kind
+from peakmem.capture.meta_cache import SHARED_CACHE
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules import host_outputs_for, op_rule_for
 from peakmem.cuda_rules.true_device import is_meta, true_device
@@ -46,7 +47,10 @@ class AllocationRecorder(TorchDispatchMode):
             around = rule(self.session, func, args, kwargs)
             next(around)  # allocations the kernel makes before its outputs
         try:
-            out = func(*args, **kwargs)
+            if self.session.eager:
+                out = func(*args, **kwargs)
+            else:  # fake tensors: a repeated call's outputs are made from its recorded layout
+                out = SHARED_CACHE.call(func, args, kwargs)
         except Exception as exc:
             if not self.session.eager and self.session.fake_limit is None:
                 self.session.fake_limit = fake_limit_reason(func, args, kwargs, exc)
