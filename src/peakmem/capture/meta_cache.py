@@ -38,10 +38,23 @@ class _NotCacheable(Exception):
     pass
 
 
+def _validates_only(func: Any) -> bool:
+    """An in-place foreach op with no return (`_foreach_add_`, ...): its meta kernel only checks
+    the arguments' layouts, the same checks for the same key."""
+    schema = func._schema
+    return (
+        schema.name.startswith("aten::_foreach_")
+        and schema.name.endswith("_")
+        and not schema.returns
+    )
+
+
 def _op_cacheable(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
-    if schema is None or schema.is_mutable:
+    if schema is None:
         return False
+    if schema.is_mutable:
+        return _validates_only(func)
     if any(ret.alias_info is not None for ret in schema.returns):
         return False
     if any(arg.alias_info is not None for arg in schema.arguments):
@@ -128,6 +141,8 @@ def _key(value: Any, storages: dict[int, int]) -> Any:
 def _recipe(out: Any, input_storages: dict[int, int]) -> tuple | None:
     """How to make `out` again: (container type or None, [(shape, stride, offset, dtype,
     storage group, storage bytes) or None per output])."""
+    if out is None:
+        return (None, ())  # an in-place foreach op: nothing to make
     single = type(out) in _PLAIN_TENSORS
     items = (out,) if single else out
     if not single and type(out) not in (tuple, list):
@@ -160,6 +175,8 @@ def _recipe(out: Any, input_storages: dict[int, int]) -> tuple | None:
 
 def _rebuild(entry: tuple) -> Any:
     container, parts = entry
+    if not parts and container is None:
+        return None
     storages: dict[int, Any] = {}
     made = []
     for part in parts:
