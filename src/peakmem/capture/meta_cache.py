@@ -132,7 +132,9 @@ def _key(value: Any, storages: dict[int, int]) -> Any:
             value.is_neg(),
         )
     if kind is tuple or kind is list:
-        return (kind, tuple(_key(item, storages) for item in value))
+        if all(type(item) is int for item in value):  # sizes, strides, dims: the common case
+            return (kind, tuple(value))
+        return (kind, tuple([_key(item, storages) for item in value]), None)
     if kind in _PLAIN_VALUES:
         return (kind, value)
     raise _NotCacheable
