@@ -114,30 +114,40 @@ def _global_state() -> tuple:
     )
 
 
-def _key(value: Any, storages: dict[int, int]) -> Any:
-    kind = type(value)
-    if kind in _PLAIN_TENSORS:
-        if value.layout is not _STRIDED or not value.is_meta:
+def _key(values: tuple | list, storages: dict[int, int]) -> tuple:
+    """The key of a call's arguments (a tuple or list; kwargs as a tuple of (name, value))."""
+    parts = []
+    append = parts.append
+    for value in values:
+        kind = type(value)
+        if kind in _PLAIN_TENSORS:
+            append(_tensor_key(value, storages))
+        elif kind is tuple or kind is list:
+            if all(type(item) is int for item in value):  # sizes, strides, dims
+                append((kind, tuple(value)))
+            else:
+                append((kind, _key(value, storages), None))
+        elif kind in _PLAIN_VALUES:
+            append((kind, value))
+        else:
             raise _NotCacheable
-        storage = id(value.untyped_storage())
-        share = storages.setdefault(storage, len(storages))
-        return (
-            value.dtype,
-            tuple(value.shape),
-            value.stride(),
-            value.storage_offset(),
-            share,
-            value.requires_grad,
-            value.is_conj(),
-            value.is_neg(),
-        )
-    if kind is tuple or kind is list:
-        if all(type(item) is int for item in value):  # sizes, strides, dims: the common case
-            return (kind, tuple(value))
-        return (kind, tuple([_key(item, storages) for item in value]), None)
-    if kind in _PLAIN_VALUES:
-        return (kind, value)
-    raise _NotCacheable
+    return tuple(parts)
+
+
+def _tensor_key(value: torch.Tensor, storages: dict[int, int]) -> tuple:
+    if value.layout is not _STRIDED or not value.is_meta:
+        raise _NotCacheable
+    share = storages.setdefault(id(value.untyped_storage()), len(storages))
+    return (
+        value.dtype,
+        tuple(value.shape),
+        value.stride(),
+        value.storage_offset(),
+        share,
+        value.requires_grad,
+        value.is_conj(),
+        value.is_neg(),
+    )
 
 
 def _recipe(out: Any, input_storages: dict[int, int]) -> tuple | None:
