@@ -14,6 +14,7 @@ expandable segments live in `(stream, addr)` lists (`BlockComparatorAddress`).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
@@ -280,13 +281,29 @@ class CachingAllocator:
         if self._gc_enabled:
             pool.get_free_blocks_call_count += 1
         blocks = pool.blocks
-        index = blocks.bisect_left((stream, size, -1))
-        if index >= len(blocks):
+        # SortedList's own layout (sorted sublists and their maxima), read directly: the common
+        # lookup without its positional-index bookkeeping
+        maxes = blocks._maxes
+        probe = (stream, size, -1)
+        pos = bisect_left(maxes, probe)
+        if pos == len(maxes):
             return None
-        key = blocks[index]
+        sublist = blocks._lists[pos]
+        idx = bisect_left(sublist, probe)
+        key = sublist[idx]
         if key[0] != stream:
             return None
         block = self.blocks_by_addr[key[2]]
+        if block.segment is None:
+            max_split = self._max_split_size
+            if size < max_split and block.size >= max_split:
+                return None  # do not return an oversized block for a small request
+            if size >= max_split and block.size >= size + self.max_non_split_rounding:
+                return None  # do not return an oversized block for a large request
+            blocks._delete(pos, idx)
+            del self.blocks_by_addr[block.addr]
+            return block
+        index = blocks._loc(pos, idx)
         if block.segment is not None:
             # Expandable segments: prefer a block whose size *including the unmapped space right
             # after it* is smaller (the C++ `expandable_size` loop).
