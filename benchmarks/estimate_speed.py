@@ -119,19 +119,20 @@ def rows(args) -> list[dict]:
     ):
         all_rows = evaluation_rows(load_rows(name, DATA))
         sample = spread_subset(all_rows, args.rows if "transformer" not in name else None)
-        seconds, cpu = [], []
+        seconds, cpu, errors = [], [], []
         for row in sample:
             figure: dict = {}
             with _timed(figure):
                 try:
                     estimator.estimate(row)
-                except Exception:  # noqa: BLE001 - a row that cannot be estimated still took time
-                    pass
+                except Exception as exc:  # noqa: BLE001 - counted, and it still took time
+                    errors.append(f"{row.id}: {type(exc).__name__}: {exc}"[:300])
             seconds.append(figure["seconds"])
             cpu.append(figure["cpu_seconds"])
         out = {
             "figure": f"{name}_median_seconds",
             "rows": len(sample),
+            "errors": errors,
             "median_seconds": round(statistics.median(seconds), 3),
             "median_cpu_seconds": round(statistics.median(cpu), 3),
             "mean_seconds": round(statistics.fmean(seconds), 3),
