@@ -49,9 +49,14 @@ def _validates_only(func: Any) -> bool:
     )
 
 
+UNCACHED_OPS: set[str] = set()
+"""Op names ("aten::foo") whose meta kernel must always run: one with side effects beyond its
+outputs (a kernel registered by peakmem that records into the capture session, say) goes here."""
+
+
 def _op_cacheable(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
-    if schema is None:
+    if schema is None or schema.name in UNCACHED_OPS:
         return False
     if schema.is_mutable:
         return _validates_only(func)
