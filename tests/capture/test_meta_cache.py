@@ -171,3 +171,28 @@ def test_a_capture_with_the_cache_is_the_capture_without_it(a100, stack24, monke
     assert with_cache.error is None and without.error is None
     assert with_cache.trace == without.trace
     assert len(with_cache.trace) > 50
+
+
+def test_ops_with_a_peakmem_fused_kernel_registered_always_run_their_kernel(monkeypatch):
+    from peakmem.cuda_rules import registry
+
+    cache = MetaCache()
+    func = aten.log_sigmoid_forward.default
+    monkeypatch.delitem(registry.FUSED_KERNELS, "log_sigmoid_forward")
+    cache.call(func, (meta(3, 4),), {})
+    cache.call(func, (meta(3, 4),), {})
+    assert cache.hits == 1  # the op's own meta kernel: cached
+    monkeypatch.setitem(registry.FUSED_KERNELS, "log_sigmoid_forward", lambda x: x)
+    cache.call(func, (meta(3, 4),), {})
+    assert cache.hits == 1  # peakmem's kernel is installed for captures: never from the cache
+
+
+def test_custom_ops_are_not_cached():
+    assert meta_cache._op_cacheable(torch.ops.aten.add.Tensor)
+    lib = torch.library.Library("peakmem_test_cache", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: torch.empty_like(x), "Meta")
+    try:
+        assert not meta_cache._op_cacheable(torch.ops.peakmem_test_cache.twice.default)
+    finally:
+        lib._destroy()

@@ -16,8 +16,14 @@ microseconds. Only calls whose result provably depends on nothing but the key ar
 - the global switches a kernel may read (default dtype, grad mode, deterministic algorithms) are
   in the key too.
 
+- the op is an aten / prims op (a custom op's fake kernel is the job's code) and no peakmem fused
+  kernel (cuda_rules registry.FUSED_KERNELS, installed as the op's Meta kernel in each capture)
+  is registered for it: while one is, the kernel in place decides every time, so a result of the
+  op's own meta kernel is never handed out where peakmem's would run, or the reverse.
+
 A call that raises is never cached (it raises again next time). Eager captures (real values)
-do not use the cache.
+do not use the cache. A job that registers its own Meta kernel for an aten op in the middle of
+a run would still get the first kernel's layouts for calls seen before (not met in practice).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from peakmem.cuda_rules.registry import FUSED_KERNELS
 
 _MAX_ENTRIES = 100_000
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -58,6 +66,8 @@ def _op_cacheable(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
     if schema is None or schema.name in UNCACHED_OPS:
         return False
+    if not schema.name.startswith(("aten::", "prims::")):
+        return False  # a custom op's fake kernel is the job's code: it always runs
     if schema.is_mutable:
         return _validates_only(func)
     if any(ret.alias_info is not None for ret in schema.returns):
@@ -72,20 +82,28 @@ def _op_cacheable(func: Any) -> bool:
     )
 
 
+def _fused_names(func: Any) -> tuple[str, ...]:
+    """The names a peakmem fused kernel for `func` is registered under (registry.FUSED_KERNELS)."""
+    packet = func.overloadpacket.__name__
+    return (packet, f"{packet}.{func._overloadname}")
+
+
 class MetaCache:
     """`call(func, args, kwargs)`: func's result, from the cache when the same call was seen."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple] = {}
-        self._ops: dict[Any, bool] = {}
+        self._ops: dict[Any, tuple[str, ...] | bool] = {}
         self.hits = 0
         self.misses = 0
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        cacheable = self._ops.get(func)
-        if cacheable is None:
-            cacheable = self._ops[func] = _op_cacheable(func)
-        if not cacheable:
+        names = self._ops.get(func)
+        if names is None:
+            names = self._ops[func] = _fused_names(func) if _op_cacheable(func) else False
+        if names is False or any(name in FUSED_KERNELS for name in names):
+            # not cacheable, or peakmem's fused meta kernel replaces the op's own while it is
+            # registered (each capture installs them): the kernel in place decides, every time
             return func(*args, **kwargs)
         storages: dict[int, int] = {}
         try:
