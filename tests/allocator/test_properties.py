@@ -85,6 +85,9 @@ def check_structure(alloc: CachingAllocator, live: dict[int, object], pending: l
         reserved += size
     reserved += sum(s.mapped_bytes for s in alloc.expandable_segments)
     assert reserved == alloc.total_allocated_memory
+    # the segment count is kept as a counter: it equals a scan of the segments
+    mapped = sum(1 for s in alloc.expandable_segments if s.mapped_pages)
+    assert alloc.num_segments == len(alloc.segments) + mapped
     pooled = {key[2] for pool in (alloc.small_blocks, alloc.large_blocks) for key in pool.blocks}
     assert pooled == set(alloc.blocks_by_addr)
     for block in alloc.blocks_by_addr.values():

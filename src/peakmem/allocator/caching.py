@@ -14,6 +14,7 @@ expandable segments live in `(stream, addr)` lists (`BlockComparatorAddress`).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
@@ -195,6 +196,9 @@ class CachingAllocator:
         self._gc_enabled = self._set_fraction and self.config.garbage_collection_threshold > 0.0
         self._expandable = self.config.expandable_segments
         self._large_segment_size = self.config.large_segment_size
+        self._max_split_size = self.config.max_split_size
+        self._mapped_expandable = 0  # expandable segments with at least one mapped page
+        self._rounded: dict[int, int] = {}  # round_size memo (the config never changes)
 
     def set_memory_fraction(self, fraction: float, total_bytes: int) -> None:
         """`setMemoryFraction`: from now on reserved memory is capped at `fraction *
@@ -211,6 +215,12 @@ class CachingAllocator:
 
     # -- sizes and pools ------------------------------------------------------------------------
     def round_size(self, size: int) -> int:
+        rounded = self._rounded.get(size)
+        if rounded is None:
+            rounded = self._rounded[size] = self._round_size(size)
+        return rounded
+
+    def _round_size(self, size: int) -> int:
         if size < K_MIN_BLOCK_SIZE:
             return K_MIN_BLOCK_SIZE
         divisions = self.config.roundup_divisions_for(size)
@@ -240,12 +250,14 @@ class CachingAllocator:
     def malloc(self, orig_size: int, stream: int = 0) -> Block:
         if self.ready_free:
             self.process_events()
-        size = self.round_size(orig_size)
-        pool = self.get_pool(size)
-        alloc_size = self.get_allocation_size(size)
+        size = self._rounded.get(orig_size)
+        if size is None:
+            size = self.round_size(orig_size)
+        pool = self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
 
         block = self.get_free_block(pool, size, stream)
         if block is None:
+            alloc_size = self.get_allocation_size(size)
             if self._gc_enabled:
                 self.garbage_collect_cached_blocks()
             block = self.alloc_block(pool, size, alloc_size, stream)
@@ -269,13 +281,29 @@ class CachingAllocator:
         if self._gc_enabled:
             pool.get_free_blocks_call_count += 1
         blocks = pool.blocks
-        index = blocks.bisect_left((stream, size, -1))
-        if index >= len(blocks):
+        # SortedList's own layout (sorted sublists and their maxima), read directly: the common
+        # lookup without its positional-index bookkeeping
+        maxes = blocks._maxes
+        probe = (stream, size, -1)
+        pos = bisect_left(maxes, probe)
+        if pos == len(maxes):
             return None
-        key = blocks[index]
+        sublist = blocks._lists[pos]
+        idx = bisect_left(sublist, probe)
+        key = sublist[idx]
         if key[0] != stream:
             return None
         block = self.blocks_by_addr[key[2]]
+        if block.segment is None:
+            max_split = self._max_split_size
+            if size < max_split and block.size >= max_split:
+                return None  # do not return an oversized block for a small request
+            if size >= max_split and block.size >= size + self.max_non_split_rounding:
+                return None  # do not return an oversized block for a large request
+            blocks._delete(pos, idx)
+            del self.blocks_by_addr[block.addr]
+            return block
+        index = blocks._loc(pos, idx)
         if block.segment is not None:
             # Expandable segments: prefer a block whose size *including the unmapped space right
             # after it* is smaller (the C++ `expandable_size` loop).
@@ -290,7 +318,7 @@ class CachingAllocator:
                     break
                 block, index = candidate, nxt
                 nxt += 1
-        max_split = self.config.max_split_size
+        max_split = self._max_split_size
         if size < max_split and block.size >= max_split:
             return None  # do not return an oversized block for a small request
         if size >= max_split and block.size >= size + self.max_non_split_rounding:
@@ -494,8 +522,11 @@ class CachingAllocator:
 
     def free_block(self, block: Block) -> None:
         block.requested = 0
-        for candidate in (block.prev, block.next):
-            self.try_merge_blocks(block, candidate)
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            self.try_merge_blocks(block, prev)
+        if nxt is not None and not nxt.allocated:
+            self.try_merge_blocks(block, nxt)
         self._insert_free(block)
 
     def try_merge_blocks(self, dst: Block, src: Block | None) -> int:
@@ -612,6 +643,8 @@ class CachingAllocator:
             and self.total_allocated_memory + mapped_size > self._capacity
         ):
             return None
+        if not segment.mapped_pages:
+            self._mapped_expandable += 1
         segment.mapped_pages.update(range(begin, end))
         pool = to_map.pool
         pool.unmapped.remove((to_map.stream, to_map.addr))
@@ -664,6 +697,8 @@ class CachingAllocator:
         block.size = unmapped_size
         block.mapped = False
         segment.mapped_pages.difference_update(range(begin, end))
+        if not segment.mapped_pages:
+            self._mapped_expandable -= 1
         self.try_merge_blocks(block, block.prev)
         self.try_merge_blocks(block, block.next)
         pool.unmapped.add((block.stream, block.addr))
@@ -678,7 +713,7 @@ class CachingAllocator:
 
     @property
     def num_segments(self) -> int:
-        return len(self.segments) + sum(1 for s in self.expandable_segments if s.mapped_pages)
+        return len(self.segments) + self._mapped_expandable
 
 
 def _link_before(new: Block, block: Block) -> None:

@@ -124,13 +124,32 @@ def simulate(
     malloc = allocator.malloc
     free = allocator.free
     peak_reserved = peak_allocated = peak_requested = 0
+    max_segments = 0
     ALLOC, FREE = EventKind.ALLOC, EventKind.FREE
     ALLOC_OR_SMALLER = EventKind.ALLOC_OR_SMALLER
     shrunk_away: set[int] = set()  # ALLOC_OR_SMALLER requests that got nothing
+    reserved_line = line.reserved.append if line is not None else None
+    allocated_line = line.allocated.append if line is not None else None
     index = -1
-    for index, (kind, ident, size, stream, _tag) in enumerate(
-        zip(trace.kinds, trace.ids, trace.sizes, trace.streams, trace.tag_ids, strict=True)
+    for index, (kind, ident, size, stream) in enumerate(
+        zip(trace.kinds, trace.ids, trace.sizes, trace.streams, strict=True)
     ):
+        if kind == FREE:
+            block = live.pop(ident, None)
+            if block is not None:
+                if block.stream_uses:
+                    freed_pending[ident] = block
+                free(block)
+            elif ident in shrunk_away:
+                shrunk_away.discard(ident)
+            else:
+                raise TraceError(
+                    f"event {index}: free of id {ident}, which is not allocated", index
+                )
+            if reserved_line is not None:
+                reserved_line(allocator.total_allocated_memory)
+                allocated_line(allocator.allocated_bytes)
+            continue
         if kind in (ALLOC, ALLOC_OR_SMALLER):
             if ident in live or ident in shrunk_away:
                 raise TraceError(
@@ -162,25 +181,15 @@ def simulate(
                 result.peak_allocated_index = index
             if allocator.requested_bytes > peak_requested:
                 peak_requested = allocator.requested_bytes
-        elif kind == FREE:
-            block = live.pop(ident, None)
-            if block is not None:
-                if block.stream_uses:
-                    freed_pending[ident] = block
-                free(block)
-            elif ident in shrunk_away:
-                shrunk_away.discard(ident)
-            else:
-                raise TraceError(
-                    f"event {index}: free of id {ident}, which is not allocated", index
-                )
         else:
             _apply_other(allocator, kind, ident, stream, index, live, freed_pending)
-        if line is not None:
-            line.reserved.append(allocator.total_allocated_memory)
-            line.allocated.append(allocator.allocated_bytes)
-        if allocator.num_segments > result.max_segments and kind != FREE:
-            result.max_segments = allocator.num_segments
+        if reserved_line is not None:
+            reserved_line(allocator.total_allocated_memory)
+            allocated_line(allocator.allocated_bytes)
+        segments = allocator.num_segments
+        if segments > max_segments:
+            max_segments = segments
+    result.max_segments = max_segments
 
     result.peak_reserved_bytes = peak_reserved
     result.peak_allocated_bytes = peak_allocated

@@ -7,11 +7,13 @@ import contextlib
 import inspect
 
 import torch
+from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from peakmem.capture.eager import op_name
 from peakmem.capture.host_deferred import claim, outputs_kind
+from peakmem.capture.meta_cache import SHARED_CACHE
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.subclass_storages import storage_tensors
 from peakmem.cuda_rules import host_outputs_for, op_rule_for
@@ -25,10 +27,25 @@ def _op_name(func) -> str:
     return func.__name__ if hasattr(func, "__name__") else str(func)
 
 
+class _OpInfo:
+    """What the recorder needs to know of one op overload (looked up once per capture)."""
+
+    __slots__ = ("rule", "around", "host_outputs", "name", "host_copy", "dynamic_shape")
+
+    def __init__(self, func) -> None:
+        self.rule = op_rule_for(func)
+        self.around = self.rule is not None and inspect.isgeneratorfunction(self.rule)
+        self.host_outputs = host_outputs_for(func)
+        self.name = _op_name(func)
+        self.host_copy = func.overloadpacket.__name__ in _HOST_COPY_OPS
+        self.dynamic_shape = torch.Tag.dynamic_output_shape in getattr(func, "tags", ())
+
+
 class AllocationRecorder(TorchDispatchMode):
     def __init__(self, session: CaptureSession) -> None:
         super().__init__()
         self.session = session
+        self._ops: dict = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # kernels written in Python (meta kernels, decompositions) and the rules must see the
@@ -37,55 +54,86 @@ class AllocationRecorder(TorchDispatchMode):
             return self._dispatch(func, args, kwargs or {})
 
     def _dispatch(self, func, args, kwargs):
-        kind, kind_category = outputs_kind(self.session, args, kwargs)
+        session = self.session
+        info = self._ops.get(func)
+        if info is None:
+            info = self._ops[func] = _OpInfo(func)
+        kind, kind_category = outputs_kind(session, args, kwargs)
         # a host-deferred or the job's own meta tensor: no CUDA kernel runs
-        rule = None if self.session.closed or kind != "device" else op_rule_for(func)
-        if rule is not None and not _touches_device(self.session, args, kwargs):
+        rule = None if session.closed or kind != "device" else info.rule
+        if rule is not None and not _touches_device(session, args, kwargs):
             rule = None  # a host op (real CPU tensors only): no CUDA kernel either
         around = None
-        if rule is not None and inspect.isgeneratorfunction(rule):
-            around = rule(self.session, func, args, kwargs)
+        if rule is not None and info.around:
+            around = rule(session, func, args, kwargs)
             next(around)  # allocations the kernel makes before its outputs
         try:
-            out = func(*args, **kwargs)
+            out = _run(session, func, args, kwargs)
         except Exception as exc:
-            if not self.session.eager and self.session.fake_limit is None:
-                self.session.fake_limit = fake_limit_reason(func, args, kwargs, exc)
+            if not session.eager and session.fake_limit is None:
+                session.fake_limit = fake_limit_reason(func, args, kwargs, exc)
             raise
-        if self.session.closed:
+        if session.closed:
             return out
-        if self.session.watch_op is not None:
-            self.session.watch_op(func, args)
-        if (
-            not self.session.eager
-            and torch.Tag.dynamic_output_shape in getattr(func, "tags", ())
-            and _data_dependent(func, args)
-        ):
+        if session.watch_op is not None:
+            session.watch_op(func, args)
+        if not session.eager and info.dynamic_shape and _data_dependent(func, args):
             name = op_name(func)
-            self.session.data_dependent[name] = self.session.data_dependent.get(name, 0) + 1
-        op = _op_name(func)
-        host_outputs = host_outputs_for(func)
-        skip = {id(t) for t in host_outputs(out)} if host_outputs is not None else set()
+            session.data_dependent[name] = session.data_dependent.get(name, 0) + 1
+        op = info.name
+        host_outputs = info.host_outputs
+        skip = {id(t) for t in host_outputs(out)} if host_outputs is not None else ()
         category = None
-        if func.overloadpacket.__name__ in _HOST_COPY_OPS and _reads_host(args):
+        if info.host_copy and _reads_host(args):
             category = Category.INPUT.value
         category = kind_category or category
-        flat, _ = tree_flatten(out)
-        for tensor in storage_tensors(flat):  # a wrapper subclass: its inner storages
+        for tensor in storage_tensors(_leaves(out)):  # a wrapper subclass: its inner storages
             if (
-                is_meta(tensor)
+                isinstance(tensor, Tensor)
+                and tensor.is_meta
                 and id(tensor) not in skip
-                and not claim(self.session, tensor, kind)
+                and not claim(session, tensor, kind)
             ):
-                self.session.track(tensor, op, category)
-        if self.session.op_observer is not None:
-            self.session.op_observer(func, args, kwargs, out, kind)
+                session.track(tensor, op, category)
+        if session.op_observer is not None:
+            session.op_observer(func, args, kwargs, out, kind)
         if around is not None:
             with contextlib.suppress(StopIteration):
                 around.send(out)
         elif rule is not None:
-            rule(self.session, func, args, kwargs, out)
+            rule(session, func, args, kwargs, out)
         return out
+
+
+def _run(session: CaptureSession, func, args, kwargs):
+    if session.eager:  # real values: always the kernel
+        return func(*args, **kwargs)
+    # fake tensors: a repeated call's outputs are made from its recorded layout
+    return SHARED_CACHE.call(func, args, kwargs)
+
+
+def _leaves(value) -> list:
+    """The leaves of an op's arguments or outputs (tensors, numbers, devices, ...) in
+    tree_flatten's order: an aten op's values nest only in tuples, lists and dicts."""
+    if isinstance(value, Tensor):
+        return [value]
+    out: list = []
+    _collect(value, out)
+    return out
+
+
+def _collect(value, out: list) -> None:
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            if isinstance(item, (list, tuple, dict)):
+                _collect(item, out)
+            else:
+                out.append(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _collect(item, out)
+    else:
+        out.append(value)
 
 
 _INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index"}
@@ -133,13 +181,13 @@ def fake_limit_reason(func, args, kwargs, exc: BaseException) -> str | None:
 def _touches_device(session: CaptureSession, args, kwargs) -> bool:
     """Whether the op reads a device tensor, or makes one from nothing (a factory on the
     device): CUDA rules apply to device ops only."""
-    flat, _ = tree_flatten((args, kwargs))
-    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+    flat = _leaves((args, kwargs))
+    tensors = [t for t in flat if isinstance(t, Tensor)]
     if not tensors:
         return any(isinstance(d, torch.device) and d.type == "meta" for d in flat)
     return any(t.is_meta and session.storage_kind(t) == "device" for t in tensors)
 
 
 def _reads_host(args) -> bool:
-    flat, _ = tree_flatten(args)
+    flat = _leaves(args)
     return any(isinstance(t, torch.Tensor) and true_device(t).type == "cpu" for t in flat)

@@ -33,11 +33,16 @@ def sparse_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
     return []
 
 
-@dataclass
 class LiveStorage:
-    alloc_index: int  # index of the ALLOC event in the trace
-    ident: int
-    nbytes: int
+    """A live device storage: its ALLOC event's index in the trace, its id there, its size."""
+
+    __slots__ = ("alloc_index", "ident", "nbytes", "watch")
+
+    def __init__(self, alloc_index: int, ident: int, nbytes: int) -> None:
+        self.alloc_index = alloc_index
+        self.ident = ident
+        self.nbytes = nbytes
+        self.watch: Any = None
 
 
 @dataclass
@@ -179,8 +184,10 @@ class CaptureSession:
             if nbytes <= 0:
                 return
             ident = self._alloc(nbytes, category or self.default_category(op), op)
-            self.live[key] = LiveStorage(len(self.trace) - 1, ident, nbytes)
-        weakref.finalize(storage, self._storage_died, key)
+            record = self.live[key] = LiveStorage(len(self.trace) - 1, ident, nbytes)
+        # the record holds the weak reference whose callback frees the allocation (cheaper than
+        # weakref.finalize; the record lives until the callback runs)
+        record.watch = weakref.ref(storage, lambda _ref, key=key: self._storage_died(key))
 
     def is_tracked(self, tensor: torch.Tensor) -> bool:
         if tensor.layout != torch.strided:

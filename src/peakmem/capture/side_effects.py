@@ -452,10 +452,13 @@ class _Patches:
                 swaps[id(original)] = _wrapper(entry, original)
         if not swaps:
             return
+        wanted = swaps.keys()
         for module in list(sys.modules.values()):
             namespace = getattr(module, "__dict__", None)
             if not isinstance(namespace, dict):
                 continue
+            if wanted.isdisjoint(map(id, list(namespace.values()))):
+                continue  # the common case, checked without a Python loop over the names
             for name, value in list(namespace.items()):
                 wrapper = swaps.get(id(value))
                 if wrapper is not None and namespace.get(name) is value:

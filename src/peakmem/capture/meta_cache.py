@@ -1,0 +1,248 @@
+"""A cache of meta-kernel results: the same op on fake tensors of the same shapes, strides and
+dtypes makes outputs of the same shapes, strides and dtypes, so it is run once per distinct call.
+
+Many ops' meta kernels are Python (torch._refs, torch._decomp, torch._meta_registrations) and
+cost 0.1 to 10 ms per call; a training step repeats the same calls every iteration. A hit makes
+fresh meta outputs with the recorded layout (empty_strided / set_ on a fresh storage) in a few
+microseconds. Only calls whose result provably depends on nothing but the key are cached:
+
+- the op is functional (no mutable argument, no aliasing return), has no data-dependent output
+  shape, and every output is a fresh plain strided meta tensor that shares no storage with an
+  input;
+- every tensor argument is a plain strided meta tensor (no subclass, no real host values); the
+  key holds its dtype, shape, strides, storage offset, conj/neg bits, requires_grad and which
+  arguments share a storage; every other argument is a plain value (numbers, bools, strings,
+  None, dtypes, devices, layouts, memory formats and lists of them) compared by type and value;
+- the global switches a kernel may read (default dtype, grad mode, deterministic algorithms) are
+  in the key too.
+
+- the op is an aten / prims op (a custom op's fake kernel is the job's code) and no peakmem fused
+  kernel (cuda_rules registry.FUSED_KERNELS, installed as the op's Meta kernel in each capture)
+  is registered for it: while one is, the kernel in place decides every time, so a result of the
+  op's own meta kernel is never handed out where peakmem's would run, or the reverse.
+
+A call that raises is never cached (it raises again next time). Eager captures (real values)
+do not use the cache. A job that registers its own Meta kernel for an aten op in the middle of
+a run would still get the first kernel's layouts for calls seen before (not met in practice).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from peakmem.cuda_rules.registry import FUSED_KERNELS
+
+_MAX_ENTRIES = 100_000
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                 torch.memory_format)
+_UNCACHEABLE = object()
+_STRIDED = torch.strided
+
+
+class _NotCacheable(Exception):
+    pass
+
+
+def _validates_only(func: Any) -> bool:
+    """An in-place foreach op with no return (`_foreach_add_`, ...): its meta kernel only checks
+    the arguments' layouts, the same checks for the same key."""
+    schema = func._schema
+    return (
+        schema.name.startswith("aten::_foreach_")
+        and schema.name.endswith("_")
+        and not schema.returns
+    )
+
+
+UNCACHED_OPS: set[str] = set()
+"""Op names ("aten::foo") whose meta kernel must always run: one with side effects beyond its
+outputs (a kernel registered by peakmem that records into the capture session, say) goes here."""
+
+
+def _op_cacheable(func: Any) -> bool:
+    schema = getattr(func, "_schema", None)
+    if schema is None or schema.name in UNCACHED_OPS:
+        return False
+    if not schema.name.startswith(("aten::", "prims::")):
+        return False  # a custom op's fake kernel is the job's code: it always runs
+    if schema.is_mutable:
+        return _validates_only(func)
+    if any(ret.alias_info is not None for ret in schema.returns):
+        return False
+    if any(arg.alias_info is not None for arg in schema.arguments):
+        return False
+    tags = getattr(func, "tags", ())
+    return not (
+        torch.Tag.dynamic_output_shape in tags
+        or torch.Tag.data_dependent_output in tags
+        or torch.Tag.inplace_view in tags
+    )
+
+
+def _fused_names(func: Any) -> tuple[str, ...]:
+    """The names a peakmem fused kernel for `func` is registered under (registry.FUSED_KERNELS)."""
+    packet = func.overloadpacket.__name__
+    return (packet, f"{packet}.{func._overloadname}")
+
+
+class MetaCache:
+    """`call(func, args, kwargs)`: func's result, from the cache when the same call was seen."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple] = {}
+        self._ops: dict[Any, tuple[str, ...] | bool] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        names = self._ops.get(func)
+        if names is None:
+            names = self._ops[func] = _fused_names(func) if _op_cacheable(func) else False
+        if names is False or any(name in FUSED_KERNELS for name in names):
+            # not cacheable, or peakmem's fused meta kernel replaces the op's own while it is
+            # registered (each capture installs them): the kernel in place decides, every time
+            return func(*args, **kwargs)
+        storages: dict[int, int] = {}
+        try:
+            key = (
+                func,
+                _global_state(),
+                _key(args, storages),
+                _key(tuple(kwargs.items()), storages) if kwargs else (),
+            )
+        except _NotCacheable:
+            return func(*args, **kwargs)
+        entry = self._entries.get(key)
+        if entry is not None:
+            self.hits += 1
+            return _rebuild(entry)
+        out = func(*args, **kwargs)
+        self.misses += 1
+        if len(self._entries) < _MAX_ENTRIES:
+            recipe = _recipe(out, storages)
+            if recipe is not None:
+                self._entries[key] = recipe
+        return out
+
+
+def _global_state() -> tuple:
+    return (
+        torch.get_default_dtype(),
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+    )
+
+
+def _key(values: tuple | list, storages: dict[int, int]) -> tuple:
+    """The key of a call's arguments (a tuple or list; kwargs as a tuple of (name, value))."""
+    parts = []
+    append = parts.append
+    for value in values:
+        kind = type(value)
+        if kind in _PLAIN_TENSORS:
+            append(_tensor_key(value, storages))
+        elif kind is tuple or kind is list:
+            if all(type(item) is int for item in value):  # sizes, strides, dims
+                append((kind, tuple(value)))
+            else:
+                append((kind, _key(value, storages), None))
+        elif kind in _PLAIN_VALUES:
+            append((kind, value))
+        else:
+            raise _NotCacheable
+    return tuple(parts)
+
+
+def _tensor_key(value: torch.Tensor, storages: dict[int, int]) -> tuple:
+    if value.layout is not _STRIDED or not value.is_meta:
+        raise _NotCacheable
+    share = storages.setdefault(id(value.untyped_storage()), len(storages))
+    return (
+        value.dtype,
+        tuple(value.shape),
+        value.stride(),
+        value.storage_offset(),
+        share,
+        value.requires_grad,
+        value.is_conj(),
+        value.is_neg(),
+    )
+
+
+def _recipe(out: Any, input_storages: dict[int, int]) -> tuple | None:
+    """How to make `out` again: (container type or None, [(shape, stride, offset, dtype,
+    storage group, storage bytes) or None per output])."""
+    if out is None:
+        return (None, ())  # an in-place foreach op: nothing to make
+    single = type(out) in _PLAIN_TENSORS
+    items = (out,) if single else out
+    if not single and type(out) not in (tuple, list):
+        return None
+    groups: dict[int, int] = {}
+    parts: list[tuple | None] = []
+    for tensor in items:
+        if tensor is None:
+            parts.append(None)
+            continue
+        if (
+            type(tensor) is not torch.Tensor
+            or tensor.layout is not _STRIDED
+            or not tensor.is_meta
+            or tensor.is_conj()
+            or tensor.is_neg()
+            or tensor.requires_grad
+            or tensor._is_view()
+        ):
+            return None
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in input_storages:
+            return None  # aliases an input
+        group = groups.setdefault(key, len(groups))
+        parts.append((tuple(tensor.shape), tensor.stride(), tensor.storage_offset(),
+                      tensor.dtype, group, storage.nbytes()))
+    return (None if single else type(out), tuple(parts))
+
+
+def _rebuild(entry: tuple) -> Any:
+    container, parts = entry
+    if not parts and container is None:
+        return None
+    storages: dict[int, Any] = {}
+    made = []
+    for part in parts:
+        if part is None:
+            made.append(None)
+            continue
+        shape, stride, offset, dtype, group, nbytes = part
+        storage = storages.get(group)
+        if storage is None and offset == 0 and nbytes == _min_bytes(shape, stride, dtype):
+            tensor = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            storages[group] = tensor.untyped_storage()
+        else:
+            if storage is None:
+                storage = storages[group] = torch.empty(
+                    (nbytes,), dtype=torch.uint8, device="meta"
+                ).untyped_storage()
+            tensor = torch.empty((0,), dtype=dtype, device="meta")
+            tensor.set_(storage, offset, shape, stride)
+        made.append(tensor)
+    if container is None:
+        return made[0]
+    return container(made)
+
+
+def _min_bytes(shape: tuple, stride: tuple, dtype: torch.dtype) -> int:
+    if any(size == 0 for size in shape):
+        return 0
+    return (1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))) * (
+        dtype.itemsize
+    )
+
+
+SHARED_CACHE = MetaCache()
+"""One cache for every capture in this process (its keys hold everything a result depends on)."""
