@@ -109,7 +109,7 @@ def gpt2(args) -> dict:
 def rows(args) -> list[dict]:
     from peakmem.baselines.peakmem_estimator import PeakmemEstimator
     from peakmem.bench.calibration import evaluation_rows
-    from peakmem.bench.datasets import load_rows, spread_subset
+    from peakmem.datasets.loaders import load_rows, spread_subset
 
     estimator = PeakmemEstimator()
     figures = []

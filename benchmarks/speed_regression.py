@@ -90,7 +90,7 @@ def _figures(estimate) -> dict:
 
 def jobs() -> list[tuple[str, list[str], dict]]:
     from peakmem.baselines.peakmem_estimator import job_command
-    from peakmem.bench.datasets import load_rows
+    from peakmem.datasets.loaders import load_rows
 
     out = []
     cache: dict = {}

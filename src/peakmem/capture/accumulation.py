@@ -17,6 +17,7 @@ most).
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -84,7 +85,27 @@ def window_in_callers(skip: int = 2) -> int | None:
     for _ in range(FRAMES):
         if frame is None:
             break
-        frame_locals = frame.f_locals
+        window = _window_in_frame(frame)
+        if window is not None:
+            return window
+        frame = frame.f_back
+    return None
+
+
+SOURCE_NAMES = frozenset({"args", "self", "trainer"})
+"""The local names the registered sources read: a function frame without any is not read."""
+_SNAPSHOT_LOCALS = sys.version_info < (3, 13)
+"""Python < 3.13 materialises a function frame's `f_locals` as a dict kept on the frame, which
+holds references to its locals (a training loop's previous batch) until the frame ends."""
+
+
+def _window_in_frame(frame: Any) -> int | None:
+    code = frame.f_code
+    function = bool(code.co_flags & inspect.CO_OPTIMIZED)
+    if function and SOURCE_NAMES.isdisjoint(code.co_varnames + code.co_cellvars):
+        return None  # reading f_locals would keep this frame's locals alive: nothing to read
+    frame_locals = frame.f_locals
+    try:
         for source in WINDOW_SOURCES.values():
             try:
                 window = source(frame_locals)
@@ -92,5 +113,9 @@ def window_in_callers(skip: int = 2) -> int | None:
                 window = None
             if window is not None:
                 return window
-        frame = frame.f_back
-    return None
+        return None
+    finally:
+        if function and _SNAPSHOT_LOCALS and type(frame_locals) is dict:
+            # drop the snapshot's references (the frame's real locals are untouched), so that
+            # looking never keeps a tensor alive longer than the job would
+            frame_locals.clear()
