@@ -196,3 +196,38 @@ def _reset_accelerate():
     if state is not None:
         state.AcceleratorState._reset_state(reset_partial_state=True)
         state.GradientState._reset_state()
+
+
+def test_reading_windows_never_keeps_a_callers_locals_alive():
+    """Python < 3.13 keeps a snapshot of `f_locals` on the frame: looking for a window in a
+    training loop's frame must not keep its previous batch alive after the loop rebinds it."""
+    import gc
+    import weakref
+
+    from peakmem.capture.accumulation import window_in_callers
+
+    class Batch:
+        pass
+
+    def ask():
+        return window_in_callers(skip=2)
+
+    def loop_without_source_names():
+        batch = Batch()
+        seen = weakref.ref(batch)
+        assert ask() is None
+        batch = None  # the loop moves on
+        gc.collect()
+        return seen() is None
+
+    class Loop:
+        def run(self):
+            batch = Batch()
+            seen = weakref.ref(batch)
+            assert ask() is None  # a frame with `self` is read (a framework's could answer)
+            batch = None
+            gc.collect()
+            return seen() is None
+
+    assert loop_without_source_names()
+    assert Loop().run()
