@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from peakmem.cli.common import row_progress
 from peakmem.cli.contract import BadInput, ContractCommand
 
 DEFAULT_ESTIMATORS = "peakmem,horus,faketensor,gpumemnet,accelerate,deepspeed"
@@ -175,14 +175,7 @@ def bench(
         cache = ResultCache(DEFAULT_CACHE)
 
     console = Console(stderr=True)
-    with Progress(
-        TextColumn(f"[bold]{dataset}[/bold]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=as_json,
-    ) as progress:
+    with row_progress(f"[bold]{dataset}[/bold]", as_json) as progress:
         task = progress.add_task("estimating", total=None)
         results = run_estimators(
             instances,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from peakmem.cli.common import row_progress
 from peakmem.cli.contract import BadInput
 
 
@@ -41,14 +41,7 @@ def bench_utilization(
         cache = DEFAULT_CACHE
     console = Console(stderr=True)
     try:
-        with Progress(
-            TextColumn(f"[bold]{dataset}[/bold] utilization"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=as_json,
-        ) as progress:
+        with row_progress(f"[bold]{dataset}[/bold] utilization", as_json) as progress:
             task = progress.add_task("capturing", total=None)
             summary = ubench.run(
                 dataset,

@@ -71,3 +71,18 @@ def echo_simulation(result: SimulationResult) -> None:
     click.echo(f"fragmentation at peak  {result.fragmentation_at_peak:.1%}")
     if result.oom:
         click.echo(f"OUT OF MEMORY at event {result.oom_index}: {result.oom_message}")
+
+
+def row_progress(title: str, as_json: bool) -> Any:
+    """The bench's progress bar over rows, on stderr (gone when the run ends, with --json)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn(title), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True), transient=as_json)
