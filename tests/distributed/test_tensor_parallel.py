@@ -76,8 +76,8 @@ def tp_job(world: int, steps: int = 2):
         parallelize_module(net, mesh, {
             "0": ColwiseParallel(),
             "2": RowwiseParallel(),
-            # uneven: all-gathered with padding; the output stays a (replicated) DTensor
-            "3": ColwiseParallel(output_layouts=Replicate(), use_local_output=False),
+            # uneven: all-gathered with padding, unpadded to the whole output
+            "3": ColwiseParallel(output_layouts=Replicate()),
         })
         optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
         for _ in range(steps):
