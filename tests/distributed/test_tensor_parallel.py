@@ -31,10 +31,12 @@ from tests.capture.capture_helpers import allocations
 from tests.distributed import test_tensor_parallel as tp
 result = capture_callable(getattr(tp, sys.argv[1])(int(sys.argv[2])), gpu=load_gpu("a100-40gb"),
                           stack=load_stack("2.4.1"), steps=2)
-totals = Counter()
+totals, sizes = Counter(), Counter()
 for size, tag in allocations(result.trace):
     totals[tag.category] += size
+    sizes[str(size)] += 1
 print(json.dumps({"error": result.error_text if result.error else None, "totals": totals,
+                  "sizes": sizes,
                   "nccl": result.libraries.get("nccl", 0), "notes": result.notes}))
 """
 
@@ -109,6 +111,10 @@ def test_tensor_parallel_state_is_the_local_shard(monkeypatch, world, rank):
     assert totals["gradient"] == 2 * local  # one set per step (zero_grad frees them)
     if rank == world - 1 and OUT % world:
         assert padded > local
+    # the uneven layer's output all-gather: world x the padded shard (8 rows of the batch), once
+    # per forward pass
+    gathered = 4 * world * 8 * held(OUT, world, 0)
+    assert result["sizes"].get(str(gathered), 0) >= 2
     assert result["nccl"] > 0
     assert any(f"world size {world} (this is rank {rank})" in note for note in result["notes"])
 
