@@ -171,3 +171,39 @@ def test_sequence_parallel_norm_is_replicated(monkeypatch, world, rank):
     assert totals["parameter"] == local
     assert totals["optimizer_state"] == 2 * local
     assert totals["gradient"] == 2 * local
+
+
+TP_SCRIPT = """
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+mesh = init_device_mesh("cuda", (4,))
+net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64),
+                          torch.nn.Linear(64, 250)).cuda()
+parallelize_module(net, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(),
+                               "3": ColwiseParallel(output_layouts=Replicate())})
+optimizer = torch.optim.Adam(net.parameters())
+for _ in range(2):
+    net(torch.randn(8, 64, device="cuda")).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_torchrun_tensor_parallel_every_rank(tmp_path):
+    """End to end: `torchrun` of a tensor-parallel script, every rank traced in its own child;
+    the last rank holds fewer rows of the uneven layer (its Adam state and gradients are
+    smaller), so rank 0 is the largest."""
+    from tests.distributed.test_cli_distributed import cli
+
+    (tmp_path / "train.py").write_text(TP_SCRIPT)
+    result = cli(tmp_path, "--json", "--mode", "fake", "--ranks", "all", "--", "torchrun",
+                 "--nproc-per-node", "4", "train.py")
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert data["world_size"] == 4 and [row["rank"] for row in data["ranks"]] == [0, 1, 2, 3]
+    peaks = {row["rank"]: row["peak_allocated_bytes"] for row in data["ranks"]}
+    assert peaks[0] == peaks[1] == peaks[2] > peaks[3]
+    assert data["largest_rank"] == 0
