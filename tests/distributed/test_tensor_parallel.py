@@ -173,6 +173,42 @@ def test_sequence_parallel_norm_is_replicated(monkeypatch, world, rank):
     assert totals["gradient"] == 2 * local
 
 
+def fsdp_tp_job(world: int):
+    """2-D parallelism (torchtitan's layout): tensor parallel within pairs of ranks, FSDP2 over
+    the other mesh dim."""
+    def job():
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        mesh = init_device_mesh("cuda", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        net = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(),
+                                  torch.nn.Linear(HIDDEN, IN)).cuda()
+        parallelize_module(net, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(net, mesh=mesh["dp"])
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+        for _ in range(2):
+            net(torch.randn(8, IN, device="cuda")).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return job
+
+
+def test_fsdp_over_tensor_parallel_holds_both_shards(monkeypatch):
+    world = 4
+    totals = capture_rank("fsdp_tp_job", world, 3, monkeypatch)["totals"]
+    dp, tp = world // 2, 2
+    local = 4 * (HIDDEN // tp // dp * IN + HIDDEN // tp // dp  # Colwise, then FSDP on dim 0
+                 + IN // dp * (HIDDEN // tp) + IN // dp)  # Rowwise (bias replicated), FSDP
+    assert totals["parameter"] == local
+    assert totals["optimizer_state"] == 2 * local
+    assert totals["gradient"] == 2 * local
+
+
 TP_SCRIPT = """
 import torch
 from torch.distributed.device_mesh import init_device_mesh
