@@ -513,6 +513,12 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch._C, "_get_accelerator"): lambda check=False: torch.device("cuda"),
         (dist, "is_nccl_available"): lambda: True,
     }
+    from torch.distributed import device_mesh
+
+    if hasattr(device_mesh, "init_process_group"):
+        # `init_device_mesh` with no default group calls the name it imported: without this,
+        # the real rendezvous waits for the other ranks forever
+        found[(device_mesh, "init_process_group")] = init_process_group
     if env.local_rank > 0:
         # the rank's tensors are on its own GPU (`torch.cuda.set_device(local_rank)`): the job's
         # view of device tensors says cuda:LOCAL_RANK
