@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -14,14 +14,17 @@ Undo = Callable[[], None]
 Apply = Callable[[Any], Undo]
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def __init__(self, name: str, on_load: Callable[[Any], None]) -> None:
-        self.name = name
+class ImportHook(importlib.abc.MetaPathFinder):
+    """A meta-path finder that runs `on_load(module)` right after any of the modules `names` is
+    executed (the module's own loader does the loading)."""
+
+    def __init__(self, names: Collection[str], on_load: Callable[[Any], None]) -> None:
+        self.names = frozenset(names)
         self.on_load = on_load
         self._busy = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != self.name or self._busy:
+        if name not in self.names or self._busy:
             return None
         self._busy = True
         try:
@@ -56,7 +59,7 @@ def patch_on_import(name: str, apply: Apply) -> Iterator[None]:
     def on_load(module: Any) -> None:
         undos.append(apply(module))
 
-    finder = _Finder(name, on_load)
+    finder = ImportHook((name,), on_load)
     if name in sys.modules:
         on_load(sys.modules[name])
     else:

@@ -23,8 +23,6 @@ made from such host tensors (`.clone()`, `.to(dtype)`) are real host data to thi
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import io
 import json
 import os
@@ -43,6 +41,7 @@ from typing import Any
 import torch
 
 from peakmem.capture import device_map
+from peakmem.capture.on_import import ImportHook
 from peakmem.capture.session import CaptureSession
 
 _FAKE_DEVICE_TYPES = frozenset({"meta", "cuda"})
@@ -472,44 +471,6 @@ class _Patches:
         self.replaced.clear()
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patches a save function's module when the job imports it during the capture."""
-
-    def __init__(
-        self, patches: _Patches, entries: tuple[SaveFunction | LoadFunction, ...]
-    ) -> None:
-        self.patches = patches
-        self.entries = entries
-        self.names = {entry.module for entry in entries}
-        self._busy = False
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in self.names or self._busy:
-            return None
-        self._busy = True
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader, entries, patches = spec.loader, self.entries, self.patches
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
-                patches.install(tuple(e for e in entries if e.module == module.__name__))
-
-            def __getattr__(self, name: str) -> Any:  # get_source, resource readers, ...
-                return getattr(loader, name)
-
-        spec.loader = Loader()
-        return spec
-
-
 @contextmanager
 def divert_fake_saves(
     session: CaptureSession | None = None, scratch: Path | None = None
@@ -519,7 +480,10 @@ def divert_fake_saves(
     diverter = SaveDiverter(session=session, scratch=scratch)
     patches = _Patches()
     entries = (*SAVE_FUNCTIONS, *LOAD_FUNCTIONS)
-    finder = _PatchOnImport(patches, entries)
+    finder = ImportHook(
+        {entry.module for entry in entries},
+        lambda module: patches.install(tuple(e for e in entries if e.module == module.__name__)),
+    )
     saved_placeholder = device_map.placeholder
     saved_host_value = session.host_value if session is not None else None
 
