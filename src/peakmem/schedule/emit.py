@@ -136,27 +136,30 @@ def _one_gpu(job: Job, what: str) -> None:
         )
 
 
+def _vgpu_limits(what: str, count: str, memory: str, cores: str) -> Callable[[Job], ContainerRequest]:
+    """A device-plugin format of limits: one (virtual) GPU, its memory in MiB, optionally its
+    cores in percent."""
+
+    def request(job: Job) -> ContainerRequest:
+        _one_gpu(job, what)
+        limits = {count: "1", memory: str(job.mib)}
+        if job.cores_percent is not None:
+            limits[cores] = str(job.cores_percent)
+        return _request(limits)
+
+    return request
+
+
 # --- HAMi: https://github.com/Project-HAMi/HAMi (README "Usage": nvidia.com/gpu, nvidia.com/gpumem
 #     in MiB per GPU, nvidia.com/gpucores in percent; examples/nvidia/default_use.yaml)
-def _hami(job: Job) -> ContainerRequest:
-    _one_gpu(job, "HAMi")
-    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(job.mib)}
-    cores = job.cores_percent
-    if cores is not None:
-        limits["nvidia.com/gpucores"] = str(cores)
-    return _request(limits)
-
+_hami = _vgpu_limits("HAMi", "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores")
 
 # --- Volcano vGPU: volcano-sh/volcano docs/user-guide/how_to_use_volcano_vgpu.md (limits
 #     volcano.sh/vgpu-number, volcano.sh/vgpu-memory in MiB, volcano.sh/vgpu-cores in percent;
 #     schedulerName volcano)
-def _volcano(job: Job) -> ContainerRequest:
-    _one_gpu(job, "Volcano vGPU")
-    limits = {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": str(job.mib)}
-    cores = job.cores_percent
-    if cores is not None:
-        limits["volcano.sh/vgpu-cores"] = str(cores)
-    return _request(limits)
+_volcano = _vgpu_limits(
+    "Volcano vGPU", "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"
+)
 
 
 # --- NVIDIA KAI Scheduler (ex Run:ai): NVIDIA/KAI-Scheduler docs/gpu-sharing/README.md: pod
