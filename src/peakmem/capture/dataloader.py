@@ -259,25 +259,26 @@ class LoaderEpochs:
         self._note(iteration)
 
     def shortened_epoch(self, iteration: LoaderIteration) -> None:
-        key = ("short", iteration.length)
-        if key not in self._noted:
-            self._noted.add(key)
-            self.session.notes.append(
-                f"DataLoader epoch of {iteration.length} batches: traced {iteration.yielded} "
-                f"full batches, then its last batch (the {iteration.skipped} between repeat "
-                "the same allocations when every batch has the same shapes)"
-            )
+        self._note_once(
+            ("short", iteration.length),
+            f"DataLoader epoch of {iteration.length} batches: traced {iteration.yielded} "
+            f"full batches, then its last batch (the {iteration.skipped} between repeat "
+            "the same allocations when every batch has the same shapes)",
+        )
 
     def _note(self, iteration: LoaderIteration) -> None:
         if iteration.skipped and len(iteration.shapes) > 1:
-            key = ("varied", id(iteration.loader))
-            if key not in self._noted:
-                self._noted.add(key)
-                self.session.notes.append(
-                    f"a DataLoader's batches vary in shape ({len(iteration.shapes)} different "
-                    f"shapes among the first {iteration.yielded - 1} traced): the {iteration.skipped} "
-                    "batches skipped may be larger than those traced; --steps all runs every batch"
-                )
+            self._note_once(
+                ("varied", id(iteration.loader)),
+                f"a DataLoader's batches vary in shape ({len(iteration.shapes)} different "
+                f"shapes among the first {iteration.yielded - 1} traced): the {iteration.skipped} "
+                "batches skipped may be larger than those traced; --steps all runs every batch",
+            )
+
+    def _note_once(self, key: tuple, text: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            self.session.notes.append(text)
 
     # -- the patch -----------------------------------------------------------------------------
     def _main_process_iterator(self, loader: Any) -> Any:

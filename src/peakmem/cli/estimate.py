@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import click
 
 from peakmem.cli.emit_options import emit_options
-from peakmem.cli.model_options import model_command, model_options
+from peakmem.cli.model_options import MODEL_OPTION_NAMES, model_command, model_options
 from peakmem.cli.steps_option import STEPS
 
 
@@ -214,39 +214,17 @@ def internal_error(exc: BaseException) -> Any:
 @emit_options
 @model_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=False)
-def estimate_cmd(
-    gpu: str,
-    torch_version: str | None,
-    alloc_conf: str | None,
-    steps: int | None,
-    mode: str,
-    as_json: bool,
-    timeline: str | None,
-    timeout: float | None,
-    max_host_memory: int | None,
-    job_log: str | None,
-    sandbox: bool,
-    nproc_per_node: int | None,
-    nnodes: int | None,
-    ranks: str | None,
-    command: tuple[str, ...],
-    emit: str | None = None,
-    emit_option: tuple[str, ...] = (),
-    mib_per_shard: int | None = None,
-    snapshot: str | None = None,
-    verbose: bool = False,
-    **model: Any,
-) -> None:
+def estimate_cmd(**params: Any) -> None:
     """Estimate the peak GPU memory of a training script, on this machine, without a GPU
     (or, with --model CONFIG, of a standard training script for a transformers config)."""
+    as_json = params["as_json"]
     try:
-        command = _job_command(command, model, as_json)
-        emit_request = _emit_request(emit, emit_option, mib_per_shard, command, as_json)
-        _estimate(gpu, torch_version, alloc_conf, steps, mode, as_json, timeline, timeout,
-                  max_host_memory, job_log, sandbox, command, emit_request,
-                  snapshot=snapshot, verbose=verbose,
-                  distributed={"nproc_per_node": nproc_per_node, "nnodes": nnodes,
-                               "ranks": ranks})
+        model = {name: params.pop(name) for name in MODEL_OPTION_NAMES}
+        command = _job_command(params.pop("command"), model, as_json)
+        emit_request = _emit_request(params.pop("emit"), params.pop("emit_option"),
+                                     params.pop("mib_per_shard"), command, as_json)
+        distributed = {name: params.pop(name) for name in ("nproc_per_node", "nnodes", "ranks")}
+        _estimate(command=command, emit_request=emit_request, distributed=distributed, **params)
     except (SystemExit, KeyboardInterrupt, click.exceptions.Exit, click.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - a bug in peakmem: exit 70 with its frames
