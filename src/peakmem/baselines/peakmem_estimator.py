@@ -13,10 +13,13 @@ what a user would run), estimated on the row's GPU profile and torch version exa
 The CNN and timm jobs need the optional `torchvision` / `timm` package: where it is missing, the
 row says so (CannotEstimate) before anything runs.
 
-Where a dataset's measurement leaves the CUDA context out (`BenchRow.measured_includes_context`
-False: xMem's baseline sample is taken after the context exists), the estimate compared is the
-device-level peak minus the stack's context constant: libraries loaded on first use and the
-caching allocator's peak reserve.
+Where a dataset's measurement starts from a baseline taken right after the CUDA context was
+created (`BenchRow.measured_includes_context` False: xMem's first NVML sample follows
+`set_per_process_memory_fraction`, whose `cudaMemGetInfo` creates the context), the estimate
+compared is `after_context_creation_bytes`: the device-level peak less the context as it stands
+at creation, i.e. the caching allocator's peak reserve + libraries loaded on first use (cuDNN) +
+the kernel images CUDA's lazy loading brings in on the job's first launches (the stack profile's
+`lazy_loaded_bytes`, part of its context figure).
 """
 
 from __future__ import annotations
@@ -143,12 +146,27 @@ def job_command(row: BenchRow) -> list[str]:
     raise CannotEstimate(f"no job script for dataset {row.dataset!r} yet")
 
 
+def context_at_creation_bytes(estimate) -> int:
+    """The part of the estimate's CUDA context present as soon as the context exists: the
+    context figure less the kernel images lazy loading brings in later (never below 0)."""
+    lazy = int(estimate.stack.lazy_loaded_for(estimate.gpu).value)
+    return max(0, estimate.context_bytes - lazy)
+
+
+def after_context_creation_bytes(estimate) -> int:
+    """What a measurement with its baseline taken right after context creation sees: the
+    device-level peak less the context at creation (xMem: max(NVML used - used at the first
+    sample))."""
+    return estimate.peak_bytes - context_at_creation_bytes(estimate)
+
+
 def compared_bytes(row: BenchRow, estimate) -> int:
-    """What the row's measurement is compared with: the device-level peak, less the CUDA
-    context where the dataset's measurement leaves the context out."""
+    """What the row's measurement is compared with: the device-level peak (nvidia-smi used),
+    or `after_context_creation_bytes` where the dataset's baseline was taken after the context
+    was created."""
     if row.measured_includes_context:
         return estimate.peak_bytes
-    return estimate.peak_bytes - estimate.context_bytes
+    return after_context_creation_bytes(estimate)
 
 
 @cache

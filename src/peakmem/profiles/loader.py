@@ -81,6 +81,11 @@ class StackProfile:
     """Library workspaces of single kernels by name (e.g. cuDNN batch norm), each sourced."""
     cuda_version: tuple[int, int] = (12, 1)
     """The CUDA the stack's torch wheels are built with (decides lazy module loading)."""
+    lazy_loaded: dict[str, Sourced] = field(default_factory=dict)
+    """Per GPU profile name (or "default"): the part of the context figure that CUDA's lazy
+    module loading brings in after the context is created, on the job's first kernel launches
+    (torch's and cuBLAS's kernel images). A measurement whose baseline is taken right after
+    the context was created (xMem's) contains this part and not the rest."""
 
     def kernel_workspace_bytes(self, name: str) -> int:
         """The size of a named kernel workspace; 0 where the stack does not list it."""
@@ -113,6 +118,13 @@ class StackProfile:
         if env.get("CUDA_MODULE_LOADING", "").strip().upper() == "EAGER":
             return "eager"
         return "lazy" if self.cuda_version >= LAZY_LOADING_CUDA else "eager"
+
+    def lazy_loaded_for(self, gpu: GpuProfile) -> Sourced:
+        """The kernel images loaded after context creation (`lazy_loaded`), 0 where the stack
+        has no figure for `gpu` (the whole context then counts as loaded at creation)."""
+        return self.lazy_loaded.get(gpu.name, self.lazy_loaded.get("default")) or Sourced(
+            0, "assumed", f"no lazily loaded kernel figure for {gpu.name} in the {self.name} stack profile"
+        )
 
     def conv_workspace_for(self, gpu: GpuProfile) -> Sourced:
         return self.conv_workspace.get(
@@ -299,6 +311,10 @@ def _stacks() -> list[StackProfile]:
                     for key, raw in table.get("kernel_workspace_bytes", {}).items()
                 },
                 cuda_version=_version_tuple(str(table.get("cuda_version", "12.1"))),
+                lazy_loaded={
+                    key: _sourced(raw, f"{where} lazy_loaded_bytes.{key}")
+                    for key, raw in table.get("lazy_loaded_bytes", {}).items()
+                },
             )
         )
     return sorted(stacks, key=lambda s: s.torch_min)
