@@ -139,7 +139,7 @@ def _sweep(command: list[str], knob: ArgRange, gpu: str) -> int | None:
     [
         # the bundled example, its batch size in thousands (one batch per epoch)
         ([sys.executable, "-m", "peakmem.examples.mlp_train", "--batch-size", "{k}000",
-          "--samples", "{k}000", "--epochs", "1"], ArgRange("k", 45, 48), 4),
+          "--samples", "{k}000", "--epochs", "1"], ArgRange("k", 43, 46), 4),
         # a transformers causal LM, its batch size
         ([sys.executable, str(SCRIPTS / "hf_causal_lm.py"), "--batch-size", "{batch_size}"],
          ArgRange("batch_size", 1, 10), 6),
