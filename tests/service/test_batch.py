@@ -140,3 +140,30 @@ def test_an_unreachable_ray_cluster_is_one_line_exit_2(tmp_path, monkeypatch):
     assert result.exit_code == 2
     error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
     assert error["kind"] == "bad_input" and "10.0.0.1:6379" in error["message"]
+
+
+def test_a_ray_token_refusal_is_one_bad_input_line_with_the_hint(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    from click.testing import CliRunner
+    from ray.exceptions import AuthenticationError
+
+    from peakmem.cli.main import main
+
+    def refuse(*args, **kwargs):
+        raise AuthenticationError("Token authentication is enabled but no authentication token "
+                                  "was found.\nSet RAY_AUTH_TOKEN or ...\n\nMore help here.")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    write_jobs(tmp_path / "jobs.jsonl", jobs_of(1))
+    result = CliRunner().invoke(main, ["batch", str(tmp_path / "jobs.jsonl"), "--ray-address",
+                                       "10.0.0.1:6379", "--json"])
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+    assert error["kind"] == "bad_input" and "\n" not in error["message"]
+    assert "10.0.0.1:6379" in error["message"] and "authentication" in error["message"]
+    assert "no authentication token was found" in error["message"]
+    assert "RAY_AUTH_TOKEN" in error["message"] and "More help" not in error["message"]
+    assert not (tmp_path / "jobs.results.jsonl").exists() or not lines(
+        tmp_path / "jobs.results.jsonl")

@@ -20,14 +20,39 @@ def ray_connect(address: str | None = None, workers: int | None = None) -> Any:
                                   "logging_level": "ERROR"}
         if address is None:  # a Ray of our own, even where a cluster runs on this machine
             kwargs["num_cpus"] = workers or os.cpu_count() or 1
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
         try:
             ray.init(address=address or "local", **kwargs)
+        except _authentication_errors() as exc:
+            raise RayUnavailable(_authentication_message(where, exc)) from None
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = f"the Ray cluster at {address}" if address else "a local Ray"
             lines = [line for line in str(exc).splitlines() if line.strip()]
             raise RayUnavailable(f"cannot start or reach {where}: "
                                  f"{lines[-1] if lines else type(exc).__name__}") from None
     return ray
+
+
+AUTH_HINT = ("set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, a file holding it) to the cluster's "
+             "token: it runs with RAY_AUTH_MODE=token")
+
+
+def _authentication_errors() -> tuple[type[BaseException], ...]:
+    """Ray's AuthenticationError (a token-authenticated cluster refused us), where this Ray has
+    one."""
+    try:
+        from ray.exceptions import AuthenticationError
+    except ImportError:
+        return ()
+    return (AuthenticationError,)
+
+
+def _authentication_message(where: str, exc: BaseException) -> str:
+    """One line: who refused, Ray's own first line (its `message`: `str()` of the error adds
+    paragraphs), and what to set."""
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    first = next((line.strip() for line in str(text).splitlines() if line.strip()),
+                 type(exc).__name__)
+    return f"{where} refused the connection (authentication): {first[:300]}; {AUTH_HINT}"
 
 
 class RayUnavailable(InputError):
