@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from peakmem import __version__
 from peakmem.service.admission import AdmissionConfig, ConfigMapReader
 from peakmem.service.body_limit import ARCHIVE_ROUTE, BodyLimit, BodyTooLarge, too_large
+from peakmem.service.fast_path import FastPath
 from peakmem.service.files import (
     DEFAULT_LIMITS,
     FileLimits,
@@ -65,6 +66,9 @@ class ServiceConfig:
     max_records: int = 10000
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     workdir_base: str | None = None
+    fast_path: bool = True
+    """Answer repeated submissions of known jobs before routing and validation
+    (:mod:`peakmem.service.fast_path`)."""
     token: str | None = None
     """When set, the estimate routes need `Authorization: Bearer <token>` (401 otherwise);
     /healthz, /metrics and the webhook (behind TLS, called by the API server) do not."""
@@ -140,6 +144,9 @@ def create_app(
 
     app.state.metrics = metrics
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    if config.fast_path:  # added last: it runs first
+        app.add_middleware(FastPath, queue=queue, max_body_bytes=config.max_body_bytes,
+                           token=config.token, metrics=metrics)
     submit_responses: dict[int | str, dict[str, Any]] = {
         200: {"model": Submitted, "description": "already known (cached, queued or running)"},
         400: {"model": ErrorResponse, "description": "bad files, command or GPU"},

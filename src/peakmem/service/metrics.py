@@ -14,6 +14,10 @@ class ServiceMetrics:
         r = self.registry
         self.requests = Counter("peakmem_estimate_requests", "Estimate requests by outcome",
                                 ["outcome"], registry=r)
+        self.fast_answers = Counter(
+            "peakmem_estimate_fast_answers",
+            "Estimate requests for known jobs answered before routing and validation",
+            registry=r)
         self.jobs = Counter("peakmem_jobs_finished", "Estimate jobs finished, by status",
                             ["status"], registry=r)
         self.retries = Counter("peakmem_job_retries", "Jobs retried after their worker was lost",

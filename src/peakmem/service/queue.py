@@ -142,15 +142,24 @@ class JobQueue:
     def get(self, job_id: str) -> JobRecord | None:
         return self.records.get(job_id)
 
+    def lookup(self, key: str) -> JobRecord | None:
+        """The record a new submission of the job with content key `key` is answered with
+        (counted as a cached or joined request), or None where it must be queued (unknown, or a
+        retryable failure)."""
+        record = self.records.get(key)
+        if record is None or (record.status == "failed" and record.retryable):
+            return None
+        self.records.move_to_end(key)
+        self.metrics.requests.labels("cached" if record.final else "joined").inc()
+        return record
+
     def submit(self, job: EstimateJob) -> tuple[JobRecord, bool]:
         """The record for `job` and whether it was newly queued. QueueFull when it must be queued
         and the queue is full."""
         assert self._queue is not None, "JobQueue.start() was not awaited"
         key = job.key()
-        record = self.records.get(key)
-        if record is not None and not (record.status == "failed" and record.retryable):
-            self.records.move_to_end(key)
-            self.metrics.requests.labels("cached" if record.final else "joined").inc()
+        record = self.lookup(key)
+        if record is not None:
             return record, False
         fresh = JobRecord(id=key, job=job)
         try:
