@@ -28,7 +28,8 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBECONFIG", raising=False)
     for args in (["--configmaps", "--port", "0"], ["--tls-cert", str(cert)], ["--emit", "nope"], ["--port", "-1"],
-                 ["--estimator", "no.such.module:fn"], ["--max-host-memory", "lots"]):
+                 ["--estimator", "no.such.module:fn"], ["--max-host-memory", "lots"],
+                 ["--job-nice", "20"], ["--job-nice", "-1"]):
         proc = serve(*args)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 2, (args, err)
@@ -47,7 +48,8 @@ def test_a_port_in_use_is_exit_2():
 def test_serve_starts_and_answers():
     port = free_port()
     proc = serve("--port", str(port), "--sandbox", "off", "--log-level", "warning",
-                 "--estimator", "peakmem.service.estimators:fake_estimator")
+                 "--job-nice", "3",
+                 "--estimator", "peakmem.service.estimators:fake_process_estimator")
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -61,6 +63,13 @@ def test_serve_starts_and_answers():
         response = httpx.post(f"http://127.0.0.1:{port}/v1/estimates", timeout=10, json={
             "files": {"train.py": "x"}, "command": ["python", "train.py"]})
         assert response.status_code == 202
+        job_id = response.json()["id"]
+        deadline = time.monotonic() + 60
+        while (body := httpx.get(f"http://127.0.0.1:{port}/v1/estimates/{job_id}", timeout=10)
+               .json())["status"] not in ("done", "failed") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert body["status"] == "done", body
+        assert f"worker niceness {min(19, os.nice(0) + 3)}" in body["result"]["notes"]
         assert "peakmem_estimate_requests_total" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
         proc.terminate()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
@@ -49,12 +50,15 @@ from peakmem.cli.contract import ContractCommand
 @click.option("--estimator", default=None, metavar="MODULE:FUNCTION",
               help="Run estimates with this callable instead of `peakmem estimate` (testing, "
               "load benchmarks: peakmem.service.estimators:fake_estimator).")
+@click.option("--job-nice", default=10, show_default=True, type=click.IntRange(0, 19),
+              help="Niceness added to each job's worker process, so that estimates (CPU-bound) "
+              "yield to the server answering requests; 0 runs them at the server's priority.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float,
           max_host_memory: str, sandbox: str, fmt: str, admission_budget: float,
           failure_policy: str, admission_workdir: str | None, configmaps: bool,
-          tls_cert: str | None, tls_key: str | None, token_file: str | None, estimator: str | None, log_level: str) -> None:
+          tls_cert: str | None, tls_key: str | None, token_file: str | None, estimator: str | None, job_nice: int, log_level: str) -> None:
     """Serve estimates over HTTP: POST /v1/estimates, GET /v1/estimates/{id}, POST
     /v1/admission (Kubernetes mutating webhook), /healthz, /metrics, /docs."""
     from peakmem.cli.common import parse_bytes
@@ -88,7 +92,7 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
         if not token:
             raise BadInput(f"--token-file: {token_file} is empty")
     config = ServiceConfig(
-        token=token,
+        token=token, job_nice=job_nice,
         workers=workers, max_queue=max_queue, max_seconds=max_seconds,
         max_host_memory=parse_bytes(max_host_memory, "--max-host-memory"), sandbox=sandbox,
         admission=AdmissionConfig(fmt=fmt, budget_seconds=admission_budget,
@@ -103,6 +107,9 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
                        f"{exc})") from None
     _check_listen(host, port)
     app = create_app(config, estimator=run_estimate, configmaps=reader)
+    from peakmem.service.fast_path import SWITCH_INTERVAL_SECONDS
+
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)  # the loop gets the GIL back sooner
     uvicorn.run(app, host=host, port=port, log_level=log_level, ssl_certfile=tls_cert,
                 ssl_keyfile=tls_key, timeout_graceful_shutdown=10)
 

@@ -66,6 +66,9 @@ class ServiceConfig:
     max_records: int = 10000
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     workdir_base: str | None = None
+    job_nice: int = 10
+    """Niceness added to each job's worker process (`peakmem serve --job-nice`): estimates are
+    CPU-bound, and at the server's own priority they would slow its answers."""
     fast_path: bool = True
     """Answer repeated submissions of known jobs before routing and validation
     (:mod:`peakmem.service.fast_path`)."""
@@ -95,7 +98,7 @@ def create_app(
         estimator, workers=config.workers, max_queue=config.max_queue,
         max_attempts=config.max_attempts, max_seconds=config.max_seconds,
         max_host_memory=config.max_host_memory, max_records=config.max_records,
-        metrics=metrics, workdir_base=config.workdir_base,
+        metrics=metrics, workdir_base=config.workdir_base, job_nice=config.job_nice,
     )
 
     @asynccontextmanager

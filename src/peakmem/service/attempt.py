@@ -20,6 +20,7 @@ def run_attempt(
     max_seconds: float | None = None,
     max_host_memory: int | None = None,
     workdir_base: str | None = None,
+    nice: int = 0,
 ) -> dict[str, Any]:
     base = tempfile.mkdtemp(prefix="peakmem-job-", dir=workdir_base)
     try:
@@ -32,6 +33,7 @@ def run_attempt(
             max_seconds=max_seconds,
             max_host_memory=max_host_memory,
             log_path=Path(base) / "job.log",
+            nice=nice,
         )
         return estimator(job, ctx)
     finally:

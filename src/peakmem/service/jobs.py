@@ -106,6 +106,9 @@ class RunContext:
     max_seconds: float | None = None
     max_host_memory: int | None = None
     log_path: Path | None = None
+    nice: int = 0
+    """Added to the worker process's niceness (the server's own stays as it is), so that the
+    estimates' CPU work yields to the server answering requests."""
 
 
 Estimator = Callable[[EstimateJob, RunContext], dict[str, Any]]

@@ -105,6 +105,7 @@ class JobQueue:
         sandbox: SandboxChoice | None = None,
         metrics: ServiceMetrics | None = None,
         workdir_base: str | None = None,
+        job_nice: int = 0,
     ) -> None:
         self.estimator = estimator
         self.workers = max(1, workers)
@@ -116,6 +117,7 @@ class JobQueue:
         self.sandbox = sandbox or SandboxChoice("none", "no sandbox was configured")
         self.metrics = metrics or ServiceMetrics()
         self.workdir_base = workdir_base
+        self.job_nice = job_nice
         self.records: OrderedDict[str, JobRecord] = OrderedDict()
         self._queue: asyncio.Queue[JobRecord] | None = None
         self._tasks: list[asyncio.Task] = []
@@ -269,4 +271,4 @@ class JobQueue:
         """One run of the estimator in a fresh work directory (a worker thread)."""
         return run_attempt(job, self.estimator, sandbox=self.sandbox.enabled,
                            max_seconds=self.max_seconds, max_host_memory=self.max_host_memory,
-                           workdir_base=self.workdir_base)
+                           workdir_base=self.workdir_base, nice=self.job_nice)
