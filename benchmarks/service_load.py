@@ -8,11 +8,20 @@ phase 2 sends `--requests` requests at once: half re-submissions of cached jobs,
 Phase 3 sends `--requests` cached requests again with `--steady-in-flight` in flight at a time:
 the cached answer's latency without a 1,000-request queue in front of it.
 
+`--estimator fake` runs the fake estimator in the server's worker threads; `fake-process` runs it
+in a worker process of its own per job, started like `peakmem estimate`'s (at `--job-nice`), so
+the service's whole overhead is measured without the capture's cost.
+
+`--floor` first measures a bare ASGI app (it reads the body and answers a fixed 200 JSON) on
+uvicorn, on the same machine, under the same burst and steady load: the latency no Python
+service on this machine can go below. Its figures are reported as `floor_*`.
+
 Checks: every request answered (no error, no 429 with the queue sized for the burst), every
 distinct job got exactly one id and ran exactly once (the server's `peakmem_jobs_finished_total`
 equals the number of distinct jobs), every job final. Reports latency percentiles.
 
     PYTHONPATH=src python benchmarks/service_load.py --requests 1000 [--json]
+    PYTHONPATH=src python benchmarks/service_load.py --requests 1000 --floor --estimator fake-process
 """
 
 from __future__ import annotations
@@ -37,18 +46,60 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(port: int, workers: int, max_queue: int, estimate_seconds: float) -> subprocess.Popen:
+ESTIMATORS = {
+    "fake": "peakmem.service.estimators:fake_estimator",
+    "fake-process": "peakmem.service.estimators:fake_process_estimator",
+}
+"""`--estimator` choices: the fake estimator in the server's worker threads, or in a worker
+process of its own per job."""
+BARE_ANSWER = b'{"id":"' + b"0" * 64 + b'","status":"done"}'
+
+
+async def bare_app(scope: dict, receive, send) -> None:
+    """The floor: an ASGI app that reads the request body and answers a fixed JSON, nothing
+    else (no framework, no routing, no validation, no store)."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(BARE_ANSWER)).encode())]})
+    await send({"type": "http.response.body", "body": BARE_ANSWER})
+
+
+def start_bare(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-bare", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return wait_up(proc, port)
+
+
+def start_server(port: int, workers: int, max_queue: int, estimate_seconds: float,
+                 estimator: str = "fake", job_nice: int | None = None) -> subprocess.Popen:
     env = {**os.environ, "PEAKMEM_FAKE_ESTIMATE_SECONDS": str(estimate_seconds)}
+    nice = ["--job-nice", str(job_nice)] if job_nice is not None else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "peakmem", "serve", "--port", str(port), "--sandbox", "off",
          "--workers", str(workers), "--max-queue", str(max_queue), "--log-level", "warning",
-         "--estimator", "peakmem.service.estimators:fake_estimator"],
+         "--estimator", ESTIMATORS[estimator], *nice],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
+    return wait_up(proc, port)
+
+
+def wait_up(proc: subprocess.Popen, port: int) -> subprocess.Popen:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code in (200, 405):
                 return proc
         except httpx.HTTPError:
             time.sleep(0.2)
@@ -119,6 +170,27 @@ async def wait_all(url: str, ids: set[str], deadline_s: float) -> dict[str, dict
     return final
 
 
+def measure_floor(args: argparse.Namespace) -> dict:
+    """The bare ASGI app's latency under the same burst (`--requests` at once) and the same steady
+    load (`--steady-in-flight` in flight), with a cached request's body."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = start_bare(port)
+    try:
+        body = job(0, "cached")
+        asyncio.run(post_all(url, [body] * min(args.cached, args.requests)))  # warm, like phase 1
+        burst = [t for _, _, t in asyncio.run(post_all(url, [body] * args.requests))]
+        steady = [t for _, _, t in asyncio.run(post_all(url, [body] * args.requests,
+                                                        args.steady_in_flight))]
+    finally:
+        server.terminate()
+        server.wait(30)
+    return {"floor_burst_p50_ms": round(pct(burst, 0.50), 1),
+            "floor_burst_p99_ms": round(pct(burst, 0.99), 1),
+            "floor_steady_p50_ms": round(pct(steady, 0.50), 1),
+            "floor_steady_p99_ms": round(pct(steady, 0.99), 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=1000)
@@ -129,12 +201,26 @@ def main() -> None:
     parser.add_argument("--estimate-seconds", type=float, default=0.01)
     parser.add_argument("--steady-in-flight", type=int, default=10,
                         help="requests in flight for the steady cached phase")
+    parser.add_argument("--estimator", choices=sorted(ESTIMATORS), default="fake",
+                        help="fake: in the server's threads; fake-process: a worker process per "
+                        "job, started like peakmem estimate's")
+    parser.add_argument("--job-nice", type=int, default=None,
+                        help="the server's --job-nice (default: the server's default)")
+    parser.add_argument("--floor", action="store_true",
+                        help="first measure a bare ASGI app under the same load (floor_* keys)")
+    parser.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.serve_bare is not None:
+        import uvicorn
+
+        uvicorn.run(bare_app, host="127.0.0.1", port=args.serve_bare, log_level="warning")
+        return
+    floor = measure_floor(args) if args.floor else {}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(port, args.workers, args.requests + args.cached + 10,
-                          args.estimate_seconds)
+                          args.estimate_seconds, args.estimator, args.job_nice)
     try:
         warm = asyncio.run(post_all(url, [job(n, "cached") for n in range(args.cached)]))
         cached_ids = {body["id"] for _, body, _ in warm}
@@ -172,6 +258,9 @@ def main() -> None:
         metrics = httpx.get(f"{url}/metrics").text
         ran = sum(float(v) for v in re.findall(r'peakmem_jobs_finished_total\{status="\w+"\} (\S+)', metrics))
         report = {
+            "estimator": args.estimator,
+            "load_average_1m": round(os.getloadavg()[0], 1),
+            **floor,
             "requests": len(answers),
             "errors": len(errors),
             "burst_seconds": round(burst_seconds, 3),
