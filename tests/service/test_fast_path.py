@@ -181,3 +181,52 @@ def test_chunked_and_oversized_bodies_take_the_slow_path():
         too_big = post(client, {**JOB, "files": {**JOB["files"], "x": "y" * 5000}})
         assert too_big.status_code == 413
         assert fast_answers(client) == 0
+
+
+class _Record:
+    id = "a" * 64
+    status = "done"
+
+
+class _Store:
+    def __init__(self, known: str) -> None:
+        self.known = known
+
+    def lookup(self, key: str):
+        return _Record() if key == self.known else None
+
+
+@pytest.mark.parametrize("miss_yields, first", [(fast_path.MISS_YIELDS, "hit"), (0, "miss")])
+def test_in_a_burst_cached_answers_go_out_before_the_slow_path(miss_yields, first):
+    import asyncio
+
+    known = {**JOB, "gpu": "h100-80gb"}
+    sent: list[str] = []
+
+    async def slow_app(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 202, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    middleware = fast_path.FastPath(slow_app, queue=_Store(fast_path.request_key(
+        json.dumps(known).encode())), max_body_bytes=2**20, miss_yields=miss_yields)
+
+    async def call(name: str, body: dict) -> None:
+        data = json.dumps(body).encode()
+        scope = {"type": "http", "method": "POST", "path": "/v1/estimates", "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]}
+
+        async def receive():
+            return {"type": "http.request", "body": data, "more_body": False}
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                sent.append(f"{name} {message['status']}")
+
+        await middleware(scope, receive, send)
+
+    async def burst():
+        await asyncio.gather(call("miss", JOB), call("hit", known))
+
+    asyncio.run(burst())
+    assert sent[0].split()[0] == first and sorted(sent) == ["hit 200", "miss 202"]
