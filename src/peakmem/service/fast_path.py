@@ -31,8 +31,8 @@ MISS_YIELDS = 3
 """Times a request the store cannot answer gives the event loop back before the slow path runs.
 The slow path (routing, validation, checks, queueing) runs without awaiting anything, about ten
 times a cached answer's work: in a burst, the requests uvicorn has already parsed that the store
-can answer are answered first instead of waiting behind it. In service_load's 1,000-request
-burst it took the cached answers' p99 from 1,071-1,249 ms to 684-707 ms (docs/service.md)."""
+can answer are answered first instead of waiting behind it (figures: docs/BENCHMARKS.md, "The
+service")."""
 SWITCH_INTERVAL_SECONDS = 0.0005
 """`sys.setswitchinterval` of the serving process. The job-supervision threads (one per worker,
 blocked in `communicate()` or running an in-process estimator) hold the GIL for CPython's default

@@ -1,0 +1,135 @@
+"""Final results on disk (`peakmem serve --store DIR`), shared by the server processes of one
+machine (`--processes N`): a job one process ran is answered by whichever process receives the
+next request for it.
+
+`DIR/<id>.json` holds a final record (what `GET /v1/estimates/{id}` shows, and whether the failure
+is retryable), written whole and renamed into place. `DIR/<id>.claim` marks a job a process has
+queued (`{"pid", "status", "since"}`), created exclusively so that one process runs each job:
+another process that receives the same job joins it, and reads its status and final record from
+here. A claim whose process is gone, or older than `stale_seconds`, is taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+FINAL = ("done", "failed")
+
+
+@dataclass(frozen=True)
+class Claim:
+    pid: int
+    status: str
+    since: float
+
+
+class ResultStore:
+    def __init__(self, root: str | os.PathLike, stale_seconds: float = 3600.0) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.stale_seconds = stale_seconds
+
+    def _path(self, key: str, suffix: str) -> Path:
+        if not _KEY.match(key):
+            raise ValueError(f"not a job id: {key!r}")
+        return self.root / f"{key}{suffix}"
+
+    def load(self, key: str) -> dict[str, Any] | None:
+        """The final record saved for `key` (`{"view": {...}, "retryable": bool}`), or None
+        (none, or unreadable: a record that cannot be read is as good as none)."""
+        try:
+            saved = json.loads(self._path(key, ".json").read_bytes())
+        except (OSError, ValueError):
+            return None
+        view = saved.get("view") if isinstance(saved, dict) else None
+        if not isinstance(view, dict) or view.get("status") not in FINAL or view.get("id") != key:
+            return None
+        return {"view": view, "retryable": bool(saved.get("retryable"))}
+
+    def save(self, key: str, view: dict[str, Any], retryable: bool) -> None:
+        """Save a final record (atomically: readers see the old file or the whole new one)."""
+        self._write(self._path(key, ".json"), {"view": view, "retryable": retryable})
+
+    def claim(self, key: str) -> bool:
+        """Claim `key` for this process (True), or False where a live claim of another process
+        holds it. A stale claim (its process gone, or older than `stale_seconds`) is replaced."""
+        path = self._path(key, ".claim")
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                with self._locked():  # two processes replacing one stale claim: one wins
+                    held = self.claimant(key)
+                    if held is not None and held.pid != os.getpid():
+                        return False
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(self._claim_body("queued"), handle)
+            return True
+        return False
+
+    def mark(self, key: str, status: str) -> None:
+        """Record this process's claim's status (queued -> running)."""
+        self._write(self._path(key, ".claim"), self._claim_body(status))
+
+    def claimant(self, key: str) -> Claim | None:
+        """The live claim on `key`, or None (none, stale, or unreadable)."""
+        path = self._path(key, ".claim")
+        try:
+            body = json.loads(path.read_bytes())
+            claim = Claim(int(body["pid"]), str(body["status"]), float(body["since"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if time.time() - claim.since > self.stale_seconds or not _alive(claim.pid):
+            return None
+        return claim
+
+    def release(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(key, ".claim").unlink()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.root / ".lock", "a") as handle:  # noqa: SIM117 - flock needs the handle
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _claim_body(self, status: str) -> dict[str, Any]:
+        return {"pid": os.getpid(), "status": status, "since": time.time()}
+
+    def _write(self, path: Path, body: dict[str, Any]) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(body, handle, separators=(",", ":"))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
