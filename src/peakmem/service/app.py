@@ -43,6 +43,7 @@ from peakmem.service.models import (
     Submitted,
 )
 from peakmem.service.queue import JobQueue, QueueFull, SandboxChoice, choose_sandbox
+from peakmem.service.store import ResultStore
 from peakmem.service.webhook import admit
 
 log = logging.getLogger("peakmem.service")
@@ -66,6 +67,9 @@ class ServiceConfig:
     max_records: int = 10000
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     workdir_base: str | None = None
+    store_dir: str | None = None
+    """A directory of final results shared by the server processes of this machine
+    (:mod:`peakmem.service.store`); None: results in memory only."""
     job_nice: int = 10
     """Niceness added to each job's worker process (`peakmem serve --job-nice`): estimates are
     CPU-bound, and at the server's own priority they would slow its answers."""
@@ -99,6 +103,8 @@ def create_app(
         max_attempts=config.max_attempts, max_seconds=config.max_seconds,
         max_host_memory=config.max_host_memory, max_records=config.max_records,
         metrics=metrics, workdir_base=config.workdir_base, job_nice=config.job_nice,
+        store=ResultStore(config.store_dir, stale_seconds=config.max_seconds * 2 + 120)
+        if config.store_dir else None,
     )
 
     @asynccontextmanager

@@ -27,10 +27,15 @@ from peakmem.service.jobs import (
     error_object,
 )
 from peakmem.service.metrics import ServiceMetrics
+from peakmem.service.store import ResultStore
 
 log = logging.getLogger("peakmem.service")
 
 STATUSES = ("queued", "running", "done", "failed")
+
+
+REMOTE_POLL_SECONDS = 0.1
+"""How often a wait on a job another process runs reads the store."""
 
 
 class QueueFull(Exception):
@@ -52,6 +57,9 @@ class JobRecord:
     created: float = field(default_factory=time.time)
     finished: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    remote: bool = False
+    """Queued or running in another server process sharing the store (its status is read from
+    the store)."""
 
     @property
     def final(self) -> bool:
@@ -106,6 +114,7 @@ class JobQueue:
         metrics: ServiceMetrics | None = None,
         workdir_base: str | None = None,
         job_nice: int = 0,
+        store: ResultStore | None = None,
     ) -> None:
         self.estimator = estimator
         self.workers = max(1, workers)
@@ -118,6 +127,7 @@ class JobQueue:
         self.metrics = metrics or ServiceMetrics()
         self.workdir_base = workdir_base
         self.job_nice = job_nice
+        self.store = store
         self.records: OrderedDict[str, JobRecord] = OrderedDict()
         self._queue: asyncio.Queue[JobRecord] | None = None
         self._tasks: list[asyncio.Task] = []
@@ -142,13 +152,24 @@ class JobQueue:
         return self._queue.qsize() if self._queue is not None else 0
 
     def get(self, job_id: str) -> JobRecord | None:
-        return self.records.get(job_id)
+        """The record of `job_id`: this process's, else the store's (a final record, or a job
+        another process holds); a job held by another process is read from the store again."""
+        record = self.records.get(job_id)
+        if self.store is None:
+            return record
+        if record is None:
+            probe = JobRecord(id=job_id, job=EstimateJob(()), remote=True)
+            return self._remember(probe) if self._sync(probe) is not None else None
+        stale = record.remote or (record.status == "failed" and record.retryable)
+        if stale and self._sync(record) is None and record.remote:
+            return self._lost(record)
+        return record
 
     def lookup(self, key: str) -> JobRecord | None:
         """The record a new submission of the job with content key `key` is answered with
         (counted as a cached or joined request), or None where it must be queued (unknown, or a
         retryable failure)."""
-        record = self.records.get(key)
+        record = self.get(key)
         if record is None or (record.status == "failed" and record.retryable):
             return None
         self.records.move_to_end(key)
@@ -163,10 +184,16 @@ class JobQueue:
         record = self.lookup(key)
         if record is not None:
             return record, False
+        if self.store is not None and not self.store.claim(key):  # another process took it now
+            record = self._remember(JobRecord(id=key, job=EstimateJob(()), remote=True))
+            self.metrics.requests.labels("joined").inc()
+            return self.get(key) or record, False
         fresh = JobRecord(id=key, job=job)
         try:
             self._queue.put_nowait(fresh)
         except asyncio.QueueFull:
+            if self.store is not None:
+                self.store.release(key)
             self.metrics.requests.labels("rejected").inc()
             raise QueueFull(f"the queue is full ({self.max_queue} jobs waiting)") from None
         self.records[key] = fresh
@@ -180,11 +207,79 @@ class JobQueue:
         """Wait until `record` is final, at most `timeout` seconds; whether it is."""
         if record.final:
             return True
+        if record.remote:  # another process runs it: poll the store
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            while not (self.get(record.id) or record).final:
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    return False
+                await asyncio.sleep(REMOTE_POLL_SECONDS if left is None
+                                    else min(REMOTE_POLL_SECONDS, left))
+            return True
         try:
             await asyncio.wait_for(asyncio.shield(record.done.wait()), timeout)
         except TimeoutError:
             return False
         return True
+
+    def _remember(self, record: JobRecord) -> JobRecord:
+        self.records[record.id] = record
+        self.records.move_to_end(record.id)
+        self._evict()
+        return record
+
+    def _sync(self, record: JobRecord) -> JobRecord | None:
+        """`record` brought up to date from the store (a final record; a job another live
+        process holds; failed, retryable, where that process is gone), or None where the store
+        knows nothing of it."""
+        assert self.store is not None
+        saved = self.store.load(record.id)
+        if saved is not None and not saved["retryable"]:
+            return self._apply(record, saved)
+        claim = self.store.read_claim(record.id)
+        if claim is not None and not self.store.mine(claim) and self.store.live(claim):
+            record.status = claim.status if claim.status in ("queued", "running") else "queued"
+            record.result = record.error = None
+            record.retryable, record.remote = False, True
+            return record
+        saved = self.store.load(record.id) or saved  # it may have finished between the reads
+        if saved is not None:
+            return self._apply(record, saved)
+        if claim is not None and not self.store.mine(claim):  # its process is gone: never lost
+            return self._lost(record)
+        return None
+
+    def _lost(self, record: JobRecord) -> JobRecord:
+        """`record` failed, retryable: the process that held it is gone without a final record."""
+        record.status, record.retryable, record.remote = "failed", True, False
+        record.error = error_object(
+            "job_failed", "the server process that held this job stopped before it finished; "
+            "send it again to run it", 1, "exit")
+        record.finished = time.time()
+        record.done.set()
+        return record
+
+    def _apply(self, record: JobRecord, saved: dict[str, Any]) -> JobRecord:
+        """`record` made the final record the store saved."""
+        view = saved["view"]
+        record.status, record.result, record.error = view["status"], view.get("result"), view.get(
+            "error")
+        record.attempts, record.sandbox = int(view.get("attempts") or 0), view.get("sandbox")
+        record.retryable, record.remote = saved["retryable"], False
+        record.finished = record.finished or time.time()
+        record.done.set()
+        return record
+
+    def _publish(self, record: JobRecord) -> None:
+        """A final record into the store for the other processes, and the claim let go."""
+        if self.store is None:
+            return
+        try:
+            self.store.save(record.id, record.view(), record.retryable)
+        except OSError as exc:
+            log.error("peakmem service: cannot save job %s to the store: %s", record.id, exc)
+        self.store.release(record.id)
 
     def _evict(self) -> None:
         while len(self.records) > self.max_records:
@@ -213,6 +308,8 @@ class JobQueue:
     async def _run(self, record: JobRecord) -> None:
         record.status = "running"
         record.sandbox = self.sandbox.backend
+        if self.store is not None:
+            self.store.mark(record.id, "running")
         self.running += 1
         self.metrics.running.set(self.running)
         started = time.monotonic()
@@ -252,6 +349,7 @@ class JobQueue:
             record.finished = time.time()
             record.job = replace(record.job, files={})  # the store keeps results, not inputs
             self.metrics.jobs.labels("done").inc()
+            self._publish(record)
             record.done.set()
         finally:
             self.running -= 1
@@ -265,6 +363,7 @@ class JobQueue:
         record.finished = time.time()
         record.job = replace(record.job, files={})
         self.metrics.jobs.labels("failed").inc()
+        self._publish(record)
         record.done.set()
 
     def _attempt(self, job: EstimateJob) -> dict[str, Any]:

@@ -4,9 +4,10 @@ next request for it.
 
 `DIR/<id>.json` holds a final record (what `GET /v1/estimates/{id}` shows, and whether the failure
 is retryable), written whole and renamed into place. `DIR/<id>.claim` marks a job a process has
-queued (`{"pid", "status", "since"}`), created exclusively so that one process runs each job:
+queued (`{"pid", "owner", "status", "since"}`), created exclusively so that one process runs each job:
 another process that receives the same job joins it, and reads its status and final record from
-here. A claim whose process is gone, or older than `stale_seconds`, is taken over.
+here. A claim whose process is gone, or that has been running longer than `stale_seconds`, is
+taken over. Process ids are this machine's: the processes sharing a store run on one machine.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import re
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,9 @@ FINAL = ("done", "failed")
 @dataclass(frozen=True)
 class Claim:
     pid: int
+    """The claiming process (a claim whose process is gone is stale)."""
+    owner: str
+    """The claiming store (one per server process): whose claim it is."""
     status: str
     since: float
 
@@ -39,6 +44,7 @@ class ResultStore:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.stale_seconds = stale_seconds
+        self.owner = uuid.uuid4().hex
 
     def _path(self, key: str, suffix: str) -> Path:
         if not _KEY.match(key):
@@ -71,7 +77,7 @@ class ResultStore:
             except FileExistsError:
                 with self._locked():  # two processes replacing one stale claim: one wins
                     held = self.claimant(key)
-                    if held is not None and held.pid != os.getpid():
+                    if held is not None and not self.mine(held):
                         return False
                     with contextlib.suppress(FileNotFoundError):
                         path.unlink()
@@ -87,15 +93,25 @@ class ResultStore:
 
     def claimant(self, key: str) -> Claim | None:
         """The live claim on `key`, or None (none, stale, or unreadable)."""
-        path = self._path(key, ".claim")
+        claim = self.read_claim(key)
+        return claim if claim is not None and self.live(claim) else None
+
+    def read_claim(self, key: str) -> Claim | None:
+        """The claim on `key`, live or stale, or None (none, or unreadable)."""
         try:
-            body = json.loads(path.read_bytes())
-            claim = Claim(int(body["pid"]), str(body["status"]), float(body["since"]))
+            body = json.loads(self._path(key, ".claim").read_bytes())
+            return Claim(int(body["pid"]), str(body["owner"]), str(body["status"]),
+                         float(body["since"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if time.time() - claim.since > self.stale_seconds or not _alive(claim.pid):
-            return None
-        return claim
+
+    def live(self, claim: Claim) -> bool:
+        """Whether its process is alive and, if running, not for longer than `stale_seconds`."""
+        too_long = claim.status == "running" and time.time() - claim.since > self.stale_seconds
+        return not too_long and _alive(claim.pid)
+
+    def mine(self, claim: Claim) -> bool:
+        return claim.owner == self.owner
 
     def release(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -111,7 +127,7 @@ class ResultStore:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _claim_body(self, status: str) -> dict[str, Any]:
-        return {"pid": os.getpid(), "status": status, "since": time.time()}
+        return {"pid": os.getpid(), "owner": self.owner, "status": status, "since": time.time()}
 
     def _write(self, path: Path, body: dict[str, Any]) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
