@@ -29,7 +29,8 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBECONFIG", raising=False)
     for args in (["--configmaps", "--port", "0"], ["--tls-cert", str(cert)], ["--emit", "nope"], ["--port", "-1"],
                  ["--estimator", "no.such.module:fn"], ["--max-host-memory", "lots"],
-                 ["--job-nice", "20"], ["--job-nice", "-1"]):
+                 ["--job-nice", "20"], ["--job-nice", "-1"], ["--processes", "2"],
+                 ["--processes", "0"], ["--store", str(cert)]):
         proc = serve(*args)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 2, (args, err)
@@ -74,3 +75,74 @@ def test_serve_starts_and_answers():
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def test_several_processes_share_the_port_and_the_store(tmp_path):
+    import signal
+
+    from peakmem.service.processes import MIN_UPTIME_SECONDS
+
+    port = free_port()
+    store = tmp_path / "store"
+    proc = serve("--port", str(port), "--sandbox", "off", "--log-level", "warning",
+                 "--processes", "2", "--store", str(store),
+                 "--estimator", "peakmem.service.estimators:fake_estimator")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{url}/healthz", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+                time.sleep(0.2)
+        up = time.monotonic()
+        servers = children_of(proc.pid)
+        assert len(servers) == 2
+        job = {"files": {"train.py": "x"}, "command": ["python", "train.py"]}
+        job_id = httpx.post(f"{url}/v1/estimates", json=job, timeout=10).json()["id"]
+        while (body := httpx.get(f"{url}/v1/estimates/{job_id}", timeout=10).json())[
+                "status"] not in ("done", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert body["status"] == "done" and (store / f"{job_id}.json").exists()
+        answers = [httpx.post(f"{url}/v1/estimates", json=job, timeout=10) for _ in range(20)]
+        assert {(a.status_code, a.json()["id"], a.json()["status"]) for a in answers} == {
+            (200, job_id, "done")}
+        time.sleep(max(0.0, MIN_UPTIME_SECONDS + 0.5 - (time.monotonic() - up)))
+        os.kill(servers[0], signal.SIGKILL)  # a server process dies: another takes its place
+        while len(now := children_of(proc.pid)) != 2 or servers[0] in now:
+            assert proc.poll() is None and time.monotonic() < deadline + 30, (now, proc.poll())
+            time.sleep(0.1)
+        assert httpx.post(f"{url}/v1/estimates", json=job, timeout=10).json()["status"] == "done"
+    finally:
+        servers = children_of(proc.pid)
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    for pid in servers:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text(
+            ).split(")")[1].split()[0]
+
+
+def test_a_server_process_that_fails_to_start_stops_the_others():
+    import pytest
+
+    from peakmem.service.processes import ChildFailed, listen, serve_processes
+
+    def broken_app():
+        raise RuntimeError("no app today")
+
+    sock = listen("127.0.0.1", 0)
+    started = time.monotonic()
+    with pytest.raises(ChildFailed, match="start-up"):
+        serve_processes(broken_app, sock, 2, {"log_level": "critical"})
+    assert time.monotonic() - started < 30 and sock.fileno() == -1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -53,12 +54,19 @@ from peakmem.cli.contract import ContractCommand
 @click.option("--job-nice", default=10, show_default=True, type=click.IntRange(0, 19),
               help="Niceness added to each job's worker process, so that estimates (CPU-bound) "
               "yield to the server answering requests; 0 runs them at the server's priority.")
+@click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
+              metavar="DIR", help="Keep final results in DIR too, shared by the server "
+              "processes of this machine (--processes), so any of them answers a cached job.")
+@click.option("--processes", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Server processes on the one port (each with --workers); more than one "
+              "needs --store.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float,
           max_host_memory: str, sandbox: str, fmt: str, admission_budget: float,
           failure_policy: str, admission_workdir: str | None, configmaps: bool,
-          tls_cert: str | None, tls_key: str | None, token_file: str | None, estimator: str | None, job_nice: int, log_level: str) -> None:
+          tls_cert: str | None, tls_key: str | None, token_file: str | None, estimator: str | None, job_nice: int, store_dir: str | None, processes: int,
+          log_level: str) -> None:
     """Serve estimates over HTTP: POST /v1/estimates, GET /v1/estimates/{id}, POST
     /v1/admission (Kubernetes mutating webhook), /healthz, /metrics, /docs."""
     from peakmem.cli.common import parse_bytes
@@ -83,6 +91,16 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
         run_estimate = load_estimator(estimator) if estimator else None
     except (ImportError, AttributeError, ValueError) as exc:
         raise BadInput(f"--estimator {estimator!r}: {exc}") from None
+    if processes > 1 and not store_dir:
+        raise BadInput("--processes above 1 needs --store DIR: each process would otherwise "
+                       "answer only the jobs it ran")
+    if store_dir:
+        try:
+            os.makedirs(store_dir, exist_ok=True)
+        except OSError as exc:
+            raise BadInput(f"--store: cannot use {store_dir}: {exc.strerror or exc}") from None
+        if not os.access(store_dir, os.W_OK | os.X_OK):
+            raise BadInput(f"--store: {store_dir} is not writable")
     token = os.environ.get("PEAKMEM_SERVICE_TOKEN") or None
     if token_file:
         try:
@@ -93,6 +111,7 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
             raise BadInput(f"--token-file: {token_file} is empty")
     config = ServiceConfig(
         token=token, job_nice=job_nice,
+        store_dir=os.path.abspath(store_dir) if store_dir else None,
         workers=workers, max_queue=max_queue, max_seconds=max_seconds,
         max_host_memory=parse_bytes(max_host_memory, "--max-host-memory"), sandbox=sandbox,
         admission=AdmissionConfig(fmt=fmt, budget_seconds=admission_budget,
@@ -105,13 +124,33 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
     except Exception as exc:  # noqa: BLE001 - kubernetes' config errors have no common base
         raise BadInput(f"--configmaps: no Kubernetes access here ({type(exc).__name__}: "
                        f"{exc})") from None
-    _check_listen(host, port)
-    app = create_app(config, estimator=run_estimate, configmaps=reader)
     from peakmem.service.fast_path import SWITCH_INTERVAL_SECONDS
 
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)  # the loop gets the GIL back sooner
-    uvicorn.run(app, host=host, port=port, log_level=log_level, ssl_certfile=tls_cert,
-                ssl_keyfile=tls_key, timeout_graceful_shutdown=10)
+    options = {"log_level": log_level, "ssl_certfile": tls_cert, "ssl_keyfile": tls_key,
+               "timeout_graceful_shutdown": 10}
+    if processes > 1:
+        _serve_processes(lambda: create_app(config, estimator=run_estimate, configmaps=reader),
+                         host, port, processes, options)
+        return
+    _check_listen(host, port)
+    app = create_app(config, estimator=run_estimate, configmaps=reader)
+    uvicorn.run(app, host=host, port=port, **options)
+
+
+def _serve_processes(make_app: Any, host: str, port: int, processes: int,
+                     options: dict[str, Any]) -> None:
+    from peakmem.cli.contract import BadInput
+    from peakmem.service.processes import ChildFailed, listen, serve_processes
+
+    try:
+        sock = listen(host, port)
+    except OSError as exc:
+        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        serve_processes(make_app, sock, processes, options)
+    except ChildFailed as exc:
+        raise RuntimeError(f"peakmem serve: {exc}") from None
 
 
 def _check_listen(host: str, port: int) -> None:
