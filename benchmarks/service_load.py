@@ -17,8 +17,10 @@ uvicorn, on the same machine, under the same burst and steady load: the latency 
 service on this machine can go below. Its figures are reported as `floor_*`.
 
 Checks: every request answered (no error, no 429 with the queue sized for the burst), every
-distinct job got exactly one id and ran exactly once (the server's `peakmem_jobs_finished_total`
-equals the number of distinct jobs), every job final. Reports latency percentiles.
+distinct job got exactly one id and ran exactly once (the fake estimator's runs, logged by every
+server process to `PEAKMEM_FAKE_ESTIMATE_LOG`, equal the number of distinct jobs), every job
+final. Reports latency percentiles. `--processes N` runs the server as N processes sharing a
+`--store`.
 
     PYTHONPATH=src python benchmarks/service_load.py --requests 1000 [--json]
     PYTHONPATH=src python benchmarks/service_load.py --requests 1000 --floor --estimator fake-process
@@ -31,10 +33,12 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -83,9 +87,13 @@ def start_bare(port: int) -> subprocess.Popen:
 
 
 def start_server(port: int, workers: int, max_queue: int, estimate_seconds: float,
-                 estimator: str = "fake", job_nice: int | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PEAKMEM_FAKE_ESTIMATE_SECONDS": str(estimate_seconds)}
+                 estimator: str = "fake", job_nice: int | None = None,
+                 processes: int = 1, store: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PEAKMEM_FAKE_ESTIMATE_SECONDS": str(estimate_seconds),
+           "PEAKMEM_FAKE_ESTIMATE_LOG": os.path.join(str(store), "runs.log")}
     nice = ["--job-nice", str(job_nice)] if job_nice is not None else []
+    if processes > 1:
+        nice += ["--processes", str(processes), "--store", str(store)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "peakmem", "serve", "--port", str(port), "--sandbox", "off",
          "--workers", str(workers), "--max-queue", str(max_queue), "--log-level", "warning",
@@ -170,6 +178,17 @@ async def wait_all(url: str, ids: set[str], deadline_s: float) -> dict[str, dict
     return final
 
 
+def runs_of(url: str, log: str) -> int:
+    """Runs of the estimator: the lines of the runs log every server process appends to, or,
+    from a server whose fake estimator keeps none (before it did), its /metrics count."""
+    if os.path.exists(log):
+        with open(log, encoding="utf-8") as runs:
+            return sum(1 for line in runs if line.strip())
+    metrics = httpx.get(f"{url}/metrics").text
+    return int(sum(float(v) for v in re.findall(
+        r'peakmem_jobs_finished_total\{status="\w+"\} (\S+)', metrics)))
+
+
 def measure_floor(args: argparse.Namespace) -> dict:
     """The bare ASGI app's latency under the same burst (`--requests` at once) and the same steady
     load (`--steady-in-flight` in flight), with a cached request's body."""
@@ -206,6 +225,8 @@ def main() -> None:
                         "job, started like peakmem estimate's")
     parser.add_argument("--job-nice", type=int, default=None,
                         help="the server's --job-nice (default: the server's default)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="the server's --processes (with a fresh --store)")
     parser.add_argument("--floor", action="store_true",
                         help="first measure a bare ASGI app under the same load (floor_* keys)")
     parser.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -219,8 +240,10 @@ def main() -> None:
     floor = measure_floor(args) if args.floor else {}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    store = tempfile.mkdtemp(prefix="peakmem-load-")  # the runs log, and --store
     server = start_server(port, args.workers, args.requests + args.cached + 10,
-                          args.estimate_seconds, args.estimator, args.job_nice)
+                          args.estimate_seconds, args.estimator, args.job_nice, args.processes,
+                          store)
     try:
         warm = asyncio.run(post_all(url, [job(n, "cached") for n in range(args.cached)]))
         cached_ids = {body["id"] for _, body, _ in warm}
@@ -255,10 +278,10 @@ def main() -> None:
         steady = asyncio.run(post_all(url, [job(n % args.cached, "cached")
                                             for n in range(args.requests)], args.steady_in_flight))
         steady_latency = [t for _, _, t in steady]
-        metrics = httpx.get(f"{url}/metrics").text
-        ran = sum(float(v) for v in re.findall(r'peakmem_jobs_finished_total\{status="\w+"\} (\S+)', metrics))
+        ran = runs_of(url, os.path.join(store, "runs.log"))
         report = {
             "estimator": args.estimator,
+            "processes": args.processes,
             "load_average_1m": round(os.getloadavg()[0], 1),
             **floor,
             "requests": len(answers),
@@ -288,6 +311,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(30)
+        shutil.rmtree(store, ignore_errors=True)
     if args.json:
         print(json.dumps(report))
     else:

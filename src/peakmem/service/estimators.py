@@ -170,6 +170,7 @@ def fake_process_estimator(job: EstimateJob, ctx: RunContext) -> dict[str, Any]:
     variables, applied in the worker; a command whose first word is `fail` fails at once."""
     if job.command and job.command[0] == "fail":
         return fake_estimator(job, ctx)
+    _log_fake_run(job)
     argv = [sys.executable, "-S", "-c", _FAKE_WORKER, json.dumps(fake_result(job))]
     return run_worker(argv, ctx, ctx.max_seconds)
 
@@ -177,7 +178,7 @@ def fake_process_estimator(job: EstimateJob, ctx: RunContext) -> dict[str, Any]:
 def fake_estimator(job: EstimateJob, ctx: RunContext) -> dict[str, Any]:
     """A stand-in that answers at once with a made-up but well-formed estimate: for tests and
     load benchmarks (`PEAKMEM_FAKE_ESTIMATE_SECONDS`: sleep that long; `..._CPU_SECONDS`: spin
-    the CPU that long). A command whose
+    the CPU that long; `..._LOG`: a file each run appends the job's key to). A command whose
     first word is `fail` fails as a job that raised."""
     delay = float(os.environ.get("PEAKMEM_FAKE_ESTIMATE_SECONDS", "0") or 0)
     if delay > 0:
@@ -189,7 +190,20 @@ def fake_estimator(job: EstimateJob, ctx: RunContext) -> dict[str, Any]:
     if job.command and job.command[0] == "fail":
         raise JobFailed(error_object("job_failed", "the job raised RuntimeError: fake", 1,
                                      "raised", traceback="RuntimeError: fake"))
+    _log_fake_run(job)
     return fake_result(job)
+
+
+def _log_fake_run(job: EstimateJob) -> None:
+    """`PEAKMEM_FAKE_ESTIMATE_LOG`: append the job's key to that file, one line a run (the load
+    benchmark counts runs across server processes with it)."""
+    path = os.environ.get("PEAKMEM_FAKE_ESTIMATE_LOG")
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{job.key()}\n".encode())
+        finally:
+            os.close(fd)
 
 
 def fake_result(job: EstimateJob) -> dict[str, Any]:
