@@ -158,3 +158,54 @@ def test_waiting_on_a_job_another_process_runs_sees_it_finish(tmp_path):
             await second.stop()
 
     assert asyncio.run(scenario()) == (False, True, "done")
+
+
+def test_of_many_stores_claiming_at_once_exactly_one_wins(tmp_path):
+    stores = [ResultStore(tmp_path) for _ in range(6)]
+    for round_ in range(30):
+        key = f"{round_:064x}"
+        barrier = threading.Barrier(len(stores))
+        won: list[ResultStore] = []
+
+        def race(store: ResultStore, key: str = key, barrier=barrier, won=won) -> None:
+            barrier.wait()
+            if store.claim(key):
+                won.append(store)
+
+        threads = [threading.Thread(target=race, args=(store,)) for store in stores]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(won) == 1, round_
+        assert stores[0].claimant(key).owner == won[0].owner
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_job_finished_between_the_lookup_and_the_claim_is_not_run_again(tmp_path, monkeypatch):
+    ran = []
+
+    def counting(job, ctx):
+        ran.append(job.key())
+        return fake_estimator(job, ctx)
+
+    async def scenario() -> tuple[str, bool]:
+        first = JobQueue(counting, store=ResultStore(tmp_path))
+        second = JobQueue(counting, store=ResultStore(tmp_path))
+        await first.start()
+        await second.start()
+        try:
+            job = EstimateJob(("python", "train.py"), {"train.py": b"x"})
+            record, _ = first.submit(job)
+            await first.wait(record, 20)
+            # the second process looked the job up just before the first one finished it
+            monkeypatch.setattr(second, "lookup", lambda key: None)
+            late, created = second.submit(job)
+            await asyncio.sleep(0.2)
+            return late.status, created
+        finally:
+            await first.stop()
+            await second.stop()
+
+    assert asyncio.run(scenario()) == ("done", False)
+    assert len(ran) == 1 and not list(tmp_path.glob("*.claim"))

@@ -184,10 +184,18 @@ class JobQueue:
         record = self.lookup(key)
         if record is not None:
             return record, False
-        if self.store is not None and not self.store.claim(key):  # another process took it now
-            record = self._remember(JobRecord(id=key, job=EstimateJob(()), remote=True))
-            self.metrics.requests.labels("joined").inc()
-            return self.get(key) or record, False
+        if self.store is not None:
+            if not self.store.claim(key):  # another process took it just now
+                record = self._remember(JobRecord(id=key, job=EstimateJob(()), remote=True))
+                self.metrics.requests.labels("joined").inc()
+                return self.get(key) or record, False
+            saved = self.store.load(key)  # it finished, and its claim went, since the lookup
+            if saved is not None and not saved["retryable"]:
+                self.store.release(key)
+                record = self._remember(self._apply(
+                    JobRecord(id=key, job=EstimateJob(())), saved))
+                self.metrics.requests.labels("cached").inc()
+                return record, False
         fresh = JobRecord(id=key, job=job)
         try:
             self._queue.put_nowait(fresh)

@@ -73,7 +73,7 @@ class ResultStore:
         path = self._path(key, ".claim")
         for _ in range(2):
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                self._create(path, self._claim_body("queued"))
             except FileExistsError:
                 with self._locked():  # two processes replacing one stale claim: one wins
                     held = self.claimant(key)
@@ -82,8 +82,6 @@ class ResultStore:
                     with contextlib.suppress(FileNotFoundError):
                         path.unlink()
                 continue
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(self._claim_body("queued"), handle)
             return True
         return False
 
@@ -130,15 +128,35 @@ class ResultStore:
         return {"pid": os.getpid(), "owner": self.owner, "status": status, "since": time.time()}
 
     def _write(self, path: Path, body: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        """`path` holds `body`, replaced whole (readers never see a part of it)."""
+        tmp = self._staged(body)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(body, handle, separators=(",", ":"))
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+
+    def _create(self, path: Path, body: dict[str, Any]) -> None:
+        """`path` created holding `body`, whole, or FileExistsError where it exists (a hard
+        link is both exclusive and atomic: no reader sees an empty claim)."""
+        tmp = self._staged(body)
+        try:
+            os.link(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _staged(self, body: dict[str, Any]) -> str:
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(body, handle, separators=(",", ":"))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return tmp
 
 
 def _alive(pid: int) -> bool:
