@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from .conftest import free_port
 
@@ -134,8 +135,6 @@ def test_several_processes_share_the_port_and_the_store(tmp_path):
 
 
 def test_a_server_process_that_fails_to_start_stops_the_others():
-    import pytest
-
     from peakmem.service.processes import ChildFailed, listen, serve_processes
 
     def broken_app():
@@ -146,3 +145,28 @@ def test_a_server_process_that_fails_to_start_stops_the_others():
     with pytest.raises(ChildFailed, match="start-up"):
         serve_processes(broken_app, sock, 2, {"log_level": "critical"})
     assert time.monotonic() - started < 30 and sock.fileno() == -1
+
+
+def test_the_serving_process_switches_threads_often_and_passes_job_nice(monkeypatch):
+    import uvicorn
+    from click.testing import CliRunner
+
+    from peakmem.cli.main import main
+    from peakmem.service.fast_path import SWITCH_INTERVAL_SECONDS
+
+    seen = {}
+
+    def fake_run(app, **kwargs):
+        seen["interval"] = sys.getswitchinterval()
+        seen["queue"] = app.state.queue
+
+    before = sys.getswitchinterval()
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    try:
+        result = CliRunner().invoke(main, ["serve", "--port", str(free_port()), "--sandbox", "off",
+                                           "--job-nice", "4"])
+    finally:
+        sys.setswitchinterval(before)
+    assert result.exit_code == 0, result.output
+    assert seen["interval"] == pytest.approx(SWITCH_INTERVAL_SECONDS)
+    assert seen["queue"].job_nice == 4 and seen["queue"].store is None
