@@ -1,6 +1,6 @@
 """Hugging Face's "Efficient Training on a Single GPU" recipes (transformers docs,
 perf_train_gpu_one, v4.18-v4.2x), rebuilt: bert-large-uncased for sequence classification with
-`Trainer`, 512 random sequences of 512 tokens, one epoch, and the page's variants (batch size,
+`Trainer` (eager attention and per-parameter AdamW, as then), 512 random sequences of 512 tokens, one epoch, and the page's variants (batch size,
 gradient accumulation, gradient checkpointing, fp16, Adafactor, bitsandbytes 8-bit Adam with the
 page's two parameter groups).
 
@@ -26,10 +26,12 @@ BERT_LARGE = dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
 
 
 def build_optimizer(name: str, model: torch.nn.Module, args):
-    """The page's 8-bit Adam: decay / no-decay groups, TrainingArguments' betas, eps and lr."""
-    if name != "adam8bit":
+    """The page's 8-bit Adam (decay / no-decay groups, TrainingArguments' betas, eps and lr), or
+    AdamW as the page's Trainer ran it: one parameter at a time (transformers 4.2x's default
+    `adamw_hf`, like torch 1.10's AdamW; today's default is foreach or fused). None: Adafactor
+    from TrainingArguments."""
+    if name == "adafactor":
         return None
-    import bitsandbytes as bnb
     from transformers.trainer_pt_utils import get_parameter_names
 
     decay = [n for n in get_parameter_names(model, [torch.nn.LayerNorm]) if "bias" not in n]
@@ -39,8 +41,13 @@ def build_optimizer(name: str, model: torch.nn.Module, args):
         {"params": [p for n, p in model.named_parameters() if n not in decay],
          "weight_decay": 0.0},
     ]
-    return bnb.optim.Adam8bit(groups, betas=(args.adam_beta1, args.adam_beta2),
-                              eps=args.adam_epsilon, lr=args.learning_rate)
+    hyper = dict(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
+                 lr=args.learning_rate)
+    if name == "adamw":
+        return torch.optim.AdamW(groups, foreach=False, **hyper)
+    import bitsandbytes as bnb
+
+    return bnb.optim.Adam8bit(groups, **hyper)
 
 
 def main() -> None:
@@ -63,7 +70,9 @@ def main() -> None:
             "labels": np.random.randint(0, 1, (cli.samples,))}
     ds = Dataset.from_dict(data)
     ds.set_format("pt")
+    # the page's transformers (4.1x-4.2x) had only eager attention: the scores materialised
     config = BertConfig(**{**BERT_LARGE, "num_hidden_layers": cli.layers})
+    config._attn_implementation = "eager"
     model = BertForSequenceClassification(config).to("cuda")
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(), num_train_epochs=1, log_level="error", report_to="none",
