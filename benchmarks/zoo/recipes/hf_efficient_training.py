@@ -1,6 +1,6 @@
 """Hugging Face's "Efficient Training on a Single GPU" recipes (transformers docs,
 perf_train_gpu_one, v4.18-v4.2x), rebuilt: bert-large-uncased for sequence classification with
-`Trainer` (eager attention and per-parameter AdamW, as then), 512 random sequences of 512 tokens, one epoch, and the page's variants (batch size,
+`Trainer` (eager attention, per-parameter AdamW and gradients zeroed, not freed, as then), 512 random sequences of 512 tokens, one epoch, and the page's variants (batch size,
 gradient accumulation, gradient checkpointing, fp16, Adafactor, bitsandbytes 8-bit Adam with the
 page's two parameter groups).
 
@@ -50,6 +50,19 @@ def build_optimizer(name: str, model: torch.nn.Module, args):
     return bnb.optim.Adam8bit(groups, **hyper)
 
 
+def zero_grad_as_torch_1x() -> None:
+    """The page ran torch 1.x, whose `Module.zero_grad()` / `Optimizer.zero_grad()` filled the
+    gradients with zeros (`set_to_none=False` by default until torch 2.0): they stay allocated
+    through the next forward and backward. `Trainer` calls both without the argument."""
+    for owner in (torch.nn.Module, torch.optim.Optimizer):
+        original = owner.zero_grad
+
+        def zero_grad(self, set_to_none: bool = False, _original=original) -> None:
+            _original(self, set_to_none=set_to_none)
+
+        owner.zero_grad = zero_grad
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=4)
@@ -61,6 +74,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--layers", type=int, default=BERT_LARGE["num_hidden_layers"])
     cli = parser.parse_args()
+    zero_grad_as_torch_1x()
 
     from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
