@@ -53,7 +53,10 @@ def test_torchao_low_bit_optimizer_state_is_counted_at_its_real_size(a100, stack
 
 
 def test_nf4_weights_are_their_packed_storages(a100, stack24):
-    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+    try:  # torchao < 0.16 (pyproject's pin; torchtune 0.6 needs it)
+        from torchao.dtypes.nf4tensor import to_nf4
+    except ImportError:  # where later releases moved it
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
 
     kept = []
 

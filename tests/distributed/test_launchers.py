@@ -122,3 +122,29 @@ def test_ranks_option():
     for bad in ("8", "x", "3-1", "-1", "0,,1"):
         with pytest.raises(LaunchError):
             parse_ranks(bad, 8)
+
+
+def test_tune_run_of_a_recipe_file_is_one_process_running_it_as_a_module():
+    # a recipe given as a path runs as a module (torchtune 0.6's `tune run`); no torchtune needed
+    for argv in (["tune", "run", "recipes/my_lora.py", "--config", "cfg.yaml", "epochs=1"],
+                 ["python", "-m", "torchtune._cli.tune", "run", "recipes/my_lora.py", "--config",
+                  "cfg.yaml", "epochs=1"]):
+        launch = parse_launch(argv)
+        assert not launch.distributed and launch.world_size == 1
+        assert launch.command == ("python", "-m", "recipes.my_lora", "--config", "cfg.yaml",
+                                  "epochs=1")
+        assert launch.notes == ("tune run: recipe recipes/my_lora.py (recipes.my_lora), config "
+                                "cfg.yaml",)
+
+
+def test_peakmems_own_process_count_makes_a_tune_run_a_torchrun_launch():
+    launch = parse_launch(["tune", "run", "my_lora.py", "--config", "cfg.yaml"], nproc_per_node=2)
+    assert launch.distributed and launch.launcher == "torchrun" and launch.world_size == 2
+
+
+def test_ranks_need_a_distributed_launch_even_through_tune_run():
+    from peakmem.estimate.api import EstimateError
+    from peakmem.estimate.distributed import launch_for
+
+    with pytest.raises(EstimateError, match="--ranks needs a distributed launch"):
+        launch_for(["tune", "run", "my_lora.py", "--config", "cfg.yaml"], ranks="all")

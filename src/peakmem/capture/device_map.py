@@ -62,6 +62,13 @@ def _has_device_tensor(args: tuple, kwargs: dict) -> bool:
     return any(is_meta(t) for t in flat)
 
 
+def _copies_device_to_host(args: tuple, kwargs: dict) -> bool:
+    """`host.copy_(device_tensor)`: a device-to-host copy (no meta kernel copies across)."""
+    source = args[1] if len(args) > 1 else kwargs.get("src")
+    return (len(args) > 0 and isinstance(args[0], Tensor) and not is_meta(args[0])
+            and isinstance(source, Tensor) and is_meta(source))
+
+
 class CudaAsMeta(TorchFunctionMode):
     def __init__(self, session: CaptureSession, phases: PhaseTracker) -> None:
         super().__init__()
@@ -89,8 +96,13 @@ class CudaAsMeta(TorchFunctionMode):
             return override(self, func, args, kwargs)
         if "device" in kwargs:
             kwargs["device"] = to_capture_device(kwargs["device"], ints=True)
+        if kwargs.get("pin_memory") and kwargs.get("device") != CAPTURE_DEVICE:
+            # Pinned host memory is not device memory, and a CPU-only torch has no pinned
+            # allocator: the tensor is made in ordinary host memory.
+            del kwargs["pin_memory"]
 
-        if func in _FROM_DATA and kwargs.get("device") == CAPTURE_DEVICE:
+        if func in _FROM_DATA and (kwargs.get("device") == CAPTURE_DEVICE
+                                   or _has_device_tensor(args, {})):
             return self._from_data(func, args, kwargs)
         if func is Tensor.to:
             return self._to(args, kwargs)
@@ -98,6 +110,8 @@ class CudaAsMeta(TorchFunctionMode):
             return args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
         if func is Tensor.cpu and is_meta(args[0]):
             return self._host(args[0])
+        if func is Tensor.copy_ and _copies_device_to_host(args, kwargs):
+            return self._copy_to_host(args, kwargs)
         if func in _HOST_READS and _has_device_tensor(args, kwargs):
             return func(*tree_map(self._host, args), **tree_map(self._host, kwargs))
         if func in _BACKWARD_CALLS:
@@ -116,13 +130,29 @@ class CudaAsMeta(TorchFunctionMode):
 
     def _from_data(self, func, args: tuple, kwargs: dict):
         """`torch.tensor(data, device="cuda")`: built on the host and copied to the device, as
-        CUDA does (meta would build it out of the recorder's sight, with no values)."""
+        CUDA does (meta would build it out of the recorder's sight, with no values). Device
+        scalars inside the data (`torch.tensor([t1, t2], device=t1.device)`, torchtune's Llama 3
+        RoPE scaling) are read on the host first, as CUDA reads them (host reads: placeholder
+        zeros in fake mode, real values in eager mode); without a device the result stays on
+        the host, as it does on CUDA."""
         if args and isinstance(args[0], Tensor):
+            return func(*args, **kwargs)
+        args = tree_map(self._host, args)
+        to_device = kwargs.get("device") == CAPTURE_DEVICE
+        if not to_device:
             return func(*args, **kwargs)
         kwargs.pop("device")
         requires_grad = kwargs.pop("requires_grad", False)
         tensor = func(*args, **kwargs).to(CAPTURE_DEVICE)
         return tensor.requires_grad_() if requires_grad else tensor
+
+    def _copy_to_host(self, args: tuple, kwargs: dict):
+        """`host.copy_(device_tensor)`: the host tensor gets the device tensor's values (a host
+        read: zeros in fake mode, real values in eager mode); nothing is allocated on the
+        device."""
+        destination = args[0]
+        source = args[1] if len(args) > 1 else kwargs["src"]
+        return destination.copy_(self._host(source))
 
     def host_values(self, value: Any) -> Any:
         """A host tensor with a device tensor's values: real ones in eager mode, else zeros

@@ -600,6 +600,9 @@ def estimate_command(
     from peakmem.estimate.distributed import estimate_launch, launch_for
 
     launch = launch_for(argv, nproc_per_node, nnodes, ranks)
+    launch_notes: tuple[str, ...] = ()
+    if launch is not None and not launch.distributed:  # one process (`tune run` on one device)
+        argv, launch_notes, launch = launch.command, launch.notes, None
     if launch is not None:
         return estimate_launch(
             launch, ranks, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
@@ -624,10 +627,12 @@ def estimate_command(
             argv, gpu_profile, version, conf, steps, mode, timeout, max_host_memory, job_log,
             sandbox,
         )
-    return _finish(
+    result = _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
         mode=mode, timeline=timeline,
     )
+    result.notes = [*launch_notes, *result.notes]
+    return result
 
 
 def _check_command(argv: Sequence[str]) -> None:

@@ -40,7 +40,7 @@ def launch_for(argv: Sequence[str], nproc_per_node: int | None = None,
     except LaunchError as exc:
         raise EstimateError(str(exc), exit_code=3 if exc.unsupported else 2,
                             reason="unsupported" if exc.unsupported else "bad_input") from None
-    if launch is None and ranks is not None:
+    if (launch is None or not launch.distributed) and ranks is not None:
         raise EstimateError("--ranks needs a distributed launch (--nproc-per-node N, or a "
                             "launcher such as torchrun)", exit_code=2, reason="bad_input")
     return launch

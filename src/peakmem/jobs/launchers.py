@@ -2,7 +2,8 @@
 environment, without starting a launcher.
 
 ``peakmem estimate -- torchrun --nproc-per-node 8 train.py`` (or ``python -m torch.distributed.run``,
-``python -m torch.distributed.launch``, ``accelerate launch``, ``deepspeed``) and
+``python -m torch.distributed.launch``, ``accelerate launch``, ``deepspeed``, torchtune's
+``tune run``) and
 ``peakmem estimate --nproc-per-node 8 [--nnodes 2] -- python train.py`` all become a
 :class:`Launch`: the Python command one rank runs, the world's shape, and per rank the environment
 the launcher gives it (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 DEFAULT_GPUS_PER_NODE = 8
@@ -363,6 +364,49 @@ def accelerate(words: Sequence[str]) -> Launch:
                   notes=tuple(notes))
 
 
+def tune(words: Sequence[str]) -> Launch:
+    """`tune run [torchrun options] RECIPE --config CFG [overrides]` (torchtune 0.6
+    ``_cli/run.py``): a built-in recipe name runs its script from the installed torchtune, a
+    built-in config name becomes its YAML file; any other recipe is a path run as a module
+    (`my/recipe.py` -> `python -m my.recipe`) and any other config a file. Without torchrun
+    options it is one process (`python RECIPE.py --config CFG ...`, as `tune run` runs it
+    in-process); with them, a torchrun launch."""
+    from peakmem.jobs.torchtune_recipes import builtin_config, builtin_recipes, torchtune_root
+
+    words = list(words)
+    if not words or words[0] != "run":
+        raise LaunchError("tune: only `tune run` starts a training job")
+    options, rest = _scan(words[1:], _TORCHRUN_FLAGS, "tune run")
+    if not rest:
+        raise LaunchError("tune run: no recipe given")
+    recipe_name, recipe_args = rest[0], list(rest[1:])
+    if "--config" not in recipe_args or recipe_args.index("--config") + 1 >= len(recipe_args):
+        raise LaunchError("tune run: the '--config' argument is required")
+    config_at = recipe_args.index("--config") + 1
+    root = torchtune_root()
+    recipe = builtin_recipes(root).get(recipe_name) if root is not None else None
+    if recipe is None and not recipe_name.endswith(".py") and root is None:
+        raise LaunchError(f"tune run: {recipe_name!r} is not a recipe file and torchtune is not "
+                          "installed to look up its built-in recipes")
+    if recipe is None and not recipe_name.endswith(".py"):
+        raise LaunchError(f"tune run: {recipe_name!r} is neither a built-in torchtune recipe "
+                          "nor a recipe file")
+    config = builtin_config(root, recipe_args[config_at], recipe) if root is not None else None
+    if config is not None:
+        recipe_args[config_at] = str(config)
+    script = [str(recipe.path)] if recipe is not None else [
+        "--module", str(Path(recipe_name).with_suffix("")).replace("/", ".")]
+    note = (f"tune run: recipe {recipe_name} ({script[-1]}), config {recipe_args[config_at]}")
+    if options:  # any option before the recipe makes `tune run` a torchrun launch
+        if recipe is not None and not recipe.supports_distributed:
+            raise LaunchError(f"tune run: recipe {recipe_name} does not support distributed "
+                              "training; run it without torchrun options")
+        launch = torchrun([*words[1:len(words) - len(rest)], *script, *recipe_args], "tune run")
+        return replace(launch, notes=(note, *launch.notes))
+    command = ("python", *(["-m", script[1]] if recipe is None else script), *recipe_args)
+    return Launch(command, 1, 1, "python", notes=(note,))
+
+
 LauncherParser = Callable[[Sequence[str]], Launch]
 LAUNCHERS: dict[str, LauncherParser] = {
     "torchrun": torchrun,
@@ -373,6 +417,8 @@ LAUNCHERS: dict[str, LauncherParser] = {
     "accelerate.commands.accelerate_cli": accelerate,
     "deepspeed": deepspeed,
     "deepspeed.launcher.runner": deepspeed,
+    "tune": tune,
+    "torchtune._cli.tune": tune,
 }
 """Program (or `python -m` module) name -> the parser of the words after it."""
 
@@ -399,7 +445,9 @@ def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
     """The launch `argv` describes; None for a plain `python train.py` without
     `nproc_per_node`/`nnodes` (one process, no distributed environment).
 
-    `nproc_per_node` / `nnodes` (peakmem's own options) override the launcher's."""
+    `nproc_per_node` / `nnodes` (peakmem's own options) override the launcher's. A launcher
+    that runs one process in place (`tune run` without torchrun options) gives a Launch whose
+    `distributed` is False: its `command` is the job."""
     for value, what in ((nproc_per_node, "--nproc-per-node"), (nnodes, "--nnodes")):
         if value is not None and not 1 <= value <= MAX_WORLD_SIZE:
             raise LaunchError(f"{what} must be between 1 and {MAX_WORLD_SIZE}, got {value}")
@@ -411,10 +459,9 @@ def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
     name, words = found
     launch = LAUNCHERS[name](words)
     if nproc_per_node is not None or nnodes is not None:
-        from dataclasses import replace
-
         launch = replace(launch, nproc_per_node=nproc_per_node or launch.nproc_per_node,
-                         nnodes=nnodes or launch.nnodes)
+                         nnodes=nnodes or launch.nnodes,
+                         launcher="torchrun" if launch.launcher == "python" else launch.launcher)
     return launch
 
 

@@ -1,0 +1,72 @@
+"""Host and device meeting in the job's own calls (capture/device_map.py): data built from device
+scalars, pinned host memory on a CPU-only torch, device-to-host copies into host tensors."""
+
+import torch
+
+from peakmem.capture import capture_callable
+from tests.capture.capture_helpers import allocations
+
+
+def run(job, a100, stack24, mode="fake"):
+    result = capture_callable(job, gpu=a100, stack=stack24, steps="all", mode=mode)
+    assert result.error is None, result.error_text
+    return result
+
+
+def test_a_tensor_built_from_device_scalars_lands_on_the_device(a100, stack24):
+    seen = {}
+
+    def job():
+        freqs = torch.arange(1, 9, device="cuda", dtype=torch.float32)
+        scaled = torch.tensor([f / 2 for f in freqs], dtype=freqs.dtype, device=freqs.device)
+        seen["device"], seen["shape"] = scaled.device, scaled.shape
+        seen["host"] = torch.tensor([freqs[0], freqs[1]]).device  # no device: stays on the host
+
+    result = run(job, a100, stack24)
+    assert seen == {"device": torch.device("cuda", 0), "shape": torch.Size([8]),
+                    "host": torch.device("cpu")}
+    assert [size for size, _tag in allocations(result.trace, "input")] == [8 * 4]
+    assert result.host_reads == 8 + 2  # each device scalar is read on the host, as CUDA does
+
+
+def test_device_scalars_give_their_real_values_in_eager_mode(a100, stack24):
+    seen = {}
+
+    def job():
+        freqs = torch.arange(1, 5, device="cuda", dtype=torch.float32)
+        seen["values"] = torch.tensor([f * 2 for f in freqs], device="cuda").tolist()
+
+    run(job, a100, stack24, mode="eager")
+    assert seen["values"] == [2.0, 4.0, 6.0, 8.0]
+
+
+def test_pinned_host_memory_works_on_a_cpu_only_torch_and_is_not_device_memory(a100, stack24):
+    seen = {}
+
+    def job():
+        staging = torch.empty(1 << 20, pin_memory=True)  # fails on a CPU-only torch outside
+        batch = torch.randn(256, 1024).pin_memory()
+        seen["devices"] = (staging.device, batch.device)
+        batch.to("cuda", non_blocking=True)
+
+    result = run(job, a100, stack24)
+    assert seen["devices"] == (torch.device("cpu"), torch.device("cpu"))
+    assert [size for size, _tag in allocations(result.trace)] == [256 * 1024 * 4]
+
+
+def test_a_device_to_host_copy_into_a_host_tensor_allocates_nothing_on_the_device(a100, stack24):
+    seen = {}
+
+    def job():
+        device = torch.full((256,), 3.0, device="cuda")
+        host = torch.empty(256)
+        returned = host.copy_(device, non_blocking=True)
+        seen["same"], seen["device"] = returned is host, host.device
+        seen["sum"] = float(host.sum())
+
+    fake = run(job, a100, stack24)
+    assert seen == {"same": True, "device": torch.device("cpu"), "sum": 0.0}  # placeholder zeros
+    assert [size for size, _tag in allocations(fake.trace)] == [256 * 4]
+    assert fake.host_reads == 1
+    run(job, a100, stack24, mode="eager")
+    assert seen["sum"] == 3.0 * 256
