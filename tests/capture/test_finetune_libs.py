@@ -215,11 +215,9 @@ TORCHTUNE_LORA = """
 """
 
 
-def test_a_torchtune_lora_llama3_model_trains_with_its_rope_cache(tmp_path):
-    try:  # torchtune 0.6 imports torchao modules that newer torchao releases moved
-        import torchtune.training  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"torchtune cannot import here: {exc}")
+def test_a_torchtune_lora_llama3_model_trains_with_its_rope_cache(tmp_path, monkeypatch):
+    from tests.capture.torchtune_env import torchtune_pythonpath, with_torchtune_path
+    with_torchtune_path(monkeypatch, torchtune_pythonpath())
     result = estimate_command(["python", write(tmp_path, TORCHTUNE_LORA)], **GPU)
     assert result.steps == 3
     # the RoPE cache: 2048 positions x 8 frequencies x (cos, sin), fp32... in bf16 default dtype

@@ -7,12 +7,9 @@ import pytest
 from peakmem.estimate import estimate_command
 from peakmem.jobs.launchers import LaunchError, parse_launch
 from tests.capture.torchtune_assets import tiny_llama
+from tests.capture.torchtune_env import torchtune_pythonpath, with_torchtune_path
 
-pytest.importorskip("torchtune")
-try:  # torchtune 0.6 imports torchao modules that torchao 0.16 removed (pyproject pins < 0.16)
-    import torchtune.training  # noqa: F401
-except ImportError as exc:
-    pytest.skip(f"torchtune cannot import here: {exc}", allow_module_level=True)
+TORCHTUNE_PATH = torchtune_pythonpath()  # skips the module where torchtune cannot run
 
 GPU = {"gpu": "a100-40gb", "torch_version": "2.4.1"}
 
@@ -25,6 +22,7 @@ def llama(tmp_path_factory):
 @pytest.fixture(scope="module")
 def estimates(llama):
     with pytest.MonkeyPatch.context() as patch:
+        with_torchtune_path(patch, TORCHTUNE_PATH)
         patch.setenv("HF_DATASETS_OFFLINE", "1")
         patch.setenv("HF_DATASETS_CACHE", str(llama.root / "datasets_cache"))
         patch.chdir(llama.root)
