@@ -104,3 +104,17 @@ def test_a_non_attention_job_is_unchanged(a100, stack24):
     assert data["margin_kind"] == "default"
     assert data["margin_reserve_bytes"] == 0
     assert data["peak_bytes_with_margin"] == int(estimate.peak_bytes * (1 + estimate.safety_margin))
+
+
+def test_the_bench_states_the_reserve_as_part_of_its_fraction():
+    from types import SimpleNamespace
+
+    from peakmem.baselines.peakmem_estimator import stated_fraction
+
+    estimate = SimpleNamespace(peak_bytes=1000 * MiB, safety_margin=0.03,
+                               peak_bytes_with_margin=int(1000 * MiB * 1.03) + 312 * MiB)
+    fraction = stated_fraction(estimate, 1000 * MiB)
+    assert 1000 * MiB * (1 + fraction) == pytest.approx(estimate.peak_bytes_with_margin)
+    # compared after the context (xMem): the same bytes are added on top of the smaller figure
+    fraction = stated_fraction(estimate, 600 * MiB)
+    assert 600 * MiB * (1 + fraction) == pytest.approx(600 * MiB + 30 * MiB + 312 * MiB, abs=1)
