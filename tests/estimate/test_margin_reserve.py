@@ -96,6 +96,14 @@ def test_an_encoder_states_the_reserve_in_json(a100, stack24):
     assert data["peak_bytes_with_margin"] == int(
         estimate.peak_bytes * (1 + estimate.safety_margin)) + 4 * MiB
 
+    from rich.console import Console
+
+    from peakmem.estimate.report import render
+
+    console = Console(record=True, width=200)
+    render(estimate, console)
+    assert "+ 4.0 MiB reserve" in console.export_text()
+
 
 def test_a_non_attention_job_is_unchanged(a100, stack24):
     estimate = estimate_capture(capture_callable(mlp_job, gpu=a100, stack=stack24), a100,
