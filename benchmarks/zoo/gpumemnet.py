@@ -7,6 +7,12 @@ zero_grad -> forward -> loss -> backward -> step -> loss.item().
 
 The models come from peakmem.datasets.gpumemnet_models (one builder for the bench, the baselines
 and this script, checked layer by layer against the rows' published layer lists).
+
+Transformer jobs run the published launcher's own loop (itu-rad/GPUMemNet
+`NeuroNetGen_scripts/Transformer/transformer.py`, `train_model`): besides the step it reads
+`loss.item()`, `torch.max(outputs, 1)` and `(predicted == labels).sum().item()` each batch, so the
+previous batch's outputs, max values and predictions stay alive through the next forward and
+backward; the summary's `mock_input` batch stays alive for the whole run.
 """
 
 from __future__ import annotations
@@ -19,7 +25,13 @@ from _common import base_parser, report, setup, train
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from peakmem.datasets.gpumemnet_jobs import CNNJob, JobParseError, MLPJob, parse_job
+from peakmem.datasets.gpumemnet_jobs import (
+    CNNJob,
+    JobParseError,
+    MLPJob,
+    TransformerJob,
+    parse_job,
+)
 from peakmem.datasets.gpumemnet_models import CannotBuildJob, build_model, num_classes
 
 
@@ -40,6 +52,36 @@ def forever(loader: DataLoader, device: torch.device):
     for _epoch in itertools.count():
         for x, y in loader:
             yield x.to(device), y.to(device)
+
+
+def launcher_train_model(
+    model: nn.Module, loader: DataLoader, device: torch.device, steps: int
+) -> float:
+    """GPUMemNet's Transformer `train_model` for `steps` batches (the original stopped after
+    60 s): per batch `inputs, labels = batch` (the host tensors replace the previous device
+    ones before the copy), zero_grad -> forward -> loss -> backward -> step, then the accuracy
+    bookkeeping whose tensors (outputs, max values, predictions) live on into the next batch."""
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    total_loss, correct, total, done = 0.0, 0, 0, 0
+    while done < steps:  # epochs
+        for batch in loader:
+            inputs, labels = batch
+            inputs, labels = inputs.to(device), labels.to(device)
+            optimizer.zero_grad()
+            outputs = model(inputs)
+            loss = criterion(outputs, labels)
+            loss.backward()
+            optimizer.step()
+            total_loss += loss.item()
+            _, predicted = torch.max(outputs, 1)
+            correct += (predicted == labels).sum().item()
+            total += labels.size(0)
+            done += 1
+            if done >= steps:
+                break
+    return total_loss / max(done, 1)
 
 
 def main() -> None:
@@ -82,10 +124,11 @@ def main() -> None:
         n = args.samples or job.num_samples
         data = TensorDataset(torch.randint(0, job.vocab_size, (n, job.seq_length)),
                              torch.randint(0, classes, (n,)))
-        warm = torch.randint(0, job.vocab_size, (job.batch_size, job.seq_length), device=device)
-        for _ in range(job.summary_passes):  # train-mode forward passes (with grad) before training
-            model(warm)
-        del warm
+        # the launcher's `mock_input`: a module-level name, alive for the whole run
+        mock_input = torch.randint(0, job.vocab_size, (job.batch_size, job.seq_length),
+                                   device=device)
+        for _ in range(job.summary_passes):  # the check pass and modelsummary's pass, with grad
+            model(mock_input)
         workers, pin = 2, args.device == "cuda"
     if args.num_workers is not None:
         workers = args.num_workers
@@ -93,6 +136,9 @@ def main() -> None:
                         pin_memory=pin)
     if args.steps is None:  # the original ran ~60 s: many epochs; two cover the smaller last batch
         args.steps = 2 * len(loader) + 2
+    if isinstance(job, TransformerJob):
+        report(f"gpumemnet-{job.family}", launcher_train_model(model, loader, device, args.steps))
+        return
     loss = nn.CrossEntropyLoss()
 
     def loss_fn(m: nn.Module, xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -184,6 +184,16 @@ def source_version() -> str:
     return digest.hexdigest()[:12]
 
 
+def stated_fraction(estimate, compared: int) -> float:
+    """The stated margin as one fraction of the compared bytes: what `peak_bytes_with_margin`
+    adds to the peak (the fractional margin and any reserve, estimate/margin_reserve.py), so
+    that the bench's `compared x (1 + fraction)` is the stated figure."""
+    added = estimate.peak_bytes_with_margin - estimate.peak_bytes
+    if compared <= 0:
+        return estimate.safety_margin
+    return added / compared
+
+
 class PeakmemEstimator(Estimator):
     name = "peakmem"
 
@@ -197,8 +207,9 @@ class PeakmemEstimator(Estimator):
     def estimate(self, row: BenchRow) -> Estimate:
         start = time.perf_counter()
         result = self.run(row)
-        return Estimate(compared_bytes(row, result), time.perf_counter() - start,
-                        stated_margin=result.safety_margin)
+        compared = compared_bytes(row, result)
+        return Estimate(compared, time.perf_counter() - start,
+                        stated_margin=stated_fraction(result, compared))
 
     def run(self, row: BenchRow):  # -> peakmem.estimate.Estimate
         from peakmem.estimate import EstimateError, estimate_capture, estimate_command

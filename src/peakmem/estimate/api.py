@@ -7,12 +7,14 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from peakmem.capture.result import DEFAULT_STEPS, CaptureResult
 from peakmem.estimate.breakdown import PeakBreakdown
 from peakmem.estimate.margin_kinds import margin_kind as _kind_of
 from peakmem.estimate.margin_kinds import op_packets
+from peakmem.estimate.margin_reserve import margin_reserve_bytes as _margin_reserve
 from peakmem.estimate.phase_notes import compile_bound_note, eval_peak_note
 from peakmem.jobs.stop import Steps
 from peakmem.profiles import GpuProfile, StackProfile, load_gpu, load_stack
@@ -174,9 +176,16 @@ class Estimate:
         underestimated (stack profile `safety_margin`; 0 where none was fitted)."""
         return float(self.stack.safety_margin_for(self.gpu, self.margin_kind).value)
 
+    @cached_property
+    def margin_reserve_bytes(self) -> int:
+        """Bytes stated on top of the fractional margin for kinds of jobs whose misses scale
+        with one allocation size (estimate/margin_reserve.py; 0 for the other kinds)."""
+        trace = self.capture.trace if self.capture is not None else None
+        return _margin_reserve(self.margin_kind, trace, self.alloc_conf, self.torch_version)
+
     @property
     def peak_bytes_with_margin(self) -> int:
-        return int(self.peak_bytes * (1 + self.safety_margin))
+        return int(self.peak_bytes * (1 + self.safety_margin)) + self.margin_reserve_bytes
 
     @property
     def capacity_bytes(self) -> int:
@@ -216,6 +225,7 @@ class Estimate:
             "fits": self.fits,
             "safety_margin": self.safety_margin,
             "margin_kind": self.margin_kind,
+            "margin_reserve_bytes": self.margin_reserve_bytes,
             "peak_bytes_with_margin": self.peak_bytes_with_margin,
             "fits_with_margin": self.fits and self.peak_bytes_with_margin <= self.capacity_bytes,
             "headroom_bytes": self.headroom_bytes,

@@ -57,8 +57,11 @@ def render(result: Estimate, console: Console, verbose: bool = False) -> None:
     summary.add_row("Fits", verdict, "")
     if result.safety_margin > 0:
         margin_source = short_source(result.stack.safety_margin_for(result.gpu, result.margin_kind))
+        reserve = result.margin_reserve_bytes
+        label = f"With +{result.safety_margin:.1%} margin" + (
+            f" + {human_bytes(reserve)} reserve" if reserve else "")
         summary.add_row(
-            f"With +{result.safety_margin:.1%} margin",
+            label,
             human_bytes(result.peak_bytes_with_margin),
             f"<= 1% of calibration jobs above it; {margin_source}",
         )
