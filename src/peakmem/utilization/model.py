@@ -7,9 +7,12 @@ metadata), a GPU's peak rates (profile `[throughput]`) and the fitted parameters
    bandwidth) + a fixed minimum, where the achieved rate is the unit's peak (FP32 SIMT for FP32
    matmuls, TF32 tensor cores for FP32 cuDNN convolutions, FP16/BF16 tensor cores) times a fitted
    efficiency times the fraction of SMs the kernel's grid can fill (small kernels).
-2. The grid of each kernel family (cuBLAS tiles, TensorIterator's 512 elements per block,
-   multi_tensor_apply's 65536-element chunks) gives its blocks and warps: SM activity and
-   occupancy.
+2. Each kernel's launch shape (utilization.kernel_shapes: grid, block, shared memory and
+   registers per kernel kind; Reduce.cuh's reduce config for reductions) and the GPU's per-SM
+   limits give its occupancy and waves: the share of SMs it keeps active (SM activity, and the
+   `fill` of step 1) and its resident warps (occupancy). After each kernel the GPU idles a
+   fitted share of the profile's launch overhead. FP32 convolutions on TF32 tensor cores get
+   memory-bound NCHW <-> NHWC conversion kernels beside them (a fitted hypothesis).
 3. A host timeline launches the kernels: each op costs the host a fitted dispatch time per phase
    (forward ops through Python modules, backward ops from the autograd engine, optimizer foreach
    launches); the GPU runs a kernel when it was launched and the previous one ended. Host reads of
