@@ -291,6 +291,8 @@ class Shapes:
     sm_fill: np.ndarray
     occupancy: np.ndarray
     memory_parallel: np.ndarray
+    layout_fill: np.ndarray  # convolutions: SM fill and occupancy of their layout conversions
+    layout_occupancy: np.ndarray
 
 
 def shapes_of(ops: StepOps, limits: SmLimits) -> Shapes:
@@ -308,7 +310,10 @@ def shapes_of(ops: StepOps, limits: SmLimits) -> Shapes:
         waves = waves_of(launch, limits)
         launches[i], fill[i], occupancy[i] = launch.launches, waves.sm_fill, waves.occupancy
     parallel = np.minimum(1.0, occupancy * limits.max_warps / SATURATING_WARPS_PER_SM)
-    cache[limits] = Shapes(launches, fill, occupancy, parallel)
+    layout_fill, layout_occupancy = np.ones(n), np.zeros(n)
+    for i in np.flatnonzero(ops.family == 1):
+        layout_fill[i], layout_occupancy[i] = layout_conversion(float(ops.bytes[i]), limits)
+    cache[limits] = Shapes(launches, fill, occupancy, parallel, layout_fill, layout_occupancy)
     return cache[limits]
 
 
@@ -369,14 +374,10 @@ def simulate(
     layout_bytes = np.where(conv, params.conv_layout_share * ops.bytes, 0.0)
     if conv.any() and params.conv_layout_share > 0:
         layout = layout_bytes / (gpu.bandwidth * params.memory_efficiency)
-        layout_fill = np.ones(len(duration))
-        layout_occupancy = np.zeros(len(duration))
-        for i in np.flatnonzero(conv):
-            layout_fill[i], layout_occupancy[i] = layout_conversion(float(ops.bytes[i]), gpu.limits)
         layout = np.where(conv, layout + params.kernel_min_us * 1e-6, 0.0)
         duration = duration + layout
-        sm_busy = sm_busy + layout * layout_fill
-        warp_busy = warp_busy + layout * layout_occupancy * params.achieved_occupancy
+        sm_busy = sm_busy + layout * shapes.layout_fill
+        warp_busy = warp_busy + layout * shapes.layout_occupancy * params.achieved_occupancy
     # the launch term: the GPU idles between dependent kernels for part of a launch
     gap = params.launch_gap_share * gpu.launch_overhead * (launches + conv)
 
