@@ -108,3 +108,26 @@ def test_cli_refuses_a_dataset_without_utilization(fixture_data):
     )
     assert result.exit_code == 2
     assert "utilization" in result.output
+
+
+@pytest.mark.parametrize("start", ["shipped", "defaults"])
+def test_fit_command_starts_where_asked(a100, monkeypatch, tmp_path, start):
+    pytest.importorskip("scipy")
+    import peakmem.utilization.fit as fit_module
+    from peakmem.utilization.fit import predict
+
+    truth = ModelParams(gemm_efficiency=0.35)
+    samples = []
+    for flops in (1e8, 1e10):
+        ops = _synthetic_step(flops)
+        values = predict((ops, (0, False), {}, "gpumemnet-mlp1"), a100, truth)
+        samples.append((ops, (0, False), dict(zip(("gract", "smact", "smocc", "fp32a"), values, strict=True)),
+                        "gpumemnet-mlp1"))
+    starts = []
+    real_fit = fit_module.fit
+    monkeypatch.setattr(fit_module, "fit_samples", lambda *a, **k: samples)
+    monkeypatch.setattr(fit_module, "fit", lambda s, g, start: starts.append(start) or real_fit(s, g, start))
+    out = tmp_path / "params.toml"
+    fit_module.main(["--start", start, "--out", str(out)])
+    assert starts == [fitted_params() if start == "shipped" else ModelParams()]
+    assert f"started from the {start} values" in out.read_text()

@@ -169,3 +169,58 @@ def test_a_tampered_record_in_a_capture_gives_a_note_not_an_error(gpu):
     notes: list[str] = []
     assert utilization_of(result, gpu, notes) is None
     assert any("utilization: not predicted" in n for n in notes)
+
+
+def _conv_step(share_bytes: float = 4e7) -> StepOps:
+    return StepOps.from_meta({
+        "version": 1,
+        "ops": [["convolution", "conv", 1e9, share_bytes, 1e6, "f32", 1, 1, 1]],
+        "phases": ["forward"],
+        "syncs_before": [0],
+    })
+
+
+def test_conv_layout_conversions_add_memory_bound_time(gpu):
+    ops = _conv_step()
+    none = utilization(ops, gpu, ModelParams(conv_layout_share=0.0))
+    some = utilization(ops, gpu, ModelParams(conv_layout_share=1.0))
+    # the conversions move as many bytes again: more DRAM traffic and more busy GPU time
+    assert some.drama > none.drama
+    assert some.iteration_seconds > none.iteration_seconds
+    # an FP32 convolution on a GPU without TF32 tensor cores (V100) gets no conversions
+    from peakmem.profiles import load_gpu
+
+    v100 = load_gpu("v100-32gb")
+    assert utilization(ops, v100, ModelParams(conv_layout_share=0.0)) == utilization(
+        ops, v100, ModelParams(conv_layout_share=1.0)
+    )
+
+
+def test_launch_gaps_idle_the_gpu_between_kernels(gpu):
+    record = {
+        "version": 1,
+        "ops": [["relu", "elem", 1e3, 8e3, 1e3, "f32", 1]] * 50,
+        "phases": ["backward"] * 50,
+        "syncs_before": [0] * 50,
+    }
+    ops = StepOps.from_meta(record)
+    fast_host = dict(host_backward_us=1.0, host_step_us=10.0)
+    no_gap = utilization(ops, gpu, ModelParams(launch_gap_share=0.01, **fast_host))
+    gap = utilization(ops, gpu, ModelParams(launch_gap_share=1.0, **fast_host))
+    # 50 back-to-back kernels, each followed by up to the profile's 2.5 us launch overhead
+    assert gap.iteration_seconds - no_gap.iteration_seconds == pytest.approx(50 * 0.99 * 2.5e-6, rel=0.05)
+    assert gap.gract < no_gap.gract
+
+
+def test_fit_starts_from_shipped_or_default_values():
+    from peakmem.utilization.fit import STARTS
+    from peakmem.utilization.model import fitted_params
+
+    assert STARTS["shipped"]() == fitted_params() and STARTS["defaults"]() == ModelParams()
+
+
+def test_a_reduction_geometry_must_be_numbers():
+    record = {"version": 1, "ops": [["sum", "red", 1, 1, 1, "f32", 1, float("nan"), 1]],
+              "phases": ["forward"], "syncs_before": [0]}
+    with pytest.raises(StepFormatError):
+        StepOps.from_meta(record)

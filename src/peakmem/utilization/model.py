@@ -7,9 +7,12 @@ metadata), a GPU's peak rates (profile `[throughput]`) and the fitted parameters
    bandwidth) + a fixed minimum, where the achieved rate is the unit's peak (FP32 SIMT for FP32
    matmuls, TF32 tensor cores for FP32 cuDNN convolutions, FP16/BF16 tensor cores) times a fitted
    efficiency times the fraction of SMs the kernel's grid can fill (small kernels).
-2. The grid of each kernel family (cuBLAS tiles, TensorIterator's 512 elements per block,
-   multi_tensor_apply's 65536-element chunks) gives its blocks and warps: SM activity and
-   occupancy.
+2. Each kernel's launch shape (utilization.kernel_shapes: grid, block, shared memory and
+   registers per kernel kind; Reduce.cuh's reduce config for reductions) and the GPU's per-SM
+   limits give its occupancy and waves: the share of SMs it keeps active (SM activity, and the
+   `fill` of step 1) and its resident warps (occupancy). After each kernel the GPU idles a
+   fitted share of the profile's launch overhead. FP32 convolutions on TF32 tensor cores get
+   memory-bound NCHW <-> NHWC conversion kernels beside them (a fitted hypothesis).
 3. A host timeline launches the kernels: each op costs the host a fitted dispatch time per phase
    (forward ops through Python modules, backward ops from the autograd engine, optimizer foreach
    launches); the GPU runs a kernel when it was launched and the previous one ended. Host reads of
@@ -32,6 +35,15 @@ from typing import Any
 
 import numpy as np
 
+from peakmem.utilization.kernel_shapes import RULES as LAUNCH_RULES
+from peakmem.utilization.kernel_shapes import (
+    Launch,
+    OpView,
+    SmLimits,
+    elementwise_launch,
+    kind_of,
+    waves_of,
+)
 from peakmem.utilization.op_costs import ATTENTION, CONV, ELEMENTWISE, FOREACH, GEMM, REDUCTION
 
 PARAMS_FILE = "params.toml"
@@ -76,6 +88,12 @@ class ModelParams:
     """FP32 pipe time of a tensor-core kernel, per unit of its tensor time (epilogues)."""
     h2d_gbps: float = 10.0
     """Host-to-device copy rate of a batch (pageable memory)."""
+    launch_gap_share: float = 0.5
+    """Share of the GPU profile's per-kernel launch overhead during which the GPU idles between
+    two dependent kernels (the launch term)."""
+    conv_layout_share: float = 0.5
+    """Hypothesis: cuDNN's NCHW <-> NHWC conversions around a tensor-core convolution move this
+    many times the convolution's own bytes, in memory-bound kernels of their own."""
     steady_share: float = 1.0
     """Share of a run's sampled time that is steady-state training: a sampler's mean over a
     whole run (DCGM's non-zero 1 s samples of a ~60 s job) also covers start-up and teardown,
@@ -141,6 +159,8 @@ class GpuRates:
     bandwidth: float  # bytes/s
     max_warps: int
     max_blocks: int
+    limits: SmLimits
+    launch_overhead: float  # seconds per kernel launch
 
     @classmethod
     def of(cls, gpu: Any) -> GpuRates:
@@ -156,6 +176,8 @@ class GpuRates:
             bandwidth=t["memory_gbps"] * 1e9,
             max_warps=int(t.get("max_warps_per_sm", 64)),
             max_blocks=int(t.get("max_blocks_per_sm", 32)),
+            limits=SmLimits.of(gpu),
+            launch_overhead=t.get("launch_overhead_us", 2.5) * 1e-6,
         )
 
 
@@ -180,6 +202,9 @@ class StepOps:
     work: np.ndarray
     dtype: np.ndarray  # 0 f32, 1 f16, 2 bf16, 3 other
     tensors: np.ndarray
+    kind: np.ndarray  # kernel kind (utilization.kernel_shapes)
+    reduced: np.ndarray  # reductions: input elements folded per output (1 otherwise)
+    inner: np.ndarray  # reductions: folded along the contiguous dimension (bool)
     phase: np.ndarray  # 0 forward/other, 1 backward, 2 optimizer
     syncs: np.ndarray  # host reads (syncs) before each op
     host_ops: int
@@ -198,11 +223,12 @@ class StepOps:
             raise StepFormatError("malformed per-op cost record")
         if not len(ops) == len(phases) == len(syncs) or len(ops) > MAX_OPS:
             raise StepFormatError("malformed per-op cost record")
-        columns: list[list[float]] = [[] for _ in range(6)]
+        columns: list[list[float]] = [[] for _ in range(9)]
         for op in ops:
             if (
                 not isinstance(op, list)
-                or len(op) != 7
+                or len(op) not in (7, 9)
+                or (len(op) == 9 and not all(_number(v) for v in op[7:]))
                 or not isinstance(op[1], str)
                 or op[1] not in _FAMILY_CODE
                 or not isinstance(op[5], str)
@@ -215,6 +241,9 @@ class StepOps:
             columns[3].append(float(op[4]))
             columns[4].append({"f32": 0, "f16": 1, "bf16": 2}.get(op[5], 3))
             columns[5].append(float(max(op[6], 1)))
+            columns[6].append(float(max(op[7], 1)) if len(op) == 9 else 0.0)  # 0: not recorded
+            columns[7].append(float(op[8] != 0) if len(op) == 9 else 1.0)
+            columns[8].append(kind_of(str(op[0]), op[1]))
         if not all(isinstance(p, str) for p in phases) or not all(_number(s) for s in syncs):
             raise StepFormatError("malformed per-op cost record")
         counts = [
@@ -229,6 +258,9 @@ class StepOps:
             work=np.array(columns[3]),
             dtype=np.array(columns[4], dtype=np.int64),
             tensors=np.array(columns[5]),
+            kind=np.array(columns[8], dtype=np.int64),
+            reduced=np.array(columns[6]),
+            inner=np.array(columns[7], dtype=bool),
             phase=np.array([_PHASE_CODE.get(p, 0) for p in phases], dtype=np.int64),
             syncs=np.array(syncs, dtype=float),
             host_ops=int(counts[0]),
@@ -245,58 +277,52 @@ def _number(value: Any) -> bool:
     )
 
 
-# -- kernel grids ------------------------------------------------------------------------------
-# cuBLAS / cuDNN tile shapes: (output elements per block, warps per block, resident blocks/SM)
-_TILES = ((16384, 8, 2), (8192, 4, 3), (4096, 4, 4), (2048, 4, 6), (1024, 2, 8))
-ELEMENTS_PER_BLOCK = 512  # TensorIterator: 128 threads x 4 elements
-FOREACH_CHUNK = 65536  # multi_tensor_apply: elements per block
-FOREACH_TENSORS_PER_LAUNCH = 48
-FOREACH_BLOCKS_PER_LAUNCH = 320
-SATURATING_WARPS_PER_SM = 16
-SPLIT_K_MIN = 256  # resident warps an SM needs to keep DRAM busy
+# -- kernel shapes ------------------------------------------------------------------------------
+SATURATING_WARPS_PER_SM = 16  # resident warps an SM needs to keep DRAM busy
 
 
-def _grids(ops: StepOps, gpu: GpuRates) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(blocks, warps per block, resident blocks per SM, launches) per op."""
+@dataclass(frozen=True)
+class Shapes:
+    """Per op: launches, the time-weighted share of SMs its kernel keeps active (waves
+    included), its theoretical occupancy (resident warps / the SM's maximum) and the share of
+    DRAM bandwidth its resident warps can draw."""
+
+    launches: np.ndarray
+    sm_fill: np.ndarray
+    occupancy: np.ndarray
+    memory_parallel: np.ndarray
+    layout_fill: np.ndarray  # convolutions: SM fill and occupancy of their layout conversions
+    layout_occupancy: np.ndarray
+
+
+def shapes_of(ops: StepOps, limits: SmLimits) -> Shapes:
+    """The launch shapes of every op (kernel_shapes' rules), cached on `ops` per GPU (they do
+    not depend on the fitted parameters)."""
+    cache = ops.__dict__.setdefault("_shapes", {})
+    if limits in cache:
+        return cache[limits]
     n = len(ops.family)
-    blocks = np.ones(n)
-    warps = np.full(n, 4.0)
-    resident = np.full(n, 16.0)
-    launches = np.ones(n)
-    matrix = (ops.family == 0) | (ops.family == 1) | (ops.family == 2)
-    if matrix.any():
-        work = np.maximum(ops.work[matrix], 1)
-        # the largest tile that still gives every SM a block, else the smallest
-        tile = np.full(work.shape, len(_TILES) - 1)
-        for i in range(len(_TILES) - 1, -1, -1):
-            tile = np.where(np.ceil(work / _TILES[i][0]) >= gpu.sms, i, tile)
-        elems = np.array([t[0] for t in _TILES])[tile]
-        tiles = np.ceil(work / elems)
-        # split-K: a small output with a long reduction (weight gradients) is split along K
-        # until the GPU is full, each split keeping at least SPLIT_K_MIN of the reduction
-        depth = ops.flops[matrix] / (2 * work)
-        split = np.clip(np.floor(depth / SPLIT_K_MIN), 1, np.ceil(2 * gpu.sms / tiles))
-        blocks[matrix] = tiles * split
-        warps[matrix] = np.array([t[1] for t in _TILES], dtype=float)[tile]
-        resident[matrix] = np.array([t[2] for t in _TILES], dtype=float)[tile]
-    pointwise = ops.family == 3
-    blocks[pointwise] = np.ceil(np.maximum(ops.work[pointwise], 1) / ELEMENTS_PER_BLOCK)
-    reduce = ops.family == 4
-    blocks[reduce] = np.clip(np.ceil(ops.work[reduce] / (4 * ELEMENTS_PER_BLOCK)), 1, 4 * gpu.sms)
-    warps[reduce] = 16.0
-    resident[reduce] = 4.0
-    foreach = ops.family == 5
-    chunks = ops.tensors[foreach] + np.floor(ops.work[foreach] / FOREACH_CHUNK)
-    blocks[foreach] = chunks
-    warps[foreach] = 16.0
-    resident[foreach] = 4.0
-    launches[foreach] = np.maximum(
-        np.ceil(ops.tensors[foreach] / FOREACH_TENSORS_PER_LAUNCH),
-        np.ceil(chunks / FOREACH_BLOCKS_PER_LAUNCH),
-    )
-    resident = np.minimum(resident, np.floor(gpu.max_warps / warps))
-    resident = np.minimum(resident, gpu.max_blocks)
-    return blocks, warps, resident, launches
+    launches, fill, occupancy = np.ones(n), np.ones(n), np.ones(n)
+    for i in range(n):
+        view = OpView(float(ops.flops[i]), float(ops.work[i]), float(ops.reduced[i]),
+                      bool(ops.inner[i]), float(ops.tensors[i]), float(ops.bytes[i]))
+        launch: Launch = LAUNCH_RULES[int(ops.kind[i])](view, limits)
+        waves = waves_of(launch, limits)
+        launches[i], fill[i], occupancy[i] = launch.launches, waves.sm_fill, waves.occupancy
+    parallel = np.minimum(1.0, occupancy * limits.max_warps / SATURATING_WARPS_PER_SM)
+    layout_fill, layout_occupancy = np.ones(n), np.zeros(n)
+    for i in np.flatnonzero(ops.family == 1):
+        layout_fill[i], layout_occupancy[i] = layout_conversion(float(ops.bytes[i]), limits)
+    cache[limits] = Shapes(launches, fill, occupancy, parallel, layout_fill, layout_occupancy)
+    return cache[limits]
+
+
+def layout_conversion(conv_bytes: float, limits: SmLimits) -> tuple[float, float]:
+    """(SM fill, occupancy) of the elementwise kernels that convert a convolution's tensors
+    between NCHW and NHWC (`conv_bytes` moved by the convolution itself)."""
+    waves = waves_of(elementwise_launch(OpView(0.0, conv_bytes / 8, 0, True, 1, conv_bytes), limits),
+                     limits)
+    return waves.sm_fill, waves.occupancy
 
 
 @dataclass(frozen=True)
@@ -330,21 +356,30 @@ def simulate(
     loader_workers: int = 0,
     pinned: bool = False,
 ) -> Timeline:
-    blocks, warps, resident, launches = _grids(ops, gpu)
-    sms = gpu.sms
-    sm_fraction = np.minimum(1.0, blocks / sms)
-    # wave quantisation of matmul-like kernels: the last wave leaves SMs idle
+    shapes = shapes_of(ops, gpu.limits)
+    launches, fill = shapes.launches, shapes.sm_fill
     matrix = ops.family <= 2
-    waves = np.ceil(blocks / sms)
-    fill = np.where(matrix, blocks / (waves * sms), sm_fraction)
     efficiency = np.where(ops.family == 1, params.conv_efficiency, params.gemm_efficiency)
     peak = _peak_flops(ops, gpu)
-    compute = np.where(matrix, ops.flops / (peak * efficiency * fill), 0.0)
-    resident_warps = np.minimum(blocks, resident * sms) * warps / sms  # per SM, averaged
-    memory_parallel = np.minimum(1.0, resident_warps / SATURATING_WARPS_PER_SM)
-    memory = ops.bytes / (gpu.bandwidth * params.memory_efficiency * np.maximum(memory_parallel, 1e-3))
+    compute = np.where(matrix, ops.flops / (peak * efficiency * np.maximum(fill, 1e-6)), 0.0)
+    memory = ops.bytes / (
+        gpu.bandwidth * params.memory_efficiency * np.maximum(shapes.memory_parallel, 1e-3)
+    )
     minimum = params.kernel_min_us * 1e-6 * launches
     duration = np.maximum(compute, memory) + minimum
+    sm_busy = duration * fill
+    warp_busy = duration * shapes.occupancy * params.achieved_occupancy
+    # hypothesis: cuDNN's NCHW <-> NHWC conversions around tensor-core convolutions
+    conv = (ops.family == 1) & (peak > gpu.fp32)
+    layout_bytes = np.where(conv, params.conv_layout_share * ops.bytes, 0.0)
+    if conv.any() and params.conv_layout_share > 0:
+        layout = layout_bytes / (gpu.bandwidth * params.memory_efficiency)
+        layout = np.where(conv, layout + params.kernel_min_us * 1e-6, 0.0)
+        duration = duration + layout
+        sm_busy = sm_busy + layout * shapes.layout_fill
+        warp_busy = warp_busy + layout * shapes.layout_occupancy * params.achieved_occupancy
+    # the launch term: the GPU idles between dependent kernels for part of a launch
+    gap = params.launch_gap_share * gpu.launch_overhead * (launches + conv)
 
     host_per_op = np.array(
         [params.host_forward_us, params.host_backward_us, params.host_optimizer_us]
@@ -359,7 +394,7 @@ def simulate(
     h2d = ops.input_bytes / (params.h2d_gbps * 1e9 * (2.0 if pinned else 1.0))
     fixed = params.host_step_us * 1e-6 + params.host_param_us * 1e-6 * params_tensors
     start = h2d + fixed + (loader if loader_workers <= 0 else params.loader_batch_us * 1e-6)
-    end = _gpu_end(host_per_op, duration, ops.syncs, start)
+    end = _gpu_end(host_per_op, duration + gap, ops.syncs, start)
     loop = max(end[1], end[0])  # the step's `.item()` waits for the GPU
     period = max(loop, loader / loader_workers) if loader_workers > 0 else loop
     period = max(period, 1e-9)
@@ -369,13 +404,12 @@ def simulate(
         ops.flops,
         np.where(matrix, params.tensor_fp32_share * compute * gpu.fp32, params.fp32_per_element * ops.work),
     )
-    occupancy = np.minimum(1.0, resident_warps / gpu.max_warps) * params.achieved_occupancy
     return Timeline(
         iteration_seconds=period,
         busy=float(duration.sum()),
-        sm_busy=float((duration * sm_fraction).sum()),
-        warp_busy=float((duration * occupancy).sum()),
-        dram_busy=float(ops.bytes.sum() / gpu.bandwidth),
+        sm_busy=float(sm_busy.sum()),
+        warp_busy=float(warp_busy.sum()),
+        dram_busy=float((ops.bytes.sum() + layout_bytes.sum()) / gpu.bandwidth),
         fp32_busy=float(np.minimum(fp32_flops / gpu.fp32, duration).sum()),
     )
 

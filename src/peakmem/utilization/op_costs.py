@@ -114,9 +114,14 @@ class OpCost:
     work: int
     dtype: str
     tensors: int = 1
+    reduced: int = 1
+    """Reductions: input elements folded into each output (1 otherwise)."""
+    inner: bool = True
+    """Reductions: the folded elements are the fastest-moving (contiguous) dimension."""
 
     def to_row(self) -> list[Any]:
-        return [self.name, self.family, self.flops, self.bytes, self.work, self.dtype, self.tensors]
+        return [self.name, self.family, self.flops, self.bytes, self.work, self.dtype,
+                self.tensors, self.reduced, int(self.inner)]
 
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
@@ -132,6 +137,77 @@ def _nbytes(tensor: torch.Tensor) -> int:
         return int(tensor.numel()) * tensor.element_size()
     except (RuntimeError, TypeError):  # a tensor without a plain size (nested, sparse)
         return 0
+
+
+# -- reduction geometry: (elements folded per output, along the contiguous dimension?) ---------
+Geometry = tuple[int, bool]
+_GEOMETRY: dict[str, Any] = {}
+
+
+def register_geometry(rule: Any, *names: str) -> None:
+    """Declare how to read the reduction geometry of aten ops from their arguments."""
+    for name in names:
+        _GEOMETRY[name] = rule
+
+
+def _dim_size(tensor: torch.Tensor, dim: Any) -> Geometry:
+    """Softmax-like: a row along `dim`; contiguous when `dim` is the last dimension."""
+    d = int(dim) % max(tensor.dim(), 1)
+    return int(tensor.shape[d]) if tensor.dim() else 1, d == tensor.dim() - 1
+
+
+def _softmax(args: tuple, kwargs: dict, inputs: list, outputs: list) -> Geometry:
+    return _dim_size(args[0], args[1])
+
+
+def _softmax_backward(args: tuple, kwargs: dict, inputs: list, outputs: list) -> Geometry:
+    return _dim_size(args[1], args[2])
+
+
+def _layer_norm(args: tuple, kwargs: dict, inputs: list, outputs: list) -> Geometry:
+    shape = args[1] if not isinstance(args[1], torch.Tensor) else args[2]
+    return max(int(torch.Size(shape).numel()), 1), True
+
+
+def _channel_norm(args: tuple, kwargs: dict, inputs: list, outputs: list) -> Geometry:
+    """Batch norm: every element of a channel (N x spatial) per channel statistic."""
+    x = args[0] if isinstance(args[0], torch.Tensor) else inputs[0]
+    channels = int(x.shape[1]) if x.dim() > 1 else 1
+    return max(int(x.numel()) // max(channels, 1), 1), x.dim() <= 1
+
+
+def _folded(args: tuple, kwargs: dict, inputs: list, outputs: list) -> Geometry:
+    """Generic TensorIterator reduction: input elements / output elements; contiguous when the
+    reduced dimensions include the last one (or all of them)."""
+    x = max(inputs, key=lambda t: int(t.numel()), default=None)
+    if x is None:
+        return 1, True
+    smallest = min((int(t.numel()) for t in outputs), default=1)
+    folded = max(int(x.numel()) // max(smallest, 1), 1)
+    dims = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple, int)) else kwargs.get("dim")
+    if dims is None or dims == [] or x.dim() == 0:
+        return folded, True
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return folded, any(int(d) % x.dim() == x.dim() - 1 for d in dims if isinstance(d, int))
+
+
+register_geometry(_softmax, "_softmax", "_log_softmax")
+register_geometry(_softmax_backward, "_softmax_backward_data", "_log_softmax_backward_data")
+register_geometry(_layer_norm, "native_layer_norm", "native_layer_norm_backward")
+register_geometry(
+    _channel_norm, "native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training",
+    "cudnn_batch_norm", "cudnn_batch_norm_backward",
+)
+
+
+def reduction_geometry(name: str, args: tuple, kwargs: dict, inputs: list, outputs: list) -> Geometry:
+    rule = _GEOMETRY.get(name, _folded)
+    try:
+        folded, inner = rule(args, kwargs, inputs, outputs)
+    except Exception:  # noqa: BLE001 - an unusual signature: one output per input element
+        return 1, True
+    return max(int(folded), 1), bool(inner)
 
 
 def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float | None:
@@ -176,4 +252,7 @@ def op_cost(
         flops = float(work)
     dtype = _DTYPES.get(reference[0].dtype, "other") if reference else "other"
     tensors = len(_tensors(args[0])) if family == FOREACH and args else 1
-    return OpCost(name, family, flops, moved, work, dtype, max(tensors, 1))
+    reduced, inner = (
+        reduction_geometry(name, args, kwargs, inputs, outputs) if family == REDUCTION else (1, True)
+    )
+    return OpCost(name, family, flops, moved, work, dtype, max(tensors, 1), reduced, inner)
