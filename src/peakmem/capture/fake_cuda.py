@@ -333,6 +333,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_processes,
         fake_rng,
         fake_tensors,
+        storage_resize,
     )
 
     return [
@@ -344,6 +345,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_tensors.patches,
         fake_device_ordinal.patches,
         fake_distributed.patches,
+        storage_resize.patches,
     ]
 
 

@@ -175,7 +175,10 @@ class CaptureSession:
             for part in sparse_parts(tensor):
                 self.track(part, op, category)
             return
-        storage = tensor.untyped_storage()
+        self.track_storage(tensor.untyped_storage(), op, category)
+
+    def track_storage(self, storage: Any, op: str, category: str | None = None) -> None:
+        """Record the allocation of an untyped device storage if it is new and not empty."""
         key = id(storage)
         with self._lock:
             if key in self.live or self.closed:
@@ -193,6 +196,15 @@ class CaptureSession:
         if tensor.layout != torch.strided:
             return all(self.is_tracked(part) for part in sparse_parts(tensor))
         return id(tensor.untyped_storage()) in self.live
+
+    def untrack_storage(self, storage: Any) -> LiveStorage | None:
+        """The storage's memory is given back while the storage lives on (`resize_(0)`): free
+        its allocation now; returns its record (None if it was not tracked)."""
+        with self._lock:
+            record = self.live.pop(id(storage), None)
+            if record is not None and not self.closed:
+                self._free(record.ident, record.nbytes)
+            return record
 
     def _storage_died(self, key: int) -> None:
         with self._lock:
