@@ -332,6 +332,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_memory_api,
         fake_processes,
         fake_rng,
+        fake_streams,
         fake_tensors,
         storage_resize,
     )
@@ -346,6 +347,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_device_ordinal.patches,
         fake_distributed.patches,
         storage_resize.patches,
+        fake_streams.patches,
     ]
 
 

@@ -108,6 +108,12 @@ class CaptureSession:
     """... and its default device is CUDA (the capture device stands in for it)."""
     host_deferral: Any = None
     """The capture's host-deferral mode (capture.host_deferred) while the job runs."""
+    stream: int = DEVICE_STREAM
+    """The job's current stream (capture.fake_streams): new blocks come from its pool."""
+    _recorded: set[int] = field(default_factory=set)
+    """Allocation ids used on a stream besides their own (`Tensor.record_stream`), still live."""
+    _deferred: list[int] = field(default_factory=list)
+    """Of them, the freed ones: their blocks go back at the next sync point."""
     op_observer: Callable[[Any, tuple, dict, Any, str], None] | None = None
     """Called by the recorder with every op, its arguments, outputs and outputs' kind
     (utilization.observer: the per-op cost of the training steps)."""
@@ -216,7 +222,7 @@ class CaptureSession:
         with self._lock:
             ident = self.trace.alloc(
                 nbytes,
-                DEVICE_STREAM,
+                self.stream,
                 tag=Tag(category, self.module_source(), self.state.phase, op),
                 or_smaller=or_smaller,
             )
@@ -230,6 +236,36 @@ class CaptureSession:
         with self._lock:
             self.trace.free(ident)
             self.allocated_bytes -= nbytes
+            if ident in self._recorded:
+                self._recorded.discard(ident)
+                self._deferred.append(ident)
+
+    # -- streams -------------------------------------------------------------------------------
+    def record_stream(self, tensor: torch.Tensor, stream: int) -> None:
+        """`tensor.record_stream(s)`: its block is used on stream `s` too; once freed, it is held
+        until the next sync point (`synchronize_streams`)."""
+        if tensor.layout != torch.strided:
+            for part in sparse_parts(tensor):
+                self.record_stream(part, stream)
+            return
+        with self._lock:
+            record = self.live.get(id(tensor.untyped_storage()))
+            if record is None or self.closed:
+                return
+            if self.trace.streams[record.alloc_index] == stream:
+                return  # its own stream: nothing to wait for (CUDACachingAllocator too)
+            self.trace.record_stream(record.ident, stream)
+            self._recorded.add(record.ident)
+
+    def synchronize_streams(self) -> None:
+        """A sync point (device or stream synchronize, an event wait, the end of an optimizer
+        step): the other-stream uses of every freed block have completed."""
+        with self._lock:
+            if self.closed:
+                return
+            for ident in self._deferred:
+                self.trace.free_completed(ident)
+            self._deferred.clear()
 
     # -- classification ------------------------------------------------------------------------
     def classify(
