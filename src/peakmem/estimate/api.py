@@ -624,10 +624,13 @@ def estimate_command(
             argv, gpu_profile, version, conf, steps, mode, timeout, max_host_memory, job_log,
             sandbox,
         )
-    return _finish(
+    result = _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
         mode=mode, timeline=timeline,
     )
+    from peakmem.estimate.distributed import adopt_self_launch
+
+    return adopt_self_launch(result, capture, argv)  # Lightning's devices=N: rank 0 of N
 
 
 def _check_command(argv: Sequence[str]) -> None:
