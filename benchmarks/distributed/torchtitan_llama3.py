@@ -15,6 +15,7 @@ moves each rank's shards to the device, so no rank ever holds the full model (to
 builds it on meta and materialises the shards: the same device memory).
 
     PYTHONPATH=src python benchmarks/distributed/torchtitan_llama3.py [--world 8 128]
+        [--without fake_streams|storage_resize]
 
 prints, per world size, rank 0's estimated peak reserved memory (the trace replayed on the
 H200 profile only for its capacity: 82.4 GiB does not fit the 80 GB H100 profile, and the
@@ -203,10 +204,20 @@ def main() -> None:
     parser.add_argument("--world", type=int, nargs="+", default=[8])
     parser.add_argument("--gpu", default="h200")
     parser.add_argument("--torch-version", default="2.6")
+    parser.add_argument("--without", choices=("fake_streams", "storage_resize"), default=None,
+                        help="ablation: capture without that fake-runtime module (in this "
+                        "process, isolate=False)")
     parser.add_argument("--job-args", nargs=argparse.REMAINDER, default=[])
     args = parser.parse_args()
 
     from peakmem.estimate import estimate_command
+
+    if args.without:
+        from peakmem.capture import fake_cuda
+
+        providers = fake_cuda.patch_providers
+        module = f"peakmem.capture.{args.without}"
+        fake_cuda.patch_providers = lambda: [p for p in providers() if p.__module__ != module]
 
     command = [sys.executable, str(Path(__file__).resolve()), "--job", *args.job_args]
     print(f"{'GPUs':>5} {'published GiB':>14} {'peakmem GiB':>12} {'error':>7} {'seconds':>8}")
@@ -214,7 +225,8 @@ def main() -> None:
         started = time.monotonic()
         result = estimate_command(command, gpu=args.gpu, torch_version=args.torch_version,
                                   mode="fake", steps=3, nproc_per_node=min(world, 8),
-                                  nnodes=max(1, math.ceil(world / 8)))
+                                  nnodes=max(1, math.ceil(world / 8)),
+                                  isolate=args.without is None)
         ours = result.peak_reserved_bytes / GIB
         published = PUBLISHED_GIB.get(world)
         error = f"{100 * (ours - published) / published:+.1f}%" if published else "-"
