@@ -98,6 +98,10 @@ def stream_wait(side):
     torch.cuda.current_stream().wait_stream(side)
 
 
+def recorded_event_synchronize(side):
+    side.record_event().synchronize()
+
+
 def test_record_stream_holds_the_freed_block_until_a_sync_point(a100, stack24):
     seen, result = run(recorded_then_reallocated(no_sync), a100, stack24)
     assert seen["reserved"] == 2 * SIZE  # the held block cannot be handed out again
@@ -105,7 +109,8 @@ def test_record_stream_holds_the_freed_block_until_a_sync_point(a100, stack24):
     assert EventKind.RECORD_STREAM in result.trace.kinds
 
 
-@pytest.mark.parametrize("sync", [device_synchronize, stream_synchronize, event_wait, stream_wait])
+@pytest.mark.parametrize("sync", [device_synchronize, stream_synchronize, event_wait, stream_wait,
+                                  recorded_event_synchronize])
 def test_a_sync_point_hands_the_held_block_back(a100, stack24, sync):
     seen, result = run(recorded_then_reallocated(sync), a100, stack24)
     assert seen["reserved"] == SIZE

@@ -69,6 +69,9 @@ class FakeStreams:
             def synchronize(self) -> None:
                 streams.sync()
 
+            def record_event(self, event: Any = None) -> Any:
+                return event if event is not None else streams.Event()
+
             def __eq__(self, other: object) -> bool:
                 return isinstance(other, FakeStream) and other.stream_id == self.stream_id
 
