@@ -334,6 +334,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_rng,
         fake_streams,
         fake_tensors,
+        host_broadcasts,
         storage_resize,
     )
 
@@ -348,6 +349,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_distributed.patches,
         storage_resize.patches,
         fake_streams.patches,
+        host_broadcasts.patches,
     ]
 
 
