@@ -87,3 +87,22 @@ def test_the_environment_and_device_count_are_put_back(monkeypatch):
     adopted.restore()
     assert "LOCAL_RANK" not in os.environ and os.environ["MASTER_PORT"] == "999"
     assert torch.cuda.device_count is count
+
+
+def test_a_self_launch_is_read_only_from_well_formed_meta():
+    from peakmem.capture.result import CaptureResult
+    from peakmem.estimate.distributed import self_launch
+    from peakmem.trace.events import Trace
+
+    def capture(meta):
+        return CaptureResult(trace=Trace(meta=meta), steps=0, stopped=False, forward_calls=0,
+                             seconds=0)
+
+    good = {"launcher": "lightning", "world_size": 8, "nproc_per_node": 4, "nnodes": 2}
+    launch = self_launch(capture({"launch": good}), ["python", "train.py"])
+    assert launch is not None and launch.world_size == 8 and launch.launcher == "lightning"
+    assert launch.command == ("python", "train.py")
+    for bad in ({**good, "world_size": 6}, {**good, "launcher": "torchrun"},
+                {**good, "nnodes": True}, {**good, "nproc_per_node": 0}, "lightning"):
+        assert self_launch(capture({"launch": bad}), ["python", "train.py"]) is None
+    assert self_launch(capture({}), ["python", "train.py"]) is None
