@@ -132,3 +132,23 @@ def test_fsdp1_unsharded_flat_parameter_is_freed_after_forward(monkeypatch, a100
         unsharded_flat = 4 * world * math.ceil((rows * cols + rows) / world)
         assert events.count(("alloc", unsharded_flat)) >= 2  # forward and backward all-gathers
         assert unsharded_flat not in live
+
+
+def test_a_tensor_grown_in_place_gets_a_new_block(a100, stack24):
+    """`Tensor.resize_` past its storage and an `out=` op into a too-small tensor grow the
+    storage: a new block, then the old one freed; shrinking keeps the block (CUDA too)."""
+    kept = {}
+
+    def job():
+        grown = torch.empty(10, device="cuda")  # 40 bytes
+        grown.resize_(2000)  # 8000 bytes: a new block, the 40 freed
+        grown.resize_(5)  # smaller: the storage keeps its 8000
+        out = torch.empty(2, device="cuda")  # 8 bytes
+        torch.mm(torch.ones(30, 40, device="cuda"), torch.ones(40, 50, device="cuda"), out=out)
+        kept["tensors"] = (grown, out)
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps="all")
+    assert result.error is None, result.error_text
+    events = [event for event in memory_events(result.trace) if event[1] < 2**20]
+    assert events[:3] == [("alloc", 40), ("alloc", 8000), ("free", 40)]
+    assert ("alloc", 6000) in events and events.index(("free", 8)) > events.index(("alloc", 6000))

@@ -187,16 +187,30 @@ class CaptureSession:
         """Record the allocation of an untyped device storage if it is new and not empty."""
         key = id(storage)
         with self._lock:
-            if key in self.live or self.closed:
+            if self.closed:
                 return
+            old = self.live.get(key)
+            if old is not None:
+                if storage.nbytes() <= old.nbytes:
+                    return
+                # grown in place (`Tensor.resize_`, an `out=` op): CUDA's resize_bytes takes a
+                # new block, copies, then frees the old one; a storage never shrinks that way
+                del self.live[key]
+                category = category or self._category_at(old.alloc_index)
             nbytes = storage.nbytes()
             if nbytes <= 0:
                 return
             ident = self._alloc(nbytes, category or self.default_category(op), op)
             record = self.live[key] = LiveStorage(len(self.trace) - 1, ident, nbytes)
+            if old is not None:
+                self._free(old.ident, old.nbytes)
         # the record holds the weak reference whose callback frees the allocation (cheaper than
         # weakref.finalize; the record lives until the callback runs)
         record.watch = weakref.ref(storage, lambda _ref, key=key: self._storage_died(key))
+
+    def _category_at(self, alloc_index: int) -> str | None:
+        tag = self.trace.tag_of(alloc_index)
+        return None if tag is None else tag.category
 
     def is_tracked(self, tensor: torch.Tensor) -> bool:
         if tensor.layout != torch.strided:
