@@ -41,7 +41,7 @@ TRAIN = """
 """
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "ddp_spawn"])
 def test_trainer_devices_n_traces_rank_zero_of_n(tmp_path, strategy):
     (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
     result = cli(tmp_path, "--json", "--mode", "fake", "--", "python", "train.py", strategy, "4")

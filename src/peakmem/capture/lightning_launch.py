@@ -16,6 +16,9 @@ During a capture:
 - the capture's trace meta says so (`launch`: launcher "lightning", world size, processes per
   node, nodes), and the estimate reports `world_size` and `ranks` as for torchrun
   (estimate.distributed.adopt_self_launch), with a note.
+`strategy="ddp_spawn"` (`_MultiProcessingLauncher`) is the same: the fake `torch.multiprocessing`
+runs worker 0 here as rank 0 of N, and the main process's recovery of its results (reloading a
+checkpoint the worker saved) is skipped, since the trainer it ran with is this one.
 The environment and the device count are put back when the capture ends.
 """
 
@@ -36,6 +39,12 @@ LAUNCHER_MODULES = (
     "lightning.fabric.strategies.launchers.subprocess_script",
     "pytorch_lightning.strategies.launchers.subprocess_script",
     "lightning_fabric.strategies.launchers.subprocess_script",
+)
+SPAWN_MODULES = (
+    "lightning.pytorch.strategies.launchers.multiprocessing",
+    "lightning.fabric.strategies.launchers.multiprocessing",
+    "pytorch_lightning.strategies.launchers.multiprocessing",
+    "lightning_fabric.strategies.launchers.multiprocessing",
 )
 PARSER_MODULES = (
     "lightning.fabric.utilities.device_parser",
@@ -128,6 +137,47 @@ def _patch_launcher(adopted: _Adopted) -> Any:
     return apply
 
 
+def _patch_spawn(adopted: _Adopted) -> Any:
+    """`strategy="ddp_spawn"` (`_MultiProcessingLauncher`): the fake `torch.multiprocessing`
+    runs worker 0 in this process (capture.fake_processes); it is rank 0 of the world, and its
+    results need no recovery in a "main process" (the trainer it ran with is this one)."""
+
+    class _Shape:
+        def __init__(self, strategy: Any) -> None:
+            self.num_processes = getattr(strategy, "num_processes", 1)
+            self.num_nodes = getattr(strategy, "num_nodes", 1)
+            self.cluster_environment = strategy.cluster_environment
+
+    def apply(module: Any) -> Any:
+        cls = getattr(module, "_MultiProcessingLauncher", None)
+        if cls is None:
+            return lambda: None
+        original_launch = cls.launch
+        original_recover = getattr(cls, "_recover_results_in_main_process", None)
+
+        def launch(self: Any, function: Any, *args: Any, **kwargs: Any) -> Any:
+            strategy = getattr(self, "_strategy", None)
+            if strategy is not None and getattr(strategy, "num_processes", 1) > 1:
+                _adopt_rank_zero(_Shape(strategy), adopted)
+            return original_launch(self, function, *args, **kwargs)
+
+        def recover(self: Any, worker_output: Any, trainer: Any) -> None:
+            return None
+
+        cls.launch = launch
+        if original_recover is not None:
+            cls._recover_results_in_main_process = recover
+
+        def undo() -> None:
+            cls.launch = original_launch
+            if original_recover is not None:
+                cls._recover_results_in_main_process = original_recover
+
+        return undo
+
+    return apply
+
+
 def _patch_parser(module: Any) -> Any:
     original = getattr(module, "_sanitize_gpu_ids", None)
     if original is None:
@@ -155,6 +205,8 @@ def lightning_launch() -> Iterator[None]:
         with ExitStack() as stack:
             for name in LAUNCHER_MODULES:
                 stack.enter_context(patch_on_import(name, _patch_launcher(adopted)))
+            for name in SPAWN_MODULES:
+                stack.enter_context(patch_on_import(name, _patch_spawn(adopted)))
             for name in PARSER_MODULES:
                 stack.enter_context(patch_on_import(name, _patch_parser))
             yield

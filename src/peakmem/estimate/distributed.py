@@ -287,8 +287,8 @@ def adopt_self_launch(result: Estimate, capture: CaptureResult, argv: Sequence[s
     result.notes = [
         _notes(launch, [0], 0)[0],
         f"rank 0 of {launch.world_size} was traced; to trace others run the script with "
-        f"--nproc-per-node {launch.nproc_per_node} --ranks all (Lightning then starts no "
-        "process itself)",
+        f"--nproc-per-node {launch.nproc_per_node} --ranks all (with a launch from outside, "
+        "Lightning's ddp and fsdp strategies start no process themselves)",
         *result.notes,
     ]
     result.distributed = {
