@@ -106,3 +106,30 @@ def test_a_self_launch_is_read_only_from_well_formed_meta():
                 {**good, "nnodes": True}, {**good, "nproc_per_node": 0}, "lightning"):
         assert self_launch(capture({"launch": bad}), ["python", "train.py"]) is None
     assert self_launch(capture({}), ["python", "train.py"]) is None
+
+
+FABRIC = """
+    import lightning as L
+    import torch
+
+    fabric = L.Fabric(accelerator="cuda", devices=2, strategy="ddp")
+    fabric.launch()
+    print(f"fabric world {fabric.world_size} rank {fabric.global_rank}", flush=True)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = fabric.setup(model, optimizer)
+    for _ in range(2):
+        fabric.backward(model(torch.randn(8, 64, device=fabric.device)).sum())
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_fabric_devices_n_traces_rank_zero_of_n(tmp_path):
+    (tmp_path / "train.py").write_text(textwrap.dedent(FABRIC))
+    result = cli(tmp_path, "--json", "--mode", "fake", "--", "python", "train.py")
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert data["launcher"] == "lightning" and data["world_size"] == 2
+    assert data["traced_ranks"] == [0] and data["libraries"]["nccl"] > 0
+    assert "fabric world 2 rank 0" in result.stderr
