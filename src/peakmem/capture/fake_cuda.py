@@ -332,7 +332,10 @@ def patch_providers() -> list[PatchProvider]:
         fake_memory_api,
         fake_processes,
         fake_rng,
+        fake_streams,
         fake_tensors,
+        host_broadcasts,
+        storage_resize,
     )
 
     return [
@@ -344,6 +347,9 @@ def patch_providers() -> list[PatchProvider]:
         fake_tensors.patches,
         fake_device_ordinal.patches,
         fake_distributed.patches,
+        storage_resize.patches,
+        fake_streams.patches,
+        host_broadcasts.patches,
     ]
 
 

@@ -102,25 +102,6 @@ def torch_save_device_tensors() -> Iterator[None]:
         yield
 
 
-# -- Tensor.record_stream ------------------------------------------------------------------------
-
-
-@register_library_patch("record_stream")
-@contextmanager
-def record_stream() -> Iterator[None]:
-    """`t.record_stream(torch.cuda.current_stream())` (prefetchers, DataLoader wrappers): the fake
-    streams are not `torch.Stream`s, and one stream runs everything in program order here:
-    nothing to record. (torch parses the stream argument before any torch-function hook.)"""
-    original = torch.Tensor.record_stream
-
-    def record(self: torch.Tensor, stream: Any) -> None:
-        if isinstance(stream, torch.Stream):
-            original(self, stream)
-
-    with patched(torch.Tensor, "record_stream", record):
-        yield
-
-
 # -- torch.backends.cudnn.is_acceptable ------------------------------------------------------------
 
 
@@ -165,7 +146,9 @@ def meta_storage_addresses() -> Iterator[None]:
 # -- fine-tuning libraries (bitsandbytes, torchtune): capture/finetune_libs.py --------------------
 
 from peakmem.capture import bitsandbytes_model as _bitsandbytes_model  # noqa: E402,F401
+from peakmem.capture import dtensor_state as _dtensor_state  # noqa: E402,F401
 from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  (registers them)
+from peakmem.capture import lightning_launch as _lightning_launch  # noqa: E402,F401
 
 # -- torch.distributed ---------------------------------------------------------------------------
 

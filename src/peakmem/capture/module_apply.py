@@ -22,6 +22,7 @@ CPU-only torch rejects a device ordinal; ordinals are read as `cuda:N` during th
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -61,12 +62,24 @@ def _swappable(tensor: Tensor) -> bool:
     return count == 1 or (count == 2 and tensor.is_leaf)
 
 
+_REFUSED_GRADS: dict[int, weakref.ref] = {}
+"""id -> weak reference of gradients of parameters that could not be swapped (a C++ owner holds them: DDP's reducer):
+`_apply` makes a new Parameter for such a parameter, so its gradient must not be moved in place
+either (it would look for the new Parameter's `.grad`, which is None)."""
+
+
 @register_override([torch._has_compatible_shallow_copy_type])
 def _shallow_copy_compatible(mode, func, args: tuple, kwargs: dict) -> Any:
     tensor, other = args[0], args[1]
     with _NO_SUBCLASS_HOOKS():
-        if _crosses(mode, tensor, other) and _swappable(tensor):
-            return True
+        if _crosses(mode, tensor, other):
+            refused = _REFUSED_GRADS.get(id(tensor))
+            if _swappable(tensor) and (refused is None or refused() is not tensor):
+                return True
+            grad = tensor.grad if tensor.is_leaf else None
+            if grad is not None:
+                key = id(grad)
+                _REFUSED_GRADS[key] = weakref.ref(grad, lambda _ref, key=key: _REFUSED_GRADS.pop(key, None))
     return func(*args, **kwargs)
 
 

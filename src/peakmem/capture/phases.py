@@ -308,6 +308,7 @@ class PhaseTracker:
         self._steps_by_optimizer[key] = self._steps_by_optimizer.get(key, 0) + 1
         state.steps = max(self._steps_by_optimizer.values())
         self._ran("training")
+        session.synchronize_streams()  # record_stream holds end with the step (fake_streams)
         session.mark(f"step {self._steps_by_optimizer[key]}")
         feeding = self.loaders.step_taken() if not self.run_all else None
         if feeding is not None and state.epoch_steps is None:

@@ -108,6 +108,12 @@ class CaptureSession:
     """... and its default device is CUDA (the capture device stands in for it)."""
     host_deferral: Any = None
     """The capture's host-deferral mode (capture.host_deferred) while the job runs."""
+    stream: int = DEVICE_STREAM
+    """The job's current stream (capture.fake_streams): new blocks come from its pool."""
+    _recorded: set[int] = field(default_factory=set)
+    """Allocation ids used on a stream besides their own (`Tensor.record_stream`), still live."""
+    _deferred: list[int] = field(default_factory=list)
+    """Of them, the freed ones: their blocks go back at the next sync point."""
     op_observer: Callable[[Any, tuple, dict, Any, str], None] | None = None
     """Called by the recorder with every op, its arguments, outputs and outputs' kind
     (utilization.observer: the per-op cost of the training steps)."""
@@ -175,24 +181,50 @@ class CaptureSession:
             for part in sparse_parts(tensor):
                 self.track(part, op, category)
             return
-        storage = tensor.untyped_storage()
+        self.track_storage(tensor.untyped_storage(), op, category)
+
+    def track_storage(self, storage: Any, op: str, category: str | None = None) -> None:
+        """Record the allocation of an untyped device storage if it is new and not empty."""
         key = id(storage)
         with self._lock:
-            if key in self.live or self.closed:
+            if self.closed:
                 return
+            old = self.live.get(key)
+            if old is not None:
+                if storage.nbytes() <= old.nbytes:
+                    return
+                # grown in place (`Tensor.resize_`, an `out=` op): CUDA's resize_bytes takes a
+                # new block, copies, then frees the old one; a storage never shrinks that way
+                del self.live[key]
+                category = category or self._category_at(old.alloc_index)
             nbytes = storage.nbytes()
             if nbytes <= 0:
                 return
             ident = self._alloc(nbytes, category or self.default_category(op), op)
             record = self.live[key] = LiveStorage(len(self.trace) - 1, ident, nbytes)
+            if old is not None:
+                self._free(old.ident, old.nbytes)
         # the record holds the weak reference whose callback frees the allocation (cheaper than
         # weakref.finalize; the record lives until the callback runs)
         record.watch = weakref.ref(storage, lambda _ref, key=key: self._storage_died(key))
+
+    def _category_at(self, alloc_index: int) -> str | None:
+        tag = self.trace.tag_of(alloc_index)
+        return None if tag is None else tag.category
 
     def is_tracked(self, tensor: torch.Tensor) -> bool:
         if tensor.layout != torch.strided:
             return all(self.is_tracked(part) for part in sparse_parts(tensor))
         return id(tensor.untyped_storage()) in self.live
+
+    def untrack_storage(self, storage: Any) -> LiveStorage | None:
+        """The storage's memory is given back while the storage lives on (`resize_(0)`): free
+        its allocation now; returns its record (None if it was not tracked)."""
+        with self._lock:
+            record = self.live.pop(id(storage), None)
+            if record is not None and not self.closed:
+                self._free(record.ident, record.nbytes)
+            return record
 
     def _storage_died(self, key: int) -> None:
         with self._lock:
@@ -204,7 +236,7 @@ class CaptureSession:
         with self._lock:
             ident = self.trace.alloc(
                 nbytes,
-                DEVICE_STREAM,
+                self.stream,
                 tag=Tag(category, self.module_source(), self.state.phase, op),
                 or_smaller=or_smaller,
             )
@@ -218,6 +250,36 @@ class CaptureSession:
         with self._lock:
             self.trace.free(ident)
             self.allocated_bytes -= nbytes
+            if ident in self._recorded:
+                self._recorded.discard(ident)
+                self._deferred.append(ident)
+
+    # -- streams -------------------------------------------------------------------------------
+    def record_stream(self, tensor: torch.Tensor, stream: int) -> None:
+        """`tensor.record_stream(s)`: its block is used on stream `s` too; once freed, it is held
+        until the next sync point (`synchronize_streams`)."""
+        if tensor.layout != torch.strided:
+            for part in sparse_parts(tensor):
+                self.record_stream(part, stream)
+            return
+        with self._lock:
+            record = self.live.get(id(tensor.untyped_storage()))
+            if record is None or self.closed:
+                return
+            if self.trace.streams[record.alloc_index] == stream:
+                return  # its own stream: nothing to wait for (CUDACachingAllocator too)
+            self.trace.record_stream(record.ident, stream)
+            self._recorded.add(record.ident)
+
+    def synchronize_streams(self) -> None:
+        """A sync point (device or stream synchronize, an event wait, the end of an optimizer
+        step): the other-stream uses of every freed block have completed."""
+        with self._lock:
+            if self.closed:
+                return
+            for ident in self._deferred:
+                self.trace.free_completed(ident)
+            self._deferred.clear()
 
     # -- classification ------------------------------------------------------------------------
     def classify(

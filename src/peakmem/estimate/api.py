@@ -642,7 +642,9 @@ def estimate_command(
         mode=mode, timeline=timeline,
     )
     result.notes = [*launch_notes, *result.notes]
-    return result
+    from peakmem.estimate.distributed import adopt_self_launch
+
+    return adopt_self_launch(result, capture, argv)  # Lightning's devices=N: rank 0 of N
 
 
 def _check_command(argv: Sequence[str]) -> None:

@@ -27,7 +27,13 @@ from peakmem.estimate.api import (
     _check_command,
     _finish,
 )
-from peakmem.jobs.launchers import Launch, LaunchError, parse_launch, parse_ranks
+from peakmem.jobs.launchers import (
+    MAX_WORLD_SIZE,
+    Launch,
+    LaunchError,
+    parse_launch,
+    parse_ranks,
+)
 from peakmem.profiles import GpuProfile, StackProfile
 
 
@@ -249,3 +255,46 @@ def _run_ranks(launch: Launch, chosen: list[int], mode: str, gpu: GpuProfile, ve
             for rank in cancelled:
                 captures[rank] = captures[failed[0]]
         return captures
+
+
+SELF_LAUNCHERS = frozenset({"lightning"})
+"""Libraries that start their ranks themselves from a plain `python train.py`; the capture traces
+rank 0 and says so in its trace meta (capture.lightning_launch)."""
+
+
+def self_launch(capture: CaptureResult, argv: Sequence[str]) -> Launch | None:
+    """The launch a plain command made by itself (Lightning's `devices=N`), from its capture's
+    trace meta; None when it made none (or the meta is malformed)."""
+    info = capture.trace.meta.get("launch") if isinstance(capture.trace.meta, dict) else None
+    if not isinstance(info, dict) or info.get("launcher") not in SELF_LAUNCHERS:
+        return None
+    shape = [info.get(name) for name in ("nproc_per_node", "nnodes", "world_size")]
+    if not all(type(value) is int and 1 <= value <= MAX_WORLD_SIZE for value in shape):
+        return None
+    nproc, nnodes, world = shape
+    if nproc * nnodes != world:
+        return None
+    return Launch(command=tuple(argv), nproc_per_node=nproc, nnodes=nnodes,
+                  launcher=str(info["launcher"]))
+
+
+def adopt_self_launch(result: Estimate, capture: CaptureResult, argv: Sequence[str]) -> Estimate:
+    """A plain command that launched its own ranks: `world_size` and `ranks` as for torchrun
+    (rank 0 traced)."""
+    launch = self_launch(capture, argv)
+    if launch is None or result.distributed:
+        return result
+    result.notes = [
+        _notes(launch, [0], 0)[0],
+        f"rank 0 of {launch.world_size} was traced; to trace others run the script with "
+        f"--nproc-per-node {launch.nproc_per_node} --ranks all (with a launch from outside, "
+        "Lightning's ddp and fsdp strategies start no process themselves)",
+        *result.notes,
+    ]
+    result.distributed = {
+        **launch.describe(),
+        "traced_ranks": [0],
+        "largest_rank": 0,
+        "ranks": [rank_row(0, result)],
+    }
+    return result
