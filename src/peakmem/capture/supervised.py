@@ -75,7 +75,7 @@ def capture_in_child(
             argv=child_command(request_path), result_path=result_path, output_fd=output_fd,
             env=env,
         )
-        starter = None if sandbox else warm_starter()
+        starter = None if sandbox else warm_starter(argv)
         outcome = run_child(spec, Limits(timeout, max_host_memory), sandbox=sandbox,
                             starter=starter)
         result = outcome_capture(outcome, mode, timeout, max_host_memory, sandboxed=bool(sandbox))

@@ -48,8 +48,12 @@ STARTUP_ENV_PREFIXES = (
 """Environment variables read when the interpreter, torch or a preloaded library starts: a
 child forked from the zygote keeps what the zygote read, so these must match the requester's."""
 
-WARM_CONTROL_ENV = frozenset({"PEAKMEM_WARM", "PEAKMEM_RUNTIME_DIR"})
-"""Variables that only say whether / where to find a warm process (not part of the identity)."""
+NOT_STARTUP_ENV = frozenset({
+    "PEAKMEM_WARM", "PEAKMEM_RUNTIME_DIR",  # whether / where to find a warm process
+    "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",  # read when used (torch._inductor's cache_dir)
+})
+"""Variables of those prefixes that are not part of the identity: the child reads them from the
+requester's environment, which it is given."""
 
 CAPTURE_MODULES = (
     "peakmem.capture.child",
@@ -64,7 +68,7 @@ CAPTURE_MODULES = (
 
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in sorted(env.items())
-            if name.startswith(STARTUP_ENV_PREFIXES) and name not in WARM_CONTROL_ENV}
+            if name.startswith(STARTUP_ENV_PREFIXES) and name not in NOT_STARTUP_ENV}
 
 
 def source_fingerprint(package_dir: Path = PACKAGE_DIR) -> str:
@@ -106,6 +110,38 @@ def identity_difference(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> s
     if names:
         return f"different start-up environment variables ({', '.join(names[:5])})"
     return None
+
+
+def job_imports(argv: Sequence[str], cap_bytes: int = 4 << 20) -> list[str]:
+    """The top-level packages the job's script imports anywhere in its own source (read, never
+    run); empty for `-m module` jobs and unreadable scripts."""
+    import ast
+
+    from peakmem.jobs.runner import JobSpec, JobSpecError
+
+    try:
+        spec = JobSpec.parse(list(argv))
+        if spec.script is None or not os.path.isfile(spec.script):
+            return []
+        if os.path.getsize(spec.script) > cap_bytes:
+            return []
+        tree = ast.parse(Path(spec.script).read_bytes())
+    except (JobSpecError, OSError, SyntaxError, ValueError):
+        return []
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return sorted(names)
+
+
+def unfit_preloads(preload: Sequence[str], imports: Sequence[str]) -> list[str]:
+    """Preloaded modules whose package the job does not import itself. A job forked from a
+    warm process with such a module would run with it (and what it imported, e.g. torchvision)
+    already loaded where a cold job would not: that job is started cold instead."""
+    return [name for name in preload if name.split(".")[0] not in set(imports)]
 
 
 def cold_child_argv(request_path: str) -> list[str]:
@@ -203,6 +239,11 @@ def main(args: list[str]) -> None:
     config = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     with contextlib.suppress(OSError):
         os.unlink(args[0])
+    # a daemon: the process that started it exits now, so the warm process is nobody's child
+    # (a supervisor that reaps its own jobs' orphans must never take it for one)
+    if os.fork():
+        os._exit(0)
+    os.setsid()
     errors = warm_up(config.get("preload", []))
     serve(
         socket_path=Path(config["socket"]),
@@ -210,4 +251,5 @@ def main(args: list[str]) -> None:
         preload=list(config.get("preload", [])),
         preload_errors=errors,
         idle_seconds=config.get("idle"),
+        nonce=str(config.get("nonce", "")),
     )

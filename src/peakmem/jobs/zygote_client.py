@@ -105,7 +105,9 @@ def start(preload: Sequence[str] = (), idle_seconds: float | None = DEFAULT_IDLE
     directory = runtime_dir()
     path = socket_path(directory)
     log = log or path.with_suffix(".log")
-    config = {"socket": str(path), "preload": list(preload), "idle": idle_seconds}
+    nonce = os.urandom(8).hex()
+    config = {"socket": str(path), "preload": list(preload), "idle": idle_seconds,
+              "nonce": nonce}
     fd, config_path = tempfile.mkstemp(prefix="warm-", suffix=".json", dir=directory)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(config, handle)
@@ -119,21 +121,17 @@ def start(preload: Sequence[str] = (), idle_seconds: float | None = DEFAULT_IDLE
         )
     finally:
         os.close(log_fd)
+    code = process.wait(timeout)  # it forks the warm process off and exits at once
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            break
+    while code == 0 and time.monotonic() < deadline:
         answer = request({"op": "status"}, path) if path.exists() else None
-        if answer is not None and answer.get("pid") == process.pid:
+        if answer is not None and answer.get("nonce") == nonce:
             return answer
         time.sleep(0.05)
     with contextlib.suppress(OSError):
         os.unlink(config_path)
-    if process.poll() is None:
-        process.kill()
-    process.wait()
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-    raise RuntimeError(f"the warm process did not start (status {process.returncode}):\n{tail}")
+    raise RuntimeError(f"the warm process did not start (status {code}):\n{tail}")
 
 
 class WarmProcess:
@@ -178,8 +176,9 @@ class WarmProcess:
 class WarmStarter:
     """Starts the job's child through the warm process at `path`, or cold when it cannot."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, job_argv: Sequence[str] = ()) -> None:
         self.path = path
+        self.job_argv = list(job_argv)
         self.note: str | None = None
         self.warm = False
 
@@ -193,13 +192,13 @@ class WarmStarter:
         return popen_child(spec.argv, output_fd, cwd=spec.cwd, env=spec.env)
 
     def _warm(self, spec: ChildSpec, output_fd: int, env: dict[str, str]) -> WarmProcess:
-        from peakmem.jobs.zygote import identity
+        from peakmem.jobs.zygote import identity, job_imports
 
         umask = os.umask(0o022)
         os.umask(umask)
         message = {
             "op": "run", "argv": list(spec.argv), "cwd": spec.cwd or os.getcwd(), "env": env,
-            "umask": umask, "identity": identity(env),
+            "umask": umask, "identity": identity(env), "job_imports": job_imports(self.job_argv),
         }
         sock = _connect(self.path)
         try:
@@ -216,7 +215,9 @@ class WarmStarter:
         return WarmProcess(sock, reader, int(answer["pid"]))
 
 
-def warm_starter() -> WarmStarter | None:
-    """A starter when a warm process may serve this python (None: start cold, nothing to say)."""
+def warm_starter(job_argv: Sequence[str] = ()) -> WarmStarter | None:
+    """A starter when a warm process may serve this python (None: start cold, nothing to say).
+    `job_argv`: the job's `python script.py ...` (its imports decide whether the warm process's
+    preloaded modules fit it)."""
     path = find_socket()
-    return None if path is None else WarmStarter(path)
+    return None if path is None else WarmStarter(path, job_argv)

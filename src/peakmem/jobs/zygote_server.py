@@ -146,6 +146,7 @@ class _State:
     preload: list[str]
     preload_errors: list[str]
     idle_seconds: float | None
+    nonce: str = ""
     started: float = field(default_factory=time.time)
     served: int = 0
     last_request: float = field(default_factory=time.monotonic)
@@ -159,15 +160,17 @@ class _State:
             "source": self.identity["source"], "preload": self.preload,
             "preload_errors": self.preload_errors, "idle_seconds": self.idle_seconds,
             "started": self.started, "served": self.served, "running_jobs": len(self.children),
+            "nonce": self.nonce,
         }
 
 
 def serve(socket_path: Path, identity: dict[str, Any], preload: list[str],
-          preload_errors: list[str], idle_seconds: float | None = DEFAULT_IDLE_SECONDS) -> None:
+          preload_errors: list[str], idle_seconds: float | None = DEFAULT_IDLE_SECONDS,
+          nonce: str = "") -> None:
     """Serve until stopped, idle, or the socket file is taken over by another server."""
-    from peakmem.jobs.zygote import identity_difference
+    from peakmem.jobs.zygote import identity_difference, unfit_preloads
 
-    state = _State(identity, preload, preload_errors, idle_seconds or None)
+    state = _State(identity, preload, preload_errors, idle_seconds or None, nonce)
     listener = _listen(socket_path)
     inode = os.stat(socket_path).st_ino
     wake_read, wake_write = os.pipe()
@@ -204,6 +207,9 @@ def serve(socket_path: Path, identity: dict[str, Any], preload: list[str],
             send_message(conn.sock, {"stopping": True})
         elif op == "run":
             difference = identity_difference(state.identity, message.get("identity") or {})
+            unfit = unfit_preloads(state.preload, message.get("job_imports") or [])
+            if difference is None and unfit:
+                difference = f"it preloaded {', '.join(unfit)}, which the job does not import"
             if difference is not None or len(conn.reader.fds) != 1 or conn.child is not None:
                 send_message(conn.sock, {"error": difference or "one output descriptor expected"})
                 return
