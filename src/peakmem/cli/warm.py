@@ -42,10 +42,12 @@ def _echo(info: dict[str, Any], as_json: bool, headline: str) -> None:
 def warm(preload: tuple[str, ...], idle: float | None, stop: bool, status: bool,
          as_json: bool) -> None:
     """Start a warm job process for this python and peakmem: it imports torch, peakmem's capture
-    and the --preload modules once, then every `peakmem estimate` (and `peakmem serve`, `batch`)
-    of this user forks its job's child from it instead of starting a fresh interpreter. The
-    estimates are the same; the notes say when a job ran warm. PEAKMEM_WARM=0 turns it off for
-    one command. The socket is private to this user; requests are JSON, never code."""
+    and the --preload modules once, then every estimate of this user that runs its job in a
+    child process (`peakmem estimate`, fit search, the scheduler) forks that child from it
+    instead of starting a fresh interpreter. The estimates are the same; the notes say when a
+    job ran warm, and why one started cold. A preloaded module is used only for jobs whose
+    script imports its package. PEAKMEM_WARM=0 turns it off for one command. The socket is
+    private to this user; requests are JSON, never code."""
     from peakmem.jobs import zygote_client
     from peakmem.jobs.zygote_server import DEFAULT_IDLE_SECONDS
 
