@@ -9,7 +9,8 @@ time from their wall time (rows x seconds per row of the sample). The estimates 
 worker processes through the bench's own runner (`run_estimators`, no result cache), so the
 time is the bench's: workers' start-up, imports and every row. Prints one JSON object: wall
 seconds, rows, seconds per row, the extrapolation, how many rows failed, and the CPU seconds of
-this process and its workers.
+this process and its workers (`full_set_cpu_seconds_per_worker`: the same extrapolation from
+CPU seconds, divided over the workers: what the full set takes on `--jobs` idle cores).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def main() -> int:
         "cpu_seconds": round(cpu_seconds, 1),
         "seconds_per_row": round(per_row, 3),
         "full_set_seconds": round(per_row * len(held_out), 1) if args.limit else round(seconds, 1),
+        "full_set_cpu_seconds_per_worker": round(
+            cpu_seconds / len(rows) * len(held_out) / args.jobs, 1),
         "extrapolated": bool(args.limit),
         "errors": len(errors),
         "first_errors": errors[:5],
