@@ -134,6 +134,20 @@ def start(preload: Sequence[str] = (), idle_seconds: float | None = DEFAULT_IDLE
     raise RuntimeError(f"the warm process did not start (status {code}):\n{tail}")
 
 
+def current_umask() -> int:
+    """This process's umask, read without setting it (/proc; other threads may create files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
 class WarmProcess:
     """A child forked by the warm process, as ``subprocess.Popen`` offers it: pid, poll, wait."""
 
@@ -194,8 +208,7 @@ class WarmStarter:
     def _warm(self, spec: ChildSpec, output_fd: int, env: dict[str, str]) -> WarmProcess:
         from peakmem.jobs.zygote import identity, job_imports
 
-        umask = os.umask(0o022)
-        os.umask(umask)
+        umask = current_umask()
         message = {
             "op": "run", "argv": list(spec.argv), "cwd": spec.cwd or os.getcwd(), "env": env,
             "umask": umask, "identity": identity(env), "job_imports": job_imports(self.job_argv),
