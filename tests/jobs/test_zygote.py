@@ -204,6 +204,13 @@ def test_status_stop_and_idle_exit(tmp_path, monkeypatch):
     assert oct(os.stat(started["socket"]).st_mode & 0o777) == "0o600"
     result = runner.invoke(cli, ["warm", "--status", "--json"])
     assert result.exit_code == 0 and json.loads(result.output)["pid"] == started["pid"]
+    result = runner.invoke(cli, ["warm"])
+    assert result.exit_code == 0 and "already running" in result.output
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="already serves"):
+        zygote_client.start()  # a second warm process fails at once, the first one stays
+    assert time.monotonic() - began < 30
+    assert zygote_client.status()["pid"] == started["pid"]
     result = runner.invoke(cli, ["warm", "--stop"])
     assert result.exit_code == 0 and "stopped" in result.output
     assert not Path(started["socket"]).exists()

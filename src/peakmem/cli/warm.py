@@ -55,6 +55,10 @@ def warm(preload: tuple[str, ...], idle: float | None, stop: bool, status: bool,
         raise click.UsageError("give --stop or --status, not both")
     if (stop or status) and (preload or idle is not None):
         raise click.UsageError("--preload and --idle apply when starting")
+    try:
+        zygote_client.runtime_dir()
+    except OSError as exc:
+        raise click.ClickException(f"no private runtime directory: {exc}") from None
     current = zygote_client.status()
     if status:
         _echo(current or {"running": False}, as_json,
@@ -70,6 +74,6 @@ def warm(preload: tuple[str, ...], idle: float | None, stop: bool, status: bool,
         return
     try:
         info = zygote_client.start(list(preload), DEFAULT_IDLE_SECONDS if idle is None else idle)
-    except RuntimeError as exc:
+    except (RuntimeError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     _echo(info, as_json, "started a warm job process")

@@ -234,19 +234,30 @@ def _reseed() -> None:
 
 def main(args: list[str]) -> None:
     """The zygote's entry point: ``CONFIG.json`` holds the socket path, preloads, idle time."""
-    from peakmem.jobs.zygote_server import serve
+    from peakmem.jobs.zygote_server import listen, serve
 
     config = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     with contextlib.suppress(OSError):
         os.unlink(args[0])
+    path = Path(config["socket"])
+    try:
+        listener = listen(path)  # first: a second `peakmem warm` fails here, at once
+    except (RuntimeError, OSError) as exc:
+        sys.stderr.write(f"peakmem warm: {exc}\n")
+        sys.exit(1)
     # a daemon: the process that started it exits now, so the warm process is nobody's child
     # (a supervisor that reaps its own jobs' orphans must never take it for one)
     if os.fork():
         os._exit(0)
     os.setsid()
-    errors = warm_up(config.get("preload", []))
+    try:
+        errors = warm_up(config.get("preload", []))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
     serve(
-        socket_path=Path(config["socket"]),
+        listener, path,
         identity=identity(),
         preload=list(config.get("preload", [])),
         preload_errors=errors,

@@ -121,10 +121,10 @@ def start(preload: Sequence[str] = (), idle_seconds: float | None = DEFAULT_IDLE
         )
     finally:
         os.close(log_fd)
-    code = process.wait(timeout)  # it forks the warm process off and exits at once
+    code = process.wait(timeout)  # it binds the socket, forks the warm process off and exits
     deadline = time.monotonic() + timeout
-    while code == 0 and time.monotonic() < deadline:
-        answer = request({"op": "status"}, path) if path.exists() else None
+    while code == 0 and path.exists() and time.monotonic() < deadline:
+        answer = request({"op": "status"}, path)  # answered once its imports are done
         if answer is not None and answer.get("nonce") == nonce:
             return answer
         time.sleep(0.05)

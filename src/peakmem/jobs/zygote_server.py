@@ -164,14 +164,14 @@ class _State:
         }
 
 
-def serve(socket_path: Path, identity: dict[str, Any], preload: list[str],
+def serve(listener: socket.socket, socket_path: Path, identity: dict[str, Any], preload: list[str],
           preload_errors: list[str], idle_seconds: float | None = DEFAULT_IDLE_SECONDS,
           nonce: str = "") -> None:
-    """Serve until stopped, idle, or the socket file is taken over by another server."""
+    """Serve on `listener` (bound to `socket_path` by :func:`listen`) until stopped, idle, or
+    the socket file is taken over by another server."""
     from peakmem.jobs.zygote import identity_difference, unfit_preloads
 
     state = _State(identity, preload, preload_errors, idle_seconds or None, nonce)
-    listener = _listen(socket_path)
     inode = os.stat(socket_path).st_ino
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -263,7 +263,7 @@ def serve(socket_path: Path, identity: dict[str, Any], preload: list[str],
         listener.close()
 
 
-def _listen(path: Path) -> socket.socket:
+def listen(path: Path) -> socket.socket:
     """Bind the socket, replacing a stale one (nobody answering on it)."""
     if path.exists() or path.is_symlink():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
