@@ -7,7 +7,9 @@ Each job is estimated (in this process, as the bench does; `--isolated` through 
 child, as `peakmem estimate` does) and its peak_bytes / peak_reserved / peak_allocated and a
 digest of the captured trace (every event and its tag) are recorded. `--check` compares with a
 recorded file and exits 1 on any difference: a speed change must not move an estimate by a byte.
-`--only SUBSTRING` runs the matching jobs only.
+`--only SUBSTRING` runs the matching jobs only. `--warm` (implies `--isolated`) starts a warm job
+process (`peakmem warm`, in a private runtime directory of its own) first, so every job's child
+is forked from it, and checks that each job did run warm.
 """
 
 from __future__ import annotations
@@ -102,6 +104,25 @@ def jobs() -> list[tuple[str, list[str], dict]]:
     return out
 
 
+@contextlib.contextmanager
+def warm_process():
+    """A warm job process in a private runtime directory for the duration."""
+    import os
+    import tempfile
+
+    from peakmem.jobs import zygote_client
+
+    with tempfile.TemporaryDirectory(prefix="peakmem-regression-") as directory:
+        os.environ["PEAKMEM_RUNTIME_DIR"] = directory
+        os.environ.pop("PEAKMEM_WARM", None)
+        zygote_client.start(idle_seconds=600)
+        try:
+            yield
+        finally:
+            zygote_client.stop()
+            del os.environ["PEAKMEM_RUNTIME_DIR"]
+
+
 def run_one(argv: list[str], kwargs: dict, isolate: bool) -> dict:
     from peakmem.estimate import EstimateError, estimate_command
 
@@ -116,6 +137,8 @@ def run_one(argv: list[str], kwargs: dict, isolate: bool) -> dict:
                    "trace": trace_digest(capture.trace) if capture else None}
     else:
         figures = _figures(estimate)
+        if isolate and any("warm job process (peakmem warm)" in n for n in estimate.notes):
+            figures["warm"] = True
     figures["seconds"] = round(time.perf_counter() - start, 2)
     return figures
 
@@ -126,14 +149,24 @@ def main() -> int:
     parser.add_argument("--check", type=Path)
     parser.add_argument("--only", default=None)
     parser.add_argument("--isolated", action="store_true")
+    parser.add_argument("--warm", action="store_true",
+                        help="through a warm job process (peakmem warm); implies --isolated")
     args = parser.parse_args()
+    with warm_process() if args.warm else contextlib.nullcontext():
+        return _run(args, isolated=args.isolated or args.warm, warm=args.warm)
+
+
+def _run(args: argparse.Namespace, isolated: bool, warm: bool) -> int:
     expected = json.loads(args.check.read_text()) if args.check else {}
     results: dict = {}
     differ = []
     for name, argv, kwargs in jobs():
         if args.only and args.only not in name:
             continue
-        figures = run_one(argv, kwargs, args.isolated)
+        figures = run_one(argv, kwargs, isolated)
+        ran_warm = figures.pop("warm", False)
+        if warm and not ran_warm and "error" not in figures:
+            differ.append(f"{name} (not warm)")
         results[name] = figures
         want = expected.get(name)
         same = None

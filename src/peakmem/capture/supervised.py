@@ -29,6 +29,7 @@ from peakmem.jobs.supervisor import (
     read_result_file,
     run_child,
 )
+from peakmem.jobs.zygote_client import warm_starter
 from peakmem.profiles import GpuProfile
 from peakmem.trace.events import Trace
 
@@ -52,7 +53,12 @@ def capture_in_child(
     `output_fd`: where the job's stdout and stderr go (None: this process's stderr). `sandbox`:
     a command prefix for the child, or a ``peakmem.jobs.sandbox.Sandbox`` (its scratch
     directory is the child's private directory, which holds the request and the result). `env`:
-    the child's whole environment (None: this process's; a distributed rank's: jobs.launchers)."""
+    the child's whole environment (None: this process's; a distributed rank's: jobs.launchers).
+
+    When a warm job process (`peakmem warm`, jobs.zygote) runs for this python and peakmem, the
+    child is forked from it (torch and the preloaded modules already imported) and otherwise
+    runs as a cold one; the notes say so, and say why when it had to start cold instead. A
+    sandboxed child always starts cold."""
     with tempfile.TemporaryDirectory(prefix="peakmem-job-", ignore_cleanup_errors=True) as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.jsonl"
         request = {
@@ -69,8 +75,13 @@ def capture_in_child(
             argv=child_command(request_path), result_path=result_path, output_fd=output_fd,
             env=env,
         )
-        outcome = run_child(spec, Limits(timeout, max_host_memory), sandbox=sandbox)
-        return outcome_capture(outcome, mode, timeout, max_host_memory, sandboxed=bool(sandbox))
+        starter = None if sandbox else warm_starter(argv)
+        outcome = run_child(spec, Limits(timeout, max_host_memory), sandbox=sandbox,
+                            starter=starter)
+        result = outcome_capture(outcome, mode, timeout, max_host_memory, sandboxed=bool(sandbox))
+        if starter is not None and starter.note:
+            result.notes.append(starter.note)
+        return result
 
 
 def _failure(mode: str, reason: str, text: str, exit_code: int = 1, **fields: object) -> CaptureResult:

@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "replay": "peakmem.cli.replay:replay",
     "serve": "peakmem.cli.serve:serve",
     "simulate": "peakmem.cli.simulate:simulate_trace",
+    "warm": "peakmem.cli.warm:warm",
 }
 
 

@@ -188,7 +188,8 @@ def group_rss(leader: int) -> int:
     return sum(_rss_bytes(pid) for pid in group_members(leader))
 
 
-def kill_group(leader: int, grace: float = KILL_GRACE_SECONDS, wait: subprocess.Popen | None = None) -> None:
+def kill_group(leader: int, grace: float = KILL_GRACE_SECONDS, wait: ProcessHandle | None = None,
+               ) -> None:
     """SIGTERM the child's group and descendants, then SIGKILL whatever is left after `grace`."""
     _signal_all(leader, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -252,7 +253,7 @@ class _Forwarder(threading.Thread):
 @dataclass
 class _Running:
     spec: ChildSpec
-    process: subprocess.Popen
+    process: ProcessHandle
     started: float
     forwarder: _Forwarder | None = None
     outcome: ChildOutcome | None = None
@@ -287,8 +288,41 @@ def _launch(spec: ChildSpec, sandbox: Sandboxing) -> tuple[list[str], dict[str, 
     return [*sandbox, *spec.argv], spec.env, None
 
 
-def _start(spec: ChildSpec, sandbox: Sandboxing) -> _Running:
-    argv, env, preexec = _launch(spec, sandbox)
+class ProcessHandle(Protocol):
+    """What the supervisor needs of a started child: ``subprocess.Popen``'s pid, poll and wait
+    (a warm job process's child, :mod:`peakmem.jobs.zygote_client`, offers the same)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+
+class Starter(Protocol):
+    """Starts one child: the spec, and the file descriptor for its stdout and stderr."""
+
+    def __call__(self, spec: ChildSpec, output_fd: int) -> ProcessHandle: ...
+
+
+def popen_child(argv: Sequence[str], output_fd: int, *, cwd: str | None = None,
+                env: Mapping[str, str] | None = None, preexec: Any = None) -> subprocess.Popen:
+    """A cold child: a fresh interpreter in its own session, stdin /dev/null, stdout and stderr
+    to `output_fd`."""
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=output_fd,
+        stderr=output_fd,
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        preexec_fn=preexec,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def _start(spec: ChildSpec, sandbox: Sandboxing, starter: Starter | None = None) -> _Running:
     out_fd, forwarder, write_end = spec.output_fd, None, None
     if out_fd is None:
         out_fd = _stderr_fd()
@@ -298,17 +332,11 @@ def _start(spec: ChildSpec, sandbox: Sandboxing) -> _Running:
         out_fd = write_end
     try:
         _CHILDREN_LOCK.acquire()
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out_fd,
-            stderr=out_fd,
-            cwd=spec.cwd,
-            env=env,
-            preexec_fn=preexec,
-            start_new_session=True,
-            close_fds=True,
-        )
+        if starter is not None:
+            process = starter(spec, out_fd)
+        else:
+            argv, env, preexec = _launch(spec, sandbox)
+            process = popen_child(argv, out_fd, cwd=spec.cwd, env=env, preexec=preexec)
         _LIVE_CHILDREN.add(process.pid)
     finally:
         _CHILDREN_LOCK.release()
@@ -382,6 +410,7 @@ def run_children(
     *,
     sandbox: Sandboxing = None,
     fail_fast: bool = True,
+    starter: Starter | None = None,
 ) -> list[ChildOutcome]:
     """Start every child, supervise them until all have ended, and say how each ended.
 
@@ -389,7 +418,9 @@ def run_children(
     (``peakmem.jobs.sandbox.Sandbox``: wrap/environment/preexec_fn). With
     ``fail_fast``, a child that ends badly (non-zero, signal, timeout, memory) ends the others
     (status CANCELLED): ranks of one launch wait for each other. Every child's process group is
-    ended when the call returns, also when this process is interrupted.
+    ended when the call returns, also when this process is interrupted. ``starter``: how each
+    child is started (None: a fresh interpreter; a warm job process, jobs.zygote_client); a
+    sandbox always starts fresh interpreters.
     """
     limits = limits or Limits()
     running: list[_Running] = []
@@ -397,7 +428,7 @@ def run_children(
     restore = _exit_on_termination()
     try:
         for spec in specs:
-            running.append(_start(spec, sandbox))
+            running.append(_start(spec, sandbox, None if sandbox else starter))
         deadline = None if limits.timeout is None else time.monotonic() + limits.timeout
         next_memory_poll = 0.0
         while any(run.outcome is None for run in running):
@@ -457,9 +488,9 @@ def _exit_on_termination() -> Callable[[], None]:
 
 
 def run_child(spec: ChildSpec, limits: Limits | None = None, *,
-              sandbox: Sandboxing = None) -> ChildOutcome:
+              sandbox: Sandboxing = None, starter: Starter | None = None) -> ChildOutcome:
     """One child: ``run_children([spec])[0]``."""
-    return run_children([spec], limits, sandbox=sandbox)[0]
+    return run_children([spec], limits, sandbox=sandbox, starter=starter)[0]
 
 
 # -- results ----------------------------------------------------------------------------------

@@ -91,6 +91,18 @@ class OpCostObserver:
         except Exception as exc:  # noqa: BLE001 - never let the utilization model break a capture
             self.failed = f"{type(exc).__name__} on {getattr(func, '__name__', func)}"
 
+    def observe_host_op(self, name: str, made_bytes: int) -> None:
+        """A host op that ran lazily (the DataLoader's collate stack, capture.host_deferred):
+        counted as the op on real host tensors it stands for."""
+        if self.failed:
+            return
+        self._roll()
+        record = self.current
+        syncs = self._sync_check()
+        record.host_ops += 1
+        record.host_bytes += made_bytes
+        record.trailing_syncs += syncs
+
     def _observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
         self._roll()
         record = self.current
@@ -100,7 +112,13 @@ class OpCostObserver:
             inputs += _tensors_of(tuple(kwargs.values()))
         outputs = _tensors_of((out,))
         tensors = inputs + outputs
-        device = [t for t in tensors if is_meta(t)]
+        deferral = self.session.host_deferral
+        if deferral is not None and deferral.collated:  # lazily stacked batches are host data
+            collated = deferral.collated
+            device = [t for t in tensors
+                      if is_meta(t) and id(t.untyped_storage()) not in collated]
+        else:
+            device = [t for t in tensors if is_meta(t)]
         if kind != "device" or not device:
             if tensors and not device:
                 made = sum(int(t.numel()) * t.element_size() for t in outputs
