@@ -10,7 +10,9 @@ torch version, replays the estimate's trace into its allocator snapshot
   the first forward; a step starts where a forward allocation follows one of another phase), the bytes allocated just
   before it, and the cached free bytes (reserved - allocated) at that moment (free, but in
   blocks too small or in the wrong pool for the request);
-- per (step, phase): how many segments, and their bytes.
+- per (step, phase): how many segments, and their bytes; and the part of them that lies above
+  the run's peak allocated bytes (what reserved grows by after it holds as many bytes as the
+  job ever has allocated: the reserved - allocated excess of the estimate, by where it came in).
 
 Run (job arguments only; no dataset rows are read or printed):
     PYTHONPATH=src python benchmarks/xmem_segment_growth.py --model RegNetY400MF --batch-size 503 \\
@@ -114,16 +116,22 @@ def main() -> None:
     print(f"peak reserved {peak / MiB:.0f} MiB, allocated then {allocated / MiB:.0f} MiB, "
           f"gap {(peak - allocated) / MiB:.0f} MiB; {len(births)} segments")
     print("index     step  size MiB  request MiB  cached free MiB  alloc before MiB  phase / op / module")
-    groups: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])
+    groups: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    reserved = 0
     for b in births:
+        above = max(0, reserved + b.size - max(reserved, estimate.peak_allocated_bytes))
+        reserved += b.size
         groups[(b.step, b.phase)][0] += 1
         groups[(b.step, b.phase)][1] += b.size
+        groups[(b.step, b.phase)][2] += above
         print(f"{b.index:>8} {b.step:>5} {b.size / MiB:>9.1f} {b.request / MiB:>12.1f} "
               f"{b.cached_free / MiB:>16.1f} {b.allocated_before / MiB:>17.1f}  "
               f"{' / '.join(reversed(b.frames))}")
-    print("step  phase                        segments  MiB")
-    for (step, phase), (count, size) in sorted(groups.items()):
-        print(f"{step:>4}  {phase:<28} {count:>8}  {size / MiB:.0f}")
+    print(f"above the peak allocated ({estimate.peak_allocated_bytes / MiB:.0f} MiB): "
+          f"{sum(g[2] for g in groups.values()) / MiB:.0f} MiB")
+    print("step  phase                        segments    MiB  MiB above peak allocated")
+    for (step, phase), (count, size, above) in sorted(groups.items()):
+        print(f"{step:>4}  {phase:<28} {count:>8} {size / MiB:>6.0f}  {above / MiB:>6.0f}")
 
 
 if __name__ == "__main__":
