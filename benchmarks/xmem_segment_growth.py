@@ -75,7 +75,7 @@ def segment_births(snapshot: dict[str, Any]) -> tuple[list[SegmentBirth], int, i
             reserved -= size
         elif action == "alloc":
             phase = entry["frames"][-1]["name"] if entry["frames"] else ""
-            if "(forward)" in phase and "(forward)" not in last_phase and last_phase:
+            if "(forward)" in phase and "(forward)" not in last_phase:
                 step += 1
                 if waiting is not None:
                     waiting.step = step
