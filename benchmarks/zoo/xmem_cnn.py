@@ -18,8 +18,9 @@ What xMem ran (torch 2.6.0; needs the optional `torchvision` package here):
 - the optimizer: `getattr(torch.optim, name)(params=model.parameters(), lr=1e-3)` with the
   defaults (SGD without momentum; AdamW when none is named); a StepLR scheduler (no device
   memory, left out); `CrossEntropyLoss()`;
-- the loop: `zero_grad()` at the chosen point (mode 0, the ANOVA runs': before the batch moves;
-  1: after the forward, before backward; 2: after the step), `inputs, labels = .to(device)`,
+- the loop: `zero_grad()` at the chosen point (mode 0: before the batch moves; 1: after the
+  forward, before backward, what `ModelTrainer`'s default gave the runs that record no mode:
+  `peakmem.baselines.peakmem_estimator.XMEM_CNN_UNRECORDED_ZERO_GRAD_MODE`; 2: after the step), `inputs, labels = .to(device)`,
   `outputs = model(inputs)`, loss, `backward()`, `step()`, then `_, preds = torch.max(outputs, 1)`;
   `outputs`, `loss` and `preds` live on into the next step; it breaks after the step whose index
   reaches `iterations` (3): 4 steps.

@@ -64,6 +64,16 @@ def test_xmem_cnn_rows_map_to_the_cnn_job(installed):
     ]
 
 
+@pytest.mark.parametrize(("recorded", "mode"), [("", "1"), ("0", "0"), ("2.0", "2")])
+def test_xmem_cnn_rows_without_a_recorded_mode_use_model_trainers_default(installed, recorded, mode):
+    # xMem's FastRunner.train_on_gpu left ModelTrainer's default zero_grad_mode=1 in place on the
+    # runs that recorded no mode; a recorded mode is used as recorded
+    installed.add("torchvision")
+    command = pe.job_command(_row("xmem", "ResNet50", zero_grad_mode_recorded=recorded))
+    assert command[-2:] == ["--zero-grad-mode", mode]
+    assert pe.XMEM_CNN_UNRECORDED_ZERO_GRAD_MODE == 1
+
+
 def test_xmem_cnn_rows_need_torchvision(installed):
     installed.add("timm")  # the wrong one
     with pytest.raises(CannotEstimate, match="needs the optional `torchvision` package"):

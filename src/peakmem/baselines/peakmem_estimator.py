@@ -111,14 +111,29 @@ def _zero_grad_mode(row: BenchRow) -> list[str]:
     return ["--zero-grad-mode", str(int(float(mode)))] if mode else []
 
 
+# The zero_grad placement xMem's CNN ground-truth runs used when their record holds none
+# (`zero_grad_mode_recorded` blank: the runs made before `exp/run.py` recorded
+# `"zero_grad_mode": config.trainer.zero_out`). Then `FastRunner.train_on_gpu`
+# (exp/trainer/__init__.py) built `ModelTrainer(...)` without `zero_grad_mode=`, so
+# `ModelTrainer.__init__`'s default `zero_grad_mode: int = 1` (exp/trainer/trainer.py) reached
+# `conv_train_loop`, whose mode 1 calls `optimizer.zero_grad()` after the forward, just before
+# `loss_value.backward()` (exp/trainer/train_loop.py; the older loop's own default was 1 too,
+# "1: optimizer.zero_grad() just before loss.backward()"): the previous step's gradients stay
+# alive through the forward. Only the later FastRunner passes `config.trainer.zero_out`, and
+# those runs record it.
+XMEM_CNN_UNRECORDED_ZERO_GRAD_MODE = 1
+
+
 def xmem_cnn_command(row: BenchRow) -> list[str]:
-    """xMem's torchvision CNN runs: `xmem_cnn.py` (xMem's conv_train_loop, CIFAR-10 at 86x86)."""
+    """xMem's torchvision CNN runs: `xmem_cnn.py` (xMem's conv_train_loop, CIFAR-10 at 86x86),
+    with the recorded zero_grad mode, else `XMEM_CNN_UNRECORDED_ZERO_GRAD_MODE`."""
     model = row.job["model"]
     _require_package("torchvision", f"{model}: xMem's torchvision CNN job")
     _require(XMEM_CNN_JOB)
+    mode = _zero_grad_mode(row) or ["--zero-grad-mode", str(XMEM_CNN_UNRECORDED_ZERO_GRAD_MODE)]
     return ["python", str(XMEM_CNN_JOB), "--model", model,
             "--batch-size", str(row.job["batch_size"]), "--optimizer", row.job["optimizer"],
-            *_zero_grad_mode(row)]
+            *mode]
 
 
 def timm_command(row: BenchRow) -> list[str]:
