@@ -83,6 +83,11 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     from peakmem.profiles import load_gpu, load_stack
 
     gpu, stack = load_gpu(request["gpu"]), load_stack(request["torch_version"])
+    from peakmem.capture import fake_nvidia_smi
+
+    fake_nvidia_smi.install(
+        Path(request["result"]).parent / "bin", gpu.device_name, gpu.total_memory_bytes
+    )
     argv = list(request["argv"])
     missing = _missing_module(JobSpec.parse(argv))
     if missing is not None:
