@@ -34,6 +34,12 @@ def test_unknown_fields_list_and_memory_details():
     code, text = fake_nvidia_smi.main(["--query-gpu=bogus", "--format=csv"], A100, 100)
     assert code == 2 and "bogus" in text
     assert fake_nvidia_smi.main(["-L"], A100, 100)[1].startswith(f"GPU 0: {A100} (UUID: GPU-")
+    gputil = ("--query-gpu=index,uuid,utilization.gpu,memory.total,memory.used,memory.free,"
+              "driver_version,name,gpu_serial,display_active,display_mode,temperature.gpu,"
+              "compute_cap")  # GPUtil.getGPUs()
+    code, text = fake_nvidia_smi.main([gputil, "--format=csv,noheader,nounits"], A100, 100,
+                                      compute_cap="8.0")
+    assert code == 0 and len(text.split(", ")) == 13 and text.rstrip().endswith(", 8.0")
     memory = fake_nvidia_smi.main(["-q", "-d", "MEMORY"], A100, 100)[1].splitlines()
     after_gpu = memory[memory.index("GPU 00000000:01:00.0"):][:5]  # grep -A4 GPU | grep Free
     assert any(line.split() == ["Free", ":", "100", "MiB"] for line in after_gpu)

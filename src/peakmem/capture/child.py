@@ -86,7 +86,8 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     from peakmem.capture import fake_nvidia_smi
 
     fake_nvidia_smi.install(
-        Path(request["result"]).parent / "bin", gpu.device_name, gpu.total_memory_bytes
+        Path(request["result"]).parent / "bin", gpu.device_name, gpu.total_memory_bytes,
+        gpu.capability,
     )
     argv = list(request["argv"])
     missing = _missing_module(JobSpec.parse(argv))

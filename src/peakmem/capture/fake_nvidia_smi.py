@@ -28,8 +28,9 @@ CUDA_VERSION = "12.4"
 class Card:
     """One simulated GPU as nvidia-smi reports it."""
 
-    def __init__(self, index: int, name: str, total_mib: int) -> None:
+    def __init__(self, index: int, name: str, total_mib: int, compute_cap: str = "[N/A]") -> None:
         self.index, self.name, self.total_mib = index, name, total_mib
+        self.compute_cap = compute_cap
 
     @property
     def uuid(self) -> str:
@@ -63,6 +64,14 @@ FIELDS: dict[str, tuple[Callable[[Card], str], str]] = {
     "temperature.gpu": ((lambda card: "30"), ""),
     "power.draw": ((lambda card: "50.00"), "W"),
     "compute_mode": ((lambda card: "Default"), ""),
+    "compute_cap": ((lambda card: card.compute_cap), ""),
+    "pstate": ((lambda card: "P0"), ""),
+    "fan.speed": ((lambda card: "[N/A]"), "%"),
+    "power.limit": ((lambda card: "[N/A]"), "W"),
+    "gpu_serial": ((lambda card: f"{card.index:013d}"), ""),
+    "serial": ((lambda card: f"{card.index:013d}"), ""),
+    "display_active": ((lambda card: "Disabled"), ""),
+    "display_mode": ((lambda card: "Disabled"), ""),
     "persistence_mode": ((lambda card: "Enabled"), ""),
 }
 """--query-gpu fields answered (with their unit); any other field is refused as nvidia-smi
@@ -130,9 +139,10 @@ def _table(cards: list[Card], out: list[str]) -> None:
             "|  No running processes found".ljust(88) + "|", "+" + "-" * 87 + "+"]
 
 
-def main(args: list[str], name: str, total_mib: int, count: int = 1) -> tuple[int, str]:
+def main(args: list[str], name: str, total_mib: int, count: int = 1,
+         compute_cap: str = "[N/A]") -> tuple[int, str]:
     """nvidia-smi's exit code and output for `args` on `count` idle cards."""
-    cards = [Card(i, name, total_mib) for i in range(max(1, count))]
+    cards = [Card(i, name, total_mib, compute_cap) for i in range(max(1, count))]
     selected = _option(args, "-i", "--id")
     if selected is not None:
         wanted = {part.strip() for part in selected.split(",")}
@@ -157,7 +167,7 @@ def main(args: list[str], name: str, total_mib: int, count: int = 1) -> tuple[in
     return code, "\n".join(out) + "\n" if out else ""
 
 
-def install(directory: Path, name: str, total_bytes: int) -> Path:
+def install(directory: Path, name: str, total_bytes: int, capability: tuple[int, int]) -> Path:
     """Write the `nvidia-smi` executable into `directory` and put it first on this process's
     PATH (the job and the processes it starts inherit it). Returns the executable's path."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -169,7 +179,7 @@ def install(directory: Path, name: str, total_bytes: int) -> Path:
         "module = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
         f"code, text = module.main(sys.argv[1:], {name!r}, {total_bytes // 2**20}, "
-        "int(os.environ.get('LOCAL_WORLD_SIZE') or 1))\n"
+        f"int(os.environ.get('LOCAL_WORLD_SIZE') or 1), {'.'.join(map(str, capability))!r})\n"
         "(sys.stderr if code else sys.stdout).write(text)\n"
         "sys.exit(code)\n",
         encoding="utf-8",
