@@ -13,6 +13,7 @@ import builtins
 import importlib.machinery
 import os
 import runpy
+import shutil
 import signal
 import sys
 import threading
@@ -79,6 +80,17 @@ class JobSpec:
         return cls(script=first, args=tuple(words[1:]))
 
 
+def missing_script(path: str) -> str:
+    """The message for a script that is not there; a program on PATH given in its place
+    (`bash -c ...`, `make train`) is named as such."""
+    message = f"script not found: {path}"
+    if not path.endswith(".py") and os.sep not in path and shutil.which(path) is not None:
+        message += (f" ({path} is a program, not a Python script: peakmem runs `python "
+                    "train.py [args]`, `python -m module` or torchrun / accelerate launch / "
+                    "deepspeed)")
+    return message
+
+
 def script_exists(path: str) -> bool:
     """What `python PATH` can run: a file, or a directory / zip file with a __main__.py."""
     target = Path(path)
@@ -131,7 +143,7 @@ def run_job(
     ``timeout`` (seconds) needs the main thread (it uses ``SIGALRM``).
     """
     if spec.script is not None and not script_exists(spec.script):
-        raise JobSpecError(f"script not found: {spec.script}")
+        raise JobSpecError(missing_script(spec.script))
     started = time.perf_counter()
     counter_steps = 0
     try:
