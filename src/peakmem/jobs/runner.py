@@ -31,6 +31,9 @@ from peakmem.jobs.stop import OnStep, StepLimitReached, stop_after_steps
 
 _PYTHON_NAMES = ("python", "python3")
 _IGNORED_PYTHON_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-E", "-I"})
+_IGNORED_PYTHON_OPTIONS = frozenset({"-W", "-X"})
+"""Interpreter options with a value that peakmem's child does not apply (warning filters,
+implementation options)."""
 
 
 class JobSpecError(ValueError):
@@ -64,8 +67,15 @@ class JobSpec:
         words = list(argv)
         if words and _is_python(words[0]):
             words = words[1:]
-        while words and words[0] in _IGNORED_PYTHON_FLAGS:
-            words = words[1:]
+        while words:
+            if words[0] in _IGNORED_PYTHON_FLAGS:
+                words = words[1:]
+            elif words[0] in _IGNORED_PYTHON_OPTIONS and len(words) > 1:
+                words = words[2:]  # `-W ignore`, `-X dev`: no bearing on device memory
+            elif words[0][:2] in _IGNORED_PYTHON_OPTIONS and len(words[0]) > 2:
+                words = words[1:]  # `-Wignore`, `-Xutf8`
+            else:
+                break
         if not words:
             raise JobSpecError("no script given: expected `python train.py [args]` or `-m module`")
         first = words[0]
