@@ -359,3 +359,28 @@ def test_device_storages_have_distinct_stable_addresses(a100, stack24):
         "view_shares": True, "apart": True,
     }
     assert torch.empty(3, device="meta").untyped_storage().data_ptr() == 0  # undone afterwards
+
+
+def test_validity_checks_pass_in_fake_mode(a100, stack24):
+    """torch.distributions validates its arguments with `torch._is_all_true(constraint.check(x))`
+    and raises when it reads False; fake mode has no values to check, so the check passes (it
+    used to read placeholder zeros and fail, sending the job to eager mode). Other reads of
+    device values still read zeros."""
+    from peakmem.capture import capture_callable
+
+    seen = {}
+
+    def job() -> None:
+        layer = torch.nn.Linear(16, 2).cuda()
+        out = layer(torch.randn(8, 16, device="cuda"))
+        normal = torch.distributions.Normal(out[:, 0], out[:, 1].exp())
+        loss = -normal.log_prob(torch.zeros(8, device="cuda")).mean()
+        loss.backward()
+        torch._check_tensor_all(out.isfinite(), lambda: "not finite")
+        seen["any"] = bool(out.isnan().any())
+        seen["sample"] = tuple(torch.distributions.Categorical(logits=out).sample().shape)
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps=1, mode="fake")
+    assert result.error is None, result.error_text
+    assert seen == {"any": False, "sample": (8,)}
+    assert result.host_reads == 1  # the isnan().any() read; the validity checks are not counted

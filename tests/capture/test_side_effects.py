@@ -247,6 +247,33 @@ def test_file_objects(a100, stack24, real_file):
     assert "saved 1 file(s)" in _diverted_note(result)
 
 
+def test_a_job_reads_back_a_save_through_handles_it_opened(a100, stack24, real_file):
+    """pytorch/examples word_language_model: `with open(path, "wb") as f: torch.save(model, f)`
+    then `with open(path, "rb") as f: model = torch.load(f)`. The job's own "wb" emptied the
+    file; its read handle gets the diverted copy (a whole module, numpy too), not EOFError."""
+    ckpt = real_file("model.pt")
+    seen = {}
+
+    def job():
+        model = torch.nn.LSTM(8, 8, 2).cuda()
+        with open(ckpt, "wb") as f:
+            torch.save(model, f)
+        with open(ckpt, "rb") as f:
+            loaded = torch.load(f, weights_only=False)
+            seen["rest"] = f.read()
+        seen["model"] = (type(loaded).__name__, loaded.weight_hh_l1.shape)
+        with open("act.npy", "wb") as f:
+            np.save(f, torch.ones(3, device="cuda").cpu().numpy())
+        with open("act.npy", "rb") as f:
+            seen["np"] = np.load(f).shape
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert seen == {"model": ("LSTM", (32, 8)), "rest": b"", "np": (3,)}
+    assert ckpt.read_bytes() == b""  # what the job's own open("wb") left
+    assert "saved 2 file(s)" in _diverted_note(result)
+
+
 def test_saves_work_normally_after_the_capture(a100, stack24, tmp_path):
     capture_callable(lambda: torch.zeros(2, device="cuda"), gpu=a100, stack=stack24)
     path = tmp_path / "after.pt"

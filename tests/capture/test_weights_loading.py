@@ -260,3 +260,49 @@ def test_torch_load_without_map_location_puts_gpu_tensors_on_the_device(tmp_path
     assert seen["shapes"] == {"w": (256, 256), "t": (256, 256), "small": (3,)}
     # one device storage for the weight and its transposed view (shared, as on a GPU)
     assert seen["cuda"] == 256 * 256 * 4 + 512  # the allocator rounds 12 bytes up to 512
+
+
+@pytest.mark.parametrize(
+    "map_location",
+    [
+        pytest.param(lambda storage, loc: storage.cuda(), id="callable-storage.cuda"),
+        pytest.param(lambda storage, loc: storage.cuda(0), id="callable-storage.cuda(0)"),
+        pytest.param(lambda storage, loc: "cuda:0", id="callable-returns-location"),
+        pytest.param({"cpu": "cuda:0"}, id="dict-to-gpu"),
+    ],
+)
+def test_torch_load_with_a_map_location_callable_or_dict_to_the_gpu(
+    tmp_path, a100, stack24, map_location
+):
+    """Older scripts' `torch.load(p, map_location=lambda storage, loc: storage.cuda())` (a CPU
+    torch cannot make a CUDA storage) and `map_location={"cuda:1": "cuda:0"}`-style dicts: the
+    mapped storages end on the device, once each (a tensor and its view share one)."""
+    path = tmp_path / "ckpt.pt"
+    weight = torch.ones(256, 256)
+    torch.save({"model": {"w": weight, "t": weight.t()}, "epoch": 3}, path)
+    seen = {}
+
+    def job() -> None:
+        state = torch.load(path, map_location=map_location)
+        seen["devices"] = {k: v.device.type for k, v in state["model"].items()}
+        seen["epoch"] = state["epoch"]
+        seen["cuda"] = torch.cuda.memory_allocated()
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps=1)
+    assert result.error is None, result.error_text
+    assert seen == {"devices": {"w": "cuda", "t": "cuda"}, "epoch": 3, "cuda": 256 * 256 * 4}
+
+
+def test_torch_load_with_a_map_location_that_keeps_storages_on_the_host(tmp_path, a100, stack24):
+    path = tmp_path / "ckpt.pt"
+    torch.save({"w": torch.full((4,), 2.0)}, path)
+    seen = {}
+
+    def job() -> None:
+        state = torch.load(path, map_location=lambda storage, loc: storage)
+        seen["w"] = (state["w"].device.type, state["w"].sum().item())
+        seen["cuda"] = torch.cuda.memory_allocated()
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps=1)
+    assert result.error is None, result.error_text
+    assert seen == {"w": ("cpu", 8.0), "cuda": 0}

@@ -17,6 +17,8 @@ from tests.measure.conftest import TRAIN_LOOP
         ([sys.executable, "-u", "t.py"], "t.py", None, ()),
         (["t.py", "-m", "z"], "t.py", None, ("-m", "z")),
         (["python", "-m", "pkg.mod", "a"], None, "pkg.mod", ("a",)),
+        (["python", "-W", "ignore", "-X", "dev", "t.py", "-W"], "t.py", None, ("-W",)),
+        (["python", "-Wignore::UserWarning", "-u", "-m", "pkg"], None, "pkg", ()),
         (["-mpkg", "b"], None, "pkg", ("b",)),
     ],
 )
@@ -25,7 +27,9 @@ def test_spec_parse(argv, script, module, args):
     assert (spec.script, spec.module, spec.args) == (script, module, args)
 
 
-@pytest.mark.parametrize("argv", [[], ["python"], ["python", "-m"], ["python", "-c", "x"]])
+@pytest.mark.parametrize(
+    "argv", [[], ["python"], ["python", "-m"], ["python", "-c", "x"], ["python", "-W"]]
+)
 def test_spec_parse_rejects(argv):
     with pytest.raises(JobSpecError):
         JobSpec.parse(argv)

@@ -83,6 +83,13 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     from peakmem.profiles import load_gpu, load_stack
 
     gpu, stack = load_gpu(request["gpu"]), load_stack(request["torch_version"])
+    from peakmem.capture import fake_nvidia_smi
+
+    with contextlib.suppress(OSError):  # a directory the job cannot write: no nvidia-smi then
+        fake_nvidia_smi.install(
+            Path(request["result"]).parent / "bin", gpu.device_name, gpu.total_memory_bytes,
+            gpu.capability,
+        )
     argv = list(request["argv"])
     missing = _missing_module(JobSpec.parse(argv))
     if missing is not None:

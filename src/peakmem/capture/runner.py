@@ -24,6 +24,7 @@ from peakmem.capture.session import CaptureSession
 from peakmem.capture.side_effects import divert_fake_saves
 from peakmem.capture.threads import traced_threads
 from peakmem.capture.unsupported import Unsupported
+from peakmem.capture.value_steered import value_steered_optimizers
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
 from peakmem.jobs.runner import (
     JobSpec,
@@ -178,6 +179,7 @@ def _run_captured(
             stack_ctx.enter_context(patch())
         stack_ctx.enter_context(_cuda_kernels(session))
         stack_ctx.enter_context(divert_fake_saves(session))
+        stack_ctx.enter_context(value_steered_optimizers(session))
         stack_ctx.enter_context(phases)
         _ACTIVE.append(in_progress)
         try:

@@ -387,11 +387,36 @@ class SaveDiverter:
 
     def load(self, entry: LoadFunction, original: Callable, args: tuple, kwargs: dict) -> Any:
         target = entry.target_of(args, kwargs)
-        if self.redirects and isinstance(target, str | bytes | os.PathLike):
+        if not self.redirects:
+            return original(*args, **kwargs)
+        if isinstance(target, str | bytes | os.PathLike):
             destination = self.redirects.get(os.path.abspath(os.fsdecode(target)))
             if destination is not None and destination.exists():
                 args, kwargs = entry.with_target(args, kwargs, str(destination))
-        return original(*args, **kwargs)
+            return original(*args, **kwargs)
+        destination = self._redirected_handle(target)
+        if destination is None:
+            return original(*args, **kwargs)
+        # a file the job opened itself (`with open(path, "rb") as f: torch.load(f)`): read the
+        # diverted copy from where the job's handle stands, and leave that handle at its end
+        with open(destination, "rb") as handle:
+            with suppress(OSError, ValueError):
+                handle.seek(target.tell())
+            args, kwargs = entry.with_target(args, kwargs, handle)
+            result = original(*args, **kwargs)
+            with suppress(OSError, ValueError):
+                target.seek(0, os.SEEK_END)
+        return result
+
+    def _redirected_handle(self, target: Any) -> Path | None:
+        """The diverted copy of a real file the job opened for reading, if it saved one."""
+        name = getattr(target, "name", None)
+        if not isinstance(name, str | bytes) or not hasattr(target, "read"):
+            return None
+        destination = self.redirects.get(os.path.abspath(os.fsdecode(name)))
+        if destination is None or not destination.exists():
+            return None
+        return destination
 
     def _write(self, entry: SaveFunction, original: Callable, args: tuple, kwargs: dict,
                destination: str) -> Any:

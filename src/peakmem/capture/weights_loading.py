@@ -11,8 +11,9 @@ device is never read into host memory:
 - `torch.load(path, map_location=None | "cpu" | "cuda")`: loaded memory-mapped (a zipfile
   checkpoint; nothing is read), then every tensor of at least DEFER_MIN_NUMEL bytes becomes a
   host-deferred tensor backed by the mapping (reads read the file), moved to the device for a
-  GPU `map_location`. Other loads (file objects, legacy checkpoints, `map_location` dicts or
-  callables) load as torch does, then are moved for a GPU `map_location`.
+  GPU `map_location`. Other loads (file objects, legacy checkpoints) load as torch does, then
+  are moved for a GPU `map_location`; a `map_location` dict or callable (`storage.cuda()`) is
+  followed with every storage read to the host, then moved where it sent them to a GPU.
 
 Eager mode loads everything for real (only the GPU `map_location` of `torch.load` is handled).
 """
@@ -153,6 +154,8 @@ def _deferred_load(original_load: Any) -> Any:
     def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
         mode = _Active.mode
         to_device = is_cuda_spec(map_location)
+        if mode is not None and (callable(map_location) or isinstance(map_location, dict)):
+            return _load_mapped(original_load, mode, f, map_location, args, kwargs)
         if mode is None or not (to_device or _is_host_location(map_location)):
             return original_load(f, map_location, *args, **kwargs)
         # no map_location: each storage goes where it was saved (a GPU checkpoint to the GPU)
@@ -199,6 +202,69 @@ def _deferred_load(original_load: Any) -> Any:
         return loaded
 
     return load
+
+
+def _load_mapped(original_load: Any, mode: Any, f: Any, map_location: Any, args: tuple,
+                 kwargs: dict) -> Any:
+    """`torch.load` with a `map_location` dict (`{"cuda:1": "cuda:0"}`) or callable
+    (`lambda storage, loc: storage.cuda()`): every storage is read to the host, and those the
+    job's mapping sends to a GPU are then moved to the device (deferred in fake mode)."""
+    moves: set[int] = set()
+    loaded = original_load(f, _host_restore(map_location, moves), *args, **kwargs)
+    if not moves:
+        return loaded
+
+    def on_device(tensor: torch.Tensor) -> bool:
+        return tensor.untyped_storage().data_ptr() in moves
+
+    if mode.defer_construction:
+        return mode.defer_loaded(loaded, to_device=on_device)
+    return _map_containers(
+        lambda t: t.to("cuda") if _is_host_tensor(t) and on_device(t) else t, loaded
+    )
+
+
+def _host_restore(map_location: Any, moves: set[int]) -> Any:
+    """A `map_location` callable for torch's loader that keeps every storage on the host and
+    records in `moves` the ones the job's `map_location` puts on a GPU."""
+
+    def restore(storage: Any, saved: str) -> Any:
+        if isinstance(map_location, dict):
+            target: Any = map_location.get(saved, saved)
+        else:
+            with _storage_moves_recorded(moves):
+                result = map_location(storage, saved)
+            if result is not None and not isinstance(result, str | torch.device):
+                return result  # the storage itself (kept on the host) or one the job made
+            target = saved if result is None else result
+        if is_cuda_spec(target, ints=False):
+            moves.add(storage.data_ptr())
+        return storage
+
+    return restore
+
+
+@contextmanager
+def _storage_moves_recorded(moves: set[int]) -> Iterator[None]:
+    """While a `map_location` callable runs, `storage.cuda()` / `storage.to("cuda")` leave the
+    storage on the host and record it in `moves` (a CPU torch cannot make a CUDA storage)."""
+    base = torch.storage._StorageBase
+    original_cuda, original_to = base.cuda, base.to
+
+    def cuda(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
+        moves.add(self.data_ptr())
+        return self
+
+    def to(self: Any, *, device: Any, non_blocking: bool = False) -> Any:
+        if is_cuda_spec(device):
+            return cuda(self)
+        return original_to(self, device=device, non_blocking=non_blocking)
+
+    base.cuda, base.to = cuda, to
+    try:
+        yield
+    finally:
+        base.cuda, base.to = original_cuda, original_to
 
 
 def _is_saved_device_tensor(value: Any) -> bool:

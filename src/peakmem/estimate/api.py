@@ -649,12 +649,12 @@ def estimate_command(
 
 def _check_command(argv: Sequence[str]) -> None:
 
-    from peakmem.jobs.runner import JobSpec, JobSpecError, script_exists
+    from peakmem.jobs.runner import JobSpec, JobSpecError, missing_script, script_exists
 
     try:
         spec = JobSpec.parse(list(argv))
         if spec.script is not None and not script_exists(spec.script):
-            raise JobSpecError(f"script not found: {spec.script}")
+            raise JobSpecError(missing_script(spec.script))
     except JobSpecError as exc:
         raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None
 

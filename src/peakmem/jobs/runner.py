@@ -13,6 +13,7 @@ import builtins
 import importlib.machinery
 import os
 import runpy
+import shutil
 import signal
 import sys
 import threading
@@ -30,6 +31,9 @@ from peakmem.jobs.stop import OnStep, StepLimitReached, stop_after_steps
 
 _PYTHON_NAMES = ("python", "python3")
 _IGNORED_PYTHON_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-E", "-I"})
+_IGNORED_PYTHON_OPTIONS = frozenset({"-W", "-X"})
+"""Interpreter options with a value that peakmem's child does not apply (warning filters,
+implementation options)."""
 
 
 class JobSpecError(ValueError):
@@ -63,8 +67,15 @@ class JobSpec:
         words = list(argv)
         if words and _is_python(words[0]):
             words = words[1:]
-        while words and words[0] in _IGNORED_PYTHON_FLAGS:
-            words = words[1:]
+        while words:
+            if words[0] in _IGNORED_PYTHON_FLAGS:
+                words = words[1:]
+            elif words[0] in _IGNORED_PYTHON_OPTIONS and len(words) > 1:
+                words = words[2:]  # `-W ignore`, `-X dev`: no bearing on device memory
+            elif words[0][:2] in _IGNORED_PYTHON_OPTIONS and len(words[0]) > 2:
+                words = words[1:]  # `-Wignore`, `-Xutf8`
+            else:
+                break
         if not words:
             raise JobSpecError("no script given: expected `python train.py [args]` or `-m module`")
         first = words[0]
@@ -77,6 +88,17 @@ class JobSpec:
         if first.startswith("-"):
             raise JobSpecError(f"unsupported python option {first!r}: give a script or -m module")
         return cls(script=first, args=tuple(words[1:]))
+
+
+def missing_script(path: str) -> str:
+    """The message for a script that is not there; a program on PATH given in its place
+    (`bash -c ...`, `make train`) is named as such."""
+    message = f"script not found: {path}"
+    if not path.endswith(".py") and os.sep not in path and shutil.which(path) is not None:
+        message += (f" ({path} is a program, not a Python script: peakmem runs `python "
+                    "train.py [args]`, `python -m module` or torchrun / accelerate launch / "
+                    "deepspeed)")
+    return message
 
 
 def script_exists(path: str) -> bool:
@@ -131,7 +153,7 @@ def run_job(
     ``timeout`` (seconds) needs the main thread (it uses ``SIGALRM``).
     """
     if spec.script is not None and not script_exists(spec.script):
-        raise JobSpecError(f"script not found: {spec.script}")
+        raise JobSpecError(missing_script(spec.script))
     started = time.perf_counter()
     counter_steps = 0
     try:
