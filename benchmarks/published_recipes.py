@@ -96,21 +96,15 @@ RECIPES: tuple[Recipe, ...] = (
 def estimate(recipe: Recipe, timeout: float) -> dict:
     """One recipe's estimate: {"estimate_bytes", "seconds"} or {"error"}."""
     from peakmem.estimate import EstimateError, estimate_command
+    from peakmem.estimate.distributed import rank_environment
 
-    saved = {name: os.environ.get(name) for name, _ in recipe.env}
-    os.environ.update(dict(recipe.env))
     started = time.monotonic()
     try:
-        result = estimate_command(list(recipe.args), gpu=recipe.gpu, torch_version="2.4",
-                                  timeout=timeout)
+        with rank_environment(dict(recipe.env)):
+            result = estimate_command(list(recipe.args), gpu=recipe.gpu, torch_version="2.4",
+                                      timeout=timeout)
     except EstimateError as exc:
         return {"error": str(exc).splitlines()[-1][:300]}
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return {"estimate_bytes": getattr(result, recipe.metric), "steps": result.steps,
             "seconds": round(time.monotonic() - started, 1)}
 
