@@ -58,7 +58,7 @@ def test_webhook_points_at_the_service_and_the_admission_route():
     assert client["path"] == "/v1/admission" and client["port"] == service["spec"]["ports"][0]["port"]
     assert hook["admissionReviewVersions"] == ["v1"] and hook["sideEffects"] == "None"
     assert hook["rules"][0]["resources"] == ["pods"]
-    assert deployment["spec"]["replicas"] == 1  # the job store is in memory
+    assert deployment["spec"]["replicas"] == 1  # the store's claims are one pod's processes'
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert service["spec"]["selector"].items() <= labels.items()
@@ -97,3 +97,25 @@ def test_dockerfile_runs_peakmem_serve_unprivileged():
     text = (DEPLOY / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["peakmem"]' in text and '"serve"' in text
     assert "USER 10001" in text and ".[service]" in text and "bubblewrap" in text
+
+
+def test_the_server_processes_share_a_store_on_a_writable_volume(tmp_path):
+    """--processes N with --store on a volume mounted writable (the root filesystem is read-only),
+    and the estimates at once (processes x workers) fit the memory limit at --max-host-memory."""
+    from peakmem.cli.common import parse_bytes
+    from peakmem.cli.serve import serve
+
+    (deployment,) = by_kind("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = [a for a in container["args"][1:] if not a.startswith("--tls-")]
+    params = serve.make_context("serve", args).params
+    assert params["processes"] >= 2 and params["store_dir"]
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == params["store_dir"])
+    assert not mount.get("readOnly", False) and container["securityContext"]["readOnlyRootFilesystem"]
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert "emptyDir" in volume  # this pod's own: no other pod's processes claim jobs in it
+    limit = parse_bytes(container["resources"]["limits"]["memory"].replace("Gi", "GiB"), "limit")
+    at_once = params["processes"] * params["workers"]
+    assert at_once * parse_bytes(params["max_host_memory"], "--max-host-memory") < limit
+    assert at_once <= float(container["resources"]["limits"]["cpu"])

@@ -29,10 +29,15 @@ from peakmem.cli.contract import BadInput, ContractCommand
               help="Host RAM one job may hold (e.g. 8GiB).")
 @click.option("--estimator", default=None, metavar="MODULE:FUNCTION",
               help="Run estimates with this callable instead of `peakmem estimate` (testing).")
+@click.option("--job-nice", default=10, show_default=True, type=click.IntRange(0, 19),
+              help="Niceness added to each job's worker process (as `peakmem serve "
+              "--job-nice`), so that estimates (CPU-bound) yield to the rest of the machine; 0 "
+              "runs them at this process's priority.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def batch(jobs: str, output: str | None, ray_address: str | None, workers: int | None,
           in_process: bool, retry_failed: bool, sandbox: bool, max_seconds: float | None,
-          max_host_memory: str | None, estimator: str | None, as_json: bool) -> None:
+          max_host_memory: str | None, estimator: str | None, job_nice: int,
+          as_json: bool) -> None:
     """Estimate every job of JOBS.jsonl (one JSON object a line: id, command, files or cwd, gpu,
     options) on Ray; results stream to a JSON-lines file, and a rerun skips the finished ids."""
     from rich.console import Console
@@ -74,7 +79,7 @@ def batch(jobs: str, output: str | None, ray_address: str | None, workers: int |
             raise BadInput("Ray is not installed (pip install 'peakmem[service]'), or use "
                            "--in-process") from None
     settings = BatchSettings(
-        estimator=estimator, sandbox=sandbox, max_seconds=max_seconds,
+        estimator=estimator, sandbox=sandbox, max_seconds=max_seconds, job_nice=job_nice,
         max_host_memory=parse_bytes(max_host_memory, "--max-host-memory") if max_host_memory
         else None,
     )

@@ -57,6 +57,10 @@ class BatchSettings:
     max_seconds: float | None = None
     max_host_memory: int | None = None
     max_attempts: int = 2
+    job_nice: int = 10
+    """Niceness added to each job's worker process (`peakmem batch --job-nice`, as `peakmem serve
+    --job-nice`): the estimates yield the CPU to the batch driver, the Ray processes and whatever
+    else the machine serves."""
 
 
 @dataclass
@@ -156,7 +160,7 @@ def run_one(job_id: str, raw: dict[str, Any], base: str, settings: BatchSettings
             try:
                 line["result"] = run_attempt(
                     job, estimator, sandbox=settings.sandbox, max_seconds=settings.max_seconds,
-                    max_host_memory=settings.max_host_memory)
+                    max_host_memory=settings.max_host_memory, nice=settings.job_nice)
                 line["status"] = "done"
                 break
             except WorkerLost as exc:

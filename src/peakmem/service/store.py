@@ -4,10 +4,13 @@ next request for it.
 
 `DIR/<id>.json` holds a final record (what `GET /v1/estimates/{id}` shows, and whether the failure
 is retryable), written whole and renamed into place. `DIR/<id>.claim` marks a job a process has
-queued (`{"pid", "owner", "status", "since"}`), created exclusively so that one process runs each job:
+queued (`{"pid", "started", "owner", "status", "since"}`), created exclusively so that one process runs each job:
 another process that receives the same job joins it, and reads its status and final record from
 here. A claim whose process is gone, or that has been running longer than `stale_seconds`, is
 taken over. Process ids are this machine's: the processes sharing a store run on one machine.
+A claim also holds its process's start time (`started`, clock ticks since boot, from /proc), so a
+process id that was reused (a restarted container numbers its processes from 1 again while an
+emptyDir store keeps the old claims) does not keep a dead process's claim alive.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class Claim:
     """The claiming store (one per server process): whose claim it is."""
     status: str
     since: float
+    started: int | None = None
+    """The claiming process's start time (clock ticks since boot), where /proc gives it: a live
+    process with the same id but another start time is a reused id, not the claimant."""
 
 
 class ResultStore:
@@ -98,15 +104,16 @@ class ResultStore:
         """The claim on `key`, live or stale, or None (none, or unreadable)."""
         try:
             body = json.loads(self._path(key, ".claim").read_bytes())
+            started = body.get("started")
             return Claim(int(body["pid"]), str(body["owner"]), str(body["status"]),
-                         float(body["since"]))
+                         float(body["since"]), int(started) if started is not None else None)
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def live(self, claim: Claim) -> bool:
         """Whether its process is alive and, if running, not for longer than `stale_seconds`."""
         too_long = claim.status == "running" and time.time() - claim.since > self.stale_seconds
-        return not too_long and _alive(claim.pid)
+        return not too_long and _alive(claim.pid, claim.started)
 
     def mine(self, claim: Claim) -> bool:
         return claim.owner == self.owner
@@ -125,7 +132,9 @@ class ResultStore:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _claim_body(self, status: str) -> dict[str, Any]:
-        return {"pid": os.getpid(), "owner": self.owner, "status": status, "since": time.time()}
+        pid = os.getpid()
+        return {"pid": pid, "started": process_start_time(pid), "owner": self.owner,
+                "status": status, "since": time.time()}
 
     def _write(self, path: Path, body: dict[str, Any]) -> None:
         """`path` holds `body`, replaced whole (readers never see a part of it)."""
@@ -159,11 +168,24 @@ class ResultStore:
         return tmp
 
 
-def _alive(pid: int) -> bool:
+def process_start_time(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat, field 22), or None
+    where /proc does not say (not Linux, no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])  # fields after the name start at 3
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int, started: int | None = None) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    if started is None:
+        return True
+    now = process_start_time(pid)
+    return now is None or now == started  # another start time: the id was reused
