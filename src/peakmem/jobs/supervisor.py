@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from peakmem.jobs.proc_stat import stat_fields
+
 POLL_SECONDS = 0.05
 MEMORY_POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 1.0
@@ -111,14 +113,8 @@ def _proc_table() -> dict[int, tuple[int, int]]:
     for name in names:
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                raw = handle.read()
-        except OSError:
-            continue
-        # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if len(fields) >= 3:
+        fields = stat_fields(name)
+        if fields is not None and len(fields) >= 3:
             table[int(name)] = (int(fields[1]), int(fields[2]))
     return table
 

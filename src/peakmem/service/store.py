@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from peakmem.jobs.proc_stat import stat_fields
+
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 FINAL = ("done", "failed")
 
@@ -171,10 +173,10 @@ class ResultStore:
 def process_start_time(pid: int) -> int | None:
     """When process `pid` started, in clock ticks since boot (/proc/PID/stat, field 22), or None
     where /proc does not say (not Linux, no such process)."""
+    fields = stat_fields(pid)
     try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        return int(stat[stat.rindex(b")") + 2:].split()[19])  # fields after the name start at 3
-    except (OSError, ValueError, IndexError):
+        return None if fields is None else int(fields[22 - 3])
+    except (ValueError, IndexError):
         return None
 
 
