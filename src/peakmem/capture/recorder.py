@@ -16,7 +16,7 @@ from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.meta_cache import SHARED_CACHE
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.subclass_storages import storage_tensors
-from peakmem.cuda_rules import host_outputs_for, op_rule_for
+from peakmem.cuda_rules import host_outputs_for, op_rule_for, output_order_for
 from peakmem.cuda_rules.true_device import is_meta, true_device
 from peakmem.trace.vocab import Category
 
@@ -30,7 +30,8 @@ def _op_name(func) -> str:
 class _OpInfo:
     """What the recorder needs to know of one op overload (looked up once per capture)."""
 
-    __slots__ = ("rule", "around", "host_outputs", "name", "host_copy", "dynamic_shape")
+    __slots__ = ("rule", "around", "host_outputs", "name", "host_copy", "dynamic_shape",
+                 "output_order")
 
     def __init__(self, func) -> None:
         self.rule = op_rule_for(func)
@@ -39,6 +40,7 @@ class _OpInfo:
         self.name = _op_name(func)
         self.host_copy = func.overloadpacket.__name__ in _HOST_COPY_OPS
         self.dynamic_shape = torch.Tag.dynamic_output_shape in getattr(func, "tags", ())
+        self.output_order = output_order_for(func)
 
 
 class AllocationRecorder(TorchDispatchMode):
@@ -87,7 +89,11 @@ class AllocationRecorder(TorchDispatchMode):
         if info.host_copy and _reads_host(args):
             category = Category.INPUT.value
         category = kind_category or category
-        for tensor in storage_tensors(_leaves(out)):  # a wrapper subclass: its inner storages
+        leaves = _leaves(out)
+        if info.output_order is not None and len(leaves) >= len(info.output_order):
+            # the order the CUDA kernel allocates them in (cuda_rules OUTPUT_ORDER)
+            leaves = [leaves[i] for i in info.output_order] + leaves[len(info.output_order):]
+        for tensor in storage_tensors(leaves):  # a wrapper subclass: its inner storages
             if (
                 isinstance(tensor, Tensor)
                 and tensor.is_meta

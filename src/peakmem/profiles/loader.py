@@ -67,6 +67,9 @@ class StackProfile:
     cublas_workspace: dict[str, Sourced]
     cublaslt_transient: Sourced
     context: dict[str, Sourced] = field(default_factory=dict)
+    cublaslt_workspace: Sourced | None = None
+    """A persistent cuBLASLt workspace each thread's Lt handle takes from the caching allocator
+    at its first Lt call (None: the stack has none; `cublaslt_workspace_bytes`)."""
     conv_workspace: dict[str, Sourced] = field(default_factory=dict)
     """Per GPU profile name (or "default"): cuDNN convolution workspace model, a Sourced whose
     value maps a direction (forward / backward_data / backward_weight) to a factor."""
@@ -283,6 +286,10 @@ def _stacks() -> list[StackProfile]:
                 },
                 cublaslt_transient=_sourced(
                     table["cublaslt_transient_bytes"], f"{where} cublaslt_transient_bytes"
+                ),
+                cublaslt_workspace=(
+                    _sourced(table["cublaslt_workspace_bytes"], f"{where} cublaslt_workspace_bytes")
+                    if "cublaslt_workspace_bytes" in table else None
                 ),
                 context={
                     key: _sourced(raw, f"{where} context_bytes.{key}")
