@@ -1,0 +1,88 @@
+"""Stack-specific saved inputs: torch 1.10's softmax / log_softmax kept their input for backward
+(pytorch/pytorch#64000, fixed by #65242 in 1.11); the torch-1.10 stack profile holds it."""
+
+import pytest
+import torch
+
+from peakmem.allocator.simulate import simulate
+from peakmem.capture import capture_callable
+from peakmem.cuda_rules import COMPOSITE_RULES
+from peakmem.profiles import load_gpu, load_stack
+from peakmem.trace.events import EventKind
+
+SHAPE = (8, 256, 256)
+INPUT_BYTES = 8 * 256 * 256 * 4
+
+
+def _softmax_job(fn, grad: bool = True):
+    def job():
+        x = torch.randn(*SHAPE, device="cuda", requires_grad=grad)
+        scores = x * 2  # the softmax input: only softmax can keep it alive
+        probs = fn(scores, dim=-1)
+        del scores
+        out = probs * 3  # a scalar mul saves nothing: probs lives only as softmax's output
+        del probs
+        if grad:
+            out.sum().backward()
+        torch.empty(MARKER_ELEMENTS, device="cuda")
+
+    return job
+
+
+def _run(job, version: str):
+    result = capture_callable(job, gpu=load_gpu("v100-32gb"), stack=load_stack(version))
+    assert result.error is None
+    return result.trace, simulate(result.trace, torch_version=version)
+
+
+MARKER_ELEMENTS = 777
+
+
+def _live_at_marker(trace) -> int:
+    """Bytes live when the job allocated its marker (a tensor of MARKER_ELEMENTS floats)."""
+    live = {}
+    for kind, ident, size, _stream, _tag in trace.events():
+        if kind == EventKind.ALLOC and size == MARKER_ELEMENTS * 4:
+            return sum(live.values())
+        if kind == EventKind.ALLOC:
+            live[ident] = size
+        elif kind == EventKind.FREE:
+            live.pop(ident, None)
+    raise AssertionError("the job allocated no marker")
+
+
+@pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax])
+def test_torch_1_10_keeps_the_softmax_input_until_its_backward(fn):
+    trace_new, new = _run(_softmax_job(fn), "2.4")
+    trace_old, old = _run(_softmax_job(fn), "1.10")
+    # the held input is live at the peak (backward of the product) on 1.10 only
+    assert old.peak_allocated_bytes - new.peak_allocated_bytes == INPUT_BYTES
+    # and released once the node ran: after backward both stacks hold the same memory
+    assert _live_at_marker(trace_old) == _live_at_marker(trace_new)
+
+
+def test_no_grad_softmax_holds_nothing():
+    _, new = _run(_softmax_job(torch.softmax, grad=False), "2.4")
+    _, old = _run(_softmax_job(torch.softmax, grad=False), "1.10")
+    assert old.peak_allocated_bytes == new.peak_allocated_bytes
+
+
+def test_graph_dropped_without_backward_frees_the_held_input():
+    def job():
+        x = torch.randn(*SHAPE, device="cuda", requires_grad=True)
+        probs = torch.softmax(x * 2, dim=-1)
+        del probs  # the graph dies with its output; the held input with it
+        torch.empty(MARKER_ELEMENTS, device="cuda")
+
+    trace, _ = _run(job, "1.10")
+    assert _live_at_marker(trace) == INPUT_BYTES  # only x
+
+
+def test_every_saved_input_entry_names_a_composite_rule_and_a_source():
+    for version in ("1.10", "2.4", "2.5", "2.6"):
+        stack = load_stack(version)
+        for op_name, entry in stack.saved_inputs.items():
+            assert op_name in COMPOSITE_RULES, op_name
+            assert not entry.assumed and "pytorch/pytorch#" in entry.source
+    assert set(load_stack("1.10").saved_inputs) == {"softmax.int", "log_softmax.int"}
+    assert not load_stack("2.4").saved_inputs
