@@ -11,8 +11,9 @@ published, in the unit the project measured:
   bert-large-uncased with `Trainer`, `nvidia-smi`'s used memory after training (NVML
   `info.used // 1024**2`, MiB: the device level, CUDA context included) on a Tesla V100-SXM2
   16 GB, driver 460.91, CUDA 11.2 (eager module loading; the page measured 1343 MiB for the
-  context alone), torch of early 2022. Estimated as `--gpu v100-32gb --torch 2.4` (the oldest
-  stack peakmem has) with `CUDA_MODULE_LOADING=EAGER`; `peak_bytes` is compared.
+  context alone), torch 1.10 (early 2022; the torch-1.10 stack profile models what that torch
+  did differently, e.g. softmax saving its input, pytorch/pytorch#64000). Estimated as
+  `--gpu v100-32gb --torch 1.10` with `CUDA_MODULE_LOADING=EAGER`; `peak_bytes` is compared.
 - torchao, low-bit optimizers (pytorch/ao, torchao/prototype/low_bit_optim/README.md and its
   successor torchao/optim/README.md; benchmarks/benchmark_low_bit_adam.py): ViT-H/14 fine-tuned
   with bf16 autocast on an RTX 4070 Ti SUPER, `torch.cuda.max_memory_allocated() / 1e9`
@@ -54,11 +55,13 @@ class Recipe:
     gpu: str
     env: tuple[tuple[str, str], ...] = ()
     source: str = ""
+    torch: str = "2.4"
+    """The torch version the project measured with (picks the stack profile)."""
 
 
 def _hf(name: str, mib: int, *args: str) -> Recipe:
     return Recipe(f"hf-bert-large {name}", ("python", HF_SCRIPT, *args), mib * MiB, "peak_bytes",
-                  "v100-32gb", (("CUDA_MODULE_LOADING", "EAGER"),), HF_SOURCE)
+                  "v100-32gb", (("CUDA_MODULE_LOADING", "EAGER"),), HF_SOURCE, torch="1.10")
 
 
 def _ao(name: str, gb: float, *args: str) -> Recipe:
@@ -101,7 +104,7 @@ def estimate(recipe: Recipe, timeout: float) -> dict:
     started = time.monotonic()
     try:
         with rank_environment(dict(recipe.env)):
-            result = estimate_command(list(recipe.args), gpu=recipe.gpu, torch_version="2.4",
+            result = estimate_command(list(recipe.args), gpu=recipe.gpu, torch_version=recipe.torch,
                                       timeout=timeout)
     except EstimateError as exc:
         return {"error": str(exc).splitlines()[-1][:300]}
@@ -136,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.results, "w", encoding="utf-8") as out:
         for recipe in chosen:
             row = {"recipe": recipe.name, "metric": recipe.metric, "gpu": recipe.gpu,
+                   "torch": recipe.torch,
                    "published_bytes": recipe.published_bytes, "source": recipe.source,
                    **estimate(recipe, args.timeout)}
             if "estimate_bytes" in row:
