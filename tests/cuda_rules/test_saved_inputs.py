@@ -86,3 +86,27 @@ def test_every_saved_input_entry_names_a_composite_rule_and_a_source():
             assert not entry.assumed and "pytorch/pytorch#" in entry.source
     assert set(load_stack("1.10").saved_inputs) == {"softmax.int", "log_softmax.int"}
     assert not load_stack("2.4").saved_inputs
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_softmax_holds_its_input_only_while_its_region_is_recomputed(reentrant):
+    """Under activation checkpointing the held input goes through the checkpoint like any saved
+    tensor: nothing is held across the forward of several regions."""
+    from torch.utils.checkpoint import checkpoint
+
+    def region(x):
+        return torch.softmax(x * 2, dim=-1) * 3
+
+    def job():
+        x = torch.randn(*SHAPE, device="cuda", requires_grad=True)
+        h = x
+        for _ in range(4):
+            h = checkpoint(region, h, use_reentrant=reentrant)
+        torch.empty(MARKER_ELEMENTS, device="cuda")  # after the forward of the 4 regions
+        h.sum().backward()
+
+    trace_new, new = _run(job, "2.4")
+    trace_old, old = _run(job, "1.10")
+    assert _live_at_marker(trace_old) == _live_at_marker(trace_new)
+    # in backward one region at a time holds it: at most one input more at the peak
+    assert 0 <= old.peak_allocated_bytes - new.peak_allocated_bytes <= INPUT_BYTES
