@@ -110,3 +110,12 @@ def test_checkpointed_softmax_holds_its_input_only_while_its_region_is_recompute
     assert _live_at_marker(trace_old) == _live_at_marker(trace_new)
     # in backward one region at a time holds it: at most one input more at the peak
     assert 0 <= old.peak_allocated_bytes - new.peak_allocated_bytes <= INPUT_BYTES
+
+
+def test_the_estimate_applies_the_rules_of_the_torch_it_is_asked_for():
+    from peakmem.estimate import estimate
+
+    job = _softmax_job(torch.softmax)
+    old = estimate(job, gpu="v100-32gb", torch_version="1.10.2", mode="fake")
+    new = estimate(job, gpu="v100-32gb", torch_version="2.4.1", mode="fake")
+    assert old.peak_allocated_bytes - new.peak_allocated_bytes == INPUT_BYTES
