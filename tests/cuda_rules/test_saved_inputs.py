@@ -119,3 +119,17 @@ def test_the_estimate_applies_the_rules_of_the_torch_it_is_asked_for():
     old = estimate(job, gpu="v100-32gb", torch_version="1.10.2", mode="fake")
     new = estimate(job, gpu="v100-32gb", torch_version="2.4.1", mode="fake")
     assert old.peak_allocated_bytes - new.peak_allocated_bytes == INPUT_BYTES
+
+
+def test_torch_1_10_gives_cublas_no_workspace_from_the_caching_allocator():
+    """pytorch/pytorch#83461 (torch 1.13) first set cuBLAS handles' workspace from the caching
+    allocator: on 2.4 a matmul adds the 8519680-byte default workspace, on 1.10 nothing."""
+
+    def job():
+        a = torch.randn(256, 256, device="cuda")
+        a @ a
+
+    _, new = _run(job, "2.4")
+    _, old = _run(job, "1.10")
+    assert load_stack("2.4").cublas_workspace_for((7, 0)).value == 8519680
+    assert new.peak_allocated_bytes - old.peak_allocated_bytes == 8519680
