@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from peakmem.capture import device_view, module_apply  # noqa: F401  (their registrations)
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
+from peakmem.capture.fake_tensors import mark_pinned
 from peakmem.capture.phases import PhaseTracker
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
@@ -102,8 +103,9 @@ class CudaAsMeta(TorchFunctionMode):
             kwargs["device"] = to_capture_device(kwargs["device"], ints=True)
         if kwargs.get("pin_memory") and kwargs.get("device") != CAPTURE_DEVICE:
             # Pinned host memory is not device memory, and a CPU-only torch has no pinned
-            # allocator: the tensor is made in ordinary host memory.
+            # allocator: the tensor is made in ordinary host memory, and says it is pinned.
             del kwargs["pin_memory"]
+            return mark_pinned(func(*args, **kwargs))
 
         if func in _FROM_DATA and (kwargs.get("device") == CAPTURE_DEVICE
                                    or _has_device_tensor(args, {})):

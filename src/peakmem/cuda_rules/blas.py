@@ -35,6 +35,11 @@ def workspace_config_bytes(config: str) -> int | None:
 
 
 def cublas_workspace_bytes(ctx: RuleContext) -> int:
+    """The workspace torch hands a cuBLAS handle from the caching allocator; 0 where the stack
+    gives none (before pytorch/pytorch#83461, torch 1.13, cuBLAS allocated its own and read
+    CUBLAS_WORKSPACE_CONFIG itself)."""
+    if int(ctx.stack.cublas_workspace_for(ctx.gpu.capability).value) == 0:
+        return 0
     override = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if override:
         size = workspace_config_bytes(override)
@@ -46,9 +51,12 @@ def cublas_workspace_bytes(ctx: RuleContext) -> int:
 def use_cublas_handle(ctx: RuleContext) -> None:
     """The current thread's cuBLAS handle is used: allocate its workspace on first use."""
     thread = "autograd" if ctx.in_backward else "main"
+    size = cublas_workspace_bytes(ctx)
+    if size == 0:
+        return
     ctx.persistent(
         ("cublas_workspace", thread),
-        cublas_workspace_bytes(ctx),
+        size,
         category="workspace",
         op=f"cublas_workspace[{thread}]",
     )

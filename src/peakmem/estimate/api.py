@@ -611,8 +611,10 @@ def estimate_command(
 
     launch = launch_for(argv, nproc_per_node, nnodes, ranks)
     launch_notes: tuple[str, ...] = ()
+    launch_env: dict[str, str] = {}
     if launch is not None and not launch.distributed:  # one process (`tune run` on one device)
-        argv, launch_notes, launch = launch.command, launch.notes, None
+        argv, launch_notes, launch_env = launch.command, launch.notes, dict(launch.env)
+        launch = None
     if launch is not None:
         return estimate_launch(
             launch, ranks, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
@@ -620,23 +622,26 @@ def estimate_command(
             max_host_memory=max_host_memory, job_log=job_log, sandbox=sandbox, isolate=isolate,
         )
     _check_command(argv)
-    if not isolate:
-        from peakmem.capture import capture_command
-        from peakmem.capture.fake_memory import allocator_target
+    from peakmem.estimate.distributed import rank_environment
 
-        with allocator_target(conf, version):
-            capture = _capture_with_mode(
-                lambda run_mode: capture_command(
-                    argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
-                    mode=run_mode,
-                ),
-                mode,
+    with rank_environment(launch_env):  # what the launcher sets for its one process
+        if not isolate:
+            from peakmem.capture import capture_command
+            from peakmem.capture.fake_memory import allocator_target
+
+            with allocator_target(conf, version):
+                capture = _capture_with_mode(
+                    lambda run_mode: capture_command(
+                        argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
+                        mode=run_mode,
+                    ),
+                    mode,
+                )
+        else:
+            capture = _capture_supervised(
+                argv, gpu_profile, version, conf, steps, mode, timeout, max_host_memory,
+                job_log, sandbox,
             )
-    else:
-        capture = _capture_supervised(
-            argv, gpu_profile, version, conf, steps, mode, timeout, max_host_memory, job_log,
-            sandbox,
-        )
     result = _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
         mode=mode, timeline=timeline,

@@ -89,6 +89,9 @@ class StackProfile:
     module loading brings in after the context is created, on the job's first kernel launches
     (torch's and cuBLAS's kernel images). A measurement whose baseline is taken right after
     the context was created (xMem's) contains this part and not the rest."""
+    saved_inputs: dict[str, Sourced] = field(default_factory=dict)
+    """Per composite aten op ("softmax.int"): the stack's autograd saved the op's input for
+    backward where the torch the capture runs does not (cuda_rules/saved_inputs.py)."""
 
     def kernel_workspace_bytes(self, name: str) -> int:
         """The size of a named kernel workspace; 0 where the stack does not list it."""
@@ -321,6 +324,10 @@ def _stacks() -> list[StackProfile]:
                 lazy_loaded={
                     key: _sourced(raw, f"{where} lazy_loaded_bytes.{key}")
                     for key, raw in table.get("lazy_loaded_bytes", {}).items()
+                },
+                saved_inputs={
+                    key: _sourced(raw, f"{where} saved_inputs.{key}")
+                    for key, raw in table.get("saved_inputs", {}).items()
                 },
             )
         )
