@@ -20,6 +20,7 @@ from peakmem.capture import device_view, module_apply  # noqa: F401  (their regi
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
 from peakmem.capture.fake_tensors import mark_pinned
+from peakmem.capture.grad_accumulation import backward_roots, engine_marked
 from peakmem.capture.phases import PhaseTracker
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
@@ -130,7 +131,7 @@ class CudaAsMeta(TorchFunctionMode):
             # autograd functions) sees the device view and the function rules, as in forward.
             # A backward call made inside backward (reentrant checkpointing) stays in that phase.
             phase = nullcontext() if self.session.in_backward else self.phases.backward()
-            with phase, job_view_in_backward(self):
+            with phase, job_view_in_backward(self), engine_marked(backward_roots(func, args, kwargs)):
                 return func(*args, **kwargs)
         rule = FUNCTION_RULES.get(func)
         if rule is not None and _has_device_tensor(args, kwargs):

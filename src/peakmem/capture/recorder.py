@@ -8,10 +8,12 @@ import inspect
 
 import torch
 from torch import Tensor
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from peakmem.capture.eager import op_name
+from peakmem.capture.grad_accumulation import between_nodes
 from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.meta_cache import SHARED_CACHE
 from peakmem.capture.session import CaptureSession
@@ -101,6 +103,8 @@ class AllocationRecorder(TorchDispatchMode):
                 and not claim(session, tensor, kind)
             ):
                 session.track(tensor, op, category)
+        if func is _ADD and session.in_backward and _is_accumulation(args, kwargs, out):
+            session.expect_accumulation(args[0], out)
         if session.op_observer is not None:
             session.op_observer(func, args, kwargs, out, kind)
         if around is not None:
@@ -109,6 +113,27 @@ class AllocationRecorder(TorchDispatchMode):
         elif rule is not None:
             rule(session, func, args, kwargs, out)
         return out
+
+
+_ADD = torch.ops.aten.add.Tensor
+
+
+def _is_accumulation(args: tuple, kwargs: dict, out) -> bool:
+    """`old + var` made by autograd's engine between nodes with grad mode off (its gradient
+    accumulation, capture/grad_accumulation.py), on a dense old gradient of the sum's layout:
+    CUDA may add in place there."""
+    if not between_nodes() or torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1:
+        return False
+    old = args[0] if args else None
+    return (
+        isinstance(old, Tensor)
+        and isinstance(out, Tensor)
+        and old.is_meta
+        and old.layout == torch.strided
+        and old.dtype == out.dtype
+        and old.shape == out.shape
+        and is_non_overlapping_and_dense_or_false(old)
+    )
 
 
 def _run(session: CaptureSession, func, args, kwargs):
