@@ -16,6 +16,11 @@ session then replays it as in place if the old buffer's storage is released righ
 add (the engine drops the old value as soon as the sum replaces it: the buffer held the only
 reference, CUDA's `can_accumulate_inplace`): the sum's allocation is withdrawn and the old
 allocation lives on as the sum's (session.CaptureSession.expect_accumulation).
+
+Not replayed: sums shaped like a leaf of the graph (a parameter used twice, e.g. tied input and
+output embeddings). On an H100 (torch 2.11) such jobs (GPT-2, BERT, T5, Llama 3.2 1B) measured
+one weight-sized block more than the in-place replay gives; why the engine adds out of place
+there is not established, so those sums stay as the capture sees them (out of place).
 """
 
 from __future__ import annotations
@@ -37,6 +42,12 @@ def _stack() -> list[str]:
     if stack is None:
         stack = _local.stack = []
     return stack
+
+
+def leaf_gradient_layouts() -> frozenset[tuple[tuple[int, ...], Any]]:
+    """(shape, dtype) of the leaves (parameters) the innermost backward call accumulates into."""
+    layouts = getattr(_local, "leaf_layouts", None)
+    return layouts[-1] if layouts else frozenset()
 
 
 def between_nodes() -> bool:
@@ -88,8 +99,9 @@ def backward_roots(func: Any, args: tuple, kwargs: dict) -> list[Any]:
 def engine_marked(roots: Iterable[Any]) -> Iterator[None]:
     """Mark, for the duration of one backward call, when the engine is between nodes."""
     handles = []
+    nodes = graph_nodes(roots)
     try:
-        for node in graph_nodes(roots):
+        for node in nodes:
             try:
                 handles.append(node.register_prehook(_pre_hook))
                 handles.append(node.register_hook(_post_hook))
@@ -97,6 +109,14 @@ def engine_marked(roots: Iterable[Any]) -> Iterator[None]:
                 continue  # a node that takes no hooks: its work counts as the engine's
     except RecursionError:  # pragma: no cover - graph_nodes is iterative
         pass
+    leaves = frozenset(
+        (tuple(node.variable.shape), node.variable.dtype)
+        for node in nodes if hasattr(node, "variable")
+    )
+    layouts = getattr(_local, "leaf_layouts", None)
+    if layouts is None:
+        layouts = _local.leaf_layouts = []
+    layouts.append(leaves)
     stack = _stack()
     depth = len(stack)
     stack.append(_BACKWARD)
@@ -104,5 +124,6 @@ def engine_marked(roots: Iterable[Any]) -> Iterator[None]:
         yield
     finally:
         del stack[depth:]
+        layouts.pop()
         for handle in handles:
             handle.remove()

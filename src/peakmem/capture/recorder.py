@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from peakmem.capture.eager import op_name
-from peakmem.capture.grad_accumulation import between_nodes
+from peakmem.capture.grad_accumulation import between_nodes, leaf_gradient_layouts
 from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.meta_cache import SHARED_CACHE
 from peakmem.capture.session import CaptureSession
@@ -133,6 +133,7 @@ def _is_accumulation(args: tuple, kwargs: dict, out) -> bool:
         and old.dtype == out.dtype
         and old.shape == out.shape
         and is_non_overlapping_and_dense_or_false(old)
+        and (tuple(old.shape), old.dtype) not in leaf_gradient_layouts()
     )
 
 
