@@ -44,8 +44,9 @@ from typing import Any
 import torch
 import torch.utils._device as torch_device_context
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
+from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec, is_meta_spec
 from peakmem.capture.host_values import HostValues
 from peakmem.capture.session import CaptureSession
@@ -490,8 +491,7 @@ class HostDeferral(TorchFunctionMode):
     def _read(self, func, args: tuple, kwargs: dict):
         if not self.kinds:
             return NotImplemented
-        flat, _ = tree_flatten((args, kwargs))
-        if not any(self.kind(t) == HOST for t in flat):
+        if not any(self.kind(t) == HOST for t in tensors_in((args, kwargs))):
             return NotImplemented
         real_args, real_kwargs = tree_map(self._real_or_same, (args, kwargs))
         return func(*real_args, **real_kwargs)
@@ -530,7 +530,7 @@ class HostDeferral(TorchFunctionMode):
 
     # -- ops on host-deferred tensors ----------------------------------------------------------
     def _on_deferred(self, func, args: tuple, kwargs: dict):
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+        tensors = tensors_in((args, kwargs))
         if not tensors:
             return func(*args, **kwargs)
         if self.collated:
@@ -674,8 +674,8 @@ def outputs_kind(session: CaptureSession, args: tuple, kwargs: dict) -> tuple[st
     if not kinds:
         return DEVICE, None
     found = set()
-    for tensor in tree_flatten((args, kwargs))[0]:
-        if isinstance(tensor, Tensor) and tensor.device.type == "meta":
+    for tensor in tensors_in((args, kwargs)):
+        if tensor.device.type == "meta":
             if tensor.layout != torch.strided:
                 return DEVICE, None
             kind = kinds.get(id(tensor.untyped_storage()), DEVICE)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
+from peakmem.capture.arg_tensors import tensors_in
 from peakmem.cuda_rules.true_device import is_meta
 
 
@@ -128,8 +128,7 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", t
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    flat, _ = tree_flatten(value)
-    return [t for t in flat if isinstance(t, torch.Tensor)]
+    return tensors_in(value)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
