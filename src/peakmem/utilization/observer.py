@@ -98,9 +98,10 @@ class OpCostObserver:
         except Exception as exc:  # noqa: BLE001 - never let the utilization model break a capture
             self.failed = f"{type(exc).__name__} on {getattr(func, '__name__', func)}"
 
-    def observe_host_op(self, name: str, made_bytes: int) -> None:
-        """A host op that ran lazily (the DataLoader's collate stack, capture.host_deferred):
-        counted as the op on real host tensors it stands for."""
+    def observe_host_op(self, name: str, made_bytes: int, *, random: bool = False) -> None:
+        """A host op that ran lazily (the DataLoader's collate stack, a Dataset's random
+        sample: capture.host_deferred): counted as the op on real host tensors it stands
+        for (`random`: a random draw)."""
         if self.failed:
             return
         self._roll()
@@ -108,6 +109,8 @@ class OpCostObserver:
         syncs = self._sync_check()
         record.host_ops += 1
         record.host_bytes += made_bytes
+        if random:
+            record.host_random_bytes += made_bytes
         record.trailing_syncs += syncs
 
     def _observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
