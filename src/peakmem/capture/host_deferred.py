@@ -619,7 +619,8 @@ class HostDeferral(TorchFunctionMode):
     # -- ops on host-deferred tensors ----------------------------------------------------------
     def _on_deferred(self, func, args: tuple, kwargs: dict):
         tensors = tensors_in((args, kwargs))
-        if not tensors:
+        if not tensors or not self._any_marked(tensors):
+            # no host-deferred, job's meta or lazily computed tensor among them: the op as it is
             return func(*args, **kwargs)
         if self.collated:
             with _NO_MODES():
@@ -651,6 +652,18 @@ class HostDeferral(TorchFunctionMode):
         out = func(*args, **kwargs)
         self.values.derived(func, args, kwargs, out, before)
         return out
+
+    def _any_marked(self, tensors: list[Tensor]) -> bool:
+        """Whether a strided meta tensor among `tensors` has a host, meta or lazily computed
+        storage (device storages are not marked: the common case, answered in one pass)."""
+        kinds, collated = self.kinds, self.collated
+        with _NO_MODES():
+            for tensor in tensors:
+                if tensor.device.type == "meta" and tensor.layout == torch.strided:
+                    key = id(tensor.untyped_storage())
+                    if key in kinds or key in collated:
+                        return True
+        return False
 
     def _in_place(self, func, target: Tensor, args: tuple, kwargs: dict):
         try:
