@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from peakmem.capture import device_view, module_apply  # noqa: F401  (their registrations)
+from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
 from peakmem.capture.fake_tensors import mark_pinned
@@ -64,8 +65,7 @@ def placeholder(tensor: Any) -> Any:
 
 
 def _has_device_tensor(args: tuple, kwargs: dict) -> bool:
-    flat, _ = tree_flatten((args, kwargs))
-    return any(is_meta(t) for t in flat)
+    return any(is_meta(t) for t in tensors_in((args, kwargs)))
 
 
 def _copies_device_to_host(args: tuple, kwargs: dict) -> bool:
