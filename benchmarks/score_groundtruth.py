@@ -23,6 +23,9 @@ from peakmem.baselines.peakmem_estimator import PeakmemEstimator
 from peakmem.datasets.loaders import load_rows
 from peakmem.datasets.rows import MiB
 
+# zoo scripts whose jobs run cuDNN convolutions (their workspaces are a fitted model: reported apart)
+CONVOLUTION_JOBS = ("vision.py", "xmem_cnn.py", "unet.py", "detection.py")
+
 FIGURES = (  # (name, estimate attribute, CSV column)
     ("peak", "peak_bytes", "measured_peak_bytes"),
     ("reserved", "peak_reserved_bytes", "max_reserved_bytes"),
@@ -72,6 +75,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reuse", type=Path, default=None, help="results already computed")
+    parser.add_argument("--split-convolutions", action="store_true",
+                        help="also summarise the rows with and without cuDNN convolutions apart")
     args = parser.parse_args()
 
     rows = load_rows("groundtruth")
@@ -100,6 +105,13 @@ def main() -> None:
               flush=True)
     for line in summary({r.id: results[r.id] for r in rows}):
         print(line)
+    if args.split_convolutions:
+        for label, wanted in (("without cuDNN convolutions", False), ("with cuDNN convolutions", True)):
+            part = {r.id: results[r.id] for r in rows
+                    if Path(r.job["job"]).name.endswith(CONVOLUTION_JOBS) == wanted}
+            print(f"-- {label}:")
+            for line in summary(part):
+                print(line)
 
 
 if __name__ == "__main__":
