@@ -599,20 +599,25 @@ def estimate_command(
     EstimateError (``exit_code``, ``kind``, ``reason``: the contract's table) when no estimate
     can be made. A launcher command (`torchrun ...`, `accelerate launch ...`, `deepspeed ...`)
     or `nproc_per_node` / `nnodes` make it a distributed launch: `ranks` (None: rank 0, "all",
-    "0,3") are traced, see estimate.distributed."""
+    "0,3") are traced, see estimate.distributed. An environment prefix (`env NAME=VALUE ...`,
+    `NAME=VALUE ...`) sets those variables for the job, PYTORCH_CUDA_ALLOC_CONF among them
+    (`alloc_conf` wins over it)."""
     _check_mode(mode)
     steps = _check_steps(steps)
     timeout = check_timeout(timeout)
     if max_host_memory is not None and max_host_memory <= 0:
         raise EstimateError(f"--max-host-memory must be positive, got {max_host_memory}",
                             exit_code=2, reason="bad_input")
-    gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
-    from peakmem.estimate.distributed import estimate_launch, launch_for
+    from peakmem.estimate.distributed import estimate_launch, launch_for, rank_environment
 
     launch = launch_for(argv, nproc_per_node, nnodes, ranks)
+    prefix_env: dict[str, str] = dict(launch.env) if launch is not None else {}
+    if alloc_conf is None and "PYTORCH_CUDA_ALLOC_CONF" in prefix_env:  # `env PYTORCH_...=x`
+        alloc_conf = prefix_env["PYTORCH_CUDA_ALLOC_CONF"]
+    gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     launch_notes: tuple[str, ...] = ()
-    if launch is not None and not launch.distributed:  # one process (`tune run` on one device)
-        argv, launch_notes, launch = launch.command, launch.notes, None
+    if launch is not None and not launch.distributed:  # one process (`tune run` on one
+        argv, launch_notes, launch = list(launch.command), launch.notes, None  # device, `env`)
     if launch is not None:
         return estimate_launch(
             launch, ranks, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
@@ -624,7 +629,7 @@ def estimate_command(
         from peakmem.capture import capture_command
         from peakmem.capture.fake_memory import allocator_target
 
-        with allocator_target(conf, version):
+        with rank_environment(prefix_env), allocator_target(conf, version):
             capture = _capture_with_mode(
                 lambda run_mode: capture_command(
                     argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
@@ -635,7 +640,7 @@ def estimate_command(
     else:
         capture = _capture_supervised(
             argv, gpu_profile, version, conf, steps, mode, timeout, max_host_memory, job_log,
-            sandbox,
+            sandbox, env={**os.environ, **prefix_env} if prefix_env else None,
         )
     result = _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from peakmem.jobs.env_prefix import EnvPrefixError, split_env_prefix
+
 DEFAULT_GPUS_PER_NODE = 8
 """What `--nproc-per-node gpu|auto` means here (the machine peakmem runs on has no GPU)."""
 MAX_WORLD_SIZE = 1 << 16
@@ -443,7 +445,10 @@ def _launcher_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
 def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
                  nnodes: int | None = None) -> Launch | None:
     """The launch `argv` describes; None for a plain `python train.py` without
-    `nproc_per_node`/`nnodes` (one process, no distributed environment).
+    `nproc_per_node`/`nnodes` (one process, no distributed environment). An environment prefix
+    (`env NAME=VALUE ...`, `NAME=VALUE ...`, see :mod:`peakmem.jobs.env_prefix`) is taken off
+    here, for every front end: its variables are the Launch's `env` (a plain `python train.py`
+    after a prefix gives a Launch whose `distributed` is False).
 
     `nproc_per_node` / `nnodes` (peakmem's own options) override the launcher's. A launcher
     that runs one process in place (`tune run` without torchrun options) gives a Launch whose
@@ -451,18 +456,34 @@ def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
     for value, what in ((nproc_per_node, "--nproc-per-node"), (nnodes, "--nnodes")):
         if value is not None and not 1 <= value <= MAX_WORLD_SIZE:
             raise LaunchError(f"{what} must be between 1 and {MAX_WORLD_SIZE}, got {value}")
+    try:
+        argv, variables = split_env_prefix(argv)
+    except EnvPrefixError as exc:
+        raise LaunchError(str(exc)) from None
     found = _launcher_of(argv)
     if found is None:
         if nproc_per_node is None and nnodes is None:
-            return None
-        return Launch(tuple(argv), nproc_per_node or 1, nnodes or 1, "torchrun")
+            return Launch(tuple(argv), env=variables) if variables else None
+        return Launch(tuple(argv), nproc_per_node or 1, nnodes or 1, "torchrun", env=variables)
     name, words = found
     launch = LAUNCHERS[name](words)
+    if variables:  # the prefix's variables reach every rank; the launcher's own win
+        launch = replace(launch, env={**variables, **launch.env})
     if nproc_per_node is not None or nnodes is not None:
         launch = replace(launch, nproc_per_node=nproc_per_node or launch.nproc_per_node,
                          nnodes=nnodes or launch.nnodes,
                          launcher="torchrun" if launch.launcher == "python" else launch.launcher)
     return launch
+
+
+def job_command(argv: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(the command one process runs, the variables of its environment prefix) for a front end
+    that checks or runs a single command (the service's request check, `peakmem measure`): a
+    launcher's command is its rank 0's. LaunchError for a command that cannot be read."""
+    launch = parse_launch(argv)
+    if launch is None:
+        return tuple(argv), {}
+    return tuple(launch.rank_command(0)), dict(launch.env)
 
 
 def parse_ranks(text: str | None, world_size: int) -> list[int]:
