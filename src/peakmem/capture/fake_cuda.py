@@ -335,6 +335,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_streams,
         fake_tensors,
         host_broadcasts,
+        python_subprocesses,
         storage_resize,
     )
 
@@ -350,6 +351,7 @@ def patch_providers() -> list[PatchProvider]:
         storage_resize.patches,
         fake_streams.patches,
         host_broadcasts.patches,
+        python_subprocesses.patches,
     ]
 
 

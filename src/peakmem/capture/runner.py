@@ -282,6 +282,7 @@ def _collect(
     result.stopped = session.state.stopped
     result.forward_calls = session.state.forward_calls
     result.notes.extend(session.notes)
+    result.failure_hint = "; ".join(session.failure_hints) or None
     if vision_ops.declared() and "torchvision" in sys.modules:
         result.notes.append(vision_ops.NOTE)
     result.libraries = dict(session.libraries)

@@ -79,6 +79,8 @@ class CaptureSession:
     _lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False
     notes: list[str] = field(default_factory=list)
+    failure_hints: list[str] = field(default_factory=list)
+    """What to add to the one-line error if the job fails (capture.python_subprocesses)."""
     libraries: dict[str, int] = field(default_factory=dict)
     """Device memory loaded outside the caching allocator on first use, by library family."""
     eager: bool = False

@@ -100,6 +100,8 @@ def failure(capture: CaptureResult) -> EstimateError:
         type_name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
         detail = first_line(error) if error is not None else ""
         summary = f"the job raised {type_name}" + (f": {detail}" if detail else "")
+        if capture.failure_hint:
+            summary += f" ({capture.failure_hint})"
         return EstimateError(text, capture, 1, traceback=text or None, summary=summary, **common)
     if reason == "timeout":
         return EstimateError(text, capture, 124, summary=text, **common)
@@ -111,6 +113,9 @@ def failure(capture: CaptureResult) -> EstimateError:
         return EstimateError(text, capture, 2, summary=text, **common)
     if reason == "internal":
         return EstimateError(text, capture, 70, traceback=text, summary=text, **common)
+    if reason == "exit" and capture.failure_hint:
+        return EstimateError(text, capture, 1, summary=f"{text} ({capture.failure_hint})",
+                             **common)
     return EstimateError(text, capture, 1, summary=text, **common)
 
 
