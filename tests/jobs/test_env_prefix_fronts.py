@@ -54,6 +54,11 @@ def test_parse_launch_takes_the_prefix_off():
         parse_launch(["env", "-i", "python", "t.py"])
     with pytest.raises(LaunchError, match="no command after the variables"):
         parse_launch(["A=1"])
+    for hidden in ("", "-1", " -1,0"):
+        with pytest.raises(LaunchError, match="hides every GPU"):
+            parse_launch([f"CUDA_VISIBLE_DEVICES={hidden}", "python", "t.py"])
+    assert parse_launch(["env", "CUDA_VISIBLE_DEVICES=1,3", "python", "t.py"]).env == {
+        "CUDA_VISIBLE_DEVICES": "1,3"}
 
 
 def test_python_api_sets_the_variables_for_the_job_only(script, monkeypatch):

@@ -460,6 +460,7 @@ def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
         argv, variables = split_env_prefix(argv)
     except EnvPrefixError as exc:
         raise LaunchError(str(exc)) from None
+    _check_visible_devices(variables)
     found = _launcher_of(argv)
     if found is None:
         if nproc_per_node is None and nnodes is None:
@@ -474,6 +475,19 @@ def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
                          nnodes=nnodes or launch.nnodes,
                          launcher="torchrun" if launch.launcher == "python" else launch.launcher)
     return launch
+
+
+def _check_visible_devices(variables: Mapping[str, str]) -> None:
+    """A prefix whose CUDA_VISIBLE_DEVICES hides every GPU (`CUDA_VISIBLE_DEVICES=`, `=-1`)
+    makes the job run on the CPU: there is no GPU memory to estimate (peakmem's own environment
+    is not the job's: only the command's prefix is read)."""
+    value = variables.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return
+    first = value.split(",")[0].strip()
+    if not first or first.startswith("-"):
+        raise LaunchError(f"the command sets CUDA_VISIBLE_DEVICES={value!r}, which hides every "
+                          "GPU: the job would run on the CPU and use no GPU memory")
 
 
 def job_command(argv: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
