@@ -46,6 +46,10 @@ def test_parse_launch_takes_the_prefix_off():
     ranked = parse_launch(["OMP_NUM_THREADS=1", "torchrun", "--nproc-per-node", "2", "t.py"])
     assert ranked.distributed and ranked.world_size == 2
     assert ranked.rank_env(1)["OMP_NUM_THREADS"] == "1" and ranked.rank_env(1)["RANK"] == "1"
+    for flags in (["-W", "ignore"], ["-Xutf8", "-u"], ["-Wignore::DeprecationWarning"]):
+        launched = parse_launch(["python", *flags, "-m", "torch.distributed.run",
+                                 "--nproc-per-node", "2", "t.py"])
+        assert launched.world_size == 2 and launched.command == ("python", "t.py")
     forced = parse_launch(["env", "A=2", "python", "t.py"], nproc_per_node=4)
     assert forced.world_size == 4 and forced.rank_env(3)["A"] == "2"
     assert job_command(["A=1", "torchrun", "--standalone", "t.py", "--x"]) == (

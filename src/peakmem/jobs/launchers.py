@@ -434,9 +434,9 @@ def _launcher_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
     if program in LAUNCHERS and program not in ("torch.distributed.run",):
         return program, words[1:]
     if program in ("python", "python3") or program.startswith("python3."):
-        rest = words[1:]
-        while rest and rest[0] in ("-u", "-B", "-O", "-OO", "-s", "-E", "-I"):
-            rest = rest[1:]
+        from peakmem.jobs.runner import skip_interpreter_options  # torch-free
+
+        rest = skip_interpreter_options(words[1:])  # `python -W ignore -m torch.distributed.run`
         if len(rest) >= 2 and rest[0] == "-m" and rest[1] in LAUNCHERS:
             return rest[1], rest[2:]
     return None
