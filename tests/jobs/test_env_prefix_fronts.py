@@ -151,3 +151,31 @@ def test_service_and_batch_run_the_prefixed_command(tmp_path):
     line = json.loads(out.read_text().splitlines()[0])
     assert summary.done == 1, line
     assert line["result"]["peak_allocated_bytes"] == 32 * MIB
+
+
+def test_wrapper_programs_are_taken_off():
+    from peakmem.jobs.command_wrappers import strip_wrappers
+
+    assert strip_wrappers(["nohup", "python", "t.py"]) == (("python", "t.py"), ("nohup",))
+    assert strip_wrappers(["time", "-p", "nice", "-n", "10", "stdbuf", "-oL", "python", "t.py"]) \
+        == (("python", "t.py"), ("time", "nice", "stdbuf"))
+    assert strip_wrappers(["taskset", "-c", "0-7", "torchrun", "t.py"])[0] == ("torchrun", "t.py")
+    assert strip_wrappers(["nice", "-5", "python", "t.py"])[0] == ("python", "t.py")
+    plain = parse_launch(["nohup", "env", "A=1", "ionice", "-c", "3", "python", "t.py"])
+    assert plain.command == ("python", "t.py") and dict(plain.env) == {"A": "1"}
+    assert not plain.distributed
+    assert parse_launch(["/usr/bin/nohup", "python", "t.py"]).command == ("python", "t.py")
+    ranked = parse_launch(["B=2", "nice", "torchrun", "--nproc-per-node", "2", "t.py"])
+    assert ranked.world_size == 2 and ranked.rank_env(1)["B"] == "2"
+    with pytest.raises(LaunchError, match="unsupported nice option '--weird'"):
+        parse_launch(["nice", "--weird", "python", "t.py"])
+    with pytest.raises(LaunchError, match="no command after `nohup`"):
+        parse_launch(["nohup"])
+    with pytest.raises(LaunchError, match="`nohup` would run a program named 'A=1'"):
+        parse_launch(["nohup", "A=1", "python", "t.py"])
+
+
+def test_a_wrapped_command_is_estimated(script):
+    result = estimate_command(["nohup", "env", "MIB=3", "time", "-p", "python", str(script)],
+                              gpu="a100-40gb", mode="fake", isolate=False)
+    assert result.peak_allocated_bytes == 3 * MIB

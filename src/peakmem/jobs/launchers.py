@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from peakmem.jobs.command_wrappers import WrapperError, strip_wrappers
 from peakmem.jobs.env_prefix import EnvPrefixError, split_env_prefix
 
 DEFAULT_GPUS_PER_NODE = 8
@@ -446,9 +447,10 @@ def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
                  nnodes: int | None = None) -> Launch | None:
     """The launch `argv` describes; None for a plain `python train.py` without
     `nproc_per_node`/`nnodes` (one process, no distributed environment). An environment prefix
-    (`env NAME=VALUE ...`, `NAME=VALUE ...`, see :mod:`peakmem.jobs.env_prefix`) is taken off
-    here, for every front end: its variables are the Launch's `env` (a plain `python train.py`
-    after a prefix gives a Launch whose `distributed` is False).
+    (`env NAME=VALUE ...`, `NAME=VALUE ...`, see :mod:`peakmem.jobs.env_prefix`) and wrapper
+    programs (`nohup`, `time`, `nice -n 5`, see :mod:`peakmem.jobs.command_wrappers`) are taken
+    off here, for every front end: the prefix's variables are the Launch's `env` (a plain
+    `python train.py` after a prefix or wrapper gives a Launch whose `distributed` is False).
 
     `nproc_per_node` / `nnodes` (peakmem's own options) override the launcher's. A launcher
     that runs one process in place (`tune run` without torchrun options) gives a Launch whose
@@ -456,15 +458,14 @@ def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
     for value, what in ((nproc_per_node, "--nproc-per-node"), (nnodes, "--nnodes")):
         if value is not None and not 1 <= value <= MAX_WORLD_SIZE:
             raise LaunchError(f"{what} must be between 1 and {MAX_WORLD_SIZE}, got {value}")
-    try:
-        argv, variables = split_env_prefix(argv)
-    except EnvPrefixError as exc:
-        raise LaunchError(str(exc)) from None
+    given = tuple(argv)
+    argv, variables = _job_of(argv)
     _check_visible_devices(variables)
     found = _launcher_of(argv)
     if found is None:
         if nproc_per_node is None and nnodes is None:
-            return Launch(tuple(argv), env=variables) if variables else None
+            changed = variables or argv != given  # a prefix or a wrapper was taken off
+            return Launch(tuple(argv), env=variables) if changed else None
         return Launch(tuple(argv), nproc_per_node or 1, nnodes or 1, "torchrun", env=variables)
     name, words = found
     launch = LAUNCHERS[name](words)
@@ -475,6 +476,25 @@ def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
                          nnodes=nnodes or launch.nnodes,
                          launcher="torchrun" if launch.launcher == "python" else launch.launcher)
     return launch
+
+
+def _job_of(argv: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The command after any environment prefixes and wrappers (`env A=1 nohup nice -n 5
+    python t.py`), and the variables the prefixes set."""
+    command, variables = tuple(argv), {}
+    wrappers: tuple[str, ...] = ()
+    while True:
+        if wrappers and command and "=" in command[0] and not command[0].startswith("-"):
+            raise LaunchError(f"`{wrappers[-1]}` would run a program named {command[0]!r}: "
+                              f"write `{wrappers[-1]} env {command[0]} ...`")
+        try:
+            command, more = split_env_prefix(command)
+            command, wrappers = strip_wrappers(command)
+        except (EnvPrefixError, WrapperError) as exc:
+            raise LaunchError(str(exc)) from None
+        variables.update(more)
+        if not more and not wrappers:
+            return command, variables
 
 
 def _check_visible_devices(variables: Mapping[str, str]) -> None:
