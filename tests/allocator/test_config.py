@@ -201,3 +201,21 @@ def test_version_rules_pick_the_newest_entry_not_after_the_version():
         AllocatorRules.for_version("2.3.1")
     with pytest.raises(ValueError, match="not a torch version"):
         AllocatorRules.for_version("latest")
+
+
+def test_torch_1_10_parses_only_max_split_size_mb():
+    """torch 1.10's parseArgs knew one option, max_split_size_mb (> 20), and rejected others."""
+    from peakmem.profiles import load_stack
+
+    assert AllocatorConfig.parse("max_split_size_mb:128", "1.10.2").max_split_size == 128 * 2**20
+    for conf in ("expandable_segments:True", "garbage_collection_threshold:0.6",
+                 "roundup_power2_divisions:4", "backend:native"):
+        with pytest.raises(AllocatorConfigError, match="Unrecognized CachingAllocator option"):
+            AllocatorConfig.parse(conf, "1.10")
+        AllocatorConfig.parse(conf, "2.4")  # the same option is known from 2.4 on
+    with pytest.raises(AllocatorConfigError, match="must be > 20"):
+        AllocatorConfig.parse("max_split_size_mb:20", "1.10")
+    with pytest.raises(ValueError, match="legacy: 1.10"):
+        AllocatorRules.for_version("1.9")
+    assert load_stack("1.10.1").name == "torch-1.10"
+    assert load_stack("1.10.1").module_loading({}) == "eager"  # CUDA 10.2 wheels

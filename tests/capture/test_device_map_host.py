@@ -45,12 +45,20 @@ def test_pinned_host_memory_works_on_a_cpu_only_torch_and_is_not_device_memory(a
 
     def job():
         staging = torch.empty(1 << 20, pin_memory=True)  # fails on a CPU-only torch outside
-        batch = torch.randn(256, 1024).pin_memory()
+        host = torch.randn(256, 1024)
+        seen["before"] = host.is_pinned()
+        batch = host.pin_memory()
         seen["devices"] = (staging.device, batch.device)
-        batch.to("cuda", non_blocking=True)
+        seen["pinned"] = (staging.is_pinned(), batch.is_pinned(), batch.pin_memory() is batch)
+        device = batch.to("cuda", non_blocking=True)
+        seen["device_pinned"] = device.is_pinned()
 
     result = run(job, a100, stack24)
     assert seen["devices"] == (torch.device("cpu"), torch.device("cpu"))
+    # as with CUDA: pinned tensors say so, an ordinary host tensor and a device tensor not
+    assert seen["before"] is False
+    assert seen["pinned"] == (True, True, True)
+    assert seen["device_pinned"] is False
     assert [size for size, _tag in allocations(result.trace)] == [256 * 1024 * 4]
 
 

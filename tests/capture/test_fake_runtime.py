@@ -51,11 +51,12 @@ def test_runtime_is_restored_after_the_capture(a100, stack24):
     capture_callable(lambda: torch.zeros(2, device="cuda"), gpu=a100, stack=stack24)
     assert torch.cuda.is_available() is before
     assert torch.Tensor.pin_memory is not None
-    for name in ("pin_memory", "type", "record_stream"):  # inherited: the patch is deleted
+    for name in ("pin_memory", "is_pinned", "type", "record_stream"):  # inherited: patch deleted
         assert name not in vars(torch.Tensor)
     assert torch.Tensor.type is torch._C.TensorBase.type
     assert type(torch.cuda.FloatTensor) is type(torch.FloatTensor)  # the real legacy type again
     assert torch.zeros(2).device.type == "cpu"
+    assert torch.zeros(2).is_pinned() is False
 
 
 def test_host_reads_of_device_tensors_do_not_crash(a100, stack24):

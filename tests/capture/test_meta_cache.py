@@ -196,3 +196,77 @@ def test_custom_ops_are_not_cached():
         assert not meta_cache._op_cacheable(torch.ops.peakmem_test_cache.twice.default)
     finally:
         lib._destroy()
+
+
+_FLOATS = [0.0, -0.0, 1.0, -1.0, 0.5, 2.5, 1e300, -1e-300, float("nan"), float("inf"),
+           float("-inf")]
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.complex64,
+           torch.int64, torch.int32, torch.uint8, torch.bool]
+
+
+def _blind_overloads():
+    for name in sorted(meta_cache.VALUE_BLIND_OPS):
+        packet = getattr(aten, name.split("::")[1])
+        for overload in packet.overloads():
+            func = getattr(packet, overload)
+            if any(str(a.type) in ("number", "List[number]") for a in func._schema.arguments):
+                yield func
+
+
+def _call_args(func, dtype, value):
+    args, kwargs = [], {}
+    for argument in func._schema.arguments:
+        kind = str(argument.type)
+        if kind == "List[Tensor]":
+            made = [meta(3, dtype=dtype), meta(2, 2, dtype=dtype)]
+        elif kind == "List[number]":
+            made = [value, value]
+        elif kind == "number":
+            made = value
+        elif kind == "Tensor":
+            made = meta((), dtype=torch.float32)
+        else:
+            raise AssertionError(f"unexpected argument {argument} of {func}")
+        if argument.kwarg_only:
+            kwargs[argument.name] = made
+        else:
+            args.append(made)
+    return args, kwargs
+
+
+def _outcome(func, dtype, value):
+    args, kwargs = _call_args(func, dtype, value)
+    try:
+        func(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the outcome compared is the exception's type
+        return type(exc)
+    return None
+
+
+@pytest.mark.parametrize("func", list(_blind_overloads()), ids=str)
+def test_value_blind_ops_check_the_same_for_every_float_value(func):
+    """What keying their floats by type rests on: the kernel accepts or rejects a call the
+    same way whatever the float values, for every dtype."""
+    assert meta_cache._value_blind(func)
+    for dtype in _DTYPES:
+        outcomes = {_outcome(func, dtype, value) for value in _FLOATS}
+        assert len(outcomes) == 1, (func, dtype, outcomes)
+
+
+def test_an_optimizers_new_floats_each_step_hit_the_cache():
+    cache = MetaCache()
+    params, avgs, denoms = [meta(3), meta(2, 2)], [meta(3), meta(2, 2)], [meta(3), meta(2, 2)]
+    for step in range(1, 4):  # Adam's step sizes: new floats every step
+        sizes = [-1e-3 / (1 - 0.9 ** step)] * 2
+        assert cache.call(aten._foreach_addcdiv_.ScalarList, (params, avgs, denoms, sizes),
+                          {}) is None
+    assert (cache.misses, cache.hits) == (1, 2)
+    # ints keep their values; other ops keep their floats' values
+    cache.call(aten._foreach_add_.ScalarList, (params, [1, 1]), {})
+    cache.call(aten._foreach_add_.ScalarList, (params, [2, 2]), {})
+    cache.call(aten._foreach_pow_.ScalarList, (params, [1.0, 1.0]), {})
+    cache.call(aten._foreach_pow_.ScalarList, (params, [2.0, 2.0]), {})
+    assert (cache.misses, cache.hits) == (5, 2)
+    # and a float where an int was is another key
+    cache.call(aten._foreach_add_.ScalarList, (params, [1.0, 1.0]), {})
+    assert cache.misses == 6

@@ -27,7 +27,7 @@ def test_a_packet_rule_covers_its_overloads():
 
 def test_every_rule_family_is_registered():
     kinds = {kind for kind, _ in iter_rules()}
-    assert kinds == {"op", "function", "composite", "fused", "host_outputs", "patch"}
+    assert kinds == {"op", "function", "composite", "fused", "host_outputs", "output_order", "patch"}
 
 
 def test_kernels_are_removed_after_the_capture():

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from peakmem.profiles import ProfileError, known_gpus, load_gpu, load_stack
@@ -30,10 +32,31 @@ def test_unknown_gpu_lists_the_known_ones():
 
 
 @pytest.mark.parametrize(
-    "version, stack", [("2.4.1", "torch-2.4"), ("2.5.0+cu124", "torch-2.5"), ("2.13.0", "torch-2.6")]
+    "version, stack",
+    [("2.4.1", "torch-2.4"), ("2.5.0+cu124", "torch-2.5"), ("2.10.0", "torch-2.6"),
+     ("2.11.0+cu130", "torch-2.11"), ("2.13.0", "torch-2.11")],
 )
 def test_stack_for_a_torch_version(version, stack):
     assert load_stack(version).name == stack
+
+
+def test_torch_2_11_stack_carries_the_h100_measurements():
+    """The H100 figures of the torch-2.11 stack are the ones measured in
+    benchmarks/groundtruth/h100-80gb.csv: the context outside the allocator of every run without
+    cuDNN convolutions, and what the convolution runs added."""
+    import csv
+
+    stack, h100 = load_stack("2.11.0+cu130"), load_gpu("h100-80gb")
+    path = Path(__file__).parents[2] / "benchmarks" / "groundtruth" / "h100-80gb.csv"
+    rows = [r for r in csv.DictReader(path.open()) if r["status"] == "ok"]
+    plain = {int(r["context_bytes"]) for r in rows if "gpumemnet" in r["job"] and "embedding" in r["args"]}
+    assert plain == {stack.context_for(h100).value}
+    conv = [int(r["context_bytes"]) - stack.context_for(h100).value
+            for r in rows if r["job"].endswith("vision.py") and "resnet50" in r["args"]]
+    assert max(conv) == stack.library_bytes_for(h100, "cudnn_convolution").value
+    assert stack.context_for(h100).source.startswith("measured")
+    # other GPUs keep the context model (nothing measured for them on this stack)
+    assert stack.context_for(load_gpu("l4")).source == "assumed"
 
 
 def test_stack_numbers():

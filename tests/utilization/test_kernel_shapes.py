@@ -95,18 +95,67 @@ def test_occupancy_limits(a100):
 
 
 def test_wave_quantisation(a100):
-    tile = (256, 48 * 1024, 128)  # 2 resident per SM: 216 blocks per wave
+    # a 128x128 tile: 8 warps with 4 loads in flight each saturate their SM (block share
+    # min(1, 8 x 4 / 16) = 1); 2 resident per SM: 216 blocks per wave, 2 block-times
+    tile = (256, 48 * 1024, 128, 1.0, 4)
+    assert ks.block_share(Launch(216, *tile)) == 1.0
     full = ks.waves_of(Launch(216, *tile), a100)
     assert (full.waves, full.sm_fill) == (1, 1.0)
     assert full.occupancy == pytest.approx(216 * 8 / 108 / 64)  # 0.25
-    # one block more: a second wave with one block on one SM
+    # one block more: a second wave of one block on one SM, alone on it: 1 block-time, not 2
     tail = ks.waves_of(Launch(217, *tile), a100)
     assert tail.waves == 2
-    assert tail.sm_fill == pytest.approx((108 + 1) / (2 * 108))
-    assert tail.occupancy == pytest.approx(217 * 8 / (2 * 108 * 64))
+    # busy SM-time 108 x 2 + 1 over 108 SMs x (2 + 1) block-times
+    assert tail.sm_fill == pytest.approx(217 / (108 * 3))
+    # resident warps x time: 216 blocks x 8 warps x 2 block-times + 1 x 8 x 1
+    assert tail.occupancy == pytest.approx((216 * 2 + 1) * 8 / (108 * 3 * 64))
+    # blocks that cannot saturate their SM (8 warps, one load each: share 0.5) run side by
+    # side: both waves take one block-time, the tail keeps 1 of 108 SMs for half the kernel
+    light = ks.waves_of(Launch(217, 256, 48 * 1024, 128), a100)
+    assert light.sm_fill == pytest.approx((108 + 1) / (2 * 108))
+    assert light.occupancy == pytest.approx(217 * 8 / (2 * 108 * 64))
     # a small kernel: 8 blocks keep 8 of 108 SMs
     small = ks.waves_of(Launch(8, 128, 0, 32), a100)
     assert small.sm_fill == pytest.approx(8 / 108)
+
+
+def test_matrix_tile_by_wave_fill(a100):
+    # 120 x 16384 outputs, K = 128 (no split-K). SM fill of each tile's waves:
+    # 128x128: 120 blocks, 2 per SM: 12 SMs hold 2 (2 block-times), 96 hold 1: 120 / 216
+    # 128x64: 240 blocks, 3 per SM: 24 SMs x 3 + 84 x 2 over 108 x 3 = 240 / 324
+    # 64x64: 480 blocks, 4 per SM (shared memory): a full wave of 432 (4 block-times) and
+    #   48 on their own SMs (1): 480 / (108 x 5)
+    # 64x32: 960 blocks, 6 per SM: 648 (6 block-times), then 96 SMs x 3 + 12 x 2 (3):
+    #   960 / (108 x 9) = 0.988
+    # 32x32: 64 threads, share 2 x 4 / 16 = 0.5: fill 1.0, not 0.05 more than 0.988
+    work = 120 * 16384
+    launch = ks.matrix_launch(OpView(2 * work * 128, work, 1, True, 1, 0), a100)
+    assert (launch.blocks, launch.threads) == (960, 128)
+    assert ks.waves_of(launch, a100).sm_fill == pytest.approx(960 / (108 * 9))
+    # 216 x 16384 outputs: the 128x128 tile fills two per SM exactly and is kept
+    work = 216 * 16384
+    launch = ks.matrix_launch(OpView(2 * work * 128, work, 1, True, 1, 0), a100)
+    assert (launch.blocks, launch.threads) == (216, 256)
+
+
+def test_output_vectorised_reductions_keep_four_loads_in_flight(a100):
+    # a bias gradient (256 rows summed into 1024 contiguous outputs): Reduce.cuh's
+    # thread_reduce_impl issues vt0 = 4 loads of 4 outputs before adding them
+    column = ks.reduce_config(1024, 256, False, a100)
+    assert column.loads_in_flight == 4
+    # along a contiguous reduced dimension: one 4-wide load at a time
+    assert ks.reduce_config(64, 1000, True, a100).loads_in_flight == 1
+    record = {
+        "version": 1,
+        "ops": [["sum", "red", 1024.0, 256 * 1024 * 4 + 4096, 1024, "f32", 1, 256, 0]],
+        "phases": ["backward"],
+        "syncs_before": [0],
+    }
+    shapes = shapes_of(StepOps.from_meta(record), a100)
+    # 8 blocks x 4 warps on 108 SMs: 32 / 108 resident warps per SM, each with 4 loads in
+    # flight: 32 x 4 / (108 x 16) of the DRAM bandwidth (4x what single loads would draw)
+    assert shapes.occupancy[0] == pytest.approx(32 / (108 * 64))
+    assert shapes.memory_parallel[0] == pytest.approx(32 * 4 / (108 * 16))
 
 
 def test_foreach_launches_48_tensors_at_a_time(a100):
@@ -134,9 +183,13 @@ def test_step_shapes_use_the_rules(a100):
     }
     ops = StepOps.from_meta(record)
     shapes = shapes_of(ops, a100)
-    # the reduction: 123 blocks of 512 threads, 4 resident per SM: one wave over 108 SMs
-    assert shapes.sm_fill[0] == 1.0
-    assert shapes.occupancy[0] == pytest.approx(123 * 16 / 108 / 64)
-    # relu: 1954 blocks of 128 threads, 16 per SM (1728 a wave): 2 waves, the second with 226
+    # the reduction: 123 blocks of 512 threads (16 warps: each saturates its SM), 4 resident per
+    # SM: 15 SMs hold 2 blocks (2 block-times), 93 hold 1
+    assert shapes.sm_fill[0] == pytest.approx(123 / 216)
+    assert shapes.occupancy[0] == pytest.approx((15 * 2 * 2 + 93) * 16 / (108 * 2 * 64))
+    # relu: 1954 blocks of 128 threads (share 4 / 16), 16 per SM (1728 a wave, 4 block-times),
+    # then 226: 10 SMs with 3, 98 with 2, below saturation (1 block-time)
     assert shapes.sm_fill[1] == 1.0
-    assert shapes.occupancy[1] == pytest.approx(1954 * 4 / (2 * 108 * 64))
+    assert shapes.occupancy[1] == pytest.approx(
+        (1728 * 4 + 10 * 3 + 98 * 2) * 4 / (108 * 5 * 64)
+    )

@@ -71,3 +71,62 @@ def test_family_registry_defaults_to_elementwise():
     assert family_of("native_layer_norm") == REDUCTION
     assert family_of("_foreach_mul_") == FOREACH
     assert family_of("some_new_pointwise_op") == ELEMENTWISE
+
+
+def _cnn_job():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.LazyLinear(10),
+    ).to("cuda")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(3):
+        x = torch.randn(4 + step % 2, 3, 17, 17, device="cuda")  # a new shape every other step
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), torch.zeros(len(x), dtype=torch.long,
+                                                                       device="cuda"))
+        loss.backward()
+        optimizer.step()
+        loss.item()
+
+
+def test_remembered_op_costs_are_the_costs(a100, stack24, monkeypatch):
+    """The observer's per-capture memo of op costs (op_cost_key) gives the utilization record
+    computed without it."""
+    from peakmem.capture import capture_callable
+    from peakmem.utilization import observer
+
+    calls = []
+    fresh = observer.op_cost
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fresh(*args, **kwargs)
+
+    monkeypatch.setattr(observer, "op_cost", counted)
+    remembered = capture_callable(_cnn_job, gpu=a100, stack=stack24, steps="all")
+    costed = len(calls)
+    monkeypatch.setattr(observer, "op_cost_key", lambda *args: None)
+    without = capture_callable(_cnn_job, gpu=a100, stack=stack24, steps="all")
+    assert remembered.error is None and without.error is None
+    assert remembered.trace.meta["utilization"]["ops"]  # a steady step was recorded
+    assert remembered.trace.meta["utilization"] == without.trace.meta["utilization"]
+    assert remembered.trace == without.trace
+    assert costed < len(calls) - costed  # the memo was used
+
+
+def test_the_cost_key_tells_apart_what_a_cost_reads():
+    from peakmem.utilization.op_costs import op_cost_key
+
+    x, w = meta(2, 3, 8, 8), meta(16, 3, 3, 3)
+    args = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    key = op_cost_key(aten.convolution.default, args, {}, None)
+    assert key == op_cost_key(aten.convolution.default, (meta(2, 3, 8, 8), *args[1:]), {}, None)
+    strided = (x, w, None, [2, 2], *args[4:])
+    assert key != op_cost_key(aten.convolution.default, strided, {}, None)
+    assert key != op_cost_key(aten.convolution.default, (torch.empty(2, 3, 8, 8), *args[1:]),
+                              {}, None)  # a real host tensor is no device traffic
+    assert key != op_cost_key(aten.convolution.default, (meta(2, 3, 8, 8).to(torch.float16),
+                                                         *args[1:]), {}, None)
+    assert key != op_cost_key(aten.convolution.default, (x.transpose(2, 3), *args[1:]), {}, None)
+    assert key != op_cost_key(aten.sum.dim_IntList, args, {}, None)
+    assert op_cost_key(aten.add.Tensor, (x, object()), {}, None) is None

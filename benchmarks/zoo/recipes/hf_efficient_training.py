@@ -7,7 +7,13 @@ page's two parameter groups).
     python benchmarks/zoo/recipes/hf_efficient_training.py --batch 1 --accum 4 --checkpointing --fp16
 
 The model is built from bert-large-uncased's configuration (no download): what the page loaded
-with `from_pretrained("bert-large-uncased").to("cuda")` has the same shapes. The page's
+with `from_pretrained("bert-large-uncased").to("cuda")` has the same shapes. The page's dataset had
+no attention mask; its BertModel (transformers 4.1x) then made one of ones and always added the
+extended mask, `(1.0 - mask) * -10000.0` in the model's dtype (fp32), to the attention scores
+(`get_extended_attention_mask`), so under fp16 autocast the scores became fp32 before the softmax.
+Today's BertModel skips an all-ones mask; the dataset gives the extended mask itself (zeros,
+[1, 1, seq] per sample, fp32), which today's `create_bidirectional_mask` passes through as a
+prepared 4D mask. The page's
 `evaluation_strategy="steps"` never evaluated (no eval dataset, 128 steps < 500): left out.
 """
 
@@ -81,7 +87,9 @@ def main() -> None:
     from datasets import Dataset
 
     data = {"input_ids": np.random.randint(100, 30000, (cli.samples, cli.seq_len)),
-            "labels": np.random.randint(0, 1, (cli.samples,))}
+            "labels": np.random.randint(0, 1, (cli.samples,)),
+            # transformers 4.1x's extended mask of an all-ones mask: added to every layer's scores
+            "attention_mask": np.zeros((cli.samples, 1, 1, cli.seq_len), dtype=np.float32)}
     ds = Dataset.from_dict(data)
     ds.set_format("pt")
     # the page's transformers (4.1x-4.2x) had only eager attention: the scores materialised

@@ -91,6 +91,8 @@ class AllocatorConfig:
         while i < len(tokens):
             key = tokens[i]
             i = _consume(tokens, i + 1, ":", key)
+            if rules.config_options is not None and key not in rules.config_options:
+                raise AllocatorConfigError(f"Unrecognized CachingAllocator option: {key}")
             if key == "max_split_size_mb":
                 mb = _parse_int(tokens, i, key)
                 _check_split_size_minimum(key, mb, min_mb, rules)

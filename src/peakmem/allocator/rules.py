@@ -18,7 +18,11 @@ from dataclasses import dataclass
 
 OLDEST_SUPPORTED = (2, 4)
 NEWEST_KNOWN = (2, 13)
-KNOWN_VERSIONS: tuple[tuple[int, int], ...] = tuple(
+LEGACY_VERSIONS: tuple[tuple[int, int], ...] = ((1, 10),)
+"""Older releases kept for published measurements made with them (the Hugging Face
+efficient-training tables ran torch 1.10): their allocator takes the oldest 2.x rules at the
+default configuration and accepts only the options it parsed (`config_options`)."""
+KNOWN_VERSIONS: tuple[tuple[int, int], ...] = LEGACY_VERSIONS + tuple(
     (2, minor) for minor in range(OLDEST_SUPPORTED[1], NEWEST_KNOWN[1] + 1)
 )
 """The minor releases whose allocator rules peakmem has (checked against PyTorch's source)."""
@@ -30,7 +34,12 @@ class UnknownTorchVersion(ValueError):
 
 
 def known_versions_text() -> str:
-    return ", ".join(f"{major}.{minor}" for major, minor in KNOWN_VERSIONS)
+    """The known versions, the 2.x range first and the legacy ones after it ("2.4, ..., 2.13;
+    legacy: 1.10")."""
+    current = ", ".join(f"{major}.{minor}" for major, minor in KNOWN_VERSIONS
+                        if (major, minor) not in LEGACY_VERSIONS)
+    legacy = ", ".join(f"{major}.{minor}" for major, minor in LEGACY_VERSIONS)
+    return f"{current}; legacy: {legacy}" if legacy else current
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,9 @@ class AllocatorRules:
     `large_segment_size_mb`): `val_env >= min_allowed_split_size_mb` in AcceleratorAllocatorConfig
     (2.10+). CUDAAllocatorConfig.cpp's own parser checked `val1 > kLargeBuffer / mb` ("must be
     > 20"), so 20 was rejected up to 2.9."""
+    config_options: frozenset[str] | None = None
+    """The `PYTORCH_CUDA_ALLOC_CONF` options the version's parser knows (None: all peakmem
+    parses); any other is rejected as PyTorch did ("Unrecognized CachingAllocator option")."""
 
     @classmethod
     def for_version(cls, version: str | None) -> AllocatorRules:
@@ -95,6 +107,20 @@ def parse_version(version: str) -> tuple[int, int]:
 
 
 _VERSION_RULES: list[AllocatorRules] = [
+    # torch 1.10 c10/cuda/CUDACachingAllocator.cpp: the same block sizes and rounding as 2.4 at
+    # the default configuration (kMinBlockSize 512, kSmallSize 1 MiB, kSmallBuffer 2 MiB,
+    # kLargeBuffer 20 MiB, kMinLargeAlloc 10 MiB, kRoundLarge 2 MiB); its parseArgs knew only
+    # max_split_size_mb ("must be > 20") and rejected any other option.
+    AllocatorRules(
+        version=(1, 10),
+        max_non_split_rounding_configurable=False,
+        large_segment_size_configurable=False,
+        divisions_one_leaves_size_unrounded=True,
+        roundup_gt_fills_from_next_interval=False,
+        list_divisions_may_be_zero=False,
+        split_size_minimum_inclusive=False,
+        config_options=frozenset({"max_split_size_mb"}),
+    ),
     AllocatorRules(
         version=(2, 4),
         max_non_split_rounding_configurable=False,

@@ -8,7 +8,9 @@ what a user would run), estimated on the row's GPU profile and torch version exa
 - xMem rows run `xmem_hf.py --model M --batch-size B --optimizer OPT` for the Hugging Face models
   whose config `hf_configs.py` holds, and `xmem_cnn.py --model M --batch-size B --optimizer OPT`
   for its torchvision CNNs;
-- timm rows (GPUMemNet's timm set) run `timm_train.py --model M --batch-size B`.
+- timm rows (GPUMemNet's timm set) run `timm_train.py --model M --batch-size B`;
+- this repo's own measurements (`groundtruth`, benchmarks/groundtruth/*.csv) run the measured
+  command itself (the row's `job` and `args`), for the row's `steps` and `alloc_conf`.
 
 The CNN and timm jobs need the optional `torchvision` / `timm` package: where it is missing, the
 row says so (CannotEstimate) before anything runs.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +37,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from peakmem.baselines.base import CannotEstimate, Estimate, Estimator, MissingPackage
 from peakmem.datasets.rows import BenchRow
@@ -145,11 +149,35 @@ def timm_command(row: BenchRow) -> list[str]:
             "--batch-size", str(row.job["batch_size"])]
 
 
+def groundtruth_command(row: BenchRow) -> list[str]:
+    """The measured command: `python JOB ARGS` (JOB a repo-relative script) or `python -m MODULE
+    ARGS` (JOB spelled `-m MODULE`)."""
+    job, args = row.job["job"].strip(), shlex.split(row.job.get("args") or "")
+    if job.startswith("-m "):
+        return ["python", "-m", job[3:].strip(), *args]
+    path = REPO / job
+    _require(path)
+    return ["python", str(path), *args]
+
+
+def row_steps(row: BenchRow) -> int | None:
+    """Optimizer steps the row's measurement ran (`peakmem measure --steps`), where it says."""
+    raw = str(row.features.get("steps", "")).strip() if row.features else ""
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def row_alloc_conf(row: BenchRow) -> str | None:
+    """PYTORCH_CUDA_ALLOC_CONF of the measured run, where the row records one."""
+    raw = str(row.features.get("alloc_conf", "")).strip() if row.features else ""
+    return raw or None
+
+
 # dataset name prefix -> the row's job command
 JOB_COMMANDS: dict[str, Callable[[BenchRow], list[str]]] = {
     "gpumemnet": gpumemnet_command,
     "xmem": xmem_command,
     "timm": timm_command,
+    "groundtruth": groundtruth_command,
 }
 
 
@@ -235,8 +263,13 @@ class PeakmemEstimator(Estimator):
         try:
             with redirect_stdout(sink), redirect_stderr(sink):
                 # the bench's own generated jobs: in this (worker) process, as measured so far
+                options: dict[str, Any] = {}
+                if (steps := row_steps(row)) is not None:
+                    options["steps"] = steps
+                if (alloc_conf := row_alloc_conf(row)) is not None:
+                    options["alloc_conf"] = alloc_conf
                 return estimate_command(argv, gpu=row.gpu, torch_version=row.torch_version,
-                                        isolate=False)
+                                        isolate=False, **options)
         except EstimateError as exc:
             capture = exc.capture
             if capture is None or not capture.trained or capture.exit_code == 124:

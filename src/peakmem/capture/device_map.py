@@ -14,11 +14,14 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from peakmem.capture import device_view, module_apply  # noqa: F401  (their registrations)
+from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
+from peakmem.capture.fake_tensors import mark_pinned
+from peakmem.capture.grad_accumulation import backward_roots, engine_marked
 from peakmem.capture.phases import PhaseTracker
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
@@ -93,8 +96,7 @@ def placeholder(tensor: Any) -> Any:
 
 
 def _has_device_tensor(args: tuple, kwargs: dict) -> bool:
-    flat, _ = tree_flatten((args, kwargs))
-    return any(is_meta(t) for t in flat)
+    return any(is_meta(t) for t in tensors_in((args, kwargs)))
 
 
 def _copies_device_to_host(args: tuple, kwargs: dict) -> bool:
@@ -134,8 +136,9 @@ class CudaAsMeta(TorchFunctionMode):
             kwargs["device"] = to_capture_device(kwargs["device"], ints=True)
         if kwargs.get("pin_memory") and kwargs.get("device") != CAPTURE_DEVICE:
             # Pinned host memory is not device memory, and a CPU-only torch has no pinned
-            # allocator: the tensor is made in ordinary host memory.
+            # allocator: the tensor is made in ordinary host memory, and says it is pinned.
             del kwargs["pin_memory"]
+            return mark_pinned(func(*args, **kwargs))
 
         if func in _FROM_DATA and (kwargs.get("device") == CAPTURE_DEVICE
                                    or _has_device_tensor(args, {})):
@@ -161,7 +164,7 @@ class CudaAsMeta(TorchFunctionMode):
             # autograd functions) sees the device view and the function rules, as in forward.
             # A backward call made inside backward (reentrant checkpointing) stays in that phase.
             phase = nullcontext() if self.session.in_backward else self.phases.backward()
-            with phase, job_view_in_backward(self):
+            with phase, job_view_in_backward(self), engine_marked(backward_roots(func, args, kwargs)):
                 return func(*args, **kwargs)
         rule = FUNCTION_RULES.get(func)
         if rule is not None and _has_device_tensor(args, kwargs):

@@ -167,10 +167,6 @@ class FakeCudart:
         return "no error"
 
 
-def _identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    return self
-
-
 LIBRARY_KERNEL_COMPILES = ("bitsandbytes.",)
 """Modules whose `torch.compile` calls compile the library's own fallback kernels for the host
 (bitsandbytes' default backend) at import: not the job's compiled code, not noted."""
@@ -308,7 +304,6 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (cuda, "_get_rng_state_offset"): lambda device="cuda": 0,
         (cuda, "_set_rng_state_offset"): lambda offset, device="cuda": None,
         (torch.backends.cudnn, "is_available"): lambda: True,
-        (torch.Tensor, "pin_memory"): _identity,
         (torch, "clear_autocast_cache"): clear_autocast_cache,
         (torch, "compile"): compile_as_eager,
     }

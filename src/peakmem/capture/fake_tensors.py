@@ -1,5 +1,7 @@
 """Tensor-level and build-level facts of a CUDA runtime during a capture: `share_memory_()` of a
-device tensor (a no-op, as on CUDA), the CUDA build's version strings (`torch.version.cuda`,
+device tensor (a no-op, as on CUDA), pinned host memory (`pin_memory()` and `pin_memory=True`
+give a host tensor that says `is_pinned()`, as with CUDA; a CPU-only torch has no pinned
+allocator, so it stays in ordinary host memory), the CUDA build's version strings (`torch.version.cuda`,
 `torch.backends.cuda.is_built()`, `torch.backends.cudnn.version()`), and the default device a job
 sets (`torch.set_default_device("cuda")`), put back afterwards."""
 
@@ -16,8 +18,19 @@ CUDA_VERSION = "12.4"
 CUDNN_VERSION = 90100
 
 
+PINNED_ATTRIBUTE = "_peakmem_pinned"
+
+
+def mark_pinned(tensor: Any) -> Any:
+    """Make a host tensor say `is_pinned()` (what CUDA's pinned allocator would have given)."""
+    if isinstance(tensor, torch.Tensor) and not is_meta(tensor):
+        setattr(tensor, PINNED_ATTRIBUTE, True)
+    return tensor
+
+
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     original_share = torch.Tensor.share_memory_
+    original_is_pinned = torch.Tensor.is_pinned
     original_is_shared = torch.Tensor.is_shared
     original_set_default_device = torch.set_default_device
     original_get_default_device = torch.get_default_device
@@ -29,6 +42,17 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
 
     def is_shared(self: torch.Tensor) -> bool:
         return True if is_meta(self) else original_is_shared(self)
+
+    def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+        """CUDA returns a pinned copy; here the host tensor itself, marked pinned: no second
+        host copy, and the capture keeps following the batch it collated (a device tensor is
+        returned as is)."""
+        return self if is_meta(self) else mark_pinned(self)
+
+    def is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+        if is_meta(self):
+            return False
+        return getattr(self, PINNED_ATTRIBUTE, False) or original_is_pinned(self)
 
     def set_default_device(device: Any) -> None:
         """A CUDA default device becomes the capture device underneath the capture's modes
@@ -68,6 +92,8 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (scaler_class, "get_scale"): get_scale,
         (torch.Tensor, "share_memory_"): share_memory_,
         (torch.Tensor, "is_shared"): is_shared,
+        (torch.Tensor, "pin_memory"): pin_memory,
+        (torch.Tensor, "is_pinned"): is_pinned,
         (torch.version, "cuda"): CUDA_VERSION,
         (torch.backends.cuda, "is_built"): lambda: True,
         (torch.backends.cudnn, "version"): lambda: CUDNN_VERSION,

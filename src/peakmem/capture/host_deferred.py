@@ -44,8 +44,9 @@ from typing import Any
 import torch
 import torch.utils._device as torch_device_context
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
+from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec, is_meta_spec
 from peakmem.capture.host_values import HostValues
 from peakmem.capture.session import CaptureSession
@@ -80,6 +81,14 @@ _STACK_LIMIT = 96
 _COLLATE_FILE = "/".join(("torch", "utils", "data", "_utils", "collate.py"))
 _COLLATE_DEPTH = 4
 """Frames above `torch.stack` searched for the DataLoader's default collate."""
+_FETCH_FILE = "/".join(("torch", "utils", "data", "_utils", "fetch.py"))
+_FETCH_DEPTH = 8
+"""Frames above a random draw searched for a DataLoader fetch (the Dataset's `__getitem__`)."""
+_SAMPLE_DRAWS = {torch.randn, torch.rand}
+_SHAPE_DESCRIPTORS = (Tensor.shape, Tensor.dtype, Tensor.layout, Tensor.is_nested, Tensor.ndim)
+_SHAPE_METHODS = {Tensor.size, Tensor.dim, Tensor.numel, Tensor.element_size, Tensor.__len__}
+"""What a lazily computed host tensor answers without its values: its shape-only twin has the
+same shape, dtype and layout (the DataLoader's collate and the capture read them)."""
 COLLATE_DEFER_MIN_NUMEL = 1 << 22
 """Collated batches with fewer elements (16 MiB of fp32) are stacked for real: while a
 host-deferred tensor lives, every torch call of the job goes through the deferral's checks,
@@ -113,6 +122,36 @@ def _in_default_collate() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _in_dataset_fetch() -> bool:
+    """Whether a DataLoader is fetching a sample up the stack (a Dataset's `__getitem__`)."""
+    frame = sys._getframe(2)
+    for _ in range(_FETCH_DEPTH):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.replace("\\", "/").endswith(_FETCH_FILE):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _reads_shape_only(func: Any) -> bool:
+    if func in _SHAPE_METHODS:
+        return True
+    owner = getattr(func, "__self__", None)
+    return any(owner is descriptor for descriptor in _SHAPE_DESCRIPTORS)
+
+
+def _draw_size(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
+    """The size of `torch.randn(*size)` / `torch.randn(size)` / `size=`, when plain ints."""
+    size = kwargs.get("size", args[0] if len(args) == 1 and type(args[0]) in (
+        list, tuple, torch.Size) else args)
+    if "size" in kwargs and args:
+        return None
+    if not all(type(n) is int and n >= 0 for n in size):
+        return None
+    return tuple(size)
 
 
 def _storage_id(tensor: Tensor) -> int:
@@ -269,8 +308,49 @@ class HostDeferral(TorchFunctionMode):
         if kwargs.get("out") is not None or kwargs.get("layout") not in (None, torch.strided):
             return NotImplemented
         if not _in_construction():
+            if func in _SAMPLE_DRAWS:
+                return self._sample_draw(func, args, kwargs)
             return NotImplemented
         return self._defer(func, args, kwargs)
+
+    def _sample_draw(self, func, args: tuple, kwargs: dict):
+        """A Dataset drawing a random host sample (`torch.randn(C, H, W)` in `__getitem__`): a
+        lazily drawn host tensor (shape only) of at least DEFER_MIN_NUMEL elements. Like a
+        lazily stacked batch, it is drawn for real on its first use on the host (with new
+        random numbers from the generator as it then stands); the default collate stacks lazy
+        samples into a lazy batch, and a batch or sample moved to the device is the same input
+        allocation. The utilization model counts the draw as the host op it stands for. Host
+        random numbers drawn after it (labels, the sampler's order) come from a generator that
+        did not draw the sample's: other values, the same shapes."""
+        if set(kwargs) - {"dtype", "device", "size"} or not _in_dataset_fetch():
+            return NotImplemented
+        size = _draw_size(args, kwargs)
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+        if size is None or not dtype.is_floating_point:
+            return NotImplemented
+        numel = 1
+        for n in size:
+            numel *= n
+        if numel < DEFER_MIN_NUMEL:
+            return NotImplemented
+        real_kwargs = dict(kwargs, device="cpu")
+
+        def draw() -> Tensor:
+            with _NO_MODES():
+                return func(*args, **real_kwargs)
+
+        sample = self.defer_host(size, dtype, draw)
+        self.collated.add(_storage_id(sample))
+        self._observe_host_op(func.__name__, numel * dtype.itemsize, random=True)
+        return sample
+
+    def _observe_host_op(self, name: str, made_bytes: int, *, random: bool = False) -> None:
+        """Tell the utilization model about a host op that runs lazily (or never)."""
+        observer = self.session.op_observer
+        if observer is not None:
+            host_op = getattr(getattr(observer, "__self__", None), "observe_host_op", None)
+            if host_op is not None:
+                host_op(name, made_bytes, random=random)
 
     def _from_tensor(self, func, args: tuple, kwargs: dict):
         source = args[0] if args else kwargs.get("input")
@@ -330,27 +410,36 @@ class HostDeferral(TorchFunctionMode):
             if type(first) is not Tensor:
                 return NotImplemented
             shape, dtype = first.shape, first.dtype
+            lazy = first.device.type == "meta"  # samples drawn lazily (_sample_draw)
             for tensor in tensors:
-                if (type(tensor) is not Tensor or tensor.device.type != "cpu"
-                        or tensor.layout != torch.strided or tensor.requires_grad
-                        or tensor.dtype != dtype or tensor.shape != shape):
+                if (type(tensor) is not Tensor or tensor.layout != torch.strided
+                        or tensor.requires_grad or tensor.dtype != dtype
+                        or tensor.shape != shape):
+                    return NotImplemented
+                if lazy:
+                    if (tensor.device.type != "meta"
+                            or _storage_id(tensor) not in self.collated
+                            or self.kinds.get(_storage_id(tensor)) != HOST):
+                        return NotImplemented
+                elif tensor.device.type != "cpu":
                     return NotImplemented
             numel = first.numel() * len(tensors)
-        if numel < COLLATE_DEFER_MIN_NUMEL or not _in_default_collate():
+        if (numel < COLLATE_DEFER_MIN_NUMEL and not lazy) or not _in_default_collate():
             return NotImplemented
         samples = list(tensors)
 
         def stack() -> Tensor:
+            if lazy:
+                reals = [self._collated_value(sample, _storage_id(sample)) for sample in samples]
+            else:
+                reals = samples
             with _NO_MODES():
-                return torch.stack(samples)
+                return torch.stack(reals)
 
         batch = self.defer_host((len(samples), *shape), dtype, stack)
         self.collated.add(_storage_id(batch))
-        observer = self.session.op_observer
-        if observer is not None:  # the host op the real stack is, for the utilization model
-            host_op = getattr(getattr(observer, "__self__", None), "observe_host_op", None)
-            if host_op is not None:
-                host_op("stack", numel * first.element_size())
+        # the host op the real stack is, for the utilization model
+        self._observe_host_op("stack", numel * first.element_size())
         return batch
 
     def defer_host(self, shape: Any, dtype: torch.dtype, base: Callable[[], Tensor]) -> Tensor:
@@ -490,8 +579,7 @@ class HostDeferral(TorchFunctionMode):
     def _read(self, func, args: tuple, kwargs: dict):
         if not self.kinds:
             return NotImplemented
-        flat, _ = tree_flatten((args, kwargs))
-        if not any(self.kind(t) == HOST for t in flat):
+        if not any(self.kind(t) == HOST for t in tensors_in((args, kwargs))):
             return NotImplemented
         real_args, real_kwargs = tree_map(self._real_or_same, (args, kwargs))
         return func(*real_args, **real_kwargs)
@@ -530,14 +618,16 @@ class HostDeferral(TorchFunctionMode):
 
     # -- ops on host-deferred tensors ----------------------------------------------------------
     def _on_deferred(self, func, args: tuple, kwargs: dict):
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
-        if not tensors:
+        tensors = tensors_in((args, kwargs))
+        if not tensors or not self._any_marked(tensors):
+            # no host-deferred, job's meta or lazily computed tensor among them: the op as it is
             return func(*args, **kwargs)
         if self.collated:
             with _NO_MODES():
                 used = any(t.device.type == "meta" and _storage_id(t) in self.collated
                            for t in tensors)
-            if used:  # a lazily stacked batch used on the host: from now on, its real values
+            if used and not _reads_shape_only(func):
+                # a lazily computed batch or sample used on the host: from now on, its real values
                 real_args, real_kwargs = tree_map(self._real_or_same, (args, kwargs))
                 return func(*real_args, **real_kwargs)
         with _NO_MODES():
@@ -562,6 +652,18 @@ class HostDeferral(TorchFunctionMode):
         out = func(*args, **kwargs)
         self.values.derived(func, args, kwargs, out, before)
         return out
+
+    def _any_marked(self, tensors: list[Tensor]) -> bool:
+        """Whether a strided meta tensor among `tensors` has a host, meta or lazily computed
+        storage (device storages are not marked: the common case, answered in one pass)."""
+        kinds, collated = self.kinds, self.collated
+        with _NO_MODES():
+            for tensor in tensors:
+                if tensor.device.type == "meta" and tensor.layout == torch.strided:
+                    key = id(tensor.untyped_storage())
+                    if key in kinds or key in collated:
+                        return True
+        return False
 
     def _in_place(self, func, target: Tensor, args: tuple, kwargs: dict):
         try:
@@ -674,8 +776,8 @@ def outputs_kind(session: CaptureSession, args: tuple, kwargs: dict) -> tuple[st
     if not kinds:
         return DEVICE, None
     found = set()
-    for tensor in tree_flatten((args, kwargs))[0]:
-        if isinstance(tensor, Tensor) and tensor.device.type == "meta":
+    for tensor in tensors_in((args, kwargs)):
+        if tensor.device.type == "meta":
             if tensor.layout != torch.strided:
                 return DEVICE, None
             kind = kinds.get(id(tensor.untyped_storage()), DEVICE)

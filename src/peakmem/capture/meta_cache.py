@@ -21,6 +21,14 @@ microseconds. Only calls whose result provably depends on nothing but the key ar
   is registered for it: while one is, the kernel in place decides every time, so a result of the
   op's own meta kernel is never handed out where peakmem's would run, or the reverse.
 
+In-place foreach arithmetic (`_foreach_add_`, `_sub_`, `_mul_`, `_div_`, `_addcdiv_`,
+`_addcmul_`, `_lerp_`: VALUE_BLIND_OPS) keys its float scalars by type, not value: their meta
+kernels only check the arguments' layouts, dtypes and the scalars' types (type promotion), and
+return nothing, so an optimizer whose per-step scalars change (Adam's bias corrections: a
+ScalarList of new floats every step) checks its arguments once per layout instead of once per
+step (tests/capture/test_meta_cache.py runs every such overload with many float values, and
+every dtype, and sees the same outcome).
+
 A call that raises is never cached (it raises again next time). Eager captures (real values)
 do not use the cache. A job that registers its own Meta kernel for an aten op in the middle of
 a run would still get the first kernel's layouts for calls seen before (not met in practice).
@@ -62,6 +70,18 @@ UNCACHED_OPS: set[str] = set()
 outputs (a kernel registered by peakmem that records into the capture session, say) goes here."""
 
 
+VALUE_BLIND_OPS = frozenset({
+    "aten::_foreach_add_", "aten::_foreach_sub_", "aten::_foreach_mul_", "aten::_foreach_div_",
+    "aten::_foreach_addcdiv_", "aten::_foreach_addcmul_", "aten::_foreach_lerp_",
+})
+"""In-place foreach ops whose meta kernel reads a float scalar's type, never its value."""
+_BLIND_FLOAT = (float, None)
+
+
+def _value_blind(func: Any) -> bool:
+    return _validates_only(func) and func._schema.name in VALUE_BLIND_OPS
+
+
 def _op_cacheable(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
     if schema is None or schema.name in UNCACHED_OPS:
@@ -94,6 +114,7 @@ class MetaCache:
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple] = {}
         self._ops: dict[Any, tuple[str, ...] | bool] = {}
+        self._blind: dict[Any, bool] = {}
         self.hits = 0
         self.misses = 0
 
@@ -106,12 +127,15 @@ class MetaCache:
             # registered (each capture installs them): the kernel in place decides, every time
             return func(*args, **kwargs)
         storages: dict[int, int] = {}
+        blind = self._blind.get(func)
+        if blind is None:
+            blind = self._blind[func] = _value_blind(func)
         try:
             key = (
                 func,
                 _global_state(),
-                _key(args, storages),
-                _key(tuple(kwargs.items()), storages) if kwargs else (),
+                _key(args, storages, blind),
+                _key(tuple(kwargs.items()), storages, blind) if kwargs else (),
             )
         except _NotCacheable:
             return func(*args, **kwargs)
@@ -137,8 +161,9 @@ def _global_state() -> tuple:
     )
 
 
-def _key(values: tuple | list, storages: dict[int, int]) -> tuple:
-    """The key of a call's arguments (a tuple or list; kwargs as a tuple of (name, value))."""
+def _key(values: tuple | list, storages: dict[int, int], blind: bool = False) -> tuple:
+    """The key of a call's arguments (a tuple or list; kwargs as a tuple of (name, value));
+    `blind`: floats by type only (VALUE_BLIND_OPS)."""
     parts = []
     append = parts.append
     for value in values:
@@ -149,7 +174,9 @@ def _key(values: tuple | list, storages: dict[int, int]) -> tuple:
             if all(type(item) is int for item in value):  # sizes, strides, dims
                 append((kind, tuple(value)))
             else:
-                append((kind, _key(value, storages), None))
+                append((kind, _key(value, storages, blind), None))
+        elif blind and kind is float:
+            append(_BLIND_FLOAT)
         elif kind in _PLAIN_VALUES:
             append((kind, value))
         else:

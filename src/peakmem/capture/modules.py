@@ -15,7 +15,8 @@ from contextlib import ExitStack
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+
+from peakmem.capture.arg_tensors import tensors_in
 
 _METADATA_KEY = "peakmem_module"
 
@@ -69,9 +70,8 @@ class ModulePaths:
             self._forward.pop()
         if name is None or not torch.is_grad_enabled():
             return
-        flat, _ = tree_flatten(output)
-        for tensor in flat:
-            if isinstance(tensor, torch.Tensor) and tensor.grad_fn is not None:
+        for tensor in tensors_in(output):
+            if tensor.grad_fn is not None:
                 self._mark_backward_entry(tensor.grad_fn, name)
 
     def _mark_backward_entry(self, node: Any, name: str) -> None:

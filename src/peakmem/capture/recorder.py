@@ -8,15 +8,17 @@ import inspect
 
 import torch
 from torch import Tensor
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from peakmem.capture.eager import op_name
+from peakmem.capture.grad_accumulation import between_nodes, leaf_gradient_layouts
 from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.meta_cache import SHARED_CACHE
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.subclass_storages import storage_tensors
-from peakmem.cuda_rules import host_outputs_for, op_rule_for
+from peakmem.cuda_rules import host_outputs_for, op_rule_for, output_order_for
 from peakmem.cuda_rules.true_device import is_meta, true_device
 from peakmem.trace.vocab import Category
 
@@ -30,7 +32,8 @@ def _op_name(func) -> str:
 class _OpInfo:
     """What the recorder needs to know of one op overload (looked up once per capture)."""
 
-    __slots__ = ("rule", "around", "host_outputs", "name", "host_copy", "dynamic_shape")
+    __slots__ = ("rule", "around", "host_outputs", "name", "host_copy", "dynamic_shape",
+                 "output_order")
 
     def __init__(self, func) -> None:
         self.rule = op_rule_for(func)
@@ -39,6 +42,7 @@ class _OpInfo:
         self.name = _op_name(func)
         self.host_copy = func.overloadpacket.__name__ in _HOST_COPY_OPS
         self.dynamic_shape = torch.Tag.dynamic_output_shape in getattr(func, "tags", ())
+        self.output_order = output_order_for(func)
 
 
 class AllocationRecorder(TorchDispatchMode):
@@ -87,7 +91,11 @@ class AllocationRecorder(TorchDispatchMode):
         if info.host_copy and _reads_host(args):
             category = Category.INPUT.value
         category = kind_category or category
-        for tensor in storage_tensors(_leaves(out)):  # a wrapper subclass: its inner storages
+        leaves = _leaves(out)
+        if info.output_order is not None and len(leaves) >= len(info.output_order):
+            # the order the CUDA kernel allocates them in (cuda_rules OUTPUT_ORDER)
+            leaves = [leaves[i] for i in info.output_order] + leaves[len(info.output_order):]
+        for tensor in storage_tensors(leaves):  # a wrapper subclass: its inner storages
             if (
                 isinstance(tensor, Tensor)
                 and tensor.is_meta
@@ -95,6 +103,8 @@ class AllocationRecorder(TorchDispatchMode):
                 and not claim(session, tensor, kind)
             ):
                 session.track(tensor, op, category)
+        if func is _ADD and session.in_backward and _is_accumulation(args, kwargs, out):
+            session.expect_accumulation(args[0], out)
         if session.op_observer is not None:
             session.op_observer(func, args, kwargs, out, kind)
         if around is not None:
@@ -103,6 +113,28 @@ class AllocationRecorder(TorchDispatchMode):
         elif rule is not None:
             rule(session, func, args, kwargs, out)
         return out
+
+
+_ADD = torch.ops.aten.add.Tensor
+
+
+def _is_accumulation(args: tuple, kwargs: dict, out) -> bool:
+    """`old + var` made by autograd's engine between nodes with grad mode off (its gradient
+    accumulation, capture/grad_accumulation.py), on a dense old gradient of the sum's layout:
+    CUDA may add in place there."""
+    if not between_nodes() or torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1:
+        return False
+    old = args[0] if args else None
+    return (
+        isinstance(old, Tensor)
+        and isinstance(out, Tensor)
+        and old.is_meta
+        and old.layout == torch.strided
+        and old.dtype == out.dtype
+        and old.shape == out.shape
+        and is_non_overlapping_and_dense_or_false(old)
+        and (tuple(old.shape), old.dtype) not in leaf_gradient_layouts()
+    )
 
 
 def _run(session: CaptureSession, func, args, kwargs):

@@ -116,6 +116,10 @@ class CaptureSession:
     """Allocation ids used on a stream besides their own (`Tensor.record_stream`), still live."""
     _deferred: list[int] = field(default_factory=list)
     """Of them, the freed ones: their blocks go back at the next sync point."""
+    # gradient accumulation replayed as in place (capture/grad_accumulation.py)
+    _pending_accumulation: tuple[int, int, int] | None = None
+    _max_before_last_alloc: int = 0
+    accumulations_in_place: int = 0
     op_observer: Callable[[Any, tuple, dict, Any, str], None] | None = None
     """Called by the recorder with every op, its arguments, outputs and outputs' kind
     (utilization.observer: the per-op cost of the training steps)."""
@@ -230,14 +234,49 @@ class CaptureSession:
                 self._free(record.ident, record.nbytes)
             return record
 
+    def expect_accumulation(self, old: torch.Tensor, out: torch.Tensor) -> None:
+        """`out = old + var` was autograd's gradient accumulation (capture/grad_accumulation.py):
+        if `old`'s storage is released before anything else happens, the GPU run added in
+        place (the buffer held the only reference), and the allocation of `out` is withdrawn."""
+        with self._lock:
+            self._pending_accumulation = None
+            if self.closed or old.untyped_storage().nbytes() < out.untyped_storage().nbytes():
+                return
+            old_key, out_key = id(old.untyped_storage()), id(out.untyped_storage())
+            record = self.live.get(out_key)
+            if record is None or old_key not in self.live or record.alloc_index != len(self.trace) - 1:
+                return
+            self._pending_accumulation = (old_key, out_key, self._max_before_last_alloc)
+
+    def _accumulated_in_place(self, key: int) -> bool:
+        """The storage `key` dies right after the accumulation that read it: replay the add as
+        in place (see `expect_accumulation`)."""
+        pending, self._pending_accumulation = self._pending_accumulation, None
+        if pending is None or pending[0] != key:
+            return False
+        _old_key, out_key, max_before = pending
+        old, out = self.live.get(key), self.live.get(out_key)
+        if old is None or out is None or not self.trace.retract_last_alloc(out.ident):
+            return False
+        del self.live[key]
+        self.allocated_bytes -= out.nbytes
+        self.max_allocated_bytes = max_before
+        out.alloc_index, out.ident, out.nbytes = old.alloc_index, old.ident, old.nbytes
+        self.accumulations_in_place += 1
+        return True
+
     def _storage_died(self, key: int) -> None:
         with self._lock:
+            if self._pending_accumulation is not None and self._accumulated_in_place(key):
+                return
             record = self.live.pop(key, None)
             if record is not None and not self.closed:
                 self._free(record.ident, record.nbytes)
 
     def _alloc(self, nbytes: int, category: str, op: str, *, or_smaller: bool = False) -> int:
         with self._lock:
+            self._pending_accumulation = None
+            self._max_before_last_alloc = self.max_allocated_bytes
             ident = self.trace.alloc(
                 nbytes,
                 self.stream,
@@ -252,6 +291,7 @@ class CaptureSession:
 
     def _free(self, ident: int, nbytes: int) -> None:
         with self._lock:
+            self._pending_accumulation = None
             self.trace.free(ident)
             self.allocated_bytes -= nbytes
             if ident in self._recorded:

@@ -23,6 +23,7 @@ from peakmem.cuda_rules.registry import (
     register_composite_rule,
     register_function_rule,
 )
+from peakmem.cuda_rules.saved_inputs import keep_saved_inputs
 from peakmem.cuda_rules.true_device import is_meta
 
 DEVICE_TYPE = "cuda"
@@ -86,8 +87,8 @@ def run_lower_precision(ctx: RuleContext, call, args: tuple, kwargs: dict) -> An
         return call(*args, **kwargs)
 
 
+# `linear` is cast by its own rule (composite_compliance.py), which also picks ATen's branch.
 _LOWER_PRECISION_COMPOSITES = [
-    "linear",
     "matmul",
     "conv1d",
     "conv1d.padding",
@@ -124,7 +125,8 @@ def softmax_in_fp32(ctx: RuleContext, op, x: torch.Tensor, dim: int, dtype=None)
     lower = x.dtype in (torch.float16, torch.bfloat16)
     if active_dtype() is not None and dtype is None and lower:
         dtype = torch.float32
-    return op.decompose(x, dim, dtype)
+    out = op.decompose(x, dim, dtype)
+    return keep_saved_inputs(ctx, f"{op.__name__}", (x,), out)
 
 
 # Ops with their own autograd kernels: cast where the job calls them directly.

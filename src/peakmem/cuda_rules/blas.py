@@ -5,6 +5,9 @@
   device thread, so the first backward matmul allocates a second workspace.
 - The torch 2.4 cuBLASLt path of `addmm` (bias epilogue) allocates a per-call workspace and frees
   it when the call returns (CUDABlas.cpp `gemm_and_bias`).
+- On the torch-2.11 stack the first cuBLASLt call of a thread allocates a 1 MiB workspace that
+  stays (CUBLASLT_WORKSPACE_SIZE's default of 1024 KiB; measured in allocator snapshots on an
+  H100: one per thread that ran an Lt `addmm`, none for threads that ran only `mm`).
 Sizes come from the software-stack profile; `CUBLAS_WORKSPACE_CONFIG` overrides them like it
 does on a GPU.
 """
@@ -32,6 +35,11 @@ def workspace_config_bytes(config: str) -> int | None:
 
 
 def cublas_workspace_bytes(ctx: RuleContext) -> int:
+    """The workspace torch hands a cuBLAS handle from the caching allocator; 0 where the stack
+    gives none (before pytorch/pytorch#83461, torch 1.13, cuBLAS allocated its own and read
+    CUBLAS_WORKSPACE_CONFIG itself)."""
+    if int(ctx.stack.cublas_workspace_for(ctx.gpu.capability).value) == 0:
+        return 0
     override = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if override:
         size = workspace_config_bytes(override)
@@ -43,9 +51,12 @@ def cublas_workspace_bytes(ctx: RuleContext) -> int:
 def use_cublas_handle(ctx: RuleContext) -> None:
     """The current thread's cuBLAS handle is used: allocate its workspace on first use."""
     thread = "autograd" if ctx.in_backward else "main"
+    size = cublas_workspace_bytes(ctx)
+    if size == 0:
+        return
     ctx.persistent(
         ("cublas_workspace", thread),
-        cublas_workspace_bytes(ctx),
+        size,
         category="workspace",
         op=f"cublas_workspace[{thread}]",
     )
@@ -80,10 +91,26 @@ def takes_lt_path(args: tuple, kwargs: dict) -> bool:
     )
 
 
+def use_cublaslt_handle(ctx: RuleContext) -> None:
+    """The current thread's cuBLASLt handle is used: on stacks that give it a workspace of its
+    own (`cublaslt_workspace_bytes`), allocate it on first use; it stays for the process."""
+    workspace = ctx.stack.cublaslt_workspace
+    if workspace is None or not int(workspace.value):
+        return
+    thread = "autograd" if ctx.in_backward else "main"
+    ctx.persistent(
+        ("cublaslt_workspace", thread),
+        int(workspace.value),
+        category="workspace",
+        op=f"cublaslt_workspace[{thread}]",
+    )
+
+
 @register_op_rule(aten.addmm)
 def addmm(ctx: RuleContext, op, args, kwargs, out) -> None:
     use_cublas_handle(ctx)
     if takes_lt_path(args, kwargs):
+        use_cublaslt_handle(ctx)
         transient = int(ctx.stack.cublaslt_transient.value)
         if transient:
             ctx.transient(transient, category="workspace", op="cublaslt_workspace")

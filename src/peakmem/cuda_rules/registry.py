@@ -83,6 +83,9 @@ FUSED_KERNELS: dict[str, FusedKernel] = {}
 COMPOSITE_RULES: dict[str, CompositeRule] = {}
 RUNTIME_PATCHES: dict[str, RuntimePatch] = {}
 HOST_OUTPUTS: dict[Any, HostOutputs] = {}
+OUTPUT_ORDER: dict[Any, tuple[int, ...]] = {}
+"""Per op: the order in which its CUDA kernel allocates its outputs (indexes into the op's
+flattened outputs), where it is not the order the op returns them in."""
 
 
 class DuplicateRuleError(ValueError):
@@ -154,6 +157,16 @@ def register_host_outputs(ops: Any) -> Callable[[HostOutputs], HostOutputs]:
     return decorator
 
 
+def register_output_order(ops: Any, order: tuple[int, ...]) -> None:
+    """The CUDA kernel of `ops` allocates its outputs in `order` (indexes of the returned
+    outputs, flattened): the recorder emits their allocations in that order."""
+    _register(OUTPUT_ORDER, _as_list(ops), tuple(order), "an output order")
+
+
+def output_order_for(op: Any) -> tuple[int, ...] | None:
+    return _lookup(OUTPUT_ORDER, op)
+
+
 def register_runtime_patch(name: str) -> Callable[[RuntimePatch], RuntimePatch]:
     """Decorate a context-manager factory that is active for the whole capture."""
 
@@ -189,6 +202,7 @@ def iter_rules() -> Iterator[tuple[str, Any]]:
         ("composite", COMPOSITE_RULES),
         ("fused", FUSED_KERNELS),
         ("host_outputs", HOST_OUTPUTS),
+        ("output_order", OUTPUT_ORDER),
         ("patch", RUNTIME_PATCHES),
     ):
         for key in registry:

@@ -613,7 +613,7 @@ def estimate_command(
     if max_host_memory is not None and max_host_memory <= 0:
         raise EstimateError(f"--max-host-memory must be positive, got {max_host_memory}",
                             exit_code=2, reason="bad_input")
-    from peakmem.estimate.distributed import estimate_launch, launch_for, rank_environment
+    from peakmem.estimate.distributed import estimate_launch, launch_for
 
     launch = launch_for(argv, nproc_per_node, nnodes, ranks)
     prefix_env: dict[str, str] = dict(launch.env) if launch is not None else {}
@@ -621,8 +621,10 @@ def estimate_command(
         alloc_conf = prefix_env["PYTORCH_CUDA_ALLOC_CONF"]
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     launch_notes: tuple[str, ...] = ()
+    launch_env: dict[str, str] = {}
     if launch is not None and not launch.distributed:  # one process (`tune run` on one
-        argv, launch_notes, launch = list(launch.command), launch.notes, None  # device, `env`)
+        argv, launch_notes, launch_env = list(launch.command), launch.notes, dict(launch.env)
+        launch = None  # device, an `env NAME=VALUE` prefix, a wrapper such as `nohup`)
     if launch is not None:
         return estimate_launch(
             launch, ranks, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
@@ -630,23 +632,26 @@ def estimate_command(
             max_host_memory=max_host_memory, job_log=job_log, sandbox=sandbox, isolate=isolate,
         )
     _check_command(argv)
-    if not isolate:
-        from peakmem.capture import capture_command
-        from peakmem.capture.fake_memory import allocator_target
+    from peakmem.estimate.distributed import rank_environment
 
-        with rank_environment(prefix_env), allocator_target(conf, version):
-            capture = _capture_with_mode(
-                lambda run_mode: capture_command(
-                    argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
-                    mode=run_mode,
-                ),
-                mode,
+    with rank_environment(launch_env):  # what the launcher sets for its one process
+        if not isolate:
+            from peakmem.capture import capture_command
+            from peakmem.capture.fake_memory import allocator_target
+
+            with allocator_target(conf, version):
+                capture = _capture_with_mode(
+                    lambda run_mode: capture_command(
+                        argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
+                        mode=run_mode,
+                    ),
+                    mode,
+                )
+        else:
+            capture = _capture_supervised(
+                argv, gpu_profile, version, conf, steps, mode, timeout, max_host_memory,
+                job_log, sandbox,
             )
-    else:
-        capture = _capture_supervised(
-            argv, gpu_profile, version, conf, steps, mode, timeout, max_host_memory, job_log,
-            sandbox, env={**os.environ, **prefix_env} if prefix_env else None,
-        )
     result = _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
         mode=mode, timeline=timeline,

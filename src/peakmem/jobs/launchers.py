@@ -24,6 +24,11 @@ from pathlib import Path
 from peakmem.jobs.command_wrappers import WrapperError, strip_wrappers
 from peakmem.jobs.env_prefix import EnvPrefixError, split_env_prefix
 
+APPEND_CWD_ENV = "PEAKMEM_SYS_PATH_APPEND_CWD"
+"""Set to "1" for a job whose launcher appends the working directory to `sys.path` before it
+runs the script in its own process (`tune run` on one device: "Make sure user code in current
+directory is importable", torchtune `_cli/run.py`); jobs.runner.script_environment does it."""
+
 DEFAULT_GPUS_PER_NODE = 8
 """What `--nproc-per-node gpu|auto` means here (the machine peakmem runs on has no GPU)."""
 MAX_WORLD_SIZE = 1 << 16
@@ -407,7 +412,8 @@ def tune(words: Sequence[str]) -> Launch:
         launch = torchrun([*words[1:len(words) - len(rest)], *script, *recipe_args], "tune run")
         return replace(launch, notes=(note, *launch.notes))
     command = ("python", *(["-m", script[1]] if recipe is None else script), *recipe_args)
-    return Launch(command, 1, 1, "python", notes=(note,))
+    # `tune run` appends the cwd to sys.path and runs the recipe in its own process
+    return Launch(command, 1, 1, "python", env={APPEND_CWD_ENV: "1"}, notes=(note,))
 
 
 LauncherParser = Callable[[Sequence[str]], Launch]

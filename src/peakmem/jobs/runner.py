@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from peakmem.jobs.launchers import APPEND_CWD_ENV
 from peakmem.jobs.stop import OnStep, StepLimitReached, stop_after_steps
 
 _PYTHON_NAMES = ("python", "python3")
@@ -243,7 +244,8 @@ def _exit_code(exc: SystemExit) -> int:
 
 @contextmanager
 def script_environment(spec: JobSpec) -> Iterator[None]:
-    """Set sys.argv and sys.path[0] as `python` would; restore both afterwards."""
+    """Set sys.argv and sys.path[0] as `python` would (and append the cwd where the launcher
+    did, APPEND_CWD_ENV); restore both afterwards."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     if spec.script is not None:
         sys.argv = [spec.script, *spec.args]
@@ -252,6 +254,8 @@ def script_environment(spec: JobSpec) -> Iterator[None]:
     else:
         sys.argv = [str(spec.module), *spec.args]  # runpy replaces argv[0] with the file
         sys.path.insert(0, os.getcwd())
+    if os.environ.get(APPEND_CWD_ENV) == "1":  # the launcher's own sys.path entry (tune run)
+        sys.path.append(os.getcwd())
     try:
         yield
     finally:

@@ -67,6 +67,9 @@ class StackProfile:
     cublas_workspace: dict[str, Sourced]
     cublaslt_transient: Sourced
     context: dict[str, Sourced] = field(default_factory=dict)
+    cublaslt_workspace: Sourced | None = None
+    """A persistent cuBLASLt workspace each thread's Lt handle takes from the caching allocator
+    at its first Lt call (None: the stack has none; `cublaslt_workspace_bytes`)."""
     conv_workspace: dict[str, Sourced] = field(default_factory=dict)
     """Per GPU profile name (or "default"): cuDNN convolution workspace model, a Sourced whose
     value maps a direction (forward / backward_data / backward_weight) to a factor."""
@@ -86,6 +89,9 @@ class StackProfile:
     module loading brings in after the context is created, on the job's first kernel launches
     (torch's and cuBLAS's kernel images). A measurement whose baseline is taken right after
     the context was created (xMem's) contains this part and not the rest."""
+    saved_inputs: dict[str, Sourced] = field(default_factory=dict)
+    """Per composite aten op ("softmax.int"): the stack's autograd saved the op's input for
+    backward where the torch the capture runs does not (cuda_rules/saved_inputs.py)."""
 
     def kernel_workspace_bytes(self, name: str) -> int:
         """The size of a named kernel workspace; 0 where the stack does not list it."""
@@ -284,6 +290,10 @@ def _stacks() -> list[StackProfile]:
                 cublaslt_transient=_sourced(
                     table["cublaslt_transient_bytes"], f"{where} cublaslt_transient_bytes"
                 ),
+                cublaslt_workspace=(
+                    _sourced(table["cublaslt_workspace_bytes"], f"{where} cublaslt_workspace_bytes")
+                    if "cublaslt_workspace_bytes" in table else None
+                ),
                 context={
                     key: _sourced(raw, f"{where} context_bytes.{key}")
                     for key, raw in table["context_bytes"].items()
@@ -314,6 +324,10 @@ def _stacks() -> list[StackProfile]:
                 lazy_loaded={
                     key: _sourced(raw, f"{where} lazy_loaded_bytes.{key}")
                     for key, raw in table.get("lazy_loaded_bytes", {}).items()
+                },
+                saved_inputs={
+                    key: _sourced(raw, f"{where} saved_inputs.{key}")
+                    for key, raw in table.get("saved_inputs", {}).items()
                 },
             )
         )

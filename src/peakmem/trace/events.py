@@ -167,6 +167,16 @@ class Trace:
     def free(self, ident: int) -> None:
         self._append(EventKind.FREE, ident, 0, 0, NO_TAG)
 
+    def retract_last_alloc(self, ident: int) -> bool:
+        """Withdraw the last event if it is the allocation of `ident` (an allocation the
+        capture learns, right after making it, that the GPU run reuses another block for);
+        returns whether it did."""
+        if not self.kinds or self.ids[-1] != ident or self.kinds[-1] not in ALLOC_KINDS:
+            return False
+        for column in (self.kinds, self.ids, self.sizes, self.streams, self.tag_ids):
+            column.pop()
+        return True
+
     def record_stream(self, ident: int, stream: int) -> None:
         self._append(EventKind.RECORD_STREAM, ident, 0, stream, NO_TAG)
 

@@ -1,6 +1,6 @@
 """Fit the timing model's free parameters on the declared split, and write params.toml.
 
-    python -m peakmem.utilization.fit --data ../shared/datasets [--fit-rows 90,90,50] [--jobs 2]
+    python -m peakmem.utilization.fit --data ../shared/datasets [--fit-rows 200,200,50] [--jobs 2]
         [--start shipped|defaults]
 
 Only rows of the fit split (utilization.rows.in_fit_split: ~20% of each dataset) are used; a
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m peakmem.utilization.fit")
     parser.add_argument("--data", default=None, help="datasets directory (../shared/datasets)")
-    parser.add_argument("--fit-rows", default="90,90,50",
+    parser.add_argument("--fit-rows", default="200,200,50",
                         help="fit-split rows sampled per dataset (mlp1,mlp2,cnn)")
     parser.add_argument("--cache", type=Path, default=None, help="step cache (JSON lines)")
     parser.add_argument("--jobs", type=int, default=2)

@@ -5,13 +5,13 @@ blocks per SM), waves and SM fill.
 A registry from kernel kind to a shape rule; the kind comes from the op's name (softmax, layer
 norm, batch norm, pooling) or else from its family (utilization.op_costs):
 
-- GEMM / convolution / attention: a cuBLAS/CUTLASS-style output tile per block, the largest tile
-  that still gives every SM a block (assumed tile attributes below), split-K for a small output
-  with a long reduction.
+- GEMM / convolution / attention: a cuBLAS/CUTLASS-style output tile per block (assumed tile
+  attributes below), split-K for a small output with a long reduction; the largest tile unless
+  a smaller one's waves keep clearly more SMs busy (wave quantisation, as cuBLAS's heuristics).
 - Elementwise: TensorIterator's `gpu_kernel`, 128 threads x 4 elements per block.
 - Reductions: ATen's `setReduceConfig` (aten/src/ATen/native/cuda/Reduce.cuh): at most 512
-  threads, a block of `block_width x block_height` from powers of two of the reduced and output
-  sizes, 4-wide vector loads along a contiguous reduced dimension, the input split across warps
+  threads (a thread vectorised along the outputs keeps vt0 = 4 loads in flight), a block of
+  `block_width x block_height` from powers of two of the reduced and output sizes, 4-wide vector loads along a contiguous reduced dimension, the input split across warps
   when each thread keeps >= 16 values, and across blocks (`ctas_per_output`) when threads would
   keep >= 256 values and the outputs are too few to fill the GPU.
 - Softmax: the persistent warp softmax for rows of <= 1024 elements (128 threads, one or two rows
@@ -23,8 +23,10 @@ norm, batch norm, pooling) or else from its family (utilization.op_costs):
 
 Occupancy: resident blocks per SM = min(blocks limit, warps limit / warps per block, shared
 memory per SM / per block, registers per SM / per block). A kernel of B blocks with k resident
-per SM on S SMs runs ceil(B / (S k)) waves; the last partial wave leaves SMs idle or
-under-occupied, which lowers SM activity and occupancy.
+per SM on S SMs runs ceil(B / (S k)) waves. Blocks resident on one SM share its throughput once
+they saturate it: a block alone draws a share s = min(1, warps x loads in flight /
+SATURATING_WARPS_PER_SM) of it, so j co-resident blocks take max(1, j s) block-times. A short
+last wave thus costs a fraction of a full one; SMs idle in it lower SM activity and occupancy.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ import numpy as np
 WARP = 32
 REGISTERS_PER_SM = 65536  # every compute capability >= 5.0 (CUDA C++ Programming Guide)
 REGISTER_GRANULE = 256  # registers are allocated per warp in units of 256
+SATURATING_WARPS_PER_SM = 16  # resident warps an SM needs to keep DRAM busy, one 16 B load
+# in flight per thread (Little's law: fewer warps with more loads in flight each draw as much)
+TILE_LOADS_IN_FLIGHT = 4  # a GEMM tile's thread: two double-buffered stages of 2 x 16 B loads
 
 
 @dataclass(frozen=True)
@@ -66,13 +71,15 @@ class SmLimits:
 @dataclass(frozen=True)
 class Launch:
     """One op's kernel: grid blocks, threads per block, shared memory per block (bytes),
-    registers per thread, and the number of launches it takes (foreach)."""
+    registers per thread, the number of launches it takes (foreach), and the 16-byte loads each
+    thread keeps in flight (memory-level parallelism: 1 for a vectorised elementwise thread)."""
 
     blocks: float
     threads: int
     shared_bytes: int = 0
     registers: int = 32
     launches: float = 1.0
+    loads_in_flight: float = 1.0
 
 
 # -- cuBLAS / cuDNN tiles: (output elements per block, threads, shared bytes, registers) ------
@@ -86,10 +93,12 @@ TILES: tuple[tuple[int, int, int, int], ...] = (
     (1024, 64, 20 * 1024, 64),
 )
 SPLIT_K_MIN = 256  # a split keeps at least this much of the reduction (K)
+FILL_MARGIN = 0.05  # SM fill a smaller tile must gain over a larger one to be chosen
 ELEMENTWISE_THREADS = 128
 ELEMENTS_PER_THREAD = 4
 MAX_REDUCE_THREADS = 512
 REDUCE_VECTOR = 4
+REDUCE_UNROLL = 4  # Reduce.cuh's vt0: loads a thread issues before it reduces them
 MIN_VALUES_PER_THREAD = 16
 MAX_VALUES_PER_THREAD = 256
 FOREACH_CHUNK = 65536
@@ -128,16 +137,22 @@ class OpView:
 
 
 def matrix_launch(op: OpView, limits: SmLimits) -> Launch:
+    """cuBLAS's heuristics weigh wave quantisation: for each output tile (largest first) with
+    its split-K (a small output with a long reduction is split until about two blocks per SM),
+    the SM fill of its waves (waves_of); the largest tile is kept unless a smaller one keeps at
+    least FILL_MARGIN more of the SMs busy."""
     work = max(op.work, 1.0)
-    tile = TILES[-1]
-    for candidate in TILES:  # the largest tile that still gives every SM a block
-        if _div_up(work, candidate[0]) >= limits.sms:
-            tile = candidate
-            break
-    tiles = _div_up(work, tile[0])
     depth = op.flops / (2 * work)
-    split = int(np.clip(np.floor(depth / SPLIT_K_MIN), 1, _div_up(2 * limits.sms, tiles)))
-    return Launch(tiles * split, tile[1], tile[2], tile[3])
+    best: tuple[float, Launch] | None = None
+    for tile in TILES:
+        tiles = _div_up(work, tile[0])
+        split = int(np.clip(np.floor(depth / SPLIT_K_MIN), 1, _div_up(2 * limits.sms, tiles)))
+        launch = Launch(tiles * split, tile[1], tile[2], tile[3], 1.0, TILE_LOADS_IN_FLIGHT)
+        fill = waves_of(launch, limits).sm_fill
+        if best is None or fill > best[0] + FILL_MARGIN:
+            best = (fill, launch)
+    assert best is not None
+    return best[1]
 
 
 def elementwise_launch(op: OpView, limits: SmLimits) -> Launch:
@@ -182,7 +197,10 @@ def reduce_config(num_outputs: int, inputs_per_output: int, inner: bool, limits:
         ctas = max(min(_div_up(target, grid), _div_up(values, MIN_VALUES_PER_THREAD)),
                    _div_up(values, MAX_VALUES_PER_THREAD))
     shared = threads * 4 * output_vec if split_warps or inner else 0
-    return Launch(grid * ctas, threads, shared, 32)
+    # "vectorize along output": a thread's unrolled loop issues vt0 = 4 loads of 4 outputs'
+    # values before it adds any (thread_reduce_impl); along the input, one 4-wide load at a time
+    loads = REDUCE_UNROLL if not inner else 1.0
+    return Launch(grid * ctas, threads, shared, 32, 1.0, loads)
 
 
 def reduce_launch(op: OpView, limits: SmLimits) -> Launch:
@@ -295,16 +313,38 @@ class Waves:
     occupancy: float
 
 
+def block_share(launch: Launch) -> float:
+    """The share of an SM's throughput one block of the kernel can draw alone."""
+    warps = _div_up(launch.threads, WARP)
+    return min(1.0, warps * launch.loads_in_flight / SATURATING_WARPS_PER_SM)
+
+
 def waves_of(launch: Launch, limits: SmLimits) -> Waves:
-    """Wave quantisation: B blocks, k resident per SM, S SMs run ceil(B / (S k)) waves of equal
-    time; the last holds the remaining blocks, spread over min(remaining, S) SMs."""
+    """Wave quantisation with shared SMs: B blocks, k resident per SM, S SMs; j blocks resident
+    on one SM take u(j) = max(1, j s) block-times (s: block_share). `full` whole waves take
+    u(k) each; the remaining blocks spread over the SMs (q + 1 on r of them, q on the others)
+    take u(q + 1) (u(q) when r = 0). SM fill: the SMs' busy time over S x the kernel's time;
+    occupancy: resident warps x their time over S x max warps x the kernel's time."""
     per_launch = max(launch.blocks / max(launch.launches, 1.0), 1.0)
     k = resident_blocks(launch, limits)
-    capacity = limits.sms * k
+    sms = limits.sms
+    capacity = sms * k
     waves = _div_up(per_launch, capacity)
     full = int(per_launch // capacity)
     rest = per_launch - full * capacity
-    active = (full * limits.sms + min(rest, limits.sms)) / (waves * limits.sms)
+    q, r = int(rest // sms), rest - int(rest // sms) * sms
+    share = block_share(launch)
+
+    def units(j: float) -> float:
+        return max(1.0, j * share) if j > 0 else 0.0
+
+    time = full * units(k) + units(q + 1 if r > 0 else q)
+    busy = full * sms * units(k) + r * units(q + 1) + (sms - r) * units(q)
     warps = _div_up(launch.threads, WARP)
-    resident = (full * capacity + rest) * warps / (waves * limits.sms)
-    return Waves(waves, float(active), float(min(resident / limits.max_warps, 1.0)))
+    resident = (full * capacity * units(k) + r * (q + 1) * units(q + 1)
+                + (sms - r) * q * units(q)) * warps
+    return Waves(
+        waves,
+        float(min(busy / (sms * time), 1.0)),
+        float(min(resident / (sms * time * limits.max_warps), 1.0)),
+    )

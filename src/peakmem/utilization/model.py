@@ -37,6 +37,7 @@ import numpy as np
 
 from peakmem.utilization.kernel_shapes import RULES as LAUNCH_RULES
 from peakmem.utilization.kernel_shapes import (
+    SATURATING_WARPS_PER_SM,
     Launch,
     OpView,
     SmLimits,
@@ -278,7 +279,6 @@ def _number(value: Any) -> bool:
 
 
 # -- kernel shapes ------------------------------------------------------------------------------
-SATURATING_WARPS_PER_SM = 16  # resident warps an SM needs to keep DRAM busy
 
 
 @dataclass(frozen=True)
@@ -302,14 +302,15 @@ def shapes_of(ops: StepOps, limits: SmLimits) -> Shapes:
     if limits in cache:
         return cache[limits]
     n = len(ops.family)
-    launches, fill, occupancy = np.ones(n), np.ones(n), np.ones(n)
+    launches, fill, occupancy, loads = np.ones(n), np.ones(n), np.ones(n), np.ones(n)
     for i in range(n):
         view = OpView(float(ops.flops[i]), float(ops.work[i]), float(ops.reduced[i]),
                       bool(ops.inner[i]), float(ops.tensors[i]), float(ops.bytes[i]))
         launch: Launch = LAUNCH_RULES[int(ops.kind[i])](view, limits)
         waves = waves_of(launch, limits)
         launches[i], fill[i], occupancy[i] = launch.launches, waves.sm_fill, waves.occupancy
-    parallel = np.minimum(1.0, occupancy * limits.max_warps / SATURATING_WARPS_PER_SM)
+        loads[i] = launch.loads_in_flight
+    parallel = np.minimum(1.0, occupancy * limits.max_warps * loads / SATURATING_WARPS_PER_SM)
     layout_fill, layout_occupancy = np.ones(n), np.zeros(n)
     for i in np.flatnonzero(ops.family == 1):
         layout_fill[i], layout_occupancy[i] = layout_conversion(float(ops.bytes[i]), limits)

@@ -15,13 +15,18 @@ import torch
 
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules.true_device import is_meta
-from peakmem.utilization.op_costs import op_cost
+from peakmem.utilization.op_costs import ATTENTION, CONV, GEMM, family_of, op_cost, op_cost_key
 
 META_KEY = "utilization"
 _RANDOM_OPS = frozenset({"normal", "normal_", "randn", "rand", "uniform_", "randint", "random_",
                          "bernoulli", "bernoulli_", "randperm"})
 FORMAT_VERSION = 1
 MAX_OPS_PER_STEP = 200_000
+MAX_REMEMBERED_COSTS = 100_000
+REMEMBERED_FAMILIES = frozenset({GEMM, CONV, ATTENTION})
+"""Kernel families whose cost (torch's FLOP formulas) takes longer than its key; the others
+(a few byte counts) are costed afresh."""
+_UNSEEN = object()
 
 
 class StepRecord:
@@ -62,6 +67,8 @@ class OpCostObserver:
         self.failed: str | None = None
         self._step = session.state.steps
         self._reads = session.host_reads
+        self._costs: dict[tuple, Any] = {}
+        """op_cost by op_cost_key: a training step repeats the same calls every iteration."""
 
     def _roll(self) -> None:
         state = self.session.state
@@ -91,9 +98,10 @@ class OpCostObserver:
         except Exception as exc:  # noqa: BLE001 - never let the utilization model break a capture
             self.failed = f"{type(exc).__name__} on {getattr(func, '__name__', func)}"
 
-    def observe_host_op(self, name: str, made_bytes: int) -> None:
-        """A host op that ran lazily (the DataLoader's collate stack, capture.host_deferred):
-        counted as the op on real host tensors it stands for."""
+    def observe_host_op(self, name: str, made_bytes: int, *, random: bool = False) -> None:
+        """A host op that ran lazily (the DataLoader's collate stack, a Dataset's random
+        sample: capture.host_deferred): counted as the op on real host tensors it stands
+        for (`random`: a random draw)."""
         if self.failed:
             return
         self._roll()
@@ -101,6 +109,8 @@ class OpCostObserver:
         syncs = self._sync_check()
         record.host_ops += 1
         record.host_bytes += made_bytes
+        if random:
+            record.host_random_bytes += made_bytes
         record.trailing_syncs += syncs
 
     def _observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
@@ -134,7 +144,7 @@ class OpCostObserver:
             record.input_bytes += sum(int(t.numel()) * t.element_size() for t in device)
             record.trailing_syncs += syncs
             return  # a host -> device copy: the copy engine, not a kernel
-        cost = op_cost(func, args, kwargs, out, inputs=inputs, outputs=outputs)
+        cost = self._cost(func, args, kwargs, out, inputs, outputs)
         if cost is None:
             record.trailing_syncs += syncs
             return
@@ -145,6 +155,22 @@ class OpCostObserver:
         record.phases.append(self.session.state.phase)
         record.syncs_before.append(syncs + record.trailing_syncs)
         record.trailing_syncs = 0
+
+    def _cost(self, func: Any, args: tuple, kwargs: dict, out: Any, inputs: list,
+              outputs: list) -> Any:
+        """`op_cost`, remembered by `op_cost_key` (`inputs` / `outputs` are always
+        `_tensors_of` the arguments and the output here, so the key determines them)."""
+        if family_of(func.overloadpacket.__name__) not in REMEMBERED_FAMILIES:
+            return op_cost(func, args, kwargs, out, inputs=inputs, outputs=outputs)
+        key = op_cost_key(func, args, kwargs, out)
+        if key is None:
+            return op_cost(func, args, kwargs, out, inputs=inputs, outputs=outputs)
+        cost = self._costs.get(key, _UNSEEN)
+        if cost is _UNSEEN:
+            cost = op_cost(func, args, kwargs, out, inputs=inputs, outputs=outputs)
+            if len(self._costs) < MAX_REMEMBERED_COSTS:
+                self._costs[key] = cost
+        return cost
 
     def finish(self) -> None:
         """Write the costs of a full steady step into the trace's metadata."""

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
+from peakmem.capture.arg_tensors import tensors_in
 from peakmem.cuda_rules.true_device import is_meta
 
 
@@ -128,8 +128,7 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", t
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    flat, _ = tree_flatten(value)
-    return [t for t in flat if isinstance(t, torch.Tensor)]
+    return tensors_in(value)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -256,3 +255,48 @@ def op_cost(
         reduction_geometry(name, args, kwargs, inputs, outputs) if family == REDUCTION else (1, True)
     )
     return OpCost(name, family, flops, moved, work, dtype, max(tensors, 1), reduced, inner)
+
+
+class _NotKeyable(Exception):
+    pass
+
+
+_KEY_VALUES = frozenset({int, float, bool, str, complex, type(None), torch.dtype, torch.device,
+                         torch.layout, torch.memory_format})
+_KEY_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+
+
+def op_cost_key(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple | None:
+    """A key that determines `op_cost`'s result for a call whose `inputs` / `outputs` are
+    derived from its arguments and outputs the same way every time: the op, and for every
+    argument and output its container structure, plain values, and each tensor's type, true
+    device (meta or not), dtype, shape and strides (all that the FLOP formulas, byte counts and
+    reduction geometry read). None: a value it cannot key (a tensor subclass, a non-strided
+    tensor, an object), to be costed afresh."""
+    parts: list = [func]
+    try:
+        _key_of((args, kwargs, out), parts)
+    except _NotKeyable:
+        return None
+    return tuple(parts)
+
+
+def _key_of(value: Any, parts: list) -> None:
+    kind = type(value)
+    if kind in _KEY_TENSORS:
+        if value.layout is not torch.strided:
+            raise _NotKeyable
+        parts.append((kind, value.is_meta, value.dtype, tuple(value.shape), value.stride()))
+    elif kind is tuple or kind is list:
+        parts.append((kind, len(value)))
+        for item in value:
+            _key_of(item, parts)
+    elif kind is dict:
+        parts.append((dict, tuple(value)))
+        for item in value.values():
+            _key_of(item, parts)
+    elif kind in _KEY_VALUES:
+        parts.append((kind, value))
+    else:
+        raise _NotKeyable
+
