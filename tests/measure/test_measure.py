@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 
@@ -232,3 +233,18 @@ def test_real_probe_on_gpu(write_script):
     assert result.status is MeasureStatus.OK
     assert result.peak_bytes >= result.peak_reserved_bytes >= result.peak_allocated_bytes > 4 * MiB
     assert result.context_bytes > 100 * MiB
+
+
+def test_cli_env_prefix_and_wrappers(cli, monkeypatch):
+    """`peakmem measure -- env NAME=VALUE nohup python train.py`: the launch parsing takes the
+    prefix and the wrapper off; the variables are set in this process (the job's) first."""
+    _, path = cli
+    monkeypatch.delenv("PEAKMEM_MEASURE_PREFIX", raising=False)
+    res = CliRunner().invoke(main, ["measure", "--json", "--steps", "2", "--", "env",
+                                    "PEAKMEM_MEASURE_PREFIX=on", "nohup", "python", str(path)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout.strip())["steps"] == 2
+    assert os.environ.pop("PEAKMEM_MEASURE_PREFIX") == "on"
+    ranked = CliRunner().invoke(main, ["measure", "--", "torchrun", "--nproc-per-node", "2",
+                                       str(path)])
+    assert ranked.exit_code == 2 and "runs one process" in ranked.output

@@ -66,3 +66,18 @@ def test_parse_output():
     assert lost.value.error["signal"] == "SIGKILL"
     with pytest.raises(WorkerLost):
         parse_output(0, b"not json", b"boom")
+
+
+def test_files_sent_cannot_stand_in_for_the_estimators_modules(tmp_path):
+    """A request's files are the worker's work directory: one named like a module the
+    estimator imports (`peakmem.py`, `click.py`) must not be imported in its place, where it
+    would run outside the job's supervision and print a forged estimate."""
+    from peakmem.service.estimators import cli_estimator
+
+    forged = 'import json\nprint(json.dumps({"peak_bytes": 1}))\n'
+    (tmp_path / "peakmem.py").write_text(forged)
+    (tmp_path / "click.py").write_text(forged)
+    (tmp_path / "train.py").write_text(TRAIN)
+    job = EstimateJob(("python", "train.py"), {}, "a100-40gb", {"mode": "fake"})
+    result = cli_estimator(job, RunContext(tmp_path, max_seconds=120))
+    assert result["peak_bytes"] > 64 * 64 * 4 and result["gpu"] == "a100-40gb"

@@ -57,6 +57,37 @@ def to_capture_device(value: Any, *, ints: bool = False) -> Any:
     return CAPTURE_DEVICE if is_cuda_spec(value, ints=ints) else value
 
 
+def gpu_index(value: Any) -> int | None:
+    """The ordinal a CUDA device spec names (`cuda:1`, `torch.device("cuda", 1)`, `1`), or
+    None (no index: the current device, or not a GPU)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.startswith("cuda:"):
+        index = value[len("cuda:"):]
+        return int(index) if index.isdigit() else None
+    if isinstance(value, torch.device) and value.type == "cuda":
+        return value.index
+    return None
+
+
+def note_other_gpu(session: CaptureSession, value: Any) -> None:
+    """A tensor put on a GPU other than the process's current one (`cuda:1` beside `cuda:0`:
+    model parallelism in one process): peakmem models one GPU per process, so the note says
+    that their allocations were counted together."""
+    index = gpu_index(value)
+    if index is None:
+        return
+    current = torch.cuda.current_device()  # the fake runtime's (a rank's own under a launcher)
+    if index == current:
+        return
+    note = (f"the job put tensors on cuda:{index} besides its current device cuda:{current}: "
+            "peakmem models one GPU per process, so the allocations on every GPU were counted "
+            "together as one GPU's (an over-estimate of each GPU's peak)")
+    prefix = note.split(" besides", 1)[0]
+    if not any(existing.startswith(prefix) for existing in session.notes):
+        session.notes.append(note)
+
+
 def placeholder(tensor: Any) -> Any:
     """A real host tensor standing in for a device tensor's unknown values."""
     if is_meta(tensor):
@@ -101,6 +132,7 @@ class CudaAsMeta(TorchFunctionMode):
         if override is not None:
             return override(self, func, args, kwargs)
         if "device" in kwargs:
+            note_other_gpu(self.session, kwargs["device"])
             kwargs["device"] = to_capture_device(kwargs["device"], ints=True)
         if kwargs.get("pin_memory") and kwargs.get("device") != CAPTURE_DEVICE:
             # Pinned host memory is not device memory, and a CPU-only torch has no pinned
@@ -114,6 +146,7 @@ class CudaAsMeta(TorchFunctionMode):
         if func is Tensor.to:
             return self._to(args, kwargs)
         if func is Tensor.cuda:
+            note_other_gpu(self.session, args[1] if len(args) > 1 else kwargs.get("device"))
             return args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
         if func is Tensor.cpu and is_meta(args[0]):
             return self._host(args[0])
@@ -187,6 +220,7 @@ class CudaAsMeta(TorchFunctionMode):
     def _to(self, args: tuple, kwargs: dict):
         tensor, rest = args[0], list(args[1:])
         if rest:
+            note_other_gpu(self.session, rest[0])
             rest[0] = to_capture_device(rest[0], ints=True)
         target = kwargs.get("device", rest[0] if rest else None)
         if is_meta(tensor) and is_host_spec(target):

@@ -330,6 +330,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_streams,
         fake_tensors,
         host_broadcasts,
+        python_subprocesses,
         storage_resize,
     )
 
@@ -345,6 +346,7 @@ def patch_providers() -> list[PatchProvider]:
         storage_resize.patches,
         fake_streams.patches,
         host_broadcasts.patches,
+        python_subprocesses.patches,
     ]
 
 

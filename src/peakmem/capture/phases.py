@@ -220,8 +220,8 @@ class PhaseTracker:
         updated, watched = set(), []
         for module in list(modules):
             for param in module.parameters():
-                if param.grad is not None:
-                    storage = id(param.untyped_storage())
+                storage = _storage_id(param) if param.grad is not None else None
+                if storage is not None:
                     updated.add(storage)
                     watched.append((weakref.ref(param), storage))
                 self.session.classify(param.grad, Category.GRADIENT.value, only_from=_STEP_TEMPS)
@@ -236,7 +236,7 @@ class PhaseTracker:
             return
         for ref, storage in self._watched:
             param = ref()
-            if param is not None and id(param.untyped_storage()) != storage:
+            if param is not None and _storage_id(param) not in (storage, None):
                 self._manual_step()
                 return
 
@@ -456,3 +456,12 @@ def _is_stop_iteration(exc: BaseException) -> bool:
 def _step_unit(steps: int, *, manual: bool) -> str:
     what = "parameter update" if manual else "optimizer step"
     return f"{what}{'' if steps == 1 else 's'}"
+
+
+def _storage_id(tensor: torch.Tensor) -> int | None:
+    """id() of the tensor's storage; None for one without a storage a hook may read (a
+    torch.func transform's wrapper inside `vmap` / `grad`, a sparse tensor)."""
+    try:
+        return id(tensor.untyped_storage())
+    except (RuntimeError, NotImplementedError):
+        return None

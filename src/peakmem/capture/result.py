@@ -46,6 +46,9 @@ class CaptureResult:
     """The class name of the job's exception, when it raised."""
     backward_passes: int = 0
     """Backward passes the job ran (a job with backward passes is a training estimate)."""
+    failure_hint: str | None = None
+    """A clause for the one-line error when the job failed (e.g. it started a Python process
+    of its own that used CUDA outside the fake GPU)."""
 
     @property
     def trained(self) -> bool:

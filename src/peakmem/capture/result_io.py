@@ -87,6 +87,7 @@ FIELDS: dict[str, Any] = {
     "error_type": _optional(_text),
     "error_message": _optional(_text),
     "failed": lambda v: isinstance(v, bool),
+    "failure_hint": _optional(_text),
 }
 
 

@@ -26,6 +26,7 @@ from peakmem.capture.threads import traced_threads
 from peakmem.capture.unsupported import Unsupported
 from peakmem.capture.value_steered import value_steered_optimizers
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
+from peakmem.jobs.exit_handlers import ended_normally, job_exit_handlers
 from peakmem.jobs.runner import (
     JobSpec,
     JobSpecError,
@@ -281,6 +282,7 @@ def _collect(
     result.stopped = session.state.stopped
     result.forward_calls = session.state.forward_calls
     result.notes.extend(session.notes)
+    result.failure_hint = "; ".join(session.failure_hints) or None
     if vision_ops.declared() and "torchvision" in sys.modules:
         result.notes.append(vision_ops.NOTE)
     result.libraries = dict(session.libraries)
@@ -359,7 +361,13 @@ def capture_command(
         raise JobSpecError(f"script not found: {spec.script}")
 
     def job() -> None:
-        with script_environment(spec):
-            execute(spec)
+        with script_environment(spec), job_exit_handlers() as exit_handlers:
+            try:
+                execute(spec)
+            except SystemExit as exc:
+                if ended_normally(exc):  # `sys.exit(0)`: its atexit handlers run, then it ends
+                    exit_handlers.run()
+                raise
+            exit_handlers.run()
 
     return _run_captured(job, gpu, stack, steps, timeout, mode)

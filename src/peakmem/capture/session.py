@@ -79,6 +79,8 @@ class CaptureSession:
     _lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False
     notes: list[str] = field(default_factory=list)
+    failure_hints: list[str] = field(default_factory=list)
+    """What to add to the one-line error if the job fails (capture.python_subprocesses)."""
     libraries: dict[str, int] = field(default_factory=dict)
     """Device memory loaded outside the caching allocator on first use, by library family."""
     eager: bool = False
@@ -124,6 +126,7 @@ class CaptureSession:
 
     def storage_kind(self, tensor: torch.Tensor) -> str:
         """What a meta tensor stands for: "device" (GPU memory, the default), "host" or "meta"."""
+        tensor = unwrap_functorch(tensor)
         if tensor.layout != torch.strided:
             parts = sparse_parts(tensor)
             return self.storage_kind(parts[-1]) if parts else "device"
@@ -217,6 +220,7 @@ class CaptureSession:
         return None if tag is None else tag.category
 
     def is_tracked(self, tensor: torch.Tensor) -> bool:
+        tensor = unwrap_functorch(tensor)
         if tensor.layout != torch.strided:
             return all(self.is_tracked(part) for part in sparse_parts(tensor))
         return id(tensor.untyped_storage()) in self.live
@@ -298,6 +302,7 @@ class CaptureSession:
     def record_stream(self, tensor: torch.Tensor, stream: int) -> None:
         """`tensor.record_stream(s)`: its block is used on stream `s` too; once freed, it is held
         until the next sync point (`synchronize_streams`)."""
+        tensor = unwrap_functorch(tensor)
         if tensor.layout != torch.strided:
             for part in sparse_parts(tensor):
                 self.record_stream(part, stream)
@@ -332,7 +337,10 @@ class CaptureSession:
     ) -> None:
         """Re-tag the allocation of `tensor`'s storage as `category` (and `module` if given).
         With `only_from`, only allocations currently tagged with one of those categories move."""
-        if tensor is None or not is_meta(tensor):
+        if tensor is None:
+            return
+        tensor = unwrap_functorch(tensor)
+        if not is_meta(tensor):
             return
         if is_wrapper(tensor):  # a tensor subclass: its inner storages
             for inner in inner_tensors(tensor):
@@ -374,3 +382,13 @@ class CaptureSession:
     def close(self) -> None:
         """Stop recording: frees from tearing the job down are not part of the run."""
         self.closed = True
+
+
+def unwrap_functorch(tensor: Any) -> Any:
+    """The tensor under torch.func's wrappers (`grad`'s TensorWrapper, `vmap`'s BatchedTensor),
+    which have no storage of their own: module and optimizer hooks see them inside a transform
+    (`vmap(grad(functional_call(model, ...)))`); any other object comes back as it is."""
+    functorch = torch._C._functorch
+    while isinstance(tensor, torch.Tensor) and functorch.is_functorch_wrapped_tensor(tensor):
+        tensor = functorch.get_unwrapped(tensor)
+    return tensor

@@ -94,14 +94,10 @@ def _refuse_unknown_option(command: click.Command, ctx: click.Context,
 
 
 def _job_command(command: tuple[str, ...], model: dict[str, Any], as_json: bool) -> tuple[str, ...]:
-    """The command to estimate (a generated script with --model); bad input reported. The
-    variables of an `env NAME=VALUE` prefix are set for the job (and peakmem's own reading of
-    PYTORCH_CUDA_ALLOC_CONF), as `env` would."""
-    from peakmem.jobs.env_prefix import split_env_prefix
-
+    """The command to estimate (a generated script with --model); bad input reported. An
+    environment prefix (`env NAME=VALUE python ...`) stays on the command: the launch parsing
+    under estimate_command takes it off (jobs.launchers.parse_launch)."""
     try:
-        command, variables = split_env_prefix(command)
-        os.environ.update(variables)
         return model_command(command, model)
     except ValueError as exc:
         from peakmem.estimate.api import EstimateError

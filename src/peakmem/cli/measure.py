@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -92,12 +93,20 @@ def measure(
     """Run `python train.py [args]` (or `python -m module`) for N optimizer steps on the GPU and
     record its peak memory: NVML device-level peak, torch's max reserved/allocated, the CUDA
     context, versions and allocator config."""
-    try:
-        spec = JobSpec.parse(command)
+    from peakmem.jobs.launchers import LaunchError, parse_launch
+
+    try:  # `env NAME=VALUE python ...`, `nohup python ...`: the launch parsing takes them off
+        launch = parse_launch(command)
+        if launch is not None and launch.distributed:
+            raise JobSpecError("peakmem measure runs one process: give `python train.py`, "
+                               "not a distributed launch")
+        spec = JobSpec.parse(launch.command if launch is not None else command)
         if spec.script is not None and not Path(spec.script).is_file():
             raise JobSpecError(f"script not found: {spec.script}")
-    except JobSpecError as exc:
+    except (JobSpecError, LaunchError) as exc:
         raise click.UsageError(str(exc)) from None
+    if launch is not None:
+        os.environ.update(launch.env)  # this process is the job's: set before CUDA starts
     options = MeasureOptions(
         steps=steps,
         timeout=timeout,

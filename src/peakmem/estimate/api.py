@@ -100,6 +100,8 @@ def failure(capture: CaptureResult) -> EstimateError:
         type_name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
         detail = first_line(error) if error is not None else ""
         summary = f"the job raised {type_name}" + (f": {detail}" if detail else "")
+        if capture.failure_hint:
+            summary += f" ({capture.failure_hint})"
         return EstimateError(text, capture, 1, traceback=text or None, summary=summary, **common)
     if reason == "timeout":
         return EstimateError(text, capture, 124, summary=text, **common)
@@ -111,6 +113,9 @@ def failure(capture: CaptureResult) -> EstimateError:
         return EstimateError(text, capture, 2, summary=text, **common)
     if reason == "internal":
         return EstimateError(text, capture, 70, traceback=text, summary=text, **common)
+    if reason == "exit" and capture.failure_hint:
+        return EstimateError(text, capture, 1, summary=f"{text} ({capture.failure_hint})",
+                             **common)
     return EstimateError(text, capture, 1, summary=text, **common)
 
 
@@ -599,22 +604,27 @@ def estimate_command(
     EstimateError (``exit_code``, ``kind``, ``reason``: the contract's table) when no estimate
     can be made. A launcher command (`torchrun ...`, `accelerate launch ...`, `deepspeed ...`)
     or `nproc_per_node` / `nnodes` make it a distributed launch: `ranks` (None: rank 0, "all",
-    "0,3") are traced, see estimate.distributed."""
+    "0,3") are traced, see estimate.distributed. An environment prefix (`env NAME=VALUE ...`,
+    `NAME=VALUE ...`) sets those variables for the job, PYTORCH_CUDA_ALLOC_CONF among them
+    (`alloc_conf` wins over it)."""
     _check_mode(mode)
     steps = _check_steps(steps)
     timeout = check_timeout(timeout)
     if max_host_memory is not None and max_host_memory <= 0:
         raise EstimateError(f"--max-host-memory must be positive, got {max_host_memory}",
                             exit_code=2, reason="bad_input")
-    gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     from peakmem.estimate.distributed import estimate_launch, launch_for
 
     launch = launch_for(argv, nproc_per_node, nnodes, ranks)
+    prefix_env: dict[str, str] = dict(launch.env) if launch is not None else {}
+    if alloc_conf is None and "PYTORCH_CUDA_ALLOC_CONF" in prefix_env:  # `env PYTORCH_...=x`
+        alloc_conf = prefix_env["PYTORCH_CUDA_ALLOC_CONF"]
+    gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     launch_notes: tuple[str, ...] = ()
     launch_env: dict[str, str] = {}
-    if launch is not None and not launch.distributed:  # one process (`tune run` on one device)
-        argv, launch_notes, launch_env = launch.command, launch.notes, dict(launch.env)
-        launch = None
+    if launch is not None and not launch.distributed:  # one process (`tune run` on one
+        argv, launch_notes, launch_env = list(launch.command), launch.notes, dict(launch.env)
+        launch = None  # device, an `env NAME=VALUE` prefix, a wrapper such as `nohup`)
     if launch is not None:
         return estimate_launch(
             launch, ranks, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,

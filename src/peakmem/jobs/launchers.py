@@ -21,6 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from peakmem.jobs.command_wrappers import WrapperError, strip_wrappers
+from peakmem.jobs.env_prefix import EnvPrefixError, split_env_prefix
+
 APPEND_CWD_ENV = "PEAKMEM_SYS_PATH_APPEND_CWD"
 """Set to "1" for a job whose launcher appends the working directory to `sys.path` before it
 runs the script in its own process (`tune run` on one device: "Make sure user code in current
@@ -438,9 +441,9 @@ def _launcher_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
     if program in LAUNCHERS and program not in ("torch.distributed.run",):
         return program, words[1:]
     if program in ("python", "python3") or program.startswith("python3."):
-        rest = words[1:]
-        while rest and rest[0] in ("-u", "-B", "-O", "-OO", "-s", "-E", "-I"):
-            rest = rest[1:]
+        from peakmem.jobs.runner import skip_interpreter_options  # torch-free
+
+        rest = skip_interpreter_options(words[1:])  # `python -W ignore -m torch.distributed.run`
         if len(rest) >= 2 and rest[0] == "-m" and rest[1] in LAUNCHERS:
             return rest[1], rest[2:]
     return None
@@ -449,7 +452,11 @@ def _launcher_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
 def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
                  nnodes: int | None = None) -> Launch | None:
     """The launch `argv` describes; None for a plain `python train.py` without
-    `nproc_per_node`/`nnodes` (one process, no distributed environment).
+    `nproc_per_node`/`nnodes` (one process, no distributed environment). An environment prefix
+    (`env NAME=VALUE ...`, `NAME=VALUE ...`, see :mod:`peakmem.jobs.env_prefix`) and wrapper
+    programs (`nohup`, `time`, `nice -n 5`, see :mod:`peakmem.jobs.command_wrappers`) are taken
+    off here, for every front end: the prefix's variables are the Launch's `env` (a plain
+    `python train.py` after a prefix or wrapper gives a Launch whose `distributed` is False).
 
     `nproc_per_node` / `nnodes` (peakmem's own options) override the launcher's. A launcher
     that runs one process in place (`tune run` without torchrun options) gives a Launch whose
@@ -457,18 +464,66 @@ def parse_launch(argv: Sequence[str], nproc_per_node: int | None = None,
     for value, what in ((nproc_per_node, "--nproc-per-node"), (nnodes, "--nnodes")):
         if value is not None and not 1 <= value <= MAX_WORLD_SIZE:
             raise LaunchError(f"{what} must be between 1 and {MAX_WORLD_SIZE}, got {value}")
+    given = tuple(argv)
+    argv, variables = _job_of(argv)
+    _check_visible_devices(variables)
     found = _launcher_of(argv)
     if found is None:
         if nproc_per_node is None and nnodes is None:
-            return None
-        return Launch(tuple(argv), nproc_per_node or 1, nnodes or 1, "torchrun")
+            changed = variables or argv != given  # a prefix or a wrapper was taken off
+            return Launch(tuple(argv), env=variables) if changed else None
+        return Launch(tuple(argv), nproc_per_node or 1, nnodes or 1, "torchrun", env=variables)
     name, words = found
     launch = LAUNCHERS[name](words)
+    if variables:  # the prefix's variables reach every rank; the launcher's own win
+        launch = replace(launch, env={**variables, **launch.env})
     if nproc_per_node is not None or nnodes is not None:
         launch = replace(launch, nproc_per_node=nproc_per_node or launch.nproc_per_node,
                          nnodes=nnodes or launch.nnodes,
                          launcher="torchrun" if launch.launcher == "python" else launch.launcher)
     return launch
+
+
+def _job_of(argv: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The command after any environment prefixes and wrappers (`env A=1 nohup nice -n 5
+    python t.py`), and the variables the prefixes set."""
+    command, variables = tuple(argv), {}
+    wrappers: tuple[str, ...] = ()
+    while True:
+        if wrappers and command and "=" in command[0] and not command[0].startswith("-"):
+            raise LaunchError(f"`{wrappers[-1]}` would run a program named {command[0]!r}: "
+                              f"write `{wrappers[-1]} env {command[0]} ...`")
+        try:
+            command, more = split_env_prefix(command)
+            command, wrappers = strip_wrappers(command)
+        except (EnvPrefixError, WrapperError) as exc:
+            raise LaunchError(str(exc)) from None
+        variables.update(more)
+        if not more and not wrappers:
+            return command, variables
+
+
+def _check_visible_devices(variables: Mapping[str, str]) -> None:
+    """A prefix whose CUDA_VISIBLE_DEVICES hides every GPU (`CUDA_VISIBLE_DEVICES=`, `=-1`)
+    makes the job run on the CPU: there is no GPU memory to estimate (peakmem's own environment
+    is not the job's: only the command's prefix is read)."""
+    value = variables.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return
+    first = value.split(",")[0].strip()
+    if not first or first.startswith("-"):
+        raise LaunchError(f"the command sets CUDA_VISIBLE_DEVICES={value!r}, which hides every "
+                          "GPU: the job would run on the CPU and use no GPU memory")
+
+
+def job_command(argv: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(the command one process runs, the variables of its environment prefix) for a front end
+    that checks or runs a single command (the service's request check, `peakmem measure`): a
+    launcher's command is its rank 0's. LaunchError for a command that cannot be read."""
+    launch = parse_launch(argv)
+    if launch is None:
+        return tuple(argv), {}
+    return tuple(launch.rank_command(0)), dict(launch.env)
 
 
 def parse_ranks(text: str | None, world_size: int) -> list[int]:

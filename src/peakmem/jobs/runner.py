@@ -68,15 +68,7 @@ class JobSpec:
         words = list(argv)
         if words and _is_python(words[0]):
             words = words[1:]
-        while words:
-            if words[0] in _IGNORED_PYTHON_FLAGS:
-                words = words[1:]
-            elif words[0] in _IGNORED_PYTHON_OPTIONS and len(words) > 1:
-                words = words[2:]  # `-W ignore`, `-X dev`: no bearing on device memory
-            elif words[0][:2] in _IGNORED_PYTHON_OPTIONS and len(words[0]) > 2:
-                words = words[1:]  # `-Wignore`, `-Xutf8`
-            else:
-                break
+        words = skip_interpreter_options(words)
         if not words:
             raise JobSpecError("no script given: expected `python train.py [args]` or `-m module`")
         first = words[0]
@@ -89,6 +81,22 @@ class JobSpec:
         if first.startswith("-"):
             raise JobSpecError(f"unsupported python option {first!r}: give a script or -m module")
         return cls(script=first, args=tuple(words[1:]))
+
+
+def skip_interpreter_options(words: Sequence[str]) -> list[str]:
+    """The words after the interpreter options peakmem's child does not apply (`-u`, `-B`,
+    `-O`, `-W ignore`, `-Wignore`, `-X dev`, ...): what `python OPTIONS ...` runs."""
+    words = list(words)
+    while words:
+        if words[0] in _IGNORED_PYTHON_FLAGS:
+            words = words[1:]
+        elif words[0] in _IGNORED_PYTHON_OPTIONS and len(words) > 1:
+            words = words[2:]  # `-W ignore`, `-X dev`: no bearing on device memory
+        elif words[0][:2] in _IGNORED_PYTHON_OPTIONS and len(words[0]) > 2:
+            words = words[1:]  # `-Wignore`, `-Xutf8`
+        else:
+            break
+    return words
 
 
 def missing_script(path: str) -> str:

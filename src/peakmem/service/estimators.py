@@ -26,8 +26,11 @@ KILL_GRACE_SECONDS = 30.0
 
 
 def estimate_argv(job: EstimateJob, ctx: RunContext) -> list[str]:
-    """The `python -m peakmem estimate --json ...` command line for `job`."""
-    argv = [sys.executable, "-m", "peakmem", "estimate", "--json", "--gpu", job.gpu]
+    """The `python -P -m peakmem estimate --json ...` command line for `job`. `-P`: the work
+    directory (the request's files) is not put first on sys.path, so a file sent as
+    `peakmem.py`, `click.py` or `torch.py` cannot stand in for the estimator's own modules (the
+    job's process sets its own sys.path[0], as `python train.py` would)."""
+    argv = [sys.executable, "-P", "-m", "peakmem", "estimate", "--json", "--gpu", job.gpu]
     options = dict(job.options)
     timeout = options.get("timeout")
     if ctx.max_seconds is not None:

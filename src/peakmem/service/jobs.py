@@ -134,13 +134,14 @@ def load_estimator(spec: str) -> Estimator:
 def job_problem(job: EstimateJob) -> str | None:
     """Why `job` cannot be run, found before running it (a command that names no script or
     module, a script that is not among the files sent, an unknown GPU), or None."""
+    from peakmem.jobs.launchers import LaunchError, job_command
     from peakmem.jobs.runner import JobSpec, JobSpecError
     from peakmem.profiles import ProfileError, load_gpu
     from peakmem.service.files import FilesError, check_path
 
-    try:
-        spec = JobSpec.parse(list(job.command))
-    except JobSpecError as exc:
+    try:  # `env NAME=VALUE python ...`, `torchrun ... train.py`: the script one process runs
+        spec = JobSpec.parse(list(job_command(job.command)[0]))
+    except (JobSpecError, LaunchError) as exc:
         return str(exc)
     if spec.script is not None and job.cwd is None:
         try:

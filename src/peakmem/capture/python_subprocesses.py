@@ -1,0 +1,72 @@
+"""Python processes the job starts itself (`subprocess.run([sys.executable, "train.py"])`, a
+wrapper that runs `torchrun train.py`): peakmem runs the job's own process on the fake GPU, not
+the processes it starts, which run on this machine's real (CPU-only) torch. Their device memory
+is not in the estimate; where such a process uses CUDA it fails ("Torch not compiled with CUDA
+enabled") and the job with it.
+
+During a capture `subprocess.Popen` (under `subprocess.run`, `check_call`, ...) records each
+Python script, module or launcher the job starts: a note says so, and a failed job's one-line
+error names the command to estimate instead (`CaptureResult.failure_hint`).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from peakmem.capture.session import CaptureSession
+
+_REAL_INIT = subprocess.Popen.__init__
+
+
+def python_command(args: Any, shell: bool = False) -> str | None:
+    """`python train.py ...` / `torchrun ...` for a Popen command that starts a Python job, or
+    None (another program, `python -c`, a command peakmem cannot read)."""
+    from peakmem.jobs.launchers import LAUNCHERS
+    from peakmem.jobs.runner import JobSpec, JobSpecError, _is_python
+
+    try:
+        if isinstance(args, (str, bytes, os.PathLike)):
+            text = os.fsdecode(args)
+            words = shlex.split(text) if shell else [text]
+        else:
+            words = [os.fsdecode(word) for word in args]
+    except (TypeError, ValueError):
+        return None
+    if not words:
+        return None
+    if _is_python(words[0]):
+        try:
+            spec = JobSpec.parse(words)
+        except JobSpecError:
+            return None  # `python -c ...`, `python --version`
+        return shlex.join(spec.command_line())
+    if Path(words[0]).name in LAUNCHERS:
+        return shlex.join([Path(words[0]).name, *words[1:]])
+    return None
+
+
+def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
+    def popen_init(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+        command = python_command(args, bool(kwargs.get("shell", False)))
+        if command is not None:
+            _record(session, command)
+        _REAL_INIT(self, args, *rest, **kwargs)
+
+    return {(subprocess.Popen, "__init__"): popen_init}
+
+
+def _record(session: CaptureSession, command: str) -> None:
+    note = (f"the job started another Python process (`{command}`): it ran outside the fake GPU "
+            "and its device memory is not in this estimate; estimate that command itself "
+            f"(`peakmem estimate -- {command}`)")
+    if note in session.notes:
+        return
+    session.notes.append(note)
+    if not session.failure_hints:
+        session.failure_hints.append(
+            f"the job started `{command}` in a process of its own, which peakmem does not run "
+            f"on the fake GPU: estimate it directly (`peakmem estimate -- {command}`)")
