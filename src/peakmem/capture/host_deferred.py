@@ -112,28 +112,27 @@ def _in_construction() -> bool:
     return False
 
 
-def _in_default_collate() -> bool:
-    """Whether `torch.stack` was called by torch's default collate (`collate_tensor_fn`)."""
-    frame = sys._getframe(2)
-    for _ in range(_COLLATE_DEPTH):
+def _called_from(file_suffix: str, depth: int) -> bool:
+    """Whether one of the `depth` frames above the caller's caller runs code of a file whose
+    path ends with `file_suffix`."""
+    frame = sys._getframe(3)
+    for _ in range(depth):
         if frame is None:
             return False
-        if frame.f_code.co_filename.replace("\\", "/").endswith(_COLLATE_FILE):
+        if frame.f_code.co_filename.replace("\\", "/").endswith(file_suffix):
             return True
         frame = frame.f_back
     return False
+
+
+def _in_default_collate() -> bool:
+    """Whether `torch.stack` was called by torch's default collate (`collate_tensor_fn`)."""
+    return _called_from(_COLLATE_FILE, _COLLATE_DEPTH)
 
 
 def _in_dataset_fetch() -> bool:
     """Whether a DataLoader is fetching a sample up the stack (a Dataset's `__getitem__`)."""
-    frame = sys._getframe(2)
-    for _ in range(_FETCH_DEPTH):
-        if frame is None:
-            return False
-        if frame.f_code.co_filename.replace("\\", "/").endswith(_FETCH_FILE):
-            return True
-        frame = frame.f_back
-    return False
+    return _called_from(_FETCH_FILE, _FETCH_DEPTH)
 
 
 def _reads_shape_only(func: Any) -> bool:
