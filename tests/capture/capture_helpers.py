@@ -29,3 +29,29 @@ def live_at_end(trace) -> list[int]:
         elif kind == EventKind.FREE:
             live.pop(ident, None)
     return sorted(live.values())
+
+
+def estimate_with_deferral(monkeypatch, method: str, lazy: bool, train, **job):
+    """Estimate `train` with the host deferral's `method` (e.g. "_collate_stack") on (`lazy`) or
+    forced off; returns (the whole estimate JSON without its seconds, with every trace event and
+    tag under "trace"), how many calls took the lazy path, and the trace."""
+    from peakmem.capture import host_deferred
+    from peakmem.estimate import estimate
+
+    taken = []
+    original = getattr(host_deferred.HostDeferral, method)
+
+    def spy(self, func, args, kwargs):
+        out = original(self, func, args, kwargs) if lazy else NotImplemented
+        taken.append(out is not NotImplemented)
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(host_deferred.HostDeferral, method, spy)
+        result = estimate(train, gpu="a100-40gb", steps="all", **job)
+    data = result.to_json()
+    data.pop("seconds", None)
+    trace = result.capture.trace
+    data["trace"] = [list(trace.kinds), list(trace.ids), list(trace.sizes), list(trace.streams),
+                     [None if t is None else t.to_json() for t in map(trace.tag_of, range(len(trace)))]]
+    return data, sum(taken), trace

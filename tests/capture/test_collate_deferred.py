@@ -11,8 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from peakmem.capture import host_deferred
-from peakmem.estimate import estimate
+from tests.capture.capture_helpers import estimate_with_deferral
 
 
 class Images(Dataset):
@@ -45,25 +44,9 @@ def train(side: int = 512, batch: int = 8, read_on_host: bool = False) -> None:
 
 
 def _run(monkeypatch, lazy: bool, **job) -> tuple[dict, int]:
-    deferred = []
-    original = host_deferred.HostDeferral._collate_stack
-
-    def spy(self, func, args, kwargs):
-        out = original(self, func, args, kwargs) if lazy else NotImplemented
-        deferred.append(out is not NotImplemented)
-        return out
-
-    with monkeypatch.context() as patch:
-        patch.setattr(host_deferred.HostDeferral, "_collate_stack", spy)
-        result = estimate(train, gpu="a100-40gb", steps="all", **job)
-    data = result.to_json()
-    data.pop("seconds", None)
-    trace = result.capture.trace
-    data["trace"] = [list(trace.kinds), list(trace.ids), list(trace.sizes), list(trace.streams),
-                     [None if t is None else t.to_json() for t in map(trace.tag_of,
-                                                                     range(len(trace)))]]
+    data, deferred, trace = estimate_with_deferral(monkeypatch, "_collate_stack", lazy, train, **job)
     assert len(trace) > 0
-    return data, sum(deferred)
+    return data, deferred
 
 
 @pytest.mark.parametrize("read_on_host", [False, True], ids=["straight-to-device", "read-on-host"])

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from peakmem.capture import host_deferred
-from peakmem.estimate import estimate
+from tests.capture.capture_helpers import estimate_with_deferral
 
 
 class RandomImages(Dataset):
@@ -48,26 +48,10 @@ def train(side: int = 40, read_on_host: bool = False, normalize: bool = False) -
 
 
 def _run(monkeypatch, lazy: bool, **job) -> tuple[dict, int]:
-    drawn = []
-    original = host_deferred.HostDeferral._sample_draw
-
-    def spy(self, func, args, kwargs):
-        out = original(self, func, args, kwargs) if lazy else NotImplemented
-        drawn.append(out is not NotImplemented)
-        return out
-
-    with monkeypatch.context() as patch:
-        patch.setattr(host_deferred.HostDeferral, "_sample_draw", spy)
-        result = estimate(train, gpu="a100-40gb", steps="all", **job)
-    data = result.to_json()
-    data.pop("seconds", None)
-    trace = result.capture.trace
-    data["trace"] = [list(trace.kinds), list(trace.ids), list(trace.sizes), list(trace.streams),
-                     [None if t is None else t.to_json() for t in map(trace.tag_of,
-                                                                     range(len(trace)))]]
+    data, drawn, trace = estimate_with_deferral(monkeypatch, "_sample_draw", lazy, train, **job)
     data["utilization_record"] = trace.meta.get("utilization")
     assert len(trace) > 0 and data["utilization_record"]["host_random_bytes"] > 0
-    return data, sum(drawn)
+    return data, drawn
 
 
 @pytest.mark.parametrize(
