@@ -14,7 +14,7 @@ command applies the same policy (estimate, simulate, replay, bench).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 OLDEST_SUPPORTED = (2, 4)
 NEWEST_KNOWN = (2, 13)
@@ -106,30 +106,23 @@ def parse_version(version: str) -> tuple[int, int]:
     return key
 
 
+_RULES_2_4 = AllocatorRules(
+    version=(2, 4),
+    max_non_split_rounding_configurable=False,
+    large_segment_size_configurable=False,
+    divisions_one_leaves_size_unrounded=True,
+    roundup_gt_fills_from_next_interval=False,
+    list_divisions_may_be_zero=False,
+    split_size_minimum_inclusive=False,
+)
+
 _VERSION_RULES: list[AllocatorRules] = [
     # torch 1.10 c10/cuda/CUDACachingAllocator.cpp: the same block sizes and rounding as 2.4 at
     # the default configuration (kMinBlockSize 512, kSmallSize 1 MiB, kSmallBuffer 2 MiB,
     # kLargeBuffer 20 MiB, kMinLargeAlloc 10 MiB, kRoundLarge 2 MiB); its parseArgs knew only
     # max_split_size_mb ("must be > 20") and rejected any other option.
-    AllocatorRules(
-        version=(1, 10),
-        max_non_split_rounding_configurable=False,
-        large_segment_size_configurable=False,
-        divisions_one_leaves_size_unrounded=True,
-        roundup_gt_fills_from_next_interval=False,
-        list_divisions_may_be_zero=False,
-        split_size_minimum_inclusive=False,
-        config_options=frozenset({"max_split_size_mb"}),
-    ),
-    AllocatorRules(
-        version=(2, 4),
-        max_non_split_rounding_configurable=False,
-        large_segment_size_configurable=False,
-        divisions_one_leaves_size_unrounded=True,
-        roundup_gt_fills_from_next_interval=False,
-        list_divisions_may_be_zero=False,
-        split_size_minimum_inclusive=False,
-    ),
+    replace(_RULES_2_4, version=(1, 10), config_options=frozenset({"max_split_size_mb"})),
+    _RULES_2_4,
     AllocatorRules(
         version=(2, 5),
         max_non_split_rounding_configurable=False,
