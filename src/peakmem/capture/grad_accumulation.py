@@ -33,28 +33,30 @@ from typing import Any
 import torch
 
 _local = threading.local()
-_BACKWARD = "backward"
 _NODE = "node"
+"""A node's own work is running (its pre-hook ran, its post-hook not yet)."""
 
 
-def _stack() -> list[str]:
+def _stack() -> list[Any]:
+    """This thread's frames: a backward call's frame (the layouts of its graph's leaves), or
+    `_NODE` while a node works; nested backward calls (reentrant checkpointing) nest."""
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
     return stack
 
 
-def leaf_gradient_layouts() -> frozenset[tuple[tuple[int, ...], Any]]:
-    """(shape, dtype) of the leaves (parameters) the innermost backward call accumulates into."""
-    layouts = getattr(_local, "leaf_layouts", None)
-    return layouts[-1] if layouts else frozenset()
+def engine_frame() -> frozenset[tuple[tuple[int, ...], Any]] | None:
+    """Where the autograd engine runs between two nodes of a backward call (where it accumulates
+    gradients, not inside a node's own work): the (shape, dtype) of that graph's leaves; else
+    None."""
+    stack = _stack()
+    return stack[-1] if stack and stack[-1] is not _NODE else None
 
 
 def between_nodes() -> bool:
-    """Whether the autograd engine runs here between two nodes of a backward call (where it
-    accumulates gradients), not inside a node's own work."""
-    stack = _stack()
-    return bool(stack) and stack[-1] == _BACKWARD
+    """Whether the autograd engine runs here between two nodes of a backward call."""
+    return engine_frame() is not None
 
 
 def _pre_hook(_grad_outputs: Any) -> None:
@@ -63,7 +65,7 @@ def _pre_hook(_grad_outputs: Any) -> None:
 
 def _post_hook(_grad_inputs: Any, _grad_outputs: Any) -> None:
     stack = _stack()
-    if stack and stack[-1] == _NODE:
+    if stack and stack[-1] is _NODE:
         stack.pop()
 
 
@@ -98,32 +100,24 @@ def backward_roots(func: Any, args: tuple, kwargs: dict) -> list[Any]:
 @contextmanager
 def engine_marked(roots: Iterable[Any]) -> Iterator[None]:
     """Mark, for the duration of one backward call, when the engine is between nodes."""
-    handles = []
     nodes = graph_nodes(roots)
-    try:
-        for node in nodes:
-            try:
-                handles.append(node.register_prehook(_pre_hook))
-                handles.append(node.register_hook(_post_hook))
-            except (RuntimeError, AttributeError, TypeError):
-                continue  # a node that takes no hooks: its work counts as the engine's
-    except RecursionError:  # pragma: no cover - graph_nodes is iterative
-        pass
+    handles = []
+    for node in nodes:
+        try:
+            handles.append(node.register_prehook(_pre_hook))
+            handles.append(node.register_hook(_post_hook))
+        except (RuntimeError, AttributeError, TypeError):
+            continue  # a node that takes no hooks: its work counts as the engine's
     leaves = frozenset(
         (tuple(node.variable.shape), node.variable.dtype)
         for node in nodes if hasattr(node, "variable")
     )
-    layouts = getattr(_local, "leaf_layouts", None)
-    if layouts is None:
-        layouts = _local.leaf_layouts = []
-    layouts.append(leaves)
     stack = _stack()
     depth = len(stack)
-    stack.append(_BACKWARD)
+    stack.append(leaves)
     try:
         yield
     finally:
         del stack[depth:]
-        layouts.pop()
         for handle in handles:
             handle.remove()

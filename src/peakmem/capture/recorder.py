@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from peakmem.capture.eager import op_name
-from peakmem.capture.grad_accumulation import between_nodes, leaf_gradient_layouts
+from peakmem.capture.grad_accumulation import engine_frame
 from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.meta_cache import SHARED_CACHE
 from peakmem.capture.session import CaptureSession
@@ -122,7 +122,8 @@ def _is_accumulation(args: tuple, kwargs: dict, out) -> bool:
     """`old + var` made by autograd's engine between nodes with grad mode off (its gradient
     accumulation, capture/grad_accumulation.py), on a dense old gradient of the sum's layout:
     CUDA may add in place there."""
-    if not between_nodes() or torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1:
+    leaves = engine_frame()
+    if leaves is None or torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1:
         return False
     old = args[0] if args else None
     return (
@@ -133,7 +134,7 @@ def _is_accumulation(args: tuple, kwargs: dict, out) -> bool:
         and old.dtype == out.dtype
         and old.shape == out.shape
         and is_non_overlapping_and_dense_or_false(old)
-        and (tuple(old.shape), old.dtype) not in leaf_gradient_layouts()
+        and (tuple(old.shape), old.dtype) not in leaves
     )
 
 
