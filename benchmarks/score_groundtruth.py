@@ -8,6 +8,9 @@ device-level peak (nvidia-smi), torch's max_memory_reserved and max_memory_alloc
 Each row's measured command is estimated exactly as the bench does (`peakmem bench
 groundtruth`: the row's job and args, its GPU profile, torch version, steps and allocator
 config; in this process). Prints one line per row (signed errors in MiB) and a summary.
+Scores the rows outside the declared calibration split (peakmem.bench.calibration: the runs the
+torch-2.11 stack's H100 context and cuDNN library memory were read from); `--split` scores the
+split instead.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 from peakmem.baselines.base import CannotEstimate
 from peakmem.baselines.peakmem_estimator import PeakmemEstimator
+from peakmem.bench.calibration import in_calibration_split
 from peakmem.datasets.loaders import load_rows
 from peakmem.datasets.rows import MiB
 
@@ -75,11 +79,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reuse", type=Path, default=None, help="results already computed")
+    parser.add_argument("--split", action="store_true",
+                        help="score the declared calibration split instead of the held-out rows")
     parser.add_argument("--split-convolutions", action="store_true",
                         help="also summarise the rows with and without cuDNN convolutions apart")
     args = parser.parse_args()
 
-    rows = load_rows("groundtruth")
+    rows = [r for r in load_rows("groundtruth") if in_calibration_split(r) == args.split]
     if args.rows:
         wanted = set(args.rows.split(","))
         rows = [r for r in rows if r.id in wanted]

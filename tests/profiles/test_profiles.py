@@ -1,4 +1,3 @@
-from pathlib import Path
 
 import pytest
 
@@ -41,20 +40,21 @@ def test_stack_for_a_torch_version(version, stack):
 
 
 def test_torch_2_11_stack_carries_the_h100_measurements():
-    """The H100 figures of the torch-2.11 stack are the ones measured in
-    benchmarks/groundtruth/h100-80gb.csv: the context outside the allocator of every run without
-    cuDNN convolutions, and what the convolution runs added."""
-    import csv
+    """The H100 figures of the torch-2.11 stack are the ones measured on the declared calibration
+    split of benchmarks/groundtruth/h100-80gb.csv: the context outside the allocator of its runs
+    without cuDNN convolutions, and the most its convolution runs added."""
+    from peakmem.bench.calibration import in_calibration_split
+    from peakmem.datasets.loaders import load_rows
 
     stack, h100 = load_stack("2.11.0+cu130"), load_gpu("h100-80gb")
-    path = Path(__file__).parents[2] / "benchmarks" / "groundtruth" / "h100-80gb.csv"
-    rows = [r for r in csv.DictReader(path.open()) if r["status"] == "ok"]
-    plain = {int(r["context_bytes"]) for r in rows if "gpumemnet" in r["job"] and "embedding" in r["args"]}
+    split = [r for r in load_rows("groundtruth") if in_calibration_split(r)]
+    conv_jobs = ("vision.py", "xmem_cnn.py", "unet.py", "detection.py")
+    plain = {int(r.features["context_bytes"]) for r in split if not r.job["job"].endswith(conv_jobs)}
     assert plain == {stack.context_for(h100).value}
-    conv = [int(r["context_bytes"]) - stack.context_for(h100).value
-            for r in rows if r["job"].endswith("vision.py") and "resnet50" in r["args"]]
+    conv = [int(r.features["context_bytes"]) - stack.context_for(h100).value
+            for r in split if r.job["job"].endswith(conv_jobs)]
     assert max(conv) == stack.library_bytes_for(h100, "cudnn_convolution").value
-    assert stack.context_for(h100).source.startswith("measured")
+    assert stack.context_for(h100).source.startswith("measured on the declared calibration split")
     # other GPUs keep the context model (nothing measured for them on this stack)
     assert stack.context_for(load_gpu("l4")).source == "assumed"
 

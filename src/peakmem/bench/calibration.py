@@ -19,20 +19,27 @@ CALIBRATION_BUCKETS = 10  # MLP step 1: 1 bucket of 10, ~10% of the rows (issue 
 CNN_BUCKETS, CNN_TAKEN = 100, 18  # CNN: 18 buckets of 100, ~18% (issue 6: at most 20%)
 TRANSFORMER_BUCKETS, TRANSFORMER_TAKEN = 100, 20  # Transformer: ~20% (issue 13: margins fitted)
 XMEM_BUCKETS, XMEM_TAKEN = 100, 18  # xMem: 26 of 131 runs, 19.8% (issue 13: at most 20%)
+GROUNDTRUTH_BUCKETS, GROUNDTRUTH_TAKEN = 100, 20  # this repo's GPU runs: 13 of 65 H100 runs, 20%
 CALIBRATION_SPLITS = {
     "gpumemnet-mlp1": (CALIBRATION_BUCKETS, 1),
     "gpumemnet-cnn": (CNN_BUCKETS, CNN_TAKEN),
     "gpumemnet-transformer": (TRANSFORMER_BUCKETS, TRANSFORMER_TAKEN),
     "xmem": (XMEM_BUCKETS, XMEM_TAKEN),
+    "groundtruth": (GROUNDTRUTH_BUCKETS, GROUNDTRUTH_TAKEN),
 }
 """dataset -> (buckets, taken): a row is in the split when sha1(key) % buckets < taken, the key
-being the row's `Filename` (GPUMemNet) or 'xmem:' + its run directory (xMem: `split_key`)."""
+being the row's `Filename` (GPUMemNet), 'xmem:' + its run directory (xMem) or 'groundtruth:' +
+its job and arguments (this repo's own runs): `split_key`."""
 CALIBRATION_DATASETS = set(CALIBRATION_SPLITS)
 CNN_SPLIT_DESCRIPTION = f"gpumemnet-cnn rows with sha1(Filename) % {CNN_BUCKETS} < {CNN_TAKEN}"
 TRANSFORMER_SPLIT_DESCRIPTION = (
     f"gpumemnet-transformer rows with sha1(Filename) % {TRANSFORMER_BUCKETS} < {TRANSFORMER_TAKEN}"
 )
 XMEM_SPLIT_DESCRIPTION = f"xmem runs with sha1('xmem:' + run_dir) % {XMEM_BUCKETS} < {XMEM_TAKEN}"
+GROUNDTRUTH_SPLIT_DESCRIPTION = (
+    "groundtruth runs with sha1('groundtruth:' + job + ' ' + args) "
+    f"% {GROUNDTRUTH_BUCKETS} < {GROUNDTRUTH_TAKEN}"
+)
 MiB = 2**20
 
 
@@ -41,13 +48,16 @@ def split_key(row: BenchRow) -> str:
     (one per run and GPU); else the row id."""
     if row.dataset == "xmem" and "run_dir" in row.features:
         return "xmem:" + row.features["run_dir"]
+    if row.dataset == "groundtruth":
+        return f"groundtruth:{row.job['job']} {row.job['args']}"
     return row.features.get("Filename", row.id)
 
 
 def in_calibration_split(row: BenchRow) -> bool:
     """True for the rows of a calibration dataset reserved for fitting constants: ~10% of the
     MLP step 1 rows (the stack's context constant), ~18% of the CNN rows (the cuDNN model),
-    ~20% of the Transformer rows (margins), 19.8% of xMem's runs (the torch-2.6 consumer stack)."""
+    ~20% of the Transformer rows (margins), 19.8% of xMem's runs (the torch-2.6 consumer stack),
+    20% of this repo's own GPU runs (the torch-2.11 stack's measured H100 context)."""
     split = CALIBRATION_SPLITS.get(row.dataset)
     if split is None:
         return False
