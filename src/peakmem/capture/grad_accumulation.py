@@ -28,18 +28,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
 _local = threading.local()
-_NODE = "node"
-"""A node's own work is running (its pre-hook ran, its post-hook not yet)."""
+
+
+@dataclass(frozen=True)
+class NodeWork:
+    """A node's own work is running (its pre-hook ran, its post-hook not yet)."""
+
+    name: str
+    """The node's `name()`, e.g. "GatherBackward0" (capture/in_place_branches.py)."""
 
 
 def _stack() -> list[Any]:
     """This thread's frames: a backward call's frame (the layouts of its graph's leaves), or
-    `_NODE` while a node works; nested backward calls (reentrant checkpointing) nest."""
+    a `NodeWork` while a node works; nested backward calls (reentrant checkpointing) nest."""
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
@@ -51,7 +59,7 @@ def engine_frame() -> frozenset[tuple[tuple[int, ...], Any]] | None:
     gradients, not inside a node's own work): the (shape, dtype) of that graph's leaves; else
     None."""
     stack = _stack()
-    return stack[-1] if stack and stack[-1] is not _NODE else None
+    return stack[-1] if stack and not isinstance(stack[-1], NodeWork) else None
 
 
 def between_nodes() -> bool:
@@ -59,13 +67,20 @@ def between_nodes() -> bool:
     return engine_frame() is not None
 
 
-def _pre_hook(_grad_outputs: Any) -> None:
-    _stack().append(_NODE)
+def current_node() -> str | None:
+    """The name of the autograd node whose own work runs here (its backward formula), e.g.
+    "GatherBackward0"; None outside a node's work (forward, or the engine between nodes)."""
+    stack = _stack()
+    return stack[-1].name if stack and isinstance(stack[-1], NodeWork) else None
+
+
+def _pre_hook(work: NodeWork, _grad_outputs: Any) -> None:
+    _stack().append(work)
 
 
 def _post_hook(_grad_inputs: Any, _grad_outputs: Any) -> None:
     stack = _stack()
-    if stack and stack[-1] is _NODE:
+    if stack and isinstance(stack[-1], NodeWork):
         stack.pop()
 
 
@@ -104,7 +119,7 @@ def engine_marked(roots: Iterable[Any]) -> Iterator[None]:
     handles = []
     for node in nodes:
         try:
-            handles.append(node.register_prehook(_pre_hook))
+            handles.append(node.register_prehook(partial(_pre_hook, NodeWork(node.name()))))
             handles.append(node.register_hook(_post_hook))
         except (RuntimeError, AttributeError, TypeError):
             continue  # a node that takes no hooks: its work counts as the engine's

@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten
 from peakmem.capture.eager import op_name
 from peakmem.capture.grad_accumulation import engine_frame
 from peakmem.capture.host_deferred import claim, outputs_kind
+from peakmem.capture.in_place_branches import in_place_branch
 from peakmem.capture.meta_cache import SHARED_CACHE
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.subclass_storages import storage_tensors
@@ -105,6 +106,10 @@ class AllocationRecorder(TorchDispatchMode):
                 session.track(tensor, op, category)
         if func is _ADD and session.in_backward and _is_accumulation(args, kwargs, out):
             session.expect_accumulation(args[0], out)
+        else:
+            branch = in_place_branch(func, args, kwargs, out)
+            if branch is not None:
+                session.expect_in_place(args[0], out, branch.name)
         if session.op_observer is not None:
             session.op_observer(func, args, kwargs, out, kind)
         if around is not None:

@@ -116,10 +116,14 @@ class CaptureSession:
     """Allocation ids used on a stream besides their own (`Tensor.record_stream`), still live."""
     _deferred: list[int] = field(default_factory=list)
     """Of them, the freed ones: their blocks go back at the next sync point."""
-    # gradient accumulation replayed as in place (capture/grad_accumulation.py)
-    _pending_accumulation: tuple[int, int, int] | None = None
+    # out-of-place results replayed as in place: autograd's gradient accumulation
+    # (capture/grad_accumulation.py) and ATen's composite-compliant branches
+    # (capture/in_place_branches.py)
+    _pending_accumulation: tuple[int, int, int, str | None] | None = None
     _max_before_last_alloc: int = 0
     accumulations_in_place: int = 0
+    branches_in_place: dict[str, int] = field(default_factory=dict)
+    """Branch name (capture/in_place_branches.py) -> results replayed as in place."""
     op_observer: Callable[[Any, tuple, dict, Any, str], None] | None = None
     """Called by the recorder with every op, its arguments, outputs and outputs' kind
     (utilization.observer: the per-op cost of the training steps)."""
@@ -238,6 +242,15 @@ class CaptureSession:
         """`out = old + var` was autograd's gradient accumulation (capture/grad_accumulation.py):
         if `old`'s storage is released before anything else happens, the GPU run added in
         place (the buffer held the only reference), and the allocation of `out` is withdrawn."""
+        self.expect_in_place(old, out)
+
+    def expect_in_place(self, old: torch.Tensor, out: torch.Tensor,
+                        branch: str | None = None) -> None:
+        """`out` was made out of place from `old` where CUDA writes into `old` (gradient
+        accumulation when `branch` is None, else an ATen branch of
+        capture/in_place_branches.py): if `old`'s storage is released before anything else
+        happens (the code dropped `old` for its result), the allocation of `out` is withdrawn
+        and `old`'s lives on as `out`'s."""
         with self._lock:
             self._pending_accumulation = None
             if self.closed or old.untyped_storage().nbytes() < out.untyped_storage().nbytes():
@@ -246,15 +259,15 @@ class CaptureSession:
             record = self.live.get(out_key)
             if record is None or old_key not in self.live or record.alloc_index != len(self.trace) - 1:
                 return
-            self._pending_accumulation = (old_key, out_key, self._max_before_last_alloc)
+            self._pending_accumulation = (old_key, out_key, self._max_before_last_alloc, branch)
 
     def _accumulated_in_place(self, key: int) -> bool:
-        """The storage `key` dies right after the accumulation that read it: replay the add as
-        in place (see `expect_accumulation`)."""
+        """The storage `key` dies right after the op that read it: replay the op as in place
+        (see `expect_in_place`)."""
         pending, self._pending_accumulation = self._pending_accumulation, None
         if pending is None or pending[0] != key:
             return False
-        _old_key, out_key, max_before = pending
+        _old_key, out_key, max_before, branch = pending
         old, out = self.live.get(key), self.live.get(out_key)
         if old is None or out is None or not self.trace.retract_last_alloc(out.ident):
             return False
@@ -262,7 +275,10 @@ class CaptureSession:
         self.allocated_bytes -= out.nbytes
         self.max_allocated_bytes = max_before
         out.alloc_index, out.ident, out.nbytes = old.alloc_index, old.ident, old.nbytes
-        self.accumulations_in_place += 1
+        if branch is None:
+            self.accumulations_in_place += 1
+        else:
+            self.branches_in_place[branch] = self.branches_in_place.get(branch, 0) + 1
         return True
 
     def _storage_died(self, key: int) -> None:

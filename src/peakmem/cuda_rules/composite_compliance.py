@@ -14,11 +14,18 @@ branch, as on the GPU.
   transformer rows of benchmarks/groundtruth/h100-80gb.csv): the extra 144 MiB temporary per
   in-projection changed which cached blocks later requests reused, and the simulated peak
   reserve by -520..+106 MiB.
+
+Composite ops whose rule runs ATen's own decomposition mark it with `composite_branch`, so that
+the capture can replay the in-place steps of that decomposition (capture/in_place_branches.py:
+`_scaled_dot_product_attention_math`'s `attn.add_(attn_mask)`).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -56,3 +63,34 @@ def linear(ctx: RuleContext, op, input: torch.Tensor, weight: torch.Tensor,
         return output
 
     return run_lower_precision(ctx, call, (input, weight, bias), {})
+
+
+SDPA_MATH = "scaled_dot_product_attention[math]"
+"""`scaled_dot_product_attention` decomposed into `_scaled_dot_product_attention_math`."""
+
+_local = threading.local()
+
+
+def _composites() -> list[str]:
+    stack = getattr(_local, "composites", None)
+    if stack is None:
+        stack = _local.composites = []
+    return stack
+
+
+@contextmanager
+def composite_branch(where: str) -> Iterator[None]:
+    """Mark that a composite op's ATen decomposition runs here (`where`, e.g. `SDPA_MATH`), for
+    the in-place steps registered under that name in capture/in_place_branches.py."""
+    stack = _composites()
+    stack.append(where)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def active_composite() -> str | None:
+    """The innermost composite decomposition marked by `composite_branch` on this thread."""
+    stack = _composites()
+    return stack[-1] if stack else None

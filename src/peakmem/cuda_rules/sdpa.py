@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from peakmem.cuda_rules.autocast import run_lower_precision
+from peakmem.cuda_rules.composite_compliance import SDPA_MATH, composite_branch
 from peakmem.cuda_rules.registry import (
     RuleContext,
     register_composite_rule,
@@ -116,7 +117,9 @@ def scaled_dot_product_attention(
             return aten._scaled_dot_product_efficient_attention(
                 q, k, v, _attn_bias(mask, q), needs_grad, dropout_p, is_causal, scale=scale
             )[0]
-        return op.decompose(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        with composite_branch(SDPA_MATH):  # attn.add_(mask) on CUDA (capture/in_place_branches.py)
+            return op.decompose(q, k, v, mask, dropout_p, is_causal, scale=scale,
+                                enable_gqa=enable_gqa)
 
     return run_lower_precision(ctx, attend, (query, key, value, attn_mask), {})
 
