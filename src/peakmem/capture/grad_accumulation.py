@@ -11,7 +11,9 @@ allocates (seen in H100 allocator snapshots of transformer jobs).
 
 The capture marks where the engine is between nodes: a backward call installs a pre-hook (a
 node's work begins) and a post-hook (it ends) on every node of the graph it runs, removed when
-it returns. An `add.Tensor` the engine makes there, with grad mode off, is an accumulation; the
+it returns. The pre-hook also names the node whose formula runs (`current_node`, e.g.
+"GatherBackward0"), for the backward formulas' in-place branches (capture/in_place_branches.py).
+An `add.Tensor` the engine makes between nodes, with grad mode off, is an accumulation; the
 session then replays it as in place if the old buffer's storage is released right after the
 add (the engine drops the old value as soon as the sum replaces it: the buffer held the only
 reference, CUDA's `can_accumulate_inplace`): the sum's allocation is withdrawn and the old
