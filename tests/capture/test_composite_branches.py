@@ -95,6 +95,36 @@ def test_index_backward_out_of_place_without_the_rule(out_of_place):
     ]
 
 
+def index_select_job():
+    x = torch.randn(1000, 256, device="cuda", requires_grad=True)
+    x.index_select(0, torch.randint(0, 1000, (64,), device="cuda")).sum().backward()
+
+
+def test_index_select_backward_adds_into_its_zeros():
+    # index_select_backward_symint: grad.new_zeros(self_sizes).index_add_(dim, index, grad)
+    assert backward_ops(capture(index_select_job)) == [("ones_like", 4), ("new_zeros", 1000 * 256 * 4)]
+
+
+def test_index_select_backward_out_of_place_without_the_rule(out_of_place):
+    # isTensorSubclassLike(index): grad.new_zeros(self_sizes).index_add(dim, index, grad)
+    assert backward_ops(capture(index_select_job)) == [
+        ("ones_like", 4), ("new_zeros", 1000 * 256 * 4), ("index_add", 1000 * 256 * 4),
+    ]
+
+
+def test_masked_select_backward_scatters_into_its_zeros():
+    def job():
+        x = torch.randn(1000, 256, device="cuda", requires_grad=True)
+        x.masked_select(torch.rand(1000, 256, device="cuda") > 0.5).sum().backward()
+
+    # masked_select has no meta kernel: eager mode (real values, same recorder)
+    result = capture_callable(job, gpu=load_gpu("h100-80gb"), stack=load_stack("2.11.0"),
+                              mode="eager")
+    assert result.error is None, result.error_text
+    # masked_select_backward: result = zeros_like(input); result.masked_scatter_(mask, grad)
+    assert backward_ops(result) == [("ones_like", 4), ("zeros_like", 1000 * 256 * 4)]
+
+
 def test_take_backward_puts_into_its_zeros():
     def job():
         x = torch.randn(ROWS, COLS, device="cuda", requires_grad=True)
@@ -187,7 +217,8 @@ def test_the_running_node_is_named():
 def test_every_branch_names_a_real_autograd_node_or_a_marked_composite():
     places = {branch.where for branch in iter_branches()}
     nodes = places - {SDPA_MATH}
-    assert nodes == {"GatherBackward0", "IndexBackward0", "TakeBackward0",
+    assert nodes == {"GatherBackward0", "IndexBackward0", "IndexSelectBackward0",
+                     "MaskedSelectBackward0", "TakeBackward0",
                      "BinaryCrossEntropyWithLogitsBackward0"}
     for name in nodes:  # a node renamed in a later torch would silently stop matching
         assert hasattr(torch._C._functions, name), name

@@ -15,8 +15,8 @@ then replays the op as in place when its first argument's storage is released ri
 op (the formula dropped the temporary for the result: session.CaptureSession.expect_in_place),
 so an op on a tensor that lives on is never replayed.
 
-Sources (torch 2.4 to 2.13, same code): `gather_backward` (aten/src/ATen/native/
-TensorAdvancedIndexing.cpp), `index_backward`, `take_backward` and
+Sources (torch 2.4 to 2.13, same code): `gather_backward`, `index_select_backward_symint` and
+`masked_select_backward` (aten/src/ATen/native/TensorAdvancedIndexing.cpp), `index_backward`, `take_backward` and
 `binary_cross_entropy_with_logits_backward` (torch/csrc/autograd/FunctionsManual.cpp),
 `_scaled_dot_product_attention_math` (aten/src/ATen/native/transformers/attention.cpp).
 docs/capture.md "ATen's subclass-like branches" lists the branches audited, ruled or not.
@@ -96,6 +96,14 @@ register_branch("GatherBackward0", aten.scatter_add.default, always, "gather_bac
 # `index_backward(grad.new_zeros(self.sizes()), indices, grad)`: `_index_put_impl_(zeros,
 # indices, grad, accumulate=true, unsafe=true)` for plain tensors, else `zeros.index_put(...)`.
 register_branch("IndexBackward0", aten.index_put.default, accumulates, "index_backward")
+# `grad.new_zeros(self_sizes).index_add_(dim, index, grad)`, else `.index_add(...)`
+# (index_select_backward_symint, TensorAdvancedIndexing.cpp: `isTensorSubclassLike(index)`).
+register_branch("IndexSelectBackward0", aten.index_add.default, always,
+                "index_select_backward_symint")
+# `result = zeros_like(input.expand(...)); result.masked_scatter_(mask, grad)`, else
+# `result.masked_scatter(mask, grad)` (masked_select_backward, TensorAdvancedIndexing.cpp).
+register_branch("MaskedSelectBackward0", aten.masked_scatter.default, always,
+                "masked_select_backward")
 # `zeros_like(self).put_(indices, grad, true)`, else `.put(...)`.
 register_branch("TakeBackward0", aten.put.default, accumulates, "take_backward")
 # Without pos_weight: `input.sigmoid().sub_(target)`, then `grad_input.mul_(grad)` and
