@@ -173,10 +173,14 @@ HEADS, LENGTH = 4, 128
 SCORES = 2 * HEADS * LENGTH * LENGTH * 4  # one (2, 4, 128, 128) fp32 score matrix
 
 
-def sdpa_job(head_dim: int):
+def sdpa_job(head_dim: int, mask_kind: str = "float"):
     def job():
         q = torch.randn(2, HEADS, LENGTH, head_dim, device="cuda", requires_grad=True)
-        mask = torch.randn(2, HEADS, LENGTH, LENGTH, device="cuda")
+        if mask_kind == "causal":  # the math path builds ones(L, S).tril() and converts it
+            F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+            return
+        mask = (torch.rand(LENGTH, LENGTH, device="cuda") > 0.5 if mask_kind == "bool"
+                else torch.randn(2, HEADS, LENGTH, LENGTH, device="cuda"))
         F.scaled_dot_product_attention(q, q, q, attn_mask=mask).sum().backward()
 
     return job
@@ -186,14 +190,21 @@ def forward_adds(result) -> list[int]:
     return [size for size, tag in allocations(result.trace, op="add.Tensor") if tag.phase != "backward"]
 
 
-def test_sdpa_math_adds_the_mask_in_place():
+@pytest.mark.parametrize("mask_kind", ["float", "bool", "causal"])
+def test_sdpa_math_adds_the_mask_in_place(mask_kind):
     # head dim 63 (not a multiple of 4): neither fused backend, the math path's attn.add_(mask)
-    assert forward_adds(capture(sdpa_job(63))) == []
+    assert forward_adds(capture(sdpa_job(63, mask_kind))) == []
 
 
-def test_sdpa_math_adds_the_mask_out_of_place_without_the_rule(out_of_place):
+@pytest.mark.parametrize("mask_kind", ["float", "bool", "causal"])
+def test_sdpa_math_adds_the_mask_out_of_place_without_the_rule(out_of_place, mask_kind):
     # the subclass branch: attn = attn.add(*attn_mask), a second score matrix
-    assert forward_adds(capture(sdpa_job(63))) == [SCORES]
+    assert forward_adds(capture(sdpa_job(63, mask_kind))) == [SCORES]
+
+
+def test_a_fused_sdpa_backend_has_no_mask_add():
+    # head dim 64: memory-efficient attention takes the mask as its bias, no add at all
+    assert forward_adds(capture(sdpa_job(64))) == []
 
 
 def test_the_running_node_is_named():
