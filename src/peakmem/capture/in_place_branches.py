@@ -9,16 +9,19 @@ tensor is as big as an input of the forward op, at the start of backward: at the
 
 Each branch here names where the code runs (an autograd node's `name()` while its backward
 formula runs, capture/grad_accumulation.py; or a composite op whose cuda_rules rule runs ATen's
-decomposition inside `cuda_rules.composite_compliance.composite_branch`), the out-of-place op the capture sees, and the rest of the C++
-condition (e.g. grad mode off). The recorder asks `in_place_branch` for every op; the session
-then replays the op as in place when its first argument's storage is released right after the
-op (the formula dropped the temporary for the result: session.CaptureSession.expect_in_place),
-so an op on a tensor that lives on is never replayed.
+decomposition inside `cuda_rules.composite_compliance.composite_branch`), the out-of-place op
+the capture sees, and the rest of the C++ condition (e.g. grad mode off). The recorder asks
+`in_place_branch` for every op; the session then replays the op as in place when its first
+argument's storage is released right after the op (the formula dropped the temporary for the
+result: session.CaptureSession.expect_in_place), so an op on a tensor that lives on is never
+replayed.
 
-Sources (torch 2.4 to 2.13, same code): `gather_backward`, `index_select_backward_symint` and
-`masked_select_backward` (aten/src/ATen/native/TensorAdvancedIndexing.cpp), `index_backward`, `take_backward` and
-`binary_cross_entropy_with_logits_backward` (torch/csrc/autograd/FunctionsManual.cpp),
-`_scaled_dot_product_attention_math` (aten/src/ATen/native/transformers/attention.cpp).
+Sources (read at one pytorch revision; the gather, index and SDPA branches are also in copies
+from the torch <= 2.4 era): `gather_backward`, `index_select_backward_symint` and
+`masked_select_backward` (aten/src/ATen/native/TensorAdvancedIndexing.cpp), `index_backward`,
+`take_backward` and `binary_cross_entropy_with_logits_backward`
+(torch/csrc/autograd/FunctionsManual.cpp), `_scaled_dot_product_attention_math`
+(aten/src/ATen/native/transformers/attention.cpp).
 docs/capture.md "ATen's subclass-like branches" lists the branches audited, ruled or not.
 """
 
