@@ -172,8 +172,9 @@ def _sourced(raw: Any, where: str) -> Sourced:
 def _conv_model(raw: Any, where: str) -> Sourced:
     if not isinstance(raw, dict) or "source" not in raw:
         raise ProfileError(f"{where}: expected a table with direction factors and `source`")
-    directions = ("forward", "backward_data", "backward_weight")
-    keys = directions + tuple(f"{d}_per_weight" for d in directions) + ("benchmark",)
+    from peakmem.cuda_rules.convolution import MODEL_KEYS
+
+    keys = (*MODEL_KEYS, "benchmark")
     unknown = set(raw) - set(keys) - {"source", "reason"}
     if unknown:
         raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
