@@ -22,7 +22,10 @@ grid, minimising median + p90 of |relative error|:
 `--write` stores the fit in stacks/torch-2.6.toml for both consumer GPUs with the split and
 this command as its source.
 
-`--model classes` (issue 13, cuDNN 9): instead of one scale, the workspace factors of the
+`--model h100-scale` (issue 13, cuDNN 9): the scale multiplies the torch-2.11
+stack's per-class H100 factors (cuda_rules/convolution.py CONV_CLASSES: the shape cuDNN 9's
+heuristics gave the H100 snapshot and the groundtruth split) instead of the A100 / torch 2.4 ones
+(`--model scale`, the default: the fit the stack holds). `--model classes`: instead of one scale, the workspace factors of the
 classes of cuda_rules/convolution.py (plain 3x3-and-larger, `stem_` <= 4 input channels,
 `pointwise_` 1x1), each direction, by coordinate descent over CLASS_VALUES from the scale fit's
 factors, with the lazy-kernel and library grid re-fitted for every candidate (the H100 snapshot,
@@ -40,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from calibrate_cnn import SENTINEL, captured_rows, families, replay  # noqa: E402
+from calibrate_cnn import SENTINEL, captured_rows, families  # noqa: E402
 
 MiB = 2**20
 STACK = Path(__file__).resolve().parents[1] / "src" / "peakmem" / "profiles" / "data" / "stacks" / "torch-2.6.toml"
@@ -48,13 +51,21 @@ DEFAULT_CACHE = Path("/tmp/peakmem-xmem-calibration-v1")
 CONSUMER_GPUS = ("rtx3060-12gb", "rtx4060-8gb")
 A100_FACTORS = {"forward": 0.5, "backward_data": 1.5, "backward_weight": 2.5}
 """The torch-2.4 a100-40gb fit (benchmarks/calibrate_cnn.py) whose scale is fitted here."""
-SCALES = tuple(round(0.1 * i, 1) for i in range(0, 11))
+SCALES = tuple(round(0.1 * i, 1) for i in range(0, 16))
 LIBRARY_MIB = tuple(range(0, 401, 10))
 LAZY_MIB = tuple(range(0, 401, 10))
 BATCH_NORM_SHARE = 40 / 290
 CLASS_KEYS = tuple(f"{prefix}{d}" for prefix in ("", "stem_", "pointwise_")
                    for d in ("forward", "backward_data", "backward_weight"))
 CLASS_VALUES = (0.0, 0.125, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
+
+
+def h100_factors() -> dict[str, float]:
+    """The per-class cuDNN 9 factors the torch-2.11 stack holds for the H100 (snapshot + the
+    groundtruth split): the shape of the model whose scale `--model h100-scale` fits."""
+    from peakmem.profiles import load_gpu, load_stack
+
+    return dict(load_stack("2.11.0").conv_workspace_for(load_gpu("h100-80gb")).value)
 
 
 def replay_classed(captured: tuple, model: dict[str, float], capacity: int, torch_version: str):
@@ -85,8 +96,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--write", action="store_true", help="store the fit in the stack profile")
-    parser.add_argument("--model", choices=("scale", "classes"), default="classes",
-                        help="one scale on the A100 factors, or per-class factors (cuDNN 9)")
+    parser.add_argument("--model", choices=("scale", "h100-scale", "classes"), default="scale",
+                        help="one scale on the A100 factors, one scale on the H100 cuDNN 9 "
+                             "per-class factors, or free per-class factors")
     args = parser.parse_args()
 
     rows = load_rows("xmem", args.data)
@@ -115,10 +127,12 @@ def main() -> None:
 
     runs = [(by_id[i], item) for i, item in sorted(captured.items())]
     reserved_at: dict[float, list[int | None]] = {}
+    base = h100_factors() if args.model == "h100-scale" else A100_FACTORS
     for scale in SCALES:
-        factors = {k: v * scale for k, v in A100_FACTORS.items()}
-        reserved_at[scale] = [replay(item, factors, capacity(row, library_bytes(item, 290)), version)
-                              for row, item in runs]
+        factors = {k: v * scale for k, v in base.items()}
+        reserved_at[scale] = [
+            replay_classed(item, factors, capacity(row, library_bytes(item, 290)), version)
+            for row, item in runs]
 
     def errors(lazy_mib: int, library_mib: int, scale: float) -> list[float]:
         out = []
@@ -143,7 +157,7 @@ def main() -> None:
                 if best is None or key < best[0]:
                     best = (key, scale, lazy_mib, library_mib, errs)
     (_key, scale, lazy_mib, library_mib, errs) = best
-    factors = {k: round(v * scale, 4) for k, v in A100_FACTORS.items()}
+    factors = {k: round(v * scale, 4) for k, v in base.items()}
     if args.model == "classes":
         def grid(reserved: list[int | None]):
             """The best (key, lazy, library, errors) over the additive grid for these replays."""
@@ -184,7 +198,7 @@ def main() -> None:
             if not changed:
                 break
         _key, lazy_mib, library_mib, errs = current
-        factors = {k: v for k, v in model.items() if v or k in A100_FACTORS}
+        factors = dict(model)  # a class's zero keys matter: they replace the plain factors
         scale = None
     lazy = lazy_mib * MiB
     residuals = [r for r, item in runs if not families(item)]
@@ -199,8 +213,11 @@ def main() -> None:
     }
     print(json.dumps(report))
     if args.write:
-        how = ("the a100-40gb factors x one scale" if args.model == "scale" else
-               "per-class factors (plain, stem_, pointwise_), coordinate descent, --model classes")
+        how = {"scale": "the a100-40gb factors x one scale",
+               "h100-scale": f"the torch-2.11 stack's h100-80gb per-class cuDNN 9 factors x one "
+                             f"scale ({scale})",
+               "classes": "per-class factors (plain, stem_, pointwise_), coordinate descent, "
+                          "--model classes"}[args.model]
         write_profile(lazy, factors, conv, norm, len(residuals), len(cnn), XMEM_SPLIT_DESCRIPTION,
                       how)
 
