@@ -122,3 +122,28 @@ def test_profile_accepts_class_keys_and_rejects_unknown_classes():
         "stem_forward_per_lowered": 1.0}
     with pytest.raises(ProfileError, match="unknown keys"):
         _conv_model({"depthwise_forward": 1, "source": "s"}, "here")
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data", "backward_weight"])
+@pytest.mark.parametrize(("cin", "kernel"), [(3, 7), (64, 1), (64, 3)])
+def test_a100_torch24_workspaces_are_unchanged_by_the_classes(direction, cin, kernel):
+    """A model without class keys (the A100 / torch-2.4 fit) sizes every class as before."""
+    from peakmem.cuda_rules.convolution import model_bytes
+
+    model = load_stack("2.4.1").conv_workspace_for(load_gpu("a100-40gb")).value
+    call = _call(direction, cin, 64, kernel, hw=56)
+    assert classed_bytes(model, call) == model_bytes(model, call, direction, f"{direction}_per_weight")
+    assert classed_bytes(model, call) > 0
+
+
+def test_h100_model_holds_the_snapshots_plain_factors():
+    """The torch-2.11 H100 model's 3x3 factors are the snapshot's largest convolution's ratios."""
+    model = load_stack("2.11.0").conv_workspace_for(load_gpu("h100-80gb"))
+    assert "snapshot" in model.source and "calibration split" in model.source
+    x, y = 64 * 32 * 32 * 32 * 4, 64 * 64 * 32 * 32 * 4  # conv 32->64 at 32x32, batch 64, fp32
+    measured = {"forward": SNAPSHOT_WORKSPACES[(32, "forward")] / x,
+                "backward_data": SNAPSHOT_WORKSPACES[(32, "backward_data")] / y,
+                "backward_weight": SNAPSHOT_WORKSPACES[(32, "backward_weight")] / x}
+    for direction, ratio in measured.items():
+        assert model.value[direction] == pytest.approx(ratio, abs=0.05)
+    assert {"stem_forward", "pointwise_forward"} <= set(model.value)
