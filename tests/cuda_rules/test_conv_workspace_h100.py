@@ -147,3 +147,12 @@ def test_h100_model_holds_the_snapshots_plain_factors():
     for direction, ratio in measured.items():
         assert model.value[direction] == pytest.approx(ratio, abs=0.05)
     assert {"stem_forward", "pointwise_forward"} <= set(model.value)
+
+
+def test_profile_schema_names_the_rules_classes_and_terms():
+    """The loader validates model keys without importing torch; it must name what the rule reads."""
+    from peakmem.cuda_rules.convolution import CONV_CLASSES, TERMS
+    from peakmem.profiles.loader import CONV_MODEL_CLASSES, CONV_MODEL_TERMS
+
+    assert tuple(name for name, _test in CONV_CLASSES) == CONV_MODEL_CLASSES
+    assert tuple(TERMS) == CONV_MODEL_TERMS

@@ -111,15 +111,6 @@ is a plain GEMM); a class without keys for a direction takes the plain `<directi
 TERMS = {"": "basis_bytes", "_per_weight": "weight_bytes", "_per_lowered": "lowered_bytes"}
 """A model's terms: key suffix -> the ConvCall bytes its factor multiplies."""
 
-MODEL_KEYS = tuple(
-    f"{prefix}{direction}{suffix}"
-    for prefix in ("", *(f"{name}_" for name, _test in CONV_CLASSES))
-    for direction in DIRECTIONS
-    for suffix in TERMS
-)
-"""Every factor a `[cudnn_conv_workspace.<gpu>]` table may hold (besides `benchmark`)."""
-
-
 def conv_class(call: ConvCall) -> str:
     """The first class of CONV_CLASSES `call` belongs to, or "" (none)."""
     return next((name for name, test in CONV_CLASSES if test(call)), "")
