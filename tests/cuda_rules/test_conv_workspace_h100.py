@@ -60,22 +60,25 @@ def snapshot_cnn_job():
         loss.item()
 
 
-def _simulated_reserved(monkeypatch, sizes) -> int:
+def _simulated_reserved(monkeypatch, sizes, alloc_conf: str = "") -> int:
     monkeypatch.setattr(convolution, "workspace_bytes", lambda ctx, call: sizes(call))
     capture = capture_callable(snapshot_cnn_job, gpu=load_gpu("h100-80gb"),
                                stack=load_stack("2.11.0"))
     assert capture.error is None
-    return simulate(capture.trace, torch_version="2.11").peak_reserved_bytes
+    return simulate(capture.trace, alloc_conf, torch_version="2.11").peak_reserved_bytes
 
 
-def test_snapshot_workspaces_reproduce_the_recorded_reserved_peak(monkeypatch):
+# cnn.json and cnn_max_split.json (the same job under max_split_size_mb:64) both recorded this
+@pytest.mark.parametrize("alloc_conf", ["", "max_split_size_mb:64"])
+def test_snapshot_workspaces_reproduce_the_recorded_reserved_peak(monkeypatch, alloc_conf):
     """With the workspaces the H100 really took, the replay of the captured job reserves what
     torch reported to the byte; without them it is 68 MiB short: the reserved - allocated
     excess of this CNN job is its cuDNN workspaces, not block sizes or allocation order."""
     exact = _simulated_reserved(
-        monkeypatch, lambda call: SNAPSHOT_WORKSPACES[(call.input_channels, call.direction)])
+        monkeypatch, lambda call: SNAPSHOT_WORKSPACES[(call.input_channels, call.direction)],
+        alloc_conf)
     assert exact == SNAPSHOT_MAX_RESERVED
-    none = _simulated_reserved(monkeypatch, lambda call: 0)
+    none = _simulated_reserved(monkeypatch, lambda call: 0, alloc_conf)
     assert SNAPSHOT_MAX_RESERVED - none == 68 * 2**20
 
 
