@@ -21,6 +21,15 @@ grid, minimising median + p90 of |relative error|:
    such runs (6 Hugging Face, 9 CNN).
 `--write` stores the fit in stacks/torch-2.6.toml for both consumer GPUs with the split and
 this command as its source.
+
+`--model h100-scale` (issue 13, cuDNN 9): the scale multiplies the torch-2.11
+stack's per-class H100 factors (cuda_rules/convolution.py CONV_CLASSES: the shape cuDNN 9's
+heuristics gave the H100 snapshot and the groundtruth split) instead of the A100 / torch 2.4 ones
+(`--model scale`, the default: the fit the stack holds). `--model classes`: instead of one scale, the workspace factors of the
+classes of cuda_rules/convolution.py (plain 3x3-and-larger, `stem_` <= 4 input channels,
+`pointwise_` 1x1), each direction, by coordinate descent over CLASS_VALUES from the scale fit's
+factors, with the lazy-kernel and library grid re-fitted for every candidate (the H100 snapshot,
+tests/cuda_rules/test_conv_workspace_h100.py, shows cuDNN 9's workspaces differ by class).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from calibrate_cnn import captured_rows, families, replay  # noqa: E402
+from calibrate_cnn import SENTINEL, captured_rows, families  # noqa: E402
 
 MiB = 2**20
 STACK = Path(__file__).resolve().parents[1] / "src" / "peakmem" / "profiles" / "data" / "stacks" / "torch-2.6.toml"
@@ -42,10 +51,38 @@ DEFAULT_CACHE = Path("/tmp/peakmem-xmem-calibration-v1")
 CONSUMER_GPUS = ("rtx3060-12gb", "rtx4060-8gb")
 A100_FACTORS = {"forward": 0.5, "backward_data": 1.5, "backward_weight": 2.5}
 """The torch-2.4 a100-40gb fit (benchmarks/calibrate_cnn.py) whose scale is fitted here."""
-SCALES = tuple(round(0.1 * i, 1) for i in range(0, 11))
+SCALES = tuple(round(0.1 * i, 1) for i in range(0, 16))
 LIBRARY_MIB = tuple(range(0, 401, 10))
 LAZY_MIB = tuple(range(0, 401, 10))
 BATCH_NORM_SHARE = 40 / 290
+CLASS_KEYS = tuple(f"{prefix}{d}" for prefix in ("", "stem_", "pointwise_")
+                   for d in ("forward", "backward_data", "backward_weight"))
+CLASS_VALUES = (0.0, 0.125, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
+
+
+def h100_factors() -> dict[str, float]:
+    """The per-class cuDNN 9 factors the torch-2.11 stack holds for the H100 (snapshot + the
+    groundtruth split): the shape of the model whose scale `--model h100-scale` fits."""
+    from peakmem.profiles import load_gpu, load_stack
+
+    return dict(load_stack("2.11.0").conv_workspace_for(load_gpu("h100-80gb")).value)
+
+
+def replay_classed(captured: tuple, model: dict[str, float], capacity: int, torch_version: str):
+    """Simulated peak reserved bytes with workspaces from the classed `model` (None on OOM)."""
+    from peakmem.allocator.simulate import simulate
+    from peakmem.cuda_rules.convolution import classed_bytes
+
+    _id, _measured, _status, trace, features, _libs = captured
+    placeholders = list(trace.sizes)
+    for index, size in enumerate(placeholders):
+        if size >= SENTINEL:
+            trace.sizes[index] = classed_bytes(model, features[size - SENTINEL])
+    try:
+        result = simulate(trace, torch_version=torch_version, capacity_bytes=capacity)
+    finally:
+        trace.sizes[:] = placeholders
+    return None if result.oom else result.peak_reserved_bytes
 """cuDNN batch norm's share of the library memory, as the A100 fit split it (40 of 250 + 40)."""
 
 
@@ -59,6 +96,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--write", action="store_true", help="store the fit in the stack profile")
+    parser.add_argument("--model", choices=("scale", "h100-scale", "classes"), default="scale",
+                        help="one scale on the A100 factors, one scale on the H100 cuDNN 9 "
+                             "per-class factors, or free per-class factors")
     args = parser.parse_args()
 
     rows = load_rows("xmem", args.data)
@@ -87,10 +127,12 @@ def main() -> None:
 
     runs = [(by_id[i], item) for i, item in sorted(captured.items())]
     reserved_at: dict[float, list[int | None]] = {}
+    base = h100_factors() if args.model == "h100-scale" else A100_FACTORS
     for scale in SCALES:
-        factors = {k: v * scale for k, v in A100_FACTORS.items()}
-        reserved_at[scale] = [replay(item, factors, capacity(row, library_bytes(item, 290)), version)
-                              for row, item in runs]
+        factors = {k: v * scale for k, v in base.items()}
+        reserved_at[scale] = [
+            replay_classed(item, factors, capacity(row, library_bytes(item, 290)), version)
+            for row, item in runs]
 
     def errors(lazy_mib: int, library_mib: int, scale: float) -> list[float]:
         out = []
@@ -115,10 +157,52 @@ def main() -> None:
                 if best is None or key < best[0]:
                     best = (key, scale, lazy_mib, library_mib, errs)
     (_key, scale, lazy_mib, library_mib, errs) = best
+    factors = {k: round(v * scale, 4) for k, v in base.items()}
+    if args.model == "classes":
+        def grid(reserved: list[int | None]):
+            """The best (key, lazy, library, errors) over the additive grid for these replays."""
+            found = None
+            for lazy_mib in LAZY_MIB:
+                for library_mib in LIBRARY_MIB:
+                    errs = []
+                    for (_row, item), value in zip(runs, reserved, strict=True):
+                        if value is None:
+                            errs.append(1.0)
+                            continue
+                        total = lazy_mib * MiB + library_bytes(item, library_mib) + value
+                        errs.append((total - item[1]) / item[1])
+                    mags = sorted(abs(e) for e in errs)
+                    key = (statistics.median(mags) + mags[int(0.9 * (len(mags) - 1))],
+                           statistics.median(mags))
+                    if found is None or key < found[0]:
+                        found = (key, lazy_mib, library_mib, errs)
+            return found
+
+        def replays(model):
+            return [replay_classed(item, model, capacity(row, library_bytes(item, 290)), version)
+                    for row, item in runs]
+
+        model = dict.fromkeys(CLASS_KEYS, 0.0) | factors
+        current = grid(replays(model))
+        for _round in range(2):
+            changed = False
+            for key in CLASS_KEYS:
+                for value in CLASS_VALUES:
+                    trial = dict(model, **{key: value})
+                    if trial == model:
+                        continue
+                    found = grid(replays(trial))
+                    if found[0] < current[0]:
+                        model, current, changed = trial, found, True
+                        print(json.dumps(model), f"median+p90 {found[0][0]:.4f}", flush=True)
+            if not changed:
+                break
+        _key, lazy_mib, library_mib, errs = current
+        factors = dict(model)  # a class's zero keys matter: they replace the plain factors
+        scale = None
     lazy = lazy_mib * MiB
     residuals = [r for r, item in runs if not families(item)]
     cnn = [r for r, item in runs if families(item)]
-    factors = {k: round(v * scale, 4) for k, v in A100_FACTORS.items()}
     conv = int(round(library_mib * (1 - BATCH_NORM_SHARE))) * MiB
     norm = int(round(library_mib * BATCH_NORM_SHARE)) * MiB
     report = {
@@ -129,10 +213,17 @@ def main() -> None:
     }
     print(json.dumps(report))
     if args.write:
-        write_profile(lazy, factors, conv, norm, len(residuals), len(cnn), XMEM_SPLIT_DESCRIPTION)
+        how = {"scale": "the a100-40gb factors x one scale",
+               "h100-scale": f"the torch-2.11 stack's h100-80gb per-class cuDNN 9 factors x one "
+                             f"scale ({scale})",
+               "classes": "per-class factors (plain, stem_, pointwise_), coordinate descent, "
+                          "--model classes"}[args.model]
+        write_profile(lazy, factors, conv, norm, len(residuals), len(cnn), XMEM_SPLIT_DESCRIPTION,
+                      how)
 
 
-def write_profile(lazy: int, factors: dict, conv: int, norm: int, hf: int, cnn: int, split: str) -> None:
+def write_profile(lazy: int, factors: dict, conv: int, norm: int, hf: int, cnn: int, split: str,
+                  how: str = "the a100-40gb factors x one scale") -> None:
     text = STACK.read_text()
     source = (f"fitted on the declared xMem calibration split ({split}; never scored): {hf} Hugging "
               f"Face and {cnn} CNN runs that did not OOM, all but two on the RTX 3060; "
@@ -148,7 +239,7 @@ def write_profile(lazy: int, factors: dict, conv: int, norm: int, hf: int, cnn: 
         text += (f"\n[lazy_loaded_bytes.{gpu}]\nvalue = {lazy}\nsource = \"{source}{note}\"\n")
         text += (f"\n[cudnn_conv_workspace.{gpu}]\n"
                  + "".join(f"{k} = {v}\n" for k, v in factors.items())
-                 + f"source = \"{source}{note}: the a100-40gb factors x one scale\"\n")
+                 + f"source = \"{source}{note}: {how}\"\n")
         text += (f"\n[library_bytes.{gpu}.cudnn_convolution]\nvalue = {conv}\nsource = \"{source}{note}\"\n")
         text += (f"\n[library_bytes.{gpu}.cudnn_batch_norm]\nvalue = {norm}\nsource = \"{source}{note}\"\n")
     STACK.write_text(text)

@@ -31,6 +31,8 @@ and the engines' kernel images. It is charged once per capture as library memory
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +65,20 @@ class ConvCall:
         """The tensor the direction reads most: grad_output for backward-data, x otherwise."""
         return self.output_bytes if self.direction == "backward_data" else self.input_bytes
 
+    @property
+    def input_channels(self) -> int:
+        return self.input_shape[1] if len(self.input_shape) > 1 else 0
+
+    @property
+    def lowered_bytes(self) -> int:
+        """x lowered to a GEMM operand (im2col): one row per output position (N x spatial
+        out), one column per weight tap (C_in / groups x prod(kernel)), in x's dtype; what an
+        engine that materialises the lowered input would take."""
+        if len(self.weight_shape) < 3 or not self.weight_shape[0]:
+            return 0
+        positions = self.output_bytes // self.weight_shape[0]  # N x spatial out x element size
+        return positions * self.weight_shape[1] * math.prod(self.kernel)
+
 
 def uses_cudnn(x: torch.Tensor, weight: torch.Tensor, groups: int, transposed: bool) -> bool:
     """Convolution.cpp `select_conv_backend` for a CUDA input: cuDNN unless cuDNN is off, the
@@ -80,6 +96,26 @@ def uses_cudnn(x: torch.Tensor, weight: torch.Tensor, groups: int, transposed: b
     return not (depthwise and x.dtype == torch.float32)
 
 
+STEM_MAX_CHANNELS = 4
+"""Input channels up to which a convolution is an image stem (RGB / RGBA input)."""
+
+CONV_CLASSES: tuple[tuple[str, Callable[[ConvCall], bool]], ...] = (
+    ("stem", lambda call: 0 < call.input_channels <= STEM_MAX_CHANNELS),
+    ("pointwise", lambda call: bool(call.kernel) and all(k == 1 for k in call.kernel)),
+)
+"""Kinds of convolution a workspace model may give factors of their own, first match wins:
+key `<class>_<direction>[_per_weight|_per_lowered]`. cuDNN's heuristics pick different engines
+for them (a 3-channel stem cannot use the tensor-core implicit-GEMM tiles, a 1x1 convolution
+is a plain GEMM); a class without keys for a direction takes the plain `<direction>` keys."""
+
+TERMS = {"": "basis_bytes", "_per_weight": "weight_bytes", "_per_lowered": "lowered_bytes"}
+"""A model's terms: key suffix -> the ConvCall bytes its factor multiplies."""
+
+def conv_class(call: ConvCall) -> str:
+    """The first class of CONV_CLASSES `call` belongs to, or "" (none)."""
+    return next((name for name, test in CONV_CLASSES if test(call)), "")
+
+
 def model_bytes(model: dict[str, float], call: ConvCall, factor: str, per_weight: str = "") -> int:
     """The profile model's bytes: factor x what the direction reads (+ per_weight x the
     weight's bytes). Also what benchmarks/calibrate_cnn.py replays its candidates with."""
@@ -88,10 +124,20 @@ def model_bytes(model: dict[str, float], call: ConvCall, factor: str, per_weight
     return max(0, int(size))
 
 
+def classed_bytes(model: dict[str, float], call: ConvCall) -> int:
+    """The model's bytes for `call`: the factors of its class where the model has any for the
+    direction, the plain ones otherwise; each term's factor x the bytes it scales with."""
+    name = conv_class(call)
+    prefix = f"{name}_" if name and any(
+        f"{name}_{call.direction}{suffix}" in model for suffix in TERMS) else ""
+    size = sum(float(model.get(f"{prefix}{call.direction}{suffix}", 0.0)) * getattr(call, attr)
+               for suffix, attr in TERMS.items())
+    return max(0, int(size))
+
+
 def workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
     """The workspace cuDNN's chosen plan takes for `call`, from the stack profile's model."""
-    model = ctx.stack.conv_workspace_for(ctx.gpu).value
-    return model_bytes(model, call, call.direction, f"{call.direction}_per_weight")
+    return classed_bytes(ctx.stack.conv_workspace_for(ctx.gpu).value, call)
 
 
 def benchmark_workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:

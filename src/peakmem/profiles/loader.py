@@ -169,11 +169,24 @@ def _sourced(raw: Any, where: str) -> Sourced:
     return Sourced(raw["value"], str(raw["source"]), raw.get("reason"))
 
 
+CONV_MODEL_CLASSES = ("stem", "pointwise")
+"""Classes of convolution a workspace model may give factors of their own
+(cuda_rules/convolution.py CONV_CLASSES, which says what each is)."""
+CONV_MODEL_TERMS = ("", "_per_weight", "_per_lowered")
+"""Factor suffixes: the bytes read, the weight's bytes, the im2col operand's bytes."""
+CONV_MODEL_KEYS = tuple(
+    f"{prefix}{direction}{suffix}"
+    for prefix in ("", *(f"{name}_" for name in CONV_MODEL_CLASSES))
+    for direction in ("forward", "backward_data", "backward_weight")
+    for suffix in CONV_MODEL_TERMS
+)
+"""Every factor a `[cudnn_conv_workspace.<gpu>]` table may hold besides `benchmark`."""
+
+
 def _conv_model(raw: Any, where: str) -> Sourced:
     if not isinstance(raw, dict) or "source" not in raw:
         raise ProfileError(f"{where}: expected a table with direction factors and `source`")
-    directions = ("forward", "backward_data", "backward_weight")
-    keys = directions + tuple(f"{d}_per_weight" for d in directions) + ("benchmark",)
+    keys = (*CONV_MODEL_KEYS, "benchmark")
     unknown = set(raw) - set(keys) - {"source", "reason"}
     if unknown:
         raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
