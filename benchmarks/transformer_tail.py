@@ -12,6 +12,7 @@ segment (the embedding's) and what the miss matches:
   allocator held that many more segments of the job's largest size;
 - `shared ~X`: the same amount (to 12 MiB) as another tail row whose largest segment differs by
   more than 10%: an amount that does not depend on the job.
+`--over` lists the rows over by at least `--min-mib` instead, classified the same way.
 `--probe` re-captures each tail row and replays its trace with the layout probe
 (estimate/layout_probe.py): `max +X` is how far one small extra block (2-8 MiB) moves the
 reserved peak beyond the block itself, i.e. whether the estimate sits on a layout edge.
@@ -90,14 +91,15 @@ def mark_shared(rows: list[TailRow]) -> None:
 
 
 def tail_rows(results: Mapping[str, dict], offsets: Mapping[str, int],
-              min_mib: float = 100.0) -> list[TailRow]:
-    """The rows of `results` (score_transformer_rows.py's format) at least `min_mib` under,
-    worst first, classified."""
+              min_mib: float = 100.0, over: bool = False) -> list[TailRow]:
+    """The rows of `results` (score_transformer_rows.py's format) at least `min_mib` under
+    (`over`: over; `deficit_mib` is then the excess), worst first, classified."""
     rows = []
+    sign = 1.0 if over else -1.0
     for row_id, r in results.items():
-        if "error_mib" not in r or -r["error_mib"] < min_mib:
+        if "error_mib" not in r or sign * r["error_mib"] < min_mib:
             continue
-        deficit = -r["error_mib"]
+        deficit = sign * r["error_mib"]
         segment = r.get("largest_gradient_segment_mib", 0.0)
         rows.append(TailRow(row_id, deficit, segment, r["measured_mib"],
                             campaign_of(offsets.get(row_id, 0)), r.get("config", ""),
@@ -170,6 +172,8 @@ def main() -> None:
     parser.add_argument("--data", default=None)
     parser.add_argument("--min-mib", type=float, default=100.0)
     parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--over", action="store_true",
+                        help="the rows over by at least --min-mib instead (the same classes)")
     args = parser.parse_args()
     from peakmem.datasets.loaders import load_rows
 
@@ -178,11 +182,12 @@ def main() -> None:
     results: dict[str, dict] = {}
     for path in args.results:
         results |= json.loads(path.read_text())
-    tail = tail_rows(results, offsets, args.min_mib)
+    tail = tail_rows(results, offsets, args.min_mib, over=args.over)
     probes = probe_rows([t.row_id for t in tail], args.data) if args.probe else None
     print(table(tail, probes))
     for name, (count, under) in campaign_counts(results, offsets, tail).items():
-        print(f"{name}: {under} of {count} scored rows at least {args.min_mib:.0f} MiB under")
+        print(f"{name}: {under} of {count} scored rows at least {args.min_mib:.0f} MiB "
+              f"{'over' if args.over else 'under'}")
     kinds = {"whole segments": sum(bool(t.whole_segments) for t in tail),
              "shared amount": sum(bool(t.shared_with) for t in tail),
              "other": sum(t.kind == "other" for t in tail)}

@@ -71,3 +71,9 @@ def test_campaign_counts_and_table(tail):
     assert tail.campaign_counts(results, offsets, rows) == {"step 1": (1, 1), "step 2": (2, 0)}
     text = tail.table(rows, {"00001": "max +280, min +0"})
     assert "| 00001 | step 1 |" in text and "| 1.00 | 1 x segment | max +280, min +0 |" in text
+
+
+def test_over_rows_are_classified_the_same_way(tail):
+    results = {"00165": result(20000.0, 1970.0, 1970.0), "00001": result(1000.0, -300.0, 300.0)}
+    rows = tail.tail_rows(results, {}, over=True)
+    assert [(t.row_id, t.deficit_mib, t.kind) for t in rows] == [("00165", 1970.0, "1 x segment")]
