@@ -14,8 +14,9 @@ segment (the embedding's) and what the miss matches:
   more than 10%: an amount that does not depend on the job.
 `--over` lists the rows over by at least `--min-mib` instead, classified the same way.
 `--probe` re-captures each tail row and replays its trace with the layout probe
-(estimate/layout_probe.py): `max +X` is how far one small extra block (2-8 MiB) moves the
-reserved peak beyond the block itself, i.e. whether the estimate sits on a layout edge.
+(estimate/layout_probe.py): `up +X` / `down -X` is how far a small perturbation (one extra 2-8
+MiB block, or the cuBLAS workspaces at another CUBLAS_WORKSPACE_CONFIG size) moves the reserved
+peak beyond what the perturbation itself takes, i.e. whether the estimate sits on a layout edge.
 The table holds row ids and derived figures only; the measurements stay in ../shared/datasets.
 """
 
@@ -160,8 +161,8 @@ def probe_rows(row_ids: Iterable[str], data: str | None) -> dict[str, str]:
                                         torch_version=row.torch_version, isolate=False)
         probe = probe_layout(estimate.capture.trace, estimate.alloc_conf, estimate.torch_version)
         mib = 1 << 20
-        out[row.id] = (f"max +{probe.max_excess_bytes / mib:.0f}, "
-                       f"min {probe.min_excess_bytes / mib:+.0f}")
+        out[row.id] = (f"up +{probe.max_excess_bytes / mib:.0f}, "
+                       f"down {probe.min_excess_bytes / mib:+.0f}")
         print(f"{row.id} probe {out[row.id]}", flush=True)
     return out
 

@@ -69,8 +69,8 @@ def test_campaign_counts_and_table(tail):
     offsets = {"00001": 100, "00600": 5_000_000, "00601": 5_000_000}
     rows = tail.tail_rows(results, offsets)
     assert tail.campaign_counts(results, offsets, rows) == {"step 1": (1, 1), "step 2": (2, 0)}
-    text = tail.table(rows, {"00001": "max +280, min +0"})
-    assert "| 00001 | step 1 |" in text and "| 1.00 | 1 x segment | max +280, min +0 |" in text
+    text = tail.table(rows, {"00001": "up +280, down +0"})
+    assert "| 00001 | step 1 |" in text and "| 1.00 | 1 x segment | up +280, down +0 |" in text
 
 
 def test_over_rows_are_classified_the_same_way(tail):

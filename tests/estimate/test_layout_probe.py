@@ -9,7 +9,12 @@ from __future__ import annotations
 import pytest
 
 from peakmem.allocator.simulate import simulate
-from peakmem.estimate.layout_probe import LayoutProbe, probe_layout, with_persistent_block
+from peakmem.estimate.layout_probe import (
+    LayoutProbe,
+    probe_layout,
+    with_persistent_block,
+    with_workspace_size,
+)
 from peakmem.trace.events import Trace
 
 MiB = 1 << 20
@@ -47,9 +52,10 @@ def test_a_4_mib_block_first_pushes_it_into_a_large_block_and_one_more_segment_o
     assert simulate(probed, torch_version="2.4.1").peak_reserved_bytes == 20 * MiB + 4 * LARGEST
     probe = probe_layout(embedding_step_trace(), torch_version="2.4.1", sizes=[4 * MiB])
     assert probe.base_reserved_bytes == 20 * MiB + 3 * LARGEST
-    assert probe.probe_segment_bytes == {4 * MiB: 20 * MiB}
-    assert probe.excess_bytes(4 * MiB) == LARGEST - 20 * MiB
-    assert probe.max_excess_bytes == LARGEST - 20 * MiB
+    assert probe.moves == {f"block {4 * MiB}": LARGEST}  # the trace has no cuBLAS workspace
+    assert probe.allowances == {f"block {4 * MiB}": 20 * MiB}
+    assert probe.excess_bytes(f"block {4 * MiB}") == LARGEST - 20 * MiB
+    assert probe.max_excess_bytes == LARGEST - 20 * MiB and probe.min_excess_bytes == 0
     assert probe.flips
 
 
@@ -58,7 +64,7 @@ def test_without_the_late_request_no_probe_moves_the_peak_beyond_its_own_segment
     assert probe.max_excess_bytes == 0 and probe.min_excess_bytes == 0
     assert not probe.flips
     # each probe block shares the activation's 20 MiB segment: the peak does not move at all
-    assert set(probe.probed_reserved_bytes.values()) == {probe.base_reserved_bytes}
+    assert set(probe.moves.values()) == {0}
 
 
 def test_the_probed_trace_keeps_every_event_and_tag_after_the_block():
@@ -74,12 +80,48 @@ def test_the_probed_trace_keeps_every_event_and_tag_after_the_block():
 
 
 def test_excess_figures_and_a_probe_that_lowers_the_peak():
-    probe = LayoutProbe(100 * MiB, {MiB: 80 * MiB, 2 * MiB: 150 * MiB},
-                        {MiB: 20 * MiB, 2 * MiB: 20 * MiB})
-    assert probe.excess_bytes(2 * MiB) == 30 * MiB
+    probe = LayoutProbe(500 * MiB, {"a": -100 * MiB, "b": 50 * MiB, "c": 10 * MiB},
+                        {"a": 20 * MiB, "b": 20 * MiB, "c": 20 * MiB})
+    assert probe.excess_bytes("a") == -80 * MiB
+    assert probe.excess_bytes("b") == 30 * MiB
+    assert probe.excess_bytes("c") == 0
     assert probe.max_excess_bytes == 30 * MiB
-    assert probe.min_excess_bytes == -20 * MiB
+    assert probe.min_excess_bytes == -80 * MiB
     assert probe.flips
+
+
+def workspace_step_trace() -> Trace:
+    """As embedding_step_trace, with an 8.125 MiB cuBLAS workspace (torch 2.4's default
+    `:4096:2:16:8`) taken at the first matmul, after the 8 MiB activation: together 16.125 MiB
+    of the first 20 MiB segment, so the 9 MiB request has to split a cached LARGEST block."""
+    trace = Trace()
+    trace.alloc(8 * MiB, op="activation")
+    trace.alloc(8519680, category="workspace", op="cublas_workspace[main]")
+    trace.alloc(LARGEST, category="parameter")
+    grad = trace.alloc(LARGEST, category="gradient")
+    sqrt = trace.alloc(LARGEST, op="_foreach_sqrt")
+    trace.free(sqrt)
+    trace.free(grad)
+    trace.alloc(9 * MiB, op="activation")
+    trace.alloc(LARGEST, category="gradient")
+    trace.alloc(LARGEST, op="_foreach_sqrt")
+    return trace
+
+
+def test_a_smaller_cublas_workspace_leaves_room_and_the_peak_drops_by_a_whole_segment():
+    trace = workspace_step_trace()
+    assert simulate(trace, torch_version="2.4.1").peak_reserved_bytes == 20 * MiB + 4 * LARGEST
+    # `:16:8`: 128 KiB goes to the small pool (a 2 MiB segment of its own); the 20 MiB segment
+    # keeps 12 MiB free for the 9 MiB request and the LARGEST blocks stay whole
+    small = with_workspace_size(trace, 128 * 1024)
+    assert small.sizes[1] == 128 * 1024 and small.sizes[2:] == trace.sizes[2:]
+    assert simulate(small, torch_version="2.4.1").peak_reserved_bytes == 22 * MiB + 3 * LARGEST
+    probe = probe_layout(trace, torch_version="2.4.1", sizes=[], workspace_sizes=[128 * 1024])
+    name = f"cublas workspace {128 * 1024}"
+    assert probe.moves == {name: 2 * MiB - LARGEST}
+    assert probe.allowances == {name: (8519680 - 128 * 1024) + 20 * MiB}
+    assert probe.min_excess_bytes == 2 * MiB - LARGEST + probe.allowances[name]
+    assert probe.max_excess_bytes == 0 and probe.flips
 
 
 def test_probe_sizes_must_be_positive():
