@@ -12,6 +12,9 @@ segment (the embedding's) and what the miss matches:
   allocator held that many more segments of the job's largest size;
 - `shared ~X`: the same amount (to 12 MiB) as another tail row whose largest segment differs by
   more than 10%: an amount that does not depend on the job.
+`--probe-all OUT.json` probes every scored row (`--campaign` to keep one campaign's) and
+writes the moves; `--layout-margin OUT.json --fraction F` counts the rows still under when each
+states `estimate x (1 + F) + its upward layout excess` instead of the stated margin.
 `--over` lists the rows over by at least `--min-mib` instead, classified the same way.
 `--probe` re-captures each tail row and replays its trace with the layout probe
 (estimate/layout_probe.py): `up +X` / `down -X` is how far a small perturbation (one extra 2-8
@@ -141,8 +144,10 @@ def table(rows: list[TailRow], probes: Mapping[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def probe_rows(row_ids: Iterable[str], data: str | None) -> dict[str, str]:
-    """Re-capture each row as the bench does and run the layout probe on its trace."""
+def probe_rows(row_ids: Iterable[str], data: str | None,
+               raw: dict[str, dict[str, float]] | None = None) -> dict[str, str]:
+    """Re-capture each row as the bench does and run the layout probe on its trace; `raw`
+    (if given) gets {row: {"up_mib", "down_mib"}}."""
     import io
     from contextlib import redirect_stderr, redirect_stdout
 
@@ -163,8 +168,24 @@ def probe_rows(row_ids: Iterable[str], data: str | None) -> dict[str, str]:
         mib = 1 << 20
         out[row.id] = (f"up +{probe.max_excess_bytes / mib:.0f}, "
                        f"down {probe.min_excess_bytes / mib:+.0f}")
+        if raw is not None:
+            raw[row.id] = {"up_mib": probe.max_excess_bytes / mib,
+                           "down_mib": probe.min_excess_bytes / mib}
         print(f"{row.id} probe {out[row.id]}", flush=True)
     return out
+
+
+def under_with_layout_reserve(results: Mapping[str, dict], probes: Mapping[str, dict],
+                              fraction: float) -> tuple[int, int, float]:
+    """(rows under, rows counted, median stated / measured - 1) when each probed row states
+    `estimate x (1 + fraction) + its layout probe's upward excess`."""
+    stated = [
+        (r["estimated_mib"] * (1 + fraction) + probes[k]["up_mib"]) / r["measured_mib"] - 1
+        for k, r in results.items() if "error_mib" in r and k in probes
+    ]
+    if not stated:
+        return 0, 0, 0.0
+    return sum(s < 0 for s in stated), len(stated), statistics.median(stated)
 
 
 def main() -> None:
@@ -173,6 +194,13 @@ def main() -> None:
     parser.add_argument("--data", default=None)
     parser.add_argument("--min-mib", type=float, default=100.0)
     parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--probe-all", type=Path, default=None, metavar="OUT.json",
+                        help="probe every scored row (of --campaign) and write the figures "
+                        "to OUT.json (row ids and MiB moves only)")
+    parser.add_argument("--campaign", default=None, choices=["step 1", "step 2"])
+    parser.add_argument("--layout-margin", type=Path, default=None, metavar="PROBES.json",
+                        help="rows under at +FRACTION + each row's upward layout excess")
+    parser.add_argument("--fraction", type=float, default=0.03)
     parser.add_argument("--over", action="store_true",
                         help="the rows over by at least --min-mib instead (the same classes)")
     args = parser.parse_args()
@@ -183,6 +211,22 @@ def main() -> None:
     results: dict[str, dict] = {}
     for path in args.results:
         results |= json.loads(path.read_text())
+    if args.campaign:
+        results = {k: r for k, r in results.items()
+                   if campaign_of(offsets.get(k, 0)) == args.campaign}
+    if args.probe_all:
+        raw: dict[str, dict[str, float]] = {}
+        probe_rows([k for k, r in results.items() if "error_mib" in r], args.data, raw)
+        args.probe_all.write_text(json.dumps(raw, indent=1))
+        flips = sum(v["up_mib"] > 0 or v["down_mib"] < 0 for v in raw.values())
+        print(f"{flips} of {len(raw)} probed rows sit on a layout edge")
+        return
+    if args.layout_margin:
+        probes = json.loads(args.layout_margin.read_text())
+        under, counted, median = under_with_layout_reserve(results, probes, args.fraction)
+        print(f"+{args.fraction:.1%} + layout excess: {under} of {counted} rows under, "
+              f"stated over measured median {median:+.1%}")
+        return
     tail = tail_rows(results, offsets, args.min_mib, over=args.over)
     probes = probe_rows([t.row_id for t in tail], args.data) if args.probe else None
     print(table(tail, probes))

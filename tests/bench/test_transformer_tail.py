@@ -77,3 +77,14 @@ def test_over_rows_are_classified_the_same_way(tail):
     results = {"00165": result(20000.0, 1970.0, 1970.0), "00001": result(1000.0, -300.0, 300.0)}
     rows = tail.tail_rows(results, {}, over=True)
     assert [(t.row_id, t.deficit_mib, t.kind) for t in rows] == [("00165", 1970.0, "1 x segment")]
+
+
+def test_layout_reserve_counts_rows_still_under(tail):
+    results = {"a": result(1000.0, -100.0, 100.0), "b": result(1000.0, 0.0, 100.0),
+               "c": result(1000.0, -50.0, 100.0), "d": result(1000.0, -500.0, 100.0)}
+    probes = {"a": {"up_mib": 80.0, "down_mib": 0.0}, "b": {"up_mib": 0.0, "down_mib": 0.0},
+              "c": {"up_mib": 0.0, "down_mib": 0.0}}  # d not probed: not counted
+    # a: 900 x 1.03 + 80 = 1007 (covered); b: 1030; c: 950 x 1.03 = 978.5 (under)
+    under, counted, median = tail.under_with_layout_reserve(results, probes, 0.03)
+    assert (under, counted) == (1, 3)
+    assert median == pytest.approx(0.007)
