@@ -15,6 +15,8 @@ segment (the embedding's) and what the miss matches:
 `--probe-all OUT.json` probes every scored row (`--campaign` to keep one campaign's) and
 writes the moves; `--layout-margin OUT.json --fraction F` counts the rows still under when each
 states `estimate x (1 + F) + its upward layout excess` instead of the stated margin.
+`--scan-margins SPLIT.json HELD.json`: the stated-margin forms `fraction + N segments + a
+constant` (the constant: an amount independent of the job), fitted on the split.
 `--over` lists the rows over by at least `--min-mib` instead, classified the same way.
 `--probe` re-captures each tail row and replays its trace with the layout probe
 (estimate/layout_probe.py): `up +X` / `down -X` is how far a small perturbation (one extra 2-8
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -188,6 +191,45 @@ def under_with_layout_reserve(results: Mapping[str, dict], probes: Mapping[str, 
     return sum(s < 0 for s in stated), len(stated), statistics.median(stated)
 
 
+def fitted_fraction(results: Mapping[str, dict], segments: int, constant_mib: float,
+                    failures: float = 0.01) -> float:
+    """The smallest fraction (0.5% steps) for which `estimate x (1 + f) + segments x segment +
+    constant_mib` leaves at most `failures` of the rows under (score_transformer_rows.py's
+    rule, with a constant added)."""
+    needed = sorted(
+        max(0.0, (r["measured_mib"] - segments * r.get("largest_gradient_segment_mib", 0.0)
+                  - constant_mib) / r["estimated_mib"] - 1)
+        for r in results.values() if "error_mib" in r and r["estimated_mib"] > 0
+    )
+    if not needed:
+        return 0.0
+    allowed = int(failures * len(needed))
+    return math.ceil(round(needed[len(needed) - 1 - allowed] * 200, 9)) / 200
+
+
+def scan_margins(split: Mapping[str, dict], held: Mapping[str, dict],
+                 constants: Iterable[float] = (0, 256, 512, 768, 1024, 1536, 2048),
+                 most_segments: int = 2) -> list[str]:
+    """For each (segments, constant): the fraction fitted on `split`, and on both sets the rows
+    under and the median / mean stated over measured."""
+    def stated(results, f, k, c):
+        return [(r["estimated_mib"] * (1 + f) + k * r.get("largest_gradient_segment_mib", 0.0)
+                 + c) / r["measured_mib"] - 1 for r in results.values() if "error_mib" in r]
+
+    lines = ["| segments | constant MiB | fraction | split under | split median / mean "
+             "| held-out under | held-out median / mean |", "|---|---|---|---|---|---|---|"]
+    for k in range(most_segments + 1):
+        for c in constants:
+            f = fitted_fraction(split, k, c)
+            a, b = stated(split, f, k, c), stated(held, f, k, c)
+            lines.append(
+                f"| {k} | {c:.0f} | {f:.1%} | {sum(x < 0 for x in a)}/{len(a)} | "
+                f"{statistics.median(a):+.1%} / {statistics.fmean(a):+.1%} | "
+                f"{sum(x < 0 for x in b)}/{len(b)} | "
+                f"{statistics.median(b):+.1%} / {statistics.fmean(b):+.1%} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, nargs="+")
@@ -201,9 +243,16 @@ def main() -> None:
     parser.add_argument("--layout-margin", type=Path, default=None, metavar="PROBES.json",
                         help="rows under at +FRACTION + each row's upward layout excess")
     parser.add_argument("--fraction", type=float, default=0.03)
+    parser.add_argument("--scan-margins", action="store_true",
+                        help="RESULTS = SPLIT.json HELD.json: margins of a fraction + whole "
+                        "segments + a constant, fitted on the split, scored on both")
     parser.add_argument("--over", action="store_true",
                         help="the rows over by at least --min-mib instead (the same classes)")
     args = parser.parse_args()
+    if args.scan_margins:
+        split, held = (json.loads(p.read_text()) for p in args.results[:2])
+        print("\n".join(scan_margins(split, held)))
+        return
     from peakmem.datasets.loaders import load_rows
 
     offsets = {r.id: int(r.features.get("source_offset") or 0)

@@ -88,3 +88,16 @@ def test_layout_reserve_counts_rows_still_under(tail):
     under, counted, median = tail.under_with_layout_reserve(results, probes, 0.03)
     assert (under, counted) == (1, 3)
     assert median == pytest.approx(0.007)
+
+
+def test_a_constant_covers_what_the_fraction_would_otherwise_have_to(tail):
+    results = {f"{i:05d}": result(1000.0, 0.0, 100.0) for i in range(99)}
+    results["x"] = result(1000.0, -400.0, 100.0)  # 400 MiB under an estimate of 600
+    assert tail.fitted_fraction(results, 0, 0.0) == 0.0  # one row of 100 may stay under
+    del results["00000"]  # 99 rows: none may
+    assert tail.fitted_fraction(results, 0, 0.0) == pytest.approx(400 / 600, abs=0.005)
+    assert tail.fitted_fraction(results, 1, 300.0) == 0.0
+    assert tail.fitted_fraction(results, 0, 300.0) == pytest.approx(0.17, abs=0.005)
+    lines = tail.scan_margins(results, results, constants=(0, 300), most_segments=1)
+    assert lines[2].startswith("| 0 | 0 | 67.0% | 0/99 |")
+    assert lines[5].startswith("| 1 | 300 | 0.0% | 0/99 |")
