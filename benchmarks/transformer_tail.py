@@ -243,6 +243,8 @@ def main() -> None:
     parser.add_argument("--layout-margin", type=Path, default=None, metavar="PROBES.json",
                         help="rows under at +FRACTION + each row's upward layout excess")
     parser.add_argument("--fraction", type=float, default=0.03)
+    parser.add_argument("--without-excess", action="store_true",
+                        help="with --layout-margin: the same rows at the fraction alone")
     parser.add_argument("--scan-margins", action="store_true",
                         help="RESULTS = SPLIT.json HELD.json: margins of a fraction + whole "
                         "segments + a constant, fitted on the split, scored on both")
@@ -272,8 +274,11 @@ def main() -> None:
         return
     if args.layout_margin:
         probes = json.loads(args.layout_margin.read_text())
+        if args.without_excess:
+            probes = {k: {**v, "up_mib": 0.0} for k, v in probes.items()}
         under, counted, median = under_with_layout_reserve(results, probes, args.fraction)
-        print(f"+{args.fraction:.1%} + layout excess: {under} of {counted} rows under, "
+        what = "" if args.without_excess else " + layout excess"
+        print(f"+{args.fraction:.1%}{what}: {under} of {counted} rows under, "
               f"stated over measured median {median:+.1%}")
         return
     tail = tail_rows(results, offsets, args.min_mib, over=args.over)
