@@ -127,3 +127,36 @@ def test_a_smaller_cublas_workspace_leaves_room_and_the_peak_drops_by_a_whole_se
 def test_probe_sizes_must_be_positive():
     with pytest.raises(ValueError, match="positive"):
         probe_layout(embedding_step_trace(), sizes=[0])
+
+
+def embedding_job(steps: int = 4) -> None:
+    """An embedding classifier trained with Adam on "cuda" (fake device tensors in the capture):
+    the embedding's gradient and Adam's sqrt temporary of it are freed and taken again every
+    step."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Embedding(200_000, 64), torch.nn.Flatten(),
+                                torch.nn.Linear(64 * 16, 10)).cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+    for _ in range(steps):
+        optimizer.zero_grad()
+        tokens = torch.randint(0, 200_000, (32, 16), device="cuda")
+        model(tokens).sum().backward()
+        optimizer.step()
+
+
+def test_a_captured_job_replays_to_its_estimate_and_every_probe_is_reported():
+    from peakmem.estimate import estimate
+
+    result = estimate(embedding_job, gpu="a100-40gb", torch_version="2.4.1")
+    trace = result.capture.trace
+    probe = probe_layout(trace, result.alloc_conf, result.torch_version)
+    # the unperturbed replay is the estimate's own simulation
+    assert probe.base_reserved_bytes == result.peak_reserved_bytes
+    names = {f"block {size}" for size in (2 * MiB, 4 * MiB, 6 * MiB, 8 * MiB)}
+    names |= {f"cublas workspace {size}" for size in (128 * 1024, 4 * MiB, 16 * MiB)}
+    assert set(probe.moves) == names  # the Linear took a cuBLAS workspace: probed too
+    embedding_grad = 200_000 * 64 * 4
+    # no perturbation of a few MiB can move the peak by more than one more embedding-sized
+    # segment per cached block of that size (the gradient and the sqrt temporary)
+    assert all(abs(move) <= 2 * embedding_grad + 40 * MiB for move in probe.moves.values())
