@@ -9,6 +9,9 @@ stated margin of those jobs is therefore `peak x (1 + fraction) + ATTENTION_RESE
 segment(largest gradient)`, the segment sized as the caching allocator sizes it (round_size,
 then the allocation size of its pool). The fraction and the segment count are fitted on the
 declared Transformer calibration split (bench/calibration.py; docs/BENCHMARKS.md).
+What those misses are (docs/BENCHMARKS.md "The A100 tail"): allocator-layout edges, which
+estimate/layout_probe.py finds per job, and amounts the A100 held besides the job in GPUMemNet's
+step-1 campaign, which no per-job figure covers; hence the blanket segments.
 """
 
 from __future__ import annotations

@@ -1,0 +1,158 @@
+"""How far a simulated peak sits from an allocator-layout flip.
+
+The caching allocator serves a request from the smallest cached block that fits (best fit,
+`get_free_block`) and splits it. A job whose largest tensor (an embedding's gradient, Adam's
+`_foreach_sqrt` temporary of it) is freed and allocated again every step leaves a cached block
+of that size free while the forward and backward run; as long as every other request finds a
+smaller cached block, the block stays whole and is reused. When one request does not (the
+20 MiB segments of the requests below 10 MiB happen to be full at that moment), best fit splits
+the large free block and the next request of the large size opens a new segment: the reserved
+peak grows by one whole segment of the largest size, from a change of a few MiB.
+
+Which side of that edge a real run falls on depends on every small allocation in it; a capture
+that differs from the GPU run by one small persistent block (a library workspace of another
+size, a cuBLAS handle of another thread) can land on the other side. `probe_layout` measures
+that: it replays the trace again under small perturbations of the 20 MiB-segment pool, each
+alone, and reports how the reserved peak moves beyond what the perturbation itself takes:
+- one extra persistent block of 2-8 MiB allocated before the first event;
+- the cuBLAS workspaces (`cublas_workspace[...]` allocations) at the sizes other
+  CUBLAS_WORKSPACE_CONFIG values give (`:16:8` 128 KiB, `:4096:1` 4 MiB, `:4096:4` 16 MiB).
+
+Found on GPUMemNet's Transformer rows (issue 13): the rows the A100 measured about one
+embedding-gradient segment over the estimate (00481, 00831, 00754) move up by that segment under
+one of the probes (00754 only when its workspaces shrink), 00014, measured to the MiB, moves
+down by one segment, and 00240, 00573, also measured to the MiB, do not move at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from peakmem.allocator.simulate import simulate
+from peakmem.trace.events import ALLOC_KINDS, Trace
+
+MiB = 1 << 20
+KERNEL_SEGMENT = 20 * MiB
+"""kLargeBuffer: the segment a large-pool request below kMinLargeAlloc (10 MiB) opens."""
+
+PROBE_SIZES: tuple[int, ...] = (2 * MiB, 4 * MiB, 6 * MiB, 8 * MiB)
+"""Extra persistent blocks tried: all above kSmallSize (1 MiB) and below kMinLargeAlloc (10 MiB),
+so each one lands in the pool of 20 MiB segments that the large pool's requests below 10 MiB
+share (a 1 MiB request would go to the small pool's 2 MiB segments instead)."""
+
+WORKSPACE_PROBE_SIZES: tuple[int, ...] = (128 * 1024, 4 * MiB, 16 * MiB)
+"""cuBLAS workspace sizes tried: CUBLAS_WORKSPACE_CONFIG `:16:8`, `:4096:1` and `:4096:4`
+(aten/src/ATen/cuda/CublasHandlePool.cpp: the sum of size x count over the `:SIZE_KiB:COUNT`
+pairs)."""
+
+WORKSPACE_OP_PREFIX = "cublas_workspace"
+
+
+@dataclass(frozen=True)
+class LayoutProbe:
+    """The reserved peak of a trace, and how each perturbation moved it."""
+
+    base_reserved_bytes: int
+    moves: dict[str, int]
+    """probe name -> peak reserved bytes with the probe - without it."""
+    allowances: dict[str, int]
+    """probe name -> how far the perturbation itself may move the peak: a 20 MiB segment per
+    block it adds or resizes, plus the bytes it adds or removes."""
+
+    def excess_bytes(self, name: str) -> int:
+        """How far probe `name` moved the peak beyond its allowance, with its sign (0 inside)."""
+        move, allowance = self.moves[name], self.allowances[name]
+        if move > allowance:
+            return move - allowance
+        if move < -allowance:
+            return move + allowance
+        return 0
+
+    @property
+    def max_excess_bytes(self) -> int:
+        """The largest growth beyond a probe's allowance (0 when no probe grows it more)."""
+        return max([0, *(self.excess_bytes(name) for name in self.moves)])
+
+    @property
+    def min_excess_bytes(self) -> int:
+        """The largest drop beyond a probe's allowance (<= 0): the simulation sat one layout
+        above a run that differs from it by a small block."""
+        return min([0, *(self.excess_bytes(name) for name in self.moves)])
+
+    @property
+    def flips(self) -> bool:
+        """Whether some probe moves the peak beyond its allowance either way."""
+        return self.max_excess_bytes > 0 or self.min_excess_bytes < 0
+
+
+def with_persistent_block(trace: Trace, size: int) -> Trace:
+    """A copy of `trace` with one block of `size` bytes allocated before its first event and
+    never freed (tags, streams and ids of the other events unchanged)."""
+    probed = Trace(meta=dict(trace.meta))
+    for tag in trace.tags:  # the same tag ids as in `trace`
+        probed.intern(tag)
+    used = [ident for ident, kind in zip(trace.ids, trace.kinds, strict=True)
+            if kind in ALLOC_KINDS]
+    probed.alloc(size, ident=max(used, default=-1) + 1, op="layout_probe")
+    probed.kinds.extend(trace.kinds)
+    probed.ids.extend(trace.ids)
+    probed.sizes.extend(trace.sizes)
+    probed.streams.extend(trace.streams)
+    probed.tag_ids.extend(trace.tag_ids)
+    return probed
+
+
+def workspace_events(trace: Trace) -> list[int]:
+    """Indexes of the trace's cuBLAS workspace allocations."""
+    tagged = {index for index, tag in enumerate(trace.tags)
+              if (tag.op or "").startswith(WORKSPACE_OP_PREFIX)}
+    return [i for i, (kind, tag_id) in enumerate(zip(trace.kinds, trace.tag_ids, strict=True))
+            if kind in ALLOC_KINDS and tag_id in tagged]
+
+
+def with_workspace_size(trace: Trace, size: int) -> Trace:
+    """A copy of `trace` with every cuBLAS workspace allocation resized to `size` bytes."""
+    probed = Trace(meta=dict(trace.meta))
+    for tag in trace.tags:
+        probed.intern(tag)
+    probed.kinds.extend(trace.kinds)
+    probed.ids.extend(trace.ids)
+    probed.sizes.extend(trace.sizes)
+    probed.streams.extend(trace.streams)
+    probed.tag_ids.extend(trace.tag_ids)
+    for index in workspace_events(trace):
+        probed.sizes[index] = size
+    return probed
+
+
+def probe_layout(
+    trace: Trace,
+    alloc_conf: str | None = None,
+    torch_version: str | None = None,
+    sizes: Iterable[int] = PROBE_SIZES,
+    workspace_sizes: Iterable[int] = WORKSPACE_PROBE_SIZES,
+) -> LayoutProbe:
+    """Replay `trace` as is and under each perturbation (module docstring): one extra block of
+    each of `sizes` bytes, and the cuBLAS workspaces at each of `workspace_sizes` (where the
+    trace has any). Each replay is one `simulate` of the whole trace."""
+    base = simulate(trace, alloc_conf, torch_version).peak_reserved_bytes
+    moves: dict[str, int] = {}
+    allowances: dict[str, int] = {}
+
+    def replay(name: str, probed: Trace, allowance: int) -> None:
+        moves[name] = simulate(probed, alloc_conf, torch_version).peak_reserved_bytes - base
+        allowances[name] = allowance
+
+    for size in sizes:
+        if size <= 0:
+            raise ValueError(f"probe sizes must be positive, got {size}")
+        replay(f"block {size}", with_persistent_block(trace, size), KERNEL_SEGMENT)
+    workspaces = [trace.sizes[i] for i in workspace_events(trace)]
+    for size in workspace_sizes if workspaces else ():
+        if size <= 0:
+            raise ValueError(f"probe sizes must be positive, got {size}")
+        changed = sum(abs(size - old) for old in workspaces)
+        replay(f"cublas workspace {size}", with_workspace_size(trace, size),
+               changed + len(workspaces) * KERNEL_SEGMENT)
+    return LayoutProbe(base, moves, allowances)
