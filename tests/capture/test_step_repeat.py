@@ -190,3 +190,51 @@ def test_only_with_an_explicit_step_limit():
     assert PhaseTracker(session, stop_after_steps="all", repeat_steady=True).repeater is None
     assert PhaseTracker(session, stop_after_steps=8, repeat_steady=False).repeater is None
     assert PhaseTracker(session, stop_after_steps=8, repeat_steady=True).repeater is not None
+
+
+SCRIPT = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 4)).cuda()
+optimizer = torch.optim.AdamW(model.parameters())
+for step in range(1000):
+    x = torch.randn(16, 32, device="cuda")
+    loss = model(x).square().mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(step, flush=True)
+"""
+
+
+def test_the_cli_flag_through_the_job_process(monkeypatch, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from peakmem.cli.main import main
+
+    monkeypatch.setenv(ENV_FLAG, "0")  # restored after the test (the flag sets it)
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+
+    def estimate_json(*flags):
+        result = CliRunner().invoke(
+            main, ["estimate", "--gpu", "a100-40gb", "--torch", "2.4.1", "--json", "--steps",
+                   "11", *flags, "--", "python", str(script)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        payload = json.loads(result.stdout)
+        payload.pop("seconds", None)
+        return payload
+
+    full = estimate_json()
+    fast = estimate_json("--repeat-steady")
+    notes = fast.pop("notes")
+    assert [n for n in notes if REPEATED in n] == [
+        f"steps 6-11 repeated from step 5 (steady state: steps 3-5 left the same events; "
+        f"{ENV_FLAG} / repeat_steady)"
+    ]
+    assert [n for n in notes if REPEATED not in n] == full.pop("notes")
+    assert fast == full
+    assert fast["steps"] == 11
