@@ -184,6 +184,35 @@ def test_a_dataloader_with_a_short_last_batch_runs_every_step(monkeypatch):
     assert assert_same(monkeypatch, train, 12) == []
 
 
+def loader_job(samples, batch_size=8, shuffle=False):
+    def train():
+        data = torch.utils.data.TensorDataset(
+            torch.randn(samples, 32), torch.randint(0, 4, (samples,)))
+        loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+        model = nn.Sequential(nn.Linear(32, 64), nn.Dropout(0.1), nn.Linear(64, 4)).cuda()
+        optimizer = torch.optim.Adam(model.parameters())
+        for _epoch in range(3):
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(model(x.cuda()), y.cuda())
+                loss.backward()
+                optimizer.step()
+    return train
+
+
+def test_a_dataloader_epoch_of_full_batches_is_repeated(monkeypatch):
+    assert assert_same(monkeypatch, loader_job(400, shuffle=True), 20)
+
+
+def test_the_short_last_batch_is_run_not_repeated(monkeypatch):
+    # 108 samples: 13 batches of 8, then one of 4 (the 14th)
+    assert assert_same(monkeypatch, loader_job(108), 13)  # steps 1-13: full batches only
+    assert assert_same(monkeypatch, loader_job(108), 14) == []  # step 14: the short batch
+    # the next epoch's steps 15-17 are compared among themselves (one epoch feeds them)
+    next_epoch = assert_same(monkeypatch, loader_job(108), 18)
+    assert [n.split(" (")[0] for n in next_epoch] == ["step 18 repeated from step 17"]
+
+
 def test_only_with_an_explicit_step_limit():
     session = CaptureSession(gpu=load_gpu("a100-40gb"), stack=load_stack("2.4.1"))
     assert PhaseTracker(session, stop_after_steps=None, repeat_steady=True).repeater is None

@@ -350,24 +350,28 @@ class PhaseTracker:
 
     def _repeat_steady(self, key: Any, feeding: LoaderIteration | None, *, stop_now: bool) -> None:
         """Step repetition (capture.step_repeat): only for one optimizer's steps, stopped at the
-        explicit limit, with no DataLoader feeding training and nothing but training traced."""
+        explicit limit, with nothing but training traced; a DataLoader epoch may feed them one
+        batch a step if its batches up to the limit are full ones (not its last)."""
         repeater, state = self.repeater, self.session.state
         assert repeater is not None
         eligible = (
             stop_now
             and key != MANUAL
             and len(self._steps_by_optimizer) == 1
-            and feeding is None
-            and not self.loaders.training_epochs
+            and (feeding is not None or not self.loaders.training_epochs)
             and not state.loop_ended
             and self.phases_ran == ["training"]
         )
         if not eligible:
             self.repeater = None  # a step that cannot be repeated: run every step
             return
-        repeater.step_marked(self._steps_by_optimizer[key])
-        limit = self.limit()
-        if self._steps_by_optimizer[key] < limit and repeater.repeat_to(limit):
+        step, limit = self._steps_by_optimizer[key], self.limit()
+        repeater.step_marked(step, id(feeding) if feeding is not None else 0)
+        if step >= limit or not _full_batches_ahead(feeding, self.loaders.window, limit - step):
+            return
+        if repeater.repeat_to(limit):
+            if feeding is not None:
+                feeding.repeated_steps(limit - step)
             self._steps_by_optimizer[key] = limit
             state.steps = limit
             self.repeated_note = repeater.note()
@@ -486,6 +490,16 @@ class PhaseTracker:
         if self.repeated_note is not None:
             notes.append(self.repeated_note)
         return notes
+
+
+def _full_batches_ahead(feeding: LoaderIteration | None, window: int | None, steps: int) -> bool:
+    """Whether `steps` more steps, one batch each, take full batches of the feeding epoch
+    (never its last, which may be smaller, nor past its end); True without a DataLoader."""
+    if feeding is None:
+        return True
+    if window != 1 or feeding.length is None or feeding.ending or feeding.skipped:
+        return False
+    return feeding.position + steps < feeding.length
 
 
 def _is_stop_iteration(exc: BaseException) -> bool:

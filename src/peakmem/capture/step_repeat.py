@@ -63,6 +63,8 @@ class StepWindow:
     first_id: int
     end_id: int
     counters: tuple[int, ...]
+    source: int = 0
+    """id() of the DataLoader epoch that fed the step (0: none): compared steps share one."""
 
 
 class StepRepeater:
@@ -90,12 +92,12 @@ class StepRepeater:
             len(session.failure_hints),
         )
 
-    def step_marked(self, step: int) -> None:
-        """The mark of `step` was just written: close its window."""
+    def step_marked(self, step: int, source: int = 0) -> None:
+        """The mark of `step` was just written: close its window (`source`: see StepWindow)."""
         trace = self.session.trace
         end = len(trace)
         window = StepWindow(step, self._last_end, end, self._last_id, trace._next_id,
-                            self._counters())
+                            self._counters(), source)
         self._last_end, self._last_id = end, trace._next_id
         self.windows.append(window)
         if len(self.windows) > REQUIRED_WINDOWS + 1:
@@ -115,7 +117,7 @@ class StepRepeater:
         trace = session.trace
         compared = windows[-REQUIRED_WINDOWS:]
         for before, window in zip(windows[-REQUIRED_WINDOWS - 1:], compared, strict=False):
-            if window.step != before.step + 1:
+            if window.step != before.step + 1 or window.source != compared[0].source:
                 return False
         first = compared[0]
         if not _repeatable(trace, first, windows[-REQUIRED_WINDOWS - 1].first_id):
