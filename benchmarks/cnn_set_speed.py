@@ -59,8 +59,13 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--limit", type=int, default=None,
                         help="time N rows spread over the set and extrapolate (default: all)")
+    parser.add_argument("--repeat-steady", action="store_true",
+                        help="PEAKMEM_REPEAT_STEADY=1 in the workers (capture.step_repeat; it "
+                        "applies at an explicit step limit only, which these rows do not set)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.repeat_steady:
+        os.environ["PEAKMEM_REPEAT_STEADY"] = "1"
 
     from peakmem.bench.calibration import evaluation_rows
     from peakmem.bench.runner import ResultCache, run_estimators
@@ -80,6 +85,7 @@ def main() -> int:
     figure = {
         "figure": "gpumemnet_cnn_held_out_set_seconds",
         "jobs": args.jobs,
+        "repeat_steady": args.repeat_steady,
         "rows_timed": len(rows),
         "held_out_rows": len(held_out),
         "seconds": round(seconds, 1),
