@@ -15,12 +15,12 @@ GPU = {"gpu": "a100-40gb", "torch_version": "2.4.1"}
 REPEATED = "repeated from step"
 
 
-def run(monkeypatch, train, steps, repeat):
+def run(monkeypatch, train, steps, repeat, **options):
     """The estimate JSON (without its seconds and the repetition note, with every trace event
     and tag under "trace"), and whether steps were repeated."""
     with monkeypatch.context() as patch:
         patch.setenv(ENV_FLAG, "1" if repeat else "0")
-        result = estimate(train, steps=steps, **GPU)
+        result = estimate(train, steps=steps, **GPU, **options)
     data = result.to_json()
     data.pop("seconds", None)
     notes = data.pop("notes")
@@ -33,9 +33,9 @@ def run(monkeypatch, train, steps, repeat):
     return data, repeated
 
 
-def assert_same(monkeypatch, train, steps):
-    full, none = run(monkeypatch, train, steps, repeat=False)
-    fast, repeated = run(monkeypatch, train, steps, repeat=True)
+def assert_same(monkeypatch, train, steps, **options):
+    full, none = run(monkeypatch, train, steps, repeat=False, **options)
+    fast, repeated = run(monkeypatch, train, steps, repeat=True, **options)
     assert none == []
     assert fast == full
     assert fast["steps"] == steps
@@ -182,6 +182,24 @@ def test_a_dataloader_with_a_short_last_batch_runs_every_step(monkeypatch):
                 optimizer.step()
 
     assert assert_same(monkeypatch, train, 12) == []
+
+
+def test_gradient_accumulation_steps_count_their_backward_passes(monkeypatch):
+    def train():
+        model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 2)).cuda()
+        optimizer = torch.optim.Adam(model.parameters())
+        while True:
+            for _micro in range(3):
+                loss = model(torch.randn(4, 32, device="cuda")).sum() / 3
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    assert assert_same(monkeypatch, train, 9)
+
+
+def test_eager_mode_runs_every_step(monkeypatch):
+    assert assert_same(monkeypatch, mlp_job(), 8, mode="eager") == []
 
 
 def loader_job(samples, batch_size=8, shuffle=False):

@@ -16,10 +16,13 @@ When it is used ("provably repeats"), all of:
 - the job is stopped at an explicit step limit (`--steps N`, StopJob after an optimizer step):
   what follows the last step is then the same StopJob wherever it is raised, so the job can be
   stopped at step K with its live tensors standing for step N's (their ids shifted);
-- no DataLoader fed the steps (a loader's remaining batches, its epoch end and its short last
-  batch change steps; those jobs run every step), no other stream was used (record_stream), the
-  memory is not capped (`set_per_process_memory_fraction`: an OOM could come in a later step)
-  and nothing allocated before the previous window is freed or leaks per step;
+- a DataLoader feeding the steps does so one batch a step, from one epoch, and its batches up to
+  the limit are full ones: the epoch's last batch (often smaller) and the next epoch run for
+  real (the steps of a later epoch may be repeated among themselves);
+- fake mode (eager mode follows real values, which may change later steps' shapes), no other
+  stream used (record_stream), the memory not capped (`set_per_process_memory_fraction`: an OOM
+  could come in a later step), and nothing allocated before the previous window is freed or
+  left alive per step (a leak);
 - `REQUIRED_WINDOWS` consecutive windows are isomorphic (the first step, which allocates the
   optimizer state, never is).
 Everything the capture counts per step (steps, forward calls, backward passes, host reads,
@@ -110,6 +113,8 @@ class StepRepeater:
         if len(windows) < REQUIRED_WINDOWS + 1:
             return False  # the window before the first compared one bounds its frees
         session = self.session
+        if session.eager:  # real values: later steps' shapes may follow them
+            return False
         if session.memory is not None and getattr(session.memory, "strict", False):
             return False
         if session._recorded or session._deferred or session._pending_accumulation:
