@@ -12,7 +12,8 @@ step consumes), every free referring to an allocation of its own window or the o
 When it is used ("provably repeats"), all of:
 - it was asked for (`PhaseTracker(repeat_steady=True)`, `PEAKMEM_REPEAT_STEADY=1`): peakmem
   cannot see code that depends on the step count (`if step == 5:`, a learning-rate schedule that
-  allocates), so the job's author vouches that its steps repeat;
+  allocates, a loop that ends by itself before the limit), so the job's author vouches that
+  the job runs at least N steps and that they repeat;
 - the job is stopped at an explicit step limit (`--steps N`, StopJob after an optimizer step):
   what follows the last step is then the same StopJob wherever it is raised, so the job can be
   stopped at step K with its live tensors standing for step N's (their ids shifted);

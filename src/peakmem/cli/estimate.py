@@ -217,9 +217,9 @@ def internal_error(exc: BaseException) -> Any:
     "--repeat-steady",
     is_flag=True,
     help="With --steps N: once 3 steps in a row left the same events, write the rest up to N "
-    "by repeating the last instead of running them (the same estimate, faster; only where no "
-    "DataLoader feeds the steps; you vouch that no step-count-dependent code runs). Also "
-    "PEAKMEM_REPEAT_STEADY=1.",
+    "by repeating the last instead of running them (the same estimate, faster; not where a "
+    "DataLoader's short last batch is ahead; you vouch that the job runs at least N steps "
+    "and no step-count-dependent code). Also PEAKMEM_REPEAT_STEADY=1.",
 )
 @emit_options
 @model_options
