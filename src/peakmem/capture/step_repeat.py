@@ -35,6 +35,8 @@ which steps were repeated.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +56,20 @@ _MARK = int(EventKind.MARK)
 
 def enabled_by_env() -> bool:
     return os.environ.get(ENV_FLAG, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@contextmanager
+def repeating_steady_steps() -> Iterator[None]:
+    """Step repetition asked for while the block runs (captures started in it read it)."""
+    before = os.environ.get(ENV_FLAG)
+    os.environ[ENV_FLAG] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV_FLAG, None)
+        else:
+            os.environ[ENV_FLAG] = before
 
 
 @dataclass(frozen=True)
