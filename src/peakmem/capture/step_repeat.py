@@ -142,8 +142,9 @@ class StepRepeater:
             if window.step != before.step + 1 or window.source != compared[0].source:
                 return False
         first = compared[0]
-        if not _repeatable(trace, first, windows[-REQUIRED_WINDOWS - 1].first_id):
-            return False
+        for before, window in zip(windows[-REQUIRED_WINDOWS - 1:], compared, strict=False):
+            if not _repeatable(trace, window, before.first_id):
+                return False
         deltas = _delta(windows[-REQUIRED_WINDOWS - 1].counters, first.counters)
         if any(deltas[5:]):  # data-dependent ops, notes, libraries, hints: must not move
             return False
