@@ -1,6 +1,12 @@
 """Steady-state step repetition (capture.step_repeat, issue 14): the same estimate, faster.
 
     python benchmarks/step_repeat_speed.py [--steps 30] [--repeats 2] [--only NAME]
+    python benchmarks/step_repeat_speed.py --cnn-rows 60
+
+`--cnn-rows N`: N held-out GPUMemNet CNN rows spread over the set, each estimated under the
+default step policy and as the bench now runs them (`row_capture_options`: `--steps 10` with
+repetition); prints how many have the same bench figures (peak, reserved, allocated, with margin,
+compared bytes, stated margin, steps) and the CPU seconds of each way.
 
 Each job is estimated in this process with an explicit step limit (`--steps`), with repetition
 off and on (PEAKMEM_REPEAT_STEADY), alternately, after one untimed warm-up run; it prints, per
@@ -75,12 +81,63 @@ def run_once(argv: list[str], kwargs: dict, steps: int, repeat: bool) -> tuple[f
     return seconds, figures
 
 
+def cnn_rows(count: int) -> int:
+    from peakmem.baselines.peakmem_estimator import (
+        PeakmemEstimator,
+        compared_bytes,
+        job_command,
+        stated_fraction,
+    )
+    from peakmem.bench.calibration import evaluation_rows
+    from peakmem.datasets.loaders import load_rows, spread_subset
+    from peakmem.estimate import estimate_command
+
+    def figures(row, estimate) -> tuple:
+        compared = compared_bytes(row, estimate)
+        return (estimate.peak_bytes, estimate.peak_reserved_bytes, estimate.peak_allocated_bytes,
+                estimate.peak_bytes_with_margin, compared, stated_fraction(estimate, compared),
+                estimate.steps)
+
+    os.environ.pop(ENV_FLAG, None)
+    rows = spread_subset(evaluation_rows(load_rows("gpumemnet-cnn", DATA)), count)
+    cpu = {"default": 0.0, "bench": 0.0}
+    differ, failed = [], []
+    for row in rows:
+        got = {}
+        for way in ("default", "bench"):
+            sink = io.StringIO()
+            start = time.process_time()
+            try:
+                with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                    if way == "bench":
+                        estimate = PeakmemEstimator().run(row)
+                    else:
+                        estimate = estimate_command(job_command(row), gpu=row.gpu,
+                                                    torch_version=row.torch_version,
+                                                    isolate=False)
+                got[way] = figures(row, estimate)
+            except Exception as exc:  # noqa: BLE001 - a row the bench cannot estimate
+                got[way] = ("error", type(exc).__name__)
+            cpu[way] += time.process_time() - start
+        if "error" in got["default"]:
+            failed.append(row.id)
+        if got["default"] != got["bench"]:
+            differ.append(row.id)
+    print(json.dumps({"cnn_rows": len(rows), "same": len(rows) - len(differ), "differ": differ,
+                      "failed_both_ways": failed, "cpu_s_default": round(cpu["default"], 1),
+                      "cpu_s_bench": round(cpu["bench"], 1)}))
+    return 1 if differ else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--only", default=None)
+    parser.add_argument("--cnn-rows", type=int, default=None)
     args = parser.parse_args()
+    if args.cnn_rows:
+        return cnn_rows(args.cnn_rows)
     differ = []
     for name, argv, kwargs in jobs():
         if args.only and args.only not in name:
