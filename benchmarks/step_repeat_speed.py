@@ -102,9 +102,10 @@ def cnn_rows(count: int) -> int:
     rows = spread_subset(evaluation_rows(load_rows("gpumemnet-cnn", DATA)), count)
     cpu = {"default": 0.0, "bench": 0.0}
     differ, failed = [], []
-    for row in rows:
+    for number, row in enumerate(rows):
         got = {}
-        for way in ("default", "bench"):
+        # alternate which way runs first: the second reuses the first's cached op layouts
+        for way in ("default", "bench") if number % 2 == 0 else ("bench", "default"):
             sink = io.StringIO()
             start = time.process_time()
             try:
