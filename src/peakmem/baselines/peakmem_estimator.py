@@ -188,7 +188,7 @@ def row_capture_options(row: BenchRow) -> dict[str, Any]:
     each) and ends by itself. Stopped at `--steps 10` instead, it runs the same 10 full batches
     with the same events up to step 10's optimizer step (no loop-ended mark, and the job is
     stopped there rather than returning: both only free memory), so the peak, reserved and
-    allocated figures are the same, and its steps repeat: 5 run, steps 6-10 are repeated
+    allocated figures are the same, and its steps repeat: 4 run, steps 5-10 are repeated
     (tests/capture/test_step_repeat_bench.py compares both on rows of every architecture)."""
     options: dict[str, Any] = {}
     if (steps := row_steps(row)) is not None:

@@ -148,8 +148,13 @@ class StepRepeater:
         deltas = _delta(windows[-REQUIRED_WINDOWS - 1].counters, first.counters)
         if any(deltas[5:]):  # data-dependent ops, notes, libraries, hints: must not move
             return False
-        for earlier, later in zip(compared, compared[1:], strict=False):
-            if not _isomorphic(trace, earlier, later):
+        pairs = list(zip(windows[-REQUIRED_WINDOWS - 1:], compared, compared[1:], strict=False))
+        for number, (bound, earlier, later) in enumerate(pairs):
+            # the last pair exactly (its shift is the one repeated); before it, a free of the
+            # previous window's allocation may find it elsewhere in that window (the first
+            # step's window also allocates the optimizer state)
+            loose = bound if number < len(pairs) - 1 else None
+            if not _isomorphic(trace, earlier, later, loose):
                 return False
             if _delta(earlier.counters, later.counters) != deltas:
                 return False
@@ -248,8 +253,13 @@ def _repeatable(trace: Trace, window: StepWindow, lowest_id: int) -> bool:
     return True
 
 
-def _isomorphic(trace: Trace, earlier: StepWindow, later: StepWindow) -> bool:
-    """`later` repeats `earlier`: the same events, ids shifted by the ids one step uses."""
+def _isomorphic(
+    trace: Trace, earlier: StepWindow, later: StepWindow, bound: StepWindow | None = None
+) -> bool:
+    """`later` repeats `earlier`: the same events, ids shifted by the ids one step uses. With
+    `bound` (the window before `earlier`), a free of an allocation of the window before may
+    refer to one at another place there: the freed allocations must then match (size, stream,
+    tag) rather than their ids."""
     length = earlier.end - earlier.start
     if later.end - later.start != length or later.start != earlier.end:
         return False
@@ -264,13 +274,27 @@ def _isomorphic(trace: Trace, earlier: StepWindow, later: StepWindow) -> bool:
         trace.tag_ids[later.start:later.end - 1]
     ):
         return False
+    allocs = _alloc_index(trace, bound.start, later.end) if bound is not None else {}
     for kind, x, y in zip(kinds, trace.ids[a], trace.ids[b], strict=True):
-        if kind in _ID_KINDS:
-            if y != x + shift:
+        if kind not in _ID_KINDS:
+            if x != y:
                 return False
-        elif x != y:
-            return False
+        elif y != x + shift:
+            if bound is None or kind != _FREE or x >= earlier.first_id or not (
+                earlier.first_id <= y < later.first_id
+            ):
+                return False
+            i, j = allocs.get(x), allocs.get(y)
+            if i is None or j is None or (
+                trace.sizes[i], trace.streams[i], trace.tag_ids[i]
+            ) != (trace.sizes[j], trace.streams[j], trace.tag_ids[j]):
+                return False
     return True
+
+
+def _alloc_index(trace: Trace, start: int, end: int) -> dict[int, int]:
+    """Allocation id -> the index of its event, for the allocations made in trace[start:end]."""
+    return {trace.ids[i]: i for i in range(start, end) if trace.kinds[i] in _ALLOC_KINDS}
 
 
 def _sizes_of(trace: Trace, start: int, end: int) -> dict[int, int]:
