@@ -198,6 +198,23 @@ def test_gradient_accumulation_steps_count_their_backward_passes(monkeypatch):
     assert assert_same(monkeypatch, train, 9)
 
 
+def test_data_dependent_ops_are_counted_for_the_repeated_steps(monkeypatch):
+    def train():
+        model = nn.Linear(32, 32).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        while True:
+            out = model(torch.randn(8, 32, device="cuda"))
+            loss = out[out > 0].sum()  # a boolean mask: sized as if every element were kept
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    full, _ = run(monkeypatch, train, 9, repeat=False)
+    counted = [a for a in full["assumptions"] if a.startswith("data-dependent sizes")]
+    assert counted and "x9" in counted[0], full["assumptions"]  # one per step
+    assert assert_same(monkeypatch, train, 9)
+
+
 def test_eager_mode_runs_every_step(monkeypatch):
     assert assert_same(monkeypatch, mlp_job(), 8, mode="eager") == []
 

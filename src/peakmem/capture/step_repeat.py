@@ -45,6 +45,9 @@ from peakmem.trace.events import ALLOC_KINDS, EventKind, Tag, Trace
 REQUIRED_WINDOWS = 3
 """Consecutive isomorphic step windows needed before the rest are repeated (conservative)."""
 ENV_FLAG = "PEAKMEM_REPEAT_STEADY"
+TALLIES = ("data_dependent", "branches_in_place")
+"""The session's dict[str, int] counts (data-dependent ops met, results replayed as in place by
+branch, where the session has them): a repeated step adds what the template step added."""
 STEADY_MARKS = frozenset({"forward", "backward", "optimizer"})
 """Marks a repeatable window may hold besides its step mark (eval, loop ended, ... are not)."""
 _ID_KINDS = frozenset({int(EventKind.ALLOC), int(EventKind.ALLOC_OR_SMALLER), int(EventKind.FREE)})
@@ -83,6 +86,8 @@ class StepWindow:
     first_id: int
     end_id: int
     counters: tuple[int, ...]
+    tallies: dict[tuple[str, str], int]
+    """The session's per-name tallies (TALLIES) when it ended, by (attribute, name)."""
     source: int = 0
     """id() of the DataLoader epoch that fed the step (0: none): compared steps share one."""
 
@@ -106,7 +111,6 @@ class StepRepeater:
             state.manual_steps,
             session.host_reads,
             session.accumulations_in_place,
-            sum(session.data_dependent.values()),
             len(session.notes),
             len(session.libraries),
             len(session.failure_hints),
@@ -117,7 +121,7 @@ class StepRepeater:
         trace = self.session.trace
         end = len(trace)
         window = StepWindow(step, self._last_end, end, self._last_id, trace._next_id,
-                            self._counters(), source)
+                            self._counters(), _tallies(self.session), source)
         self._last_end, self._last_id = end, trace._next_id
         self.windows.append(window)
         if len(self.windows) > REQUIRED_WINDOWS + 1:
@@ -146,8 +150,9 @@ class StepRepeater:
             if not _repeatable(trace, window, before.first_id):
                 return False
         deltas = _delta(windows[-REQUIRED_WINDOWS - 1].counters, first.counters)
-        if any(deltas[5:]):  # data-dependent ops, notes, libraries, hints: must not move
+        if any(deltas[5:]):  # notes, libraries, hints: must not move
             return False
+        tally_deltas = _tally_delta(windows[-REQUIRED_WINDOWS - 1].tallies, first.tallies)
         pairs = list(zip(windows[-REQUIRED_WINDOWS - 1:], compared, compared[1:], strict=False))
         for number, (bound, earlier, later) in enumerate(pairs):
             # the last pair exactly (its shift is the one repeated); before it, a free of the
@@ -157,6 +162,8 @@ class StepRepeater:
             if not _isomorphic(trace, earlier, later, loose):
                 return False
             if _delta(earlier.counters, later.counters) != deltas:
+                return False
+            if _tally_delta(earlier.tallies, later.tallies) != tally_deltas:
                 return False
         last = compared[-1]
         # nothing the previous-but-one window allocated is still live (no per-step leak)
@@ -216,6 +223,9 @@ class StepRepeater:
         state.manual_steps += times * deltas[2]
         session.host_reads += times * deltas[3]
         session.accumulations_in_place += times * deltas[4]
+        for (attribute, name), delta in _tally_delta(before.tallies, template.tallies).items():
+            tally = getattr(session, attribute)
+            tally[name] = tally.get(name, 0) + times * delta
         self.repeated = (template.step + 1, target, template.step)
         self.windows.clear()
         return True
@@ -233,6 +243,21 @@ class StepRepeater:
 
 def _delta(before: tuple[int, ...], after: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(b - a for a, b in zip(before, after, strict=True))
+
+
+def _tallies(session: Any) -> dict[tuple[str, str], int]:
+    return {
+        (attribute, name): count
+        for attribute in TALLIES
+        for name, count in (getattr(session, attribute, None) or {}).items()
+    }
+
+
+def _tally_delta(
+    before: dict[tuple[str, str], int], after: dict[tuple[str, str], int]
+) -> dict[tuple[str, str], int]:
+    moved = {key: count - before.get(key, 0) for key, count in after.items()}
+    return {key: delta for key, delta in moved.items() if delta}
 
 
 def _repeatable(trace: Trace, window: StepWindow, lowest_id: int) -> bool:
