@@ -166,7 +166,7 @@ class StepRepeater:
             if _tally_delta(earlier.tallies, later.tallies) != tally_deltas:
                 return False
         last = compared[-1]
-        # nothing the previous-but-one window allocated is still live (no per-step leak)
+        # nothing the window before the last allocated is still live (no per-step leak)
         previous = compared[-2]
         return not any(
             previous.first_id <= record.ident < previous.end_id
@@ -236,7 +236,8 @@ class StepRepeater:
         first, last, template = self.repeated
         span = f"step {first}" if first == last else f"steps {first}-{last}"
         return (
-            f"{span} repeated from step {template} (steady state: steps {template - 2}-"
+            f"{span} repeated from step {template} (steady state: steps "
+            f"{template - REQUIRED_WINDOWS + 1}-"
             f"{template} left the same events; {ENV_FLAG} / repeat_steady)"
         )
 
