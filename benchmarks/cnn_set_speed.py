@@ -7,7 +7,9 @@ The rows are the CNN set's evaluation rows (outside the calibration split); `--l
 of them spread over the set (`spread_subset`, the bench's own) and extrapolates the full set's
 time from their wall time (rows x seconds per row of the sample). The estimates run in `--jobs`
 worker processes through the bench's own runner (`run_estimators`, no result cache), so the
-time is the bench's: workers' start-up, imports and every row. Prints one JSON object: wall
+time is the bench's: workers' start-up, imports and every row (the CNN rows run `--steps 10`
+with step repetition: `row_capture_options`, docs/BENCHMARKS.md "Steady-state step
+repetition"). Prints one JSON object: wall
 seconds, rows, seconds per row, the extrapolation, how many rows failed, and the CPU seconds of
 this process and its workers (`full_set_cpu_seconds_per_worker`: the same extrapolation from
 CPU seconds, divided over the workers: what the full set takes on `--jobs` idle cores).
@@ -59,13 +61,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--limit", type=int, default=None,
                         help="time N rows spread over the set and extrapolate (default: all)")
-    parser.add_argument("--repeat-steady", action="store_true",
-                        help="PEAKMEM_REPEAT_STEADY=1 in the workers (capture.step_repeat; it "
-                        "applies at an explicit step limit only, which these rows do not set)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.repeat_steady:
-        os.environ["PEAKMEM_REPEAT_STEADY"] = "1"
 
     from peakmem.bench.calibration import evaluation_rows
     from peakmem.bench.runner import ResultCache, run_estimators
@@ -85,7 +82,6 @@ def main() -> int:
     figure = {
         "figure": "gpumemnet_cnn_held_out_set_seconds",
         "jobs": args.jobs,
-        "repeat_steady": args.repeat_steady,
         "rows_timed": len(rows),
         "held_out_rows": len(held_out),
         "seconds": round(seconds, 1),
