@@ -189,7 +189,9 @@ def row_capture_options(row: BenchRow) -> dict[str, Any]:
     with the same events up to step 10's optimizer step (no loop-ended mark, and the job is
     stopped there rather than returning: both only free memory), so the peak, reserved and
     allocated figures are the same, and its steps repeat: 4 run, steps 5-10 are repeated
-    (tests/capture/test_step_repeat_bench.py compares both on rows of every architecture)."""
+    (tests/capture/test_step_repeat_bench.py compares both on rows of every architecture). The
+    trace's utilization record differs (step 10 no longer opens a DataLoader epoch): not read
+    here; `bench --metric utilization` captures its rows itself."""
     options: dict[str, Any] = {}
     if (steps := row_steps(row)) is not None:
         options["steps"] = steps
