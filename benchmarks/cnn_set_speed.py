@@ -7,7 +7,9 @@ The rows are the CNN set's evaluation rows (outside the calibration split); `--l
 of them spread over the set (`spread_subset`, the bench's own) and extrapolates the full set's
 time from their wall time (rows x seconds per row of the sample). The estimates run in `--jobs`
 worker processes through the bench's own runner (`run_estimators`, no result cache), so the
-time is the bench's: workers' start-up, imports and every row. Prints one JSON object: wall
+time is the bench's: workers' start-up, imports and every row (the CNN rows run `--steps 10`
+with step repetition: `row_capture_options`, docs/BENCHMARKS.md "Steady-state step
+repetition"). Prints one JSON object: wall
 seconds, rows, seconds per row, the extrapolation, how many rows failed, and the CPU seconds of
 this process and its workers (`full_set_cpu_seconds_per_worker`: the same extrapolation from
 CPU seconds, divided over the workers: what the full set takes on `--jobs` idle cores).

@@ -33,7 +33,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import nullcontext, redirect_stderr, redirect_stdout
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -172,6 +172,37 @@ def row_alloc_conf(row: BenchRow) -> str | None:
     return raw or None
 
 
+GPUMEMNET_CNN_STEPS = 10
+"""Optimizer steps the default capture traces of a GPUMemNet CNN row: `gpumemnet.py` runs
+`2 * len(loader) + 2` steps, and its `RandomImages` epoch (64 full batches) is shortened to 3
+full batches and its last, so `len(loader)` says 4."""
+
+
+def row_capture_options(row: BenchRow) -> dict[str, Any]:
+    """`estimate_command` options for the row: its measured `steps` and `alloc_conf` where it
+    records them; `repeat_steady` (capture.step_repeat) for the GPUMemNet CNN rows.
+
+    A GPUMemNet CNN row's job (`gpumemnet.py`, a CNN config) trains on 64 full batches per epoch
+    (`RandomImages`, 64 x batch size samples): under the default step policy it runs 10 steps of
+    full batches (epoch 1 shortened to 4, the loop ended after step 6, later epochs one batch
+    each) and ends by itself. Stopped at `--steps 10` instead, it runs the same 10 full batches
+    with the same events up to step 10's optimizer step (no loop-ended mark, and the job is
+    stopped there rather than returning: both only free memory), so the peak, reserved and
+    allocated figures are the same, and its steps repeat: 4 run, steps 5-10 are repeated
+    (tests/capture/test_step_repeat_bench.py compares both on rows of every architecture). The
+    trace's utilization record differs (step 10 no longer opens a DataLoader epoch): not read
+    here; `bench --metric utilization` captures its rows itself."""
+    options: dict[str, Any] = {}
+    if (steps := row_steps(row)) is not None:
+        options["steps"] = steps
+    elif row.dataset == "gpumemnet-cnn":
+        options["steps"] = GPUMEMNET_CNN_STEPS
+        options["repeat_steady"] = True
+    if (alloc_conf := row_alloc_conf(row)) is not None:
+        options["alloc_conf"] = alloc_conf
+    return options
+
+
 # dataset name prefix -> the row's job command
 JOB_COMMANDS: dict[str, Callable[[BenchRow], list[str]]] = {
     "gpumemnet": gpumemnet_command,
@@ -255,6 +286,7 @@ class PeakmemEstimator(Estimator):
                         stated_margin=stated_fraction(result, compared))
 
     def run(self, row: BenchRow):  # -> peakmem.estimate.Estimate
+        from peakmem.capture.step_repeat import repeating_steady_steps
         from peakmem.estimate import EstimateError, estimate_capture, estimate_command
         from peakmem.profiles import load_gpu, load_stack
 
@@ -263,13 +295,12 @@ class PeakmemEstimator(Estimator):
         try:
             with redirect_stdout(sink), redirect_stderr(sink):
                 # the bench's own generated jobs: in this (worker) process, as measured so far
-                options: dict[str, Any] = {}
-                if (steps := row_steps(row)) is not None:
-                    options["steps"] = steps
-                if (alloc_conf := row_alloc_conf(row)) is not None:
-                    options["alloc_conf"] = alloc_conf
-                return estimate_command(argv, gpu=row.gpu, torch_version=row.torch_version,
-                                        isolate=False, **options)
+                options = row_capture_options(row)
+                repeat = repeating_steady_steps() if options.pop("repeat_steady", False) else (
+                    nullcontext())
+                with repeat:
+                    return estimate_command(argv, gpu=row.gpu, torch_version=row.torch_version,
+                                            isolate=False, **options)
         except EstimateError as exc:
             capture = exc.capture
             if capture is None or not capture.trained or capture.exit_code == 124:

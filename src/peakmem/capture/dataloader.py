@@ -155,6 +155,14 @@ class LoaderIteration:
         self.steps_fed += 1
         self.step_positions.append(self.yielded)
 
+    def repeated_steps(self, count: int) -> None:
+        """`count` more steps, one batch each, were repeated (capture.step_repeat) rather than
+        run: count their batches as yielded (the job is stopped: nothing more is fetched)."""
+        for _ in range(count):
+            self.position += 1
+            self.yielded += 1
+            self.fed_step()
+
     def _finish(self) -> None:
         self.finished = True
         self._loaders.finished(self)

@@ -36,6 +36,7 @@ import torch.optim.optimizer as optimizer_hooks
 from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
 from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import CaptureSession
+from peakmem.capture.step_repeat import StepRepeater, enabled_by_env
 from peakmem.jobs.stop import ALL_STEPS, Steps
 from peakmem.trace.vocab import Category, Mark, Phase
 
@@ -77,11 +78,22 @@ class StopJob(BaseException):  # noqa: N818  (a control-flow signal, not an erro
 
 
 class PhaseTracker:
-    def __init__(self, session: CaptureSession, stop_after_steps: Steps) -> None:
-        """`stop_after_steps`: N, "all" or None (`auto_step_limit`, then the loop is ended)."""
+    def __init__(
+        self, session: CaptureSession, stop_after_steps: Steps, repeat_steady: bool | None = None
+    ) -> None:
+        """`stop_after_steps`: N, "all" or None (`auto_step_limit`, then the loop is ended).
+        `repeat_steady` (None: the PEAKMEM_REPEAT_STEADY environment variable): with a step
+        limit N, once the steps are steady repeat them up to N instead of running them
+        (capture.step_repeat)."""
         self.session = session
         self.run_all = stop_after_steps == ALL_STEPS
         self.stop_after_steps = None if self.run_all else stop_after_steps
+        if repeat_steady is None:
+            repeat_steady = enabled_by_env()
+        self.repeater = (
+            StepRepeater(session)
+            if repeat_steady and isinstance(self.stop_after_steps, int) else None
+        )
         self.loaders = LoaderEpochs(session, shorten=stop_after_steps is None)
         self.modules = ModulePaths(on_root=self._classify_module_state)
         self._stack = ExitStack()
@@ -101,6 +113,7 @@ class PhaseTracker:
         self.end_can_skip = True
         self.error_after_end: BaseException | None = None
         self.failed_after_shortening = False
+        self.repeated_note: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> PhaseTracker:
@@ -315,6 +328,8 @@ class PhaseTracker:
             state.epoch_steps = _epoch_steps(feeding)
         if self.run_all:
             return
+        if self.repeater is not None:
+            self._repeat_steady(key, feeding, stop_now=stop_now)
         steps = min(self._steps_by_optimizer.values())
         if steps < self.limit():
             return
@@ -332,6 +347,35 @@ class PhaseTracker:
         if stop_now:
             self._stop()
         self._stop_pending = True  # inside the job's update loop: stop at its next forward
+
+    def _repeat_steady(self, key: Any, feeding: LoaderIteration | None, *, stop_now: bool) -> None:
+        """Step repetition (capture.step_repeat): only for one optimizer's steps, stopped at the
+        explicit limit, with nothing but training traced; a DataLoader epoch may feed them one
+        batch a step if its batches up to the limit are full ones (not its last)."""
+        repeater, state = self.repeater, self.session.state
+        assert repeater is not None
+        eligible = (
+            stop_now
+            and key != MANUAL
+            and len(self._steps_by_optimizer) == 1
+            and (feeding is not None or not self.loaders.training_epochs)
+            and not state.loop_ended
+            and self.phases_ran == ["training"]
+        )
+        if not eligible:
+            self.repeater = None  # a step that cannot be repeated: run every step
+            return
+        step, limit = self._steps_by_optimizer[key], self.limit()
+        repeater.step_marked(step, id(feeding) if feeding is not None else 0)
+        if step >= limit or not _full_batches_ahead(feeding, self.loaders.window, limit - step):
+            return
+        if repeater.repeat_to(limit):
+            if feeding is not None:
+                feeding.repeated_steps(limit - step)
+            self._steps_by_optimizer[key] = limit
+            state.steps = limit
+            self.repeated_note = repeater.note()
+            self.repeater = None
 
     def _end_loop(self, feeding: LoaderIteration, steps: int) -> None:
         state = self.session.state
@@ -443,7 +487,19 @@ class PhaseTracker:
             notes.append(
                 "the job never ran a backward pass: this is a forward/inference estimate"
             )
+        if self.repeated_note is not None:
+            notes.append(self.repeated_note)
         return notes
+
+
+def _full_batches_ahead(feeding: LoaderIteration | None, window: int | None, steps: int) -> bool:
+    """Whether `steps` more steps, one batch each, take full batches of the feeding epoch
+    (never its last, which may be smaller, nor past its end); True without a DataLoader."""
+    if feeding is None:
+        return True
+    if window != 1 or feeding.length is None or feeding.ending or feeding.skipped:
+        return False
+    return feeding.position + steps < feeding.length
 
 
 def _is_stop_iteration(exc: BaseException) -> bool:

@@ -213,6 +213,14 @@ def internal_error(exc: BaseException) -> Any:
     help="Ranks of a distributed launch to trace, each in its own process: all, or a list "
     "(0,3,4-7) [default: 0]; the estimate is the largest rank's.",
 )
+@click.option(
+    "--repeat-steady",
+    is_flag=True,
+    help="With --steps N: once 3 steps in a row left the same events, write the rest up to N "
+    "by repeating the last instead of running them (the same estimate, faster; not where a "
+    "DataLoader's short last batch is ahead; you vouch that the job runs at least N steps "
+    "and no step-count-dependent code). Also PEAKMEM_REPEAT_STEADY=1.",
+)
 @emit_options
 @model_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=False)
@@ -220,6 +228,10 @@ def estimate_cmd(**params: Any) -> None:
     """Estimate the peak GPU memory of a training script, on this machine, without a GPU
     (or, with --model CONFIG, of a standard training script for a transformers config)."""
     as_json = params["as_json"]
+    if params.pop("repeat_steady"):
+        from peakmem.capture.step_repeat import ENV_FLAG
+
+        os.environ[ENV_FLAG] = "1"  # the job's process (child, warm process) reads it
     try:
         model = {name: params.pop(name) for name in MODEL_OPTION_NAMES}
         command = _job_command(params.pop("command"), model, as_json)
