@@ -8,7 +8,9 @@ models are built and trained in float32 (see `benchmarks/zoo/xmem_hf.py`).
 
 `attn` is the attention implementation transformers 4.51.3 (xMem's pin) picks by default for a
 model built with `from_config`: "sdpa" where the model class supported it, else "eager"
-(GPT-Neo and T5 had no SDPA path in 4.51; Gemma-2 switched its default to eager).
+(GPT-Neo and T5 had no SDPA path in 4.51). Checked by building each config with 4.51.3's
+`AutoModelFor*.from_config`: Gemma-2 gets "sdpa" too (4.51.3 only warns that eager is
+recommended for training; its SDPA path ignores the logit soft-capping).
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ MODELS: dict[str, HFModel] = {
                 final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
                 attention_bias=False, attention_dropout=0.0, tie_word_embeddings=True,
             ),
-            "eager", 2_614_341_888,
+            "sdpa", 2_614_341_888,
             "https://huggingface.co/google/gemma-2-2b-it/blob/main/config.json",
         ),
         HFModel(

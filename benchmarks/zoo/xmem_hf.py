@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _xmem import run_steps, xmem_main, xmem_parser  # noqa: E402
+from hf_451 import transformers_451  # noqa: E402
 from hf_configs import HFModel, lookup  # noqa: E402
 
 OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adafactor", "RMSprop", "Adagrad")
@@ -86,14 +87,23 @@ def train(args: argparse.Namespace) -> float:
         outputs = model(**batch)
         return outputs.loss, outputs
 
-    return run_steps(args, model, optimizer,
-                     lambda: make_batch(args.batch_size, args.seq_len, vocab), forward)
+    def steps() -> float:
+        return run_steps(args, model, optimizer,
+                         lambda: make_batch(args.batch_size, args.seq_len, vocab), forward)
+
+    if args.transformers == "installed":
+        return steps()
+    with transformers_451(model):
+        return steps()
 
 
 def parser() -> argparse.ArgumentParser:
     p = xmem_parser(__doc__.splitlines()[0], "Hub id as xMem records it (hf_configs.py)",
                     OPTIMIZERS)
     p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--transformers", choices=("4.51", "installed"), default="4.51",
+                   help="allocate as xMem's transformers 4.51.3 did (hf_451.py), or as the "
+                        "installed release does")
     return p
 
 
