@@ -9,8 +9,10 @@ models are built and trained in float32 (see `benchmarks/zoo/xmem_hf.py`).
 `attn` is the attention implementation transformers 4.51.3 (xMem's pin) picks by default for a
 model built with `from_config`: "sdpa" where the model class supported it, else "eager"
 (GPT-Neo and T5 had no SDPA path in 4.51). Checked by building each config with 4.51.3's
-`AutoModelFor*.from_config`: Gemma-2 gets "sdpa" too (4.51.3 only warns that eager is
-recommended for training; its SDPA path ignores the logit soft-capping).
+`AutoModelFor*.from_config`: every entry matches except Gemma-2, which 4.51.3 builds with "sdpa"
+too (it only warns that eager is recommended for training) but the installed transformers
+refuses SDPA for Gemma-2, so it stays "eager" here: at xMem's batch 1 x 128 tokens eager's
+extra score tensors are (1, 8, 128, 128) float32 per layer, well under 0.1% of its ~20 GB.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ MODELS: dict[str, HFModel] = {
                 final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
                 attention_bias=False, attention_dropout=0.0, tie_word_embeddings=True,
             ),
-            "sdpa", 2_614_341_888,
+            "eager", 2_614_341_888,
             "https://huggingface.co/google/gemma-2-2b-it/blob/main/config.json",
         ),
         HFModel(
