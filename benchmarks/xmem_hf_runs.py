@@ -1,0 +1,102 @@
+"""peakmem's signed error on xMem's Hugging Face and A100 LLM runs, one JSON line per run.
+
+    python benchmarks/xmem_hf_runs.py OUT.jsonl [--group hf|llm|all] [--data DIR]
+    python benchmarks/xmem_hf_runs.py OUT.jsonl --summary     # from OUT.jsonl, no estimates
+
+Runs peakmem's xMem estimator (the bench's job command, in this process) on every xMem run that
+is not a torchvision CNN, split runs included (marked), and appends per run: model, batch,
+optimizer, GPU, measured bytes, the compared estimate, the simulated allocated and reserved
+peaks, the signed error. A run already in OUT is skipped (reuse). `--summary` prints, per model,
+the signed error in MiB of the held-out runs that did not OOM, and the under share: what
+docs/BENCHMARKS.md "xMem's Hugging Face runs" reads. OUT holds public measurements: keep it out
+of the repository (benchmarks/results/ is git-ignored).
+
+Run it with `PYTHONPATH=<dir>:src` where <dir> holds transformers 4.51.3 to trace the jobs with
+xMem's own transformers instead of the installed one (the job then applies nothing, hf_451.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+MiB = 2**20
+
+
+def estimate_runs(out: Path, group: str, data: str | None) -> None:
+    from peakmem.baselines.base import CannotEstimate
+    from peakmem.baselines.peakmem_estimator import XMEM_CNNS, PeakmemEstimator, compared_bytes
+    from peakmem.bench.calibration import in_calibration_split
+    from peakmem.datasets.loaders import load_rows
+
+    done = set()
+    if out.exists():
+        done = {json.loads(line)["row_id"] for line in out.read_text().splitlines()}
+    rows = [r for r in load_rows("xmem", data) if r.job["model"] not in XMEM_CNNS]
+    if group != "all":
+        rows = [r for r in rows if r.gpu.startswith("a100") == (group == "llm")]
+    estimator = PeakmemEstimator()
+    for row in rows:
+        if row.id in done:
+            continue
+        start = time.perf_counter()
+        try:
+            estimate = estimator.run(row)
+        except CannotEstimate as exc:
+            record = {"row_id": row.id, "error": str(exc)[:200]}
+        else:
+            compared = compared_bytes(row, estimate)
+            record = {
+                "row_id": row.id, "model": row.job["model"], "batch": row.job["batch_size"],
+                "optimizer": row.job["optimizer"], "gpu": row.gpu,
+                "split": in_calibration_split(row), "status": row.status,
+                "measured": row.measured_peak_bytes, "compared": compared,
+                "allocated": estimate.peak_allocated_bytes,
+                "reserved": estimate.peak_reserved_bytes,
+                "signed": (compared - row.measured_peak_bytes) / row.measured_peak_bytes,
+                "seconds": round(time.perf_counter() - start, 1),
+            }
+        with out.open("a") as lines:
+            lines.write(json.dumps(record) + "\n")
+        print(json.dumps(record), flush=True)
+
+
+def summary(out: Path) -> None:
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    held = [r for r in records if "model" in r and not r["split"] and r["status"] == "ok"]
+    by_model: dict[str, list[dict]] = defaultdict(list)
+    for record in held:
+        by_model[record["model"]].append(record)
+    print("| model | runs | signed error, MiB (min / median / max) | median signed | under |")
+    print("| --- | --- | --- | --- | --- |")
+    for model, runs in sorted(by_model.items()):
+        mib = [(r["compared"] - r["measured"]) / MiB for r in runs]
+        signed = statistics.median(r["signed"] for r in runs)
+        under = sum(r["signed"] < 0 for r in runs)
+        print(f"| {model} | {len(runs)} | {min(mib):+.0f} / {statistics.median(mib):+.0f} / "
+              f"{max(mib):+.0f} | {100 * signed:+.1f}% | {under} |")
+    if held:
+        mib = [(r["compared"] - r["measured"]) / MiB for r in held]
+        print(f"| all | {len(held)} | {min(mib):+.0f} / {statistics.median(mib):+.0f} / "
+              f"{max(mib):+.0f} | {100 * statistics.median(r['signed'] for r in held):+.1f}% | "
+              f"{sum(r['signed'] < 0 for r in held)} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--group", choices=("hf", "llm", "all"), default="hf")
+    parser.add_argument("--data", default=None)
+    parser.add_argument("--summary", action="store_true", help="summarise OUT only")
+    args = parser.parse_args()
+    if not args.summary:
+        estimate_runs(args.out, args.group, args.data)
+    summary(args.out)
+
+
+if __name__ == "__main__":
+    main()
