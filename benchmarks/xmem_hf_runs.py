@@ -2,6 +2,7 @@
 
     python benchmarks/xmem_hf_runs.py OUT.jsonl [--group hf|llm|all] [--data DIR]
     python benchmarks/xmem_hf_runs.py OUT.jsonl --summary     # from OUT.jsonl, no estimates
+    python benchmarks/xmem_hf_runs.py OUT.jsonl --installed-transformers   # the job before hf_451
 
 Runs peakmem's xMem estimator (the bench's job command, in this process) on every xMem run that
 is not a torchvision CNN, split runs included (marked), and appends per run: model, batch,
@@ -27,9 +28,14 @@ from pathlib import Path
 MiB = 2**20
 
 
-def estimate_runs(out: Path, group: str, data: str | None) -> None:
+def estimate_runs(out: Path, group: str, data: str | None, installed: bool) -> None:
+    from peakmem.baselines import peakmem_estimator
     from peakmem.baselines.base import CannotEstimate
     from peakmem.baselines.peakmem_estimator import XMEM_CNNS, PeakmemEstimator, compared_bytes
+
+    if installed:  # the job as it ran before hf_451.py: the installed transformers' allocations
+        command = peakmem_estimator.JOB_COMMANDS["xmem"]
+        peakmem_estimator.JOB_COMMANDS["xmem"] = lambda row: [*command(row), "--transformers", "installed"]
     from peakmem.bench.calibration import in_calibration_split
     from peakmem.datasets.loaders import load_rows
 
@@ -92,9 +98,11 @@ def main() -> None:
     parser.add_argument("--group", choices=("hf", "llm", "all"), default="hf")
     parser.add_argument("--data", default=None)
     parser.add_argument("--summary", action="store_true", help="summarise OUT only")
+    parser.add_argument("--installed-transformers", action="store_true",
+                        help="run the job with `--transformers installed` (no hf_451 behaviours)")
     args = parser.parse_args()
     if not args.summary:
-        estimate_runs(args.out, args.group, args.data)
+        estimate_runs(args.out, args.group, args.data, args.installed_transformers)
     summary(args.out)
 
 

@@ -16,6 +16,11 @@ What xMem ran (transformers 4.51.3, torch 2.6.0):
   1: after the forward, 2: after the step), batch `.to(device)`, forward, `loss.backward()`,
   `optimizer.step()`, breaking after the step whose index equals `iterations` (3): 4 steps.
 
+The installed transformers (5.x) builds the model; `--transformers 4.51` (the default) makes it
+allocate as xMem's 4.51.3 did for the job's duration (`hf_451.py`: the cache keeps the first
+key/value states, 4.51's SDPA function with contiguous inputs, GPT-2's causal bias buffers);
+`--transformers installed` leaves the installed release as it is.
+
 Plain PyTorch + transformers: `python benchmarks/zoo/xmem_hf.py --model gpt2 --batch-size 8`.
 """
 
