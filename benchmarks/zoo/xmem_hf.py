@@ -88,7 +88,11 @@ def train(args: argparse.Namespace) -> float:
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr)
     vocab = model.config.vocab_size
 
+    drop_mask = args.all_ones_mask == "as-on-gpu" and spec.attn == "sdpa"
+
     def forward(model, batch):
+        if drop_mask:  # the mask is on the device (as in xMem's loop) but not read
+            batch = {key: value for key, value in batch.items() if key != "attention_mask"}
         outputs = model(**batch)
         return outputs.loss, outputs
 
@@ -106,6 +110,9 @@ def parser() -> argparse.ArgumentParser:
     p = xmem_parser(__doc__.splitlines()[0], "Hub id as xMem records it (hf_configs.py)",
                     OPTIMIZERS)
     p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--all-ones-mask", choices=("as-on-gpu", "pass"), default="as-on-gpu",
+                   help="as-on-gpu: an SDPA model gets no attention_mask, as it would drop the "
+                        "all-ones mask on the GPU after reading it (a capture reads zeros)")
     p.add_argument("--transformers", choices=("4.51", "installed"), default="4.51",
                    help="allocate as xMem's transformers 4.51.3 did (hf_451.py), or as the "
                         "installed release does")
