@@ -158,3 +158,20 @@ def test_the_job_traces_451s_allocations():
     masks = [size for op, _phase, size in old_ops if size == 1024 * 1024]
     assert len(masks) >= 6
     assert old.peak_allocated_bytes > installed.peak_allocated_bytes
+
+
+def test_sdpa_models_trace_no_mask_for_an_all_ones_batch():
+    """On the GPU an SDPA model reads xMem's all-ones attention mask and drops it (4.51.3's
+    `_ignore_causal_mask_sdpa`, 5.x's `sdpa_mask`); a capture reads zeros and would build a
+    float mask per layer (`where`, 1 x 1 x 24 x 24 float32 for one sequence of 24 tokens)."""
+    base = ["python", str(XMEM_JOB), "--model", "distilgpt2", "--batch-size", "1",
+            "--seq-len", "24", "--steps", "1"]
+    _, as_on_gpu = _events(base)
+    _, passed = _events([*base, "--all-ones-mask", "pass"])
+
+    def masks(ops):
+        return sum(1 for op, phase, size in ops
+                   if op == "where.self" and phase == "forward" and size == 24 * 24 * 4)
+
+    assert masks(passed) >= 6  # one per layer
+    assert masks(as_on_gpu) == 0
