@@ -3,6 +3,7 @@
     python benchmarks/xmem_hf_runs.py OUT.jsonl [--group hf|llm|all] [--data DIR]
     python benchmarks/xmem_hf_runs.py OUT.jsonl --summary     # from OUT.jsonl, no estimates
     python benchmarks/xmem_hf_runs.py OUT.jsonl --installed-transformers   # the job before hf_451
+    python benchmarks/xmem_hf_runs.py OUT.jsonl --summary --against OTHER.jsonl  # peak differences
 
 Runs peakmem's xMem estimator (the bench's job command, in this process) on every xMem run that
 is not a torchvision CNN, split runs included (marked), and appends per run: model, batch,
@@ -92,18 +93,39 @@ def summary(out: Path) -> None:
               f"{sum(r['signed'] < 0 for r in held)} |")
 
 
+def against(out: Path, other: Path) -> None:
+    """Range over the runs both files hold of OUT - OTHER: allocated peak and compared bytes."""
+    def load(path: Path) -> dict[str, dict]:
+        records = (json.loads(line) for line in path.read_text().splitlines())
+        return {r["row_id"]: r for r in records if "model" in r}
+
+    mine, theirs = load(out), load(other)
+    common = sorted(set(mine) & set(theirs))
+    if not common:
+        return
+    for key in ("allocated", "compared"):
+        diffs = [(mine[i][key] - theirs[i][key]) / MiB for i in common]
+        print(f"{key}: {out.name} - {other.name} over {len(common)} runs: "
+              f"{min(diffs):+.0f} / {statistics.median(diffs):+.0f} / {max(diffs):+.0f} MiB "
+              "(min / median / max)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--group", choices=("hf", "llm", "all"), default="hf")
     parser.add_argument("--data", default=None)
     parser.add_argument("--summary", action="store_true", help="summarise OUT only")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="another OUT: print the range of the per-run peak differences")
     parser.add_argument("--installed-transformers", action="store_true",
                         help="run the job with `--transformers installed` (no hf_451 behaviours)")
     args = parser.parse_args()
     if not args.summary:
         estimate_runs(args.out, args.group, args.data, args.installed_transformers)
     summary(args.out)
+    if args.against is not None:
+        against(args.out, args.against)
 
 
 if __name__ == "__main__":
