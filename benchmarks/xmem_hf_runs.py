@@ -2,7 +2,7 @@
 
     python benchmarks/xmem_hf_runs.py OUT.jsonl [--group hf|llm|all] [--data DIR]
     python benchmarks/xmem_hf_runs.py OUT.jsonl --summary     # from OUT.jsonl, no estimates
-    python benchmarks/xmem_hf_runs.py OUT.jsonl --installed-transformers   # the job before hf_451
+    python benchmarks/xmem_hf_runs.py OUT.jsonl --installed-transformers   # the job before (no hf_451, mask passed)
     python benchmarks/xmem_hf_runs.py OUT.jsonl --summary --against OTHER.jsonl  # peak differences
 
 Runs peakmem's xMem estimator (the bench's job command, in this process) on every xMem run that
@@ -34,9 +34,10 @@ def estimate_runs(out: Path, group: str, data: str | None, installed: bool) -> N
     from peakmem.baselines.base import CannotEstimate
     from peakmem.baselines.peakmem_estimator import XMEM_CNNS, PeakmemEstimator, compared_bytes
 
-    if installed:  # the job as it ran before hf_451.py: the installed transformers' allocations
+    if installed:  # the job as it ran before hf_451.py: the installed transformers, mask passed
         command = peakmem_estimator.JOB_COMMANDS["xmem"]
-        peakmem_estimator.JOB_COMMANDS["xmem"] = lambda row: [*command(row), "--transformers", "installed"]
+        peakmem_estimator.JOB_COMMANDS["xmem"] = lambda row: [
+            *command(row), "--transformers", "installed", "--all-ones-mask", "pass"]
     from peakmem.bench.calibration import in_calibration_split
     from peakmem.datasets.loaders import load_rows
 
@@ -119,7 +120,7 @@ def main() -> None:
     parser.add_argument("--against", type=Path, default=None,
                         help="another OUT: print the range of the per-run peak differences")
     parser.add_argument("--installed-transformers", action="store_true",
-                        help="run the job with `--transformers installed` (no hf_451 behaviours)")
+                        help="the job as before: `--transformers installed --all-ones-mask pass`")
     args = parser.parse_args()
     if not args.summary:
         estimate_runs(args.out, args.group, args.data, args.installed_transformers)

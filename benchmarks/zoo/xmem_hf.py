@@ -19,7 +19,9 @@ What xMem ran (transformers 4.51.3, torch 2.6.0):
 The installed transformers (5.x) builds the model; `--transformers 4.51` (the default) makes it
 allocate as xMem's 4.51.3 did for the job's duration (`hf_451.py`: the cache keeps the first
 key/value states, 4.51's SDPA function with contiguous inputs, GPT-2's causal bias buffers);
-`--transformers installed` leaves the installed release as it is.
+`--transformers installed` leaves the installed release as it is. An SDPA model gets no
+`attention_mask` (`--all-ones-mask as-on-gpu`): on the GPU both releases read the all-ones mask
+and drop it, where a capture (which reads device values as zeros) would build one per layer.
 
 Plain PyTorch + transformers: `python benchmarks/zoo/xmem_hf.py --model gpt2 --batch-size 8`.
 """
