@@ -16,6 +16,13 @@ What xMem ran (transformers 4.51.3, torch 2.6.0):
   1: after the forward, 2: after the step), batch `.to(device)`, forward, `loss.backward()`,
   `optimizer.step()`, breaking after the step whose index equals `iterations` (3): 4 steps.
 
+The installed transformers (5.x) builds the model; `--transformers 4.51` (the default) makes it
+allocate as xMem's 4.51.3 did for the job's duration (`hf_451.py`: the cache keeps the first
+key/value states, 4.51's SDPA function with contiguous inputs, GPT-2's causal bias buffers);
+`--transformers installed` leaves the installed release as it is. An SDPA model gets no
+`attention_mask` (`--all-ones-mask as-on-gpu`): on the GPU both releases read the all-ones mask
+and drop it, where a capture (which reads device values as zeros) would build one per layer.
+
 Plain PyTorch + transformers: `python benchmarks/zoo/xmem_hf.py --model gpt2 --batch-size 8`.
 """
 
@@ -29,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _xmem import run_steps, xmem_main, xmem_parser  # noqa: E402
+from hf_451 import transformers_451  # noqa: E402
 from hf_configs import HFModel, lookup  # noqa: E402
 
 OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adafactor", "RMSprop", "Adagrad")
@@ -82,18 +90,34 @@ def train(args: argparse.Namespace) -> float:
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr)
     vocab = model.config.vocab_size
 
+    drop_mask = args.all_ones_mask == "as-on-gpu" and spec.attn == "sdpa"
+
     def forward(model, batch):
+        if drop_mask:  # the mask is on the device (as in xMem's loop) but not read
+            batch = {key: value for key, value in batch.items() if key != "attention_mask"}
         outputs = model(**batch)
         return outputs.loss, outputs
 
-    return run_steps(args, model, optimizer,
-                     lambda: make_batch(args.batch_size, args.seq_len, vocab), forward)
+    def steps() -> float:
+        return run_steps(args, model, optimizer,
+                         lambda: make_batch(args.batch_size, args.seq_len, vocab), forward)
+
+    if args.transformers == "installed":
+        return steps()
+    with transformers_451(model):
+        return steps()
 
 
 def parser() -> argparse.ArgumentParser:
     p = xmem_parser(__doc__.splitlines()[0], "Hub id as xMem records it (hf_configs.py)",
                     OPTIMIZERS)
     p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--all-ones-mask", choices=("as-on-gpu", "pass"), default="as-on-gpu",
+                   help="as-on-gpu: an SDPA model gets no attention_mask, as it would drop the "
+                        "all-ones mask on the GPU after reading it (a capture reads zeros)")
+    p.add_argument("--transformers", choices=("4.51", "installed"), default="4.51",
+                   help="allocate as xMem's transformers 4.51.3 did (hf_451.py), or as the "
+                        "installed release does")
     return p
 
 
