@@ -302,3 +302,30 @@ def test_the_cli_flag_through_the_job_process(monkeypatch, tmp_path):
     assert [n for n in notes if REPEATED not in n] == full.pop("notes")
     assert fast == full
     assert fast["steps"] == 11
+
+
+def summarized_loader_job():
+    """A forward before the loop (a model summary) leaves the phase at 'forward': step 1's
+    batch is moved to the device in it, later steps' batches in 'other'."""
+    def train():
+        data = torch.utils.data.TensorDataset(
+            torch.randn(400, 32), torch.randint(0, 4, (400,)))
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).cuda()
+        model(torch.randn(2, 32, device="cuda"))  # the summary's forward
+        optimizer = torch.optim.Adam(model.parameters())
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+    return train
+
+
+def test_step_one_batch_tagged_in_the_phase_before_the_loop(monkeypatch):
+    full, _ = run(monkeypatch, summarized_loader_job(), 10, repeat=False)
+    phases = {tag[2] for tag in full["trace"][4] if tag and tag[0] == "input"}
+    assert {"forward", "other"} <= phases  # the case this test is about
+    repeated = assert_same(monkeypatch, summarized_loader_job(), 10)
+    assert [n.split(" (")[0] for n in repeated] == ["steps 5-10 repeated from step 4"]

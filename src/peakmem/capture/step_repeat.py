@@ -311,11 +311,27 @@ def _isomorphic(
             ):
                 return False
             i, j = allocs.get(x), allocs.get(y)
-            if i is None or j is None or (
-                trace.sizes[i], trace.streams[i], trace.tag_ids[i]
-            ) != (trace.sizes[j], trace.streams[j], trace.tag_ids[j]):
+            if i is None or j is None or (trace.sizes[i], trace.streams[i]) != (
+                trace.sizes[j], trace.streams[j]
+            ) or not _same_role(trace, i, j):
                 return False
     return True
+
+
+def _same_role(trace: Trace, i: int, j: int) -> bool:
+    """The allocations at trace[i] and trace[j] (a loose free's, see `_isomorphic`) were made
+    for the same thing: their tags equal but for the phase. The phase is the tracker's when
+    the allocation was made, and the first step's batch is moved to the device before its
+    first forward, in whatever phase the code before the loop left (a summary's forward:
+    'forward'); later steps' batches in the phase the previous optimizer step left ('other').
+    The allocation event itself is not repeated (it lies in the window before the compared
+    ones), and the last compared pair, whose events are repeated, matches tags exactly."""
+    if trace.tag_ids[i] == trace.tag_ids[j]:
+        return True
+    a, b = trace.tag_of(i), trace.tag_of(j)
+    return a is not None and b is not None and (a.category, a.module, a.op) == (
+        b.category, b.module, b.op
+    )
 
 
 def _alloc_index(trace: Trace, start: int, end: int) -> dict[int, int]:
