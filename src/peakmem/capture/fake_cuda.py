@@ -320,6 +320,7 @@ def patch_providers() -> list[PatchProvider]:
     """The fake runtime's themes beyond the basics above, each a module giving (object,
     attribute) -> replacement: memory readings, RNG, graphs and profiling, processes, tensors."""
     from peakmem.capture import (
+        device_processes,
         fake_device_ordinal,
         fake_distributed,
         fake_graphs,
@@ -340,6 +341,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_rng.patches,
         fake_graphs.patches,
         fake_processes.patches,
+        device_processes.patches,
         fake_tensors.patches,
         fake_device_ordinal.patches,
         fake_distributed.patches,
