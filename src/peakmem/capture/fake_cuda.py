@@ -331,6 +331,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_streams,
         fake_tensors,
         host_broadcasts,
+        network_access,
         python_subprocesses,
         storage_resize,
     )
@@ -349,6 +350,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_streams.patches,
         host_broadcasts.patches,
         python_subprocesses.patches,
+        network_access.patches,
     ]
 
 
