@@ -126,3 +126,81 @@ def resnet18_shapes(classes: int = 10) -> tuple[list[Shape], list[Shape]]:
 
 def count(shapes: Iterable[Shape]) -> int:
     return sum(prod(shape) for shape in shapes)
+
+
+# pytorch/examples re-creations (scripts/examples_*.py) ---------------------------------------
+
+def conv(c_out: int, c_in: int, k: int, bias: bool = True) -> list[Shape]:
+    return [(c_out, c_in, k, k), (c_out,)] if bias else [(c_out, c_in, k, k)]
+
+
+def conv_transpose(c_in: int, c_out: int, k: int) -> list[Shape]:
+    """ConvTranspose2d's weight is (in, out, k, k); dcgan's have no bias."""
+    return [(c_in, c_out, k, k)]
+
+
+def norm(channels: int) -> list[Shape]:
+    """BatchNorm / LayerNorm affine weight and bias."""
+    return [(channels,), (channels,)]
+
+
+def lstm_shapes(d_in: int, hidden: int, layers: int) -> list[Shape]:
+    """nn.LSTM / nn.LSTMCell per layer: weight_ih (4h, in), weight_hh (4h, h), two biases (4h)."""
+    shapes: list[Shape] = []
+    for layer in range(layers):
+        shapes += [(4 * hidden, d_in if layer == 0 else hidden), (4 * hidden, hidden),
+                   (4 * hidden,), (4 * hidden,)]
+    return shapes
+
+
+def word_lm_lstm_shapes(ntokens: int, emsize: int, nhid: int, nlayers: int) -> list[Shape]:
+    """word_language_model RNNModel("LSTM"), untied."""
+    return [(ntokens, emsize), *lstm_shapes(emsize, nhid, nlayers), *linear(ntokens, nhid)]
+
+
+def _attention(d: int) -> list[Shape]:
+    return [(3 * d, d), (3 * d,), *linear(d, d)]  # in_proj weight / bias, out_proj
+
+
+def word_lm_transformer_shapes(ntokens: int, d: int, ff: int, nlayers: int) -> list[Shape]:
+    """word_language_model TransformerModel(nn.Transformer): the encoder layers and norm, the
+    input embedding and `self.decoder = nn.Linear(...)`, which replaces nn.Transformer's own
+    decoder (its layers are dropped before the model is moved)."""
+    encoder = _attention(d) + linear(ff, d) + linear(d, ff) + norm(d) + norm(d)
+    return nlayers * encoder + norm(d) + [(ntokens, d)] + linear(ntokens, d)
+
+
+def dcgan_shapes(nz: int, ngf: int, ndf: int, nc: int = 3) -> tuple[list[Shape], list[Shape]]:
+    """dcgan Generator + Discriminator at 64x64: (parameters, BatchNorm buffers)."""
+    g = conv_transpose(nz, ngf * 8, 4) + norm(ngf * 8)
+    g += conv_transpose(ngf * 8, ngf * 4, 4) + norm(ngf * 4)
+    g += conv_transpose(ngf * 4, ngf * 2, 4) + norm(ngf * 2)
+    g += conv_transpose(ngf * 2, ngf, 4) + norm(ngf)
+    g += conv_transpose(ngf, nc, 4)
+    d = conv(ndf, nc, 4, bias=False)
+    d += conv(ndf * 2, ndf, 4, bias=False) + norm(ndf * 2)
+    d += conv(ndf * 4, ndf * 2, 4, bias=False) + norm(ndf * 4)
+    d += conv(ndf * 8, ndf * 4, 4, bias=False) + norm(ndf * 8)
+    d += conv(1, ndf * 8, 4, bias=False)
+    buffers: list[Shape] = []
+    for channels in (ngf * 8, ngf * 4, ngf * 2, ngf, ndf * 2, ndf * 4, ndf * 8):
+        buffers += [(channels,), (channels,), ()]
+    return g + d, buffers
+
+
+def vae_shapes() -> list[Shape]:
+    return linear(400, 784) + linear(20, 400) + linear(20, 400) + linear(400, 20) + linear(784, 400)
+
+
+def espcn_shapes(upscale: int) -> list[Shape]:
+    """super_resolution Net."""
+    return conv(64, 1, 5) + conv(64, 64, 3) + conv(32, 64, 3) + conv(upscale**2, 32, 3)
+
+
+def hogwild_net_shapes() -> list[Shape]:
+    return conv(10, 1, 5) + conv(20, 10, 5) + linear(50, 320) + linear(10, 50)
+
+
+def sine_lstm_shapes() -> list[Shape]:
+    """time_sequence_prediction Sequence: LSTMCell(1, 51), LSTMCell(51, 51), Linear(51, 1)."""
+    return lstm_shapes(1, 51, 1) + lstm_shapes(51, 51, 1) + linear(1, 51)

@@ -1,3 +1,4 @@
+# ruff: noqa: B007, B905  (kept as the original script writes it)
 """pytorch/examples reinforcement_learning/reinforce.py: a policy network trained with
 REINFORCE on gym's CartPole. It imports gym at the top, as the original does."""
 
