@@ -204,3 +204,43 @@ def hogwild_net_shapes() -> list[Shape]:
 def sine_lstm_shapes() -> list[Shape]:
     """time_sequence_prediction Sequence: LSTMCell(1, 51), LSTMCell(51, 51), Linear(51, 1)."""
     return lstm_shapes(1, 51, 1) + lstm_shapes(51, 51, 1) + linear(1, 51)
+
+
+def _double_conv(c_in: int, c_out: int) -> tuple[list[Shape], list[int]]:
+    return conv(c_out, c_in, 3, bias=False) + norm(c_out) + conv(c_out, c_out, 3, bias=False) + norm(c_out), [c_out, c_out]
+
+
+def unet_shapes(base: int, channels: int = 3, classes: int = 2) -> tuple[list[Shape], list[Shape]]:
+    """milesial Pytorch-UNet UNet(bilinear=False): (parameters, BatchNorm buffers)."""
+    widths = [base, base * 2, base * 4, base * 8, base * 16]
+    params, bn = _double_conv(channels, base)
+    for c_in, c_out in zip(widths[:-1], widths[1:], strict=True):  # Down: maxpool + DoubleConv
+        shapes, norms = _double_conv(c_in, c_out)
+        params, bn = params + shapes, bn + norms
+    for c_in, c_out in zip(widths[:0:-1], widths[-2::-1], strict=True):  # Up: ConvTranspose2d + DoubleConv
+        params += [(c_in, c_in // 2, 2, 2), (c_in // 2,)]
+        shapes, norms = _double_conv(c_in, c_out)
+        params, bn = params + shapes, bn + norms
+    params += conv(classes, base, 1)
+    buffers: list[Shape] = []
+    for c in bn:
+        buffers += [(c,), (c,), ()]
+    return params, buffers
+
+
+def _res_block(d_in: int, d_out: int, time_dim: int) -> list[Shape]:
+    shapes = linear(2 * d_out, time_dim) + conv(d_out, d_in, 3) + norm(d_out)
+    shapes += conv(d_out, d_out, 3) + norm(d_out)
+    return shapes + (conv(d_out, d_in, 1) if d_in != d_out else [])
+
+
+def ddpm_unet_shapes(dim: int, channels: int = 3) -> list[Shape]:
+    """ddpm_ema_train.py's Unet with dim_mults (1, 2)."""
+    td = 4 * dim
+    shapes = linear(td, dim) + linear(td, td) + conv(dim, channels, 7)
+    shapes += _res_block(dim, dim, td) + conv(dim, dim, 4)
+    shapes += _res_block(dim, 2 * dim, td) + conv(2 * dim, 2 * dim, 4)
+    shapes += _res_block(2 * dim, 2 * dim, td)
+    shapes += [(2 * dim, 2 * dim, 4, 4), (2 * dim,)] + _res_block(4 * dim, dim, td)
+    shapes += [(dim, dim, 4, 4), (dim,)] + _res_block(2 * dim, dim, td)
+    return shapes + conv(channels, dim, 1)

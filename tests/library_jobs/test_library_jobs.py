@@ -377,3 +377,28 @@ def test_reinforce_without_gym_fails_in_one_line():
     est = estimate("examples_reinforce.py")
     assert est.returncode == 1
     assert est.data["error"]["message"] == "the job raised ModuleNotFoundError: No module named 'gym'"
+
+
+# Other well-known training scripts ----------------------------------------------------------------
+
+def test_pytorch_unet_amp_grad_scaler_rmsprop_channels_last():
+    shapes, buffers = ex.unet_shapes(base=8)
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("unet_train.py", "--amp", "--base", "8", "--batch-size", "2", "--epochs", "1")
+    # RMSprop with momentum: square_avg and momentum_buffer per parameter
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.breakdown.get("buffer") == ex.device_bytes(buffers, ex.FP32)
+    assert any("checkpoint_epoch1.pth" in note for note in est.data["notes"]), est.data["notes"]
+
+
+def test_ddpm_with_a_deepcopy_ema_model():
+    params = ex.device_bytes(ex.ddpm_unet_shapes(16), ex.FP32)
+    schedule = 5 * ex.rounded(1000 * ex.FP32)  # betas, alphas_cumprod, ... as fp32 buffers
+    est = estimate("ddpm_ema_train.py", "--dim", "16", "--batch-size", "4", "--image-size", "16")
+    # the EMA copy's weights and buffers are on the device too (no gradients, no optimizer state)
+    assert_training(est, params=params, optimizer_state=2 * params,
+                    extra_lower=params + schedule)
+    model_and_ema = sum(est.breakdown.get(k, 0) for k in ("parameter", "buffer", "other"))
+    assert model_and_ema >= 2 * (params + schedule), est.breakdown
+    # `cycle(dl)` re-iterates the DataLoader from a step-count loop: peakmem ends it with a note
+    assert any("re-iterates its DataLoader" in note for note in est.data["notes"]), est.data["notes"]
