@@ -402,3 +402,28 @@ def test_ddpm_with_a_deepcopy_ema_model():
     assert model_and_ema >= 2 * (params + schedule), est.breakdown
     # `cycle(dl)` re-iterates the DataLoader from a step-count loop: peakmem ends it with a note
     assert any("re-iterates its DataLoader" in note for note in est.data["notes"]), est.data["notes"]
+
+
+def test_mnist_forward_forward_layer_local_adams():
+    layer0 = ex.device_bytes(ex.linear(500, 784), ex.FP32)
+    layer1 = ex.device_bytes(ex.linear(500, 500), ex.FP32)
+    est = estimate("examples_mnist_forward_forward.py", "--epochs", "5", "--train_size", "2000",
+                   "--test_size", "500")
+    assert est.returncode == 0, est.failure()
+    assert est.data["estimate_kind"] == "training" and est.data["steps"] == 3
+    # Layer.train calls self.forward directly (no module hook): the first layer's Adam steps
+    # make its weights parameters; the second layer has not trained yet (moved, not stepped)
+    assert est.breakdown.get("parameter") == layer0, est.breakdown
+    assert est.breakdown.get("input", 0) >= layer1
+    assert est.breakdown.get("optimizer_state") == 2 * layer0
+    # the whole positive and negative sets (2000 x 784 fp32 each) are on the device
+    assert est.data["peak_allocated_bytes"] >= layer0 + layer1 + 2 * 2000 * 784 * ex.FP32
+
+
+@needs("torchvision")
+def test_fast_neural_style_pretrained_vgg_without_network(tmp_path):
+    est = estimate("examples_fast_neural_style.py", "--save-model-dir", str(tmp_path))
+    assert est.returncode == 1
+    message = est.data["error"]["message"]
+    assert "\n" not in message
+    assert "it could not reach download.pytorch.org: there is no network access here" in message
