@@ -244,3 +244,15 @@ def ddpm_unet_shapes(dim: int, channels: int = 3) -> list[Shape]:
     shapes += [(2 * dim, 2 * dim, 4, 4), (2 * dim,)] + _res_block(4 * dim, dim, td)
     shapes += [(dim, dim, 4, 4), (dim,)] + _res_block(2 * dim, dim, td)
     return shapes + conv(channels, dim, 1)
+
+
+def cyclegan_shapes(ngf: int, ndf: int, n_blocks: int) -> list[Shape]:
+    """cyclegan_train.py: two ResnetGenerators (InstanceNorm without affine: no weights) and two
+    3-layer PatchGAN discriminators, all convolutions with bias."""
+    g = conv(ngf, 3, 7) + conv(2 * ngf, ngf, 3) + conv(4 * ngf, 2 * ngf, 3)
+    g += n_blocks * (conv(4 * ngf, 4 * ngf, 3) + conv(4 * ngf, 4 * ngf, 3))
+    g += [(4 * ngf, 2 * ngf, 3, 3), (2 * ngf,), (2 * ngf, ngf, 3, 3), (ngf,)]  # ConvTranspose2d
+    g += conv(3, ngf, 7)
+    d = conv(ndf, 3, 4) + conv(2 * ndf, ndf, 4) + conv(4 * ndf, 2 * ndf, 4)
+    d += conv(8 * ndf, 4 * ndf, 4) + conv(1, 8 * ndf, 4)
+    return 2 * g + 2 * d

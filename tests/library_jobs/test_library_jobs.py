@@ -338,6 +338,9 @@ def test_regression_while_true_breaks_on_a_host_read_loss():
     # `if loss < 1e-3: break` reads the fake loss (zero): the loop ends after its first update,
     # whose allocations every later batch repeats
     assert est.data["steps"] == 1
+    # ... and the estimate says its host reads saw zeros and may have steered the loop
+    assert any("host read(s) of device values" in a and "--mode eager" in a
+               for a in est.data["assumptions"]), est.data["assumptions"]
 
 
 def test_mnist_hogwild_workers_train_the_shared_model():
@@ -427,3 +430,15 @@ def test_fast_neural_style_pretrained_vgg_without_network(tmp_path):
     message = est.data["error"]["message"]
     assert "\n" not in message
     assert "it could not reach download.pytorch.org: there is no network access here" in message
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "module_apply: `net.cpu(); torch.save(...); net.cuda()` (pix2pix save_networks) while the "
+    "last iteration's graph still holds the parameters: they cannot be swapped in place, so "
+    "`_apply` makes new Parameters and the old device copies stay alive (the generators' "
+    "parameters count twice); CUDA moves them in place"))
+def test_cyclegan_two_generators_chained_adam_cpu_cuda_round_trip(tmp_path):
+    params = ex.device_bytes(ex.cyclegan_shapes(ngf=8, ndf=8, n_blocks=2), ex.FP32)
+    est = estimate("cyclegan_train.py", "--ngf", "8", "--ndf", "8", "--n_blocks", "2",
+                   "--crop_size", "64", "--checkpoints_dir", str(tmp_path))
+    assert_training(est, params=params, optimizer_state=2 * params)
