@@ -434,9 +434,9 @@ def test_fast_neural_style_pretrained_vgg_without_network(tmp_path):
 
 @pytest.mark.xfail(strict=True, reason=(
     "module_apply: `net.cpu(); torch.save(...); net.cuda()` (pix2pix save_networks) while the "
-    "last iteration's graph still holds the parameters: they cannot be swapped in place, so "
-    "`_apply` makes new Parameters and the old device copies stay alive (the generators' "
-    "parameters count twice); CUDA moves them in place"))
+    "last iteration's graph is alive: its AccumulateGrad nodes hold the parameters' old device "
+    "TensorImpls, which the impl swap leaves alive until the next iteration replaces the graph "
+    "(the generators' parameters count twice at the peak); CUDA's set_data frees them at once"))
 def test_cyclegan_two_generators_chained_adam_cpu_cuda_round_trip(tmp_path):
     params = ex.device_bytes(ex.cyclegan_shapes(ngf=8, ndf=8, n_blocks=2), ex.FP32)
     est = estimate("cyclegan_train.py", "--ngf", "8", "--ndf", "8", "--n_blocks", "2",
