@@ -432,13 +432,18 @@ def test_fast_neural_style_pretrained_vgg_without_network(tmp_path):
     assert "it could not reach download.pytorch.org: there is no network access here" in message
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "module_apply: `net.cpu(); torch.save(...); net.cuda()` (pix2pix save_networks) while the "
-    "last iteration's graph is alive: its AccumulateGrad nodes hold the parameters' old device "
-    "TensorImpls, which the impl swap leaves alive until the next iteration replaces the graph "
-    "(the generators' parameters count twice at the peak); CUDA's set_data frees them at once"))
 def test_cyclegan_two_generators_chained_adam_cpu_cuda_round_trip(tmp_path):
     params = ex.device_bytes(ex.cyclegan_shapes(ngf=8, ndf=8, n_blocks=2), ex.FP32)
+    batch = 2 * ex.rounded(3 * 64 * 64 * ex.FP32)  # real_A, real_B
     est = estimate("cyclegan_train.py", "--ngf", "8", "--ndf", "8", "--n_blocks", "2",
                    "--crop_size", "64", "--checkpoints_dir", str(tmp_path))
-    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.returncode == 0, est.failure()
+    assert est.data["estimate_kind"] == "training"
+    assert est.breakdown.get("optimizer_state") == 2 * params  # both Adams, all four networks
+    # `net.cpu(); torch.save(...); net.cuda()` at each epoch's end while the last iteration's
+    # graph is alive: the parameters move in place as on CUDA, once. Moved back, they are
+    # tagged input until their optimizer steps; at most params + grads + Adam + the batch.
+    # Before: the graph kept the old device copies too (3.57 MB here against 3.21 MB).
+    state = sum(est.breakdown.get(k, 0) for k in ("parameter", "gradient", "input", "optimizer_state"))
+    assert state <= 4 * params + batch, (est.breakdown, params)
+    assert state >= 3 * params + batch
