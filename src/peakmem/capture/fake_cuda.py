@@ -320,6 +320,7 @@ def patch_providers() -> list[PatchProvider]:
     """The fake runtime's themes beyond the basics above, each a module giving (object,
     attribute) -> replacement: memory readings, RNG, graphs and profiling, processes, tensors."""
     from peakmem.capture import (
+        device_processes,
         fake_device_ordinal,
         fake_distributed,
         fake_graphs,
@@ -330,6 +331,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_streams,
         fake_tensors,
         host_broadcasts,
+        network_access,
         python_subprocesses,
         storage_resize,
     )
@@ -340,6 +342,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_rng.patches,
         fake_graphs.patches,
         fake_processes.patches,
+        device_processes.patches,
         fake_tensors.patches,
         fake_device_ordinal.patches,
         fake_distributed.patches,
@@ -347,6 +350,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_streams.patches,
         host_broadcasts.patches,
         python_subprocesses.patches,
+        network_access.patches,
     ]
 
 

@@ -98,13 +98,34 @@ def _swap_data(mode, tensor: Tensor, new: Tensor) -> None:
     requires_grad = tensor.requires_grad
     if grad is not None:
         tensor.grad = None
-    torch._C._swap_tensor_impl(tensor, new.detach())
+    displaced = new.detach()
+    torch._C._swap_tensor_impl(tensor, displaced)
+    _free_if_only_a_graph_holds(mode, displaced)
     if requires_grad:
         tensor.requires_grad_(True)
     if grad is not None:
         moved = _moved_like(mode, grad, tensor)
         torch._C._swap_tensor_impl(grad, moved.detach())
         tensor.grad = grad
+
+
+def _free_if_only_a_graph_holds(mode, displaced: Tensor) -> None:
+    """After a device parameter moved to the host: its old device TensorImpl (now `displaced`'s)
+    may still be held by a live graph's AccumulateGrad node (the last iteration's loss or
+    outputs, still referenced: pix2pix's `net.cpu(); torch.save(...); net.cuda()` at the end of
+    an epoch). On CUDA, `set_data` changes that same TensorImpl's storage, so the device block is
+    freed at once; here the swap leaves it alive until the graph dies. When the node is its only
+    other owner (no saved tensor: the graph's backward ran) and the storage is the parameter's
+    alone, its allocation is given back now, as `resize_(0)` does (capture.storage_resize)."""
+    if displaced.device.type != "meta" or mode.session.storage_kind(displaced) != "device":
+        return
+    if not (displaced.is_leaf and displaced.requires_grad) or displaced._use_count() != 2:
+        return
+    storage = displaced.untyped_storage()
+    if displaced.storage_offset() != 0 or storage.nbytes() != displaced.numel() * displaced.element_size():
+        return
+    with torch.no_grad():
+        storage.resize_(0)
 
 
 def _moved_like(mode, grad: Tensor, param: Tensor) -> Tensor:

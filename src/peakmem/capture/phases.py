@@ -41,6 +41,10 @@ from peakmem.jobs.stop import ALL_STEPS, Steps
 from peakmem.trace.vocab import Category, Mark, Phase
 
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
+_STEPPED_PARAMS = (*_STEP_TEMPS, Category.INPUT.value)
+"""What an optimizer's parameters may still be tagged when it steps: a host tensor moved to the
+device is an input until a module's forward claims it, and a module whose `forward` is called
+directly (`layer.forward(x)`, mnist_forward_forward) never is claimed."""
 MIN_STEPS = 3
 MAX_AUTO_EPOCH = 256
 MAX_STEPS_AFTER_END = 32
@@ -258,7 +262,7 @@ class PhaseTracker:
         self._await_update = False
         for group in optimizer.param_groups:
             for param in group["params"]:
-                self.session.classify(param, Category.PARAMETER.value, only_from=_STEP_TEMPS)
+                self.session.classify(param, Category.PARAMETER.value, only_from=_STEPPED_PARAMS)
                 self.session.classify(
                     param.grad, Category.GRADIENT.value, only_from=_STEP_TEMPS
                 )

@@ -1,0 +1,56 @@
+"""Hosts the job could not reach (a dataset's `download=True`, pretrained weights from
+`torch.hub` / torchvision, a model hub) while it ran without network access.
+
+The job's own error says little of the cause (torchvision's MNIST: "Error downloading
+train-images-idx3-ubyte.gz:", torch.hub: "URLError: <urlopen error [Errno -2] Name or service
+not known>"). During a capture `socket.getaddrinfo` (under urllib, requests / urllib3 and httpx)
+records each host whose name did not resolve: a note names it, and a job that then fails gets
+the host and what to do in its one-line error (`CaptureResult.failure_hint`). Nothing is
+downloaded or retried; a job that reaches the network does so as usual.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from peakmem.capture.session import CaptureSession
+
+LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1", "0.0.0.0"})
+
+
+def unreachable_note(host: str) -> str:
+    return (f"the job could not reach {host} (no network access here): what it downloads from "
+            "there (a dataset, pretrained weights) was not fetched")
+
+
+def unreachable_hint(host: str) -> str:
+    return (f"it could not reach {host}: there is no network access here; download what the "
+            "job fetches (datasets, pretrained weights) beforehand and let the job find it "
+            "locally (the dataset's root folder, torch.hub's cache $TORCH_HOME/hub/checkpoints, "
+            "HF_HUB_OFFLINE=1 with a local model), or build the model without pretrained "
+            "weights: the memory is the same")
+
+
+def record_unreachable(session: CaptureSession, host: Any) -> None:
+    name = host.decode(errors="replace") if isinstance(host, bytes) else str(host)
+    if name.lower() in LOCAL_HOSTS:
+        return
+    note = unreachable_note(name)
+    if note not in session.notes:
+        session.notes.append(note)
+    if not any(hint.startswith("it could not reach ") for hint in session.failure_hints):
+        session.failure_hints.append(unreachable_hint(name))
+
+
+def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
+    real_getaddrinfo = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_getaddrinfo(host, *args, **kwargs)
+        except socket.gaierror:
+            record_unreachable(session, host)
+            raise
+
+    return {(socket, "getaddrinfo"): getaddrinfo}

@@ -1,0 +1,52 @@
+"""Downloads without network access (capture.network_access): the one-line error names the host
+the job could not reach and what to do; a job that survives the failure gets a note."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from peakmem.estimate import EstimateError, estimate_command
+
+HOST = "weights.peakmem-test.invalid"  # RFC 6761: .invalid never resolves
+
+DOWNLOADS = f"""\
+import sys
+import urllib.request
+import torch
+
+model = torch.nn.Linear(64, 64).cuda()
+try:
+    urllib.request.urlopen("http://{HOST}/model.pth", timeout=5)
+except OSError:
+    if "--fail" in sys.argv:
+        raise
+    print("no pretrained weights: training from scratch")
+model(torch.randn(8, 64, device="cuda")).sum().backward()
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch) -> Path:
+    (tmp_path / "downloads.py").write_text(DOWNLOADS)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_failed_download_names_the_host_in_one_line(workdir):
+    with pytest.raises(EstimateError) as failed:
+        estimate_command(["python", "downloads.py", "--fail"], gpu="a100-40gb", mode="fake",
+                         timeout=120)
+    message = failed.value.message
+    assert message.startswith("the job raised URLError")
+    assert f"it could not reach {HOST}: there is no network access here" in message
+    assert "pretrained weights" in message and "\n" not in message
+
+
+def test_a_job_that_goes_on_without_the_download_gets_a_note(workdir):
+    result = estimate_command(["python", "downloads.py"], gpu="a100-40gb", mode="fake",
+                              timeout=120)
+    assert result.peak_allocated_bytes >= 64 * 64 * 4
+    assert any(note.startswith(f"the job could not reach {HOST}") for note in result.notes), (
+        result.notes)

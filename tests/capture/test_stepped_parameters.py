@@ -1,0 +1,42 @@
+"""An optimizer's parameters are parameters in the breakdown even when no module forward claimed
+them: a module whose `forward` is called directly (pytorch/examples mnist_forward_forward)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from peakmem.estimate import estimate_command
+
+DIRECT_FORWARD = """\
+import sys, torch
+lin = torch.nn.Linear(1024, 1024)
+if "--opt-first" in sys.argv:
+    opt = torch.optim.Adam(lin.parameters())
+    lin = lin.to("cuda")
+else:
+    lin = lin.to("cuda")
+    opt = torch.optim.Adam(lin.parameters())
+x = torch.randn(64, 1024, device="cuda")
+for _ in range(3):
+    loss = lin.forward(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("order", [[], ["--opt-first"]], ids=["move-then-optimizer",
+                                                              "optimizer-then-move"])
+def test_parameters_of_a_module_called_through_forward(tmp_path: Path, monkeypatch, order):
+    (tmp_path / "direct.py").write_text(DIRECT_FORWARD)
+    monkeypatch.chdir(tmp_path)
+    result = estimate_command(["python", "direct.py", *order], gpu="a100-40gb", mode="fake",
+                              timeout=120)
+    weight, bias = 1024 * 1024 * 4, 4096
+    by_category = result.breakdown.by_category
+    # before: moved host tensors stayed "input" (4 MiB + 4 KiB) and there was no "parameter"
+    assert by_category.get("parameter") == weight + bias, by_category
+    assert by_category.get("input", 0) < weight, by_category
+    assert by_category.get("optimizer_state") == 2 * (weight + bias)
