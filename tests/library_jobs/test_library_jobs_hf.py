@@ -1,0 +1,90 @@
+"""Hugging Face's official example scripts (transformers examples/pytorch), run unmodified.
+
+Each scripts/hf_ex_*.py re-creates one of transformers' example scripts (argparse, logging,
+`set_seed`, `datasets.map` tokenization, `group_texts`, collators, `get_scheduler`, accelerate
+loops with `accelerator.accumulate`, checkpointing, evaluation). They run offline on what the
+tests write to tmp_path: a tiny model config (config.json), a word-level tokenizer
+(tokenizer.json) and local train / validation files, through the real CLI. Parameter and
+optimizer bytes are worked out from the configs (expected.py).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import estimate
+from tests.library_jobs.test_library_jobs import assert_training, needs
+
+WORDS = [f"w{i}" for i in range(120)]
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "</s>"]
+VOCAB = 256
+"""Every model config's vocab_size: the tokenizer's vocabulary (126 entries) fits in it, so no
+script resizes its embeddings."""
+
+
+def write_tokenizer(out: Path, model_max_length: int = 64) -> Path:
+    """A word-level fast tokenizer (tokenizer.json + tokenizer_config.json), no download."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(SPECIALS + WORDS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+        "pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+        "mask_token": "[MASK]", "eos_token": "</s>", "bos_token": "[CLS]",
+    }))
+    return out
+
+
+def write_config(out: Path, config: dict) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(8, 20))) for _ in range(n)]
+
+
+TINY_GPT2_CONFIG = {
+    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64,
+    "n_head": 4, "vocab_size": VOCAB, "n_positions": 64, "bos_token_id": 2, "eos_token_id": 5,
+}
+"""ex.TINY_GPT2."""
+
+
+@pytest.fixture
+def clm_files(tmp_path) -> dict[str, Path]:
+    model = write_tokenizer(write_config(tmp_path / "gpt2", TINY_GPT2_CONFIG))
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join(sentences(200)) + "\n")
+    valid = tmp_path / "valid.txt"
+    valid.write_text("\n".join(sentences(20, seed=1)) + "\n")
+    return {"model": model, "train": train, "valid": valid, "out": tmp_path / "out"}
+
+
+# run_clm_no_trainer.py ---------------------------------------------------------------------------
+
+@needs("transformers", "accelerate", "datasets")
+def test_run_clm_no_trainer_accumulates_and_evaluates(clm_files):
+    params = ex.device_bytes(ex.gpt2_shapes(**ex.TINY_GPT2), ex.FP32)
+    est = estimate(
+        "hf_ex_run_clm_no_trainer.py",
+        "--config_name", str(clm_files["model"]), "--tokenizer_name", str(clm_files["model"]),
+        "--train_file", str(clm_files["train"]), "--validation_file", str(clm_files["valid"]),
+        "--block_size", "32", "--per_device_train_batch_size", "4",
+        "--gradient_accumulation_steps", "2", "--num_train_epochs", "1", "--seed", "0",
+        "--checkpointing_steps", "epoch", "--output_dir", str(clm_files["out"]),
+    )
+    assert_training(est, params=params, optimizer_state=2 * params)
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
