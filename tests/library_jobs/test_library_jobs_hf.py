@@ -88,3 +88,27 @@ def test_run_clm_no_trainer_accumulates_and_evaluates(clm_files):
     assert_training(est, params=params, optimizer_state=2 * params)
     notes = est.data["notes"]
     assert any("accumulation window 2" in note for note in notes), notes
+
+
+# run_clm.py (Trainer) ----------------------------------------------------------------------------
+
+@needs("transformers", "accelerate", "datasets")
+def test_run_clm_trainer_hf_argument_parser(clm_files):
+    shapes = ex.gpt2_shapes(**ex.TINY_GPT2)
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate(
+        "hf_ex_run_clm.py",
+        "--config_name", str(clm_files["model"]), "--tokenizer_name", str(clm_files["model"]),
+        "--train_file", str(clm_files["train"]), "--validation_file", str(clm_files["valid"]),
+        "--block_size", "32", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
+        "--gradient_accumulation_steps", "2", "--max_steps", "3", "--do_train", "--do_eval",
+        "--report_to", "none", "--logging_steps", "1", "--seed", "0",
+        "--output_dir", str(clm_files["out"]),
+    )
+    # Trainer's default optimizer: fused AdamW, a 0-d fp32 `step` per parameter. Before the
+    # fix in capture/device_map.py, the evaluation after training failed in fake mode
+    # (accelerate's pad_across_processes read its sizes tensor back as zeros) and auto mode's
+    # eager rerun then resumed from the fake pass's half-written checkpoint-3 and failed.
+    assert_training(est, params=params, optimizer_state=(2 * params + ex.BLOCK * len(shapes), 2 * params))
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
