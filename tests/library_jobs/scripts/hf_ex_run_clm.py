@@ -1,3 +1,4 @@
+# ruff: noqa: UP045, SIM102, SIM118, B007  (kept as the original script writes it)
 """Re-creation of transformers' examples/pytorch/language-modeling/run_clm.py (Trainer).
 
 HfArgumentParser over ModelArguments / DataTrainingArguments / TrainingArguments, logging,
@@ -17,11 +18,9 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Optional
 
-import datasets
 import numpy as np
 import torch
 import transformers
-from datasets import load_dataset
 from transformers import (
     CONFIG_MAPPING,
     MODEL_FOR_CAUSAL_LM_MAPPING,
@@ -36,6 +35,9 @@ from transformers import (
     set_seed,
 )
 from transformers.trainer_utils import get_last_checkpoint
+
+import datasets
+from datasets import load_dataset
 
 logger = logging.getLogger(__name__)
 

@@ -1,3 +1,4 @@
+# ruff: noqa: UP045, SIM102, SIM118, B007  (kept as the original script writes it)
 """Re-creation of transformers' examples/pytorch/language-modeling/run_clm_no_trainer.py.
 
 Fine-tunes (or trains from a config) a causal language model with accelerate, without the
@@ -14,13 +15,11 @@ import math
 import os
 from itertools import chain
 
-import datasets
 import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import set_seed
-from datasets import load_dataset
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
@@ -33,6 +32,9 @@ from transformers import (
     default_data_collator,
     get_scheduler,
 )
+
+import datasets
+from datasets import load_dataset
 
 logger = get_logger(__name__)
 
