@@ -10,14 +10,19 @@ optimizer bytes are worked out from the configs (expected.py).
 
 from __future__ import annotations
 
+import csv
+import importlib.util
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import SCRIPTS, SRC, estimate
 from tests.library_jobs.test_library_jobs import assert_training, needs
 
 WORDS = [f"w{i}" for i in range(120)]
@@ -60,6 +65,38 @@ TINY_GPT2_CONFIG = {
     "n_head": 4, "vocab_size": VOCAB, "n_positions": 64, "bos_token_id": 2, "eos_token_id": 5,
 }
 """ex.TINY_GPT2."""
+
+
+TINY_BERT_CONFIG = {
+    "model_type": "bert", "vocab_size": VOCAB, "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 64,
+    "type_vocab_size": 2, "pad_token_id": 0,
+}
+
+
+def bert_shapes(vocab: int, hidden: int, intermediate: int, layers: int, positions: int,
+                types: int = 2) -> list[ex.Shape]:
+    """BertModel: embeddings (word, position, token type, LayerNorm), per layer q / k / v /
+    attention output, its LayerNorm, intermediate and output dense, their LayerNorm."""
+    shapes: list[ex.Shape] = [(vocab, hidden), (positions, hidden), (types, hidden), *ex.norm(hidden)]
+    for _ in range(layers):
+        shapes += 4 * ex.linear(hidden, hidden) + ex.norm(hidden)
+        shapes += ex.linear(intermediate, hidden) + ex.linear(hidden, intermediate) + ex.norm(hidden)
+    return shapes
+
+
+TINY_BERT = dict(vocab=VOCAB, hidden=64, intermediate=128, layers=2, positions=64)
+
+
+def write_checkpoint(out: Path, config: dict) -> Path:
+    """A tiny base model saved with save_pretrained, plus the tokenizer (hf_ex_make_checkpoint.py)."""
+    config_file = write_config(out.with_name(out.name + "-config"), config) / "config.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, str(SCRIPTS / "hf_ex_make_checkpoint.py"), str(out), str(config_file)],
+                   check=True, capture_output=True, env=env, timeout=120)
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    return write_tokenizer(out)
 
 
 @pytest.fixture
@@ -112,3 +149,48 @@ def test_run_clm_trainer_hf_argument_parser(clm_files):
     assert_training(est, params=params, optimizer_state=(2 * params + ex.BLOCK * len(shapes), 2 * params))
     notes = est.data["notes"]
     assert any("accumulation window 2" in note for note in notes), notes
+
+
+# run_glue_no_trainer.py --------------------------------------------------------------------------
+
+@pytest.fixture
+def glue_files(tmp_path) -> dict[str, Path]:
+    model = write_checkpoint(tmp_path / "bert", TINY_BERT_CONFIG)
+    files = {"model": model, "out": tmp_path / "out"}
+    for split, n in (("train", 40), ("validation", 12)):
+        path = tmp_path / f"{split}.csv"
+        rows = zip(sentences(n, seed=2), sentences(n, seed=3), [i % 3 for i in range(n)], strict=True)
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["sentence1", "sentence2", "label"])
+            writer.writerows(rows)
+        files[split] = path
+    return files
+
+
+def glue_args(files: dict[str, Path]) -> list[str]:
+    return ["--model_name_or_path", str(files["model"]), "--train_file", str(files["train"]),
+            "--validation_file", str(files["validation"]), "--max_length", "48",
+            "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2",
+            "--num_train_epochs", "1", "--seed", "0", "--output_dir", str(files["out"])]
+
+
+@needs("transformers", "accelerate", "datasets")
+@pytest.mark.skipif(importlib.util.find_spec("evaluate") is not None, reason="evaluate is installed")
+def test_run_glue_no_trainer_without_evaluate_fails_in_one_line(glue_files):
+    est = estimate("hf_ex_run_glue_no_trainer.py", *glue_args(glue_files))
+    assert est.returncode != 0
+    assert est.data["error"]["kind"] == "job_failed", est.data
+    message = est.data["error"]["message"]
+    assert "\n" not in message and "No module named 'evaluate'" in message, message
+
+
+@needs("transformers", "accelerate", "datasets")
+def test_run_glue_no_trainer_sequence_classification_metric_by_hand(glue_files):
+    classes = 3  # the labels the CSV holds: the script reads num_labels from the data
+    shapes = bert_shapes(**TINY_BERT) + ex.linear(64, 64) + ex.linear(classes, 64)  # pooler, head
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("hf_ex_run_glue_no_trainer_hand_metric.py", *glue_args(glue_files))
+    assert_training(est, params=params, optimizer_state=2 * params)
+    notes = est.data["notes"]
+    assert any("evaluation phase" in note for note in notes), notes
