@@ -151,6 +151,31 @@ def test_run_clm_trainer_hf_argument_parser(clm_files):
     assert any("accumulation window 2" in note for note in notes), notes
 
 
+# run_mlm_no_trainer.py ---------------------------------------------------------------------------
+
+@needs("transformers", "accelerate", "datasets")
+@pytest.mark.parametrize("line_by_line", [False, True])
+def test_run_mlm_no_trainer_masking_collator(tmp_path, line_by_line):
+    model = write_tokenizer(write_config(tmp_path / "bert", TINY_BERT_CONFIG))
+    train, valid = tmp_path / "train.txt", tmp_path / "valid.txt"
+    train.write_text("\n".join(sentences(120)) + "\n")
+    valid.write_text("\n".join(sentences(16, seed=1)) + "\n")
+    # BertForMaskedLM: no pooler; the head's transform (dense + LayerNorm) and its decoder bias;
+    # the decoder weight is the word embedding (tied)
+    shapes = bert_shapes(**TINY_BERT) + ex.linear(64, 64) + ex.norm(64) + [(VOCAB,)]
+    params = ex.device_bytes(shapes, ex.FP32)
+    args = ["--config_name", str(model), "--tokenizer_name", str(model), "--train_file", str(train),
+            "--validation_file", str(valid), "--max_seq_length", "32",
+            "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2",
+            "--num_train_epochs", "1", "--seed", "0", "--output_dir", str(tmp_path / "out")]
+    if line_by_line:
+        args += ["--line_by_line", "True", "--pad_to_max_length"]
+    est = estimate("hf_ex_run_mlm_no_trainer.py", *args)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
+
+
 # run_glue_no_trainer.py --------------------------------------------------------------------------
 
 @pytest.fixture
