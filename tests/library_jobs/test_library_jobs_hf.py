@@ -219,3 +219,56 @@ def test_run_glue_no_trainer_sequence_classification_metric_by_hand(glue_files):
     assert_training(est, params=params, optimizer_state=2 * params)
     notes = est.data["notes"]
     assert any("evaluation phase" in note for note in notes), notes
+
+
+# run_image_classification_no_trainer.py ------------------------------------------------------------
+
+TINY_VIT_CONFIG = {
+    "model_type": "vit", "image_size": 32, "patch_size": 8, "num_channels": 3, "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+}
+
+
+def vit_classifier_shapes(hidden: int = 64, intermediate: int = 128, layers: int = 2,
+                          patches: int = 16, patch: int = 8, classes: int = 2) -> list[ex.Shape]:
+    """ViTForImageClassification (no pooler): CLS token, position embeddings (patches + 1),
+    the patch projection (a conv), pre-norm encoder layers, the final LayerNorm, the head."""
+    shapes: list[ex.Shape] = [(1, 1, hidden), (1, patches + 1, hidden), *ex.conv(hidden, 3, patch)]
+    for _ in range(layers):
+        shapes += ex.norm(hidden) + 4 * ex.linear(hidden, hidden) + ex.norm(hidden)
+        shapes += ex.linear(intermediate, hidden) + ex.linear(hidden, intermediate)
+    return shapes + ex.norm(hidden) + ex.linear(classes, hidden)
+
+
+def write_image_folder(root: Path, per_class: int, seed: int) -> Path:
+    from PIL import Image
+
+    rng = random.Random(seed)
+    for label in ("cat", "dog"):
+        (root / label).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = bytes(rng.randrange(256) for _ in range(40 * 40 * 3))
+            Image.frombytes("RGB", (40, 40), pixels).save(root / label / f"{i}.png")
+    return root
+
+
+@needs("transformers", "accelerate", "datasets", "PIL", "torchvision")
+def test_run_image_classification_no_trainer_vit_image_folder(tmp_path):
+    model = write_checkpoint(tmp_path / "vit", TINY_VIT_CONFIG)
+    (model / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 32},
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_resize": True,
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+    }))
+    train = write_image_folder(tmp_path / "train", 12, seed=0)
+    valid = write_image_folder(tmp_path / "valid", 4, seed=1)
+    params = ex.device_bytes(vit_classifier_shapes(), ex.FP32)
+    est = estimate(
+        "hf_ex_run_image_classification_no_trainer.py", "--model_name_or_path", str(model),
+        "--train_dir", str(train), "--validation_dir", str(valid), "--per_device_train_batch_size", "4",
+        "--gradient_accumulation_steps", "2", "--num_train_epochs", "1", "--seed", "0",
+        "--output_dir", str(tmp_path / "out"),
+    )
+    assert_training(est, params=params, optimizer_state=2 * params)
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
