@@ -272,3 +272,75 @@ def test_run_image_classification_no_trainer_vit_image_folder(tmp_path):
     assert_training(est, params=params, optimizer_state=2 * params)
     notes = est.data["notes"]
     assert any("accumulation window 2" in note for note in notes), notes
+    # torchvision's transforms are parameterless nn.Modules run on host images: before the fix
+    # in capture/phases.py they started a forward phase and hid the evaluation after training
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+
+
+# run_summarization_no_trainer.py -----------------------------------------------------------------
+
+TINY_T5_CONFIG = {
+    "model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "vocab_size": VOCAB,
+    "d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_decoder_layers": 2,
+    "num_heads": 4, "relative_attention_num_buckets": 32, "feed_forward_proj": "relu",
+    "tie_word_embeddings": True, "pad_token_id": 0, "eos_token_id": 5, "decoder_start_token_id": 0,
+}
+
+
+def t5_shapes(vocab: int = VOCAB, d: int = 64, inner: int = 64, d_ff: int = 128, layers: int = 2,
+              heads: int = 4, buckets: int = 32) -> list[ex.Shape]:
+    """T5ForConditionalGeneration, tied: the shared embedding (also the lm_head), attention
+    q / k / v / o without biases, the relative position bias in each stack's first block,
+    weight-only layer norms, relu feed-forward wi / wo."""
+    attention = [(inner, d), (inner, d), (inner, d), (d, inner), (d,)]  # + its layer norm
+    feed_forward = [(d_ff, d), (d, d_ff), (d,)]
+    shapes: list[ex.Shape] = [(vocab, d)]
+    for stack_has_cross in (False, True):
+        shapes.append((buckets, heads))  # block 0's relative_attention_bias
+        for _ in range(layers):
+            shapes += attention + (attention if stack_has_cross else []) + feed_forward
+        shapes.append((d,))  # final_layer_norm
+    return shapes
+
+
+@pytest.fixture
+def summarization_files(tmp_path) -> dict[str, Path]:
+    model = write_tokenizer(write_config(tmp_path / "t5", TINY_T5_CONFIG))
+    files = {"model": model, "out": tmp_path / "out"}
+    for split, n, seed in (("train", 32, 4), ("validation", 8, 5)):
+        path = tmp_path / f"{split}.json"
+        texts, summaries = sentences(n, seed), sentences(n, seed + 10)
+        path.write_text("\n".join(json.dumps({"text": t, "summary": s[:40]})
+                                  for t, s in zip(texts, summaries, strict=True)) + "\n")
+        files[split] = path
+    return files
+
+
+def summarization_args(files: dict[str, Path]) -> list[str]:
+    return ["--config_name", str(files["model"]), "--tokenizer_name", str(files["model"]),
+            "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+            "--source_prefix", "summarize: ", "--max_source_length", "32", "--max_target_length", "16",
+            "--val_max_target_length", "8", "--per_device_train_batch_size", "4",
+            "--per_device_eval_batch_size", "4", "--gradient_accumulation_steps", "2",
+            "--num_train_epochs", "1", "--seed", "0", "--output_dir", str(files["out"])]
+
+
+@needs("transformers", "accelerate", "datasets")
+@pytest.mark.skipif(importlib.util.find_spec("evaluate") is not None, reason="evaluate is installed")
+def test_run_summarization_no_trainer_without_evaluate_fails_in_one_line(summarization_files):
+    est = estimate("hf_ex_run_summarization_no_trainer.py", *summarization_args(summarization_files))
+    assert est.returncode != 0
+    assert est.data["error"]["kind"] == "job_failed", est.data
+    message = est.data["error"]["message"]
+    assert "\n" not in message and "No module named 'evaluate'" in message, message
+
+
+@needs("transformers", "accelerate", "datasets")
+def test_run_summarization_no_trainer_t5_generates_in_evaluation(summarization_files):
+    params = ex.device_bytes(t5_shapes(), ex.FP32)
+    est = estimate("hf_ex_run_summarization_no_trainer_shims.py", *summarization_args(summarization_files))
+    assert_training(est, params=params, optimizer_state=2 * params)
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    print(json.dumps({k: est.data[k] for k in ("steps", "notes", "breakdown", "peak_allocated_bytes")}, indent=1))
