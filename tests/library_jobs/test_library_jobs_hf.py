@@ -320,7 +320,7 @@ def summarization_args(files: dict[str, Path]) -> list[str]:
     return ["--config_name", str(files["model"]), "--tokenizer_name", str(files["model"]),
             "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
             "--source_prefix", "summarize: ", "--max_source_length", "32", "--max_target_length", "16",
-            "--val_max_target_length", "8", "--per_device_train_batch_size", "4",
+            "--val_max_target_length", "8", "--num_beams", "1", "--per_device_train_batch_size", "4",
             "--per_device_eval_batch_size", "4", "--gradient_accumulation_steps", "2",
             "--num_train_epochs", "1", "--seed", "0", "--output_dir", str(files["out"])]
 
@@ -338,9 +338,10 @@ def test_run_summarization_no_trainer_without_evaluate_fails_in_one_line(summari
 @needs("transformers", "accelerate", "datasets")
 def test_run_summarization_no_trainer_t5_generates_in_evaluation(summarization_files):
     params = ex.device_bytes(t5_shapes(), ex.FP32)
+    # the evaluation generates (max length 8): before capture/hf_generation.py the decoding loop
+    # never ended in fake mode (its "all finished" flag is a device value) and the job timed out
     est = estimate("hf_ex_run_summarization_no_trainer_shims.py", *summarization_args(summarization_files))
     assert_training(est, params=params, optimizer_state=2 * params)
     notes = est.data["notes"]
     assert any("accumulation window 2" in note for note in notes), notes
     assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
-    print(json.dumps({k: est.data[k] for k in ("steps", "notes", "breakdown", "peak_allocated_bytes")}, indent=1))
