@@ -336,6 +336,16 @@ def test_run_summarization_no_trainer_without_evaluate_fails_in_one_line(summari
 
 
 @needs("transformers", "accelerate", "datasets")
+@pytest.mark.skipif(importlib.util.find_spec("nltk") is not None, reason="nltk is installed")
+def test_run_summarization_no_trainer_without_nltk_fails_in_one_line(summarization_files, monkeypatch):
+    monkeypatch.setenv("HF_EX_SHIMS", "evaluate")  # evaluate stood in for: the import of nltk fails
+    est = estimate("hf_ex_run_summarization_no_trainer_shims.py", *summarization_args(summarization_files))
+    assert est.returncode != 0
+    message = est.data["error"]["message"]
+    assert "\n" not in message and "No module named 'nltk'" in message, message
+
+
+@needs("transformers", "accelerate", "datasets")
 def test_run_summarization_no_trainer_t5_generates_in_evaluation(summarization_files):
     params = ex.device_bytes(t5_shapes(), ex.FP32)
     # the evaluation generates (max length 8): before capture/hf_generation.py the decoding loop
