@@ -78,3 +78,25 @@ def test_a_device_to_host_copy_into_a_host_tensor_allocates_nothing_on_the_devic
     assert fake.host_reads == 1
     run(job, a100, stack24, mode="eager")
     assert seen["sum"] == 3.0 * 256
+
+
+def test_a_device_tensor_built_from_host_data_reads_back_its_values_in_fake_mode(a100, stack24):
+    """accelerate's `pad_across_processes` (Trainer's evaluation loop) sizes its padding from
+    `torch.tensor(t.shape, device=t.device).cpu()`: zeros there made it pad to size 0 and fail."""
+    seen = {}
+
+    def job():
+        logits = torch.empty(4, 32, device="cuda")
+        sizes = torch.tensor(logits.shape, device=logits.device)[None]
+        seen["sizes"] = sizes.cpu().tolist()
+        seen["max"] = max(s[1] for s in sizes.cpu())
+        written = torch.tensor([1.0, 2.0], device="cuda")
+        written.mul_(3)
+        seen["written"] = written.tolist()  # changed on the device: no longer known
+        seen["view"] = torch.tensor([5, 6], device="cuda")[1:].tolist()  # a view of known data
+
+    result = run(job, a100, stack24)
+    assert seen["sizes"] == [[4, 32]] and int(seen["max"]) == 32
+    assert seen["written"] == [0.0, 0.0]
+    assert seen["view"] == [6]
+    assert result.host_reads == 1  # the written tensor; reads of known data are not counted

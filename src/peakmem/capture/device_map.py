@@ -49,6 +49,11 @@ _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 # argument validation, `torch._check_tensor_all`): with no values to check, fake mode reads True.
 _ALL_TRUE_CHECKS = {torch._is_all_true, Tensor._is_all_true}
 _ASSUMED_TRUE = "_peakmem_assumed_true"
+_HOST_DATA = "_peakmem_host_data"
+"""On a device tensor built from host data (`torch.tensor(data, device="cuda")`): (the host
+tensor it was copied from, the device tensor's version counter then)."""
+HOST_DATA_MAX_ELEMENTS = 1 << 16
+"""Device tensors built from host data up to this size keep their host values for host reads."""
 _BACKWARD_CALLS = {Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 
 
@@ -93,6 +98,21 @@ def placeholder(tensor: Any) -> Any:
     if is_meta(tensor):
         return torch.zeros(tensor.shape, dtype=tensor.dtype)
     return tensor
+
+
+def _known_host_data(tensor: Tensor) -> Tensor | None:
+    """The values of a device tensor built from host data (or of a view of one), while no
+    in-place op has written to it (views share their base's version counter); else None."""
+    base = tensor if tensor._base is None else tensor._base
+    known = getattr(base, _HOST_DATA, None)
+    if known is None or known[1] != tensor._version:
+        return None
+    host = known[0]
+    if base is tensor:
+        return host.clone()
+    if tensor.dtype != host.dtype:
+        return None  # a reinterpreting view (`.view(dtype)`)
+    return torch.as_strided(host, tensor.size(), tensor.stride(), tensor.storage_offset()).clone()
 
 
 def _has_device_tensor(args: tuple, kwargs: dict) -> bool:
@@ -179,17 +199,26 @@ class CudaAsMeta(TorchFunctionMode):
         scalars inside the data (`torch.tensor([t1, t2], device=t1.device)`, torchtune's Llama 3
         RoPE scaling) are read on the host first, as CUDA reads them (host reads: placeholder
         zeros in fake mode, real values in eager mode); without a device the result stays on
-        the host, as it does on CUDA."""
+        the host, as it does on CUDA. Built from host data only (up to
+        HOST_DATA_MAX_ELEMENTS), the device tensor keeps that data: host reads of it before
+        any in-place write give those values, not zeros (accelerate's `pad_across_processes`
+        reads `torch.tensor(t.shape, device=t.device)` back to size its padding)."""
         if args and isinstance(args[0], Tensor):
             return func(*args, **kwargs)
+        reads_before = self.session.host_reads
         args = tree_map(self._host, args)
         to_device = kwargs.get("device") == CAPTURE_DEVICE
         if not to_device:
             return func(*args, **kwargs)
         kwargs.pop("device")
         requires_grad = kwargs.pop("requires_grad", False)
-        tensor = func(*args, **kwargs).to(CAPTURE_DEVICE)
-        return tensor.requires_grad_() if requires_grad else tensor
+        host = func(*args, **kwargs)
+        tensor = host.to(CAPTURE_DEVICE)
+        if requires_grad:
+            tensor.requires_grad_()
+        if reads_before == self.session.host_reads and host.numel() <= HOST_DATA_MAX_ELEMENTS:
+            setattr(tensor, _HOST_DATA, (host, tensor._version))
+        return tensor
 
     def _copy_to_host(self, args: tuple, kwargs: dict):
         """`host.copy_(device_tensor)`: the host tensor gets the device tensor's values (a host
@@ -212,6 +241,9 @@ class CudaAsMeta(TorchFunctionMode):
             return self.session.host_value(value)
         if getattr(value, _ASSUMED_TRUE, False):
             return torch.ones(value.shape, dtype=value.dtype)  # a validity check: it passed
+        known = _known_host_data(value)
+        if known is not None:
+            return known
         self.session.host_reads += 1
         if self.session.state.forward_calls == 0:
             self.session.host_reads_before_forward += 1

@@ -33,10 +33,12 @@ from typing import Any
 import torch
 import torch.optim.optimizer as optimizer_hooks
 
+from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
 from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.step_repeat import StepRepeater, enabled_by_env
+from peakmem.cuda_rules.true_device import is_meta
 from peakmem.jobs.stop import ALL_STEPS, Steps
 from peakmem.trace.vocab import Category, Mark, Phase
 
@@ -199,6 +201,8 @@ class PhaseTracker:
     # -- hooks ---------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         state = self.session.state
+        if (state.phase == Phase.OTHER.value or self._in_eval) and _host_data_transform(module, args):
+            return  # torchvision transforms in a dataset's __getitem__ / collate: not a forward
         if state.phase == Phase.OTHER.value:
             self._check_replaced_parameters()
         self._check_pending_stop()
@@ -525,3 +529,13 @@ def _storage_id(tensor: torch.Tensor) -> int | None:
         return id(tensor.untyped_storage())
     except (RuntimeError, NotImplementedError):
         return None
+
+
+def _host_data_transform(module: torch.nn.Module, args: Any) -> bool:
+    """A module with no parameters or buffers called on host data only (torchvision's
+    `Normalize`, `RandomResizedCrop`, ... are modules, run by a dataset's transform while the
+    DataLoader fetches a batch): it touches no device memory, so it starts no forward phase and
+    does not end an evaluation."""
+    if next(module.parameters(), None) is not None or next(module.buffers(), None) is not None:
+        return False
+    return not any(is_meta(tensor) for tensor in tensors_in(args))
