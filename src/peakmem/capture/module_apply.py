@@ -31,6 +31,7 @@ import torch
 
 from peakmem.capture.library_patches import patched, register_library_patch
 from peakmem.capture.tensor_overrides import register_override
+from peakmem.trace.vocab import Category
 
 Tensor = torch.Tensor
 _compatible = torch._has_compatible_shallow_copy_type
@@ -88,9 +89,26 @@ def _set_data(mode, func, args: tuple, kwargs: dict) -> Any:
     tensor, new = args[0], args[1]
     with _NO_SUBCLASS_HOOKS():
         if not _crosses(mode, tensor, new) or _compatible(tensor, new):
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            _claim_as_parameter(mode, tensor)
+            return result
         _swap_data(mode, tensor, new)
     return None
+
+
+_COMPUTED = (Category.TEMPORARY.value, Category.ACTIVATION.value, Category.OTHER.value,
+             Category.INPUT.value)
+"""What a tensor computed by the job may be tagged before it becomes a parameter's data."""
+
+
+def _claim_as_parameter(mode, tensor: Any) -> None:
+    """`param.data = computed` on the device (MoCo / BYOL's momentum encoder:
+    `param_k.data = param_k.data * m + param_q.data * (1 - m)`, a manual SGD's
+    `p.data = p.data - lr * p.grad`): the computed tensor's block now holds the parameter, however
+    its op tagged it (made in a forward, it would be an activation once backward starts). A
+    parameter that no optimizer steps is never claimed otherwise."""
+    if isinstance(tensor, torch.nn.Parameter) and tensor.device.type == "meta":
+        mode.session.classify(tensor, Category.PARAMETER.value, only_from=_COMPUTED)
 
 
 def _swap_data(mode, tensor: Tensor, new: Tensor) -> None:
