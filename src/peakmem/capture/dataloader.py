@@ -73,6 +73,8 @@ class LoaderIteration:
         self.skipped = 0
         self.fed_training = False
         self.shapes: set[tuple] = set()
+        self.grad_enabled = torch.is_grad_enabled()
+        """Iterated with gradients enabled (a training loop's; an evaluation's runs under no_grad)."""
 
     @property
     def traced_length(self) -> int | None:
@@ -224,6 +226,17 @@ class LoaderEpochs:
             if self.window is None and len(positions) >= 2:
                 self.window = positions[1] - positions[0]
         return feeding
+
+    def inside_training_batch(self) -> bool:
+        """Whether the job holds a training batch it has not stepped on yet: the epoch that
+        yielded last, iterated with gradients enabled, yielded since the latest step, and it or
+        its dataset fed training. A no-grad forward then is part of that training step (a
+        distillation teacher's, a momentum target's), not an evaluation."""
+        last = self._last
+        if last is None or last.finished or self._steps_since_yield != 0 or not last.grad_enabled:
+            return False
+        dataset = getattr(last.loader, "dataset", last.loader)
+        return last.fed_training or id(dataset) in self._trained
 
     # -- accumulation windows ------------------------------------------------------------------
     def window_of(self, loader: Any) -> int | None:
