@@ -72,3 +72,61 @@ def test_moco_momentum_encoder_and_queue_buffer(tmp_path):
     bn = [(32,), (32,), (), (64,), (64,), ()]
     assert est.breakdown["buffer"] == queue + 2 * ex.device_bytes(bn, ex.FP32)
     assert "checkpoint_0000.pth.tar" in _notes(est)
+
+
+def test_seq2seq_gru_attention_teacher_forcing_two_adams():
+    hidden, words_in, words_out = 128, 600, 800
+    gru_in = [(3 * hidden, hidden), (3 * hidden, hidden), (3 * hidden,), (3 * hidden,)]
+    gru_dec = [(3 * hidden, 2 * hidden), (3 * hidden, hidden), (3 * hidden,), (3 * hidden,)]
+    encoder = [(words_in, hidden), *gru_in]
+    decoder = [(words_out, hidden), *ex.linear(hidden, hidden), *ex.linear(hidden, hidden),
+               *ex.linear(1, hidden), *gru_dec, *ex.linear(words_out, hidden)]
+    params = ex.device_bytes(encoder + decoder, ex.FP32)
+    est = estimate("r2_seq2seq_gru.py")
+    # both zero_grad()s set the gradients to None: the peak is the decoder's 10 unrolled steps
+    assert_training(est, params=params, optimizer_state=2 * params, grads=0)
+    # the whole dataset was moved to the device before the DataLoader (TensorDataset on cuda)
+    assert est.breakdown["input"] >= 2 * ex.rounded(320 * 10 * 8)
+    assert est.data["phases_ran"] == ["training", "eval"]  # evaluateRandomly after training
+
+
+def test_gcn_sparse_adjacency_full_batch():
+    nodes, features, hidden, classes = 2708, 1433, 16, 7
+    params = ex.device_bytes([(features, hidden), (hidden, classes)], ex.FP32)  # no bias
+    est = estimate("r2_gcn.py")
+    # torch.spmm(adj, x @ W) on the fake device (it was "aten::mm has no meta kernel", and
+    # eager mode refuses sparse CUDA tensors: no estimate at all)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    dense = ex.rounded(nodes * features * ex.FP32) + ex.rounded(nodes * 8)  # features, labels
+    masks = ex.rounded(140 * 8) + ex.rounded(300 * 8) + ex.rounded(1000 * 8)
+    # the adjacency's indices (2 x nnz int64) and values (nnz fp32), nnz >= the self-loops;
+    # before, the moved sparse tensor kept no entries and took no memory
+    adjacency = ex.rounded(2 * nodes * 8) + ex.rounded(nodes * 4)
+    assert est.breakdown["input"] >= dense + masks + adjacency, est.breakdown
+    assert est.data["steps"] == 3 and "does not iterate a DataLoader" in _notes(est)
+
+
+def test_siamese_pairs_adadelta_steplr_eval_sets_the_peak(tmp_path):
+    shapes = (ex.conv(32, 1, 3) + ex.norm(32) + ex.conv(64, 32, 3) + ex.norm(64)
+              + ex.linear(256, 128) + ex.linear(1, 256))
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r2_siamese.py", "--epochs", "2", "--save-model")
+    assert est.returncode == 0, est.failure()
+    assert est.breakdown["parameter"] == params
+    assert est.breakdown["optimizer_state"] == 2 * params  # Adadelta: square_avg, acc_delta
+    # the test batch of 1000 pairs: two 32-channel 26 x 26 maps per image
+    assert "the peak was set by the evaluation after training" in _notes(est)
+    assert est.data["peak_allocated_bytes"] >= 2 * 1000 * 32 * 26 * 26 * ex.FP32
+    assert "siamese_network.pt" in _notes(est)
+
+
+def test_mnist_rnn_lstm_accelerator_api(tmp_path):
+    shapes = ex.lstm_shapes(28, 64, 1) + ex.norm(64) + ex.linear(32, 64) + ex.linear(10, 32)
+    params = ex.device_bytes(shapes, ex.FP32)
+    # --accel: torch.accelerator.is_available() / current_accelerator() see the fake GPU
+    est = estimate("r2_mnist_rnn.py", "--accel", "--epochs", "2", "--save-model")
+    assert est.returncode == 0, est.failure()
+    assert est.breakdown["parameter"] == params
+    assert est.breakdown["optimizer_state"] == 2 * params
+    assert est.breakdown["buffer"] == ex.device_bytes([(64,), (64,), ()], ex.FP32)
+    assert "DataLoader epoch of 20 batches" in _notes(est)
