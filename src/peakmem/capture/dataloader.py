@@ -202,6 +202,7 @@ class LoaderEpochs:
         self._trained: set[int] = set()  # ids of the datasets whose loaders fed training
         self._windows: dict[int, int] = {}  # id(loader) -> the window a framework declared
         self._training_iterations: list[LoaderIteration] = []
+        self._current: dict[int, LoaderIteration] = {}  # id(loader) -> its latest epoch
         self.window: int | None = None
         """The accumulation window seen: batches between two steps in one epoch."""
         self.first_epoch_steps: int | None = None
@@ -301,6 +302,16 @@ class LoaderEpochs:
             self._noted.add(key)
             self.session.notes.append(text)
 
+    def _waited_length(self, loader: Any) -> int:
+        """The length of `loader`'s current epoch when it yielded full batches past the
+        shortened length, waiting for its accumulation steps: at least one batch more than it
+        yielded until its last has come, so `step / len(loader)` stays below 1 (MAE's
+        per-iteration lr schedule divides by the cosine phase's length once it reaches 1)."""
+        iteration = self._current.get(id(loader))
+        if iteration is None or iteration.finished or not iteration.waited:
+            return 0
+        return iteration.yielded + (0 if iteration._short_done else 1)
+
     # -- the patch -----------------------------------------------------------------------------
     def _main_process_iterator(self, loader: Any) -> Any:
         """A single-process iterator for a loader with worker processes."""
@@ -353,7 +364,9 @@ class LoaderEpochs:
             if not self.shorten or value <= STEADY_BATCHES + 1:
                 return value
             window = self.window_of(loader)
-            return self.steady_batches(window) + 1 if self._shortens(loader, value, window) else value
+            if not self._shortens(loader, value, window):
+                return value
+            return max(self.steady_batches(window) + 1, self._waited_length(loader))
 
         def iterate(loader: Any) -> Any:
             iterator = None
@@ -368,6 +381,7 @@ class LoaderEpochs:
             if isinstance(iterator, LoaderIteration):  # a subclass calling super().__iter__
                 return iterator
             iteration = LoaderIteration(self, loader, iterator)
+            self._current[id(loader)] = iteration
             if (
                 self.session.state.loop_ended
                 and id(getattr(loader, "dataset", loader)) in self._trained
