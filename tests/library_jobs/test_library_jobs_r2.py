@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
-from tests.library_jobs.test_library_jobs import assert_training
+from tests.library_jobs.test_library_jobs import assert_training, needs
 
 
 def _notes(est) -> str:
@@ -130,3 +130,48 @@ def test_mnist_rnn_lstm_accelerator_api(tmp_path):
     assert est.breakdown["optimizer_state"] == 2 * params
     assert est.breakdown["buffer"] == ex.device_bytes([(64,), (64,), ()], ex.FP32)
     assert "DataLoader epoch of 20 batches" in _notes(est)
+
+
+def _vit_block(d: int) -> list:
+    """timm's Block (qkv_bias, no LayerScale): norm1, qkv, proj, norm2, fc1, fc2."""
+    return (ex.norm(d) + ex.linear(3 * d, d) + ex.linear(d, d) + ex.norm(d)
+            + ex.linear(4 * d, d) + ex.linear(d, 4 * d))
+
+
+def test_mae_pretrain_native_scaler_accum_iter_frozen_pos_embed(tmp_path):
+    d, dec, patches = 64, 32, (32 // 4) ** 2
+    frozen = [(1, patches + 1, d), (1, patches + 1, dec)]  # sin-cos pos_embed, requires_grad=False
+    trained = [(d, 3, 4, 4), (d,), (1, 1, d), *(2 * _vit_block(d)), *ex.norm(d),
+               *ex.linear(dec, d), (1, 1, dec), *_vit_block(dec), *ex.norm(dec),
+               *ex.linear(4 * 4 * 3, dec)]
+    params = ex.device_bytes(trained + frozen, ex.FP32)
+    adam = 2 * ex.device_bytes(trained, ex.FP32)  # add_weight_decay leaves the frozen ones out
+    est = estimate("r2_mae_pretrain.py", "--output_dir", str(tmp_path))
+    # `step / len(loader) + epoch` picks the warm-up or the cosine phase: the epoch that
+    # waited for its accumulation steps said len 4 while yielding a 5th batch, and the
+    # cosine phase divided by zero (epochs == warmup_epochs)
+    assert_training(est, params=params, optimizer_state=adam,
+                    grads=ex.device_bytes(trained, ex.FP32))
+    assert "traced 2 optimizer steps over 5 batches (accumulation window 2)" in _notes(est)
+    assert "checkpoint-0.pth" in _notes(est)
+
+
+@needs("torchvision")
+def test_torchvision_classification_reference_ema_amp_mixup_cutmix(tmp_path):
+    shapes, buffers = ex.resnet18_shapes(10)
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r2_torchvision_classification.py", "--data-path", "fake", "--model", "resnet18",
+                   "--num-classes", "10", "-b", "8", "--epochs", "2", "--lr-warmup-epochs", "1",
+                   "--amp", "--clip-grad-norm", "1.0", "--label-smoothing", "0.1",
+                   "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "--model-ema",
+                   "--model-ema-steps", "2", "--norm-weight-decay", "0.0", "--val-resize-size", "72",
+                   "--val-crop-size", "64", "--train-crop-size", "64", "-j", "2",
+                   "--output-dir", str(tmp_path))
+    # the EMA (AveragedModel, a deepcopy on the device) holds a second copy of the weights and,
+    # with use_buffers=True, of the BatchNorm buffers, plus its n_averaged counter
+    assert_training(est, params=2 * params, optimizer_state=params, grads=params)
+    assert est.breakdown["buffer"] == 2 * ex.device_bytes(buffers, ex.FP32) + ex.BLOCK
+    # SGD momentum over both set_weight_decay groups, every parameter once
+    assert est.breakdown["optimizer_state"] == params
+    assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
+    assert "model_1.pth" in _notes(est)
