@@ -5,6 +5,10 @@ read from peakmem."""
 
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
+
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
 from tests.library_jobs.test_library_jobs import assert_training, needs
@@ -175,3 +179,13 @@ def test_torchvision_classification_reference_ema_amp_mixup_cutmix(tmp_path):
     assert est.breakdown["optimizer_state"] == params
     assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
     assert "model_1.pth" in _notes(est)
+
+
+@pytest.mark.parametrize(("script", "module"), [("r2_actor_critic.py", "gym"),
+                                                ("r2_language_translation.py", "torchtext")])
+def test_a_missing_library_fails_in_one_line(script, module):
+    if importlib.util.find_spec(module) is not None:
+        pytest.skip(f"{module} is installed")
+    est = estimate(script)
+    assert est.returncode == 1
+    assert est.data["error"]["message"] == f"the job raised ModuleNotFoundError: No module named '{module}'"
