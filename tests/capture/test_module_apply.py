@@ -10,6 +10,7 @@ from peakmem.capture import capture_callable
 from peakmem.capture.device_view import JOB_DEVICE
 from peakmem.estimate import estimate
 from peakmem.estimate.breakdown import rounded
+from tests.capture.capture_helpers import allocations
 
 VOCAB, EMBED, BLOCK, LAYERS = 512, 64, 16, 2
 
@@ -289,3 +290,21 @@ def test_weights_computed_into_a_parameter_are_parameters():
     # activations (saved for backward) before, though they are the model's weights
     assert result.breakdown.by_category["parameter"] == 2 * one_encoder
     assert result.breakdown.by_category["optimizer_state"] == one_encoder
+
+
+def test_module_to_a_device_tensor_moves_it_to_the_device(a100, stack24):
+    """byol-pytorch builds its projector on first call with `MLP(...).to(hidden)`: `_parse_to`
+    read the fake tensor's true device (meta), so the projector went to the meta device and its
+    weights, gradients and Adam state were missing from the estimate."""
+    seen = {}
+
+    def job():
+        hidden = torch.randn(4, 64, device="cuda")
+        projector = nn.Linear(64, 256).to(hidden)
+        seen["device"] = projector.weight.device
+        projector(hidden).sum().backward()
+
+    result = _run(job, a100, stack24, mode="fake")
+    assert seen["device"] == JOB_DEVICE
+    weights = [size for size, tag in allocations(result.trace) if tag.category == "parameter"]
+    assert sorted(weights) == [256 * 4, 256 * 64 * 4]

@@ -163,7 +163,10 @@ def _ordinal_as_cuda(value: Any) -> Any:
 @register_library_patch("module_to_device_ordinal")
 @contextmanager
 def module_to_device_ordinal() -> Iterator[None]:
-    """`model.to(0)`, `model.to(rank)`, `model.to(device=0)`."""
+    """`model.to(0)`, `model.to(rank)`, `model.to(device=0)`; `model.to(tensor)` with a device
+    tensor (byol-pytorch's `MLP(...).to(hidden)`): `_parse_to` reads the tensor's true device,
+    meta, which would move the module to the meta device (no memory, its weights gone from the
+    estimate); it is the device the tensor reports, as on CUDA."""
     original = torch._C._nn._parse_to
 
     def parse_to(*args: Any, **kwargs: Any) -> Any:
@@ -171,7 +174,13 @@ def module_to_device_ordinal() -> Iterator[None]:
             args = (_ordinal_as_cuda(args[0]), *args[1:])
         if "device" in kwargs:
             kwargs["device"] = _ordinal_as_cuda(kwargs["device"])
-        return original(*args, **kwargs)
+        parsed = original(*args, **kwargs)
+        like = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("tensor")
+        if isinstance(like, Tensor) and parsed[0] is not None and parsed[0].type == "meta":
+            reported = like.device  # a fake device tensor reports the job's CUDA device
+            if reported.type != "meta":
+                parsed = (reported, *parsed[1:])
+        return parsed
 
     with patched(torch._C._nn, "_parse_to", parse_to):
         yield
