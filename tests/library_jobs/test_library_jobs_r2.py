@@ -189,3 +189,20 @@ def test_a_missing_library_fails_in_one_line(script, module):
     est = estimate(script)
     assert est.returncode == 1
     assert est.data["error"]["message"] == f"the job raised ModuleNotFoundError: No module named '{module}'"
+
+
+def test_byol_lazy_projector_deepcopy_target_moving_average(tmp_path):
+    encoder = ex.conv(32, 3, 3) + ex.norm(32) + ex.conv(64, 32, 3) + ex.norm(64)
+    mlp = ex.linear(256, 64) + ex.norm(256) + ex.linear(64, 256)  # projector and predictor
+    online = encoder + mlp + mlp
+    trained = ex.device_bytes(online, ex.FP32)
+    target = ex.device_bytes(encoder + mlp, ex.FP32)
+    est = estimate("r2_byol.py", "--save", str(tmp_path / "encoder.pt"))
+    # the projector is built on the first call by `MLP(...).to(hidden)` (it went to the meta
+    # device before: no weights, gradients or Adam state); the target network (a deepcopy,
+    # frozen, replaced by `.data =` after each step) is parameters too
+    assert_training(est, params=trained + target, optimizer_state=2 * trained, grads=trained)
+    bn = [(32,), (32,), (), (64,), (64,), ()]
+    bn_mlp = [(256,), (256,), ()]
+    assert est.breakdown["buffer"] == ex.device_bytes(2 * bn + 3 * bn_mlp, ex.FP32)
+    assert "encoder.pt" in _notes(est)
