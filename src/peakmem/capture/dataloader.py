@@ -23,6 +23,7 @@ Every iteration of a `torch.utils.data.DataLoader` goes through `LoaderEpochs`:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -202,7 +203,7 @@ class LoaderEpochs:
         self._trained: set[int] = set()  # ids of the datasets whose loaders fed training
         self._windows: dict[int, int] = {}  # id(loader) -> the window a framework declared
         self._training_iterations: list[LoaderIteration] = []
-        self._current: dict[int, LoaderIteration] = {}  # id(loader) -> its latest epoch
+        self._current: dict[int, weakref.ref] = {}  # id(loader) -> its latest epoch (weakly)
         self.window: int | None = None
         """The accumulation window seen: batches between two steps in one epoch."""
         self.first_epoch_steps: int | None = None
@@ -307,8 +308,9 @@ class LoaderEpochs:
         shortened length, waiting for its accumulation steps: at least one batch more than it
         yielded until its last has come, so `step / len(loader)` stays below 1 (MAE's
         per-iteration lr schedule divides by the cosine phase's length once it reaches 1)."""
-        iteration = self._current.get(id(loader))
-        if iteration is None or iteration.finished or not iteration.waited:
+        ref = self._current.get(id(loader))
+        iteration = ref() if ref is not None else None
+        if iteration is None or iteration.loader is not loader or iteration.finished or not iteration.waited:
             return 0
         return iteration.yielded + (0 if iteration._short_done else 1)
 
@@ -381,7 +383,7 @@ class LoaderEpochs:
             if isinstance(iterator, LoaderIteration):  # a subclass calling super().__iter__
                 return iterator
             iteration = LoaderIteration(self, loader, iterator)
-            self._current[id(loader)] = iteration
+            self._current[id(loader)] = weakref.ref(iteration)
             if (
                 self.session.state.loop_ended
                 and id(getattr(loader, "dataset", loader)) in self._trained
