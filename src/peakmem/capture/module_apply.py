@@ -96,9 +96,10 @@ def _set_data(mode, func, args: tuple, kwargs: dict) -> Any:
     return None
 
 
-_COMPUTED = (Category.TEMPORARY.value, Category.ACTIVATION.value, Category.OTHER.value,
-             Category.INPUT.value)
-"""What a tensor computed by the job may be tagged before it becomes a parameter's data."""
+_COMPUTED = (Category.TEMPORARY.value, Category.ACTIVATION.value, Category.OTHER.value)
+"""What a tensor computed by the job may be tagged before it becomes a parameter's data (a
+parameter copied from the host stays an input until a module's forward or an optimizer claims
+it, as before)."""
 
 
 def _claim_as_parameter(mode, tensor: Any) -> None:
