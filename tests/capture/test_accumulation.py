@@ -231,3 +231,30 @@ def test_reading_windows_never_keeps_a_callers_locals_alive():
 
     assert loop_without_source_names()
     assert Loop().run()
+
+
+@pytest.mark.parametrize("accum", [2, 4])
+def test_len_of_a_waiting_epoch_stays_above_the_batch_index(a100, stack24, accum):
+    """MAE's engine sets the lr each window from `step / len(loader) + epoch`: an epoch that
+    yields full batches past its shortened length (waiting for its accumulation steps) said
+    `len(loader)` = 4 while it yielded 5 or more, so the schedule passed its warm-up epoch
+    (MAE divided by zero there)."""
+    seen = []
+
+    def job():
+        model = torch.nn.Linear(16, 4).cuda()
+        optimizer = torch.optim.AdamW(model.parameters())
+        data = torch.utils.data.TensorDataset(torch.randn(4 * BATCHES, 16))
+        loader = torch.utils.data.DataLoader(data, batch_size=4)
+        for i, (x,) in enumerate(loader):
+            seen.append((i, len(loader)))
+            (model(x.cuda()).square().mean() / accum).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert len(seen) > 4  # it waited for two whole windows
+    assert all(i < length for i, length in seen), seen
+    assert seen[-1][0] == seen[-1][1] - 1  # the last batch is the last of the epoch it says

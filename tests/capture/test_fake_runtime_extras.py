@@ -275,7 +275,8 @@ def test_sparse_compute_is_refused_with_one_clear_line(a100, stack24):
     def job():
         indices = torch.tensor([[0, 1], [1, 2]], device="cuda")
         sparse = torch.sparse_coo_tensor(indices, torch.ones(2, device="cuda"), (4, 4))
-        torch.sparse.mm(sparse, torch.randn(4, 4, device="cuda"))
+        # sparse @ dense runs on fake tensors (cuda_rules/sparse.py); sparse @ sparse does not
+        torch.sparse.mm(sparse, sparse)
 
     with pytest.raises(api.EstimateError) as raised:
         api.estimate(job, gpu=a100, torch_version="2.4.1", mode="auto")

@@ -10,6 +10,7 @@ from peakmem.capture import capture_callable
 from peakmem.capture.device_view import JOB_DEVICE
 from peakmem.estimate import estimate
 from peakmem.estimate.breakdown import rounded
+from tests.capture.capture_helpers import allocations
 
 VOCAB, EMBED, BLOCK, LAYERS = 512, 64, 16, 2
 
@@ -250,3 +251,60 @@ def test_lazy_modules_moved_before_their_first_call(a100, stack24):
     assert seen["before"] == ("UninitializedParameter", JOB_DEVICE)
     assert seen["after"] == (torch.Size([8, 5]), JOB_DEVICE)
     assert result.steps == 3
+
+
+class MomentumPair(nn.Module):
+    """MoCo / BYOL: a trained encoder and a momentum copy whose weights are replaced each
+    forward (`param_k.data = param_k.data * m + param_q.data * (1 - m)`), never stepped."""
+
+    def __init__(self):
+        super().__init__()
+        self.online = nn.Linear(256, 256)
+        self.momentum = nn.Linear(256, 256)
+        for param in self.momentum.parameters():
+            param.requires_grad = False
+
+    def forward(self, x):
+        with torch.no_grad():
+            for param_q, param_k in zip(self.online.parameters(), self.momentum.parameters(),
+                                        strict=True):
+                param_k.data = param_k.data * 0.99 + param_q.data * 0.01
+            key = self.momentum(x)
+        return (self.online(x) * key).sum()
+
+
+def train_momentum_pair():
+    model = MomentumPair().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        loss = model(torch.randn(8, 256, device="cuda"))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_weights_computed_into_a_parameter_are_parameters():
+    result = estimate(train_momentum_pair, gpu="a100-40gb", torch_version="2.4.1", mode="fake")
+    one_encoder = rounded(256 * 256 * 4) + rounded(256 * 4)
+    # the momentum encoder's new weights were made in the forward: they were counted as
+    # activations (saved for backward) before, though they are the model's weights
+    assert result.breakdown.by_category["parameter"] == 2 * one_encoder
+    assert result.breakdown.by_category["optimizer_state"] == one_encoder
+
+
+def test_module_to_a_device_tensor_moves_it_to_the_device(a100, stack24):
+    """byol-pytorch builds its projector on first call with `MLP(...).to(hidden)`: `_parse_to`
+    read the fake tensor's true device (meta), so the projector went to the meta device and its
+    weights, gradients and Adam state were missing from the estimate."""
+    seen = {}
+
+    def job():
+        hidden = torch.randn(4, 64, device="cuda")
+        projector = nn.Linear(64, 256).to(hidden)
+        seen["device"] = projector.weight.device
+        projector(hidden).sum().backward()
+
+    result = _run(job, a100, stack24, mode="fake")
+    assert seen["device"] == JOB_DEVICE
+    weights = [size for size, tag in allocations(result.trace) if tag.category == "parameter"]
+    assert sorted(weights) == [256 * 4, 256 * 64 * 4]

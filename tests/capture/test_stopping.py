@@ -596,3 +596,38 @@ def test_closure_steps_count_once_and_end_the_loop(a100, stack24):
     assert result.error is None, result.error_text
     assert result.steps == 4 + 3 + 1 and not result.stopped
     assert ended_note(6, 2, 8) in result.notes
+
+
+# Knowledge distillation: a large frozen teacher runs under no_grad on each training batch, a
+# small student learns from its logits; then a small evaluation of the student.
+DISTILL = """
+    import torch
+    torch.manual_seed(0)
+    teacher = torch.nn.Sequential(
+        torch.nn.Linear(64, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 10)).to("cuda").eval()
+    student = torch.nn.Linear(64, 10).to("cuda")
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    train = torch.utils.data.TensorDataset(torch.randn(512, 64))
+    val = torch.utils.data.TensorDataset(torch.randn(16, 64))
+    for x, in torch.utils.data.DataLoader(train, batch_size=128):
+        x = x.cuda()
+        opt.zero_grad()
+        with torch.no_grad():
+            soft = torch.softmax(teacher(x), dim=-1)
+        loss = torch.nn.functional.cross_entropy(student(x), soft)
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        for x, in torch.utils.data.DataLoader(val, batch_size=16):
+            student(x.cuda())
+"""
+
+
+def test_a_no_grad_teacher_forward_on_the_training_batch_is_training(tmp_path):
+    result = estimate_command(["python", write(tmp_path, DISTILL)], **GPU)
+    assert result.estimate_kind == "training"
+    # the teacher's 128 x 8192 hidden activations (4 MiB) set the peak, inside each step;
+    # before, every teacher forward after the first backward was read as an evaluation
+    assert result.capture.trace.meta["phases_ran"] == ["training", "eval"]
+    assert TRAIN_PEAK in result.notes and EVAL_PEAK not in result.notes
+    assert marks(result.capture.trace).count("eval") == 1

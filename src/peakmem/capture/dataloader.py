@@ -23,6 +23,7 @@ Every iteration of a `torch.utils.data.DataLoader` goes through `LoaderEpochs`:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -73,6 +74,8 @@ class LoaderIteration:
         self.skipped = 0
         self.fed_training = False
         self.shapes: set[tuple] = set()
+        self.grad_enabled = torch.is_grad_enabled()
+        """Iterated with gradients enabled (a training loop's; an evaluation's runs under no_grad)."""
 
     @property
     def traced_length(self) -> int | None:
@@ -200,6 +203,7 @@ class LoaderEpochs:
         self._trained: set[int] = set()  # ids of the datasets whose loaders fed training
         self._windows: dict[int, int] = {}  # id(loader) -> the window a framework declared
         self._training_iterations: list[LoaderIteration] = []
+        self._current: dict[int, weakref.ref] = {}  # id(loader) -> its latest epoch (weakly)
         self.window: int | None = None
         """The accumulation window seen: batches between two steps in one epoch."""
         self.first_epoch_steps: int | None = None
@@ -224,6 +228,17 @@ class LoaderEpochs:
             if self.window is None and len(positions) >= 2:
                 self.window = positions[1] - positions[0]
         return feeding
+
+    def inside_training_batch(self) -> bool:
+        """Whether the job holds a training batch it has not stepped on yet: the epoch that
+        yielded last, iterated with gradients enabled, yielded since the latest step, and it or
+        its dataset fed training. A no-grad forward then is part of that training step (a
+        distillation teacher's, a momentum target's), not an evaluation."""
+        last = self._last
+        if last is None or last.finished or self._steps_since_yield != 0 or not last.grad_enabled:
+            return False
+        dataset = getattr(last.loader, "dataset", last.loader)
+        return last.fed_training or id(dataset) in self._trained
 
     # -- accumulation windows ------------------------------------------------------------------
     def window_of(self, loader: Any) -> int | None:
@@ -288,6 +303,17 @@ class LoaderEpochs:
             self._noted.add(key)
             self.session.notes.append(text)
 
+    def _waited_length(self, loader: Any) -> int:
+        """The length of `loader`'s current epoch when it yielded full batches past the
+        shortened length, waiting for its accumulation steps: at least one batch more than it
+        yielded until its last has come, so `step / len(loader)` stays below 1 (MAE's
+        per-iteration lr schedule divides by the cosine phase's length once it reaches 1)."""
+        ref = self._current.get(id(loader))
+        iteration = ref() if ref is not None else None
+        if iteration is None or iteration.loader is not loader or iteration.finished or not iteration.waited:
+            return 0
+        return iteration.yielded + (0 if iteration._short_done else 1)
+
     # -- the patch -----------------------------------------------------------------------------
     def _main_process_iterator(self, loader: Any) -> Any:
         """A single-process iterator for a loader with worker processes."""
@@ -340,7 +366,9 @@ class LoaderEpochs:
             if not self.shorten or value <= STEADY_BATCHES + 1:
                 return value
             window = self.window_of(loader)
-            return self.steady_batches(window) + 1 if self._shortens(loader, value, window) else value
+            if not self._shortens(loader, value, window):
+                return value
+            return max(self.steady_batches(window) + 1, self._waited_length(loader))
 
         def iterate(loader: Any) -> Any:
             iterator = None
@@ -355,6 +383,7 @@ class LoaderEpochs:
             if isinstance(iterator, LoaderIteration):  # a subclass calling super().__iter__
                 return iterator
             iteration = LoaderIteration(self, loader, iterator)
+            self._current[id(loader)] = weakref.ref(iteration)
             if (
                 self.session.state.loop_ended
                 and id(getattr(loader, "dataset", loader)) in self._trained

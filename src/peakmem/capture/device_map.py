@@ -167,7 +167,10 @@ class CudaAsMeta(TorchFunctionMode):
             return self._to(args, kwargs)
         if func is Tensor.cuda:
             note_other_gpu(self.session, args[1] if len(args) > 1 else kwargs.get("device"))
-            return args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
+            moved = args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
+            if args[0].layout == torch.sparse_coo and not is_meta(args[0]):
+                return _sparse_with_its_entries(args[0], moved)
+            return moved
         if func is Tensor.cpu and is_meta(args[0]):
             return self._host(args[0])
         if func is Tensor.copy_ and _copies_device_to_host(args, kwargs):
@@ -261,4 +264,20 @@ class CudaAsMeta(TorchFunctionMode):
             if rest and is_host_spec(rest[0]):
                 rest = rest[1:]
             return host.to(*rest, **kwargs) if (rest or kwargs) else host
-        return tensor.to(*rest, **kwargs)
+        moved = tensor.to(*rest, **kwargs)
+        if tensor.layout == torch.sparse_coo and not is_meta(tensor) and is_meta(moved):
+            return _sparse_with_its_entries(tensor, moved)
+        return moved
+
+
+def _sparse_with_its_entries(host: Tensor, moved: Tensor) -> Tensor:
+    """A host sparse COO tensor moved to the device: torch's `to("meta")` of a sparse tensor
+    keeps its shape but drops its entries (nnz 0), so a graph's adjacency moved to the GPU took
+    no device memory. CUDA copies its indices and values: so does the capture."""
+    if moved._nnz() == host._nnz():
+        return moved
+    result = torch.sparse_coo_tensor(
+        host._indices().to(moved.device), host._values().to(device=moved.device, dtype=moved.dtype),
+        host.shape, is_coalesced=host.is_coalesced(),
+    )
+    return result.requires_grad_(moved.requires_grad)

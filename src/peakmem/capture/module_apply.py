@@ -31,6 +31,7 @@ import torch
 
 from peakmem.capture.library_patches import patched, register_library_patch
 from peakmem.capture.tensor_overrides import register_override
+from peakmem.trace.vocab import Category
 
 Tensor = torch.Tensor
 _compatible = torch._has_compatible_shallow_copy_type
@@ -88,9 +89,27 @@ def _set_data(mode, func, args: tuple, kwargs: dict) -> Any:
     tensor, new = args[0], args[1]
     with _NO_SUBCLASS_HOOKS():
         if not _crosses(mode, tensor, new) or _compatible(tensor, new):
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            _claim_as_parameter(mode, tensor)
+            return result
         _swap_data(mode, tensor, new)
     return None
+
+
+_COMPUTED = (Category.TEMPORARY.value, Category.ACTIVATION.value, Category.OTHER.value)
+"""What a tensor computed by the job may be tagged before it becomes a parameter's data (a
+parameter copied from the host stays an input until a module's forward or an optimizer claims
+it, as before)."""
+
+
+def _claim_as_parameter(mode, tensor: Any) -> None:
+    """`param.data = computed` on the device (MoCo / BYOL's momentum encoder:
+    `param_k.data = param_k.data * m + param_q.data * (1 - m)`, a manual SGD's
+    `p.data = p.data - lr * p.grad`): the computed tensor's block now holds the parameter, however
+    its op tagged it (made in a forward, it would be an activation once backward starts). A
+    parameter that no optimizer steps is never claimed otherwise."""
+    if isinstance(tensor, torch.nn.Parameter) and tensor.device.type == "meta":
+        mode.session.classify(tensor, Category.PARAMETER.value, only_from=_COMPUTED)
 
 
 def _swap_data(mode, tensor: Tensor, new: Tensor) -> None:
@@ -145,7 +164,10 @@ def _ordinal_as_cuda(value: Any) -> Any:
 @register_library_patch("module_to_device_ordinal")
 @contextmanager
 def module_to_device_ordinal() -> Iterator[None]:
-    """`model.to(0)`, `model.to(rank)`, `model.to(device=0)`."""
+    """`model.to(0)`, `model.to(rank)`, `model.to(device=0)`; `model.to(tensor)` with a device
+    tensor (byol-pytorch's `MLP(...).to(hidden)`): `_parse_to` reads the tensor's true device,
+    meta, which would move the module to the meta device (no memory, its weights gone from the
+    estimate); it is the device the tensor reports, as on CUDA."""
     original = torch._C._nn._parse_to
 
     def parse_to(*args: Any, **kwargs: Any) -> Any:
@@ -153,7 +175,13 @@ def module_to_device_ordinal() -> Iterator[None]:
             args = (_ordinal_as_cuda(args[0]), *args[1:])
         if "device" in kwargs:
             kwargs["device"] = _ordinal_as_cuda(kwargs["device"])
-        return original(*args, **kwargs)
+        parsed = original(*args, **kwargs)
+        like = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("tensor")
+        if isinstance(like, Tensor) and parsed[0] is not None and parsed[0].type == "meta":
+            reported = like.device  # a fake device tensor reports the job's CUDA device
+            if reported.type != "meta":
+                parsed = (reported, *parsed[1:])
+        return parsed
 
     with patched(torch._C._nn, "_parse_to", parse_to):
         yield

@@ -209,7 +209,9 @@ class PhaseTracker:
         if state.phase == Phase.OTHER.value or self._in_eval:
             # a top-level forward without gradients after training is an evaluation (inner
             # no-grad calls, e.g. reentrant checkpointing, do not start one)
-            evaluating = state.backward_passes > 0 and not torch.is_grad_enabled()
+            # (a no-grad forward on the training batch the job holds is part of its step)
+            evaluating = (state.backward_passes > 0 and not torch.is_grad_enabled()
+                          and not self.loaders.inside_training_batch())
             if evaluating and not self._in_eval:
                 self._in_eval = True
                 self.loaders.other_activity()

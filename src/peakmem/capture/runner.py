@@ -25,7 +25,7 @@ from peakmem.capture.side_effects import divert_fake_saves
 from peakmem.capture.threads import traced_threads
 from peakmem.capture.unsupported import Unsupported
 from peakmem.capture.value_steered import value_steered_optimizers
-from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES
+from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES, SPARSE_KERNELS
 from peakmem.jobs.exit_handlers import ended_normally, job_exit_handlers
 from peakmem.jobs.runner import (
     JobSpec,
@@ -67,6 +67,8 @@ def _cuda_kernels(session: CaptureSession) -> Iterator[None]:
         for name, kernel in FUSED_KERNELS.items():
             # bypasses Library.impl's check: these ops decompose on meta on purpose elsewhere
             library.m.impl(name, "Meta", kernel, False)
+        for name, kernel in SPARSE_KERNELS.items():
+            library.m.impl(name, "SparseMeta", kernel, False)
         for name, rule in COMPOSITE_RULES.items():
             library.impl(name, _composite_kernel(session, name, rule), "AutogradMeta")
         yield

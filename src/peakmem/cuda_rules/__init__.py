@@ -17,6 +17,7 @@ from peakmem.cuda_rules import (  # noqa: F401  (imported for their registration
     reductions,
     saved_inputs,
     sdpa,
+    sparse,
 )
 from peakmem.cuda_rules.registry import (
     COMPOSITE_RULES,
@@ -26,6 +27,7 @@ from peakmem.cuda_rules.registry import (
     OP_RULES,
     OUTPUT_ORDER,
     RUNTIME_PATCHES,
+    SPARSE_KERNELS,
     DuplicateRuleError,
     RuleContext,
     host_outputs_for,
@@ -39,6 +41,7 @@ from peakmem.cuda_rules.registry import (
     register_op_rule,
     register_output_order,
     register_runtime_patch,
+    register_sparse_kernel,
 )
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "OP_RULES",
     "OUTPUT_ORDER",
     "RUNTIME_PATCHES",
+    "SPARSE_KERNELS",
     "DuplicateRuleError",
     "RuleContext",
     "host_outputs_for",
@@ -62,4 +66,5 @@ __all__ = [
     "register_op_rule",
     "register_output_order",
     "register_runtime_patch",
+    "register_sparse_kernel",
 ]

@@ -80,6 +80,8 @@ HostOutputs = Callable[[Any], Iterable[Any]]
 OP_RULES: dict[Any, OpRule] = {}
 FUNCTION_RULES: dict[Callable, FunctionRule] = {}
 FUSED_KERNELS: dict[str, FusedKernel] = {}
+SPARSE_KERNELS: dict[str, FusedKernel] = {}
+"""Meta kernels for aten ops on sparse fake tensors (the SparseMeta key), which torch lacks."""
 COMPOSITE_RULES: dict[str, CompositeRule] = {}
 RUNTIME_PATCHES: dict[str, RuntimePatch] = {}
 HOST_OUTPUTS: dict[Any, HostOutputs] = {}
@@ -142,6 +144,17 @@ def register_fused_kernel(op_names: Any) -> Callable[[FusedKernel], FusedKernel]
 
     def decorator(kernel: FusedKernel) -> FusedKernel:
         _register(FUSED_KERNELS, _as_list(op_names), kernel, "a fused kernel")
+        return kernel
+
+    return decorator
+
+
+def register_sparse_kernel(op_names: Any) -> Callable[[FusedKernel], FusedKernel]:
+    """Decorate a kernel for aten ops ("mm") called with a sparse fake tensor (torch has no
+    SparseMeta kernel for them): it allocates what the CUDA kernel returns."""
+
+    def decorator(kernel: FusedKernel) -> FusedKernel:
+        _register(SPARSE_KERNELS, _as_list(op_names), kernel, "a sparse kernel")
         return kernel
 
     return decorator
