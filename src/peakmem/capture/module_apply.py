@@ -90,7 +90,8 @@ def _set_data(mode, func, args: tuple, kwargs: dict) -> Any:
     with _NO_SUBCLASS_HOOKS():
         if not _crosses(mode, tensor, new) or _compatible(tensor, new):
             result = func(*args, **kwargs)
-            _claim_as_parameter(mode, tensor)
+            if _owns_its_storage(new):
+                _claim_as_parameter(mode, tensor)
             return result
         _swap_data(mode, tensor, new)
     return None
@@ -102,13 +103,29 @@ parameter copied from the host stays an input until a module's forward or an opt
 it, as before)."""
 
 
+def _owns_its_storage(new: Any) -> bool:
+    """Whether `new` is a whole storage of its own (a computed tensor), not a view into a larger
+    buffer: FSDP points each parameter's `.data` at a view of its unsharded flat parameter, a
+    gathered buffer that is freed after use and is not the parameter's block."""
+    if not isinstance(new, Tensor) or new.storage_offset() != 0:
+        return False
+    try:
+        return new.untyped_storage().nbytes() == new.numel() * new.element_size()
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
 def _claim_as_parameter(mode, tensor: Any) -> None:
     """`param.data = computed` on the device (MoCo / BYOL's momentum encoder:
     `param_k.data = param_k.data * m + param_q.data * (1 - m)`, a manual SGD's
     `p.data = p.data - lr * p.grad`): the computed tensor's block now holds the parameter, however
     its op tagged it (made in a forward, it would be an activation once backward starts). A
     parameter that no optimizer steps is never claimed otherwise."""
-    if isinstance(tensor, torch.nn.Parameter) and tensor.device.type == "meta":
+    if (
+        isinstance(tensor, torch.nn.Parameter)
+        and tensor.device.type == "meta"
+        and not getattr(tensor, "_is_flat_param", False)  # FSDP1 points it at gathered buffers
+    ):
         mode.session.classify(tensor, Category.PARAMETER.value, only_from=_COMPUTED)
 
 
