@@ -43,6 +43,7 @@ import torch
 from peakmem.capture import device_map
 from peakmem.capture.on_import import ImportHook
 from peakmem.capture.session import CaptureSession
+from peakmem.jobs.file_journal import before_native_write
 
 _FAKE_DEVICE_TYPES = frozenset({"meta", "cuda"})
 
@@ -362,6 +363,8 @@ class SaveDiverter:
             fake = any(holds_fake_device_data(d, self.host_copies) for d in entry.data(args, kwargs))
         if not fake:
             self.redirects.pop(os.path.abspath(path), None)  # a real save: read it from now on
+            if isinstance(target, str | bytes | os.PathLike):  # written outside Python's open
+                before_native_write(path)
             return original(*args, **kwargs)
         destination = self.scratch_dir() / scratch_name(path)
         destination.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from peakmem.capture.child import child_command
 from peakmem.capture.result import CaptureResult
 from peakmem.capture.result_io import JobError, ResultFormatError, capture_result, decode
+from peakmem.jobs.file_rollback import keep_job_files, roll_back
 from peakmem.jobs.supervisor import (
     ChildOutcome,
     ChildSpec,
@@ -70,18 +71,36 @@ def capture_in_child(
             "mode": mode,
             "result": str(result_path),
         }
+        job_files = journal_directory(Path(tmp), sandbox)
+        if job_files is not None:
+            request["job_files"] = str(job_files)
         request_path.write_text(json.dumps(request), encoding="utf-8")
         spec = ChildSpec(
             argv=child_command(request_path), result_path=result_path, output_fd=output_fd,
             env=env,
         )
         starter = None if sandbox else warm_starter(argv)
-        outcome = run_child(spec, Limits(timeout, max_host_memory), sandbox=sandbox,
-                            starter=starter)
+        try:
+            outcome = run_child(spec, Limits(timeout, max_host_memory), sandbox=sandbox,
+                                starter=starter)
+        finally:  # the job's process has ended (or peakmem is stopping): its files go back
+            files = None if job_files is None else roll_back(job_files, keep=keep_job_files())
         result = outcome_capture(outcome, mode, timeout, max_host_memory, sandboxed=bool(sandbox))
+        if files is not None:
+            result.notes.extend(files.notes())
         if starter is not None and starter.note:
             result.notes.append(starter.note)
         return result
+
+
+def journal_directory(tmp: Path, sandbox: Sandboxing) -> Path | None:
+    """Where the job's process journals the files it changes (None in a sandbox: there the job
+    can write nothing outside its scratch directory, and its journal is not to be trusted)."""
+    if sandbox:
+        return None
+    directory = tmp / "job-files"
+    directory.mkdir()
+    return directory
 
 
 def _failure(mode: str, reason: str, text: str, exit_code: int = 1, **fields: object) -> CaptureResult:

@@ -221,6 +221,13 @@ def internal_error(exc: BaseException) -> Any:
     "DataLoader's short last batch is ahead; you vouch that the job runs at least N steps "
     "and no step-count-dependent code). Also PEAKMEM_REPEAT_STEADY=1.",
 )
+@click.option(
+    "--keep-job-files",
+    is_flag=True,
+    help="Keep the files the job wrote, changed or removed as it left them (logs, checkpoints "
+    "of fake weights). By default peakmem puts every path outside temp and cache directories "
+    "back as it was before the estimate. Also PEAKMEM_KEEP_JOB_FILES=1.",
+)
 @emit_options
 @model_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=False)
@@ -232,6 +239,10 @@ def estimate_cmd(**params: Any) -> None:
         from peakmem.capture.step_repeat import ENV_FLAG
 
         os.environ[ENV_FLAG] = "1"  # the job's process (child, warm process) reads it
+    if params.pop("keep_job_files"):
+        from peakmem.jobs.file_rollback import KEEP_ENV
+
+        os.environ[KEEP_ENV] = "1"  # read where the job's process ended (capture.supervised)
     try:
         model = {name: params.pop(name) for name in MODEL_OPTION_NAMES}
         command = _job_command(params.pop("command"), model, as_json)

@@ -222,11 +222,13 @@ def _run_ranks(launch: Launch, chosen: list[int], mode: str, gpu: GpuProfile, ve
                conf: str, steps: Any, timeout: float | None, max_host_memory: int | None,
                log_fd: int | None, sandbox: Any) -> dict[int, CaptureResult]:
     from peakmem.capture.child import child_command
-    from peakmem.capture.supervised import outcome_capture
+    from peakmem.capture.supervised import journal_directory, outcome_capture
+    from peakmem.jobs.file_rollback import keep_job_files, roll_back
     from peakmem.jobs.supervisor import ChildSpec, Limits, OutcomeStatus, run_children
 
     with tempfile.TemporaryDirectory(prefix="peakmem-ranks-", ignore_cleanup_errors=True) as tmp:
         specs = []
+        job_files = journal_directory(Path(tmp), sandbox)
         for rank in chosen:
             directory = Path(tmp) / f"rank{rank}"
             directory.mkdir()
@@ -234,10 +236,13 @@ def _run_ranks(launch: Launch, chosen: list[int], mode: str, gpu: GpuProfile, ve
             request_path.write_text(json.dumps({
                 "argv": launch.rank_command(rank), "gpu": gpu.name, "torch_version": version,
                 "alloc_conf": conf, "steps": steps, "mode": mode, "result": str(result_path),
+                **({"job_files": str(job_files)} if job_files is not None else {}),
             }), encoding="utf-8")
             specs.append(ChildSpec(argv=child_command(request_path), result_path=result_path,
                                    output_fd=log_fd, env={**os.environ, **launch.rank_env(rank)}))
         outcomes = run_children(specs, Limits(timeout, max_host_memory), sandbox=sandbox)
+        files_notes = ([] if job_files is None
+                       else roll_back(job_files, keep=keep_job_files()).notes())
         captures = {}
         for rank, outcome in zip(chosen, outcomes, strict=True):
             capture = outcome_capture(outcome, mode, timeout, max_host_memory,
@@ -245,6 +250,7 @@ def _run_ranks(launch: Launch, chosen: list[int], mode: str, gpu: GpuProfile, ve
             if outcome.status == OutcomeStatus.CANCELLED:
                 capture.error_text = ("stopped because another rank failed first")
             capture.peakmem_rank = rank  # type: ignore[attr-defined]
+            capture.notes.extend(files_notes)
             captures[rank] = capture
         # the rank that failed first is the one to report
         failed = [rank for rank, o in zip(chosen, outcomes, strict=True)
