@@ -108,11 +108,14 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
 
     from peakmem.capture.fake_memory import allocator_target
 
+    native_writes: Any = contextlib.nullcontext()
     if request.get("job_files"):  # journal what the job writes: peakmem puts it back afterwards
+        from peakmem.capture.native_writes import journal_native_writes
         from peakmem.jobs.file_journal import install
 
         install(request["job_files"], exempt=[Path(request["result"]).parent])
-    with os_exit_hook(writer, on_exit), allocator_target(
+        native_writes = journal_native_writes()
+    with os_exit_hook(writer, on_exit), native_writes, allocator_target(
         request.get("alloc_conf"), request["torch_version"]
     ):
         return capture_command(
