@@ -59,15 +59,6 @@ def test_a_removed_file_returns_as_the_same_file(tmp_path):
     assert (work / "data" / "big.bin").stat().st_ino == inode
 
 
-def test_keep_leaves_what_the_job_did(tmp_path):
-    work = user_tree(tmp_path)
-    run_journaled(work, tmp_path / "journal", CHANGES)
-    after = snapshot(work)
-    report = roll_back(tmp_path / "journal", keep=True)
-    assert snapshot(work) == after
-    assert "kept as the job left them" in report.notes()[0]
-
-
 def test_a_change_that_cannot_be_backed_up_is_blocked(tmp_path):
     work = user_tree(tmp_path)
     before = snapshot(work)

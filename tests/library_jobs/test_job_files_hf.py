@@ -30,9 +30,9 @@ def test_run_clm_trainer_leaves_the_output_directory_as_it_was(clm_files, tmp_pa
         "--output_dir", str(out),
     )
     assert est.returncode == 0, est.failure()
-    notes = est.data["notes"]
-    assert any("peakmem put them back as they were" in note for note in notes), notes
     after = {path: what for path, what in snapshot(tmp_path).items()
              if not path.startswith("systemp")}
     assert after == {path: what for path, what in before.items()
                      if not path.startswith("systemp")}
+    notes = est.data["notes"]
+    assert any("peakmem put them back as they were" in note for note in notes), notes

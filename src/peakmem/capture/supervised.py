@@ -84,7 +84,7 @@ def capture_in_child(
             outcome = run_child(spec, Limits(timeout, max_host_memory), sandbox=sandbox,
                                 starter=starter)
         finally:  # the job's process has ended (or peakmem is stopping): its files go back
-            files = None if job_files is None else roll_back(job_files, keep=keep_job_files())
+            files = None if job_files is None else roll_back(job_files)
         result = outcome_capture(outcome, mode, timeout, max_host_memory, sandboxed=bool(sandbox))
         if files is not None:
             result.notes.extend(files.notes())
@@ -94,9 +94,10 @@ def capture_in_child(
 
 
 def journal_directory(tmp: Path, sandbox: Sandboxing) -> Path | None:
-    """Where the job's process journals the files it changes (None in a sandbox: there the job
-    can write nothing outside its scratch directory, and its journal is not to be trusted)."""
-    if sandbox:
+    """Where the job's process journals the files it changes; None where nothing is journaled:
+    with --keep-job-files (the job's files stay as it leaves them), and in a sandbox (there the
+    job can write nothing outside its scratch directory, and its journal is not to be trusted)."""
+    if sandbox or keep_job_files():
         return None
     directory = tmp / "job-files"
     directory.mkdir()

@@ -223,7 +223,7 @@ def _run_ranks(launch: Launch, chosen: list[int], mode: str, gpu: GpuProfile, ve
                log_fd: int | None, sandbox: Any) -> dict[int, CaptureResult]:
     from peakmem.capture.child import child_command
     from peakmem.capture.supervised import journal_directory, outcome_capture
-    from peakmem.jobs.file_rollback import keep_job_files, roll_back
+    from peakmem.jobs.file_rollback import roll_back
     from peakmem.jobs.supervisor import ChildSpec, Limits, OutcomeStatus, run_children
 
     with tempfile.TemporaryDirectory(prefix="peakmem-ranks-", ignore_cleanup_errors=True) as tmp:
@@ -242,7 +242,7 @@ def _run_ranks(launch: Launch, chosen: list[int], mode: str, gpu: GpuProfile, ve
                                    output_fd=log_fd, env={**os.environ, **launch.rank_env(rank)}))
         outcomes = run_children(specs, Limits(timeout, max_host_memory), sandbox=sandbox)
         files_notes = ([] if job_files is None
-                       else roll_back(job_files, keep=keep_job_files()).notes())
+                       else roll_back(job_files).notes())
         captures = {}
         for rank, outcome in zip(chosen, outcomes, strict=True):
             capture = outcome_capture(outcome, mode, timeout, max_host_memory,

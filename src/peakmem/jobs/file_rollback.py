@@ -22,7 +22,8 @@ from pathlib import Path
 from peakmem.jobs.file_journal import BACKUPS_NAME, JOURNAL_NAME
 
 KEEP_ENV = "PEAKMEM_KEEP_JOB_FILES"
-"""Set to 1 (``peakmem estimate --keep-job-files``): leave what the job wrote where it wrote it."""
+"""Set to 1 (``peakmem estimate --keep-job-files``): journal nothing, leave what the job wrote,
+changed and removed as it left it."""
 MAX_JOURNAL_BYTES = 256 << 20
 
 
@@ -32,7 +33,6 @@ class Rollback:
 
     paths: int = 0
     """Paths the job created, changed or removed (outside the directories left alone)."""
-    kept: bool = False
     blocked: list[str] = field(default_factory=list)
     """The operations refused because no backup could be made (one line each)."""
     failed: list[str] = field(default_factory=list)
@@ -41,10 +41,7 @@ class Rollback:
     def notes(self) -> list[str]:
         """The lines the estimate's notes carry (none when the job changed no file)."""
         lines = []
-        if self.paths and self.kept:
-            lines.append(f"the job wrote or changed {_count(self.paths)} outside peakmem's "
-                         "directories; they were kept as the job left them (--keep-job-files)")
-        elif self.paths:
+        if self.paths:
             lines.append(f"the job wrote or changed {_count(self.paths)}; peakmem put them back "
                          "as they were before the estimate (--keep-job-files keeps them)")
         if self.blocked:
@@ -101,15 +98,13 @@ def _well_formed(entry: dict[str, object]) -> bool:
             and backup not in ("", ".", ".."))
 
 
-def roll_back(directory: str | os.PathLike[str], keep: bool = False) -> Rollback:
-    """Undo the journal in `directory` (newest entry first); with `keep`, only count it."""
+def roll_back(directory: str | os.PathLike[str]) -> Rollback:
+    """Undo the journal in `directory`, newest entry first."""
     entries = read_journal(directory)
-    report = Rollback(kept=keep)
+    report = Rollback()
     report.blocked = [f"{e['path']}: {e['blocked']}" for e in entries if "blocked" in e]
     changes = [entry for entry in entries if "blocked" not in entry]
     report.paths = len({entry["path"] for entry in changes})
-    if keep:
-        return report
     backups = Path(directory) / BACKUPS_NAME
     for entry in reversed(changes):
         path = str(entry["path"])
