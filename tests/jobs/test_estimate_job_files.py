@@ -75,3 +75,33 @@ def test_keep_job_files_is_in_the_help():
     done = subprocess.run([sys.executable, "-m", "peakmem", "estimate", "--help"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert "--keep-job-files" in done.stdout
+
+
+RANKS = """
+import os, torch, torch.distributed as dist
+dist.init_process_group(backend="nccl", init_method="env://")
+rank = dist.get_rank()
+torch.cuda.set_device(rank)
+os.makedirs("runs/ddp", exist_ok=True)
+with open(f"runs/ddp/rank{rank}.log", "w") as f:
+    f.write("loss 1.0")
+with open("runs/train.log", "a") as f:  # every rank appends to the user's log
+    f.write(f"rank {rank}\\n")
+if rank == 1:
+    os.remove("old.txt")
+model = torch.nn.Linear(8, 8).cuda()
+model(torch.randn(4, 8, device="cuda")).sum().backward()
+print(f"RANK-{rank}-WROTE", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_of_a_distributed_launch_is_put_back(tmp_path):
+    work = user_tree(tmp_path)
+    before = snapshot(work)
+    data, done = estimate(work, RANKS, "--mode", "fake", "--ranks", "all",
+                          "--nproc-per-node", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RANK-0-WROTE" in done.stderr and "RANK-1-WROTE" in done.stderr
+    assert snapshot(work) == before
+    assert any("peakmem put them back as they were" in note for note in data["notes"]), data
