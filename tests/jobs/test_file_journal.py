@@ -130,3 +130,13 @@ def test_malformed_entries_are_ignored(tmp_path, entry):
     journal.mkdir()
     (journal / "journal.jsonl").write_text(entry + "\n")
     assert read_journal(journal) == []
+
+
+def test_a_path_whose_backup_is_gone_is_left_as_the_job_left_it(tmp_path):
+    work = user_tree(tmp_path)
+    run_journaled(work, tmp_path / "journal", "open('config.json', 'a').write('!')")
+    for backup in (tmp_path / "journal" / "backups").iterdir():
+        backup.unlink()
+    report = roll_back(tmp_path / "journal")
+    assert (work / "config.json").read_text() == '{"lr": 0.1}!'
+    assert "could not put back 1 path(s)" in report.notes()[-1]

@@ -116,15 +116,18 @@ def roll_back(directory: str | os.PathLike[str]) -> Rollback:
 
 
 def _restore(entry: dict[str, object], path: str, backups: Path) -> None:
-    _remove(path)
     was = entry["was"]
+    backup = backups / str(entry.get("backup", ""))
+    if was in ("file", "dir") and not os.path.lexists(backup):
+        # the backup went missing (the job removed peakmem's directory): keep what is there
+        raise FileNotFoundError(2, "its backup is gone", str(backup))
+    _remove(path)
     if was == "absent":
         return
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if was == "link":
         os.symlink(str(entry["target"]), path)
         return
-    backup = backups / str(entry["backup"])
     try:
         os.rename(backup, path)  # the same file system: the very file (or tree) back
     except OSError:
