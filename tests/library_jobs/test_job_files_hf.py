@@ -36,3 +36,37 @@ def test_run_clm_trainer_leaves_the_output_directory_as_it_was(clm_files, tmp_pa
                      if not path.startswith("systemp")}
     notes = est.data["notes"]
     assert any("peakmem put them back as they were" in note for note in notes), notes
+
+
+ROTATING_TRAINER = """
+import sys, torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+torch.manual_seed(0)
+config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=64)
+model = GPT2LMHeadModel(config)
+ids = torch.randint(0, 256, (16, 32))
+data = [{"input_ids": row, "labels": row} for row in ids]
+args = TrainingArguments(output_dir=sys.argv[1], max_steps=3, per_device_train_batch_size=4,
+                         save_steps=1, save_total_limit=1, report_to="none", logging_steps=1)
+Trainer(model=model, args=args, train_dataset=data).train()
+print("TRAINER-DONE", flush=True)
+"""
+
+
+@needs("transformers", "accelerate")
+def test_save_total_limit_does_not_delete_the_users_checkpoint(tmp_path, monkeypatch):
+    """Trainer's rotation (save_total_limit=1) removes the oldest checkpoint-N of the output
+    directory with shutil.rmtree: in the estimate that is the user's real checkpoint-0."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "systemp"))
+    (tmp_path / "systemp").mkdir()
+    out = tmp_path / "out"
+    (out / "checkpoint-0").mkdir(parents=True)
+    (out / "checkpoint-0" / "model.safetensors").write_bytes(b"real weights" * 1000)
+    (out / "checkpoint-0" / "trainer_state.json").write_text('{"global_step": 0}')
+    script = tmp_path / "rotating_trainer.py"
+    script.write_text(ROTATING_TRAINER)
+    before = snapshot(out)
+    est = estimate(str(script), str(out))
+    assert est.returncode == 0, est.failure()
+    assert "TRAINER-DONE" in est.stderr
+    assert snapshot(out) == before
