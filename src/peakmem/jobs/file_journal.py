@@ -404,6 +404,12 @@ def install(directory: str | os.PathLike[str], exempt: Iterable[str | os.PathLik
     except ValueError:
         limit = DEFAULT_BACKUP_LIMIT
     journal = FileJournal(Path(directory), exempt_roots([directory, *exempt]), limit)
-    sys.addaudithook(journal.hook)
+    watched, handle = WATCHED, journal.hook
+
+    def hook(event: str, args: tuple) -> None:  # on every audit event (builtins.id too): lean
+        if event in watched:
+            handle(event, args)
+
+    sys.addaudithook(hook)
     _ACTIVE[:] = [journal]
     return journal
