@@ -11,11 +11,12 @@ by peakmem's process (the parent), so that the parent puts everything back
 
 - a path that did not exist is journaled ``absent`` (the parent removes what is there at the end);
 - a path that existed is backed up into the journal directory first, then journaled with its
-  backup: a file the job is about to write in place, truncate or chmod is copied; one it is
-  about to remove, replace or rename away is hard-linked when the backup directory is on its file
-  system (no bytes copied), else copied; a directory it is about to remove or rename is backed up
-  as a tree the same way. Backups are made only when needed, once per path (a path under one
-  already journaled is covered by it).
+  backup: a file the job is about to write in place, truncate, chmod or rename is copied (its
+  data may change under the new name); one it is about to remove, replace or open with ``"w"``
+  is hard-linked when the backup directory is on its file system (no bytes copied; ``"w"`` then
+  gets a new file of that name), else copied; a directory it is about to remove is backed up as
+  a tree of hard links the same way, one it renames as a copied tree. Backups are made only
+  when needed, once per path (a path under one already journaled is covered by it).
 
 When a backup cannot be made (over :data:`BACKUP_LIMIT_ENV` bytes, a full disk, an unreadable
 file) the operation is blocked: the hook raises PermissionError naming the path, and the journal
