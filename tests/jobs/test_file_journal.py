@@ -140,3 +140,18 @@ def test_a_path_whose_backup_is_gone_is_left_as_the_job_left_it(tmp_path):
     report = roll_back(tmp_path / "journal")
     assert (work / "config.json").read_text() == '{"lr": 0.1}!'
     assert "could not put back 1 path(s)" in report.notes()[-1]
+
+
+def test_a_removal_the_journal_fails_on_is_refused(tmp_path):
+    """A bug in the journal must not turn into a silent loss: the removal is refused instead."""
+    work = user_tree(tmp_path)
+    before = snapshot(work)
+    code = ("from peakmem.jobs.file_journal import FileJournal\n"
+            "def broken(*args, **kwargs): raise RuntimeError('disk on fire')\n"
+            "FileJournal._backup_tree = broken\n"
+            "import shutil\ntry:\n    shutil.rmtree('data')\n"
+            "except PermissionError as exc:\n    print('REFUSED', exc)\n")
+    done = run_journaled(work, tmp_path / "journal", code)
+    assert "REFUSED peakmem blocked the job's shutil.rmtree" in done.stdout, done.stderr
+    assert "disk on fire" in done.stdout
+    assert snapshot(work) == before

@@ -149,8 +149,12 @@ class FileJournal:
                 handler(self, args)
         except BlockedOperation:
             raise
-        except Exception:  # noqa: BLE001 - a journal failure must not break the job's own I/O
-            pass
+        except Exception as exc:  # noqa: BLE001 - the journal's own failure
+            if event in DESTRUCTIVE:  # what it would remove could not be put back: refuse
+                raise BlockedOperation(
+                    f"peakmem blocked the job's {event} {args[:2]!r}: its file journal failed "
+                    f"({type(exc).__name__}: {exc})") from None
+            # a write that was not journaled is left behind at worst: the job's I/O goes on
         finally:
             self._local.busy = False
 
@@ -382,6 +386,9 @@ _HANDLERS: dict[str, Callable[[FileJournal, tuple], None]] = {
     "os.chown": _in_place,
     "os.utime": _in_place,
 }
+DESTRUCTIVE = frozenset({"os.remove", "os.rmdir", "os.rename", "shutil.move", "shutil.rmtree",
+                         "os.truncate"})
+"""Events that destroy what existed: refused when the journal fails on them."""
 WATCHED = frozenset(_HANDLERS)
 """The audit events (https://docs.python.org/3/library/audit_events.html) that change files."""
 
