@@ -240,9 +240,10 @@ def _run_ranks(launch: Launch, chosen: list[int], mode: str, gpu: GpuProfile, ve
             }), encoding="utf-8")
             specs.append(ChildSpec(argv=child_command(request_path), result_path=result_path,
                                    output_fd=log_fd, env={**os.environ, **launch.rank_env(rank)}))
-        outcomes = run_children(specs, Limits(timeout, max_host_memory), sandbox=sandbox)
-        files_notes = ([] if job_files is None
-                       else roll_back(job_files).notes())
+        try:
+            outcomes = run_children(specs, Limits(timeout, max_host_memory), sandbox=sandbox)
+        finally:  # every rank has ended (or peakmem is stopping): their files go back
+            files_notes = [] if job_files is None else roll_back(job_files).notes()
         captures = {}
         for rank, outcome in zip(chosen, outcomes, strict=True):
             capture = outcome_capture(outcome, mode, timeout, max_host_memory,
