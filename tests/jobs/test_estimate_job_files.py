@@ -51,7 +51,7 @@ def estimate(work: Path, job: str, *flags: str, timeout: float = 240
 def test_the_tree_is_as_it_was_after_the_estimate(tmp_path, ending):
     work = user_tree(tmp_path)
     before = snapshot(work)
-    flags = ("--mode", "fake", "--timeout", "60") if ending == "timeout" else ("--mode", "fake")
+    flags = ("--mode", "fake", "--timeout", "30") if ending == "timeout" else ("--mode", "fake")
     data, done = estimate(work, JOB + ENDINGS[ending], *flags)
     assert "JOB-CHANGED-THE-TREE" in done.stderr, done.stderr[-3000:]
     assert snapshot(work) == before
