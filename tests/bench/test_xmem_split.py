@@ -123,3 +123,20 @@ def test_unavailable_at_baseline_is_bounded_by_the_highest_oom_level():
     # the GPU profile's total replaces the row's (the capacity is profile total - context)
     profile = {"rtx3060-12gb": 12044 * MiB}
     assert unavailable_at_baseline(rows, profile)["rtx3060-12gb"] == 162 * MiB
+
+
+@pytest.mark.parametrize("gpu", ["rtx3060-12gb", "rtx4060-8gb"])
+def test_consumer_context_leaves_room_for_what_the_split_oom_runs_reached(shared_data, gpu):
+    """The replay's capacity is total - context - libraries; above xMem's baseline that leaves
+    total - (context - lazily loaded kernels), which must hold the highest level an OOM run of
+    the split reached before cudaMalloc failed (with the old assumed 400 MiB context it did not:
+    T5-small b49 reached 7786 MiB on the RTX 4060, 133 MiB above that ceiling)."""
+    from peakmem.datasets.loaders import load_rows
+
+    split = [r for r in load_rows("xmem", shared_data) if in_calibration_split(r) and r.gpu == gpu]
+    stack, profile = load_stack("2.6.0"), load_gpu(gpu)
+    context, lazy = int(stack.context_for(profile).value), int(stack.lazy_loaded_for(profile).value)
+    reached = max(r.measured_peak_bytes for r in split if r.status == "oom")
+    assert profile.total_memory_bytes - (context - lazy) >= reached
+    assert context - lazy == unavailable_at_baseline(split, {gpu: profile.total_memory_bytes})[gpu]
+    assert "OOM runs" in stack.context_for(profile).source
