@@ -19,8 +19,12 @@ grid, minimising median + p90 of |relative error|:
 3. one scale s (0-1, step 0.1) on the A100 / torch-2.4 workspace factors (forward 0.5,
    backward-data 1.5, backward-weight 2.5): three parameters, because the split has only 15
    such runs (6 Hugging Face, 9 CNN).
-`--write` stores the fit in stacks/torch-2.6.toml for both consumer GPUs with the split and
-this command as its source.
+Every candidate is replayed at the capacity the estimate would give it: GPU total - context -
+libraries, the context being what was unavailable at xMem's first NVML sample (bounded by the
+split's OOM runs: peakmem.bench.calibration `unavailable_at_baseline`) plus the candidate's
+lazily loaded kernels (`CapacityReplays`). `--write` stores the fit in stacks/torch-2.6.toml for
+both consumer GPUs, the context (`[context_bytes.<gpu>]`) included, with the split and this
+command as its source.
 
 `--model h100-scale` (issue 13, cuDNN 9): the scale multiplies the torch-2.11
 stack's per-class H100 factors (cuda_rules/convolution.py CONV_CLASSES: the shape cuDNN 9's
