@@ -19,8 +19,12 @@ grid, minimising median + p90 of |relative error|:
 3. one scale s (0-1, step 0.1) on the A100 / torch-2.4 workspace factors (forward 0.5,
    backward-data 1.5, backward-weight 2.5): three parameters, because the split has only 15
    such runs (6 Hugging Face, 9 CNN).
-`--write` stores the fit in stacks/torch-2.6.toml for both consumer GPUs with the split and
-this command as its source.
+Every candidate is replayed at the capacity the estimate would give it: GPU total - context -
+libraries, the context being what was unavailable at xMem's first NVML sample (bounded by the
+split's OOM runs: peakmem.bench.calibration `unavailable_at_baseline`) plus the candidate's
+lazily loaded kernels (`CapacityReplays`). `--write` stores the fit in stacks/torch-2.6.toml for
+both consumer GPUs, the context (`[context_bytes.<gpu>]`) included, with the split and this
+command as its source.
 
 `--model h100-scale` (issue 13, cuDNN 9): the scale multiplies the torch-2.11
 stack's per-class H100 factors (cuda_rules/convolution.py CONV_CLASSES: the shape cuDNN 9's
@@ -86,10 +90,50 @@ def replay_classed(captured: tuple, model: dict[str, float], capacity: int, torc
 """cuDNN batch norm's share of the library memory, as the A100 fit split it (40 of 250 + 40)."""
 
 
+class CapacityReplays:
+    """Replays of the split's runs with the capacity each candidate gives them.
+
+    The capacity is total - context - libraries (estimate/api.py), so the lazily loaded
+    kernels and the library memory of a candidate move it. A run is replayed once per scale at
+    the largest capacity (nothing outside the allocator besides the context as created); that
+    replay stands for every candidate whose capacity its peak fits under (the replay never
+    reached the smaller limit, so nothing changes). The others, runs near the limit, are
+    replayed at the candidate's capacity, ascending in the bytes outside the allocator, and
+    once one runs out of memory every larger figure counts as out of memory too."""
+
+    def __init__(self, runs: list, capacity, torch_version: str) -> None:
+        self.runs, self.capacity, self.version = runs, capacity, torch_version
+        self.free: dict[tuple[int, float], int | None] = {}
+        self.limited: dict[tuple[int, float, int], int | None] = {}
+        self.oom_from: dict[tuple[int, float], int] = {}
+
+    def reserved(self, index: int, scale: float, factors: dict, outside: int) -> int | None:
+        row, item = self.runs[index]
+        key = (index, scale)
+        if key not in self.free:
+            self.free[key] = replay_classed(item, factors, self.capacity(row, 0), self.version)
+        base = self.free[key]
+        limit = self.capacity(row, outside)
+        if base is not None and base <= limit:
+            return base
+        if outside >= self.oom_from.get(key, 1 << 62):
+            return None
+        if (index, scale, outside) not in self.limited:
+            found = replay_classed(item, factors, limit, self.version)
+            self.limited[(index, scale, outside)] = found
+            if found is None:
+                self.oom_from[key] = min(outside, self.oom_from.get(key, outside))
+        return self.limited[(index, scale, outside)]
+
+
 def main() -> None:
-    from peakmem.bench.calibration import XMEM_SPLIT_DESCRIPTION, in_calibration_split
+    from peakmem.bench.calibration import (
+        XMEM_SPLIT_DESCRIPTION,
+        in_calibration_split,
+        unavailable_at_baseline,
+    )
     from peakmem.datasets.loaders import load_rows
-    from peakmem.profiles import load_gpu, load_stack
+    from peakmem.profiles import load_gpu
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=None)
@@ -109,15 +153,22 @@ def main() -> None:
     captured = {item[0]: item for item in captured_rows(split, args.cache, args.jobs)}
     by_id = {r.id: r for r in split}
     version = split[0].torch_version
-    stack = load_stack(version)
 
-    def capacity(row, library: int) -> int:
-        gpu = load_gpu(row.gpu)
-        return gpu.total_memory_bytes - int(stack.context_for(gpu).value) - library
+    # What was unavailable at xMem's first NVML sample (the context as created, and anything
+    # else resident), bounded by the split's OOM runs (`unavailable_at_baseline`); the context
+    # figure is that plus the lazily loaded kernels, so the capacity a replay gets is the
+    # estimate's own: total - context - libraries (estimate/api.py `estimate_capture`).
+    unavailable = unavailable_at_baseline(
+        in_split, {gpu: load_gpu(gpu).total_memory_bytes for gpu in CONSUMER_GPUS})
+    print("unavailable at the first NVML sample (split OOM runs' bound): "
+          + ", ".join(f"{gpu} {value / MiB:.1f} MiB" for gpu, value in sorted(unavailable.items())),
+          flush=True)
 
-    # The replay depends on the library bytes only through the capacity (a job near the limit):
-    # one replay per run and scale, at the A100 fit's library memory, then every value of the
-    # additive terms.
+    def capacity(row, outside: int) -> int:
+        """The reserved bytes `row`'s GPU can hold with `outside` bytes of lazily loaded kernels
+        and library memory next to the context as created."""
+        return load_gpu(row.gpu).total_memory_bytes - unavailable[row.gpu] - outside
+
     def library_bytes(item, library_mib: int) -> int:
         total = 0
         for family in families(item):
@@ -126,21 +177,19 @@ def main() -> None:
         return total
 
     runs = [(by_id[i], item) for i, item in sorted(captured.items())]
-    reserved_at: dict[float, list[int | None]] = {}
     base = h100_factors() if args.model == "h100-scale" else A100_FACTORS
-    for scale in SCALES:
-        factors = {k: v * scale for k, v in base.items()}
-        reserved_at[scale] = [
-            replay_classed(item, factors, capacity(row, library_bytes(item, 290)), version)
-            for row, item in runs]
+    replays_at = CapacityReplays(runs, capacity, version)
 
     def errors(lazy_mib: int, library_mib: int, scale: float) -> list[float]:
+        factors = {k: v * scale for k, v in base.items()}
         out = []
-        for (_row, item), reserved in zip(runs, reserved_at[scale], strict=True):
+        for index, (_row, item) in enumerate(runs):
+            outside = lazy_mib * MiB + library_bytes(item, library_mib)
+            reserved = replays_at.reserved(index, scale, factors, outside)
             if reserved is None:  # the real job ran: an OOM here is a gross overestimate
                 out.append(1.0)
                 continue
-            total = lazy_mib * MiB + library_bytes(item, library_mib) + reserved
+            total = outside + reserved
             out.append((total - item[1]) / item[1])
         return out
 
@@ -180,7 +229,7 @@ def main() -> None:
 
         def replays(model):
             return [replay_classed(item, model, capacity(row, library_bytes(item, 290)), version)
-                    for row, item in runs]
+                    for row, item in runs]  # placeholder capacity: 290 MiB of libraries
 
         model = dict.fromkeys(CLASS_KEYS, 0.0) | factors
         current = grid(replays(model))
@@ -206,7 +255,8 @@ def main() -> None:
     conv = int(round(library_mib * (1 - BATCH_NORM_SHARE))) * MiB
     norm = int(round(library_mib * BATCH_NORM_SHARE)) * MiB
     report = {
-        "lazy_loaded_mib": lazy / MiB, "hf_runs": len(residuals), "cnn_runs": len(cnn),
+        "lazy_loaded_mib": lazy / MiB,
+        "context_mib": {gpu: round((value + lazy) / MiB, 1) for gpu, value in sorted(unavailable.items())}, "hf_runs": len(residuals), "cnn_runs": len(cnn),
         "scale": scale, "factors": factors, "library_mib": library_mib,
         "cudnn_convolution_mib": conv / MiB, "cudnn_batch_norm_mib": norm / MiB,
         "split_errors": {r.id: round(e, 4) for (r, _i), e in zip(runs, errs, strict=True)},
@@ -219,23 +269,29 @@ def main() -> None:
                "classes": "per-class factors (plain, stem_, pointwise_), coordinate descent, "
                           "--model classes"}[args.model]
         write_profile(lazy, factors, conv, norm, len(residuals), len(cnn), XMEM_SPLIT_DESCRIPTION,
-                      how)
+                      how, unavailable)
 
 
 def write_profile(lazy: int, factors: dict, conv: int, norm: int, hf: int, cnn: int, split: str,
-                  how: str = "the a100-40gb factors x one scale") -> None:
+                  how: str = "the a100-40gb factors x one scale",
+                  unavailable: dict[str, int] | None = None) -> None:
     text = STACK.read_text()
     source = (f"fitted on the declared xMem calibration split ({split}; never scored): {hf} Hugging "
               f"Face and {cnn} CNN runs that did not OOM, all but two on the RTX 3060; "
               f"python benchmarks/calibrate_xmem.py --write")
     for gpu in CONSUMER_GPUS:
-        for header in (f"lazy_loaded_bytes.{gpu}", f"cudnn_conv_workspace.{gpu}",
+        for header in (f"context_bytes.{gpu}", f"lazy_loaded_bytes.{gpu}", f"cudnn_conv_workspace.{gpu}",
                        f"library_bytes.{gpu}.cudnn_convolution", f"library_bytes.{gpu}.cudnn_batch_norm"):
             pattern = re.compile(rf"\n\[{re.escape(header)}\]\n(?:[^\[\n].*\n?)*")
             text = pattern.sub("", text)
     text = text.rstrip("\n") + "\n"
     for gpu in CONSUMER_GPUS:
         note = "" if gpu == "rtx3060-12gb" else " (one fit for both: same torch 2.6 / CUDA 12.4 wheels, sm_86 vs sm_89)"
+        if unavailable and gpu in unavailable:
+            text += (f"\n[context_bytes.{gpu}]\nvalue = {unavailable[gpu] + lazy}\n"
+                     f"source = \"{source}{note}: the lazily loaded kernels + {unavailable[gpu]} bytes "
+                     f"unavailable at xMem's first NVML sample, the most the split's OOM runs on "
+                     f"this GPU allow (total - the highest level one reached)\"\n")
         text += (f"\n[lazy_loaded_bytes.{gpu}]\nvalue = {lazy}\nsource = \"{source}{note}\"\n")
         text += (f"\n[cudnn_conv_workspace.{gpu}]\n"
                  + "".join(f"{k} = {v}\n" for k, v in factors.items())

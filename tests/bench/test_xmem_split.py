@@ -20,6 +20,7 @@ from peakmem.bench.calibration import (
     evaluation_rows,
     in_calibration_split,
     split_key,
+    unavailable_at_baseline,
 )
 from peakmem.datasets.rows import BenchRow
 from peakmem.profiles import load_gpu, load_stack
@@ -95,3 +96,47 @@ def test_consumer_gpus_have_a_lazily_loaded_figure_in_torch_26(gpu):
 def test_other_stacks_and_gpus_have_none():
     assert int(load_stack("2.4.1").lazy_loaded_for(load_gpu("a100-40gb")).value) == 0
     assert int(load_stack("2.6.0").lazy_loaded_for(load_gpu("h100-80gb")).value) == 0
+
+
+def _oom(gpu: str, measured_mib: float, total_mib: float, *, status: str = "oom",
+         includes_context: bool = False) -> BenchRow:
+    return BenchRow(
+        id="x", dataset="xmem", family="T5-small", job={}, measured_peak_bytes=int(measured_mib * MiB),
+        status=status, gpu=gpu, torch_version="2.6.0", gpu_total_bytes=int(total_mib * MiB),
+        measured_includes_context=includes_context,
+    )
+
+
+def test_unavailable_at_baseline_is_bounded_by_the_highest_oom_level():
+    """An OOM run held `measured` after the baseline before cudaMalloc failed: whatever was
+    unavailable at the baseline is at most total - the highest such level, per GPU."""
+    rows = [
+        _oom("rtx4060-8gb", 7786, 7932.9), _oom("rtx4060-8gb", 7530, 7932.9),
+        _oom("rtx4060-8gb", 7900, 7932.9, status="ok"),  # ran: says nothing about the limit
+        _oom("rtx4060-8gb", 7920, 7932.9, includes_context=True),  # baseline before the context
+        _oom("rtx3060-12gb", 11882, 12037.4),
+    ]
+    found = unavailable_at_baseline(rows)
+    assert found["rtx4060-8gb"] == int(7932.9 * MiB) - 7786 * MiB
+    assert found["rtx3060-12gb"] == int(12037.4 * MiB) - 11882 * MiB
+    assert "a100-40gb" not in found
+    # the GPU profile's total replaces the row's (the capacity is profile total - context)
+    profile = {"rtx3060-12gb": 12044 * MiB}
+    assert unavailable_at_baseline(rows, profile)["rtx3060-12gb"] == 162 * MiB
+
+
+@pytest.mark.parametrize("gpu", ["rtx3060-12gb", "rtx4060-8gb"])
+def test_consumer_context_leaves_room_for_what_the_split_oom_runs_reached(shared_data, gpu):
+    """The replay's capacity is total - context - libraries; above xMem's baseline that leaves
+    total - (context - lazily loaded kernels), which must hold the highest level an OOM run of
+    the split reached before cudaMalloc failed (with the old assumed 400 MiB context it did not:
+    T5-small b49 reached 7786 MiB on the RTX 4060, 133 MiB above that ceiling)."""
+    from peakmem.datasets.loaders import load_rows
+
+    split = [r for r in load_rows("xmem", shared_data) if in_calibration_split(r) and r.gpu == gpu]
+    stack, profile = load_stack("2.6.0"), load_gpu(gpu)
+    context, lazy = int(stack.context_for(profile).value), int(stack.lazy_loaded_for(profile).value)
+    reached = max(r.measured_peak_bytes for r in split if r.status == "oom")
+    assert profile.total_memory_bytes - (context - lazy) >= reached
+    assert context - lazy == unavailable_at_baseline(split, {gpu: profile.total_memory_bytes})[gpu]
+    assert "OOM runs" in stack.context_for(profile).source

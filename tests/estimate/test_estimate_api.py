@@ -98,3 +98,22 @@ def test_host_reads_while_the_model_is_built_are_named_apart_from_the_loop():
     assert not any("before the first forward pass" in a for a in looped.assumptions)
     exact = estimate(train_sized_on_device, gpu="a100-40gb", torch_version="2.4.1", mode="eager")
     assert exact.breakdown.by_category["parameter"] > built.breakdown.by_category["parameter"]
+
+
+def test_a_job_that_fits_only_by_releasing_the_cache_is_capped_and_says_so():
+    """CUDACachingAllocator malloc: a cudaMalloc that fails frees the cached segments
+    (release_cached_blocks) and retries, so the 5 GiB block cached by the first tensor is given
+    back for the 8 GiB one, and reserved never holds both (13 GiB > a 12 GB card)."""
+    gib = 2**30
+
+    def release_and_retry():
+        first = torch.empty(5 * gib, dtype=torch.uint8, device="cuda")
+        del first
+        second = torch.empty(8 * gib, dtype=torch.uint8, device="cuda")
+        del second
+
+    result = estimate(release_and_retry, gpu="rtx3060-12gb", torch_version="2.6.0")
+    assert not result.oom and result.fits
+    assert result.peak_reserved_bytes == 8 * gib
+    assert result.simulation.num_alloc_retries == 1
+    assert any("fits only by releasing its cached blocks: 1 cudaMalloc retry" in n for n in result.notes)

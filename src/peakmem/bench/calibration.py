@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from peakmem.datasets.rows import BenchRow
 
@@ -89,3 +89,28 @@ def safety_margin(errors: list[float], failures: float = 0.01) -> float:
         return 0.0
     allowed = int(failures * len(needed))  # rows that may stay above the margin
     return math.ceil(needed[len(needed) - 1 - allowed] * 200) / 200
+
+
+def unavailable_at_baseline(
+    rows: Iterable[BenchRow], totals: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Per GPU, the most device memory that can have been unavailable when a measurement took
+    its baseline (the context as created and anything else resident), from the runs that ran
+    out of memory: for rows whose measurement leaves the context out (xMem: NVML used - used at
+    the first sample), an OOM run's measured level is what it held before cudaMalloc failed,
+    so level + unavailable <= the GPU's total and unavailable <= total - the highest level.
+
+    `totals` (GPU name -> bytes) replaces the rows' own totals (a GPU profile's figure, so that
+    profile total - context - libraries is the capacity the rows saw). The bound is what that
+    capacity needs: the context figure is this plus the kernels loaded after the baseline.
+    GPUs without such an OOM row get no entry."""
+    found: dict[str, int] = {}
+    for row in rows:
+        if row.status != "oom" or row.measured_includes_context:
+            continue
+        total = (totals or {}).get(row.gpu, row.gpu_total_bytes)
+        if not total:
+            continue
+        bound = max(0, total - row.measured_peak_bytes)
+        found[row.gpu] = min(bound, found.get(row.gpu, bound))
+    return found

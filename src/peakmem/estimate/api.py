@@ -395,11 +395,12 @@ def estimate_capture(
     config = parse_alloc_conf(alloc_conf, torch_version)
     fraction = capture.trace.meta.get("memory_fraction")
     fraction = float(fraction) if isinstance(fraction, (int, float)) and 0 <= fraction <= 1 else None
+    capacity = gpu.total_memory_bytes - context - sum(libraries.values())
     result = simulate(
         capture.trace,
         config=config,
         torch_version=torch_version,
-        capacity_bytes=gpu.total_memory_bytes - context - sum(libraries.values()),
+        capacity_bytes=capacity,
         memory_fraction=fraction,
         total_bytes=gpu.total_memory_bytes if fraction is not None else None,
         timeline=timeline,
@@ -438,6 +439,8 @@ def estimate_capture(
         notes.append(job_oom)
     elif oom_message:
         notes.append(f"the simulated run runs out of memory on this GPU: {oom_message}")
+    elif result.num_alloc_retries:
+        notes.append(release_and_retry_note(result.num_alloc_retries, capacity))
     from peakmem.utilization.estimate import utilization_of
 
     utilization_assumptions: list[str] = []
@@ -464,6 +467,22 @@ def estimate_capture(
         simulation=result,
         libraries=libraries,
         utilization=utilization,
+    )
+
+
+def release_and_retry_note(retries: int, capacity_bytes: int) -> str:
+    """The job fits only because the allocator gave its cache back: torch's
+    CUDACachingAllocator `malloc`, when cudaMalloc fails, frees the cached blocks
+    (`release_available_cached_blocks` with max_split_size_mb, then `release_cached_blocks`:
+    every unsplit cached segment) and retries before raising an out-of-memory error."""
+    from peakmem.estimate.report import human_bytes
+
+    return (
+        f"the simulated run reaches what this GPU leaves the caching allocator "
+        f"({human_bytes(capacity_bytes)}) and fits only by releasing its cached blocks: "
+        f"{retries} cudaMalloc retr{'y' if retries == 1 else 'ies'} "
+        "(torch.cuda.memory_stats()['num_alloc_retries']); peak reserved stays under that "
+        "limit, and each retry synchronizes the device"
     )
 
 
