@@ -151,7 +151,7 @@ def test_an_unreadable_op_turns_the_observer_off_not_the_capture(gpu, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("unusual tensor")
 
-    monkeypatch.setattr(observer, "op_cost", broken)
+    monkeypatch.setattr(observer, "meta_op_cost", broken)
     result, _ = None, None
     from peakmem.profiles import load_stack
 
