@@ -153,3 +153,35 @@ def test_the_cost_key_tells_apart_what_a_cost_reads():
     assert key != op_cost_key(aten.convolution.default, (x.transpose(2, 3), *args[1:]), {}, None)
     assert key != op_cost_key(aten.sum.dim_IntList, args, {}, None)
     assert op_cost_key(aten.add.Tensor, (x, object()), {}, None) is None
+
+
+def test_the_observers_tensor_walk_finds_what_the_isinstance_walk_finds():
+    """observer._tensors_of (exact types first): the tensors, in order, of plain values, lists,
+    tuples, nested foreach lists, namedtuples, torch.Size and tensor subclasses."""
+    import collections
+
+    from peakmem.utilization.observer import _tensors_of
+
+    class Sub(torch.Tensor):
+        pass
+
+    def reference(values):
+        found = []
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                found.append(value)
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    if isinstance(item, torch.Tensor):
+                        found.append(item)
+                    elif isinstance(item, (list, tuple)):
+                        found.extend(t for t in item if isinstance(t, torch.Tensor))
+        return found
+
+    pair = collections.namedtuple("pair", "a b")
+    a, b, c = meta(2), torch.nn.Parameter(meta(3)), torch.empty(1).as_subclass(Sub)
+    values = (a, 1, 2.0, None, torch.float32, [b, [c, a], 3], (c,), pair(a, [b]),
+              torch.Size([2, 3]), "x", {"k": a}, c, [[[a]]])
+    got = _tensors_of(values)
+    assert [id(t) for t in got] == [id(t) for t in reference(values)]
+    assert len(got) == 8  # two levels: the innermost [a] of [[[a]]] is not walked

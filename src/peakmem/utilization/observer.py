@@ -37,6 +37,8 @@ _UNSEEN = object()
 _NO_VIEW = torch._C.DisableTorchFunction
 _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 _COPY_OPS = frozenset({"_to_copy", "copy_"})
+_SCALARS = frozenset({int, float, bool, type(None), str, torch.dtype, torch.device, torch.layout,
+                      torch.memory_format})
 
 
 class _OpFacts:
@@ -229,15 +231,26 @@ def _rank(record: dict[str, Any]) -> tuple[bool, int, int]:
 
 def _tensors_of(values: tuple) -> list[torch.Tensor]:
     """The tensors among `values` and inside their lists/tuples (two levels: foreach ops' tensor
-    lists); faster than a pytree flatten on the capture's hot path."""
+    lists); faster than a pytree flatten on the capture's hot path (exact types first, then
+    the isinstance checks for subclasses)."""
     found: list[torch.Tensor] = []
     for value in values:
-        if isinstance(value, torch.Tensor):
+        kind = type(value)
+        if kind in _PLAIN_TENSORS:
             found.append(value)
-        elif isinstance(value, (list, tuple)):
+        elif kind in _SCALARS:
+            continue
+        elif kind is list or kind is tuple or isinstance(value, (list, tuple)):
             for item in value:
-                if isinstance(item, torch.Tensor):
+                item_kind = type(item)
+                if item_kind in _PLAIN_TENSORS:
+                    found.append(item)
+                elif item_kind in _SCALARS:
+                    continue
+                elif isinstance(item, torch.Tensor):
                     found.append(item)
                 elif isinstance(item, (list, tuple)):
                     found.extend(t for t in item if isinstance(t, torch.Tensor))
+        elif isinstance(value, torch.Tensor):
+            found.append(value)
     return found
