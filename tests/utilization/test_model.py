@@ -151,7 +151,7 @@ def test_an_unreadable_op_turns_the_observer_off_not_the_capture(gpu, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("unusual tensor")
 
-    monkeypatch.setattr(observer, "op_cost", broken)
+    monkeypatch.setattr(observer, "meta_op_cost", broken)
     result, _ = None, None
     from peakmem.profiles import load_stack
 
@@ -224,3 +224,30 @@ def test_a_reduction_geometry_must_be_numbers():
               "phases": ["forward"], "syncs_before": [0]}
     with pytest.raises(StepFormatError):
         StepOps.from_meta(record)
+
+
+def test_remembered_launch_shapes_are_the_rules_own(gpu, monkeypatch):
+    """shapes_of's memo of launch shapes (by kernel kind, op view and GPU limits) gives, op for
+    op and GPU for GPU, what the kernel_shapes rules compute afresh."""
+    from peakmem.profiles import load_gpu
+    from peakmem.utilization import model
+    from peakmem.utilization.kernel_shapes import SmLimits
+
+    _, record = _record(_train(64, 2, batch=48, samples=200), gpu)
+    other = SmLimits.of(load_gpu("rtx3060-12gb"))
+    limits = SmLimits.of(gpu)
+    assert other != limits
+    monkeypatch.setattr(model, "_LAUNCH_SHAPES", {})
+    remembered = [model.shapes_of(StepOps.from_meta(record), lim) for lim in (limits, other)]
+    assert model._LAUNCH_SHAPES  # the memo was filled ...
+    again = [model.shapes_of(StepOps.from_meta(record), lim) for lim in (limits, other)]
+    monkeypatch.setattr(model, "MAX_REMEMBERED_SHAPES", 0)
+    monkeypatch.setattr(model, "_LAUNCH_SHAPES", {})
+    fresh = [model.shapes_of(StepOps.from_meta(record), lim) for lim in (limits, other)]
+    assert not model._LAUNCH_SHAPES
+    for got in (remembered, again):
+        for shapes, expected in zip(got, fresh, strict=True):
+            for name in ("launches", "sm_fill", "occupancy", "memory_parallel", "layout_fill",
+                         "layout_occupancy"):
+                assert getattr(shapes, name).tolist() == getattr(expected, name).tolist(), name
+    assert fresh[0].sm_fill.tolist() != fresh[1].sm_fill.tolist()  # the GPUs differ

@@ -96,13 +96,13 @@ def test_remembered_op_costs_are_the_costs(a100, stack24, monkeypatch):
     from peakmem.utilization import observer
 
     calls = []
-    fresh = observer.op_cost
+    fresh = observer.meta_op_cost
 
     def counted(*args, **kwargs):
         calls.append(1)
         return fresh(*args, **kwargs)
 
-    monkeypatch.setattr(observer, "op_cost", counted)
+    monkeypatch.setattr(observer, "meta_op_cost", counted)
     remembered = capture_callable(_cnn_job, gpu=a100, stack=stack24, steps="all")
     costed = len(calls)
     monkeypatch.setattr(observer, "op_cost_key", lambda *args: None)
@@ -112,6 +112,29 @@ def test_remembered_op_costs_are_the_costs(a100, stack24, monkeypatch):
     assert remembered.trace.meta["utilization"] == without.trace.meta["utilization"]
     assert remembered.trace == without.trace
     assert costed < len(calls) - costed  # the memo was used
+
+
+def test_the_observers_fast_path_costs_every_op_as_op_cost(a100, stack24, monkeypatch):
+    """The observer's per-overload facts and device lists (meta_op_cost) give, op for op, what
+    `op_cost` computes from the call alone, and no cost where op_cost has none."""
+    from peakmem.capture import capture_callable
+    from peakmem.utilization import observer
+    from peakmem.utilization.op_costs import op_cost
+
+    seen: list[str] = []
+    fast = observer.OpCostObserver._cost
+
+    def checked(self, facts, func, args, kwargs, out, inputs, outputs):
+        cost = fast(self, facts, func, args, kwargs, out, inputs, outputs)
+        assert cost == op_cost(func, args, kwargs, out), func
+        seen.append(facts.family if cost is not None else "none")
+        return cost
+
+    monkeypatch.setattr(observer.OpCostObserver, "_cost", checked)
+    result = capture_callable(_cnn_job, gpu=a100, stack=stack24, steps="all")
+    assert result.error is None and result.trace.meta["utilization"]["ops"]
+    assert not any("could not be recorded" in note for note in result.notes)
+    assert {"conv", "elem", "red", "foreach", "none"} <= set(seen)
 
 
 def test_the_cost_key_tells_apart_what_a_cost_reads():
@@ -130,3 +153,35 @@ def test_the_cost_key_tells_apart_what_a_cost_reads():
     assert key != op_cost_key(aten.convolution.default, (x.transpose(2, 3), *args[1:]), {}, None)
     assert key != op_cost_key(aten.sum.dim_IntList, args, {}, None)
     assert op_cost_key(aten.add.Tensor, (x, object()), {}, None) is None
+
+
+def test_the_observers_tensor_walk_finds_what_the_isinstance_walk_finds():
+    """observer._tensors_of (exact types first): the tensors, in order, of plain values, lists,
+    tuples, nested foreach lists, namedtuples, torch.Size and tensor subclasses."""
+    import collections
+
+    from peakmem.utilization.observer import _tensors_of
+
+    class Sub(torch.Tensor):
+        pass
+
+    def reference(values):
+        found = []
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                found.append(value)
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    if isinstance(item, torch.Tensor):
+                        found.append(item)
+                    elif isinstance(item, (list, tuple)):
+                        found.extend(t for t in item if isinstance(t, torch.Tensor))
+        return found
+
+    pair = collections.namedtuple("pair", "a b")
+    a, b, c = meta(2), torch.nn.Parameter(meta(3)), torch.empty(1).as_subclass(Sub)
+    values = (a, 1, 2.0, None, torch.float32, [b, [c, a], 3], (c,), pair(a, [b]),
+              torch.Size([2, 3]), "x", {"k": a}, c, [[[a]]])
+    got = _tensors_of(values)
+    assert [id(t) for t in got] == [id(t) for t in reference(values)]
+    assert len(got) == 8  # two levels: the innermost [a] of [[[a]]] is not walked

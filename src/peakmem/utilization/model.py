@@ -295,6 +295,19 @@ class Shapes:
     layout_occupancy: np.ndarray
 
 
+MAX_REMEMBERED_SHAPES = 200_000
+_LAUNCH_SHAPES: dict[tuple, tuple[float, float, float, float]] = {}
+"""(launches, SM fill, occupancy, loads in flight) by (kernel kind, OpView fields, limits): the
+rules are pure functions of those, and a step (and the rows of a bench worker) launch the
+same kernels again and again."""
+
+
+def _launch_shape(kind: int, view: OpView, limits: SmLimits) -> tuple[float, float, float, float]:
+    launch: Launch = LAUNCH_RULES[kind](view, limits)
+    waves = waves_of(launch, limits)
+    return launch.launches, waves.sm_fill, waves.occupancy, launch.loads_in_flight
+
+
 def shapes_of(ops: StepOps, limits: SmLimits) -> Shapes:
     """The launch shapes of every op (kernel_shapes' rules), cached on `ops` per GPU (they do
     not depend on the fitted parameters)."""
@@ -303,13 +316,19 @@ def shapes_of(ops: StepOps, limits: SmLimits) -> Shapes:
         return cache[limits]
     n = len(ops.family)
     launches, fill, occupancy, loads = np.ones(n), np.ones(n), np.ones(n), np.ones(n)
-    for i in range(n):
-        view = OpView(float(ops.flops[i]), float(ops.work[i]), float(ops.reduced[i]),
-                      bool(ops.inner[i]), float(ops.tensors[i]), float(ops.bytes[i]))
-        launch: Launch = LAUNCH_RULES[int(ops.kind[i])](view, limits)
-        waves = waves_of(launch, limits)
-        launches[i], fill[i], occupancy[i] = launch.launches, waves.sm_fill, waves.occupancy
-        loads[i] = launch.loads_in_flight
+    remembered = _LAUNCH_SHAPES
+    columns = zip(ops.kind.tolist(), ops.flops.tolist(), ops.work.tolist(),
+                  ops.reduced.tolist(), ops.inner.tolist(), ops.tensors.tolist(),
+                  ops.bytes.tolist(), strict=True)
+    for i, (kind, flops, work, reduced, inner, tensors, moved) in enumerate(columns):
+        key = (kind, flops, work, reduced, inner, tensors, moved, limits)
+        shape = remembered.get(key)
+        if shape is None:
+            shape = _launch_shape(kind, OpView(flops, work, reduced, inner, tensors, moved),
+                                  limits)
+            if len(remembered) < MAX_REMEMBERED_SHAPES:
+                remembered[key] = shape
+        launches[i], fill[i], occupancy[i], loads[i] = shape
     parallel = np.minimum(1.0, occupancy * limits.max_warps * loads / SATURATING_WARPS_PER_SM)
     layout_fill, layout_occupancy = np.ones(n), np.zeros(n)
     for i in np.flatnonzero(ops.family == 1):

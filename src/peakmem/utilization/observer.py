@@ -14,8 +14,15 @@ from typing import Any
 import torch
 
 from peakmem.capture.session import CaptureSession
-from peakmem.cuda_rules.true_device import is_meta
-from peakmem.utilization.op_costs import ATTENTION, CONV, GEMM, family_of, op_cost, op_cost_key
+from peakmem.utilization.op_costs import (
+    ATTENTION,
+    CONV,
+    GEMM,
+    family_of,
+    launches_kernel,
+    meta_op_cost,
+    op_cost_key,
+)
 
 META_KEY = "utilization"
 _RANDOM_OPS = frozenset({"normal", "normal_", "randn", "rand", "uniform_", "randint", "random_",
@@ -27,6 +34,25 @@ REMEMBERED_FAMILIES = frozenset({GEMM, CONV, ATTENTION})
 """Kernel families whose cost (torch's FLOP formulas) takes longer than its key; the others
 (a few byte counts) are costed afresh."""
 _UNSEEN = object()
+_NO_VIEW = torch._C.DisableTorchFunction
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+_COPY_OPS = frozenset({"_to_copy", "copy_"})
+_SCALARS = frozenset({int, float, bool, type(None), str, torch.dtype, torch.device, torch.layout,
+                      torch.memory_format})
+
+
+class _OpFacts:
+    """What the observer reads of an op overload on every call, looked up once."""
+
+    __slots__ = ("name", "family", "kernel", "remembered", "random", "copy")
+
+    def __init__(self, func: Any) -> None:
+        self.name: str = func.overloadpacket.__name__
+        self.family = family_of(self.name)
+        self.kernel = launches_kernel(func)
+        self.remembered = self.family in REMEMBERED_FAMILIES
+        self.random = self.name in _RANDOM_OPS
+        self.copy = self.name in _COPY_OPS
 
 
 class StepRecord:
@@ -69,6 +95,7 @@ class OpCostObserver:
         self._reads = session.host_reads
         self._costs: dict[tuple, Any] = {}
         """op_cost by op_cost_key: a training step repeats the same calls every iteration."""
+        self._facts: dict[Any, _OpFacts] = {}
 
     def _roll(self) -> None:
         state = self.session.state
@@ -114,37 +141,46 @@ class OpCostObserver:
         record.trailing_syncs += syncs
 
     def _observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
-        self._roll()
+        if self.session.state.steps != self._step:
+            self._roll()
         record = self.current
-        syncs = self._sync_check()
+        reads = self.session.host_reads
+        syncs, self._reads = max(reads - self._reads, 0), reads
+        facts = self._facts.get(func)
+        if facts is None:
+            facts = self._facts[func] = _OpFacts(func)
         inputs = _tensors_of(args)
         if kwargs:
             inputs += _tensors_of(tuple(kwargs.values()))
-        outputs = _tensors_of((out,))
-        tensors = inputs + outputs
-        deferral = self.session.host_deferral
-        if deferral is not None and deferral.collated:  # lazily stacked batches are host data
-            collated = deferral.collated
-            device = [t for t in tensors
-                      if is_meta(t) and id(t.untyped_storage()) not in collated]
-        else:
-            device = [t for t in tensors if is_meta(t)]
-        if kind != "device" or not device:
-            if tensors and not device:
-                made = sum(int(t.numel()) * t.element_size() for t in outputs
-                           if t.layout == torch.strided)
-                record.host_ops += 1
-                record.host_bytes += made
-                if func.overloadpacket.__name__ in _RANDOM_OPS:
-                    record.host_random_bytes += made
-            record.trailing_syncs += syncs
-            return
-        name = func.overloadpacket.__name__
-        if name in ("_to_copy", "copy_") and len(device) < len(tensors):
-            record.input_bytes += sum(int(t.numel()) * t.element_size() for t in device)
-            record.trailing_syncs += syncs
-            return  # a host -> device copy: the copy engine, not a kernel
-        cost = self._cost(func, args, kwargs, out, inputs, outputs)
+        outputs = [out] if type(out) in _PLAIN_TENSORS else _tensors_of((out,))
+        with _NO_VIEW():  # the recorder calls with torch functions off already: true devices
+            meta_inputs = [t for t in inputs if t.is_meta]
+            meta_outputs = [t for t in outputs if t.is_meta]
+            deferral = self.session.host_deferral
+            device: list | None = None
+            if deferral is not None and deferral.collated:  # lazily stacked batches: host data
+                collated = deferral.collated
+                device = [t for t in meta_inputs + meta_outputs
+                          if id(t.untyped_storage()) not in collated]
+                on_device = len(device)
+            else:
+                on_device = len(meta_inputs) + len(meta_outputs)
+            if kind != "device" or not on_device:
+                if (inputs or outputs) and not on_device:
+                    made = sum(int(t.numel()) * t.element_size() for t in outputs
+                               if t.layout == torch.strided)
+                    record.host_ops += 1
+                    record.host_bytes += made
+                    if facts.random:
+                        record.host_random_bytes += made
+                record.trailing_syncs += syncs
+                return
+            if facts.copy and on_device < len(inputs) + len(outputs):
+                copied = meta_inputs + meta_outputs if device is None else device
+                record.input_bytes += sum(int(t.numel()) * t.element_size() for t in copied)
+                record.trailing_syncs += syncs
+                return  # a host -> device copy: the copy engine, not a kernel
+            cost = self._cost(facts, func, args, kwargs, out, meta_inputs, meta_outputs)
         if cost is None:
             record.trailing_syncs += syncs
             return
@@ -156,18 +192,23 @@ class OpCostObserver:
         record.syncs_before.append(syncs + record.trailing_syncs)
         record.trailing_syncs = 0
 
-    def _cost(self, func: Any, args: tuple, kwargs: dict, out: Any, inputs: list,
-              outputs: list) -> Any:
-        """`op_cost`, remembered by `op_cost_key` (`inputs` / `outputs` are always
-        `_tensors_of` the arguments and the output here, so the key determines them)."""
-        if family_of(func.overloadpacket.__name__) not in REMEMBERED_FAMILIES:
-            return op_cost(func, args, kwargs, out, inputs=inputs, outputs=outputs)
+    def _cost(self, facts: _OpFacts, func: Any, args: tuple, kwargs: dict, out: Any,
+              inputs: list, outputs: list) -> Any:
+        """`op_cost` (its device `inputs` / `outputs` given), remembered by `op_cost_key` for
+        the families whose FLOP formulas cost more than the key."""
+        if not facts.kernel:
+            return None
+        if not facts.remembered:
+            return meta_op_cost(func, facts.name, facts.family, args, kwargs, out, inputs,
+                                outputs)
         key = op_cost_key(func, args, kwargs, out)
         if key is None:
-            return op_cost(func, args, kwargs, out, inputs=inputs, outputs=outputs)
+            return meta_op_cost(func, facts.name, facts.family, args, kwargs, out, inputs,
+                                outputs)
         cost = self._costs.get(key, _UNSEEN)
         if cost is _UNSEEN:
-            cost = op_cost(func, args, kwargs, out, inputs=inputs, outputs=outputs)
+            cost = meta_op_cost(func, facts.name, facts.family, args, kwargs, out, inputs,
+                                outputs)
             if len(self._costs) < MAX_REMEMBERED_COSTS:
                 self._costs[key] = cost
         return cost
@@ -190,15 +231,26 @@ def _rank(record: dict[str, Any]) -> tuple[bool, int, int]:
 
 def _tensors_of(values: tuple) -> list[torch.Tensor]:
     """The tensors among `values` and inside their lists/tuples (two levels: foreach ops' tensor
-    lists); faster than a pytree flatten on the capture's hot path."""
+    lists); faster than a pytree flatten on the capture's hot path (exact types first, then
+    the isinstance checks for subclasses)."""
     found: list[torch.Tensor] = []
     for value in values:
-        if isinstance(value, torch.Tensor):
+        kind = type(value)
+        if kind in _PLAIN_TENSORS:
             found.append(value)
-        elif isinstance(value, (list, tuple)):
+        elif kind in _SCALARS:
+            continue
+        elif kind is list or kind is tuple or isinstance(value, (list, tuple)):
             for item in value:
-                if isinstance(item, torch.Tensor):
+                item_kind = type(item)
+                if item_kind in _PLAIN_TENSORS:
+                    found.append(item)
+                elif item_kind in _SCALARS:
+                    continue
+                elif isinstance(item, torch.Tensor):
                     found.append(item)
                 elif isinstance(item, (list, tuple)):
                     found.extend(t for t in item if isinstance(t, torch.Tensor))
+        elif isinstance(value, torch.Tensor):
+            found.append(value)
     return found

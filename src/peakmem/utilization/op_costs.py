@@ -231,12 +231,41 @@ def op_cost(
     """The cost of one device op (None: the op launches no kernel). `inputs` / `outputs`: the
     tensors of (args, kwargs) and of `out`, where the caller has them flattened already."""
     name = func.overloadpacket.__name__
-    if name in NO_KERNEL or getattr(func, "is_view", False):
+    if not launches_kernel(func):
         return None
     inputs = [t for t in (_tensors((args, kwargs)) if inputs is None else inputs) if is_meta(t)]
     outputs = [t for t in (_tensors(out) if outputs is None else outputs) if is_meta(t)]
-    family = family_of(name)
-    moved = sum(map(_nbytes, inputs)) + sum(map(_nbytes, outputs))
+    return meta_op_cost(func, name, family_of(name), args, kwargs, out, inputs, outputs)
+
+
+def launches_kernel(func: Any) -> bool:
+    """Whether the op launches a kernel at all (`op_cost` is None otherwise): not a view, not
+    one of NO_KERNEL."""
+    return func.overloadpacket.__name__ not in NO_KERNEL and not getattr(func, "is_view", False)
+
+
+def _bytes_of(tensors: list[torch.Tensor]) -> int:
+    """sum(map(_nbytes, tensors)), in one pass where every tensor has a plain size."""
+    try:
+        return sum([int(t.numel()) * t.element_size() for t in tensors])
+    except (RuntimeError, TypeError):
+        return sum(map(_nbytes, tensors))
+
+
+def meta_op_cost(
+    func: Any,
+    name: str,
+    family: str,
+    args: tuple,
+    kwargs: dict,
+    out: Any,
+    inputs: list[torch.Tensor],
+    outputs: list[torch.Tensor],
+) -> OpCost:
+    """`op_cost` of an op that launches a kernel (`launches_kernel`), its op packet's `name` and
+    `family` and its device (meta) `inputs` / `outputs` already known: the observer's hot path
+    (utilization.observer), the one computation `op_cost` runs too."""
+    moved = _bytes_of(inputs) + _bytes_of(outputs)
     if family == FOREACH and not outputs:  # in-place foreach: it writes what it reads
         written = _tensors(args[0]) if args else []
         moved += sum(_nbytes(t) for t in written if is_meta(t))
