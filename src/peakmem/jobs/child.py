@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -53,6 +54,7 @@ def os_exit_hook(writer: ResultWriter, on_exit: Callable[[int], None]) -> Iterat
     status n. Errors in ``on_exit`` never stop the exit."""
 
     def _exit(code: int = 0) -> None:  # the same signature as os._exit
+        code = _c_int(code)  # what os._exit raises for a bad code, before anything is written
         if writer.in_original_process and not writer.written:
             with contextlib.suppress(BaseException):
                 on_exit(code)
@@ -63,6 +65,14 @@ def os_exit_hook(writer: ResultWriter, on_exit: Callable[[int], None]) -> Iterat
         yield
     finally:
         os._exit = _REAL_EXIT
+
+
+def _c_int(code: object) -> int:
+    """`code` as os._exit takes it (a C int); TypeError / OverflowError as os._exit raises."""
+    number = operator.index(code)  # type: ignore[arg-type]
+    if not -(1 << 31) <= number < (1 << 31):
+        raise OverflowError("Python int too large to convert to C int")
+    return number
 
 
 def end_process(code: int) -> None:

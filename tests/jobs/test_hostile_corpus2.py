@@ -1,0 +1,135 @@
+"""A second adversarial corpus: hostile jobs and hostile input files that the first corpus
+(test_hostile_corpus.py) does not cover, through the real command line.
+
+Every case asserts the contract: one JSON object on stdout (or one error line), the right exit
+code and error kind, no traceback from peakmem's own frames, and no hang past the timeout.
+The job runs go four at a time (a module fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from peakmem.jobs.runner import user_traceback
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "hostile_scripts2"
+SRC = Path(__file__).resolve().parents[2] / "src"
+PEAKMEM_DIR = str(SRC / "peakmem")
+KINDS = {1: "job_failed", 2: "bad_input", 124: "timeout"}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    command: tuple[str, ...]
+    code: int
+    reason: str | None = None
+    job_exit_code: int | None = None
+    cwd: str = "."
+    timeout: float = 20
+    message: str | None = None
+
+
+CASES = [
+    # 26 s to format a million frames before: the job ran past its timeout
+    Case("deep_recursion", ("python", "deep_recursion.py"), 1, "raised",
+         message="RecursionError"),
+    # the child's result carried a 333-bit job_exit_code and was refused as malformed
+    Case("exit_huge_int", ("python", "exit_huge_int.py"), 1, "exit", job_exit_code=-1),
+    # os._exit(10**100) delivered a malformed result instead of raising OverflowError
+    Case("os_exit_huge_int", ("python", "os_exit_huge_int.py"), 1, "exit", job_exit_code=7),
+    # peakmem's torch was used where `python train.py` imports the local torch.py
+    Case("shadow_torch", ("python", "train.py"), 2, "bad_input", cwd="shadow_torch",
+         message="shadow_torch/torch.py shadows the installed torch"),
+    Case("torch_data_dir", ("python", "train.py"), 0, cwd="torch_data_dir"),
+]
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def _run_case(case: Case, root: Path) -> Run:
+    workdir = root / case.name
+    shutil.copytree(CORPUS, workdir)
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    argv = [sys.executable, "-m", "peakmem", "estimate", "--json", "--gpu", "a100-40gb",
+            "--timeout", str(case.timeout), "--", *case.command]
+    started = time.monotonic()
+    # `python -m peakmem` puts its cwd first on sys.path: run it from the corpus root, the
+    # job from its own directory (`cd DIR && python train.py` as peakmem sees it)
+    if case.cwd != ".":
+        argv[argv.index("--") + 1:argv.index("--") + 3] = [
+            "python", str(workdir / case.cwd / case.command[1])]
+    proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True,
+                          errors="replace", timeout=case.timeout + 30, stdin=subprocess.DEVNULL)
+    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+
+
+@pytest.fixture(scope="module")
+def corpus_runs(tmp_path_factory) -> dict[str, Run]:
+    root = tmp_path_factory.mktemp("hostile2")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {case.name: pool.submit(_run_case, case, root) for case in CASES}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def _peakmem_frames(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines()
+            if line.strip().startswith("File ") and PEAKMEM_DIR in line]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_hostile_job(case: Case, corpus_runs: dict[str, Run]):
+    run = corpus_runs[case.name]
+    assert run.returncode == case.code, (run.stdout, run.stderr[-3000:])
+    assert run.seconds < case.timeout + 15
+    assert run.stdout.strip().count("\n") == 0
+    payload = json.loads(run.stdout)
+    assert not _peakmem_frames(run.stderr), run.stderr[-3000:]
+    if case.code == 0:
+        assert "peak_bytes" in payload and "error" not in payload
+        return
+    error = payload["error"]
+    assert error["kind"] == KINDS[case.code]
+    assert error["reason"] == case.reason
+    assert "\n" not in error["message"]
+    if case.job_exit_code is not None:
+        assert error["job_exit_code"] == case.job_exit_code
+    if case.message is not None:
+        assert case.message in error["message"] + (error["traceback"] or "")
+
+
+def test_user_traceback_keeps_the_innermost_frames_and_leaves_the_exception_as_it_was():
+    def down(depth: int) -> None:
+        if depth == 5000:
+            raise ValueError("deep")
+        down(depth + 1)
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)
+    try:
+        down(0)
+    except ValueError as exc:
+        caught = exc
+    finally:
+        sys.setrecursionlimit(limit)
+    original = caught.__traceback__
+    text = user_traceback(caught)
+    assert text.count("in down") <= 1000
+    assert "repeated" in text and text.rstrip().endswith("ValueError: deep")
+    assert caught.__traceback__ is original
