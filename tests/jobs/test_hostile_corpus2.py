@@ -188,3 +188,53 @@ def test_file_name_with_a_lone_surrogate_is_refused_before_the_job_is_queued(ser
     member = "data/\udcff.py"  # what tarfile decodes an undecodable byte of a name to
     with pytest.raises(FilesError, match="lone surrogate"):
         extract_archive(_tar_gz({"train.py": b"print(1)", member: b"x"}))
+
+
+# -- `peakmem batch` ---------------------------------------------------------------------------
+
+FAKE_ESTIMATOR = "peakmem.service.estimators:fake_estimator"
+
+
+def _batch(tmp_path: Path, jobs_text: str, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "jobs.jsonl").write_text(jobs_text, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    return subprocess.run(
+        [sys.executable, "-m", "peakmem", "batch", "--in-process", "--estimator", FAKE_ESTIMATOR,
+         "jobs.jsonl", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=60, stdin=subprocess.DEVNULL)
+
+
+def _job_line(job_id: str) -> str:
+    return json.dumps({"id": job_id, "command": ["python", "t.py"],
+                       "files": {"t.py": "print(1)"}}, ensure_ascii=False) + "\n"
+
+
+def test_batch_jobs_line_nested_too_deeply_is_one_bad_input_line(tmp_path):
+    # RecursionError: exit 70 with an internal error
+    proc = _batch(tmp_path, '{"id": ' + DEEP_JSON + "}\n")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "line 1: not JSON (nested too deeply)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_batch_reads_json_lines_split_at_newlines_only(tmp_path):
+    # a raw U+2028 inside a JSON string is valid JSON: splitlines() cut the line in two
+    proc = _batch(tmp_path, _job_line("a\u2028b") + _job_line("c\x1cd"), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["done"] == 2
+
+
+def test_batch_results_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    # finished_ids() opened the FIFO to look for finished ids and waited for a writer for ever
+    # (/dev/zero and /dev/full: read for ever, the host's memory with them)
+    os.mkfifo(tmp_path / "results.fifo")
+    proc = _batch(tmp_path, _job_line("a"), "-o", "results.fifo")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "results file results.fifo is not a regular file" in proc.stderr
+
+
+def test_batch_results_file_that_is_a_device_is_refused():
+    from peakmem.service.batch import BatchInputError, check_output
+
+    with pytest.raises(BatchInputError, match="not a regular file"):
+        check_output(Path("/dev/zero"))
