@@ -238,3 +238,36 @@ def test_batch_results_file_that_is_a_device_is_refused():
 
     with pytest.raises(BatchInputError, match="not a regular file"):
         check_output(Path("/dev/zero"))
+
+
+# -- `peakmem pack` estimate files and jobs files ----------------------------------------------
+
+
+@pytest.mark.parametrize("estimate, message", [
+    # 1e308 bytes was placed as a rejected job "needing" a 300-digit number of GiB, exit 0
+    ({"peak_bytes": 1e308, "peak_bytes_with_margin": 1e308}, "no non-negative"),
+    ({"peak_bytes": 2**64, "peak_bytes_with_margin": 2**64}, "no non-negative"),
+    # a margin below the peak was placed by it: the GPU overcommitted
+    ({"peak_bytes": 30 * 2**30, "peak_bytes_with_margin": 1}, "is below `peak_bytes`"),
+], ids=["1e308", "2**64", "margin-below-peak"])
+def test_pack_refuses_estimates_that_no_run_produced(tmp_path, estimate, message):
+    (tmp_path / "job.json").write_text(json.dumps(estimate))
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "peakmem", "pack", "--json", "--gpus", "1xa100-40gb", "job.json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stdout
+    error = json.loads(proc.stdout)["error"]
+    assert error["kind"] == "bad_input" and message in error["message"]
+    assert len(error["message"]) < 300
+
+
+def test_pack_jobs_file_lines_split_at_newlines_only(tmp_path):
+    from peakmem.schedule.jobs import read_jobs_file
+
+    line = {"id": "a\u2028b", "command": ["python", "train.py", "--tag", "x\x1cy"]}
+    (tmp_path / "jobs.jsonl").write_text(json.dumps(line, ensure_ascii=False) + "\n",
+                                         encoding="utf-8")
+    entries = read_jobs_file(str(tmp_path / "jobs.jsonl"))
+    assert [entry["id"] for entry in entries] == ["a\u2028b"]
