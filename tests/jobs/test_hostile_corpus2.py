@@ -271,3 +271,19 @@ def test_pack_jobs_file_lines_split_at_newlines_only(tmp_path):
                                          encoding="utf-8")
     entries = read_jobs_file(str(tmp_path / "jobs.jsonl"))
     assert [entry["id"] for entry in entries] == ["a\u2028b"]
+
+
+# -- `peakmem estimate --model CONFIG` ---------------------------------------------------------
+
+
+def test_model_config_nested_too_deeply_is_bad_input(tmp_path):
+    # RecursionError: exit 70, an internal error
+    (tmp_path / "config.json").write_text('{"model_type": ' + DEEP_JSON + "}")
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "peakmem", "estimate", "--json", "--model", "config.json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stdout
+    error = json.loads(proc.stdout)["error"]
+    assert error["kind"] == "bad_input" and "nested too deeply" in error["message"]
