@@ -287,3 +287,22 @@ def test_model_config_nested_too_deeply_is_bad_input(tmp_path):
     assert proc.returncode == 2, proc.stdout
     error = json.loads(proc.stdout)["error"]
     assert error["kind"] == "bad_input" and "nested too deeply" in error["message"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--emit", "slurm"), "cannot emit slurm: slurm needs the site's shard size"),
+    (("--emit", "hami", "--emit-option", "queue=x"), "hami takes no option queue"),
+    (("--emit", "hami", "--emit-option", "command=python t.py"), "command must be a list"),
+], ids=["slurm-no-shard", "unknown-option", "command-string"])
+def test_pack_emit_that_no_job_can_satisfy_is_one_error_and_exit_2(tmp_path, args, message):
+    # stdout was empty, the reason on stderr, and the exit code 0
+    estimate = {"peak_bytes": 10**9, "peak_bytes_with_margin": 11 * 10**8, "gpu": "a100-40gb"}
+    (tmp_path / "job.json").write_text(json.dumps(estimate))
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "peakmem", "pack", "--gpus", "1xa100-40gb", "job.json", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    assert message in proc.stderr and proc.stderr.count("\n") == 1
