@@ -306,3 +306,32 @@ def test_pack_emit_that_no_job_can_satisfy_is_one_error_and_exit_2(tmp_path, arg
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert proc.stdout == ""
     assert message in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_job_log_that_is_a_fifo_nobody_reads_is_bad_input_not_a_hang(tmp_path):
+    # os.open(FIFO, O_WRONLY) waited for a reader for ever, before the job started
+    os.mkfifo(tmp_path / "log.fifo")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "peakmem", "estimate", "--json", "--job-log", "log.fifo",
+         "--", "python", "train.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr[-2000:])
+    error = json.loads(proc.stdout)["error"]
+    assert error["kind"] == "bad_input" and "a FIFO that no process reads" in error["message"]
+
+
+def test_job_log_fifo_with_a_reader_gets_the_job_output(tmp_path):
+    from peakmem.jobs.job_log import open_job_log
+
+    os.mkfifo(tmp_path / "log.fifo")
+    reader = os.open(tmp_path / "log.fifo", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        fd = open_job_log(tmp_path / "log.fifo")
+        os.write(fd, b"line\n")
+        os.close(fd)
+        assert os.read(reader, 100) == b"line\n"
+    finally:
+        os.close(reader)
