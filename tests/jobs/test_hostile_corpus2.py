@@ -55,6 +55,9 @@ CASES = [
     Case("shadow_torch", ("python", "train.py"), 2, "bad_input", cwd="shadow_torch",
          message="shadow_torch/torch.py shadows the installed torch"),
     Case("torch_data_dir", ("python", "train.py"), 0, cwd="torch_data_dir"),
+    # peakmem exited 143 / 1 with nothing on stdout: the job had killed its supervisor
+    Case("signal_parent_SIGTERM", ("python", "signal_parent_SIGTERM.py"), 0),
+    Case("signal_parent_SIGINT", ("python", "signal_parent_SIGINT.py"), 0),
 ]
 
 

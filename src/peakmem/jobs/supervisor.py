@@ -254,6 +254,7 @@ class _Running:
     forwarder: _Forwarder | None = None
     outcome: ChildOutcome | None = None
     peak_rss: int = 0
+    notes: list[str] = field(default_factory=list)
 
 
 class SandboxLike(Protocol):
@@ -369,6 +370,7 @@ def _finish(run: _Running, status: str, note: str | None = None) -> None:
             outcome.returncode = code
     if note:
         outcome.notes.append(note)
+    outcome.notes += run.notes
     run.outcome = outcome
 
 
@@ -449,7 +451,7 @@ def run_children(
                     for other in running:
                         if other.outcome is None:
                             _finish(other, OutcomeStatus.CANCELLED)
-            time.sleep(POLL_SECONDS)
+            _wait_ignoring_the_jobs_signals(POLL_SECONDS, running)
     finally:
         for run in running:
             if run.outcome is None:
@@ -458,6 +460,54 @@ def run_children(
         restore()
         _subreaper(False)
     return [run.outcome for run in running if run.outcome is not None]
+
+
+_WATCHED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1,
+                              signal.SIGUSR2})
+"""Signals that end (or unwind) this process: one sent by a job to peakmem (`os.kill(
+os.getppid(), SIGTERM)`) is ignored, one from anyone else ends the supervision as before."""
+
+
+def _wait_ignoring_the_jobs_signals(seconds: float, running: Sequence[_Running]) -> None:
+    """Sleep `seconds`; in the main thread, take the watched signals that arrive meanwhile
+    synchronously (sigtimedwait tells who sent each). A job's own processes cannot stop peakmem
+    this way: their signal is dropped with a note. Anyone else's unwinds this process as the
+    handlers would (KeyboardInterrupt for SIGINT, else SystemExit(128 + signal)).
+    Elsewhere (a worker thread, no sigtimedwait): a plain sleep."""
+    if (threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "sigtimedwait")):
+        time.sleep(seconds)
+        return
+    # blocked only while waiting: the children started outside this window inherit no mask
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED_SIGNALS)
+    try:
+        info = signal.sigtimedwait(_WATCHED_SIGNALS, seconds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if info is None:
+        return
+    sender = _job_of(info.si_pid, running)
+    if sender is not None:
+        sender.notes.append(f"the job sent {_signal_name(info.si_signo)} to peakmem "
+                            f"(process {info.si_pid}): ignored")
+        return
+    if info.si_signo == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + info.si_signo)
+
+
+def _job_of(pid: int, running: Sequence[_Running]) -> _Running | None:
+    """The run whose child, or a process of its group or descent, is `pid`."""
+    if pid <= 0 or pid == os.getpid():
+        return None
+    for run in running:
+        if pid == run.process.pid:
+            return run
+    table = _proc_table()
+    for run in running:
+        if run.outcome is None and pid in group_members(run.process.pid, table):
+            return run
+    return None
 
 
 def _exit_on_termination() -> Callable[[], None]:
