@@ -338,3 +338,29 @@ def test_job_log_fifo_with_a_reader_gets_the_job_output(tmp_path):
         assert os.read(reader, 100) == b"line\n"
     finally:
         os.close(reader)
+
+
+# -- the supervisor's own process ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_DUMPABLE is Linux's")
+def test_peakmem_is_not_dumpable_while_its_jobs_run(tmp_path):
+    # a job of the same (non-root) user opened /proc/PEAKMEM/fd/1 and wrote into the JSON
+    # stdout (`FORGED` before the estimate): a non-dumpable process's /proc files are closed
+    import ctypes
+
+    from peakmem.jobs.supervisor import ChildSpec, popen_child, run_child
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    seen: list[int] = []
+
+    def starter(spec, output_fd):
+        seen.append(libc.prctl(3, 0, 0, 0, 0))  # PR_GET_DUMPABLE, as the job starts
+        return popen_child(spec.argv, output_fd)
+
+    before = libc.prctl(3, 0, 0, 0, 0)
+    outcome = run_child(ChildSpec([sys.executable, "-c", "pass"], tmp_path / "result"),
+                        starter=starter)
+    assert outcome.ok
+    assert seen == [0]
+    assert libc.prctl(3, 0, 0, 0, 0) == before == 1

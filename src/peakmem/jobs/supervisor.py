@@ -140,6 +140,31 @@ def _subreaper(on: bool) -> None:
             pass
 
 
+def _dumpable(on: bool) -> None:
+    """Make this process non-dumpable while children run (Linux PR_SET_DUMPABLE): a job of the
+    same (non-root) user then cannot open /proc/PEAKMEM/fd/1 and write a forged estimate into
+    peakmem's stdout, nor read its memory. Counted as the subreaper is; back on afterwards."""
+    global _dumpable_users, _dumpable_before
+    if not sys.platform.startswith("linux"):
+        return
+    with _CHILDREN_LOCK:
+        _dumpable_users += -1 if on else 1
+        if _dumpable_users != int(not on):  # only the first start and the last end switch it
+            return
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if not on:
+                _dumpable_before = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+            if _dumpable_before == 1:  # as it was: an already non-dumpable process stays so
+                libc.prctl(4, 1 if on else 0, 0, 0, 0)  # PR_SET_DUMPABLE
+        except (OSError, AttributeError):
+            pass
+
+
+_dumpable_before = 1
+_dumpable_users = 0  # supervisions running with this process made non-dumpable
 _subreaper_users = 0  # supervisions running
 _LIVE_CHILDREN: set[int] = set()  # pids of the children started here and not yet reaped
 _CHILDREN_LOCK = threading.RLock()  # a child is in _LIVE_CHILDREN before anyone looks for orphans
@@ -423,6 +448,7 @@ def run_children(
     limits = limits or Limits()
     running: list[_Running] = []
     _subreaper(True)
+    _dumpable(False)
     restore = _exit_on_termination()
     try:
         for spec in specs:
@@ -458,6 +484,7 @@ def run_children(
                 with contextlib.suppress(Exception):
                     _finish(run, OutcomeStatus.CANCELLED)
         restore()
+        _dumpable(True)
         _subreaper(False)
     return [run.outcome for run in running if run.outcome is not None]
 
