@@ -364,3 +364,16 @@ def test_peakmem_is_not_dumpable_while_its_jobs_run(tmp_path):
     assert outcome.ok
     assert seen == [0]
     assert libc.prctl(3, 0, 0, 0, 0) == before == 1
+
+
+def test_a_bad_max_host_memory_names_its_own_flag(tmp_path):
+    # the message named `--capacity`, a flag `peakmem estimate` does not have
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "peakmem", "estimate", "--json", "--max-host-memory", "1e308",
+         "--", "python", "train.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2
+    message = json.loads(proc.stdout)["error"]["message"]
+    assert "--capacity" not in message and "--max-host-memory '1e308' is not a size" in message
