@@ -58,6 +58,8 @@ CASES = [
     # peakmem exited 143 / 1 with nothing on stdout: the job had killed its supervisor
     Case("signal_parent_SIGTERM", ("python", "signal_parent_SIGTERM.py"), 0),
     Case("signal_parent_SIGINT", ("python", "signal_parent_SIGINT.py"), 0),
+    # the result file could not be written: no_result for a job python runs to its end
+    Case("rlimit_no_files", ("python", "rlimit_no_files.py"), 0),
 ]
 
 
