@@ -379,3 +379,12 @@ def test_a_bad_max_host_memory_names_its_own_flag(tmp_path):
     assert proc.returncode == 2
     message = json.loads(proc.stdout)["error"]["message"]
     assert "--capacity" not in message and "--max-host-memory '1e308' is not a size" in message
+
+
+def test_a_directory_given_as_the_script_says_so(tmp_path):
+    from peakmem.jobs.runner import missing_script
+
+    (tmp_path / "train.py").mkdir()
+    # "script not found: .../train.py" while train.py was right there
+    assert missing_script(str(tmp_path / "train.py")).endswith(
+        "train.py (a directory without a __main__.py)")

@@ -103,6 +103,8 @@ def missing_script(path: str) -> str:
     """The message for a script that is not there; a program on PATH given in its place
     (`bash -c ...`, `make train`) is named as such."""
     message = f"script not found: {path}"
+    if os.path.isdir(path):  # python: "can't find '__main__' module in 'DIR'"
+        return f"{message} (a directory without a __main__.py)"
     if not path.endswith(".py") and os.sep not in path and shutil.which(path) is not None:
         message += (f" ({path} is a program, not a Python script: peakmem runs `python "
                     "train.py [args]`, `python -m module` or torchrun / accelerate launch / "
