@@ -388,3 +388,27 @@ def test_a_directory_given_as_the_script_says_so(tmp_path):
     # "script not found: .../train.py" while train.py was right there
     assert missing_script(str(tmp_path / "train.py")).endswith(
         "train.py (a directory without a __main__.py)")
+
+
+def test_a_job_cannot_stop_the_warm_process_that_forked_it(tmp_path, monkeypatch):
+    # the warm process took the job's os.kill(os.getppid(), SIGTERM) for a stop request and
+    # exited: every later estimate started cold
+    from peakmem.estimate import estimate_command
+    from peakmem.jobs import zygote_client
+
+    directory = tmp_path / "rt"
+    directory.mkdir(mode=0o700)
+    monkeypatch.setenv("PEAKMEM_RUNTIME_DIR", str(directory))
+    monkeypatch.delenv("PEAKMEM_WARM", raising=False)
+    started = zygote_client.start(idle_seconds=120)
+    try:
+        for name in ("signal_parent_SIGTERM.py", "signal_parent_SIGINT.py"):
+            estimate = estimate_command(["python", str(CORPUS / name)], gpu="a100-40gb",
+                                        timeout=60)
+            assert estimate.peak_bytes > 0
+            time.sleep(1.5)  # the server takes pending signals after each 1 s select
+            status = zygote_client.status()
+            assert status is not None and status["pid"] == started["pid"], name
+        assert status["served"] == 2
+    finally:
+        zygote_client.stop()
