@@ -91,7 +91,8 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
             gpu.capability,
         )
     argv = list(request["argv"])
-    missing = _missing_module(JobSpec.parse(argv))
+    spec = JobSpec.parse(argv)
+    missing = _missing_module(spec) or shadowed_frameworks(spec)
     if missing is not None:
         return CaptureResult(
             trace=_empty_trace(), steps=0, stopped=False, forward_calls=0, seconds=0,
@@ -156,6 +157,43 @@ def _missing_module(spec: Any) -> str | None:
     finally:
         del sys.path[0]
     return None if found is not None else f"no module named {top!r} (python -m {spec.module})"
+
+
+SHADOW_CHECKED = ("torch",)
+"""Packages peakmem has imported before the job starts: a module of the same name in the job's
+own sys.path[0] is what `python train.py` would import instead, but the job here would get
+peakmem's copy and be estimated as a run that cannot happen."""
+
+
+def shadowed_frameworks(spec: Any) -> str | None:
+    """A one-line reason when the job's sys.path[0] (the script's directory, or the cwd for
+    `-m`) holds a module that shadows one of SHADOW_CHECKED (a local torch.py or torch/)."""
+    import importlib.machinery
+
+    if spec.script is not None:
+        script = os.path.abspath(spec.script)
+        first = os.path.dirname(script) if os.path.isfile(script) else script
+    else:
+        first = os.getcwd()
+    for name in SHADOW_CHECKED:
+        loaded = sys.modules.get(name)
+        try:
+            local = importlib.machinery.PathFinder.find_spec(name, [first])
+        except (ImportError, ValueError, OSError):
+            local = None
+        if local is None or loaded is None:
+            continue
+        where = local.origin if local.has_location else None  # None: a namespace directory
+        # (a plain `torch/` folder), which python passes over for the installed package
+        if where is None or _same_file(where, getattr(loaded, "__file__", None)):
+            continue
+        return (f"{where} shadows the installed {name}: `python` would import it instead of "
+                f"{name} for this job (rename it)")
+    return None
+
+
+def _same_file(path: str, other: str | None) -> bool:
+    return other is not None and os.path.realpath(path) == os.path.realpath(other)
 
 
 def _empty_trace() -> Any:

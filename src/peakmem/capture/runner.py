@@ -26,6 +26,7 @@ from peakmem.capture.threads import traced_threads
 from peakmem.capture.unsupported import Unsupported
 from peakmem.capture.value_steered import value_steered_optimizers
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES, SPARSE_KERNELS
+from peakmem.inputs import describe
 from peakmem.jobs.exit_handlers import ended_normally, job_exit_handlers
 from peakmem.jobs.runner import (
     JobSpec,
@@ -235,6 +236,10 @@ def capture_in_progress() -> CaptureResult | None:
     return _ACTIVE[-1]() if _ACTIVE else None
 
 
+_EXIT_CODE_LIMIT = 1 << 63
+"""sys.exit(n) with n outside a C long: python cannot convert it and exits with -1."""
+
+
 def _record_system_exit(result: CaptureResult, exc: SystemExit) -> None:
     """sys.exit(0) / sys.exit(None) is a normal end; sys.exit(n) with any other int (256
     included: a shell would see 0, but the job asked for 256) and sys.exit("message") fail.
@@ -247,6 +252,10 @@ def _record_system_exit(result: CaptureResult, exc: SystemExit) -> None:
         if number == 0:
             return
         result.error, result.reason = exc, "exit"
+        if not -_EXIT_CODE_LIMIT <= number < _EXIT_CODE_LIMIT:  # python exits with -1 (255)
+            result.exit_code = result.job_exit_code = -1
+            result.error_text = f"the job exited with status -1: sys.exit({describe(number)})"
+            return
         result.exit_code = result.job_exit_code = number
         result.error_text = f"the job exited with status {number} (sys.exit)"
         return

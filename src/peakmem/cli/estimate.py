@@ -50,7 +50,8 @@ class _Bytes(click.ParamType):
             size = value
         else:
             try:
-                size = parse_bytes(str(value))
+                flag = param.opts[0] if param is not None and param.opts else "the size"
+                size = parse_bytes(str(value), flag)  # not "--capacity": this flag's own name
             except ValueError as exc:
                 self.fail(str(exc), param, ctx)
         if size <= 0:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -82,6 +83,8 @@ def pack(
     options = parse_emit_options(emit_option, mib_per_shard)
     try:
         bins: list[Bin] = parse_inventory(gpus) if gpus is not None else []
+        if emit:
+            check_emit(emit, options, bins)
         jobs = load_estimate_files(list(estimates))
         failed = []
         commands: dict[str, list[str]] = {}
@@ -124,6 +127,9 @@ def pack(
         report_error(kind, str(exc), exc.exit_code, as_json)
     placement.rejected.extend(failed)
     snippets, emit_errors = _emit(placement, emit, options, commands) if emit else ({}, {})
+    if emit_errors and not snippets:  # not one request printed: a failure, not an empty output
+        name, message = next(iter(emit_errors.items()))
+        raise BadInput(f"cannot emit {emit} for {_safe(name)}: {message}")
     if as_json:
         data = placement.to_json()
         if emit:
@@ -137,6 +143,27 @@ def pack(
         _print_snippets(emit, snippets, emit_errors)
         return
     _print_placement(placement)
+
+
+def check_emit(fmt: str, options: dict[str, Any], bins: Sequence[Any]) -> None:
+    """EmitError, before any job is read or estimated, for an --emit that no job could satisfy
+    on these GPUs (an option the format does not take, slurm without a shard size, a command
+    that is not a list): a 1-byte job on each kind of GPU or slice must be expressible."""
+    from peakmem.schedule.emit import EmitError, render
+
+    kinds = {(b.gpu, b.mig, b.capacity_bytes) for b in bins} or {(None, None, None)}
+    for gpu, mig, capacity in sorted(kinds, key=str):
+        opts: dict[str, Any] = {"name": "check"}
+        if gpu is not None:
+            opts.update(gpu=gpu, capacity_bytes=capacity)
+        if mig and fmt in ("k8s-mig", "slurm"):
+            opts["mig"] = mig
+        opts.update(options)
+        tiny = {"peak_bytes": 1, "peak_bytes_with_margin": 1, "peak_reserved_bytes": 1}
+        try:
+            render(tiny, fmt, **opts)
+        except EmitError as exc:
+            raise EmitError(f"cannot emit {fmt}: {exc}") from None
 
 
 def _emit(placement: Any, fmt: str, options: dict[str, Any], commands: dict[str, list[str]]):

@@ -724,10 +724,11 @@ def _capture_supervised(
     log_fd = None
     if job_log is not None:
         try:
-            log_fd = os.open(os.path.abspath(job_log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            from peakmem.jobs.job_log import open_job_log
+
+            log_fd = open_job_log(job_log)
         except OSError as exc:
-            raise EstimateError(f"cannot open the job log {os.fspath(job_log)!r}: {exc.strerror}",
-                                exit_code=2, reason="bad_input") from None
+            raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None
 
     def run(run_mode: str) -> CaptureResult:
         remaining = None if deadline is None else deadline - time.monotonic()

@@ -189,11 +189,11 @@ def _capture_ranks(launch: Launch, chosen: list[int], gpu: GpuProfile, version: 
     log_fd = None
     if job_log is not None:
         try:
-            log_fd = os.open(os.path.abspath(job_log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                             0o644)
+            from peakmem.jobs.job_log import open_job_log
+
+            log_fd = open_job_log(job_log)
         except OSError as exc:
-            raise EstimateError(f"cannot open the job log {os.fspath(job_log)!r}: "
-                                f"{exc.strerror}", exit_code=2, reason="bad_input") from None
+            raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None
     try:
         first_mode = "eager" if mode == "eager" else "fake"
         first = _run_ranks(launch, chosen, first_mode, gpu, version, conf, steps, timeout,

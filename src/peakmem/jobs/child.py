@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ class ResultWriter:
         self.path = Path(path)
         self.pid = os.getpid()
         self.written = False
+        self._limits = _file_limits()
 
     @property
     def in_original_process(self) -> bool:
@@ -38,12 +40,45 @@ class ResultWriter:
         """Deliver `data`; False (nothing written) in a fork or when already delivered."""
         if self.written or not self.in_original_process:
             return False
+        _restore_limits(self._limits)  # the job may have set RLIMIT_FSIZE 0 (valid for a job
+        # that writes nothing): the result is peakmem's file, written under peakmem's limits
         temporary = self.path.with_name(f".{self.path.name}.{self.pid}.tmp")
         with open(temporary, "wb") as handle:
             handle.write(data)
         os.replace(temporary, self.path)
         self.written = True
         return True
+
+
+_FILE_LIMITS = ("RLIMIT_FSIZE", "RLIMIT_NOFILE")
+"""Resource limits that decide whether the result file can be written."""
+
+
+def _file_limits() -> dict[int, tuple[int, int]]:
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return {}
+    return {getattr(resource, name): resource.getrlimit(getattr(resource, name))
+            for name in _FILE_LIMITS if hasattr(resource, name)}
+
+
+def _restore_limits(saved: dict[int, tuple[int, int]]) -> None:
+    """Put back the soft limits the child started with, where the job lowered them (a lowered
+    hard limit cannot be raised again: the write then fails and no result is reported)."""
+    if not saved:
+        return
+    import resource
+
+    for which, limits in saved.items():
+        with contextlib.suppress(ValueError, OSError):
+            if resource.getrlimit(which) != limits:
+                current_hard = resource.getrlimit(which)[1]
+                soft = limits[0]
+                if current_hard != resource.RLIM_INFINITY and (
+                        soft == resource.RLIM_INFINITY or soft > current_hard):
+                    soft = current_hard
+                resource.setrlimit(which, (soft, current_hard))
 
 
 @contextlib.contextmanager
@@ -53,6 +88,7 @@ def os_exit_hook(writer: ResultWriter, on_exit: Callable[[int], None]) -> Iterat
     status n. Errors in ``on_exit`` never stop the exit."""
 
     def _exit(code: int = 0) -> None:  # the same signature as os._exit
+        code = _c_int(code)  # what os._exit raises for a bad code, before anything is written
         if writer.in_original_process and not writer.written:
             with contextlib.suppress(BaseException):
                 on_exit(code)
@@ -63,6 +99,14 @@ def os_exit_hook(writer: ResultWriter, on_exit: Callable[[int], None]) -> Iterat
         yield
     finally:
         os._exit = _REAL_EXIT
+
+
+def _c_int(code: object) -> int:
+    """`code` as os._exit takes it (a C int); TypeError / OverflowError as os._exit raises."""
+    number = operator.index(code)  # type: ignore[arg-type]
+    if not -(1 << 31) <= number < (1 << 31):
+        raise OverflowError("Python int too large to convert to C int")
+    return number
 
 
 def end_process(code: int) -> None:

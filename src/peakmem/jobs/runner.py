@@ -103,6 +103,8 @@ def missing_script(path: str) -> str:
     """The message for a script that is not there; a program on PATH given in its place
     (`bash -c ...`, `make train`) is named as such."""
     message = f"script not found: {path}"
+    if os.path.isdir(path):  # python: "can't find '__main__' module in 'DIR'"
+        return f"{message} (a directory without a __main__.py)"
     if not path.endswith(".py") and os.sep not in path and shutil.which(path) is not None:
         message += (f" ({path} is a program, not a Python script: peakmem runs `python "
                     "train.py [args]`, `python -m module` or torchrun / accelerate launch / "
@@ -286,16 +288,53 @@ def time_limit(seconds: float | None) -> Iterator[None]:
 
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+TRACEBACK_FRAMES = 1000
+"""The innermost frames of a job's traceback that are kept (python's own default,
+``sys.tracebacklimit``): a recursion a million frames deep is formatted in milliseconds, not
+minutes."""
 
 
 def user_traceback(exc: BaseException) -> str:
     """The traceback of ``exc`` as the job's author would want it: without runpy's frames and
-    without peakmem's own (runner, capture hooks, fake device)."""
-    tb = traceback.TracebackException.from_exception(exc)
+    without peakmem's own (runner, capture hooks, fake device); the innermost TRACEBACK_FRAMES
+    frames of each exception in the chain, as python prints them."""
+    with _innermost_frames(exc, TRACEBACK_FRAMES):
+        tb = traceback.TracebackException.from_exception(exc)
     tb.stack = traceback.StackSummary.from_list(
         [frame for frame in tb.stack if not _is_runner_frame(frame.filename)]
     )
     return "".join(tb.format())
+
+
+@contextmanager
+def _innermost_frames(exc: BaseException, keep: int) -> Iterator[None]:
+    """While the block runs, every exception of `exc`'s chain carries only its innermost `keep`
+    traceback entries (traceback's own `limit` still walks, and looks up the source position
+    of, every frame)."""
+    saved: list[tuple[BaseException, types.TracebackType | None]] = []
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        tb = current.__traceback__
+        depth, walker = 0, tb
+        while walker is not None:
+            depth, walker = depth + 1, walker.tb_next
+        if depth > keep:
+            trimmed = tb
+            for _ in range(depth - keep):
+                trimmed = trimmed.tb_next
+            saved.append((current, tb))
+            current.__traceback__ = trimmed
+        pending += [current.__cause__, current.__context__]
+    try:
+        yield
+    finally:
+        for current, tb in saved:
+            current.__traceback__ = tb
 
 
 def _is_runner_frame(filename: str) -> bool:

@@ -140,6 +140,31 @@ def _subreaper(on: bool) -> None:
             pass
 
 
+def _dumpable(on: bool) -> None:
+    """Make this process non-dumpable while children run (Linux PR_SET_DUMPABLE): a job of the
+    same (non-root) user then cannot open /proc/PEAKMEM/fd/1 and write a forged estimate into
+    peakmem's stdout, nor read its memory. Counted as the subreaper is; back on afterwards."""
+    global _dumpable_users, _dumpable_before
+    if not sys.platform.startswith("linux"):
+        return
+    with _CHILDREN_LOCK:
+        _dumpable_users += -1 if on else 1
+        if _dumpable_users != int(not on):  # only the first start and the last end switch it
+            return
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if not on:
+                _dumpable_before = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+            if _dumpable_before == 1:  # as it was: an already non-dumpable process stays so
+                libc.prctl(4, 1 if on else 0, 0, 0, 0)  # PR_SET_DUMPABLE
+        except (OSError, AttributeError):
+            pass
+
+
+_dumpable_before = 1
+_dumpable_users = 0  # supervisions running with this process made non-dumpable
 _subreaper_users = 0  # supervisions running
 _LIVE_CHILDREN: set[int] = set()  # pids of the children started here and not yet reaped
 _CHILDREN_LOCK = threading.RLock()  # a child is in _LIVE_CHILDREN before anyone looks for orphans
@@ -254,6 +279,7 @@ class _Running:
     forwarder: _Forwarder | None = None
     outcome: ChildOutcome | None = None
     peak_rss: int = 0
+    notes: list[str] = field(default_factory=list)
 
 
 class SandboxLike(Protocol):
@@ -369,6 +395,7 @@ def _finish(run: _Running, status: str, note: str | None = None) -> None:
             outcome.returncode = code
     if note:
         outcome.notes.append(note)
+    outcome.notes += run.notes
     run.outcome = outcome
 
 
@@ -421,6 +448,7 @@ def run_children(
     limits = limits or Limits()
     running: list[_Running] = []
     _subreaper(True)
+    _dumpable(False)
     restore = _exit_on_termination()
     try:
         for spec in specs:
@@ -449,15 +477,64 @@ def run_children(
                     for other in running:
                         if other.outcome is None:
                             _finish(other, OutcomeStatus.CANCELLED)
-            time.sleep(POLL_SECONDS)
+            _wait_ignoring_the_jobs_signals(POLL_SECONDS, running)
     finally:
         for run in running:
             if run.outcome is None:
                 with contextlib.suppress(Exception):
                     _finish(run, OutcomeStatus.CANCELLED)
         restore()
+        _dumpable(True)
         _subreaper(False)
     return [run.outcome for run in running if run.outcome is not None]
+
+
+_WATCHED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1,
+                              signal.SIGUSR2})
+"""Signals that end (or unwind) this process: one sent by a job to peakmem (`os.kill(
+os.getppid(), SIGTERM)`) is ignored, one from anyone else ends the supervision as before."""
+
+
+def _wait_ignoring_the_jobs_signals(seconds: float, running: Sequence[_Running]) -> None:
+    """Sleep `seconds`; in the main thread, take the watched signals that arrive meanwhile
+    synchronously (sigtimedwait tells who sent each). A job's own processes cannot stop peakmem
+    this way: their signal is dropped with a note. Anyone else's unwinds this process as the
+    handlers would (KeyboardInterrupt for SIGINT, else SystemExit(128 + signal)).
+    Elsewhere (a worker thread, no sigtimedwait): a plain sleep."""
+    if (threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "sigtimedwait")):
+        time.sleep(seconds)
+        return
+    # blocked only while waiting: the children started outside this window inherit no mask
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED_SIGNALS)
+    try:
+        info = signal.sigtimedwait(_WATCHED_SIGNALS, seconds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if info is None:
+        return
+    sender = _job_of(info.si_pid, running)
+    if sender is not None:
+        sender.notes.append(f"the job sent {_signal_name(info.si_signo)} to peakmem "
+                            f"(process {info.si_pid}): ignored")
+        return
+    if info.si_signo == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + info.si_signo)
+
+
+def _job_of(pid: int, running: Sequence[_Running]) -> _Running | None:
+    """The run whose child, or a process of its group or descent, is `pid`."""
+    if pid <= 0 or pid == os.getpid():
+        return None
+    for run in running:
+        if pid == run.process.pid:
+            return run
+    table = _proc_table()
+    for run in running:
+        if run.outcome is None and pid in group_members(run.process.pid, table):
+            return run
+    return None
 
 
 def _exit_on_termination() -> Callable[[], None]:

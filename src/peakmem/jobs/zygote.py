@@ -203,6 +203,7 @@ def _become_job_process(argv: list[str], cwd: str, env: Mapping[str, str], umask
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the server blocks its stop signals
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
     for fd in close_fds:

@@ -179,6 +179,9 @@ def serve(listener: socket.socket, socket_path: Path, identity: dict[str, Any], 
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: setattr(state, "stopping", True))
+    # taken synchronously after each select (sigtimedwait names the sender): a job's own
+    # os.kill(os.getppid(), SIGTERM) must not stop the warm process; the forked job unblocks
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "listen")
     selector.register(wake_read, selectors.EVENT_READ, "wake")
@@ -249,6 +252,7 @@ def serve(listener: socket.socket, socket_path: Path, identity: dict[str, Any], 
                         conn.reader.closed = True
                     if conn.reader.closed:
                         close(conn)
+            _take_stop_signals(state)
             _reap(state, close)
             if _socket_gone(socket_path, inode):
                 state.stopping = True
@@ -313,6 +317,32 @@ def _fork(message: dict[str, Any], output_fd: int, open_fds: list[int]) -> int:
         [str(word) for word in message["argv"]], str(message["cwd"]), env,
         int(message["umask"]) & 0o777, output_fd, open_fds,
     )
+
+
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+"""Signals that stop the warm process, unless one of its jobs sent them."""
+
+
+def _take_stop_signals(state: _State) -> None:
+    """Pending stop signals: a job's (its process, group or session) is dropped; anyone else's
+    stops the server (SIGINT at once, as Ctrl-C did; SIGTERM / SIGHUP after its running jobs)."""
+    while (info := signal.sigtimedwait(STOP_SIGNALS, 0)) is not None:
+        if _sent_by_a_job(info.si_pid, state):
+            continue
+        if info.si_signo == signal.SIGINT:
+            raise KeyboardInterrupt
+        state.stopping = True
+
+
+def _sent_by_a_job(pid: int, state: _State) -> bool:
+    if pid <= 0 or pid == os.getpid():
+        return False
+    if pid in state.children:
+        return True
+    try:
+        return os.getpgid(pid) in state.children or os.getsid(pid) in state.children
+    except OSError:  # gone already: not known as a job's
+        return False
 
 
 def _reap(state: _State, close: Any) -> None:

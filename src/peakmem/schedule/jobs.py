@@ -53,12 +53,16 @@ def _loads(text: str, where: str) -> Any:
         raise PackError(f"{where}: not usable JSON ({type(exc).__name__})") from None
 
 
+MAX_BYTES = 1 << 63
+"""Byte counts at or past this (8 EiB, 1e308) are no GPU's peak: the file is not an estimate."""
+
+
 def _int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    return int(math.ceil(value)) if value >= 0 else None
+    return int(math.ceil(value)) if 0 <= value < MAX_BYTES else None
 
 
 def job_from_estimate(name: str, estimate: Any) -> PackJob:
@@ -75,6 +79,11 @@ def job_from_estimate(name: str, estimate: Any) -> PackJob:
         raise PackError(
             f"{name}: no non-negative `peak_bytes` / `peak_bytes_with_margin` (is it the output of "
             "`peakmem estimate --json`?)"
+        )
+    if with_margin < peak:  # a margin subtracts nothing: placing by it would overcommit the GPU
+        raise PackError(
+            f"{name}: `peak_bytes_with_margin` ({with_margin}) is below `peak_bytes` ({peak}): "
+            "not the output of `peakmem estimate --json`"
         )
     margin = estimate.get("safety_margin", 0.0)
     margin = float(margin) if isinstance(margin, (int, float)) and math.isfinite(margin) else 0.0
@@ -124,7 +133,8 @@ def read_jobs_file(path: str) -> list[dict[str, Any]]:
     """The entries of a jobs file, checked (PackError naming the line)."""
     entries: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for number, line in enumerate(_read(path).splitlines(), 1):
+    for number, line in enumerate(_read(path).split("\n"), 1):  # not splitlines: U+2028 may
+        # sit inside a JSON string
         text = line.strip()
         if not text or text.startswith("#"):
             continue

@@ -63,6 +63,9 @@ def find_config(source: str) -> tuple[dict[str, Any], str]:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"--model {source}: {path} is not a JSON config ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"--model {source}: {path} is not a JSON config (nested too "
+                          "deeply)") from None
     check_config(config, source)
     return config, str(path)
 

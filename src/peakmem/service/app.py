@@ -222,6 +222,8 @@ def create_app(
             return _bad_input(str(exc))
         except ValueError as exc:  # JSON, shell words, or the request model
             return _bad_input(f"bad form field: {' '.join(str(exc).split())[:500]}")
+        except RecursionError:  # json.loads of a form field nested thousands deep
+            return _bad_input("bad form field: JSON nested too deeply")
         return enqueue(EstimateJob(tuple(parsed.command), files, parsed.gpu,
                                    parsed.options.as_dict()))
 

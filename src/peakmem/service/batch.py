@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -75,19 +76,28 @@ class BatchSummary:
 
 def read_jobs(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """(id, raw job object) of every line; BatchInputError for a line without a usable id."""
+    from peakmem.inputs import InputError, open_regular_file, read_capped
+
     try:
-        text = path.read_text(encoding="utf-8")
+        with open_regular_file(path, cap=MAX_JOBS_FILE_BYTES) as handle:
+            text = read_capped(handle, MAX_JOBS_FILE_BYTES, str(path)).decode("utf-8")
+    except InputError as exc:
+        raise BatchInputError(str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BatchInputError(f"cannot read {path}: {exc}") from None
     jobs: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
-    for number, line in enumerate(text.splitlines(), start=1):
+    # JSON lines end at "\n" only: a JSON string may hold U+2028 or \x1c, which splitlines()
+    # would take for line breaks
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
             raw = json.loads(line)
         except ValueError as exc:
             raise BatchInputError(f"{path} line {number}: not JSON ({exc})") from None
+        except RecursionError:
+            raise BatchInputError(f"{path} line {number}: not JSON (nested too deeply)") from None
         if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not raw["id"]:
             raise BatchInputError(f"{path} line {number}: a job is a JSON object with an \"id\"")
         if raw["id"] in seen:
@@ -97,16 +107,35 @@ def read_jobs(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return jobs
 
 
+MAX_JOBS_FILE_BYTES = 1 << 30
+"""The largest jobs file read (each job's files ride inline: 1 GiB is thousands of jobs)."""
+
+
+def check_output(output: Path) -> None:
+    """BatchInputError unless `output` is a regular file or not there yet: /dev/zero or
+    /dev/full would be read for ever when looking for finished ids, a FIFO would block."""
+    try:
+        info = output.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise BatchInputError(f"cannot use {output} as the results file: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise BatchInputError(f"the results file {output} is {kind}")
+
+
 def finished_ids(output: Path, retry_failed: bool = False) -> set[str]:
     """Ids whose last line in `output` is final (a rerun skips them)."""
     last: dict[str, dict[str, Any]] = {}
+    check_output(output)
     try:
-        with output.open(encoding="utf-8", errors="replace") as fh:
+        with output.open(encoding="utf-8", errors="replace", newline="\n") as fh:
             for line in fh:
                 try:
                     entry = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by a crash
+                except (ValueError, RecursionError):
+                    continue  # a line cut short by a crash, or not one of ours
                 if isinstance(entry, dict) and isinstance(entry.get("id"), str):
                     last[entry["id"]] = entry
     except FileNotFoundError:

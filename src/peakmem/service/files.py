@@ -34,6 +34,8 @@ def check_path(name: str, limits: FileLimits = DEFAULT_LIMITS) -> str:
         raise FilesError(f"bad file name {name!r:.80}: empty or longer than {limits.max_path_chars}")
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in name) or "\\" in name:
         raise FilesError(f"bad file name {name!r:.80}: control character or backslash")
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in name):  # no file system can name it
+        raise FilesError(f"bad file name {name!r:.80}: not valid Unicode (a lone surrogate)")
     path = PurePosixPath(name)
     if path.is_absolute() or name.startswith("~"):
         raise FilesError(f"bad file name {name!r:.80}: absolute paths are refused")

@@ -1,0 +1,3 @@
+from _train import train
+
+train()
