@@ -97,9 +97,13 @@ def _plain(value: Any, dtypes: frozenset = _FLOATS) -> bool:
         or value.is_conj()
         or value.is_neg()
         or value.numel() == 0
+        or not value.is_contiguous()
     ):
         return False
-    return value.stride() == contiguous_strides(tuple(value.shape))
+    shape = value.shape
+    # contiguous and no size-1 dimension: the canonical strides (a size-1 dimension's stride
+    # is free in is_contiguous)
+    return 1 not in shape or value.stride() == contiguous_strides(tuple(shape))
 
 
 def _plain_any_dtype(value: Any) -> bool:
@@ -112,8 +116,21 @@ _ANY_DTYPE = frozenset({
 })
 
 
-def _new(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, device="meta")
+_META = torch.device("meta")
+
+
+def _new(shape: tuple[int, ...], dtype: torch.dtype,
+         strides: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A fresh contiguous meta tensor (`strides`: its contiguous strides when known)."""
+    if strides is None:
+        strides = contiguous_strides(shape)
+    return torch.empty_strided(shape, strides, dtype=dtype, device=_META)
+
+
+def _new_like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A fresh tensor of a plain (canonically contiguous) tensor's layout."""
+    return torch.empty_strided(tuple(tensor.shape), tensor.stride(),
+                               dtype=tensor.dtype if dtype is None else dtype, device=_META)
 
 
 def _scalar(value: Any) -> bool:
@@ -126,30 +143,29 @@ def _scalar(value: Any) -> bool:
 _APPROXIMATE = ("none", "tanh")  # gelu's approximate: the only string argument of these ops
 
 
-def _same_layout(args: tuple, kwargs: dict) -> tuple[tuple[int, ...], torch.dtype] | None:
-    """(shape, dtype) when every tensor argument is plain with one shape and dtype, and every
-    other argument a number, string or None."""
-    layout = None
+def _same_layout(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The first tensor argument when every tensor argument is plain with one shape and dtype,
+    and every other argument a number, gelu's approximate or None."""
+    first = None
     for value in (*args, *kwargs.values()):
         if type(value) in _TENSORS:
             if not _plain(value):
                 return None
-            this = (tuple(value.shape), value.dtype)
-            if layout is None:
-                layout = this
-            elif this != layout:
+            if first is None:
+                first = value
+            elif value.dtype != first.dtype or value.shape != first.shape:
                 return None
         elif not (value is None or value in _APPROXIMATE or _scalar(value)):
             return None
-    return layout
+    return first
 
 
 def _pointwise(guard: Callable[[tuple, dict], bool] | None = None) -> Rule:
     def rule(args: tuple, kwargs: dict) -> Any:
-        layout = _same_layout(args, kwargs)
-        if layout is None or (guard is not None and not guard(args, kwargs)):
+        first = _same_layout(args, kwargs)
+        if first is None or (guard is not None and not guard(args, kwargs)):
             return DECLINE
-        return _new(*layout)
+        return _new_like(first)
 
     return rule
 
@@ -216,8 +232,7 @@ def _native_dropout(args: tuple, kwargs: dict) -> Any:
     _, p, train = args
     if train is not True or type(p) is not float or not 0.0 < p < 1.0:
         return DECLINE
-    shape = tuple(args[0].shape)
-    return (_new(shape, args[0].dtype), _new(shape, torch.bool))
+    return (_new_like(args[0]), _new_like(args[0], torch.bool))
 
 
 def _native_dropout_backward(args: tuple, kwargs: dict) -> Any:
@@ -229,7 +244,7 @@ def _native_dropout_backward(args: tuple, kwargs: dict) -> Any:
         return DECLINE
     if mask.shape != grad.shape:
         return DECLINE
-    return _new(tuple(grad.shape), grad.dtype)
+    return _new_like(grad)
 
 
 register(aten.native_dropout.default, _native_dropout)
@@ -250,7 +265,7 @@ def _like(args: tuple, kwargs: dict) -> Any:
                 return DECLINE
         elif value is not None:
             return DECLINE
-    return _new(tuple(args[0].shape), args[0].dtype)
+    return _new_like(args[0])
 
 
 register((aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default), _like)
@@ -320,7 +335,7 @@ def _foreach_out_of_place(count: int) -> Rule:
         lists = _foreach_lists(args, kwargs, count)
         if lists is None or not _foreach_extras_ok(args[count:], kwargs, len(lists[0])):
             return DECLINE
-        return [_new(tuple(t.shape), t.dtype) for t in lists[0]]
+        return [_new_like(tensor) for tensor in lists[0]]
 
     return rule
 
@@ -373,7 +388,7 @@ def _native_batch_norm(args: tuple, kwargs: dict) -> Any:
         return DECLINE
     if training and running_var is not None and x.numel() == channels:
         return DECLINE  # one value per channel: the unbiased variance divides by zero
-    return (_new(tuple(x.shape), x.dtype), _new((channels,), stats_dtype),
+    return (_new_like(x), _new((channels,), stats_dtype),
             _new((channels,), stats_dtype))
 
 
@@ -404,7 +419,7 @@ def _native_batch_norm_backward(args: tuple, kwargs: dict) -> Any:
         return DECLINE
     weight_dtype = weight.dtype if weight is not None else x.dtype
     return (  # the input's gradient is made whatever output_mask[0] says
-        _new(tuple(x.shape), x.dtype),
+        _new_like(x),
         _new((channels,), weight_dtype) if mask[1] else None,
         _new((channels,), weight_dtype) if mask[2] else None,
     )
@@ -429,7 +444,7 @@ def _softmax(args: tuple, kwargs: dict) -> Any:
     x, dim, half_to_float = args
     if half_to_float is not False or x.dim() == 0 or not _dim_ok(dim, x.dim()):
         return DECLINE
-    return _new(tuple(x.shape), x.dtype)
+    return _new_like(x)
 
 
 def _softmax_backward(args: tuple, kwargs: dict) -> Any:
@@ -441,7 +456,7 @@ def _softmax_backward(args: tuple, kwargs: dict) -> Any:
         return DECLINE
     if input_dtype != grad.dtype or grad.dim() == 0 or not _dim_ok(dim, grad.dim()):
         return DECLINE
-    return _new(tuple(grad.shape), grad.dtype)
+    return _new_like(grad)
 
 
 register((aten._softmax.default, aten._log_softmax.default), _softmax)
