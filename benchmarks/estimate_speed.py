@@ -1,6 +1,7 @@
 """Speed of peakmem: every figure of issue 14's targets, measured side by side in one run.
 
     python benchmarks/estimate_speed.py [--only gpt2,rows,llama,allocator] [--rows 15] [--json]
+                                        [--sets mlp1,mlp2,cnn,transformer]
 
 Prints one JSON line per figure, then a summary table:
 
@@ -196,6 +197,8 @@ def rows(args) -> list[dict]:
         ("gpumemnet-mlp1", 0.5), ("gpumemnet-mlp2", 0.5), ("gpumemnet-cnn", 0.5),
         ("gpumemnet-transformer", 2.0),
     ):
+        if args.sets and not any(part in name for part in args.sets.split(",")):
+            continue
         all_rows = evaluation_rows(load_rows(name, DATA))
         sample = spread_subset(all_rows, args.rows if "transformer" not in name else None)
         seconds, cpu, errors = [], [], []
@@ -271,6 +274,9 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(FIGURES),
                         help=f"comma-separated, of: {', '.join(FIGURES)}")
     parser.add_argument("--rows", type=int, default=15, help="rows per MLP / CNN set")
+    parser.add_argument("--sets", default="",
+                        help="`rows`: only the sets whose name holds one of these "
+                             "(comma-separated: mlp1,mlp2,cnn,transformer; default all)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     results = []

@@ -29,6 +29,11 @@ ScalarList of new floats every step) checks its arguments once per layout instea
 step (tests/capture/test_meta_cache.py runs every such overload with many float values, and
 every dtype, and sees the same outcome).
 
+A miss is first offered to capture/fast_layouts.py, whose rules make the outputs of common
+ops (pointwise, dropout, batch norm, softmax, mm / addmm, the *_like factories, the optimizers'
+foreach ops) from the input layouts where that provably gives the meta kernel's layouts; the
+rest run the op's meta kernel.
+
 A call that raises is never cached (it raises again next time). Eager captures (real values)
 do not use the cache. A job that registers its own Meta kernel for an aten op in the middle of
 a run would still get the first kernel's layouts for calls seen before (not met in practice).
@@ -40,6 +45,7 @@ from typing import Any
 
 import torch
 
+from peakmem.capture.fast_layouts import DECLINE, fast_layout
 from peakmem.cuda_rules.registry import FUSED_KERNELS
 
 _MAX_ENTRIES = 100_000
@@ -117,6 +123,7 @@ class MetaCache:
         self._blind: dict[Any, bool] = {}
         self.hits = 0
         self.misses = 0
+        self.fast = 0  # misses answered by capture/fast_layouts.py's rules
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         names = self._ops.get(func)
@@ -143,7 +150,11 @@ class MetaCache:
         if entry is not None:
             self.hits += 1
             return _rebuild(entry)
-        out = func(*args, **kwargs)
+        out = fast_layout(func, args, kwargs)
+        if out is DECLINE:
+            out = func(*args, **kwargs)
+        else:
+            self.fast += 1
         self.misses += 1
         if len(self._entries) < _MAX_ENTRIES:
             recipe = _recipe(out, storages)

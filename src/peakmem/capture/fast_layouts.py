@@ -1,0 +1,510 @@
+"""Output layouts of common ops computed directly, without the op's meta kernel (issue 14).
+
+Many aten meta kernels are Python (torch._refs, torch._decomp, torch._meta_registrations) and
+cost 0.1 to 18 ms per call; the meta cache (capture/meta_cache.py) runs each once per distinct
+call, but every differently-shaped parameter or activation of a new model is a new call. For
+the ops below the output layout is a pure function of the input layouts in a narrow, plainly
+checked case, and `fast_layout(func, args, kwargs)` makes the outputs itself (a few
+microseconds); anything outside that case returns DECLINE and the op's own meta kernel runs.
+
+The case is kept conservative: every tensor argument a plain strided meta tensor (no subclass,
+no conj/neg bit) of a floating dtype (float16, bfloat16, float32, float64), canonically
+contiguous (the strides `torch.empty(shape)` gives, so no size-1-dimension stride ambiguity,
+no overlap, no channels_last), with at least one element; the tensors an op combines have one
+shape and one dtype (no broadcasting, no type promotion); scalars are ints, floats or bools
+(never complex), and values a kernel checks (elu's alpha with `is_result`, dropout's p, a
+softmax dim) are checked here the same way or declined. Outputs are fresh contiguous meta
+tensors, one storage each, as the meta kernels make them.
+
+Identity with the meta kernels: tests/capture/test_fast_layouts.py compares every rule with
+the op's own meta kernel over random shapes, strides, dtypes and scalars (hypothesis): each
+output's shape, strides, storage offset, dtype, storage size, view flag and storage sharing,
+and that the meta kernel does not raise where a rule answers.
+
+Registry: FAST_LAYOUTS maps an op overload to its rule; a rule returns the outputs or DECLINE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+DECLINE: Any = object()
+"""A rule's answer when the call is outside its case: the op's own meta kernel must run."""
+
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_NUMBERS = (int, float, bool)
+_STRIDED = torch.strided
+
+Rule = Callable[[tuple, dict], Any]
+FAST_LAYOUTS: dict[Any, Rule] = {}
+"""op overload -> rule(args, kwargs): its outputs, or DECLINE."""
+
+
+def _arity_checked(func: Any, rule: Rule) -> Rule:
+    """`rule` for calls that give func's schema a valid argument count (positional arguments
+    between the required and all, keyword arguments only the keyword-only ones)."""
+    positional = [arg for arg in func._schema.arguments if not arg.kwarg_only]
+    fewest = sum(1 for arg in positional if not arg.has_default_value())
+    most = len(positional)
+    keywords = frozenset(arg.name for arg in func._schema.arguments if arg.kwarg_only)
+
+    def checked(args: tuple, kwargs: dict) -> Any:
+        if not fewest <= len(args) <= most or any(name not in keywords for name in kwargs):
+            return DECLINE
+        return rule(args, kwargs)
+
+    return checked
+
+
+def register(funcs: Any, rule: Rule) -> None:
+    """Make `rule` the fast layout of each op overload in `funcs` (one or an iterable)."""
+    for func in (funcs,) if isinstance(funcs, torch._ops.OpOverload) else funcs:
+        FAST_LAYOUTS[func] = _arity_checked(func, rule)
+
+
+def fast_layout(func: Any, args: tuple, kwargs: dict) -> Any:
+    """func's outputs on these arguments made directly, or DECLINE."""
+    rule = FAST_LAYOUTS.get(func)
+    if rule is None:
+        return DECLINE
+    return rule(args, kwargs)
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides torch.empty(shape) gives (a size-0 or size-1 dimension counts as 1)."""
+    strides = []
+    step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _plain(value: Any, dtypes: frozenset = _FLOATS) -> bool:
+    """A canonically contiguous, non-empty plain strided meta tensor of one of `dtypes`."""
+    if type(value) not in _TENSORS:
+        return False
+    if (
+        not value.is_meta
+        or value.layout is not _STRIDED
+        or value.dtype not in dtypes
+        or value.is_conj()
+        or value.is_neg()
+        or value.numel() == 0
+        or not value.is_contiguous()
+    ):
+        return False
+    shape = value.shape
+    # contiguous and no size-1 dimension: the canonical strides (a size-1 dimension's stride
+    # is free in is_contiguous)
+    return 1 not in shape or value.stride() == contiguous_strides(tuple(shape))
+
+
+def _plain_any_dtype(value: Any) -> bool:
+    return _plain(value, _ANY_DTYPE)
+
+
+_ANY_DTYPE = frozenset({
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool, torch.uint8,
+    torch.int8, torch.int16, torch.int32, torch.int64,
+})
+
+
+_META = torch.device("meta")
+
+
+def _new(shape: tuple[int, ...], dtype: torch.dtype,
+         strides: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A fresh contiguous meta tensor (`strides`: its contiguous strides when known)."""
+    if strides is None:
+        strides = contiguous_strides(shape)
+    return torch.empty_strided(shape, strides, dtype=dtype, device=_META)
+
+
+def _new_like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A fresh tensor of a plain (canonically contiguous) tensor's layout."""
+    return torch.empty_strided(tuple(tensor.shape), tensor.stride(),
+                               dtype=tensor.dtype if dtype is None else dtype, device=_META)
+
+
+def _scalar(value: Any) -> bool:
+    return type(value) in _NUMBERS
+
+
+# --- pointwise ops: same shape, same dtype, contiguous in and out ---------------------------
+
+
+_APPROXIMATE = ("none", "tanh")  # gelu's approximate: the only string argument of these ops
+
+
+def _same_layout(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The first tensor argument when every tensor argument is plain with one shape and dtype,
+    and every other argument a number, gelu's approximate or None."""
+    first = None
+    for value in (*args, *kwargs.values()):
+        if type(value) in _TENSORS:
+            if not _plain(value):
+                return None
+            if first is None:
+                first = value
+            elif value.dtype != first.dtype or value.shape != first.shape:
+                return None
+        elif not (value is None or value in _APPROXIMATE or _scalar(value)):
+            return None
+    return first
+
+
+def _pointwise(guard: Callable[[tuple, dict], bool] | None = None) -> Rule:
+    def rule(args: tuple, kwargs: dict) -> Any:
+        first = _same_layout(args, kwargs)
+        if first is None or (guard is not None and not guard(args, kwargs)):
+            return DECLINE
+        return _new_like(first)
+
+    return rule
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+    return args[index] if len(args) > index else kwargs.get(name)
+
+
+def _elu_backward_guard(args: tuple, kwargs: dict) -> bool:
+    # elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    # with is_result a negative alpha is refused by the kernel
+    alpha = _arg(args, kwargs, 1, "alpha")
+    is_result = _arg(args, kwargs, 4, "is_result")
+    return type(is_result) is bool and _scalar(alpha) and (not is_result or alpha >= 0)
+
+
+def _leaky_relu_backward_guard(args: tuple, kwargs: dict) -> bool:
+    # leaky_relu_backward(grad_output, self, negative_slope, self_is_result)
+    slope = _arg(args, kwargs, 2, "negative_slope")
+    is_result = _arg(args, kwargs, 3, "self_is_result")
+    return type(is_result) is bool and _scalar(slope) and (not is_result or slope > 0)
+
+
+def _two_tensors(args: tuple, kwargs: dict) -> bool:
+    """A binary op's second operand is a tensor (shape checked by _same_layout), not a scalar
+    wrapped by the caller."""
+    return len(args) >= 2 and type(args[1]) in _TENSORS
+
+
+_UNARY = (
+    aten.relu.default, aten.elu.default, aten.leaky_relu.default, aten.gelu.default,
+    aten.silu.default, aten.tanh.default, aten.sigmoid.default, aten.hardtanh.default,
+    aten.hardswish.default, aten.hardsigmoid.default, aten.mish.default, aten.softplus.default,
+    aten.neg.default, aten.abs.default, aten.exp.default, aten.sqrt.default, aten.rsqrt.default,
+    aten.reciprocal.default,
+    aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar, aten.pow.Tensor_Scalar,
+)
+_BINARY = (
+    aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor,
+    aten.gelu_backward.default, aten.silu_backward.default, aten.tanh_backward.default,
+    aten.sigmoid_backward.default, aten.threshold_backward.default,
+    aten.hardtanh_backward.default, aten.hardswish_backward.default,
+    aten.hardsigmoid_backward.default, aten.mish_backward.default,
+    aten.softplus_backward.default,
+)
+
+register(_UNARY, _pointwise())
+register(_BINARY, _pointwise(_two_tensors))
+register(aten.elu_backward.default, _pointwise(_elu_backward_guard))
+register(aten.leaky_relu_backward.default, _pointwise(_leaky_relu_backward_guard))
+
+
+def _clone_guard(args: tuple, kwargs: dict) -> bool:
+    return kwargs.get("memory_format") in (None, torch.preserve_format, torch.contiguous_format)
+
+
+register(aten.clone.default, _pointwise(_clone_guard))
+
+
+def _native_dropout(args: tuple, kwargs: dict) -> Any:
+    # native_dropout(input, p, train) -> (output, bool mask)
+    if len(args) != 3 or kwargs or not _plain(args[0]):
+        return DECLINE
+    _, p, train = args
+    if train is not True or type(p) is not float or not 0.0 < p < 1.0:
+        return DECLINE
+    return (_new_like(args[0]), _new_like(args[0], torch.bool))
+
+
+def _native_dropout_backward(args: tuple, kwargs: dict) -> Any:
+    # native_dropout_backward(grad_output, mask, scale)
+    if len(args) != 3 or kwargs:
+        return DECLINE
+    grad, mask, scale = args
+    if not (_plain(grad) and _plain(mask, frozenset({torch.bool})) and _scalar(scale)):
+        return DECLINE
+    if mask.shape != grad.shape:
+        return DECLINE
+    return _new_like(grad)
+
+
+register(aten.native_dropout.default, _native_dropout)
+register(aten.native_dropout_backward.default, _native_dropout_backward)
+
+
+# --- factories like an input ------------------------------------------------------------------
+
+
+def _like(args: tuple, kwargs: dict) -> Any:
+    # zeros_like / ones_like / empty_like(self, *, dtype, layout, device, pin_memory,
+    # memory_format): only with every option unset (preserve or contiguous format)
+    if len(args) != 1 or not _plain_any_dtype(args[0]):
+        return DECLINE
+    for name, value in kwargs.items():
+        if name == "memory_format":
+            if value not in (None, torch.preserve_format, torch.contiguous_format):
+                return DECLINE
+        elif value is not None:
+            return DECLINE
+    return _new_like(args[0])
+
+
+register((aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default), _like)
+
+
+# --- foreach ops (the optimizers') --------------------------------------------------------------
+
+
+def _foreach_lists(args: tuple, kwargs: dict, count: int) -> list[list] | None:
+    """The first `count` arguments as tensor lists of one length (>= 1) whose tensors at each
+    index are plain, of one shape and dtype, and share no storage unless they are the same
+    tensor."""
+    if len(args) < count:
+        return None
+    lists = args[:count]
+    if any(type(tensors) not in (list, tuple) for tensors in lists):
+        return None
+    length = len(lists[0])
+    if length == 0 or any(len(tensors) != length for tensors in lists):
+        return None
+    for index in range(length):
+        first = lists[0][index]
+        if not _plain(first):
+            return None
+        layout = (first.shape, first.dtype)
+        storages = {id(first.untyped_storage()): first}
+        for tensors in lists[1:]:
+            tensor = tensors[index]
+            if tensor is first:
+                continue
+            if not _plain(tensor) or (tensor.shape, tensor.dtype) != layout:
+                return None
+            storage = id(tensor.untyped_storage())
+            if storages.setdefault(storage, tensor) is not tensor:
+                return None
+    return [list(tensors) for tensors in lists]
+
+
+def _foreach_extras_ok(extras: tuple, kwargs: dict, length: int) -> bool:
+    """The non-list arguments: numbers, or lists of `length` numbers (ScalarList)."""
+    for value in (*extras, *kwargs.values()):
+        if type(value) in (list, tuple):
+            if len(value) != length or not all(type(item) in (int, float) for item in value):
+                return False
+        elif type(value) not in (int, float):
+            return False
+    return True
+
+
+def _foreach_in_place(count: int) -> Rule:
+    """An in-place foreach op over `count` tensor lists (no return): its meta kernel only
+    checks the arguments, which pass in this case."""
+
+    def rule(args: tuple, kwargs: dict) -> Any:
+        lists = _foreach_lists(args, kwargs, count)
+        if lists is None or not _foreach_extras_ok(args[count:], kwargs, len(lists[0])):
+            return DECLINE
+        return None
+
+    return rule
+
+
+def _foreach_out_of_place(count: int) -> Rule:
+    """An out-of-place foreach op over `count` tensor lists: a fresh tensor per index."""
+
+    def rule(args: tuple, kwargs: dict) -> Any:
+        lists = _foreach_lists(args, kwargs, count)
+        if lists is None or not _foreach_extras_ok(args[count:], kwargs, len(lists[0])):
+            return DECLINE
+        return [_new_like(tensor) for tensor in lists[0]]
+
+    return rule
+
+
+_FOREACH_IN_PLACE = {
+    aten._foreach_add_.Scalar: 1, aten._foreach_add_.ScalarList: 1, aten._foreach_add_.List: 2,
+    aten._foreach_sub_.Scalar: 1, aten._foreach_sub_.ScalarList: 1, aten._foreach_sub_.List: 2,
+    aten._foreach_mul_.Scalar: 1, aten._foreach_mul_.ScalarList: 1, aten._foreach_mul_.List: 2,
+    aten._foreach_div_.Scalar: 1, aten._foreach_div_.ScalarList: 1, aten._foreach_div_.List: 2,
+    aten._foreach_addcdiv_.Scalar: 3, aten._foreach_addcdiv_.ScalarList: 3,
+    aten._foreach_addcmul_.Scalar: 3, aten._foreach_addcmul_.ScalarList: 3,
+    aten._foreach_lerp_.Scalar: 2, aten._foreach_lerp_.ScalarList: 2,
+    aten._foreach_lerp_.List: 3,
+}
+_FOREACH_OUT_OF_PLACE = {
+    aten._foreach_sqrt.default: 1, aten._foreach_neg.default: 1,
+    aten._foreach_add.Scalar: 1, aten._foreach_add.List: 2,
+    aten._foreach_mul.Scalar: 1, aten._foreach_mul.List: 2,
+    aten._foreach_div.Scalar: 1, aten._foreach_div.ScalarList: 1, aten._foreach_div.List: 2,
+}
+for _op, _count in _FOREACH_IN_PLACE.items():
+    register(_op, _foreach_in_place(_count))
+for _op, _count in _FOREACH_OUT_OF_PLACE.items():
+    register(_op, _foreach_out_of_place(_count))
+
+
+# --- normalization, softmax, matrix products ------------------------------------------------------
+
+
+def _native_batch_norm(args: tuple, kwargs: dict) -> Any:
+    # native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum,
+    # eps) -> (output, save_mean, save_invstd); the saved statistics in the compute dtype
+    if len(args) != 8 or kwargs:
+        return DECLINE
+    x, weight, bias, running_mean, running_var, training, momentum, eps = args
+    if not _plain(x) or x.dim() < 2 or type(training) is not bool:
+        return DECLINE
+    if not (_scalar(momentum) and _scalar(eps)):
+        return DECLINE
+    channels = x.shape[1]
+    stats_dtype = _compute_dtype(x.dtype)
+    for vector in (weight, bias, running_mean, running_var):
+        if vector is None:
+            continue
+        if not _plain(vector) or tuple(vector.shape) != (channels,):
+            return DECLINE
+        if vector.dtype not in (x.dtype, stats_dtype):
+            return DECLINE
+    if not training and (running_mean is None or running_var is None):
+        return DECLINE
+    if training and running_var is not None and x.numel() == channels:
+        return DECLINE  # one value per channel: the unbiased variance divides by zero
+    return (_new_like(x), _new((channels,), stats_dtype),
+            _new((channels,), stats_dtype))
+
+
+def _native_batch_norm_backward(args: tuple, kwargs: dict) -> Any:
+    # native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+    # save_invstd, train, eps, output_mask) -> (grad_input, grad_weight?, grad_bias?)
+    if len(args) != 10 or kwargs:
+        return DECLINE
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask = args
+    if not (_plain(grad) and _plain(x)) or x.dim() < 2 or grad.shape != x.shape:
+        return DECLINE
+    if grad.dtype != x.dtype or type(train) is not bool or not _scalar(eps):
+        return DECLINE
+    if type(mask) not in (list, tuple) or len(mask) != 3 or any(type(m) is not bool for m in mask):
+        return DECLINE
+    channels = x.shape[1]
+    stats_dtype = _compute_dtype(x.dtype)
+    for vector in (weight, running_mean, running_var, save_mean, save_invstd):
+        if vector is None:
+            continue
+        if not _plain(vector) or tuple(vector.shape) != (channels,):
+            return DECLINE
+        if vector.dtype not in (x.dtype, stats_dtype):
+            return DECLINE
+    if train and (save_mean is None or save_invstd is None):
+        return DECLINE
+    if not train and (running_mean is None or running_var is None):
+        return DECLINE
+    weight_dtype = weight.dtype if weight is not None else x.dtype
+    return (  # the input's gradient is made whatever output_mask[0] says
+        _new_like(x),
+        _new((channels,), weight_dtype) if mask[1] else None,
+        _new((channels,), weight_dtype) if mask[2] else None,
+    )
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+register(aten.native_batch_norm.default, _native_batch_norm)
+register(aten.native_batch_norm_backward.default, _native_batch_norm_backward)
+
+
+def _dim_ok(dim: Any, rank: int) -> bool:
+    return type(dim) is int and -rank <= dim < rank
+
+
+def _softmax(args: tuple, kwargs: dict) -> Any:
+    # _softmax / _log_softmax(self, dim, half_to_float)
+    if len(args) != 3 or kwargs or not _plain(args[0]):
+        return DECLINE
+    x, dim, half_to_float = args
+    if half_to_float is not False or x.dim() == 0 or not _dim_ok(dim, x.dim()):
+        return DECLINE
+    return _new_like(x)
+
+
+def _softmax_backward(args: tuple, kwargs: dict) -> Any:
+    # _softmax_backward_data / _log_softmax_backward_data(grad_output, output, dim, input_dtype)
+    if len(args) != 4 or kwargs:
+        return DECLINE
+    grad, out, dim, input_dtype = args
+    if not (_plain(grad) and _plain(out)) or grad.shape != out.shape or grad.dtype != out.dtype:
+        return DECLINE
+    if input_dtype != grad.dtype or grad.dim() == 0 or not _dim_ok(dim, grad.dim()):
+        return DECLINE
+    return _new_like(grad)
+
+
+register((aten._softmax.default, aten._log_softmax.default), _softmax)
+register((aten._softmax_backward_data.default, aten._log_softmax_backward_data.default),
+         _softmax_backward)
+
+
+def _matrix(value: Any, dtype: torch.dtype | None = None) -> bool:
+    """A 2-d non-empty plain meta tensor, contiguous or the transpose of a contiguous one."""
+    if type(value) not in _TENSORS or value.dim() != 2:
+        return False
+    if not value.is_meta or value.layout is not _STRIDED or value.is_conj() or value.is_neg():
+        return False
+    if value.dtype not in _FLOATS or (dtype is not None and value.dtype != dtype):
+        return False
+    rows, cols = value.shape
+    if rows == 0 or cols == 0:
+        return False
+    stride = value.stride()
+    if stride == contiguous_strides((rows, cols)):
+        return True
+    return rows > 1 and cols > 1 and stride == (1, rows)  # a transposed contiguous matrix
+
+
+def _mm(args: tuple, kwargs: dict) -> Any:
+    # mm(self, mat2)
+    if len(args) != 2 or kwargs or not _matrix(args[0]):
+        return DECLINE
+    a, b = args
+    if not _matrix(b, a.dtype) or a.shape[1] != b.shape[0]:
+        return DECLINE
+    return _new((a.shape[0], b.shape[1]), a.dtype)
+
+
+def _addmm(args: tuple, kwargs: dict) -> Any:
+    # addmm(self, mat1, mat2, *, beta=1, alpha=1): self (n,) or (m, n)
+    if len(args) != 3 or not _matrix(args[1]):
+        return DECLINE
+    bias, a, b = args
+    if any(name not in ("beta", "alpha") or not _scalar(v) for name, v in kwargs.items()):
+        return DECLINE
+    if not _matrix(b, a.dtype) or a.shape[1] != b.shape[0]:
+        return DECLINE
+    shape = (a.shape[0], b.shape[1])
+    if not _plain(bias) or bias.dtype != a.dtype or tuple(bias.shape) not in ((shape[1],), shape):
+        return DECLINE
+    return _new(shape, a.dtype)
+
+
+register(aten.mm.default, _mm)
+register(aten.addmm.default, _addmm)

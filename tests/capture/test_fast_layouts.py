@@ -1,0 +1,478 @@
+"""Fast output layouts (capture/fast_layouts.py) against the ops' own meta kernels: wherever a
+rule answers, its outputs have exactly the meta kernel's layouts (shape, strides, offset, dtype,
+storage size, view flag, storage sharing) and the kernel does not raise; random shapes,
+strides, dtypes and scalars (hypothesis)."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from peakmem.capture import fast_layouts
+from peakmem.capture.fast_layouts import DECLINE, FAST_LAYOUTS, contiguous_strides, fast_layout
+from peakmem.capture.meta_cache import MetaCache
+
+aten = torch.ops.aten
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.bool,
+          torch.complex64]
+FLOAT_DTYPES = DTYPES[:4]
+
+
+def describe(out, inputs=()) -> tuple:
+    """Everything of an op's outputs the capture reads: per tensor its layout, storage size,
+    view flag and which storage (among outputs; shared with an input) it lies in."""
+    input_storages = {id(t.untyped_storage()) for t in inputs}
+    groups: dict[int, int] = {}
+
+    def one(tensor):
+        if tensor is None:
+            return None
+        storage = tensor.untyped_storage()
+        return (type(tensor), tuple(tensor.shape), tensor.stride(), tensor.storage_offset(),
+                tensor.dtype, tensor.device.type, storage.nbytes(), tensor._is_view(),
+                tensor.requires_grad, tensor.is_conj(), tensor.is_neg(),
+                groups.setdefault(id(storage), len(groups)), id(storage) in input_storages)
+
+    if out is None or isinstance(out, torch.Tensor):
+        return (type(out), one(out))
+    return (type(out), tuple(one(t) for t in out))
+
+
+def flat_tensors(values) -> list:
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(flat_tensors(value))
+    return found
+
+
+def check(func, args, kwargs) -> bool:
+    """True when the rule answered (and matched the kernel); False when it declined."""
+    fast = fast_layout(func, args, kwargs)
+    if fast is DECLINE:
+        return False
+    real = func(*args, **kwargs)  # must not raise where the rule answered
+    inputs = flat_tensors((*args, *kwargs.values()))
+    assert describe(fast, inputs) == describe(real, inputs), (func, args, kwargs)
+    return True
+
+
+# --- tensors of random layouts -------------------------------------------------------------
+
+
+def rarely(draw, n: int) -> bool:
+    """True about once in n + 1 draws (a middle value: hypothesis favours the bounds)."""
+    return draw(st.integers(0, n)) == n // 2
+
+
+@st.composite
+def shapes(draw, min_rank=0, max_rank=4):
+    return tuple(draw(st.lists(st.integers(0, 5), min_size=min_rank, max_size=max_rank)))
+
+
+def make(shape, dtype, how: str, offset: int = 0) -> torch.Tensor:
+    """A meta tensor of `shape`: contiguous, with size-1 dimensions' strides changed,
+    transposed, channels_last, expanded, sliced at an offset, or conj/neg-flagged."""
+    base = torch.empty(shape, dtype=dtype, device="meta")
+    rank = len(shape)
+    if how == "size1" and 1 in shape:
+        strides = list(contiguous_strides(shape))
+        strides[shape.index(1)] = 7
+        return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+    if how == "transposed" and rank >= 2:
+        return torch.empty(shape[:-2] + (shape[-1], shape[-2]), dtype=dtype,
+                           device="meta").transpose(-1, -2)
+    if how == "channels_last" and rank == 4:
+        return base.contiguous(memory_format=torch.channels_last)
+    if how == "expanded" and rank >= 1:
+        return torch.empty(shape[:-1] + (1,), dtype=dtype, device="meta").expand(shape)
+    if how == "offset" and rank >= 1:
+        big = torch.empty((shape[0] + offset,) + shape[1:], dtype=dtype, device="meta")
+        return big[offset:]
+    if how == "view":
+        return base.view(shape)
+    if how == "neg" and dtype.is_floating_point:
+        return base._neg_view()
+    if how == "subclass":
+        return torch.nn.Parameter(base, requires_grad=False)
+    return base
+
+
+HOWS = ["contiguous"] * 24 + ["size1", "transposed", "channels_last", "expanded", "offset",
+                             "view", "neg", "subclass"]
+
+
+@st.composite
+def tensors(draw, shape=None, dtype=None, min_rank=0, dtypes=None):
+    shape = draw(shapes(min_rank=min_rank)) if shape is None else shape
+    if dtype is None:
+        dtype = draw(st.sampled_from(dtypes or DTYPES))
+    how = draw(st.sampled_from(HOWS))
+    return make(shape, dtype, how, draw(st.integers(1, 3)))
+
+
+@st.composite
+def like(draw, first, dtypes=None):
+    """Mostly a tensor of first's shape and dtype (the rules' case), sometimes another."""
+    if not rarely(draw, 4):
+        return draw(tensors(shape=tuple(first.shape), dtype=first.dtype))
+    return draw(tensors(dtypes=dtypes))
+
+
+scalars = st.one_of(st.floats(-3, 3, allow_nan=False), st.integers(-3, 3), st.booleans(),
+                    st.just(1j))
+# a list element: mostly a float (one odd element makes the whole list odd)
+list_scalars = st.integers(0, 30).flatmap(
+    lambda pick: scalars if pick == 15 else st.floats(-3, 3, allow_nan=False))
+positive = st.floats(0.01, 3)
+SETTINGS = settings(max_examples=120, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+# --- argument builders per op -------------------------------------------------------------
+
+
+@st.composite
+def unary_args(draw, func):
+    x = draw(tensors(dtypes=FLOAT_DTYPES + [torch.int64]))
+    schema = func._schema
+    extra = []
+    kwargs = {}
+    for arg in schema.arguments[1:]:
+        if arg.has_default_value() and draw(st.booleans()):
+            if not arg.kwarg_only:
+                break
+            continue
+        value = argument(draw, arg)
+        if arg.kwarg_only:
+            kwargs[arg.name] = value
+        else:
+            extra.append(value)
+    return tuple([x, *extra]), kwargs
+
+
+@st.composite
+def binary_args(draw, func):
+    a = draw(tensors(dtypes=FLOAT_DTYPES + [torch.int64]))
+    b = draw(like(a))
+    extra = []
+    kwargs = {}
+    for arg in func._schema.arguments[2:]:
+        if arg.has_default_value() and draw(st.booleans()):
+            if not arg.kwarg_only:
+                break
+            continue
+        value = argument(draw, arg)
+        if arg.kwarg_only:
+            kwargs[arg.name] = value
+        else:
+            extra.append(value)
+    return tuple([a, b, *extra]), kwargs
+
+
+def argument(draw, arg):
+    """A value for a non-tensor schema argument: numbers (some odd), strings, bools."""
+    kind = arg.type.kind()
+    if kind == "NumberType":
+        return draw(scalars)
+    if kind in ("FloatType", "IntType"):
+        return draw(positive) if kind == "FloatType" else draw(st.integers(-2, 3))
+    if kind == "BoolType":
+        return draw(st.booleans())
+    if kind in ("StringType",):
+        return draw(st.sampled_from(["none", "tanh", "other"]))
+    if arg.name == "memory_format":
+        return draw(st.sampled_from([None, torch.preserve_format, torch.channels_last]))
+    raise AssertionError(f"no values for {arg}")
+
+
+@st.composite
+def elu_backward_args(draw):
+    grad = draw(tensors(dtypes=FLOAT_DTYPES))
+    return (grad, draw(scalars), draw(scalars), draw(scalars), draw(st.booleans()),
+            draw(like(grad))), {}
+
+
+@st.composite
+def leaky_relu_backward_args(draw):
+    grad = draw(tensors(dtypes=FLOAT_DTYPES))
+    return (grad, draw(like(grad)), draw(scalars), draw(st.booleans())), {}
+
+
+@st.composite
+def dropout_args(draw):
+    p = draw(st.floats(0, 1)) if rarely(draw, 3) else draw(st.floats(0.01, 0.99))
+    train = draw(st.sampled_from([False, None])) if rarely(draw, 3) else True
+    return (draw(tensors(dtypes=FLOAT_DTYPES)), p, train), {}
+
+
+@st.composite
+def dropout_backward_args(draw):
+    grad = draw(tensors(dtypes=FLOAT_DTYPES))
+    mask = draw(like(grad)) if rarely(draw, 3) else draw(
+        tensors(shape=tuple(grad.shape), dtype=torch.bool))
+    return (grad, mask, draw(st.floats(0, 3))), {}
+
+
+@st.composite
+def like_args(draw):
+    x = draw(tensors())
+    kwargs = {}
+    if draw(st.booleans()):
+        kwargs["memory_format"] = draw(st.sampled_from(
+            [None, torch.preserve_format, torch.contiguous_format, torch.channels_last]))
+    if rarely(draw, 4):
+        kwargs["dtype"] = draw(st.sampled_from(DTYPES))
+    return (x,), kwargs
+
+
+@st.composite
+def foreach_args(draw, count, scalar_kind, alpha):
+    length = draw(st.integers(0, 4)) if rarely(draw, 5) else draw(st.integers(1, 4))
+    lists = [[] for _ in range(count)]
+    for _ in range(length):
+        first = draw(tensors(dtypes=FLOAT_DTYPES))
+        lists[0].append(first)
+        for other in lists[1:]:
+            other.append(first if rarely(draw, 5) else draw(like(first, FLOAT_DTYPES)))
+    if rarely(draw, 5) and length:  # a list one shorter
+        lists[-1] = lists[-1][:-1]
+    extras: list = []
+    if scalar_kind == "Scalar":
+        extras.append(draw(scalars))
+    elif scalar_kind == "ScalarList":
+        size = length + 1 if rarely(draw, 5) else length
+        extras.append(draw(st.lists(list_scalars, min_size=size, max_size=size)))
+    kwargs = {}
+    if alpha and draw(st.booleans()):
+        kwargs["alpha"] = draw(scalars)
+    return tuple([*lists, *extras]), kwargs
+
+
+@st.composite
+def batch_norm_input(draw):
+    """An input, mostly of rank >= 2 with no empty dimension."""
+    if not rarely(draw, 5):
+        shape = tuple(draw(st.lists(st.integers(1, 5), min_size=2, max_size=4)))
+        x = draw(tensors(shape=shape, dtypes=FLOAT_DTYPES))
+    else:
+        x = draw(tensors(min_rank=1, dtypes=FLOAT_DTYPES))
+    return x
+
+
+@st.composite
+def vectors(draw, x):
+    """A per-channel vector of x (sometimes None, of another size or dtype)."""
+    if rarely(draw, 9):
+        return None
+    channels = x.shape[1] if x.dim() > 1 else 3
+    stats = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    dtype = x.dtype if rarely(draw, 9) else torch.float64 if rarely(draw, 9) else stats
+    size = channels + 1 if rarely(draw, 9) else channels
+    return draw(tensors(shape=(size,), dtype=dtype))
+
+
+@st.composite
+def batch_norm_args(draw):
+    x = draw(batch_norm_input())
+
+    def vector():
+        return draw(vectors(x))
+
+    return (x, vector(), vector(), vector(), vector(), draw(st.booleans()), 0.1, 1e-5), {}
+
+
+@st.composite
+def batch_norm_backward_args(draw):
+    x = draw(batch_norm_input())
+    grad = draw(like(x))
+
+    def vector():
+        return draw(vectors(x))
+    mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
+    return (grad, x, vector(), vector(), vector(), vector(), vector(), draw(st.booleans()),
+            1e-5, mask), {}
+
+
+@st.composite
+def softmax_args(draw):
+    x = draw(tensors(dtypes=FLOAT_DTYPES))
+    return (x, draw(dims(x)), draw(st.booleans())), {}
+
+
+@st.composite
+def dims(draw, x):
+    """Mostly a dimension of x, sometimes one out of range."""
+    if x.dim() and not rarely(draw, 4):
+        return draw(st.integers(-x.dim(), x.dim() - 1))
+    return draw(st.integers(-5, 5))
+
+
+@st.composite
+def softmax_backward_args(draw):
+    grad = draw(tensors(dtypes=FLOAT_DTYPES))
+    dtype = draw(st.sampled_from(FLOAT_DTYPES)) if rarely(draw, 3) else grad.dtype
+    return (grad, draw(like(grad)), draw(dims(grad)), dtype), {}
+
+
+@st.composite
+def matrices(draw, rows=None, cols=None, dtype=None):
+    rows = draw(st.integers(0, 5)) if rows is None else rows
+    cols = draw(st.integers(0, 5)) if cols is None else cols
+    if rarely(draw, 5):
+        return draw(tensors(dtypes=FLOAT_DTYPES))  # any rank
+    dtype = draw(st.sampled_from(FLOAT_DTYPES)) if dtype is None or rarely(draw, 6) else dtype
+    return draw(tensors(shape=(rows, cols), dtype=dtype))
+
+
+@st.composite
+def mm_args(draw):
+    a = draw(matrices())
+    inner = a.shape[-1] if a.dim() and not rarely(draw, 6) else draw(st.integers(0, 5))
+    return (a, draw(matrices(rows=inner, dtype=a.dtype))), {}
+
+
+@st.composite
+def addmm_args(draw):
+    (a, b), _ = draw(mm_args())
+    rows = a.shape[0] if a.dim() else 2
+    cols = b.shape[-1] if b.dim() else 2
+    shape = draw(st.sampled_from([(1, cols), (rows, 1), ()])) if rarely(draw, 3) else draw(
+        st.sampled_from([(cols,), (rows, cols)]))
+    bias = draw(tensors(shape=shape, dtype=a.dtype)) if not rarely(draw, 5) else draw(
+        tensors(shape=shape))
+    kwargs = {}
+    if draw(st.booleans()):
+        kwargs["beta"] = draw(scalars)
+    if draw(st.booleans()):
+        kwargs["alpha"] = draw(scalars)
+    return (bias, a, b), kwargs
+
+
+def builder(func):
+    name = func._schema.name
+    if func in fast_layouts._FOREACH_IN_PLACE or func in fast_layouts._FOREACH_OUT_OF_PLACE:
+        count = (fast_layouts._FOREACH_IN_PLACE | fast_layouts._FOREACH_OUT_OF_PLACE)[func]
+        overload = func._overloadname
+        kind = overload if overload in ("Scalar", "ScalarList", "List") else "none"
+        if overload == "List" and count == 3:  # lerp_.List: weights are the third list
+            kind = "none"
+        alpha = any(arg.name == "alpha" for arg in func._schema.arguments)
+        return foreach_args(count, kind, alpha)
+    special = {
+        aten.elu_backward.default: elu_backward_args,
+        aten.leaky_relu_backward.default: leaky_relu_backward_args,
+        aten.native_dropout.default: dropout_args,
+        aten.native_dropout_backward.default: dropout_backward_args,
+        aten.zeros_like.default: like_args, aten.ones_like.default: like_args,
+        aten.empty_like.default: like_args,
+        aten.native_batch_norm.default: batch_norm_args,
+        aten.native_batch_norm_backward.default: batch_norm_backward_args,
+        aten._softmax.default: softmax_args, aten._log_softmax.default: softmax_args,
+        aten._softmax_backward_data.default: softmax_backward_args,
+        aten._log_softmax_backward_data.default: softmax_backward_args,
+        aten.mm.default: mm_args, aten.addmm.default: addmm_args,
+    }
+    if func in special:
+        return special[func]()
+    if func in fast_layouts._BINARY:
+        return binary_args(func)
+    assert func in fast_layouts._UNARY or name == "aten::clone", name
+    return unary_args(func)
+
+
+OPS = sorted(FAST_LAYOUTS, key=str)
+
+
+@pytest.mark.parametrize("func", OPS, ids=str)
+def test_every_answer_is_the_meta_kernels(func):
+    answered = []
+
+    @SETTINGS
+    @given(st.data())
+    def run(data):
+        args, kwargs = data.draw(builder(func))
+        answered.append(check(func, args, kwargs))
+
+    run()
+    # the rule's case is met often enough that a wrong layout would be seen
+    assert sum(answered) >= 10, f"{func}: answered {sum(answered)} of {len(answered)}"
+
+
+def meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def test_outside_the_case_the_rules_decline():
+    x = meta(4, 8)
+    assert fast_layout(aten.add.Tensor, (x, meta(8)), {}) is DECLINE  # broadcasting
+    assert fast_layout(aten.add.Tensor, (x, meta(4, 8, dtype=torch.float16)), {}) is DECLINE
+    assert fast_layout(aten.relu.default, (x.t(),), {}) is DECLINE  # not contiguous
+    assert fast_layout(aten.relu.default, (meta(0, 3),), {}) is DECLINE  # empty
+    assert fast_layout(aten.relu.default, (torch.empty(4, 8),), {}) is DECLINE  # a host tensor
+    assert fast_layout(aten.relu.default, (meta(4, 8, dtype=torch.int64),), {}) is DECLINE
+    assert fast_layout(aten.cat.default, ([x, x],), {}) is DECLINE  # no rule
+    assert fast_layout(aten._foreach_add_.Scalar, ([x], 1j), {}) is DECLINE  # complex scalar
+    assert fast_layout(aten._foreach_addcdiv_.ScalarList, ([x], [x], [x], [0.1, 0.2]),
+                       {}) is DECLINE  # a scalar list of the wrong length
+
+
+def test_adam_state_and_update_are_answered_without_the_kernel(monkeypatch):
+    """Adam's first step on meta parameters through the cache: each foreach op, zeros_like and
+    the update answered by the rules, the same outputs the kernels give."""
+    params = [meta(16, 8), meta(16), meta(4, 16), meta(4)]
+    cache = MetaCache()
+    calls = []
+    original = fast_layouts.fast_layout
+
+    def counting(func, args, kwargs):
+        out = original(func, args, kwargs)
+        calls.append((func, out is not DECLINE))
+        return out
+
+    monkeypatch.setattr("peakmem.capture.meta_cache.fast_layout", counting)
+    state = [cache.call(aten.zeros_like.default, (p,), {"memory_format": torch.preserve_format})
+             for p in params]
+    for made, p in zip(state, params, strict=True):
+        assert describe(made) == describe(torch.zeros_like(p))
+    grads = [meta(*p.shape) for p in params]
+    assert cache.call(aten._foreach_lerp_.Scalar, (state, grads, 0.1), {}) is None
+    roots = cache.call(aten._foreach_sqrt.default, (state,), {})
+    assert describe(roots) == describe(aten._foreach_sqrt.default(state))
+    assert cache.call(aten._foreach_addcdiv_.ScalarList,
+                      (params, state, roots, [-0.1] * 4), {}) is None
+    assert calls and all(answered for _, answered in calls)
+    assert cache.misses == len(calls)
+
+
+def _cnn_job():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ELU(),
+        torch.nn.Conv2d(8, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.LeakyReLU(),
+        torch.nn.Flatten(), torch.nn.Dropout(0.2), torch.nn.Linear(8 * 12 * 12, 32),
+        torch.nn.GELU(), torch.nn.Linear(32, 10)).to("cuda")
+    optimizer = torch.optim.Adam(model.parameters(), foreach=True)
+    for _ in range(3):
+        x = torch.randn(4, 3, 16, 16).to("cuda")
+        optimizer.zero_grad()
+        target = torch.zeros(4, dtype=torch.long, device="cuda")
+        torch.nn.functional.cross_entropy(model(x), target).backward()
+        optimizer.step()
+
+
+def test_a_capture_with_fast_layouts_is_the_capture_with_the_kernels(a100, stack24, monkeypatch):
+    from peakmem.capture import capture_callable, recorder
+
+    fast_cache = MetaCache()
+    monkeypatch.setattr(recorder, "SHARED_CACHE", fast_cache)
+    fast = capture_callable(_cnn_job, gpu=a100, stack=stack24, steps=3)
+    assert fast_cache.fast > 20  # pointwise, batch norm, dropout, addmm, Adam's foreach ops
+    monkeypatch.setattr(recorder, "SHARED_CACHE", MetaCache())
+    monkeypatch.setattr(fast_layouts, "FAST_LAYOUTS", {})
+    kernels = capture_callable(_cnn_job, gpu=a100, stack=stack24, steps=3)
+    assert fast.error is None and kernels.error is None
+    assert fast.trace == kernels.trace
+    assert len(fast.trace) > 50
