@@ -1,0 +1,212 @@
+"""Hugging Face fine-tuning as people run it, second set: the Trainer's memory options on
+transformers' run_clm.py (scripts/hf_ex_run_clm.py, run unmodified with the flags people pass),
+more examples/pytorch scripts and peft set-ups.
+
+As in test_library_jobs_hf.py: offline, on a tiny config / word-level tokenizer / local files
+written to tmp_path, through the real CLI, with parameter and optimizer bytes worked out by hand
+from the configs (expected.py) and the optimizers' own state rules.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import estimate
+from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
+from tests.library_jobs.test_library_jobs_hf import (
+    TINY_GPT2_CONFIG,
+    sentences,
+    write_config,
+    write_tokenizer,
+)
+
+GPT2_SHAPES = ex.gpt2_shapes(**ex.TINY_GPT2)
+GPT2_PARAMS = ex.device_bytes(GPT2_SHAPES, ex.FP32)
+FUSED_ADAMW_STATE = 2 * GPT2_PARAMS + fused_steps(GPT2_SHAPES)
+"""The Trainer's default optimizer (adamw_torch_fused): two moments and a 0-d device `step`
+per parameter."""
+
+BATCH, BLOCK_SIZE, EMBD, LAYERS = 4, 32, 64, 2
+
+
+@pytest.fixture
+def clm_files(tmp_path) -> dict[str, Path]:
+    """test_library_jobs_hf.py's: the tiny GPT-2 config and tokenizer, train / validation text."""
+    model = write_tokenizer(write_config(tmp_path / "gpt2", TINY_GPT2_CONFIG))
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join(sentences(200)) + "\n")
+    valid = tmp_path / "valid.txt"
+    valid.write_text("\n".join(sentences(20, seed=1)) + "\n")
+    return {"model": model, "train": train, "valid": valid, "out": tmp_path / "out"}
+
+
+def run_clm(files: dict[str, Path], *flags: str, env_flags: tuple[str, ...] = ()):
+    """`run_clm.py` with the Trainer, three optimizer steps then an evaluation."""
+    return estimate(
+        "hf_ex_run_clm.py",
+        "--config_name", str(files["model"]), "--tokenizer_name", str(files["model"]),
+        "--train_file", str(files["train"]), "--validation_file", str(files["valid"]),
+        "--block_size", str(BLOCK_SIZE), "--per_device_train_batch_size", str(BATCH),
+        "--per_device_eval_batch_size", str(BATCH), "--max_steps", "3", "--do_train", "--do_eval",
+        "--report_to", "none", "--seed", "0", "--output_dir", str(files["out"]), *flags,
+        flags=env_flags,
+    )
+
+
+# Trainer: precision and gradient checkpointing ------------------------------------------------
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+@pytest.mark.parametrize("precision", ["--bf16", "--fp16"])
+def test_trainer_mixed_precision_keeps_fp32_weights(clm_files, precision):
+    est = run_clm(clm_files, precision)
+    # autocast: the weights, their gradients and the moments stay fp32
+    assert_training(est, params=GPT2_PARAMS, optimizer_state=FUSED_ADAMW_STATE)
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_trainer_gradient_checkpointing_keeps_only_layer_inputs(clm_files):
+    est = run_clm(clm_files, "--gradient_checkpointing")
+    assert_training(est, params=GPT2_PARAMS, optimizer_state=FUSED_ADAMW_STATE)
+    # what the forward keeps for backward: each block's input (batch x block x embd fp32) and
+    # what is outside the checkpointed blocks (embeddings, the last norm, the logits' loss);
+    # without checkpointing the attention and MLP intermediates of both blocks (2.0 MiB here)
+    hidden = BATCH * BLOCK_SIZE * EMBD * ex.FP32
+    logits = BATCH * BLOCK_SIZE * ex.TINY_GPT2["vocab"] * ex.FP32
+    assert est.breakdown.get("activation", 0) <= (LAYERS + 2) * hidden + logits, est.breakdown
+
+
+# Trainer: optimizers ------------------------------------------------------------------------------
+
+def adafactor_state(shapes: list[ex.Shape]) -> int:
+    """transformers' Adafactor (`optim="adafactor"`: no first moment): a matrix keeps row and
+    column second moments, a vector its full second moment; every parameter's update keeps
+    its RMS, a 0-d device tensor (`state["RMS"] = self._rms(p)`)."""
+    total = 0
+    for shape in shapes:
+        if len(shape) >= 2:
+            total += ex.rounded(shape[0] * ex.FP32) + ex.rounded(shape[-1] * ex.FP32)
+        else:
+            total += ex.rounded(shape[0] * ex.FP32)
+        total += ex.BLOCK  # RMS
+    return total
+
+
+def bnb_adamw8bit_state(shapes: list[ex.Shape], embeddings: int) -> int:
+    """bitsandbytes' AdamW8bit (`optim="adamw_bnb_8bit"`): two uint8 moments and two fp32
+    absmax per 256-element block for a parameter of 4096 elements or more, two fp32 moments for
+    a smaller one; the Trainer keeps the embeddings' (the first `embeddings` shapes) in 32 bits
+    (`register_module_override(..., {"optim_bits": 32})`). The two 256-entry fp32 quantization
+    maps (`qmap1` / `qmap2`, shared by every 8-bit parameter) are moved to the device once."""
+    total = 2 * ex.rounded(256 * ex.FP32)
+    for i, shape in enumerate(shapes):
+        numel = ex.count([shape])
+        if i < embeddings or numel < 4096:
+            total += 2 * ex.rounded(numel * ex.FP32)
+        else:
+            total += 2 * ex.rounded(numel) + 2 * ex.rounded(-(-numel // 256) * ex.FP32)
+    return total
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_trainer_adafactor_factored_state(clm_files):
+    est = run_clm(clm_files, "--optim", "adafactor")
+    # before the fix in capture/phases.py the factored moments (made on the host, then moved:
+    # `torch.zeros(shape[:-1]).to(grad)`) were counted as input, not optimizer state
+    assert_training(est, params=GPT2_PARAMS, optimizer_state=adafactor_state(GPT2_SHAPES))
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets", "bitsandbytes")
+def test_trainer_adamw_bnb_8bit_state(clm_files):
+    est = run_clm(clm_files, "--optim", "adamw_bnb_8bit")
+    state = bnb_adamw8bit_state(GPT2_SHAPES, embeddings=2)  # wte, wpe
+    assert_training(est, params=GPT2_PARAMS, optimizer_state=state)
+
+
+# Trainer: evaluation during training, torch.compile ----------------------------------------------
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_trainer_eval_strategy_steps_interleaves_evaluations(clm_files):
+    est = run_clm(clm_files, "--eval_strategy", "steps", "--eval_steps", "1")
+    assert_training(est, params=GPT2_PARAMS, optimizer_state=FUSED_ADAMW_STATE)
+    assert est.data["phases_ran"][:4] == ["training", "eval", "training", "eval"], est.data["phases_ran"]
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_trainer_torch_compile_runs_eagerly_with_a_note(clm_files):
+    est = run_clm(clm_files, "--torch_compile")
+    assert_training(est, params=GPT2_PARAMS, optimizer_state=FUSED_ADAMW_STATE)
+    notes = est.data["notes"]
+    assert any(note.startswith("torch.compile was not applied: GPT2LMHeadModel ran eagerly")
+               for note in notes), notes
+
+
+# Trainer: DeepSpeed ZeRO-2 in one process ------------------------------------------------------
+
+ZERO2_CONFIG = {
+    # transformers' docs (DeepSpeed, ZeRO-2 example), "auto" filled in by the Trainer
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                              "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 2, "allgather_partitions": True, "allgather_bucket_size": 2e8,
+                          "overlap_comm": True, "reduce_scatter": True,
+                          "reduce_bucket_size": "auto", "contiguous_gradients": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    "wall_clock_breakdown": False,
+}
+
+NOTEBOOK_WORLD = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
+                  "MASTER_PORT": "29511"}
+"""What transformers' docs have a single-process run (a notebook, no launcher) set before the
+Trainer with `deepspeed=`."""
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets", "deepspeed")
+def test_trainer_deepspeed_zero2_single_process(clm_files, tmp_path, monkeypatch):
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(ZERO2_CONFIG))
+    for name, value in NOTEBOOK_WORLD.items():
+        monkeypatch.setenv(name, value)
+    est = run_clm(clm_files, "--deepspeed", str(config))
+    # ZeRO-2 flattens the fp32 weights into one buffer (the model's parameters become views of
+    # it) and keeps the optimizer's fp32 partition beside it (one rank: all of it); DeepSpeed's
+    # FusedAdam keeps two moments of that partition; the gradients are reduced into a flat
+    # partition too. Before capture/deepspeed_ops.py FusedAdam's CUDA op had to be compiled
+    # (CUDA_HOME is not set), and before the all-gather fix in capture/fake_distributed.py the
+    # evaluation's pad_across_processes padded to size 0.
+    flat = ex.rounded(ex.count(GPT2_SHAPES) * ex.FP32)
+    assert_training(est, params=2 * flat, optimizer_state=2 * flat, grads=flat)
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    notes = est.data["notes"]
+    # DeepSpeed compiles its Muon update at import; nothing ran it
+    assert not any(note.startswith("torch.compile was not applied") for note in notes), notes
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets", "deepspeed")
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is not None, reason="mpi4py is installed")
+def test_trainer_deepspeed_without_a_launcher_fails_in_one_line(clm_files, tmp_path, monkeypatch):
+    """No RANK / WORLD_SIZE and no launcher: DeepSpeed discovers its world through MPI, as it
+    would on the GPU machine; without mpi4py the job fails there, and here with one line."""
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(ZERO2_CONFIG))
+    for name in (*NOTEBOOK_WORLD, "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    est = run_clm(clm_files, "--deepspeed", str(config))
+    assert est.returncode != 0
+    message = est.data["error"]["message"]
+    assert "\n" not in message and "No module named 'mpi4py'" in message, message
