@@ -210,3 +210,59 @@ def test_trainer_deepspeed_without_a_launcher_fails_in_one_line(clm_files, tmp_p
     assert est.returncode != 0
     message = est.data["error"]["message"]
     assert "\n" not in message and "No module named 'mpi4py'" in message, message
+
+
+# peft with the Trainer: QLoRA, LoRA, prompt tuning, IA3 -------------------------------------------
+
+LLAMA_SHAPES = ex.llama_shapes(**ex.TINY_LLAMA)
+LLAMA_PARAMS = ex.device_bytes(LLAMA_SHAPES, ex.FP32)
+LORA_ADAPTERS = ex.device_bytes(ex.lora_shapes(8, **ex.TINY_LLAMA), ex.FP32)
+"""r=8 on q_proj and v_proj (hf_peft_qlora_trainer.py's defaults)."""
+
+
+def run_peft(checkpoint: Path, train: Path, out: Path, method: str, *flags: str):
+    write_tokenizer(checkpoint)  # the fixture's tiny Llama, with the word-level tokenizer
+    return estimate(
+        "hf_peft_qlora_trainer.py", "--model_name_or_path", str(checkpoint), "--train_file", str(train),
+        "--method", method, "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
+        "--max_steps", "3", "--max_train_samples", "40", "--report_to", "none", "--seed", "0",
+        "--output_dir", str(out), *flags,
+    )
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets", "peft", "bitsandbytes")
+def test_qlora_4bit_base_with_paged_8bit_adamw(llama_checkpoint, clm_files, tmp_path):
+    est = run_peft(llama_checkpoint, clm_files["train"], tmp_path / "out", "qlora", "--fp16",
+                   "--optim", "paged_adamw_8bit")
+    # the Linear layers' weights are NF4, two values a byte (bitsandbytes' Params4bit); the
+    # embeddings, norms and lm_head are cast to fp32 by prepare_model_for_kbit_training; only
+    # the adapters train, and each is under bitsandbytes' 4096-value minimum for 8-bit state
+    # (two fp32 moments)
+    hidden, inter, kv = ex.TINY_LLAMA["hidden"], ex.TINY_LLAMA["intermediate"], 32
+    packed = ex.TINY_LLAMA["layers"] * (2 * hidden * hidden + 2 * kv * hidden + 3 * inter * hidden) // 2
+    quantized = {(hidden, hidden), (kv, hidden), (inter, hidden), (hidden, inter)}
+    kept = ex.device_bytes([s for s in LLAMA_SHAPES if s not in quantized], ex.FP32)
+    assert_training(est, params=est.breakdown.get("parameter", 0), grads=LORA_ADAPTERS,
+                    optimizer_state=2 * LORA_ADAPTERS)
+    params = est.breakdown["parameter"]
+    assert kept + LORA_ADAPTERS + packed <= params <= kept + LORA_ADAPTERS + 2 * packed, est.breakdown
+    assert params < LLAMA_PARAMS  # the 4-bit weights are counted at their packed size
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets", "peft")
+@pytest.mark.parametrize(("method", "trained"), [
+    ("lora", ex.lora_shapes(8, **ex.TINY_LLAMA)),
+    ("prompt_tuning", [(8, ex.TINY_LLAMA["hidden"])]),  # 8 virtual tokens x hidden
+    # IA3: a (out, 1) scale on k_proj and v_proj, a (1, in) scale on the feed-forward down_proj
+    ("ia3", [(32, 1), (32, 1), (1, ex.TINY_LLAMA["intermediate"])] * ex.TINY_LLAMA["layers"]),
+])
+def test_peft_methods_with_the_trainer_train_only_their_weights(llama_checkpoint, clm_files, tmp_path,
+                                                               method, trained):
+    est = run_peft(llama_checkpoint, clm_files["train"], tmp_path / "out", method)
+    adapters = ex.device_bytes(trained, ex.FP32)
+    assert_training(est, params=LLAMA_PARAMS + adapters, grads=adapters,
+                    optimizer_state=2 * adapters + fused_steps(trained))
