@@ -266,3 +266,21 @@ def test_peft_methods_with_the_trainer_train_only_their_weights(llama_checkpoint
     adapters = ex.device_bytes(trained, ex.FP32)
     assert_training(est, params=LLAMA_PARAMS + adapters, grads=adapters,
                     optimizer_state=2 * adapters + fused_steps(trained))
+
+
+# DPO by hand (TRL's loss, reference model under no_grad) ------------------------------------------
+
+@pytest.mark.slow
+@needs("transformers")
+def test_dpo_hand_loop_policy_and_frozen_reference(llama_checkpoint, tmp_path):
+    write_tokenizer(llama_checkpoint)
+    rows = zip(sentences(16, 7), sentences(16, 8), sentences(16, 9), strict=True)
+    train = tmp_path / "preferences.jsonl"
+    train.write_text("\n".join(json.dumps({"prompt": p[:40], "chosen": c[:50], "rejected": r[:50]})
+                               for p, c, r in rows) + "\n")
+    est = estimate("hf_dpo_hand_loop.py", "--model_name_or_path", str(llama_checkpoint),
+                   "--train_file", str(train), "--max_steps", "3")
+    # two copies of the weights on the device (policy and reference), gradients and AdamW's two
+    # moments for the policy only
+    assert_training(est, params=2 * LLAMA_PARAMS, grads=LLAMA_PARAMS, optimizer_state=2 * LLAMA_PARAMS)
+    assert est.data["steps"] == 3
