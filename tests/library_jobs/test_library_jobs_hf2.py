@@ -20,7 +20,9 @@ from tests.library_jobs.harness import estimate
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_GPT2_CONFIG,
+    TINY_T5_CONFIG,
     sentences,
+    t5_shapes,
     write_config,
     write_tokenizer,
 )
@@ -284,3 +286,31 @@ def test_dpo_hand_loop_policy_and_frozen_reference(llama_checkpoint, tmp_path):
     # moments for the policy only
     assert_training(est, params=2 * LLAMA_PARAMS, grads=LLAMA_PARAMS, optimizer_state=2 * LLAMA_PARAMS)
     assert est.data["steps"] == 3
+
+
+# run_summarization.py: Seq2SeqTrainer with predict_with_generate ---------------------------------
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_run_summarization_seq2seq_trainer_predict_with_generate(tmp_path):
+    model = write_tokenizer(write_config(tmp_path / "t5", TINY_T5_CONFIG))
+    files = {}
+    for split, n, seed in (("train", 32, 4), ("validation", 8, 5)):
+        files[split] = tmp_path / f"{split}.json"
+        texts, summaries = sentences(n, seed), sentences(n, seed + 10)
+        files[split].write_text("\n".join(json.dumps({"text": t, "summary": s[:40]})
+                                          for t, s in zip(texts, summaries, strict=True)) + "\n")
+    est = estimate(
+        "hf_ex_run_summarization.py", "--config_name", str(model), "--tokenizer_name", str(model),
+        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+        "--source_prefix", "summarize: ", "--max_source_length", "32", "--max_target_length", "16",
+        "--val_max_target_length", "8", "--per_device_train_batch_size", "4",
+        "--per_device_eval_batch_size", "4", "--max_steps", "3", "--do_train", "--do_eval",
+        "--predict_with_generate", "--report_to", "none", "--seed", "0",
+        "--output_dir", str(tmp_path / "out"),
+    )
+    shapes = t5_shapes()
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    # the evaluation generates (Seq2SeqTrainer.prediction_step -> model.generate) after training
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
