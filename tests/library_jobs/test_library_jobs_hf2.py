@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,11 @@ from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
+    TINY_BERT,
+    TINY_BERT_CONFIG,
     TINY_GPT2_CONFIG,
     TINY_T5_CONFIG,
+    bert_shapes,
     sentences,
     t5_shapes,
     write_config,
@@ -313,4 +317,34 @@ def test_run_summarization_seq2seq_trainer_predict_with_generate(tmp_path):
     params = ex.device_bytes(shapes, ex.FP32)
     assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
     # the evaluation generates (Seq2SeqTrainer.prediction_step -> model.generate) after training
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+
+
+# run_ner_no_trainer.py -------------------------------------------------------------------------------
+
+NER_TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_run_ner_no_trainer_token_classification(tmp_path):
+    model = write_tokenizer(write_config(tmp_path / "bert", TINY_BERT_CONFIG))
+    files = {}
+    for split, n, seed in (("train", 24, 2), ("validation", 8, 3)):
+        rng = random.Random(seed)
+        files[split] = tmp_path / f"{split}.json"
+        files[split].write_text("\n".join(
+            json.dumps({"tokens": s.split(), "ner_tags": [rng.choice(NER_TAGS) for _ in s.split()]})
+            for s in sentences(n, seed)) + "\n")
+    est = estimate(
+        "hf_ex_run_ner_no_trainer.py", "--config_name", str(model), "--tokenizer_name", str(model),
+        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+        "--max_length", "32", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+        "--num_train_epochs", "1", "--seed", "0", "--output_dir", str(tmp_path / "out"),
+    )
+    # BertForTokenClassification: no pooler, a Linear head over the 5 tags read from the data
+    params = ex.device_bytes(bert_shapes(**TINY_BERT) + ex.linear(len(NER_TAGS), 64), ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
     assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
