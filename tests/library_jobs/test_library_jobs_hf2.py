@@ -9,6 +9,7 @@ from the configs (expected.py) and the optimizers' own state rules.
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import random
@@ -344,6 +345,35 @@ def test_run_ner_no_trainer_token_classification(tmp_path):
     )
     # BertForTokenClassification: no pooler, a Linear head over the 5 tags read from the data
     params = ex.device_bytes(bert_shapes(**TINY_BERT) + ex.linear(len(NER_TAGS), 64), ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+
+
+# run_swag_no_trainer.py ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_run_swag_no_trainer_multiple_choice(tmp_path):
+    model = write_tokenizer(write_config(tmp_path / "bert", TINY_BERT_CONFIG))
+    files = {}
+    for split, n, seed in (("train", 24, 2), ("validation", 8, 3)):
+        columns = [sentences(n, seed + k) for k in range(6)]
+        files[split] = tmp_path / f"{split}.csv"
+        with files[split].open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["sent1", "sent2", "ending0", "ending1", "ending2", "ending3", "label"])
+            writer.writerows([column[i][:50] for column in columns] + [i % 4] for i in range(n))
+    est = estimate(
+        "hf_ex_run_swag_no_trainer.py", "--config_name", str(model), "--tokenizer_name", str(model),
+        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+        "--max_seq_length", "48", "--per_device_train_batch_size", "4",
+        "--gradient_accumulation_steps", "2", "--num_train_epochs", "1", "--seed", "0",
+        "--output_dir", str(tmp_path / "out"),
+    )
+    # BertForMultipleChoice: the pooler and a one-logit Linear head (4 choices per example)
+    params = ex.device_bytes(bert_shapes(**TINY_BERT) + ex.linear(64, 64) + ex.linear(1, 64), ex.FP32)
     assert_training(est, params=params, optimizer_state=2 * params)
     notes = est.data["notes"]
     assert any("accumulation window 2" in note for note in notes), notes
