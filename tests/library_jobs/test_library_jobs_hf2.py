@@ -25,10 +25,14 @@ from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT_CONFIG,
     TINY_GPT2_CONFIG,
     TINY_T5_CONFIG,
+    TINY_VIT_CONFIG,
     bert_shapes,
     sentences,
     t5_shapes,
+    vit_classifier_shapes,
+    write_checkpoint,
     write_config,
+    write_image_folder,
     write_tokenizer,
 )
 
@@ -375,6 +379,34 @@ def test_run_swag_no_trainer_multiple_choice(tmp_path):
     # BertForMultipleChoice: the pooler and a one-logit Linear head (4 choices per example)
     params = ex.device_bytes(bert_shapes(**TINY_BERT) + ex.linear(64, 64) + ex.linear(1, 64), ex.FP32)
     assert_training(est, params=params, optimizer_state=2 * params)
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+
+
+# run_image_classification.py (Trainer) ------------------------------------------------------------
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets", "PIL", "torchvision")
+def test_run_image_classification_trainer_vit_image_folder(tmp_path):
+    model = write_checkpoint(tmp_path / "vit", TINY_VIT_CONFIG)
+    (model / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 32},
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_resize": True,
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+    }))
+    train = write_image_folder(tmp_path / "train", 12, seed=0)
+    valid = write_image_folder(tmp_path / "valid", 4, seed=1)
+    est = estimate(
+        "hf_ex_run_image_classification.py", "--model_name_or_path", str(model),
+        "--train_dir", str(train), "--validation_dir", str(valid), "--do_train", "--do_eval",
+        "--remove_unused_columns", "False", "--per_device_train_batch_size", "4",
+        "--per_device_eval_batch_size", "4", "--gradient_accumulation_steps", "2", "--max_steps", "2",
+        "--report_to", "none", "--seed", "0", "--output_dir", str(tmp_path / "out"),
+    )
+    shapes = vit_classifier_shapes()
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
     notes = est.data["notes"]
     assert any("accumulation window 2" in note for note in notes), notes
     assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
