@@ -410,3 +410,35 @@ def test_run_image_classification_trainer_vit_image_folder(tmp_path):
     notes = est.data["notes"]
     assert any("accumulation window 2" in note for note in notes), notes
     assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+
+
+# run_qa_no_trainer.py --------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_run_qa_no_trainer_extractive_question_answering(tmp_path):
+    model = write_tokenizer(write_config(tmp_path / "bert", TINY_BERT_CONFIG))
+    files = {}
+    for split, n, seed in (("train", 16, 2), ("validation", 6, 3)):
+        rng, rows = random.Random(seed), []
+        for i, (question, context) in enumerate(zip(sentences(n, seed), sentences(n, seed + 1), strict=True)):
+            context = context + " " + " ".join(sentences(2, seed + i + 5))  # longer than a window
+            answer = rng.choice(context.split())
+            rows.append(json.dumps({"id": f"{split}{i}", "question": question[:30], "context": context,
+                                    "answers": {"text": [answer], "answer_start": [context.index(answer)]}}))
+        files[split] = tmp_path / f"{split}.json"
+        files[split].write_text("\n".join(rows) + "\n")
+    est = estimate(
+        "hf_ex_run_qa_no_trainer.py", "--config_name", str(model), "--tokenizer_name", str(model),
+        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+        "--max_seq_length", "48", "--doc_stride", "16", "--per_device_train_batch_size", "4",
+        "--gradient_accumulation_steps", "2", "--num_train_epochs", "1", "--seed", "0",
+        "--output_dir", str(tmp_path / "out"),
+    )
+    # BertForQuestionAnswering: no pooler, a Linear(hidden, 2) span head (start / end logits)
+    params = ex.device_bytes(bert_shapes(**TINY_BERT) + ex.linear(2, 64), ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
+    # the evaluation pads its logits across processes and post-processes them on the host
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
