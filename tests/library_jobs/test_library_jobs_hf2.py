@@ -442,3 +442,31 @@ def test_run_qa_no_trainer_extractive_question_answering(tmp_path):
     assert any("accumulation window 2" in note for note in notes), notes
     # the evaluation pads its logits across processes and post-processes them on the host
     assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+
+
+# run_translation_no_trainer.py -----------------------------------------------------------------------
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_run_translation_no_trainer_t5_generates_in_evaluation(tmp_path):
+    model = write_tokenizer(write_config(tmp_path / "t5", TINY_T5_CONFIG))
+    files = {}
+    for split, n, seed in (("train", 32, 4), ("validation", 8, 5)):
+        files[split] = tmp_path / f"{split}.json"
+        pairs = zip(sentences(n, seed), sentences(n, seed + 10), strict=True)
+        files[split].write_text("\n".join(json.dumps({"translation": {"en": en, "ro": ro[:60]}})
+                                          for en, ro in pairs) + "\n")
+    est = estimate(
+        "hf_ex_run_translation_no_trainer.py", "--config_name", str(model), "--tokenizer_name", str(model),
+        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+        "--source_lang", "en", "--target_lang", "ro", "--source_prefix", "translate English to Romanian: ",
+        "--max_source_length", "32", "--max_target_length", "16", "--val_max_target_length", "8",
+        "--num_beams", "1", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
+        "--gradient_accumulation_steps", "2", "--num_train_epochs", "1", "--seed", "0",
+        "--output_dir", str(tmp_path / "out"),
+    )
+    params = ex.device_bytes(t5_shapes(), ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    notes = est.data["notes"]
+    assert any("accumulation window 2" in note for note in notes), notes
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
