@@ -40,3 +40,44 @@ def test_parameters_of_a_module_called_through_forward(tmp_path: Path, monkeypat
     assert by_category.get("parameter") == weight + bias, by_category
     assert by_category.get("input", 0) < weight, by_category
     assert by_category.get("optimizer_state") == 2 * (weight + bias)
+
+
+HOST_MADE_STATE = """\
+import torch
+
+class FactoredMoments(torch.optim.Optimizer):
+    '''transformers' Adafactor: its factored second moments are made on the host and moved
+    (`torch.zeros(shape[:-1]).to(grad)`), the update's RMS is a device scalar it keeps.'''
+    def __init__(self, params):
+        super().__init__(params, {"lr": 1e-3})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    state["row"] = torch.zeros(p.shape[:-1]).to(p.grad)
+                    state["col"] = torch.zeros(p.shape[-1:]).to(p.grad)
+                state["RMS"] = p.norm(2) / p.numel() ** 0.5
+                p.add_(p.grad, alpha=-group["lr"])
+
+lin = torch.nn.Linear(1024, 512, bias=False).to("cuda")
+opt = FactoredMoments(lin.parameters())
+x = torch.randn(64, 1024, device="cuda")
+for _ in range(2):
+    lin(x).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_optimizer_state_made_on_the_host_is_optimizer_state(tmp_path: Path, monkeypatch):
+    (tmp_path / "factored.py").write_text(HOST_MADE_STATE)
+    monkeypatch.chdir(tmp_path)
+    result = estimate_command(["python", "factored.py"], gpu="a100-40gb", mode="fake", timeout=120)
+    by_category = result.breakdown.by_category
+    # row (512 fp32), col (1024 fp32) and the RMS scalar (a 512-byte block): before, the moved
+    # moments stayed "input" and only the RMS was optimizer state
+    assert by_category.get("optimizer_state") == 2048 + 4096 + 512, by_category
+    assert by_category.get("input", 0) == 0, by_category

@@ -498,6 +498,36 @@ def test_the_cli_takes_a_step_count_or_all():
     assert info.value.exit_code == 2
 
 
+def test_torch_compile_note_leaves_out_compiled_functions_never_called(a100, stack24):
+    """A library compiles its own functions at import (DeepSpeed's Muon update, under the
+    Trainer's --deepspeed): the note named them as having run eagerly though nothing called them."""
+
+    def job():
+        @torch.compile
+        def never_called(x):
+            return x * 2
+
+        @torch.compile
+        def called(x):
+            return x + 1
+
+        called(torch.randn(4, device="cuda"))
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    compile_notes = [note for note in result.notes if note.startswith("torch.compile")]
+    assert len(compile_notes) == 1 and "<locals>.never_called" not in compile_notes[0], compile_notes
+    assert "<locals>.called ran eagerly" in compile_notes[0], compile_notes
+
+    def import_only():
+        @torch.compile
+        def update(x):
+            return x * 2
+
+    result = capture_callable(import_only, gpu=a100, stack=stack24)
+    assert not any(note.startswith("torch.compile") for note in result.notes), result.notes
+
+
 def test_torch_compile_note_names_what_was_compiled_and_bounds_the_fusion(a100, stack24):
     class Block(torch.nn.Module):
         def __init__(self):

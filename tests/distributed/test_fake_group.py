@@ -81,3 +81,33 @@ def test_world_size_one_without_a_launcher(monkeypatch, a100, stack24):
         result = capture_callable(job, gpu=a100, stack=stack24)
         assert result.error is None, result.error_text
         assert "nccl" not in result.libraries  # one rank: no communicator buffers
+
+
+def test_device_all_gather_of_host_built_sizes_reads_back_every_ranks_sizes(monkeypatch, a100, stack24):
+    """accelerate's `pad_across_processes` (the Trainer's evaluation loop, under DeepSpeed or
+    DDP) all-gathers `torch.tensor(t.shape, device=...)` and reads the sizes back to pad to the
+    largest: zeros there made it pad to size 0 and fail ("expanded size of the tensor (0)")."""
+    set_world(monkeypatch, 2, rank=1)
+    seen = {}
+
+    def job():
+        import torch.distributed as dist
+
+        dist.init_process_group(backend="nccl")
+        size = torch.tensor([4, 32], device="cuda")[None]
+        into = torch.empty(2 * size.numel(), dtype=size.dtype, device="cuda")
+        dist.all_gather_into_tensor(into, size)
+        seen["into"] = into.view(-1, 2).cpu().tolist()
+        listed = [torch.empty_like(size) for _ in range(2)]
+        dist.all_gather(listed, size)
+        seen["listed"] = [t.cpu().tolist() for t in listed]
+        written = torch.tensor([1, 2], device="cuda").mul_(2)  # unknown once written on the device
+        out = torch.empty(4, dtype=written.dtype, device="cuda")
+        dist.all_gather_into_tensor(out, written)
+        seen["written"] = out.cpu().tolist()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert seen["into"] == [[4, 32], [4, 32]]
+    assert seen["listed"] == [[[4, 32]], [[4, 32]]]
+    assert seen["written"] == [0, 0, 0, 0]

@@ -115,6 +115,19 @@ def _known_host_data(tensor: Tensor) -> Tensor | None:
     return torch.as_strided(host, tensor.size(), tensor.stride(), tensor.storage_offset()).clone()
 
 
+def known_host_data(tensor: Tensor) -> Tensor | None:
+    """A device tensor's host values where they are known (see `_known_host_data`)."""
+    return _known_host_data(tensor) if is_meta(tensor) else None
+
+
+def give_host_data(tensor: Tensor, host: Tensor) -> None:
+    """`tensor` (a device tensor, no view) holds `host`'s values from now until an in-place
+    op writes to it: what a collective delivered into it (capture.fake_distributed)."""
+    if is_meta(tensor) and tensor._base is None and host.numel() == tensor.numel() \
+            and host.numel() <= HOST_DATA_MAX_ELEMENTS:
+        setattr(tensor, _HOST_DATA, (host.reshape(tensor.shape).to(tensor.dtype), tensor._version))
+
+
 def _has_device_tensor(args: tuple, kwargs: dict) -> bool:
     return any(is_meta(t) for t in tensors_in((args, kwargs)))
 

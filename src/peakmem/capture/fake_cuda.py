@@ -210,33 +210,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         def end(*args: Any) -> None:
             session.mark(Mark.COMPILED_END.value)
 
-        def apply(target: Any) -> Any:
-            if str(getattr(target, "__module__", "")).startswith(LIBRARY_KERNEL_COMPILES):
-                return target  # a library's own host kernels: never run on device tensors
-            owner = getattr(target, "__self__", None)
-            if isinstance(target, torch.nn.Module):
-                name = type(target).__name__
-                target.register_forward_pre_hook(start)
-                target.register_forward_hook(end, always_call=True)
-                result = target
-            else:
-                name = getattr(target, "__qualname__", None) or type(target).__name__
-                if isinstance(owner, torch.nn.Module):  # Module.compile(): its _call_impl
-                    name = type(owner).__name__
-                result = target
-                if callable(target):
-
-                    @functools.wraps(target)
-                    def result(*args: Any, **kw: Any) -> Any:
-                        start()
-                        fused = fused_updates.begin(session, bool(kwargs.get("fullgraph")))
-                        try:
-                            returned = target(*args, **kw)
-                            fused_updates.end(session, fused, returned)
-                            return returned
-                        finally:
-                            end()
-
+        def noted(name: str) -> None:
             if name not in seen["names"]:
                 seen["names"].append(name)
             if mode in ("reduce-overhead", "max-autotune") and mode not in seen["modes"]:
@@ -257,6 +231,39 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                 n for n in session.notes if not n.startswith("torch.compile was not applied")
             ]
             session.notes.append(note)
+
+        def apply(target: Any) -> Any:
+            if str(getattr(target, "__module__", "")).startswith(LIBRARY_KERNEL_COMPILES):
+                return target  # a library's own host kernels: never run on device tensors
+            owner = getattr(target, "__self__", None)
+            if isinstance(target, torch.nn.Module):
+                target.register_forward_pre_hook(start)
+                target.register_forward_hook(end, always_call=True)
+                noted(type(target).__name__)
+                return target
+            name = getattr(target, "__qualname__", None) or type(target).__name__
+            if isinstance(owner, torch.nn.Module):  # Module.compile(): its _call_impl
+                noted(type(owner).__name__)
+                name = ""
+            if not callable(target):
+                return target
+            # a compiled function is named once it runs: a library compiles its own at import
+            # (DeepSpeed's Muon update), and a job need not call them
+            pending = [name] if name else []
+
+            @functools.wraps(target)
+            def result(*args: Any, **kw: Any) -> Any:
+                if pending:
+                    noted(pending.pop())
+                start()
+                fused = fused_updates.begin(session, bool(kwargs.get("fullgraph")))
+                try:
+                    returned = target(*args, **kw)
+                    fused_updates.end(session, fused, returned)
+                    return returned
+                finally:
+                    end()
+
             return result
 
         if model is None:  # used as @torch.compile(...)

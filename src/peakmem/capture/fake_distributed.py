@@ -90,6 +90,20 @@ def _host(tensor: Any) -> bool:
     return isinstance(tensor, torch.Tensor) and not is_meta(tensor)
 
 
+def _gathered_host_data(output: Any, inputs: list[Any]) -> None:
+    """A device all-gather of device tensors whose values are known on the host (built from host
+    data: accelerate's `gather(torch.tensor(t.shape, device=...))` sizing its padding): the
+    output holds them, every rank's being this rank's, as host tensors' values do here."""
+    from peakmem.capture.device_map import give_host_data, known_host_data
+
+    if not is_meta(output) or not inputs:
+        return
+    known = [known_host_data(tensor) if is_meta(tensor) else None for tensor in inputs]
+    if any(host is None for host in known):
+        return
+    give_host_data(output, torch.cat([host.reshape(-1) for host in known]))
+
+
 def _reduce_op(opts: Any) -> Any:
     return getattr(opts, "reduceOp", None)
 
@@ -190,6 +204,9 @@ class FakeGroup(dist.ProcessGroup):
                     for out in outputs:
                         if _host(out) and out.numel() == tensor.numel():
                             out.copy_(tensor.reshape(out.shape))
+                else:
+                    for out in outputs:
+                        _gathered_host_data(out, [tensor])
         return _done(output_lists)
 
     def allgather_coalesced(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
@@ -200,6 +217,8 @@ class FakeGroup(dist.ProcessGroup):
         if _host(output) and _host(tensor) and output.numel() == tensor.numel() * self._size:
             with torch.no_grad():
                 output.view(self._size, -1).copy_(tensor.reshape(1, -1).clone())  # in place: a view
+        elif output.numel() == tensor.numel() * self._size:
+            _gathered_host_data(output, [tensor] * self._size)
         return _done([output])
 
     all_gather_single = _allgather_base

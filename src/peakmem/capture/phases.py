@@ -44,6 +44,8 @@ from peakmem.trace.vocab import Category, Mark, Phase
 
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
 _STEPPED_PARAMS = (*_STEP_TEMPS, Category.INPUT.value)
+_STATE_SOURCES = _STEPPED_PARAMS
+"""What an optimizer's state may have been tracked as before its step kept it."""
 """What an optimizer's parameters may still be tagged when it steps: a host tensor moved to the
 device is an input until a module's forward claims it, and a module whose `forward` is called
 directly (`layer.forward(x)`, mnist_forward_forward) never is claimed."""
@@ -280,8 +282,10 @@ class PhaseTracker:
         for param, per_param in optimizer.state.items():
             owner = self._param_owner.get(id(param))
             for value in per_param.values():
+                # from the host too: Adafactor makes its factored moments with
+                # `torch.zeros(shape).to(grad)`, a state loaded from a checkpoint is copied in
                 session.classify(
-                    value, Category.OPTIMIZER_STATE.value, module=owner, only_from=_STEP_TEMPS
+                    value, Category.OPTIMIZER_STATE.value, module=owner, only_from=_STATE_SOURCES
                 )
         session.state.phase = Phase.OTHER.value
         self._await_update = False  # a closure's backward ran inside the step it fed
