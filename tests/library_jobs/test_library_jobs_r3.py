@@ -1,0 +1,90 @@
+"""Round 3 of well-known training scripts re-created and run unmodified through the real CLI
+(`python -m peakmem estimate --json -- python SCRIPT ARGS`, scripts/r3_*.py): the parameter and
+optimizer bytes are worked out by hand from each script's layers (expected.py's helpers), not
+read from peakmem."""
+
+from __future__ import annotations
+
+from math import prod
+from pathlib import Path
+
+import numpy as np
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import estimate
+from tests.library_jobs.test_library_jobs import assert_training, fused_steps
+
+LLMC_D2 = dict(vocab=512, positions=64, embd=64, layers=2)
+"""r3_llmc_train_gpt2.py's "d2" model (biases on, lm_head tied to wte)."""
+
+
+def _notes(est) -> str:
+    return "\n".join(est.data["notes"])
+
+
+def _llmc_shard(path: Path, tokens: int, vocab: int) -> Path:
+    """An llm.c token shard: a 256 x int32 header (magic 20240520, version 1, count), uint16 ids."""
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240520, 1, tokens)
+    path.write_bytes(header.tobytes() + (np.arange(tokens) * 7 % vocab).astype(np.uint16).tobytes())
+    return path
+
+
+def _zero_shard(shapes: list, world_size: int, rank: int) -> list:
+    """ZeroRedundancyOptimizer's partition: each group's tensors, largest first, to the rank
+    holding the fewest elements so far (the lowest rank on a tie); the totals carry over groups."""
+    sizes = [0] * world_size
+    mine = []
+    groups = ([s for s in shapes if len(s) >= 2], [s for s in shapes if len(s) < 2])
+    for group in groups:
+        for shape in sorted(group, key=prod, reverse=True):
+            owner = sizes.index(min(sizes))
+            sizes[owner] += prod(shape)
+            if owner == rank:
+                mine.append(shape)
+    return mine
+
+
+def test_llmc_train_gpt2_bf16_flash_accumulation_c_bridge(tmp_path):
+    shapes = ex.gpt2_shapes(**LLMC_D2)
+    params = ex.device_bytes(shapes, ex.FP32)
+    train = _llmc_shard(tmp_path / "train.bin", 4000, LLMC_D2["vocab"])
+    val = _llmc_shard(tmp_path / "val.bin", 2000, LLMC_D2["vocab"])
+    est = estimate("r3_llmc_train_gpt2.py", "--model", "d2", "--input_bin", str(train),
+                   "--input_val_bin", str(val), "--val_loss_every", "2", "--val_max_steps", "2",
+                   "--sample_every", "3", "--num_iterations", "3", "--batch_size", "2",
+                   "--sequence_length", "32", "--total_batch_size", "256", "--dtype", "bfloat16",
+                   "--tensorcores", "1", "--flash", "1", "--output_dir", str(tmp_path / "log"),
+                   cwd=tmp_path)
+    # device == "cuda": fused AdamW, a device `step` per tensor; lm_head is wte (counted once)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.breakdown["buffer"] == 2 * ex.device_bytes([(1, 1, 64, 64)], ex.FP32)  # the masks
+    assert est.data["steps"] == 3
+    # the write_tensors pass (forward + backward before the optimizer exists), then the
+    # val-loss passes at steps 0 and 2 around the training steps
+    assert est.data["phases_ran"][:2] == ["eval", "training"] and "eval" in est.data["phases_ran"][2:]
+    # the C bridge read every parameter back to the host: `.cpu().numpy().tobytes()` of fake
+    # tensors wrote files of the real size (a 1 KiB header, then the weights)
+    weights = ex.count(shapes)
+    assert (tmp_path / "gpt2_d2.bin").stat().st_size == 1024 + 4 * weights
+    assert (tmp_path / "gpt2_d2_bf16.bin").stat().st_size == 1024 + 2 * weights
+    assert (tmp_path / "gpt2_d2_debug_state.bin").stat().st_size > 1024 + 4 * weights
+    assert "gradient accumulation steps: 4" in est.stderr
+
+
+def test_llmc_train_gpt2_torchrun_two_ranks_zero1_compile(tmp_path):
+    shapes = ex.gpt2_shapes(**LLMC_D2)
+    params = ex.device_bytes(shapes, ex.FP32)
+    train = _llmc_shard(tmp_path / "train.bin", 4000, LLMC_D2["vocab"])
+    est = estimate("r3_llmc_train_gpt2.py", "--model", "d2", "--input_bin", str(train),
+                   "--num_iterations", "2", "--batch_size", "4", "--sequence_length", "32",
+                   "--total_batch_size", "512", "--zero_stage", "1", "--compile", "1",
+                   "--write_tensors", "0", launcher=("torchrun", "--standalone", "--nproc_per_node", "2"),
+                   cwd=tmp_path)
+    # ZeroRedundancyOptimizer keeps AdamW's moments for rank 0's share only; llm.c passes
+    # device "cuda:0" as device_type under DDP, so AdamW is not fused (host `step`s)
+    rank0 = _zero_shard(shapes, world_size=2, rank=0)
+    assert 0 < len(rank0) < len(shapes)
+    assert_training(est, params=params, optimizer_state=2 * ex.device_bytes(rank0, ex.FP32))
+    assert est.data["world_size"] == 2 and est.data["launcher"] == "torchrun"
+    assert "torch.compile" in _notes(est)
