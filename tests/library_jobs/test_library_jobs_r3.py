@@ -88,3 +88,42 @@ def test_llmc_train_gpt2_torchrun_two_ranks_zero1_compile(tmp_path):
     assert_training(est, params=params, optimizer_state=2 * ex.device_bytes(rank0, ex.FP32))
     assert est.data["world_size"] == 2 and est.data["launcher"] == "torchrun"
     assert "torch.compile" in _notes(est)
+
+
+# pytorch/examples distributed/ddp-tutorial-series ---------------------------------------------
+
+LINEAR_20_1 = ex.device_bytes(ex.linear(1, 20), ex.FP32)
+"""The tutorial's model, nn.Linear(20, 1): two tensors, one 512-byte block each."""
+
+
+def _ddp_tutorial(script: str, *args: str, flags=(), launcher=None, cwd=None):
+    est = estimate(script, "2", "1", *args, flags=flags, launcher=launcher, cwd=cwd)
+    # plain SGD (no momentum): no optimizer state
+    assert_training(est, params=LINEAR_20_1, optimizer_state=0)
+    # 2048 samples in batches of 32 (per rank); the checkpoint of each epoch (save_every 1)
+    # went to peakmem's save folder, not the working directory
+    assert est.data["steps"] == 7, _notes(est)
+    assert "saved 2 file(s) of fake device data" in _notes(est)
+    return est
+
+
+def test_ddp_tutorial_single_gpu_int_device(tmp_path):
+    est = _ddp_tutorial("r3_ddp_single_gpu.py", cwd=tmp_path)
+    assert "DataLoader epoch of 64 batches" in _notes(est)
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_ddp_tutorial_multigpu_torchrun_two_ranks(tmp_path):
+    est = _ddp_tutorial("r3_ddp_multigpu_torchrun.py", cwd=tmp_path,
+                        launcher=("torchrun", "--nproc_per_node", "2"))
+    assert est.data["world_size"] == 2
+    assert "DataLoader epoch of 32 batches" in _notes(est)  # the DistributedSampler's half
+    assert not (tmp_path / "snapshot.pt").exists()
+
+
+def test_ddp_tutorial_multigpu_mp_spawn_per_device(tmp_path):
+    # world_size = torch.cuda.device_count(): --nproc-per-node says how many GPUs the job sees
+    est = _ddp_tutorial("r3_ddp_multigpu.py", flags=("--nproc-per-node", "2"), cwd=tmp_path)
+    assert est.data["world_size"] == 2
+    assert "torch.multiprocessing spawn of 2 processes" in _notes(est)
+    assert "DataLoader epoch of 32 batches" in _notes(est)
