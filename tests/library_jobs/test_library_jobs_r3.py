@@ -9,6 +9,7 @@ from math import prod
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
@@ -127,3 +128,42 @@ def test_ddp_tutorial_multigpu_mp_spawn_per_device(tmp_path):
     assert est.data["world_size"] == 2
     assert "torch.multiprocessing spawn of 2 processes" in _notes(est)
     assert "DataLoader epoch of 32 batches" in _notes(est)
+
+
+# Keller Jordan's cifar10-airbench -------------------------------------------------------------
+
+def _cifar10_tensors(root: Path, train: int, test: int) -> None:
+    """cifar10/{train,test}.pt as airbench94 writes them after torchvision's download: uint8
+    images (N, 32, 32, 3), int64 labels, the class names."""
+    (root / "cifar10").mkdir()
+    generator = torch.Generator().manual_seed(0)
+    for name, count in (("train", train), ("test", test)):
+        images = torch.randint(0, 256, (count, 32, 32, 3), dtype=torch.uint8, generator=generator)
+        labels = torch.randint(0, 10, (count,), generator=generator)
+        torch.save({"images": images, "labels": labels, "classes": [str(c) for c in range(10)]},
+                   root / "cifar10" / f"{name}.pt")
+
+
+def test_airbench94_muon_fused_sgd_half_channels_last_compiled(tmp_path):
+    _cifar10_tensors(tmp_path, train=4000, test=2000)
+    FP16 = 2
+    convs = [(64, 24, 3, 3), (64, 64, 3, 3), (256, 64, 3, 3)] + 3 * [(256, 256, 3, 3)]
+    norms = [(c,) for c in (64, 64, 256, 256, 256, 256)]
+    # .half() on every module but the BatchNorms (fp32); the whitening conv's weight and the
+    # BatchNorms' weights are frozen (requires_grad=False)
+    params = (ex.device_bytes([(24, 3, 2, 2), (24,), *convs, (10, 256)], FP16)
+              + ex.device_bytes(2 * norms, ex.FP32))
+    trained = ex.device_bytes([(24,), *convs, (10, 256)], FP16) + ex.device_bytes(norms, ex.FP32)
+    first_map = 2000 * 64 * 32 * 32 * FP16  # conv1's output for a batch of 2000
+    est = estimate("r3_airbench94_muon.py", cwd=tmp_path, timeout=200)
+    # fused nesterov SGD (whitening bias, BatchNorm biases, head) and Muon (the convolutions)
+    # each keep one momentum buffer per trained tensor. `SGD(fused=True)` has no meta kernel
+    # in torch: fake mode stopped and auto mode computed the job for real on the CPU (minutes)
+    assert_training(est, params=params, optimizer_state=trained, grads=trained,
+                    extra_upper=12 * first_map)
+    assert est.data["mode"] == "fake"
+    running_stats = 2 * [(64,), (64,), ()] + 4 * [(256,), (256,), ()]  # mean, var, count
+    assert est.breakdown["buffer"] == ex.device_bytes(running_stats, ex.FP32)
+    assert est.breakdown["activation"] >= 4 * first_map
+    assert "zeropower_via_newtonschulz5, CifarNet ran eagerly" in _notes(est)
+    assert "|  warmup  |      0  |" in est.stderr  # the first epoch's evaluation ran
