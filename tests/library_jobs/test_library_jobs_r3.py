@@ -167,3 +167,48 @@ def test_airbench94_muon_fused_sgd_half_channels_last_compiled(tmp_path):
     assert est.breakdown["activation"] >= 4 * first_map
     assert "zeropower_via_newtonschulz5, CifarNet ran eagerly" in _notes(est)
     assert "|  warmup  |      0  |" in est.stderr  # the first epoch's evaluation ran
+
+
+# DeepSpeedExamples training/cifar ---------------------------------------------------------------
+
+DS_CIFAR_CONFIG = {
+    "train_batch_size": 16, "steps_per_print": 2000,
+    "optimizer": {"type": "Adam", "params": {"lr": 0.001, "betas": [0.8, 0.999], "eps": 1e-8,
+                                             "weight_decay": 3e-7}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.001,
+                                                 "warmup_num_steps": 1000}},
+    "gradient_clipping": 1.0, "prescale_gradients": False,
+    "fp16": {"enabled": True, "loss_scale": 0, "loss_scale_window": 500, "hysteresis": 2,
+             "min_loss_scale": 1, "initial_scale_power": 15},
+    "zero_optimization": {"stage": 1, "allgather_partitions": True, "reduce_scatter": True,
+                          "allgather_bucket_size": 50000000, "reduce_bucket_size": 50000000,
+                          "overlap_comm": True, "contiguous_gradients": True},
+}
+"""The example's ds_config.json with fp16 and ZeRO stage 1 turned on."""
+
+
+def test_deepspeed_cifar10_fused_adam_fp16_zero1_two_ranks(tmp_path):
+    import json
+
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(DS_CIFAR_CONFIG))
+    shapes = (ex.conv(6, 3, 5) + ex.conv(16, 6, 5) + ex.linear(120, 400) + ex.linear(84, 120)
+              + ex.linear(10, 84))
+    world = 2
+    # ZeRO 1/2 flatten the fp16 weights into one buffer (padded to a multiple of 2 x world)
+    # and keep rank 0's half of an fp32 master copy, whose two Adam moments are the state
+    flat = -(-ex.count(shapes) // (2 * world)) * (2 * world)
+    master = ex.rounded(flat // world * ex.FP32)
+    params = ex.rounded(flat * 2) + master
+    bucket = ex.rounded(50_000_000 * 2)  # contiguous_gradients: reduce_bucket_size fp16 elements
+    est = estimate("r3_deepspeed_cifar10.py", "--deepspeed", "--deepspeed_config", str(config),
+                   "--train-size", "512", "--test-size", "64", cwd=tmp_path,
+                   launcher=("deepspeed", "--num_gpus", str(world)))
+    # "type": "Adam" is DeepSpeed's FusedAdam, whose kernels are compiled by nvcc when not
+    # prebuilt: the job stopped at "CUDA_HOME environment variable is not set"
+    assert_training(est, params=params, optimizer_state=2 * master, grads=bucket)
+    assert est.data["world_size"] == world and est.data["launcher"] == "deepspeed"
+    assert "fp16=True bf16=False optimizer=DeepSpeedZeroOptimizer" in est.stderr
+    # 512 samples / 2 ranks / 8 a rank (train_batch_size 16) = 32 batches an epoch: 3, the
+    # last, then one of the second epoch; the test loop through the bare net after it
+    assert est.data["steps"] == 7 and est.data["phases_ran"] == ["training", "eval"]
