@@ -9,11 +9,12 @@ from math import prod
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
-from tests.library_jobs.test_library_jobs import assert_training, fused_steps
+from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 
 LLMC_D2 = dict(vocab=512, positions=64, embd=64, layers=2)
 """r3_llmc_train_gpt2.py's "d2" model (biases on, lm_head tied to wte)."""
@@ -212,3 +213,26 @@ def test_deepspeed_cifar10_fused_adam_fp16_zero1_two_ranks(tmp_path):
     # 512 samples / 2 ranks / 8 a rank (train_batch_size 16) = 32 batches an epoch: 3, the
     # last, then one of the second epoch; the test loop through the bare net after it
     assert est.data["steps"] == 7 and est.data["phases_ran"] == ["training", "eval"]
+
+
+# pytorch/examples imagenet/main.py --------------------------------------------------------------
+
+@needs("torchvision")
+@pytest.mark.parametrize("placement", [("--gpu", "0"), ("-j", "2")], ids=["gpu0", "data_parallel"])
+def test_imagenet_main_dummy_resnet18_sgd_steplr(tmp_path, placement):
+    shapes, buffers = ex.resnet18_shapes(1000)
+    params = ex.device_bytes(shapes, ex.FP32)
+    # --gpu 0: torch.accelerator.set_device_index and the model on that device; without it the
+    # script wraps the model in nn.DataParallel (one fake GPU: it runs the module directly)
+    est = estimate("r3_imagenet_main.py", "--dummy", "-a", "resnet18", "-b", "16", "--epochs", "2",
+                   "--dummy-train-size", "160", "--dummy-val-size", "64", "--image-size", "64",
+                   "-p", "2", *placement, cwd=tmp_path)
+    assert_training(est, params=params, optimizer_state=params)  # SGD momentum
+    assert est.breakdown["buffer"] == ex.device_bytes(buffers, ex.FP32)
+    # FakeData of 160 images in batches of 16: each epoch's train() then validate()
+    assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
+    assert "DataLoader epoch of 10 batches" in _notes(est)
+    # save_checkpoint's torch.save went to peakmem's folder (is_best, a device comparison that
+    # reads as False, skipped the copy to model_best.pth.tar)
+    assert "saved 2 file(s) of fake device data" in _notes(est)
+    assert " *   Acc@1 0.000 Acc@5 0.000" in est.stderr
