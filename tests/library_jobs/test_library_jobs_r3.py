@@ -236,3 +236,36 @@ def test_imagenet_main_dummy_resnet18_sgd_steplr(tmp_path, placement):
     # reads as False, skipped the copy to model_best.pth.tar)
     assert "saved 2 file(s) of fake device data" in _notes(est)
     assert " *   Acc@1 0.000 Acc@5 0.000" in est.stderr
+
+
+# lucidrains/vit-pytorch style ViT: AMP, checkpointing, EMA, compile ---------------------------
+
+def _vit_pytorch_shapes(dim: int = 128, depth: int = 4, mlp: int = 256, patch_dim: int = 48,
+                        patches: int = 64, classes: int = 10) -> list:
+    shapes = ex.norm(patch_dim) + ex.linear(dim, patch_dim) + ex.norm(dim)
+    shapes += [(1, patches + 1, dim), (1, 1, dim)]  # pos_embedding, cls_token
+    for _ in range(depth):  # Attention (bias-free to_qkv) and FeedForward, each pre-norm
+        shapes += ex.norm(dim) + [(3 * dim, dim)] + ex.linear(dim, dim)
+        shapes += ex.norm(dim) + ex.linear(mlp, dim) + ex.linear(dim, mlp)
+    return shapes + ex.norm(dim) + ex.linear(classes, dim)
+
+
+@pytest.mark.parametrize("flags", [(), ("--grad-checkpointing", "--compile")],
+                         ids=["eager", "checkpointing_compiled"])
+def test_vit_pytorch_gradscaler_clip_ema_averaged_model(tmp_path, flags):
+    model = ex.device_bytes(_vit_pytorch_shapes(), ex.FP32)
+    est = estimate("r3_lucidrains_vit_amp_ema.py", *flags, "--save", str(tmp_path / "ck.pt"))
+    # AveragedModel deep-copies the model on its device: a second set of weights; its
+    # n_averaged counter is made on the host (no device= given); AdamW moments for the model
+    # above the model state: the eager run's saved activations (4 layers at batch 32 with fp16
+    # copies, ~40 MiB)
+    assert_training(est, params=2 * model, optimizer_state=2 * model, grads=model,
+                    extra_upper=64 * 2**20)
+    assert "buffer" not in est.breakdown
+    # 256 samples / 32 = 8 batches an epoch, an EMA evaluation after each
+    assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
+    assert "ck.pt" in _notes(est)
+    if "--compile" in flags:
+        assert "torch.compile was not applied: ViT ran eagerly" in _notes(est)
+        # checkpointed layers keep only their inputs: the activations left at the peak are small
+        assert est.breakdown["activation"] < model
