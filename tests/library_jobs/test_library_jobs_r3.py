@@ -269,3 +269,31 @@ def test_vit_pytorch_gradscaler_clip_ema_averaged_model(tmp_path, flags):
         assert "torch.compile was not applied: ViT ran eagerly" in _notes(est)
         # checkpointed layers keep only their inputs: the activations left at the peak are small
         assert est.breakdown["activation"] < model
+
+
+# torchtune-style full fine-tune with bitsandbytes' AdamW8bit ------------------------------------
+
+def _adam8bit_state(shape) -> int:
+    """bitsandbytes Optimizer2State.init_state: tensors under min_8bit_size (4096) keep two
+    fp32 moments; larger ones two uint8 moments and two fp32 absmax vectors, one value per block
+    of 256. (The two shared 256-entry quantisation maps are not per tensor.)"""
+    numel = prod(shape)
+    if numel < 4096:
+        return 2 * ex.rounded(numel * ex.FP32)
+    return 2 * ex.rounded(numel) + 2 * ex.rounded(-(-numel // 256) * ex.FP32)
+
+
+@needs("bitsandbytes")
+def test_torchtune_style_full_finetune_bf16_adamw8bit_checkpointing():
+    vocab, dim, hidden, kv = 2048, 256, 704, 2 * (256 // 8)
+    shapes = [(vocab, dim)]
+    for _ in range(2):
+        shapes += [(dim, dim), (kv, dim), (kv, dim), (dim, dim), (hidden, dim), (dim, hidden),
+                   (hidden, dim), (dim,), (dim,)]
+    shapes += [(dim,), (vocab, dim)]
+    params = ex.device_bytes(shapes, ex.BF16)
+    est = estimate("r3_torchtune_style_bnb_adamw8bit.py", "--enable-activation-checkpointing")
+    assert_training(est, params=params, optimizer_state=sum(map(_adam8bit_state, shapes)))
+    assert "accumulation window 2" in _notes(est)
+    # the recipe's memory log read the fake device's allocator statistics
+    assert "peak_memory_active 0.09 GiB" in est.stderr
