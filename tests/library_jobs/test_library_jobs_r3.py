@@ -297,3 +297,21 @@ def test_torchtune_style_full_finetune_bf16_adamw8bit_checkpointing():
     assert "accumulation window 2" in _notes(est)
     # the recipe's memory log read the fake device's allocator statistics
     assert "peak_memory_active 0.09 GiB" in est.stderr
+
+
+# pytorch/examples distributed/tensor_parallelism -----------------------------------------------
+
+def test_tensor_parallel_example_optimizer_built_before_parallelize_module(tmp_path):
+    # ToyModel: in_proj Linear(10, 32), out_proj Linear(32, 5), moved to "cuda" whole; then
+    # ColwiseParallel shards in_proj's rows and RowwiseParallel out_proj's columns over 2 ranks,
+    # and out_proj's bias is replicated (the DTensor wraps the same storage)
+    whole = ex.device_bytes(ex.linear(32, 10) + ex.linear(5, 32), ex.FP32)
+    shards = ex.device_bytes([(16, 10), (16,), (5, 16)], ex.FP32)
+    est = estimate("r3_tensor_parallel_example.py", cwd=tmp_path,
+                   launcher=("torchrun", "--nproc_per_node", "2"))
+    # the AdamW made before parallelize_module holds the whole, replaced parameters: they stay
+    # alive, get no gradients, and the optimizer never makes state (as on GPUs)
+    assert_training(est, params=whole + shards, optimizer_state=0,
+                    grads=shards + ex.device_bytes([(5,)], ex.FP32))
+    assert est.data["world_size"] == 2
+    assert "Tensor Parallel iter 1 completed" in est.stderr
