@@ -45,17 +45,19 @@ class JobEstimate:
         return f"exit {self.returncode}: {job_error or (lines[-1] if lines else '')}"
 
 
-def estimate(script: str, *args: str, timeout: float = 120, flags: tuple[str, ...] = ()) -> JobEstimate:
+def estimate(script: str, *args: str, timeout: float = 120, flags: tuple[str, ...] = (),
+             launcher: tuple[str, ...] | None = None, cwd: Path | None = None) -> JobEstimate:
     """`peakmem estimate --json --timeout T FLAGS -- python SCRIPT ARGS`; the job's own output
-    comes back in `stderr`."""
+    comes back in `stderr`. `launcher` replaces `python` (e.g. `torchrun --nproc_per_node 2`);
+    `cwd` is the directory the job runs in (where it writes relative paths)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["HF_HUB_OFFLINE"] = "1"
     command = [sys.executable, "-m", "peakmem", "estimate", "--json", "--timeout", str(timeout),
-               *flags, "--", sys.executable, str(SCRIPTS / script), *args]
+               *flags, "--", *(launcher or (sys.executable,)), str(SCRIPTS / script), *args]
     done = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *command], capture_output=True,
-                          text=True, env=env, timeout=timeout + 120)
+                          text=True, env=env, timeout=timeout + 120, cwd=cwd)
     try:
         data = json.loads(done.stdout) if done.stdout.strip() else {}
     except json.JSONDecodeError:

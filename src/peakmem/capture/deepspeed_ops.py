@@ -1,27 +1,38 @@
-"""DeepSpeed's CUDA ops that it compiles on first use (JIT, with nvcc and CUDA_HOME): the capture
-has neither, so `OpBuilder.jit_load` of one failed (`CUDA_HOME environment variable is not set`)
-and any job whose DeepSpeed config names an optimizer (`"optimizer": {"type": "AdamW"}`:
-DeepSpeed's FusedAdam, the Trainer's `--deepspeed ds_config.json`) could not be estimated.
+"""DeepSpeed's CUDA extension ops on the fake device: the fused optimizers' kernels.
 
-Here the ops a stand-in is registered for load as that stand-in: it updates its tensors in place
-and allocates nothing, as the CUDA kernel does (its tensor lists are the optimizer's state, made
-by the optimizer in Python). Every other op builds as before (and fails as before, when it must).
+DeepSpeed's optimizers load their CUDA kernels through an op builder (`FusedAdamBuilder().load()`):
+the op prebuilt into the wheel, or else compiled on the spot with nvcc (JIT: it needs CUDA_HOME
+and a GPU toolchain). A config's `"optimizer": {"type": "Adam"}` picks `FusedAdam` on CUDA, so a
+capture stopped at "CUDA_HOME environment variable is not set" before the first step.
+
+The multi-tensor update kernels work in place on the lists they are given (parameters, gradients,
+moments, all made beforehand by the optimizer's Python) and allocate nothing on the device, so
+here the builders of those ops load a stand-in that updates in place with no temporary (FusedAdam's
+update itself, so eager host values stay right; FusedLion's does nothing). Other builders load as
+before (a job that needs one gets DeepSpeed's own error).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from peakmem.capture.library_patches import register_library_patch
-from peakmem.capture.on_import import patch_on_import
+from peakmem.capture.on_import import Undo, patch_on_import
 
-BUILDER_MODULE = "deepspeed.ops.op_builder.builder"
+BUILDER_MODULES = ("deepspeed.ops.op_builder.builder", "op_builder.builder")
+"""Where OpBuilder lives: DeepSpeed's package, or the top-level `op_builder` of a source install."""
+
+
+def _in_place_update(*args: Any, **kwargs: Any) -> None:
+    """`multi_tensor_*(chunk_size, noop_flag, tensor_lists, *hyperparameters)`: the CUDA kernel
+    writes the tensors of `tensor_lists` in place."""
+    return None
 
 
 def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: list[list[torch.Tensor]],
@@ -45,37 +56,35 @@ def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: li
             exp_avg_sq.sub_(eps).mul_(math.sqrt(correction2)).square_()
 
 
-STAND_INS: dict[str, Callable[[], Any]] = {
-    "fused_adam": lambda: SimpleNamespace(multi_tensor_adam=multi_tensor_adam),
+IN_PLACE_OPS: dict[str, dict[str, Callable[..., None]]] = {
+    "fused_adam": {"multi_tensor_adam": multi_tensor_adam},  # FusedAdam: the update itself, in place
+    "fused_lion": {"multi_tensor_lion": _in_place_update},  # FusedLion
 }
-"""DeepSpeed op name (its builder's NAME) -> the module it loads as here."""
+"""Op builder name -> the functions of its stand-in module."""
 
 
-def _stand_in_jit_load(builder_module: Any) -> Callable[[], None]:
-    op_builder = builder_module.OpBuilder
-    original = op_builder.__dict__["jit_load"]
+def _stand_in_loads(module: Any) -> Undo:
+    builder = module.OpBuilder
+    original = builder.load
 
-    def jit_load(self: Any, verbose: bool = True) -> Any:
-        make = STAND_INS.get(getattr(self, "name", None))
-        if make is None:
+    def load(self: Any, verbose: bool = False) -> Any:
+        functions = IN_PLACE_OPS.get(getattr(self, "name", None) or "")
+        if functions is None:
             return original(self, verbose)
-        module = make()
-        op_builder._loaded_ops[self.name] = module
-        return module
+        return SimpleNamespace(__name__=f"peakmem stand-in for {self.name}", **functions)
 
-    op_builder.jit_load = jit_load
+    builder.load = load
 
     def undo() -> None:
-        op_builder.jit_load = original
-        for name in STAND_INS:
-            op_builder._loaded_ops.pop(name, None)
+        builder.load = original
 
     return undo
 
 
-@register_library_patch("deepspeed_jit_ops")
+@register_library_patch("deepspeed_fused_optimizer_ops")
 @contextmanager
-def deepspeed_jit_ops() -> Iterator[None]:
-    """DeepSpeed's JIT-built ops with a stand-in load as it (see the module docstring)."""
-    with patch_on_import(BUILDER_MODULE, _stand_in_jit_load):
+def deepspeed_fused_optimizer_ops() -> Iterator[None]:
+    with ExitStack() as stack:
+        for name in BUILDER_MODULES:
+            stack.enter_context(patch_on_import(name, _stand_in_loads))
         yield

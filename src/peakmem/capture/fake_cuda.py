@@ -193,7 +193,8 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         session.autocast_cache.clear()
 
     def compile_as_eager(model: Any = None, **kwargs: Any) -> Any:
-        """torch.compile: the job runs eagerly. The note names what was compiled; calls of a
+        """torch.compile: the job runs eagerly. The note names what was compiled and then ran
+        (a library may compile functions at import that the job never calls); calls of a
         compiled module or function are bracketed by "compiled region" / "compiled region end"
         marks, so the estimate can bound what Inductor would not materialise."""
         import functools
@@ -201,28 +202,25 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         from peakmem.capture import fused_updates
         from peakmem.trace.vocab import Mark
 
-        seen = compile_as_eager.__dict__.setdefault("seen", {"names": [], "modes": []})
+        seen = compile_as_eager.__dict__.setdefault("seen", {"names": [], "modes": {}, "ran": set()})
         mode = kwargs.get("mode")
 
-        def start(*args: Any) -> None:
-            session.mark(Mark.COMPILED.value)
-
-        def end(*args: Any) -> None:
-            session.mark(Mark.COMPILED_END.value)
-
-        def noted(name: str) -> None:
-            if name not in seen["names"]:
-                seen["names"].append(name)
-            if mode in ("reduce-overhead", "max-autotune") and mode not in seen["modes"]:
-                seen["modes"].append(mode)
-            names = seen["names"]
+        def ran(name: str) -> None:
+            if name in seen["ran"]:
+                return
+            seen["ran"].add(name)
+            names = [compiled for compiled in seen["names"] if compiled in seen["ran"]]
             listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
             note = (
                 f"torch.compile was not applied: {listed} ran eagerly; Inductor fuses chains of "
                 "elementwise ops and frees (or recomputes in backward) their intermediates, so "
                 "the activations traced are an upper bound for the compiled run"
             )
-            for graph_mode in seen["modes"]:
+            graph_modes = dict.fromkeys(
+                seen["modes"][compiled] for compiled in names
+                if seen["modes"][compiled] in ("reduce-overhead", "max-autotune")
+            )
+            for graph_mode in graph_modes:
                 note += (
                     f"; mode={graph_mode!r} also records CUDA graphs, whose private memory "
                     "pools are not modelled"
@@ -237,33 +235,40 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                 return target  # a library's own host kernels: never run on device tensors
             owner = getattr(target, "__self__", None)
             if isinstance(target, torch.nn.Module):
+                name = type(target).__name__
+
+                def start(*args: Any) -> None:
+                    ran(name)
+                    session.mark(Mark.COMPILED.value)
+
+                def end(*args: Any) -> None:
+                    session.mark(Mark.COMPILED_END.value)
+
                 target.register_forward_pre_hook(start)
                 target.register_forward_hook(end, always_call=True)
-                noted(type(target).__name__)
-                return target
-            name = getattr(target, "__qualname__", None) or type(target).__name__
-            if isinstance(owner, torch.nn.Module):  # Module.compile(): its _call_impl
-                noted(type(owner).__name__)
-                name = ""
-            if not callable(target):
-                return target
-            # a compiled function is named once it runs: a library compiles its own at import
-            # (DeepSpeed's Muon update), and a job need not call them
-            pending = [name] if name else []
+                result = target
+            else:
+                name = getattr(target, "__qualname__", None) or type(target).__name__
+                if isinstance(owner, torch.nn.Module):  # Module.compile(): its _call_impl
+                    name = type(owner).__name__
+                result = target
+                if callable(target):
 
-            @functools.wraps(target)
-            def result(*args: Any, **kw: Any) -> Any:
-                if pending:
-                    noted(pending.pop())
-                start()
-                fused = fused_updates.begin(session, bool(kwargs.get("fullgraph")))
-                try:
-                    returned = target(*args, **kw)
-                    fused_updates.end(session, fused, returned)
-                    return returned
-                finally:
-                    end()
+                    @functools.wraps(target)
+                    def result(*args: Any, **kw: Any) -> Any:
+                        ran(name)
+                        session.mark(Mark.COMPILED.value)
+                        fused = fused_updates.begin(session, bool(kwargs.get("fullgraph")))
+                        try:
+                            returned = target(*args, **kw)
+                            fused_updates.end(session, fused, returned)
+                            return returned
+                        finally:
+                            session.mark(Mark.COMPILED_END.value)
 
+            if name not in seen["names"]:
+                seen["names"].append(name)
+                seen["modes"][name] = mode
             return result
 
         if model is None:  # used as @torch.compile(...)

@@ -2,7 +2,8 @@
 the `foreach` kernels (whose temporaries differ from the per-tensor loop CPU uses), and
 `fused=True` is accepted. The capture runs on meta tensors, so meta is declared a foreach/fused
 device for the duration of the capture: the optimizers then choose exactly what they would on
-CUDA, including the user's explicit `foreach=False`."""
+CUDA, including the user's explicit `foreach=False`; the fused updates torch has no meta kernel
+for get one here."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch.optim.optimizer as optimizer_module
 import torch.optim.swa_utils as swa_module
 import torch.utils._foreach_utils as foreach_utils
 
-from peakmem.cuda_rules.registry import register_runtime_patch
+from peakmem.cuda_rules.registry import register_fused_kernel, register_runtime_patch
 
 CAPTURE_DEVICE = "meta"
 _MODULES = (foreach_utils, optimizer_module, swa_module)
@@ -43,3 +44,15 @@ def cuda_optimizer_defaults() -> Iterator[None]:
     finally:
         for module, name, original in reversed(saved):
             setattr(module, name, original)
+
+
+@register_fused_kernel(["_fused_sgd_", "_fused_sgd_.tensor_lr", "_fused_adagrad_",
+                        "_fused_adagrad_.tensor_lr"])
+def fused_update_in_place(*args: object, **kwargs: object) -> None:
+    """`SGD(fused=True)`, `Adagrad(fused=True)`: torch has no meta kernel for these (it has for
+    `_fused_adam_` / `_fused_adamw_`). The CUDA kernels (FusedSgdKernel.cu,
+    FusedAdagradKernel.cu) update the parameters and their state lists in place through
+    multi_tensor_apply, whose tensor lists travel as kernel arguments: nothing is allocated on
+    the device. Their state (momentum buffers, state sums, steps) is made beforehand by the
+    optimizer's Python, outside the kernel."""
+    return None
