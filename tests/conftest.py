@@ -36,3 +36,10 @@ def stack24():
     from peakmem.profiles import load_stack
 
     return load_stack("2.4.1")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    from tests.parallel import group_shared_fixture_users
+
+    group_shared_fixture_users(items)

@@ -122,7 +122,9 @@ def _run_case(case: Case, root: Path) -> Run:
 @pytest.fixture(scope="module")
 def corpus_runs(tmp_path_factory) -> dict[str, Run]:
     root = tmp_path_factory.mktemp("hostile")
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    # at most one run per CPU core: the time bound below is for peakmem's start-up, not for
+    # runs queued behind each other on the cores (the suite's other xdist worker runs beside it)
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         futures = {case.id: pool.submit(_run_case, case, root) for case in CASES}
         return {name: future.result() for name, future in futures.items()}
 

@@ -141,7 +141,8 @@ def test_run_sweep_budget_and_crash(tmp_path):
         {"job": "j.py", "args": ["--batch-size", "2"]},
     ]})  # fmt: skip
     path = tmp_path / "c.csv"
-    summary = run_sweep(plan, path, "fake", spawn=fake_spawn, budget_seconds=30,
+    # a budget that holds all three (a worker's start-up on a loaded machine takes seconds)
+    summary = run_sweep(plan, path, "fake", spawn=fake_spawn, budget_seconds=120,
                         log=_log(tmp_path))  # fmt: skip
     rows = read_rows(path)
     assert rows[0]["status"] == "error" and "code 3" in rows[0]["error"]

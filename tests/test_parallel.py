@@ -1,0 +1,95 @@
+"""tests/parallel.py: the tests that share a module's fixture are grouped onto one xdist worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.parallel import group_shared_fixture_users, shared_fixtures
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[1]
+
+MODULE = """
+import pytest
+
+@pytest.fixture(scope="module")
+def capture():
+    return object()
+
+@pytest.fixture
+def derived(capture, tmp_path):
+    return capture
+
+@pytest.fixture(scope="session")
+def per_worker():
+    return 1
+
+class TestShared:
+    @pytest.fixture(scope="class")
+    def per_class(self):
+        return 2
+
+    def test_class_fixture(self, per_class):
+        pass
+
+def test_direct(capture):
+    pass
+
+def test_through_another_fixture(derived):
+    pass
+
+def test_alone(tmp_path, per_worker):
+    pass
+
+@pytest.mark.xdist_group("serial")
+def test_own_group(capture):
+    pass
+"""
+
+
+def groups(items) -> dict[str, list[str]]:
+    return {item.name: [mark.args[0] for mark in item.iter_markers("xdist_group")]
+            for item in items}
+
+
+def test_users_of_a_module_or_class_fixture_share_their_modules_group(pytester: pytest.Pytester):
+    items = pytester.getitems(MODULE)
+    assert shared_fixtures(next(i for i in items if i.name == "test_through_another_fixture")) == [
+        "capture"]
+    assert group_shared_fixture_users(items) == 3
+    module = items[0].nodeid.split("::")[0]
+    assert module.endswith(".py")
+    assert groups(items) == {
+        "test_class_fixture": [module],
+        "test_direct": [module],
+        "test_through_another_fixture": [module],
+        "test_alone": [],  # function and session fixtures only: balanced on its own
+        "test_own_group": ["serial"],  # a group the test names is kept
+    }
+
+
+def test_the_groups_reach_xdist_as_node_id_suffixes(pytester: pytest.Pytester):
+    pytest.importorskip("xdist")
+    pytester.makeconftest(
+        f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+        "import pytest\n"
+        "from tests.parallel import group_shared_fixture_users\n"
+        "@pytest.hookimpl(tryfirst=True)\n"
+        "def pytest_collection_modifyitems(items):\n"
+        "    group_shared_fixture_users(items)\n"
+    )
+    pytester.makepyfile(test_mod=MODULE)
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-v", "-p",
+                                           "no:cacheprovider", "-p", "no:benchmark")
+    result.assert_outcomes(passed=5)
+    passed = {line.split()[-1] for line in result.outlines if " PASSED " in line}
+    assert passed == {
+        "test_mod.py::TestShared::test_class_fixture@test_mod.py",
+        "test_mod.py::test_direct@test_mod.py",
+        "test_mod.py::test_through_another_fixture@test_mod.py",
+        "test_mod.py::test_alone",
+        "test_mod.py::test_own_group@serial",
+    }
