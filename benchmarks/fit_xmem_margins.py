@@ -108,12 +108,44 @@ def fit_margins(runs: list[dict]) -> dict[tuple[str, str], tuple[float, float, i
     return {key: (fit(values), max(values), len(values)) for key, values in sorted(needs.items())}
 
 
-def recover_heldout(cache: Path, offsets: dict[str, int], carried: dict[str, float]) -> list[dict]:
+def context_at_creation(gpu: str) -> int:
+    """What `compared_bytes` leaves out of xMem runs' peaks on `gpu`: the stack's context less
+    its lazily loaded kernels (baselines/peakmem_estimator.py `context_at_creation_bytes`)."""
+    from peakmem.profiles import load_gpu, load_stack
+
+    stack, profile = load_stack("2.6.0"), load_gpu(gpu)
+    return max(0, int(stack.context_for(profile).value) - int(stack.lazy_loaded_for(profile).value))
+
+
+def stated_kind(peak: int, added: int, margin_sets: list[dict[str, float]]) -> tuple[str, int] | None:
+    """(kind, reserve) of an estimate that added `added` bytes to `peak` for its margin: the
+    first margin set (kind -> fraction) in which `added` is int(peak x (1 + m)) - peak for
+    cudnn_convolution or default, or that for attention plus a reserve of whole 4 MiB (two
+    segments of a 2 MiB-rounded size, estimate/margin_reserve.py); None when no set fits."""
+    for margins in margin_sets:
+        for kind in ("cudnn_convolution", "default"):
+            if abs(added - (int(peak * (1 + margins[kind])) - peak)) <= 2:
+                return kind, 0
+        reserve = added - (int(peak * (1 + margins["attention"])) - peak)
+        if reserve > 0 and abs(reserve - round(reserve / (4 << 20)) * (4 << 20)) <= 2:
+            return "attention", round(reserve / (4 << 20)) * (4 << 20)
+    return None
+
+
+def margin_sets(gpu: str, carried: dict[str, float]) -> list[dict[str, float]]:
+    """The margins the stack states on `gpu` now, then the carried-over ones (a cache made
+    before the fit)."""
+    from peakmem.profiles import load_gpu, load_stack
+
+    stack, profile = load_stack("2.6.0"), load_gpu(gpu)
+    now = {kind: float(stack.safety_margin_for(profile, kind).value) for kind in KINDS}
+    return [now, carried]
+
+
+def recover_heldout(cache: Path, carried: dict[str, float]) -> list[dict]:
     """The held-out runs of a bench cache as the figures `needed_margin` takes: peak = compared
-    + the GPU's context at creation (`offsets`, from the split runs); the stated fraction x
-    compared is int(peak x (1 + m)) - peak + reserve, so the kind is the carried-over margin it
-    matches with no reserve (cudnn_convolution, default), else attention with the rest as its
-    reserve."""
+    + the GPU's context at creation (`context_at_creation`); the stated fraction x compared is
+    what the margin added, from which `stated_kind` gives the kind and the reserve."""
     from peakmem.datasets.loaders import load_rows
 
     rows = {r.id: r for r in load_rows("xmem")}
@@ -124,16 +156,15 @@ def recover_heldout(cache: Path, offsets: dict[str, int], carried: dict[str, flo
             continue
         row = rows[result["row_id"]]
         compared = result["estimate_bytes"]
-        peak = compared + offsets[row.gpu]
-        added = round(result["stated_margin"] * compared)
-        kind, reserve = "attention", added - (int(peak * (1 + carried["attention"])) - peak)
-        for candidate in ("cudnn_convolution", "default"):
-            if abs(added - (int(peak * (1 + carried[candidate])) - peak)) <= 2:
-                kind, reserve = candidate, 0
+        peak = compared + context_at_creation(row.gpu)
+        found = stated_kind(peak, round(result["stated_margin"] * compared),
+                            margin_sets(row.gpu, carried))
+        if found is None:
+            raise ValueError(f"run {row.id}: its stated margin fits no margin this stack states")
         runs.append({"row_id": row.id, "gpu": row.gpu, "status": row.status,
                      "measured_bytes": row.measured_peak_bytes,
                      "gpu_total_bytes": row.gpu_total_bytes, "peak_bytes": peak,
-                     "compared_bytes": compared, "kind": kind, "reserve_bytes": reserve})
+                     "compared_bytes": compared, "kind": found[0], "reserve_bytes": found[1]})
     return runs
 
 
@@ -183,8 +214,7 @@ def main() -> None:
     for (gpu, kind), (margin, worst, count) in fitted.items():
         print(f"| {gpu} | {kind} | {count} | {worst:+.4f} | {margin} |")
     if args.heldout:
-        offsets = {run["gpu"]: run["peak_bytes"] - run["compared_bytes"] for run in runs}
-        heldout = recover_heldout(args.heldout, offsets, carried)
+        heldout = recover_heldout(args.heldout, carried)
         for title, margin_of in (
             ("carried-over margins", lambda gpu, kind: carried[kind]),
             ("fitted margins", lambda gpu, kind: fitted.get((gpu, kind), (carried[kind],))[0]),
