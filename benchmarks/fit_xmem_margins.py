@@ -2,7 +2,7 @@
 xMem calibration split, and report the held-out failure rate per kind.
 
     python benchmarks/fit_xmem_margins.py [--jobs 2] [--cache /tmp/peakmem-xmem-margins-v1.jsonl]
-        [--heldout CACHE.jsonl] [--write]
+        [--heldout CACHE.jsonl] [--per-gpu] [--write]
 
 The split is peakmem.bench.calibration's (sha1('xmem:' + run_dir) % 100 < 18: 26 of 131 runs);
 every split run is estimated here (the bench never scores them) and judged as the bench judges
@@ -13,10 +13,11 @@ reserve (estimate/margin_reserve.py) and xMem's measurement leaves the context a
 
     m = (needed - compared - reserve) / peak        (needed: measured, or total + 1 byte on OOM)
 
-Per GPU and kind the fit is the largest m a split run needs (bench/calibration.py
-`safety_margin`: with fewer than 100 runs it may leave none above), plus ALLOWANCE for the runs
-the few split runs do not show, rounded up to 0.5%; never below 0. A kind without split runs on
-a GPU keeps the stack's carried-over margin. `--heldout` reads the cache of `peakmem bench xmem
+Per GPU and kind the fit is the largest m a split run of the GPU's pool (`POOLS`: the RTX 3060
+and 4060 together) needs (bench/calibration.py `safety_margin`: with fewer than 100 runs it
+leaves none above; needs below 0 count as 0), rounded up to 0.5%, plus ALLOWANCE for the runs
+so few split runs do not show. A kind without a split run that ran in the pool keeps the
+stack's carried-over margin (`safety_margin.default.<kind>`). `--heldout` reads the cache of `peakmem bench xmem
 --estimators peakmem --report DIR` (held-out runs) and prints the failure rate per kind at the
 carried-over margins and at the fitted ones: the cache keeps compared bytes and the stated
 fraction, from which the peak (compared + the GPU's context at creation), the kind and the
@@ -100,12 +101,33 @@ def carried_margins() -> dict[str, float]:
     return {kind: float(table[kind].value) for kind in KINDS}
 
 
-def fit_margins(runs: list[dict]) -> dict[tuple[str, str], tuple[float, float, int]]:
-    """(gpu, kind) -> (fitted margin, largest need, split runs) over the split's runs."""
+POOLS = {"rtx3060-12gb": "consumer", "rtx4060-8gb": "consumer"}
+"""GPUs fitted together: the RTX 3060 and 4060 run the same torch 2.6 / CUDA 12.4 wheels (one
+fit of the consumer stack, benchmarks/calibrate_xmem.py), and the split holds 2 runs on the
+RTX 4060 that did not run out of memory; `--per-gpu` fits each GPU alone."""
+
+
+def fit_margins(runs: list[dict], pools: dict[str, str] | None = None
+                ) -> dict[tuple[str, str], tuple[float, float, int]]:
+    """(gpu, kind) -> (fitted margin, largest need, split runs) over the split's runs of the
+    GPU's pool (`POOLS`; a GPU not in it is its own pool). A pool and kind is fitted only when
+    one of its split runs ran: an OOM run whose estimate is past the GPU's total says nothing
+    of how far under the runs that ran are; such a kind keeps the carried-over margin."""
+    pools = POOLS if pools is None else pools
     needs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    ran: set[tuple[str, str]] = set()
     for run in runs:
-        needs[(run["gpu"], run["kind"])].append(needed_margin(run))
-    return {key: (fit(values), max(values), len(values)) for key, values in sorted(needs.items())}
+        key = (pools.get(run["gpu"], run["gpu"]), run["kind"])
+        needs[key].append(needed_margin(run))
+        if run["status"] == "ok":
+            ran.add(key)
+    fitted = {}
+    for gpu in sorted({run["gpu"] for run in runs}):
+        for kind in KINDS:
+            key = (pools.get(gpu, gpu), kind)
+            if key in ran:
+                fitted[(gpu, kind)] = (fit(needs[key]), max(needs[key]), len(needs[key]))
+    return fitted
 
 
 def context_at_creation(gpu: str) -> int:
@@ -186,12 +208,13 @@ def write_margins(fitted: dict, split: str) -> None:
         text = pattern.sub("", text)
     text = text.rstrip("\n") + "\n"
     for (gpu, kind), (margin, worst, count) in fitted.items():
-        text += (f"\n[safety_margin.{gpu}.{kind}]\nvalue = {margin}\nsource = \"fitted\"\n"
-                 f"reason = \"fitted on the declared xMem calibration split ({split}; never "
-                 f"scored): the largest margin its {count} {kind} run(s) on this GPU need "
-                 f"({worst:+.4f} of the peak, judged as the bench judges: OOM runs need more "
-                 f"than the GPU total), rounded up to 0.5%, + a stated allowance of "
-                 f"{ALLOWANCE} for the tail so few runs do not show, never below 0; python "
+        text += (f"\n[safety_margin.{gpu}.{kind}]\nvalue = {margin}\n"
+                 f"source = \"fitted on the declared xMem calibration split ({split}; never "
+                 f"scored): the largest margin its {count} {kind} run(s) on "
+                 f"{'the RTX 3060 and 4060 (one stack, fitted together)' if gpu in POOLS else 'this GPU'} need "
+                 f"({worst:+.4f} of the peak, judged as the bench judges: an OOM run needs more "
+                 f"than the GPU's total), rounded up to 0.5%, + a stated allowance of "
+                 f"{ALLOWANCE} for the tail so few runs do not show; python "
                  f"benchmarks/fit_xmem_margins.py --write\"\n")
     STACK.write_text(text)
     print(f"wrote {len(fitted)} margins to {STACK}")
@@ -206,11 +229,13 @@ def main() -> None:
     parser.add_argument("--heldout", type=Path, default=None,
                         help="a `peakmem bench xmem --estimators peakmem` cache.jsonl")
     parser.add_argument("--write", action="store_true", help="store the fit in torch-2.6.toml")
+    parser.add_argument("--per-gpu", action="store_true",
+                        help="fit each GPU alone (no pooling of the consumer GPUs)")
     args = parser.parse_args()
     carried = carried_margins()
     runs = split_runs(args.jobs, args.cache)
-    fitted = fit_margins(runs)
-    print("| GPU | kind | split runs | largest need | fitted margin |\n| --- | --- | --- | --- | --- |")
+    fitted = fit_margins(runs, {} if args.per_gpu else POOLS)
+    print("| GPU | kind | split runs (pool) | largest need | fitted margin |\n| --- | --- | --- | --- | --- |")
     for (gpu, kind), (margin, worst, count) in fitted.items():
         print(f"| {gpu} | {kind} | {count} | {worst:+.4f} | {margin} |")
     if args.heldout:
