@@ -41,6 +41,8 @@ ALLOWANCE = 0.01
 """Added to the largest margin a split run needs: the split has 1-10 runs per GPU and kind, so
 its largest miss is not the held-out tail's; 1 point of the peak, stated, not fitted."""
 KINDS = ("cudnn_convolution", "attention", "default")
+RESERVE_NOTE = (", on top of the reserve of 2 segments of the largest gradient every attention "
+                "job states (estimate/margin_reserve.py), which the need already counts")
 
 
 def estimate_split_run(row_id: str) -> dict:
@@ -214,7 +216,8 @@ def write_margins(fitted: dict, split: str) -> None:
                  f"{'the RTX 3060 and 4060 (one stack, fitted together)' if gpu in POOLS else 'this GPU'} need "
                  f"({worst:+.4f} of the peak, judged as the bench judges: an OOM run needs more "
                  f"than the GPU's total), rounded up to 0.5%, + a stated allowance of "
-                 f"{ALLOWANCE} for the tail so few runs do not show; python "
+                 f"{ALLOWANCE} for the tail so few runs do not show"
+                 f"{RESERVE_NOTE if kind == 'attention' else ''}; python "
                  f"benchmarks/fit_xmem_margins.py --write\"\n")
     STACK.write_text(text)
     print(f"wrote {len(fitted)} margins to {STACK}")
