@@ -36,14 +36,17 @@ from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from peakmem.estimate.margin_reserve import ATTENTION_RESERVE_SEGMENTS
+
 STACK = Path(__file__).resolve().parents[1] / "src" / "peakmem" / "profiles" / "data" / "stacks" / "torch-2.6.toml"
 DEFAULT_CACHE = Path("/tmp/peakmem-xmem-margins-v1.jsonl")
 ALLOWANCE = 0.01
 """Added to the largest margin a split run needs: the split has 1-10 runs per GPU and kind, so
 its largest miss is not the held-out tail's; 1 point of the peak, stated, not fitted."""
 KINDS = ("cudnn_convolution", "attention", "default")
-RESERVE_NOTE = (", on top of the reserve of 2 segments of the largest gradient every attention "
-                "job states (estimate/margin_reserve.py), which the need already counts")
+RESERVE_NOTE = (f", on top of the reserve of {ATTENTION_RESERVE_SEGMENTS} segments of the largest "
+                "gradient every attention job states (estimate/margin_reserve.py), which the need "
+                "already counts")
 
 
 def estimate_split_run(row_id: str) -> dict:

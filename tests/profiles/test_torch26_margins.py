@@ -81,3 +81,15 @@ def test_needed_margin_judges_runs_as_the_bench_does():
 def test_fit_is_the_largest_need_plus_the_allowance_rounded_up():
     assert fit([0.031, -0.2, 0.0]) == 0.045  # 0.031 -> 0.035, + 0.01
     assert fit([-0.5, -0.1]) == 0.01  # no run needs a margin: the allowance alone
+
+
+def test_stated_kind_prefers_an_exact_margin_in_any_set_over_a_reserve():
+    carried = {"cudnn_convolution": 0.37, "attention": 0.03, "default": 0.015}
+    now = {"cudnn_convolution": 0.175, "attention": 0.01, "default": 0.055}
+    peak = 5000 * 2**20
+    cnn_then = int(peak * 1.37) - peak  # a cache made before the fit: the carried 0.37
+    assert stated_kind(peak, cnn_then, [now, carried]) == ("cudnn_convolution", 0)
+    reserve = 2 * 148 * 2**20
+    attention_now = int(peak * 1.01) - peak + reserve
+    assert stated_kind(peak, attention_now, [now, carried]) == ("attention", reserve)
+    assert stated_kind(peak, 12345, [now, carried]) is None
