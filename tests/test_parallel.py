@@ -69,27 +69,3 @@ def test_users_of_a_module_or_class_fixture_share_their_modules_group(pytester: 
         "test_alone": [],  # function and session fixtures only: balanced on its own
         "test_own_group": ["serial"],  # a group the test names is kept
     }
-
-
-def test_the_groups_reach_xdist_as_node_id_suffixes(pytester: pytest.Pytester):
-    pytest.importorskip("xdist")
-    pytester.makeconftest(
-        f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
-        "import pytest\n"
-        "from tests.parallel import group_shared_fixture_users\n"
-        "@pytest.hookimpl(tryfirst=True)\n"
-        "def pytest_collection_modifyitems(items):\n"
-        "    group_shared_fixture_users(items)\n"
-    )
-    pytester.makepyfile(test_mod=MODULE)
-    result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-v", "-p",
-                                           "no:cacheprovider", "-p", "no:benchmark")
-    result.assert_outcomes(passed=5)
-    passed = {line.split()[-1] for line in result.outlines if " PASSED " in line}
-    assert passed == {
-        "test_mod.py::TestShared::test_class_fixture@test_mod.py",
-        "test_mod.py::test_direct@test_mod.py",
-        "test_mod.py::test_through_another_fixture@test_mod.py",
-        "test_mod.py::test_alone",
-        "test_mod.py::test_own_group@serial",
-    }

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from peakmem.estimate import estimate_command
 from tests.capture.capture_helpers import allocations
