@@ -128,3 +128,19 @@ def test_outputs_are_dense_in_the_querys_stride_order():
     assert dense_strides_like((B, H, M, 8), (H * M * D, M * D, D, 1)) == [H * M * 8, M * 8, 8, 1]
     # the last dimension is always innermost
     assert dense_strides_like((B, H, M, D), (1, B, B * H, B * H * M)) == [D, B * D, B * H * D, 1]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_flex_attentions_own_compile_is_not_noted_as_eager(compiled):
+    """torch compiles flex_attention's operator itself (and a job may compile flex_attention):
+    the capture records the compiled kernel, so no 'ran eagerly' upper bound applies."""
+
+    def job():
+        q, k, v = (torch.randn(B, H, M, D, device="cuda", requires_grad=True) for _ in range(3))
+        attend = torch.compile(flex_attention) if compiled else flex_attention
+        attend(q, k, v, score_mod=causal).sum().backward()
+
+    result = estimate(job, gpu="a100-40gb", steps="all", mode="fake")
+    assert result.capture.error is None, result.capture.error_text
+    assert _sizes(result.capture.trace, "flex_attention") == [B * H * M * D * 4] + [B * H * M * 4] * 2
+    assert not [note for note in result.notes if "torch.compile" in note]
