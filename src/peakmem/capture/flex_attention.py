@@ -20,18 +20,27 @@ order), summed over the batch when key/value were broadcast (Bkv == 1); a gradie
 What eager torch would run instead (the unfused math path, which materialises the B x H x M x N
 scores) is not what a compiled job's GPU does; `create_block_mask` runs as it is (its ops are
 ordinary aten ops, recorded as such).
+
+Before the forward operator runs, its autograd rule traces the score_mod into forward and joint
+graphs (`create_fw_bw_graph`, with FakeTensors of its own); that tracing runs beneath the
+capture's dispatch modes (`flex_attention_graphs` library patch): it allocates nothing on the
+GPU, and eager mode's shadow values cannot follow FakeTensors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
+from torch.utils._python_dispatch import _disable_current_modes
 
 from peakmem.capture.host_deferred import claim, outputs_kind
+from peakmem.capture.library_patches import patched, register_library_patch
 from peakmem.capture.session import CaptureSession
 from peakmem.trace.vocab import Category
 
@@ -172,3 +181,24 @@ def register_hop_handlers(mode_class: type) -> None:
     for hop, handler in HOP_HANDLERS.items():
         if mode_class not in hop.python_key_table:
             hop.py_impl(mode_class)(handler)
+
+
+_HOP_MODULE = "torch._higher_order_ops.flex_attention"  # the package exports the HOP by that name
+
+
+@register_library_patch("flex_attention_graphs")
+@contextmanager
+def graphs_traced_beneath_the_capture() -> Iterator[None]:
+    """flex_attention's score_mod tracing (`create_fw_bw_graph`) with the dispatch modes off."""
+    module = sys.modules.get(_HOP_MODULE)
+    original = getattr(module, "create_fw_bw_graph", None)
+    if original is None:
+        yield
+        return
+
+    def create_fw_bw_graph(*args: Any, **kwargs: Any) -> Any:
+        with _disable_current_modes():
+            return original(*args, **kwargs)
+
+    with patched(module, "create_fw_bw_graph", create_fw_bw_graph):
+        yield
