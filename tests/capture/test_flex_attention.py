@@ -146,3 +146,37 @@ def test_flex_attentions_own_compile_is_not_noted_as_eager(compiled):
     assert result.capture.error is None, result.capture.error_text
     assert _sizes(result.capture.trace, "flex_attention") == [B * H * M * D * 4] + [B * H * M * 4] * 2
     assert not [note for note in result.notes if "torch.compile" in note]
+
+
+def _attention_and_grads(q, k, v, *, flex: bool):
+    """The attention's output and the gradients of (q, k, v) for causal scores: flex_attention
+    on the (fake) device, or the same attention written out on the host."""
+    device = "cuda" if flex else "cpu"
+    leaves = [t.to(device).detach().requires_grad_() for t in (q, k, v)]
+    q, k, v = leaves
+    if flex:
+        out = flex_attention(q, k, v, score_mod=causal)
+    else:
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        causal_scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), -float("inf"))
+        out = causal_scores.softmax(-1) @ v
+    out.square().sum().backward()
+    return [out.detach().cpu()] + [t.grad.cpu() for t in leaves]
+
+
+def test_eager_mode_gives_the_real_values_of_flex_attention_and_its_gradients():
+    torch.manual_seed(0)
+    inputs = [torch.randn(1, 2, 128, 8) for _ in range(3)]
+    expected = _attention_and_grads(*inputs, flex=False)  # outside the capture
+    seen = []
+
+    def job():
+        seen.extend(_attention_and_grads(*inputs, flex=True))
+
+    result = estimate(job, gpu="a100-40gb", steps="all", mode="eager")
+    assert result.capture.error is None, result.capture.error_text
+    assert len(seen) == len(expected)
+    for got, want in zip(seen, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    lse = 1 * 2 * 128 * 4
+    assert _sizes(result.capture.trace, "flex_attention") == [1 * 2 * 128 * 8 * 4, lse, lse]

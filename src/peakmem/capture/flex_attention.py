@@ -25,6 +25,10 @@ Before the forward operator runs, its autograd rule traces the score_mod into fo
 graphs (`create_fw_bw_graph`, with FakeTensors of its own); that tracing runs beneath the
 capture's dispatch modes (`flex_attention_graphs` library patch): it allocates nothing on the
 GPU, and eager mode's shadow values cannot follow FakeTensors.
+
+In eager mode the outputs' real values come from torch's math implementation of the operator
+(`sdpa_dense`; backward: autograd through it) run on the host shadows: the values the kernel
+computes, without recording that path's allocations.
 """
 
 from __future__ import annotations
@@ -36,12 +40,20 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
-from torch.utils._python_dispatch import _disable_current_modes
+from torch._higher_order_ops.flex_attention import (
+    flex_attention,
+    flex_attention_backward,
+    sdpa_dense,
+    sdpa_dense_backward,
+)
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_flatten, tree_map
 
+from peakmem.capture.eager import ShadowExecutor
 from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.library_patches import patched, register_library_patch
 from peakmem.capture.session import CaptureSession
+from peakmem.cuda_rules.true_device import is_meta
 from peakmem.trace.vocab import Category
 
 FORWARD_OP = "flex_attention"
@@ -110,12 +122,20 @@ def flex_attention_forward(
     score_mod_other_buffers: tuple = (),
     mask_mod_other_buffers: tuple = (),
 ) -> tuple[Tensor, Tensor, Tensor]:
+    if not any(is_meta(t) for t in (query, key, value)):  # host tensors: torch's own path
+        return sdpa_dense(query, key, value, score_mod, block_mask, scale, kernel_options,
+                          score_mod_other_buffers, mask_mod_other_buffers)
     outputs = _Outputs(mode.session, FORWARD_OP, (query, key, value))
     batch, heads, seq_q, _ = query.shape
     out_size = (batch, heads, seq_q, value.shape[-1])
     out = outputs.new(query, out_size, dense_strides_like(out_size, query.stride()))
     logsumexp = outputs.new(query, (batch, heads, seq_q), dtype=torch.float32)
     max_scores = outputs.new(query, (batch, heads, seq_q), dtype=torch.float32)
+    _fill_real_values(
+        mode.session, (out, logsumexp, max_scores), sdpa_dense,
+        (query, key, value, score_mod, block_mask, scale, kernel_options,
+         score_mod_other_buffers, mask_mod_other_buffers),
+    )
     return out, logsumexp, max_scores
 
 
@@ -136,6 +156,10 @@ def flex_attention_backward_kernel(
     score_mod_other_buffers: tuple = (),
     mask_mod_other_buffers: tuple = (),
 ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor | None, ...]]:
+    if not any(is_meta(t) for t in (query, key, value)):  # host tensors: torch's own path
+        return sdpa_dense_backward(
+            query, key, value, out, logsumexp, grad_out, grad_logsumexp, fw_graph, joint_graph,
+            block_mask, scale, kernel_options, score_mod_other_buffers, mask_mod_other_buffers)
     outputs = _Outputs(mode.session, BACKWARD_OP, (query, key, value, out))
     session = mode.session
     batch_q, heads_q, seq_q, qk_dim = query.shape
@@ -157,6 +181,11 @@ def flex_attention_backward_kernel(
         grad_key = outputs.new(key, (1, heads_kv, seq_kv, qk_dim))
         grad_value = outputs.new(value, (1, heads_kv, seq_kv, v_dim))
     buffer_grads = tuple(_buffer_grad(outputs, buffer) for buffer in score_mod_other_buffers)
+    _fill_real_values(
+        session, (grad_query, grad_key, grad_value, buffer_grads), _math_backward,
+        (query, key, value, grad_out, grad_logsumexp, fw_graph, block_mask, scale,
+         kernel_options, score_mod_other_buffers, mask_mod_other_buffers),
+    )
     return grad_query, grad_key, grad_value, buffer_grads
 
 
@@ -167,6 +196,60 @@ def _buffer_grad(outputs: _Outputs, buffer: Any) -> Tensor | None:
     if buffer.dtype != torch.float32:
         grad = outputs.new(buffer, buffer.shape)
     return grad
+
+
+def _fill_real_values(session: CaptureSession, meta_outputs: tuple, math: Callable[..., Any],
+                      args: tuple) -> None:
+    """Eager mode: run `math` (torch's implementation of the operator) on the arguments' host
+    shadows and copy its results into the meta outputs' shadows. Nothing in fake mode."""
+    if not session.eager:
+        return
+    stack = _get_current_dispatch_mode_stack()
+    executor = next((m for m in reversed(stack) if isinstance(m, ShadowExecutor)), None)
+    if executor is None:
+        return
+    with _disable_current_modes():
+        real = math(*tree_map(lambda v: executor.shadow(v) if is_meta(v) else v, args))
+        for meta, value in zip(tree_flatten(meta_outputs)[0], tree_flatten(real)[0], strict=True):
+            if is_meta(meta) and isinstance(value, Tensor):
+                executor.shadow(meta).copy_(value)
+
+
+_AUTOGRAD_KEYS = (
+    torch._C.DispatchKey.AutogradOther,
+    torch._C.DispatchKey.AutogradNestedTensor,
+    torch._C.DispatchKey.AutogradFunctionality,
+)
+
+
+def _math_backward(query: Tensor, key: Tensor, value: Tensor, grad_out: Tensor | None,
+                   grad_logsumexp: Tensor | None, score_mod: Callable, block_mask: tuple,
+                   scale: float, kernel_options: dict[str, Any], score_mod_other_buffers: tuple,
+                   mask_mod_other_buffers: tuple) -> tuple:
+    """The backward operator's results on host tensors: autograd through the math forward (the
+    joint graph torch traced holds the capture's meta device). The operator runs below autograd:
+    autograd is dispatched again for this host computation."""
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    for autograd_key in _AUTOGRAD_KEYS:  # what `_AutoDispatchBelowAutograd` excludes
+        excluded = excluded.remove(autograd_key)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded), \
+            torch.enable_grad():
+        inputs = [t.detach().requires_grad_() for t in (query, key, value)]
+        buffers = [
+            b.detach().requires_grad_() if isinstance(b, Tensor) and b.is_floating_point() else b
+            for b in score_mod_other_buffers
+        ]
+        out, logsumexp, _ = sdpa_dense(*inputs, score_mod, block_mask, scale, kernel_options,
+                                       tuple(buffers), mask_mod_other_buffers)
+        pairs = [(o, g) for o, g in ((out, grad_out), (logsumexp, grad_logsumexp)) if g is not None]
+        wanted = inputs + [b for b in buffers if isinstance(b, Tensor) and b.requires_grad]
+        grads = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                    allow_unused=True) if pairs else [None] * len(wanted)
+    grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wanted, strict=True)]
+    buffer_grads = iter(grads[3:])
+    return (*grads[:3], tuple(
+        next(buffer_grads) if isinstance(b, Tensor) and b.requires_grad else None for b in buffers
+    ))
 
 
 HOP_HANDLERS: dict[Any, Callable[..., Any]] = {
