@@ -180,3 +180,18 @@ def test_eager_mode_gives_the_real_values_of_flex_attention_and_its_gradients():
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     lse = 1 * 2 * 128 * 4
     assert _sizes(result.capture.trace, "flex_attention") == [1 * 2 * 128 * 8 * 4, lse, lse]
+
+
+def test_flex_attention_on_host_tensors_computes_real_values_under_the_capture():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 128, 8) for _ in range(3))
+    expected = _attention_and_grads(q, k, v, flex=False)[0]  # written out, outside the capture
+    seen = []
+
+    def job():
+        seen.append(flex_attention(q, k, v, score_mod=causal))
+
+    result = estimate(job, gpu="a100-40gb", steps="all", mode="fake")
+    assert result.capture.error is None, result.capture.error_text
+    torch.testing.assert_close(seen[0], expected, rtol=1e-4, atol=1e-4)
+    assert not _sizes(result.capture.trace, "flex_attention")  # no device allocation
