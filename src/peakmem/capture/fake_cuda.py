@@ -171,6 +171,11 @@ LIBRARY_KERNEL_COMPILES = ("bitsandbytes.",)
 """Modules whose `torch.compile` calls compile the library's own fallback kernels for the host
 (bitsandbytes' default backend) at import: not the job's compiled code, not noted."""
 
+MODELLED_KERNEL_COMPILES = ("torch.nn.attention.flex_attention",)
+"""Modules whose compiled functions the capture replaces by the compiled kernel's allocations
+(capture/flex_attention.py): flex_attention's own internal `torch.compile` of its operator and a
+job's `torch.compile(flex_attention)` run nothing eagerly that Inductor would fuse: not noted."""
+
 
 def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     """(object, attribute) -> replacement, for everything the capture fakes."""
@@ -231,8 +236,11 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             session.notes.append(note)
 
         def apply(target: Any) -> Any:
-            if str(getattr(target, "__module__", "")).startswith(LIBRARY_KERNEL_COMPILES):
+            module = str(getattr(target, "__module__", ""))
+            if module.startswith(LIBRARY_KERNEL_COMPILES):
                 return target  # a library's own host kernels: never run on device tensors
+            if module.startswith(MODELLED_KERNEL_COMPILES):
+                return target  # its kernel is what the capture records
             owner = getattr(target, "__self__", None)
             if isinstance(target, torch.nn.Module):
                 name = type(target).__name__

@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from peakmem.capture.eager import op_name
+from peakmem.capture.flex_attention import register_hop_handlers
 from peakmem.capture.grad_accumulation import engine_frame
 from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.in_place_branches import in_place_branch
@@ -119,6 +120,8 @@ class AllocationRecorder(TorchDispatchMode):
             rule(session, func, args, kwargs, out)
         return out
 
+
+register_hop_handlers(AllocationRecorder)  # flex_attention's operators (capture/flex_attention.py)
 
 _ADD = torch.ops.aten.add.Tensor
 
