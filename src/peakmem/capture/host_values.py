@@ -32,7 +32,7 @@ _NO_MODES = torch._C.DisableTorchFunction
 _SELF = object()
 """Where an in-place step's own tensor goes in its recorded arguments."""
 MAX_STEPS = 64
-"""In-place ops replayed per storage at most; beyond, its values read as zeros."""
+"""In-place ops recorded per storage between two reads at most; beyond, its values read as zeros."""
 EMPTY_FACTORIES = {torch.empty, torch.empty_like, torch.empty_strided, Tensor.new_empty}
 REPLAY_SEED_SALT = 0x5EED_0F_4E_91A7
 """XORed into the job's initial seed to seed the replays' random stream."""
