@@ -46,6 +46,23 @@ def test_trunc_normal_init_of_a_host_built_weight_finishes_and_counts_the_weight
     assert result.to_json()["breakdown"]["parameter"] == (32000 * 256 + 32000) * 4
 
 
+def test_trunc_normal_far_in_the_tail_reads_values_within_its_bounds(a100, stack24):
+    """The sampler for a narrow window (a=2, b=3 of N(0, 1)) takes `where(pending, candidates,
+    result)`, then transforms `candidates` in place: the `where` must see `candidates` as they
+    were (it used to be computed when read, from the transformed values)."""
+    seen = {}
+
+    def job() -> None:
+        weight = nn.Linear(256, 64).weight
+        nn.init.trunc_normal_(weight, mean=0.0, std=1.0, a=2.0, b=3.0)
+        seen["range"] = (weight.min().item(), weight.max().item())
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps=1, timeout=60)
+    assert result.error is None, result.error_text
+    low, high = seen["range"]
+    assert 2.0 <= low < 2.01 and 2.9 < high <= 3.0
+
+
 def test_a_loop_reading_a_derived_host_tensor_replays_each_op_once(a100, stack24, monkeypatch):
     computed = []
     original = HostValues._compute

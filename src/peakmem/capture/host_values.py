@@ -11,6 +11,8 @@ wrote to the fake tensor are not followed.
 A storage's values are computed once, on its first read, and kept (with the storage): later
 reads apply only the in-place ops recorded since, so a loop reading a host tensor N times
 replays O(N) ops, not O(N^2) (`nn.init.trunc_normal_` redraws rejected values in such a loop).
+A kept storage about to be written in place first has the storages derived from it and not
+computed yet computed from its values as they are then.
 Replays draw random numbers from their own stream (seeded from the job's initial seed), which
 advances from one replay to the next as the job's would: a value drawn after a read differs
 from one drawn before (with a stream reset for every replay, `trunc_normal_`'s redraws repeated
@@ -19,6 +21,7 @@ the rejected values and never ended). The job's own random number stream is not 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -80,9 +83,12 @@ class HostValues:
         self._replay_rng: Tensor | None = None
         """The replays' random generator state between replays (None: not seeded yet)."""
         self._replaying = 0
+        self._dependents: dict[int, list[tuple[int, weakref.ref[Recipe], int]]] = {}
+        """Storages derived from a storage and not computed yet: (key, recipe, nbytes)."""
 
     def forget(self, key: int) -> None:
         self.recipes.pop(key, None)
+        self._dependents.pop(key, None)
 
     # -- recording -----------------------------------------------------------------------------
     def made_by(self, tensor: Tensor, func: Any, args: tuple, real_kwargs: dict) -> None:
@@ -103,6 +109,8 @@ class HostValues:
             geometry = (target.storage_offset(), tuple(target.size()), tuple(target.stride()),
                         target.dtype)
         recipe = self.recipes.setdefault(key, Recipe(None))
+        if recipe.values is not None:
+            self._settle_dependents(key)
         if func is Tensor.copy_ and _covers_storage(target):
             source = args[1] if len(args) > 1 else kwargs.get("src")
             recipe.reset(loaded=self.is_loaded(source))
@@ -128,8 +136,28 @@ class HostValues:
                 real_args, real_kwargs = tree_map(self._step_arg, (args, kwargs))
                 return tree_flatten(func(*real_args, **real_kwargs))[0][index]
 
-            loaded = any(self.is_loaded(arg) for arg in tree_flatten((args, kwargs))[0])
-            self.recipes[key] = Recipe(base, loaded=loaded)
+            inputs = tree_flatten((args, kwargs))[0]
+            recipe = self.recipes[key] = Recipe(
+                base, loaded=any(self.is_loaded(arg) for arg in inputs)
+            )
+            with _NO_MODES():
+                nbytes = tensor.untyped_storage().nbytes()
+                sources = {_storage_id(arg) for arg in inputs if self.is_deferred(arg)}
+            for source in sources:
+                self._dependents.setdefault(source, []).append(
+                    (key, weakref.ref(recipe), nbytes)
+                )
+
+    def _settle_dependents(self, key: int) -> None:
+        """Storage `key`, whose values are kept, is about to be written: compute the storages
+        derived from it and not computed yet from its values as they are now (a derived value
+        is otherwise computed from its inputs as they are when it is read)."""
+        for dependent, recipe_ref, nbytes in self._dependents.pop(key, ()):
+            recipe = recipe_ref()
+            if recipe is not None and recipe.values is None and (
+                self.recipes.get(dependent) is recipe
+            ):
+                self._values(recipe, nbytes)
 
     def is_loaded(self, value: Any) -> bool:
         if not self.is_deferred(value):
