@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from peakmem.capture import capture_callable
-from peakmem.capture.host_values import HostValues
+from peakmem.capture.host_values import PRUNE_DEPENDENTS, HostValues
 from peakmem.estimate import estimate
 from tests.capture.capture_helpers import allocations
 
@@ -127,3 +127,19 @@ def test_random_draws_after_a_read_differ_from_those_before(a100, stack24):
     # the replays do not move the job's stream: its draw is the one made with nothing replayed
     torch.manual_seed(0)
     assert captured["job_draw"] == torch.rand(4).tolist()
+
+
+def test_storages_derived_in_a_long_loop_are_not_noted_forever(a100, stack24):
+    noted = {}
+
+    def job() -> None:
+        buf = _Buffered().buf
+        for _ in range(1000):
+            _ = buf * 2.0  # host-deferred, derived from buf, dies at once
+        values = torch.overrides._get_current_function_mode_stack()[-1].values
+        with torch._C.DisableTorchFunction():
+            noted["dependents"] = len(values._dependents[id(buf.untyped_storage())])
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps=1, timeout=60)
+    assert result.error is None, result.error_text
+    assert 0 < noted["dependents"] <= PRUNE_DEPENDENTS

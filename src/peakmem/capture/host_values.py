@@ -37,6 +37,8 @@ _SELF = object()
 MAX_STEPS = 64
 """In-place ops recorded per storage between two reads at most; beyond, its values read as zeros."""
 EMPTY_FACTORIES = {torch.empty, torch.empty_like, torch.empty_strided, Tensor.new_empty}
+PRUNE_DEPENDENTS = 256
+"""Dependents noted per storage between prunings of those that died or were computed."""
 REPLAY_SEED_SALT = 0x5EED_0F_4E_91A7
 """XORed into the job's initial seed to seed the replays' random stream."""
 
@@ -144,9 +146,10 @@ class HostValues:
                 nbytes = tensor.untyped_storage().nbytes()
                 sources = {_storage_id(arg) for arg in inputs if self.is_deferred(arg)}
             for source in sources:
-                self._dependents.setdefault(source, []).append(
-                    (key, weakref.ref(recipe), nbytes)
-                )
+                dependents = self._dependents.setdefault(source, [])
+                dependents.append((key, weakref.ref(recipe), nbytes))
+                if len(dependents) % PRUNE_DEPENDENTS == 0:  # a source used in a long loop
+                    dependents[:] = [entry for entry in dependents if _pending(entry)]
 
     def _settle_dependents(self, key: int) -> None:
         """Storage `key`, whose values are kept, is about to be written: compute the storages
@@ -256,6 +259,12 @@ class HostValues:
 
     def _step_arg(self, value: Any) -> Any:
         return self.materialize(value, count=False) if self.is_deferred(value) else value
+
+
+def _pending(entry: tuple[int, weakref.ref[Recipe], int]) -> bool:
+    """Whether a dependent storage still lives and is not computed yet."""
+    recipe = entry[1]()
+    return recipe is not None and recipe.values is None
 
 
 def _covers_storage(tensor: Tensor) -> bool:
