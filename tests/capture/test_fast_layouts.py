@@ -352,6 +352,81 @@ def addmm_args(draw):
     return (bias, a, b), kwargs
 
 
+@st.composite
+def conv_case(draw):
+    """A convolution's input, weight and options: mostly a valid plain 1-3 d convolution,
+    sometimes transposed, odd options, a mismatched weight or another layout."""
+    spatial = draw(st.sampled_from([2, 2, 2, 1, 3]))
+    groups = draw(st.sampled_from([1, 1, 2]))
+    per_group = draw(st.integers(1, 3))
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    kernel = tuple(draw(st.lists(st.integers(1, 3), min_size=spatial, max_size=spatial)))
+    sizes = tuple(draw(st.lists(st.integers(1, 6), min_size=spatial, max_size=spatial)))
+    x = draw(tensors(shape=(draw(st.integers(1, 3)), per_group * groups) + sizes, dtype=dtype))
+    out_channels = groups * draw(st.integers(1, 3)) + (1 if rarely(draw, 8) else 0)
+    w_dtype = draw(st.sampled_from(FLOAT_DTYPES)) if rarely(draw, 8) else dtype
+    w_in = per_group + (1 if rarely(draw, 8) else 0)
+    weight = draw(tensors(shape=(out_channels, w_in) + kernel, dtype=w_dtype))
+
+    def option(least):
+        if rarely(draw, 10):
+            return draw(st.sampled_from([[1], 1, [1] * (spatial + 1), [True] * spatial]))
+        return [draw(st.integers(least, least + 2)) for _ in range(spatial)]
+
+    stride, padding, dilation = option(1), option(0), option(1)
+    transposed = rarely(draw, 8)
+    output_padding = option(0) if rarely(draw, 6) else [0] * spatial
+    return x, weight, stride, padding, dilation, transposed, output_padding, groups
+
+
+@st.composite
+def convolution_args(draw):
+    x, weight, stride, padding, dilation, transposed, output_padding, groups = draw(conv_case())
+    bias = None
+    if draw(st.booleans()):
+        size = weight.shape[0] + (1 if rarely(draw, 8) else 0)
+        bias_dtype = draw(st.sampled_from(FLOAT_DTYPES)) if rarely(draw, 8) else x.dtype
+        bias = draw(tensors(shape=(size,), dtype=bias_dtype))
+    return (x, weight, bias, stride, padding, dilation, transposed, output_padding,
+            groups), {}
+
+
+@st.composite
+def convolution_backward_args(draw):
+    x, weight, stride, padding, dilation, transposed, output_padding, groups = draw(conv_case())
+    try:  # grad_output of the forward's shape where it has one
+        shape = tuple(aten.convolution.default(
+            x, weight, None, stride, padding, dilation, transposed, output_padding, groups).shape)
+    except (RuntimeError, TypeError, ValueError, IndexError):
+        shape = tuple(x.shape)
+    if rarely(draw, 8):
+        shape = shape[:-1] + (shape[-1] + 1,)
+    dtype = draw(st.sampled_from(FLOAT_DTYPES)) if rarely(draw, 8) else x.dtype
+    grad = draw(tensors(shape=shape, dtype=dtype))
+    mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
+    bias_sizes = draw(st.sampled_from([None, [weight.shape[0] + 1], []])) if rarely(
+        draw, 5) else [weight.shape[0]]
+    return (grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+            groups, mask), {}
+
+
+@st.composite
+def cat_args(draw):
+    first = draw(tensors(dtypes=FLOAT_DTYPES, min_rank=1))
+    dim = draw(dims(first))
+    pieces = [first]
+    for _ in range(draw(st.integers(0, 3))):
+        if rarely(draw, 6):
+            pieces.append(draw(tensors(dtypes=FLOAT_DTYPES)))
+            continue
+        shape = list(first.shape)
+        if first.dim() and -first.dim() <= dim < first.dim():
+            shape[dim] = draw(st.integers(0, 4))
+        pieces.append(draw(tensors(shape=tuple(shape), dtype=first.dtype)))
+    args = (pieces, dim) if draw(st.booleans()) or dim else (pieces,)
+    return args, {}
+
+
 def builder(func):
     name = func._schema.name
     if func in fast_layouts._FOREACH_IN_PLACE or func in fast_layouts._FOREACH_OUT_OF_PLACE:
@@ -375,6 +450,9 @@ def builder(func):
         aten._softmax_backward_data.default: softmax_backward_args,
         aten._log_softmax_backward_data.default: softmax_backward_args,
         aten.mm.default: mm_args, aten.addmm.default: addmm_args,
+        aten.convolution.default: convolution_args,
+        aten.convolution_backward.default: convolution_backward_args,
+        aten.cat.default: cat_args,
     }
     if func in special:
         return special[func]()
@@ -414,7 +492,9 @@ def test_outside_the_case_the_rules_decline():
     assert fast_layout(aten.relu.default, (meta(0, 3),), {}) is DECLINE  # empty
     assert fast_layout(aten.relu.default, (torch.empty(4, 8),), {}) is DECLINE  # a host tensor
     assert fast_layout(aten.relu.default, (meta(4, 8, dtype=torch.int64),), {}) is DECLINE
-    assert fast_layout(aten.cat.default, ([x, x],), {}) is DECLINE  # no rule
+    assert fast_layout(aten.cat.default, ([x, x.t()],), {}) is DECLINE  # not contiguous
+    assert fast_layout(aten.max_pool2d_with_indices.default, (meta(1, 2, 4, 4), [2, 2]),
+                       {}) is DECLINE  # no rule
     assert fast_layout(aten._foreach_add_.Scalar, ([x], 1j), {}) is DECLINE  # complex scalar
     assert fast_layout(aten._foreach_addcdiv_.ScalarList, ([x], [x], [x], [0.1, 0.2]),
                        {}) is DECLINE  # a scalar list of the wrong length
