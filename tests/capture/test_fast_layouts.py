@@ -427,6 +427,43 @@ def cat_args(draw):
     return args, {}
 
 
+@st.composite
+def nll_case(draw):
+    """Scores (N, C), targets (N,) and a weight: mostly the rules' case, sometimes another
+    rank, target dtype or size, a weight of another size or dtype, an odd reduction."""
+    x = draw(tensors(shape=(draw(st.integers(1, 4)), draw(st.integers(1, 5))),
+                     dtypes=FLOAT_DTYPES)) if not rarely(draw, 6) else draw(
+        tensors(dtypes=FLOAT_DTYPES, min_rank=1))
+    rows = x.shape[0] + (1 if rarely(draw, 8) else 0)
+    target_dtype = torch.int64 if not rarely(draw, 8) else draw(st.sampled_from(DTYPES))
+    target = draw(tensors(shape=(rows,), dtype=target_dtype))
+    weight = None
+    if rarely(draw, 2):
+        size = x.shape[-1] + (1 if rarely(draw, 8) else 0)
+        dtype = x.dtype if not rarely(draw, 8) else draw(st.sampled_from(FLOAT_DTYPES))
+        weight = draw(tensors(shape=(size,), dtype=dtype))
+    reduction = draw(st.sampled_from([0, 1, 2])) if not rarely(draw, 10) else draw(
+        st.sampled_from([3, True]))
+    return x, target, weight, reduction, draw(st.sampled_from([-100, 0, 1]))
+
+
+@st.composite
+def nll_loss_forward_args(draw):
+    return draw(nll_case()), {}
+
+
+@st.composite
+def nll_loss_backward_args(draw):
+    x, target, weight, reduction, ignore_index = draw(nll_case())
+    shape = (x.shape[0],) if reduction == 0 and x.dim() == 2 else ()
+    if rarely(draw, 8):
+        shape = (2,) + shape
+    dtype = x.dtype if not rarely(draw, 8) else draw(st.sampled_from(FLOAT_DTYPES))
+    grad = draw(tensors(shape=shape, dtype=dtype))
+    total_weight = draw(tensors(shape=() if not rarely(draw, 8) else (1,), dtype=x.dtype))
+    return (grad, x, target, weight, reduction, ignore_index, total_weight), {}
+
+
 def builder(func):
     name = func._schema.name
     if func in fast_layouts._FOREACH_IN_PLACE or func in fast_layouts._FOREACH_OUT_OF_PLACE:
@@ -453,6 +490,8 @@ def builder(func):
         aten.convolution.default: convolution_args,
         aten.convolution_backward.default: convolution_backward_args,
         aten.cat.default: cat_args,
+        aten.nll_loss_forward.default: nll_loss_forward_args,
+        aten.nll_loss_backward.default: nll_loss_backward_args,
     }
     if func in special:
         return special[func]()

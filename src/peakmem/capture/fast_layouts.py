@@ -623,3 +623,51 @@ def _cat(args: tuple, kwargs: dict) -> Any:
 
 
 register(aten.cat.default, _cat)
+
+
+# --- nll_loss (branch r4) ------------------------------------------------------------------------
+
+_REDUCTIONS = (0, 1, 2)  # none, mean, sum
+_INDEX = frozenset({torch.int64})
+
+
+def _nll_case(x: Any, target: Any, weight: Any, reduction: Any, ignore_index: Any) -> bool:
+    """A batch of class scores (N, C) with int64 targets (N,), no or a (C,) weight of the
+    scores' dtype, a known reduction and an int ignore_index."""
+    if not (_plain(x) and x.dim() == 2 and _plain(target, _INDEX) and target.dim() == 1):
+        return False
+    if target.shape[0] != x.shape[0] or reduction not in _REDUCTIONS:
+        return False
+    if type(reduction) is not int or type(ignore_index) is not int:
+        return False
+    return weight is None or (_plain(weight) and weight.dtype == x.dtype
+                              and tuple(weight.shape) == (x.shape[1],))
+
+
+def _nll_loss_forward(args: tuple, kwargs: dict) -> Any:
+    # nll_loss_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight)
+    if len(args) != 5 or kwargs or not _nll_case(*args):
+        return DECLINE
+    x, _, _, reduction, _ = args
+    shape = (x.shape[0],) if reduction == 0 else ()
+    return (_new(shape, x.dtype), _new((), x.dtype))
+
+
+def _nll_loss_backward(args: tuple, kwargs: dict) -> Any:
+    # nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index,
+    # total_weight) -> grad_input of self's layout
+    if len(args) != 7 or kwargs:
+        return DECLINE
+    grad, x, target, weight, reduction, ignore_index, total_weight = args
+    if not _nll_case(x, target, weight, reduction, ignore_index):
+        return DECLINE
+    shape = (x.shape[0],) if reduction == 0 else ()
+    if not (_plain(grad) and grad.dtype == x.dtype and tuple(grad.shape) == shape):
+        return DECLINE
+    if not (_plain(total_weight) and total_weight.dtype == x.dtype and total_weight.dim() == 0):
+        return DECLINE
+    return _new_like(x)
+
+
+register(aten.nll_loss_forward.default, _nll_loss_forward)
+register(aten.nll_loss_backward.default, _nll_loss_backward)
