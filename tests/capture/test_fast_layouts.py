@@ -464,6 +464,27 @@ def nll_loss_backward_args(draw):
     return (grad, x, target, weight, reduction, ignore_index, total_weight), {}
 
 
+@st.composite
+def reduce_dims_args(draw):
+    """mean.dim / sum.dim_IntList: mostly distinct dims of x, sometimes repeated, out of
+    range, empty or None; keepdim positional, by keyword or left out; sometimes a dtype."""
+    x = draw(tensors(dtypes=FLOAT_DTYPES + [torch.int64]))
+    rank = x.dim()
+    if rank and not rarely(draw, 5):
+        dim = draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank,
+                            unique_by=lambda d: d % rank))
+    else:
+        dim = draw(st.sampled_from([[], None, [0, 0], [5], [-1]]))
+    kwargs = {}
+    how = draw(st.sampled_from(["positional", "keyword", "none"]))
+    args = (x, dim, draw(st.booleans())) if how == "positional" else (x, dim)
+    if how == "keyword":
+        kwargs["keepdim"] = draw(st.booleans())
+    if rarely(draw, 8):
+        kwargs["dtype"] = draw(st.sampled_from([torch.float64, None]))
+    return args, kwargs
+
+
 def builder(func):
     name = func._schema.name
     if func in fast_layouts._FOREACH_IN_PLACE or func in fast_layouts._FOREACH_OUT_OF_PLACE:
@@ -492,6 +513,7 @@ def builder(func):
         aten.cat.default: cat_args,
         aten.nll_loss_forward.default: nll_loss_forward_args,
         aten.nll_loss_backward.default: nll_loss_backward_args,
+        aten.mean.dim: reduce_dims_args, aten.sum.dim_IntList: reduce_dims_args,
     }
     if func in special:
         return special[func]()

@@ -671,3 +671,34 @@ def _nll_loss_backward(args: tuple, kwargs: dict) -> Any:
 
 register(aten.nll_loss_forward.default, _nll_loss_forward)
 register(aten.nll_loss_backward.default, _nll_loss_backward)
+
+
+# --- reductions over listed dimensions (branch r4) ------------------------------------------------
+
+
+def _reduce_dims(args: tuple, kwargs: dict) -> Any:
+    # mean.dim / sum.dim_IntList(self, dim, keepdim=False, *, dtype=None): a non-empty list
+    # of distinct dimensions, the input's dtype; the output contiguous
+    x = args[0]
+    dim = args[1]
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    if not _plain(x) or x.dim() == 0 or type(keepdim) is not bool:
+        return DECLINE
+    if any(name not in ("keepdim", "dtype") for name in kwargs) or kwargs.get("dtype") is not None:
+        return DECLINE
+    if "keepdim" in kwargs and len(args) > 2:
+        return DECLINE
+    rank = x.dim()
+    if type(dim) not in (list, tuple) or not dim or not all(_dim_ok(d, rank) for d in dim):
+        return DECLINE
+    reduced = {d % rank for d in dim}
+    if len(reduced) != len(dim):
+        return DECLINE
+    if keepdim:
+        shape = tuple(1 if d in reduced else size for d, size in enumerate(x.shape))
+    else:
+        shape = tuple(size for d, size in enumerate(x.shape) if d not in reduced)
+    return _new(shape, x.dtype)
+
+
+register((aten.mean.dim, aten.sum.dim_IntList), _reduce_dims)
