@@ -557,6 +557,16 @@ def test_outside_the_case_the_rules_decline():
     assert fast_layout(aten.max_pool2d_with_indices.default, (meta(1, 2, 4, 4), [2, 2]),
                        {}) is DECLINE  # no rule
     assert fast_layout(aten._foreach_add_.Scalar, ([x], 1j), {}) is DECLINE  # complex scalar
+    image, kernel = meta(2, 4, 8, 8), meta(6, 4, 3, 3)
+    conv = (image, kernel, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    assert fast_layout(aten.convolution.default, conv, {}) is not DECLINE
+    assert fast_layout(aten.convolution.default, (image.contiguous(
+        memory_format=torch.channels_last),) + conv[1:], {}) is DECLINE  # channels_last
+    assert fast_layout(aten.convolution.default, (meta(2, 6, 8, 8), meta(6, 4, 3, 3), None,
+                       [1, 1], [1, 1], [1, 1], True, [0, 0], 1), {}) is DECLINE  # transposed
+    assert fast_layout(aten.convolution.default, (image, kernel.double()) + conv[2:],
+                       {}) is DECLINE  # mixed dtypes
+    assert fast_layout(aten.cat.default, ([x, meta(0, 8)],), {}) is DECLINE  # an empty input
     assert fast_layout(aten._foreach_addcdiv_.ScalarList, ([x], [x], [x], [0.1, 0.2]),
                        {}) is DECLINE  # a scalar list of the wrong length
 
