@@ -352,6 +352,139 @@ def addmm_args(draw):
     return (bias, a, b), kwargs
 
 
+@st.composite
+def conv_case(draw):
+    """A convolution's input, weight and options: mostly a valid plain 1-3 d convolution,
+    sometimes transposed, odd options, a mismatched weight or another layout."""
+    spatial = draw(st.sampled_from([2, 2, 2, 1, 3]))
+    groups = draw(st.sampled_from([1, 1, 2]))
+    per_group = draw(st.integers(1, 3))
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    kernel = tuple(draw(st.lists(st.integers(1, 3), min_size=spatial, max_size=spatial)))
+    sizes = tuple(draw(st.lists(st.integers(1, 6), min_size=spatial, max_size=spatial)))
+    x = draw(tensors(shape=(draw(st.integers(1, 3)), per_group * groups) + sizes, dtype=dtype))
+    out_channels = groups * draw(st.integers(1, 3)) + (1 if rarely(draw, 8) else 0)
+    w_dtype = draw(st.sampled_from(FLOAT_DTYPES)) if rarely(draw, 8) else dtype
+    w_in = per_group + (1 if rarely(draw, 8) else 0)
+    weight = draw(tensors(shape=(out_channels, w_in) + kernel, dtype=w_dtype))
+
+    def option(least):
+        if rarely(draw, 10):
+            return draw(st.sampled_from([[1], 1, [1] * (spatial + 1), [True] * spatial]))
+        return [draw(st.integers(least, least + 2)) for _ in range(spatial)]
+
+    stride, padding, dilation = option(1), option(0), option(1)
+    transposed = rarely(draw, 8)
+    output_padding = option(0) if rarely(draw, 6) else [0] * spatial
+    return x, weight, stride, padding, dilation, transposed, output_padding, groups
+
+
+@st.composite
+def convolution_args(draw):
+    x, weight, stride, padding, dilation, transposed, output_padding, groups = draw(conv_case())
+    bias = None
+    if draw(st.booleans()):
+        size = weight.shape[0] + (1 if rarely(draw, 8) else 0)
+        bias_dtype = draw(st.sampled_from(FLOAT_DTYPES)) if rarely(draw, 8) else x.dtype
+        bias = draw(tensors(shape=(size,), dtype=bias_dtype))
+    return (x, weight, bias, stride, padding, dilation, transposed, output_padding,
+            groups), {}
+
+
+@st.composite
+def convolution_backward_args(draw):
+    x, weight, stride, padding, dilation, transposed, output_padding, groups = draw(conv_case())
+    try:  # grad_output of the forward's shape where it has one
+        shape = tuple(aten.convolution.default(
+            x, weight, None, stride, padding, dilation, transposed, output_padding, groups).shape)
+    except (RuntimeError, TypeError, ValueError, IndexError):
+        shape = tuple(x.shape)
+    if rarely(draw, 8):
+        shape = shape[:-1] + (shape[-1] + 1,)
+    dtype = draw(st.sampled_from(FLOAT_DTYPES)) if rarely(draw, 8) else x.dtype
+    grad = draw(tensors(shape=shape, dtype=dtype))
+    mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
+    bias_sizes = draw(st.sampled_from([None, [weight.shape[0] + 1], []])) if rarely(
+        draw, 5) else [weight.shape[0]]
+    return (grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+            groups, mask), {}
+
+
+@st.composite
+def cat_args(draw):
+    first = draw(tensors(dtypes=FLOAT_DTYPES, min_rank=1))
+    dim = draw(dims(first))
+    pieces = [first]
+    for _ in range(draw(st.integers(0, 3))):
+        if rarely(draw, 6):
+            pieces.append(draw(tensors(dtypes=FLOAT_DTYPES)))
+            continue
+        shape = list(first.shape)
+        if first.dim() and -first.dim() <= dim < first.dim():
+            shape[dim] = draw(st.integers(0, 4))
+        pieces.append(draw(tensors(shape=tuple(shape), dtype=first.dtype)))
+    args = (pieces, dim) if draw(st.booleans()) or dim else (pieces,)
+    return args, {}
+
+
+@st.composite
+def nll_case(draw):
+    """Scores (N, C), targets (N,) and a weight: mostly the rules' case, sometimes another
+    rank, target dtype or size, a weight of another size or dtype, an odd reduction."""
+    x = draw(tensors(shape=(draw(st.integers(1, 4)), draw(st.integers(1, 5))),
+                     dtypes=FLOAT_DTYPES)) if not rarely(draw, 6) else draw(
+        tensors(dtypes=FLOAT_DTYPES, min_rank=1))
+    rows = x.shape[0] + (1 if rarely(draw, 8) else 0)
+    target_dtype = torch.int64 if not rarely(draw, 8) else draw(st.sampled_from(DTYPES))
+    target = draw(tensors(shape=(rows,), dtype=target_dtype))
+    weight = None
+    if rarely(draw, 2):
+        size = x.shape[-1] + (1 if rarely(draw, 8) else 0)
+        dtype = x.dtype if not rarely(draw, 8) else draw(st.sampled_from(FLOAT_DTYPES))
+        weight = draw(tensors(shape=(size,), dtype=dtype))
+    reduction = draw(st.sampled_from([0, 1, 2])) if not rarely(draw, 10) else draw(
+        st.sampled_from([3, True]))
+    return x, target, weight, reduction, draw(st.sampled_from([-100, 0, 1]))
+
+
+@st.composite
+def nll_loss_forward_args(draw):
+    return draw(nll_case()), {}
+
+
+@st.composite
+def nll_loss_backward_args(draw):
+    x, target, weight, reduction, ignore_index = draw(nll_case())
+    shape = (x.shape[0],) if reduction == 0 and x.dim() == 2 else ()
+    if rarely(draw, 8):
+        shape = (2,) + shape
+    dtype = x.dtype if not rarely(draw, 8) else draw(st.sampled_from(FLOAT_DTYPES))
+    grad = draw(tensors(shape=shape, dtype=dtype))
+    total_weight = draw(tensors(shape=() if not rarely(draw, 8) else (1,), dtype=x.dtype))
+    return (grad, x, target, weight, reduction, ignore_index, total_weight), {}
+
+
+@st.composite
+def reduce_dims_args(draw):
+    """mean.dim / sum.dim_IntList: mostly distinct dims of x, sometimes repeated, out of
+    range, empty or None; keepdim positional, by keyword or left out; sometimes a dtype."""
+    x = draw(tensors(dtypes=FLOAT_DTYPES + [torch.int64]))
+    rank = x.dim()
+    if rank and not rarely(draw, 5):
+        dim = draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank,
+                            unique_by=lambda d: d % rank))
+    else:
+        dim = draw(st.sampled_from([[], None, [0, 0], [5], [-1]]))
+    kwargs = {}
+    how = draw(st.sampled_from(["positional", "keyword", "none"]))
+    args = (x, dim, draw(st.booleans())) if how == "positional" else (x, dim)
+    if how == "keyword":
+        kwargs["keepdim"] = draw(st.booleans())
+    if rarely(draw, 8):
+        kwargs["dtype"] = draw(st.sampled_from([torch.float64, None]))
+    return args, kwargs
+
+
 def builder(func):
     name = func._schema.name
     if func in fast_layouts._FOREACH_IN_PLACE or func in fast_layouts._FOREACH_OUT_OF_PLACE:
@@ -375,6 +508,12 @@ def builder(func):
         aten._softmax_backward_data.default: softmax_backward_args,
         aten._log_softmax_backward_data.default: softmax_backward_args,
         aten.mm.default: mm_args, aten.addmm.default: addmm_args,
+        aten.convolution.default: convolution_args,
+        aten.convolution_backward.default: convolution_backward_args,
+        aten.cat.default: cat_args,
+        aten.nll_loss_forward.default: nll_loss_forward_args,
+        aten.nll_loss_backward.default: nll_loss_backward_args,
+        aten.mean.dim: reduce_dims_args, aten.sum.dim_IntList: reduce_dims_args,
     }
     if func in special:
         return special[func]()
@@ -414,8 +553,20 @@ def test_outside_the_case_the_rules_decline():
     assert fast_layout(aten.relu.default, (meta(0, 3),), {}) is DECLINE  # empty
     assert fast_layout(aten.relu.default, (torch.empty(4, 8),), {}) is DECLINE  # a host tensor
     assert fast_layout(aten.relu.default, (meta(4, 8, dtype=torch.int64),), {}) is DECLINE
-    assert fast_layout(aten.cat.default, ([x, x],), {}) is DECLINE  # no rule
+    assert fast_layout(aten.cat.default, ([x, x.t()],), {}) is DECLINE  # not contiguous
+    assert fast_layout(aten.max_pool2d_with_indices.default, (meta(1, 2, 4, 4), [2, 2]),
+                       {}) is DECLINE  # no rule
     assert fast_layout(aten._foreach_add_.Scalar, ([x], 1j), {}) is DECLINE  # complex scalar
+    image, kernel = meta(2, 4, 8, 8), meta(6, 4, 3, 3)
+    conv = (image, kernel, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    assert fast_layout(aten.convolution.default, conv, {}) is not DECLINE
+    assert fast_layout(aten.convolution.default, (image.contiguous(
+        memory_format=torch.channels_last),) + conv[1:], {}) is DECLINE  # channels_last
+    assert fast_layout(aten.convolution.default, (meta(2, 6, 8, 8), meta(6, 4, 3, 3), None,
+                       [1, 1], [1, 1], [1, 1], True, [0, 0], 1), {}) is DECLINE  # transposed
+    assert fast_layout(aten.convolution.default, (image, kernel.double()) + conv[2:],
+                       {}) is DECLINE  # mixed dtypes
+    assert fast_layout(aten.cat.default, ([x, meta(0, 8)],), {}) is DECLINE  # an empty input
     assert fast_layout(aten._foreach_addcdiv_.ScalarList, ([x], [x], [x], [0.1, 0.2]),
                        {}) is DECLINE  # a scalar list of the wrong length
 

@@ -508,3 +508,197 @@ def _addmm(args: tuple, kwargs: dict) -> Any:
 
 register(aten.mm.default, _mm)
 register(aten.addmm.default, _addmm)
+
+
+# --- convolution and cat (branch r4) --------------------------------------------------------------
+
+
+def _int_list(value: Any, length: int, least: int) -> bool:
+    """A list or tuple of `length` ints, each at least `least` (no bools)."""
+    return (type(value) in (list, tuple) and len(value) == length
+            and all(type(item) is int and item >= least for item in value))
+
+
+def _conv_output_shape(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any,
+                       dilation: Any, transposed: Any, output_padding: Any,
+                       groups: Any) -> tuple[int, ...] | None:
+    """The output shape of a plain (not transposed) 1-3 d convolution of contiguous float
+    tensors of one dtype, each spatial option given per dimension; None outside that case or
+    where the kernel would raise (channels, kernel larger than the padded input, an empty
+    output)."""
+    rank = x.dim()
+    if not 3 <= rank <= 5 or weight.dim() != rank or weight.dtype != x.dtype:
+        return None
+    if transposed is not False or type(groups) is not int or groups < 1:
+        return None
+    spatial = rank - 2
+    if not (_int_list(stride, spatial, 1) and _int_list(padding, spatial, 0)
+            and _int_list(dilation, spatial, 1) and _int_list(output_padding, spatial, 0)):
+        return None
+    if any(output_padding):
+        return None
+    out_channels = weight.shape[0]
+    if weight.shape[1] * groups != x.shape[1] or out_channels % groups:
+        return None
+    shape = [x.shape[0], out_channels]
+    for size, kernel, step, pad, spread in zip(
+            x.shape[2:], weight.shape[2:], stride, padding, dilation, strict=True):
+        reach = spread * (kernel - 1) + 1
+        if size + 2 * pad < reach:
+            return None
+        shape.append((size + 2 * pad - reach) // step + 1)
+    return tuple(shape)
+
+
+def _convolution(args: tuple, kwargs: dict) -> Any:
+    # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+    # groups): the output contiguous in the input's dtype
+    if len(args) != 9 or kwargs or not (_plain(args[0]) and _plain(args[1])):
+        return DECLINE
+    x, weight, bias, stride, padding, dilation, transposed, output_padding, groups = args
+    shape = _conv_output_shape(x, weight, stride, padding, dilation, transposed,
+                               output_padding, groups)
+    if shape is None:
+        return DECLINE
+    if bias is not None and (not _plain(bias) or bias.dtype != x.dtype
+                             or tuple(bias.shape) != (shape[1],)):
+        return DECLINE
+    return _new(shape, x.dtype)
+
+
+def _convolution_backward(args: tuple, kwargs: dict) -> Any:
+    # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+    # transposed, output_padding, groups, output_mask) -> (grad_input?, grad_weight?,
+    # grad_bias?): contiguous (the inputs are), in grad_output's dtype
+    if len(args) != 11 or kwargs:
+        return DECLINE
+    grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, \
+        groups, mask = args
+    if not (_plain(grad) and _plain(x) and _plain(weight)) or grad.dtype != x.dtype:
+        return DECLINE
+    if type(mask) not in (list, tuple) or len(mask) != 3 or any(type(m) is not bool for m in mask):
+        return DECLINE
+    shape = _conv_output_shape(x, weight, stride, padding, dilation, transposed,
+                               output_padding, groups)
+    if shape is None or tuple(grad.shape) != shape:
+        return DECLINE
+    if mask[2] and not _int_list(bias_sizes, 1, 0):
+        return DECLINE
+    if bias_sizes is not None and not (_int_list(bias_sizes, 1, 0)
+                                       and bias_sizes[0] == shape[1]):
+        return DECLINE
+    dtype = grad.dtype
+    return (
+        _new(tuple(x.shape), dtype) if mask[0] else None,
+        _new(tuple(weight.shape), dtype) if mask[1] else None,
+        _new((shape[1],), dtype) if mask[2] else None,
+    )
+
+
+register(aten.convolution.default, _convolution)
+register(aten.convolution_backward.default, _convolution_backward)
+
+
+def _cat(args: tuple, kwargs: dict) -> Any:
+    # cat(tensors, dim=0): tensors of one rank (>= 1) and dtype, equal but along dim
+    if kwargs or type(args[0]) not in (list, tuple) or not args[0]:
+        return DECLINE
+    tensors = args[0]
+    dim = args[1] if len(args) > 1 else 0
+    first = tensors[0]
+    if not _plain(first) or first.dim() == 0 or not _dim_ok(dim, first.dim()):
+        return DECLINE
+    dim %= first.dim()
+    shape = list(first.shape)
+    total = 0
+    for tensor in tensors:
+        if not _plain(tensor) or tensor.dtype != first.dtype or tensor.dim() != len(shape):
+            return DECLINE
+        sizes = tensor.shape
+        if any(sizes[d] != shape[d] for d in range(len(shape)) if d != dim):
+            return DECLINE
+        total += sizes[dim]
+    shape[dim] = total
+    return _new(tuple(shape), first.dtype)
+
+
+register(aten.cat.default, _cat)
+
+
+# --- nll_loss (branch r4) ------------------------------------------------------------------------
+
+_REDUCTIONS = (0, 1, 2)  # none, mean, sum
+_INDEX = frozenset({torch.int64})
+
+
+def _nll_case(x: Any, target: Any, weight: Any, reduction: Any, ignore_index: Any) -> bool:
+    """A batch of class scores (N, C) with int64 targets (N,), no or a (C,) weight of the
+    scores' dtype, a known reduction and an int ignore_index."""
+    if not (_plain(x) and x.dim() == 2 and _plain(target, _INDEX) and target.dim() == 1):
+        return False
+    if target.shape[0] != x.shape[0] or reduction not in _REDUCTIONS:
+        return False
+    if type(reduction) is not int or type(ignore_index) is not int:
+        return False
+    return weight is None or (_plain(weight) and weight.dtype == x.dtype
+                              and tuple(weight.shape) == (x.shape[1],))
+
+
+def _nll_loss_forward(args: tuple, kwargs: dict) -> Any:
+    # nll_loss_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight)
+    if len(args) != 5 or kwargs or not _nll_case(*args):
+        return DECLINE
+    x, _, _, reduction, _ = args
+    shape = (x.shape[0],) if reduction == 0 else ()
+    return (_new(shape, x.dtype), _new((), x.dtype))
+
+
+def _nll_loss_backward(args: tuple, kwargs: dict) -> Any:
+    # nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index,
+    # total_weight) -> grad_input of self's layout
+    if len(args) != 7 or kwargs:
+        return DECLINE
+    grad, x, target, weight, reduction, ignore_index, total_weight = args
+    if not _nll_case(x, target, weight, reduction, ignore_index):
+        return DECLINE
+    shape = (x.shape[0],) if reduction == 0 else ()
+    if not (_plain(grad) and grad.dtype == x.dtype and tuple(grad.shape) == shape):
+        return DECLINE
+    if not (_plain(total_weight) and total_weight.dtype == x.dtype and total_weight.dim() == 0):
+        return DECLINE
+    return _new_like(x)
+
+
+register(aten.nll_loss_forward.default, _nll_loss_forward)
+register(aten.nll_loss_backward.default, _nll_loss_backward)
+
+
+# --- reductions over listed dimensions (branch r4) ------------------------------------------------
+
+
+def _reduce_dims(args: tuple, kwargs: dict) -> Any:
+    # mean.dim / sum.dim_IntList(self, dim, keepdim=False, *, dtype=None): a non-empty list
+    # of distinct dimensions, the input's dtype; the output contiguous
+    x = args[0]
+    dim = args[1]
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    if not _plain(x) or x.dim() == 0 or type(keepdim) is not bool:
+        return DECLINE
+    if any(name not in ("keepdim", "dtype") for name in kwargs) or kwargs.get("dtype") is not None:
+        return DECLINE
+    if "keepdim" in kwargs and len(args) > 2:
+        return DECLINE
+    rank = x.dim()
+    if type(dim) not in (list, tuple) or not dim or not all(_dim_ok(d, rank) for d in dim):
+        return DECLINE
+    reduced = {d % rank for d in dim}
+    if len(reduced) != len(dim):
+        return DECLINE
+    if keepdim:
+        shape = tuple(1 if d in reduced else size for d, size in enumerate(x.shape))
+    else:
+        shape = tuple(size for d, size in enumerate(x.shape) if d not in reduced)
+    return _new(shape, x.dtype)
+
+
+register((aten.mean.dim, aten.sum.dim_IntList), _reduce_dims)
