@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from peakmem.estimate import estimate_command
 from tests.capture.capture_helpers import allocations
@@ -165,3 +166,40 @@ def test_zero_offload_keeps_master_weights_and_optimizer_state_on_the_host(
     # the rank's fp32 master weights and their moments: host tensors (the job's own count)
     host = (tmp_path / "offload.py.out").read_text()
     assert host == f"host master {NUMEL} host state {moments * NUMEL}"
+
+
+def test_cpu_optimizer_stand_ins_step_as_torch_optimizers():
+    """The ZeRO-Offload ops' stand-ins update host tensors as DeepSpeed's C++ (AdamW, Adagrad,
+    Lion), so the job's eager values stay right."""
+    from peakmem.capture.deepspeed_ops import IN_PLACE_OPS
+
+    torch.manual_seed(0)
+    param, grad = torch.randn(6, 4), torch.randn(6, 4)
+    cpu_adam = IN_PLACE_OPS["cpu_adam"]()
+    cpu_adam["create_adam"](0, 0.1, 0.9, 0.999, 1e-8, 0.01, True)
+    reference = param.clone().requires_grad_()
+    reference.grad = grad.clone()
+    torch_adam = torch.optim.AdamW([reference], lr=0.1, weight_decay=0.01)
+    mine, exp_avg, exp_avg_sq = param.clone(), torch.zeros_like(param), torch.zeros_like(param)
+    for step in (1, 2):
+        torch_adam.step()
+        cpu_adam["adam_update"](0, step, 0.1, 0.9, 0.999, 1e-8, 0.01, True, mine, grad, exp_avg,
+                                exp_avg_sq)
+    torch.testing.assert_close(mine, reference.detach())
+    torch.testing.assert_close(exp_avg_sq, torch_adam.state[reference]["exp_avg_sq"])
+
+    cpu_adagrad = IN_PLACE_OPS["cpu_adagrad"]()
+    reference = param.clone().requires_grad_()
+    reference.grad = grad.clone()
+    torch_adagrad = torch.optim.Adagrad([reference], lr=0.1, eps=1e-10)
+    mine, state_sum = param.clone(), torch.zeros_like(param)
+    for step in (1, 2):
+        torch_adagrad.step()
+        cpu_adagrad["adagrad_update"](0, step, 0.1, 1e-10, 0.0, mine, grad, state_sum)
+    torch.testing.assert_close(mine, reference.detach())
+
+    cpu_lion = IN_PLACE_OPS["cpu_lion"]()
+    mine, exp_avg = param.clone(), torch.zeros_like(param)
+    cpu_lion["lion_update"](0, 1, 0.1, 0.9, 0.99, 0.0, mine, grad, exp_avg)
+    torch.testing.assert_close(mine, param - 0.1 * grad.sign())  # sign((1 - beta1) * grad)
+    torch.testing.assert_close(exp_avg, 0.01 * grad)
