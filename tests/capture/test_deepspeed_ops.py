@@ -1,6 +1,7 @@
-"""DeepSpeed's fused optimizers (FusedAdam, FusedLion) load CUDA kernels through an op builder
-that compiles them with nvcc when they are not prebuilt: in the capture their builders load an
-in-place stand-in (capture/deepspeed_ops.py)."""
+"""DeepSpeed's fused optimizers (FusedAdam, FusedLion, FusedLamb) load CUDA kernels through an op
+builder that compiles them with nvcc when they are not prebuilt, and ZeRO-Offload's CPU optimizers
+(cpu_adam, cpu_adagrad, cpu_lion) C++ ops it compiles with the host compiler: in the capture their
+builders load stand-ins (capture/deepspeed_ops.py)."""
 
 import importlib.util
 import os
