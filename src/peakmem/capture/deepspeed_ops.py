@@ -8,8 +8,16 @@ capture stopped at "CUDA_HOME environment variable is not set" before the first 
 The multi-tensor update kernels work in place on the lists they are given (parameters, gradients,
 moments, all made beforehand by the optimizer's Python) and allocate nothing on the device, so
 here the builders of those ops load a stand-in that updates in place with no temporary (FusedAdam's
-update itself, so eager host values stay right; FusedLion's does nothing). Other builders load as
-before (a job that needs one gets DeepSpeed's own error).
+update itself, so eager host values stay right; FusedLion's does nothing). FusedLamb's kernel
+(csrc/lamb/fused_lamb_cuda.cpp) allocates per tensor and step two 512-element reduction buffers,
+freed on return, and the one-element trust ratio it returns (FusedLamb keeps the step's ratios):
+its stand-in allocates those three on the parameter's device as the kernel does.
+
+ZeRO-Offload (`"offload_optimizer": {"device": "cpu"}`) steps DeepSpeedCPUAdam / CPUAdagrad /
+CPULion: C++ ops (`cpu_adam`, `cpu_adagrad`, `cpu_lion`) JIT-built with the host compiler (minutes,
+or an error where there is none) that update the host fp32 master partition in place. Their
+stand-ins do the same update on those host tensors (host memory, nothing on the device). Other
+builders load as before (a job that needs one gets DeepSpeed's own error).
 """
 
 from __future__ import annotations
@@ -56,11 +64,107 @@ def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: li
             exp_avg_sq.sub_(eps).mul_(math.sqrt(correction2)).square_()
 
 
-IN_PLACE_OPS: dict[str, dict[str, Callable[..., None]]] = {
-    "fused_adam": {"multi_tensor_adam": multi_tensor_adam},  # FusedAdam: the update itself, in place
-    "fused_lion": {"multi_tensor_lion": _in_place_update},  # FusedLion
+def lamb(param: torch.Tensor, param_copy: torch.Tensor, exp_avg: torch.Tensor,
+         exp_avg_sq: torch.Tensor, grad: torch.Tensor, lr: float, beta1: float, beta2: float,
+         max_coeff: float, min_coeff: float, eps: float, grad_scale: float, step: int, eps_mode: int,
+         bias_correction: int, decay: float) -> torch.Tensor:
+    """csrc/lamb/fused_lamb_cuda.cpp `lamb`: the kernel's buffers (two 512-element reductions,
+    freed on return; the returned one-element trust ratio) and its in-place update of the moments,
+    the parameter (and the low-precision copy), with the trust ratio taken as 1 (its value only)."""
+    reduce_dtype = torch.float32 if param.dtype == torch.float16 else param.dtype
+    weight_norms = torch.empty(512, dtype=reduce_dtype, device=param.device)
+    update_norms = torch.empty(512, dtype=reduce_dtype, device=param.device)
+    trust_ratio = torch.empty(1, dtype=reduce_dtype, device=param.device)
+    correction1 = 1 - beta1**step if bias_correction else 1.0
+    correction2 = 1 - beta2**step if bias_correction else 1.0
+    with torch.no_grad():
+        exp_avg.mul_(beta1).add_(grad, alpha=(1 - beta1) / grad_scale)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=(1 - beta2) / grad_scale**2)
+        if decay:
+            param.mul_(1 - lr * decay)
+        # the denominator formed in exp_avg_sq and undone, as FusedAdam's stand-in: no temporary
+        exp_avg_sq.sqrt_().div_(math.sqrt(correction2)).add_(eps)
+        param.addcdiv_(exp_avg, exp_avg_sq, value=-lr / correction1)
+        exp_avg_sq.sub_(eps).mul_(math.sqrt(correction2)).square_()
+        if param_copy.numel():
+            param_copy.copy_(param)
+        trust_ratio.fill_(1.0)
+    del weight_norms, update_norms
+    return trust_ratio
+
+
+class HostOptimizers:
+    """A `cpu_*` op's optimizer registry (`create_*(optimizer_id, ...)`, `destroy_*`): the
+    hyperparameters the update functions do not receive (Adam's `adamw_mode`)."""
+
+    def __init__(self) -> None:
+        self.adamw_mode: dict[int, bool] = {}
+
+    def create_adam(self, optimizer_id: int, lr: float, beta1: float, beta2: float, eps: float,
+                    weight_decay: float, adamw_mode: bool, should_log: bool = False) -> int:
+        self.adamw_mode[optimizer_id] = bool(adamw_mode)
+        return 0
+
+    def destroy(self, optimizer_id: int, *args: Any) -> int:
+        self.adamw_mode.pop(optimizer_id, None)
+        return 0
+
+    def adam_update(self, optimizer_id: int, step: int, lr: float, beta1: float, beta2: float,
+                    eps: float, weight_decay: float, bias_correction: bool, param: torch.Tensor,
+                    grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> int:
+        """csrc/adam/cpu_adam_impl.cpp `ds_adam_step`: one Adam(W) step on host tensors."""
+        multi_tensor_adam(0, torch.zeros(1), [[grad], [param], [exp_avg], [exp_avg_sq]], lr, beta1,
+                          beta2, eps, step, int(self.adamw_mode.get(optimizer_id, True)),
+                          int(bias_correction), weight_decay)
+        return 0
+
+
+def adagrad_update(optimizer_id: int, step: int, lr: float, eps: float, weight_decay: float,
+                   param: torch.Tensor, grad: torch.Tensor, exp_avg_sq: torch.Tensor) -> int:
+    """csrc/adagrad/cpu_adagrad.cpp `ds_adagrad_step`: one Adagrad step on host tensors."""
+    with torch.no_grad():
+        if weight_decay:
+            grad = grad.add(param, alpha=weight_decay)
+        exp_avg_sq.addcmul_(grad, grad)
+        param.addcdiv_(grad, exp_avg_sq.sqrt().add_(eps), value=-lr)
+    return 0
+
+
+def lion_update(optimizer_id: int, step: int, lr: float, beta1: float, beta2: float,
+                weight_decay: float, param: torch.Tensor, grad: torch.Tensor,
+                exp_avg: torch.Tensor) -> int:
+    """csrc/lion/cpu_lion.cpp `ds_lion_step`: one Lion step on host tensors."""
+    with torch.no_grad():
+        update = exp_avg.mul(beta1).add_(grad, alpha=1 - beta1).sign_()
+        if weight_decay:
+            param.mul_(1 - lr * weight_decay)
+        param.add_(update, alpha=-lr)
+        exp_avg.mul_(beta2).add_(grad, alpha=1 - beta2)
+    return 0
+
+
+def _created(*args: Any) -> int:
+    return 0
+
+
+def _cpu_adam() -> dict[str, Callable[..., Any]]:
+    optimizers = HostOptimizers()
+    return {"create_adam": optimizers.create_adam, "destroy_adam": optimizers.destroy,
+            "adam_update": optimizers.adam_update}
+
+
+IN_PLACE_OPS: dict[str, Callable[[], dict[str, Callable[..., Any]]]] = {
+    "fused_adam": lambda: {"multi_tensor_adam": multi_tensor_adam},  # FusedAdam: the update itself
+    "fused_lion": lambda: {"multi_tensor_lion": _in_place_update},  # FusedLion
+    "fused_lamb": lambda: {"lamb": lamb},  # FusedLamb: the kernel's buffers and the update
+    "cpu_adam": _cpu_adam,  # DeepSpeedCPUAdam (ZeRO-Offload): host tensors
+    "cpu_adagrad": lambda: {"create_adagrad": _created, "destroy_adagrad": _created,
+                            "adagrad_update": adagrad_update},
+    "cpu_lion": lambda: {"create_lion": _created, "destroy_lion": _created,
+                         "lion_update": lion_update},
 }
-"""Op builder name -> the functions of its stand-in module."""
+"""Op builder name -> a maker of the functions of its stand-in module."""
+
 
 
 def _stand_in_loads(module: Any) -> Undo:
@@ -68,10 +172,10 @@ def _stand_in_loads(module: Any) -> Undo:
     original = builder.load
 
     def load(self: Any, verbose: bool = False) -> Any:
-        functions = IN_PLACE_OPS.get(getattr(self, "name", None) or "")
-        if functions is None:
+        make_functions = IN_PLACE_OPS.get(getattr(self, "name", None) or "")
+        if make_functions is None:
             return original(self, verbose)
-        return SimpleNamespace(__name__=f"peakmem stand-in for {self.name}", **functions)
+        return SimpleNamespace(__name__=f"peakmem stand-in for {self.name}", **make_functions())
 
     builder.load = load
 
