@@ -37,10 +37,20 @@ BUILDER_MODULES = ("deepspeed.ops.op_builder.builder", "op_builder.builder")
 """Where OpBuilder lives: DeepSpeed's package, or the top-level `op_builder` of a source install."""
 
 
-def _in_place_update(*args: Any, **kwargs: Any) -> None:
-    """`multi_tensor_*(chunk_size, noop_flag, tensor_lists, *hyperparameters)`: the CUDA kernel
-    writes the tensors of `tensor_lists` in place."""
-    return None
+def _no_op(*args: Any, **kwargs: Any) -> int:
+    """A stand-in that allocates and changes nothing: FusedLion's
+    `multi_tensor_lion(chunk_size, noop_flag, tensor_lists, *hyperparameters)` (the CUDA kernel
+    writes `tensor_lists` in place) and the CPU optimizers' `create_*` / `destroy_*` (0: done)."""
+    return 0
+
+
+def _apply_update(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                  value: float, correction2: float, eps: float) -> None:
+    """param += value * exp_avg / (sqrt(exp_avg_sq / correction2) + eps), in place: the
+    denominator is formed in exp_avg_sq and undone afterwards, so no temporary is allocated."""
+    exp_avg_sq.sqrt_().div_(math.sqrt(correction2)).add_(eps)
+    param.addcdiv_(exp_avg, exp_avg_sq, value=value)
+    exp_avg_sq.sub_(eps).mul_(math.sqrt(correction2)).square_()
 
 
 def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: list[list[torch.Tensor]],
@@ -59,9 +69,7 @@ def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: li
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             if weight_decay and adam_w_mode:
                 param.mul_(1 - lr * weight_decay)
-            exp_avg_sq.sqrt_().div_(math.sqrt(correction2)).add_(eps)
-            param.addcdiv_(exp_avg, exp_avg_sq, value=-step_size)
-            exp_avg_sq.sub_(eps).mul_(math.sqrt(correction2)).square_()
+            _apply_update(param, exp_avg, exp_avg_sq, -step_size, correction2, eps)
 
 
 def lamb(param: torch.Tensor, param_copy: torch.Tensor, exp_avg: torch.Tensor,
@@ -82,10 +90,7 @@ def lamb(param: torch.Tensor, param_copy: torch.Tensor, exp_avg: torch.Tensor,
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=(1 - beta2) / grad_scale**2)
         if decay:
             param.mul_(1 - lr * decay)
-        # the denominator formed in exp_avg_sq and undone, as FusedAdam's stand-in: no temporary
-        exp_avg_sq.sqrt_().div_(math.sqrt(correction2)).add_(eps)
-        param.addcdiv_(exp_avg, exp_avg_sq, value=-lr / correction1)
-        exp_avg_sq.sub_(eps).mul_(math.sqrt(correction2)).square_()
+        _apply_update(param, exp_avg, exp_avg_sq, -lr / correction1, correction2, eps)
         if param_copy.numel():
             param_copy.copy_(param)
         trust_ratio.fill_(1.0)
@@ -143,10 +148,6 @@ def lion_update(optimizer_id: int, step: int, lr: float, beta1: float, beta2: fl
     return 0
 
 
-def _created(*args: Any) -> int:
-    return 0
-
-
 def _cpu_adam() -> dict[str, Callable[..., Any]]:
     optimizers = HostOptimizers()
     return {"create_adam": optimizers.create_adam, "destroy_adam": optimizers.destroy,
@@ -155,16 +156,15 @@ def _cpu_adam() -> dict[str, Callable[..., Any]]:
 
 IN_PLACE_OPS: dict[str, Callable[[], dict[str, Callable[..., Any]]]] = {
     "fused_adam": lambda: {"multi_tensor_adam": multi_tensor_adam},  # FusedAdam: the update itself
-    "fused_lion": lambda: {"multi_tensor_lion": _in_place_update},  # FusedLion
+    "fused_lion": lambda: {"multi_tensor_lion": _no_op},  # FusedLion
     "fused_lamb": lambda: {"lamb": lamb},  # FusedLamb: the kernel's buffers and the update
     "cpu_adam": _cpu_adam,  # DeepSpeedCPUAdam (ZeRO-Offload): host tensors
-    "cpu_adagrad": lambda: {"create_adagrad": _created, "destroy_adagrad": _created,
+    "cpu_adagrad": lambda: {"create_adagrad": _no_op, "destroy_adagrad": _no_op,
                             "adagrad_update": adagrad_update},
-    "cpu_lion": lambda: {"create_lion": _created, "destroy_lion": _created,
+    "cpu_lion": lambda: {"create_lion": _no_op, "destroy_lion": _no_op,
                          "lion_update": lion_update},
 }
 """Op builder name -> a maker of the functions of its stand-in module."""
-
 
 
 def _stand_in_loads(module: Any) -> Undo:
