@@ -10,6 +10,13 @@ CUDA function rules:
   metadata check, `save_on_cpu`).
 Both run with the mode pushed again. The C++ engine itself calls no torch function, and the
 recorder's dispatch reads true devices, so the capture's own bookkeeping is unchanged.
+
+Every mode of the capture that the backward call passes through is pushed again, each by its own
+handler (`job_view_in_backward`; `bare=True` for a mode whose own `__enter__`/`__exit__` set up
+and close capture-wide state, as HostDeferral's do): the outer mode's patch runs first, so the
+stack in backward is the one the job had (CudaAsMeta below HostDeferral). Without HostDeferral in
+backward, a hook that moves a host-deferred tensor to the device (DeepSpeed ZeRO-3's
+`offload_param` fetch: `param.ds_tensor.to("cuda")` of a CPU partition) got a host tensor back.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import Any
 
 import torch.autograd
 from torch.autograd.graph import saved_tensors_hooks
-from torch.overrides import _get_current_function_mode_stack
+from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
 
 from peakmem.capture.library_patches import patched
 
@@ -28,6 +35,20 @@ from peakmem.capture.library_patches import patched
 def pushed(mode: Any) -> Any:
     """A context with `mode` active (nothing to do when it already is)."""
     return nullcontext() if mode in _get_current_function_mode_stack() else mode
+
+
+@contextmanager
+def pushed_bare(mode: Any) -> Iterator[None]:
+    """`mode` pushed on the torch-function mode stack without calling its own `__enter__` /
+    `__exit__` (nothing to do when it already is on it)."""
+    if mode in _get_current_function_mode_stack():
+        yield
+        return
+    _push_mode(mode)
+    try:
+        yield
+    finally:
+        _pop_mode()
 
 
 def _in_job_view(mode: Any, hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -39,12 +60,14 @@ def _in_job_view(mode: Any, hook: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @contextmanager
-def job_view_in_backward(mode: Any) -> Iterator[None]:
-    """While a backward call runs, the autograd engine runs with `mode` pushed."""
+def job_view_in_backward(mode: Any, *, bare: bool = False) -> Iterator[None]:
+    """While a backward call runs, the autograd engine runs with `mode` pushed (`bare`: without
+    its own `__enter__` / `__exit__`)."""
     original = torch.autograd._engine_run_backward
+    push = pushed_bare if bare else pushed
 
     def run_backward(*args: Any, **kwargs: Any) -> Any:
-        with pushed(mode):
+        with push(mode):
             return original(*args, **kwargs)
 
     with patched(torch.autograd, "_engine_run_backward", run_backward):

@@ -47,6 +47,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 from peakmem.capture.arg_tensors import tensors_in
+from peakmem.capture.backward_view import job_view_in_backward
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec, is_meta_spec
 from peakmem.capture.host_values import HostValues
 from peakmem.capture.session import CaptureSession
@@ -85,6 +86,8 @@ _FETCH_FILE = "/".join(("torch", "utils", "data", "_utils", "fetch.py"))
 _FETCH_DEPTH = 8
 """Frames above a random draw searched for a DataLoader fetch (the Dataset's `__getitem__`)."""
 _SAMPLE_DRAWS = {torch.randn, torch.rand}
+_BACKWARD_CALLS = (Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+"""Calls that run the autograd engine: the job's hooks in them see this mode too."""
 _SHAPE_DESCRIPTORS = (Tensor.shape, Tensor.dtype, Tensor.layout, Tensor.is_nested, Tensor.ndim)
 _SHAPE_METHODS = {Tensor.size, Tensor.dim, Tensor.numel, Tensor.element_size, Tensor.__len__}
 """What a lazily computed host tensor answers without its values: its shape-only twin has the
@@ -188,6 +191,8 @@ class HostDeferral(TorchFunctionMode):
         for func in _READS:
             self._handlers[func] = self._read
         self._handlers[torch.stack] = self._collate_stack
+        for func in _BACKWARD_CALLS:
+            self._handlers[func] = self._backward
         self.collated: set[int] = set()
         """Storages of batches the default collate stacked lazily (host data, not device)."""
         self._realized: dict[int, Tensor] = {}
@@ -489,6 +494,15 @@ class HostDeferral(TorchFunctionMode):
             return view.requires_grad_(value.requires_grad)
 
         return map_containers(convert, loaded)
+
+    def _backward(self, func, args: tuple, kwargs: dict):
+        """`loss.backward()` / `autograd.grad`: the hooks and custom Functions autograd runs see
+        this mode as the job's forward did (a host-deferred tensor moved to the device in a
+        backward hook is a device tensor: DeepSpeed ZeRO-3 fetches offloaded parameters there)."""
+        with job_view_in_backward(self, bare=True):
+            if not self.kinds:
+                return func(*args, **kwargs)
+            return self._on_deferred(func, args, kwargs)
 
     # -- moves ---------------------------------------------------------------------------------
     def _to(self, func, args: tuple, kwargs: dict):
