@@ -18,6 +18,13 @@ CPULion: C++ ops (`cpu_adam`, `cpu_adagrad`, `cpu_lion`) JIT-built with the host
 or an error where there is none) that update the host fp32 master partition in place. Their
 stand-ins do the same update on those host tensors (host memory, nothing on the device). Other
 builders load as before (a job that needs one gets DeepSpeed's own error).
+
+`deepspeed.zero.Init()` (a model built partitioned, ZeRO-3) replaces `torch.Tensor.__new__` and the
+factory functions while the model is built. The capture's torch-function modes call functions that
+torch wraps with `torch._disable_dynamo`, whose first call imports `torch._dynamo`; imported then,
+dynamo's polyfill of `Tensor.__new__` checks the signature of DeepSpeed's replacement and raises
+("Signature mismatch between ... new_tensor and ... tensor_pynew"). A job on a GPU never imports
+dynamo there, so here dynamo is imported before `zero.Init` installs its wrappers.
 """
 
 from __future__ import annotations
@@ -183,6 +190,33 @@ def _stand_in_loads(module: Any) -> Undo:
         builder.load = original
 
     return undo
+
+
+ZERO_INIT_MODULE = "deepspeed.runtime.zero.partition_parameters"
+
+
+def _dynamo_before_tensor_wrappers(module: Any) -> Undo:
+    init = module.Init
+    original = init._add_tensor_creation_wrappers
+
+    def add_tensor_creation_wrappers(self: Any) -> Any:
+        import torch._dynamo  # noqa: F401  (imported now, not under DeepSpeed's Tensor.__new__)
+
+        return original(self)
+
+    init._add_tensor_creation_wrappers = add_tensor_creation_wrappers
+
+    def undo() -> None:
+        init._add_tensor_creation_wrappers = original
+
+    return undo
+
+
+@register_library_patch("deepspeed_zero_init_dynamo")
+@contextmanager
+def deepspeed_zero_init_dynamo() -> Iterator[None]:
+    with patch_on_import(ZERO_INIT_MODULE, _dynamo_before_tensor_wrappers):
+        yield
 
 
 @register_library_patch("deepspeed_fused_optimizer_ops")
