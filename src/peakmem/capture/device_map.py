@@ -93,10 +93,16 @@ def note_other_gpu(session: CaptureSession, value: Any) -> None:
         session.notes.append(note)
 
 
+_HOST_ZEROS = torch.zeros
+"""torch's own `zeros`, kept before the job runs: a job may replace `torch.zeros` while it runs
+(`deepspeed.zero.Init()` wraps the factories to make device tensors of its dtype), and a
+placeholder is a host tensor of the device tensor's dtype whatever the job set."""
+
+
 def placeholder(tensor: Any) -> Any:
     """A real host tensor standing in for a device tensor's unknown values."""
     if is_meta(tensor):
-        return torch.zeros(tensor.shape, dtype=tensor.dtype)
+        return _HOST_ZEROS(tensor.shape, dtype=tensor.dtype, device="cpu")
     return tensor
 
 
