@@ -47,6 +47,9 @@ CIFAR_NET = (ex.conv(6, 3, 5) + ex.conv(16, 6, 5) + ex.linear(120, 400) + ex.lin
              + ex.linear(10, 84))
 """cifar10_deepspeed.py's Net: 62,006 parameters."""
 
+FC1_WEIGHT = 400 * 120
+"""Elements of the Net's largest parameter (fc1.weight)."""
+
 BUCKET = 50_000
 """reduce_bucket_size / stage3_prefetch_bucket_size of the cifar ZeRO-3 configs (elements)."""
 
@@ -106,6 +109,22 @@ def test_cifar_zero3_partitions_master_and_adam_state_by_world_size(tmp_path, wo
     assert est.breakdown["gradient"] == ex.rounded(BUCKET * FP16)  # the reduce bucket
     model_state = master * 3 + ex.rounded(rank * FP16) * 2
     assert model_state <= est.data["peak_allocated_bytes"] - est.breakdown["workspace"]
+    if world > 1:
+        # stage3_max_reuse_distance 1e9: gathered layers stay; fc1's full 16-bit weight is live
+        assert est.breakdown["parameter"] >= master + ex.rounded(FC1_WEIGHT * FP16)
+
+
+def test_cifar_zero3_no_live_gathered_parameters(tmp_path):
+    """stage3_max_live_parameters / max_reuse_distance / prefetch_bucket_size 0: each gathered
+    layer is released after use, so the peak holds no full fc1 weight beside the master."""
+    config = _cifar_config(3)
+    config["zero_optimization"].update({"stage3_max_live_parameters": 0,
+                                        "stage3_max_reuse_distance": 0,
+                                        "stage3_prefetch_bucket_size": 0})
+    est = _cifar(tmp_path, 2, config)
+    master = ex.rounded(_partition(CIFAR_NET, 2) * ex.FP32)
+    assert est.breakdown["optimizer_state"] == 2 * master
+    assert master <= est.breakdown["parameter"] < master + ex.rounded(FC1_WEIGHT * FP16)
 
 
 def test_cifar_zero3_plain_python_without_launcher(tmp_path):
