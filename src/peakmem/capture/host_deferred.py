@@ -57,6 +57,8 @@ HOST, META, DEVICE = "host", "meta", "device"
 DEFER_MIN_NUMEL = 4096
 """Host tensors made while a model is built with fewer elements than this stay real."""
 _NO_MODES = torch._C.DisableTorchFunction
+_PLAIN_TENSORS = frozenset({Tensor, torch.nn.Parameter})
+"""Tensor types whose `is_meta` is `device.type == "meta"` (no Python property of their own)."""
 
 _FACTORIES = {
     torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint,
@@ -658,7 +660,11 @@ class HostDeferral(TorchFunctionMode):
         kinds, collated = self.kinds, self.collated
         with _NO_MODES():
             for tensor in tensors:
-                if tensor.device.type == "meta" and tensor.layout == torch.strided:
+                if type(tensor) in _PLAIN_TENSORS:  # `is_meta`: no device object made
+                    meta = tensor.is_meta
+                else:  # a subclass may answer `device` itself
+                    meta = tensor.device.type == "meta"
+                if meta and tensor.layout == torch.strided:
                     key = id(tensor.untyped_storage())
                     if key in kinds or key in collated:
                         return True
@@ -776,7 +782,7 @@ def outputs_kind(session: CaptureSession, args: tuple, kwargs: dict) -> tuple[st
         return DEVICE, None
     found = set()
     for tensor in tensors_in((args, kwargs)):
-        if tensor.device.type == "meta":
+        if tensor.is_meta if type(tensor) in _PLAIN_TENSORS else tensor.device.type == "meta":
             if tensor.layout != torch.strided:
                 return DEVICE, None
             kind = kinds.get(id(tensor.untyped_storage()), DEVICE)
