@@ -6,6 +6,8 @@ path taken and with it forced off.
   of its own, naming no device and no pinned memory, runs as it is.
 - `HostDeferral._any_marked` / `outputs_kind` (capture/host_deferred.py): plain tensors' true
   device read through `is_meta` instead of `device.type`.
+- `HostDeferral.__torch_function__`: an attribute read (`grad`, `layout`, ...) of a plain
+  tensor with an unmarked storage, with `CudaAsMeta` the only mode below, calls the getter.
 - `AllocationRecorder.__torch_dispatch__` (capture/recorder.py): Dynamo is kept out of the
   recorder's frames by `torch._disable_dynamo` only where a Dynamo frame callback is set.
 """
@@ -115,3 +117,34 @@ def test_the_recorder_keeps_dynamo_out_only_under_a_frame_callback(monkeypatch):
         guarded = whole()
     assert calls[0] > 100
     assert guarded == plain
+
+
+def test_attribute_reads_read_directly_give_the_full_paths_estimate(monkeypatch):
+    taken = [0]
+    original = host_deferred.HostDeferral._reads_attribute
+
+    def counted(self, func, args):
+        answer = original(self, func, args)
+        taken[0] += answer
+        return answer
+
+    with monkeypatch.context() as patch:
+        patch.setattr(host_deferred.HostDeferral, "_reads_attribute", lambda *a: False)
+        full = whole()
+    with monkeypatch.context() as patch:
+        patch.setattr(host_deferred.HostDeferral, "_reads_attribute", counted)
+        fast = whole()
+    assert taken[0] > 100  # Adam's reads of every parameter's grad, layout, ...
+    assert fast == full
+
+
+def test_attribute_reads_handled_by_a_mode_are_not_read_directly(monkeypatch):
+    from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
+
+    deferral = host_deferred.HostDeferral.__new__(host_deferred.HostDeferral)
+    deferral._handlers = {torch.Tensor.dtype.__get__: None}
+    reads = deferral._unhandled_attribute_reads()
+    assert torch.Tensor.grad.__get__ in reads and torch.Tensor.layout.__get__ in reads
+    assert torch.Tensor.dtype.__get__ not in reads  # this mode's own handler
+    monkeypatch.setitem(TENSOR_OVERRIDES, torch.Tensor.grad.__get__, lambda *a: None)
+    assert torch.Tensor.grad.__get__ not in deferral._unhandled_attribute_reads()
