@@ -120,27 +120,28 @@ class MetaCache:
 
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple] = {}
-        self._ops: dict[Any, tuple[str, str] | bool] = {}
-        self._blind: dict[Any, bool] = {}
+        self._ops: dict[Any, tuple[tuple[str, str] | bool, bool]] = {}
+        """op -> (its fused-kernel names, or False where not cacheable; whether its float
+        arguments are keyed by type only). Holds every op it has seen, so an op's `id` in a
+        cache key stays its own."""
         self.hits = 0
         self.misses = 0
         self.fast = 0  # misses answered by capture/fast_layouts.py's rules
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        names = self._ops.get(func)
-        if names is None:
-            names = self._ops[func] = _fused_names(func) if _op_cacheable(func) else False
+        facts = self._ops.get(func)
+        if facts is None:
+            names = _fused_names(func) if _op_cacheable(func) else False
+            facts = self._ops[func] = (names, names is not False and _value_blind(func))
+        names, blind = facts
         if names is False or names[0] in FUSED_KERNELS or names[1] in FUSED_KERNELS:
             # not cacheable, or peakmem's fused meta kernel replaces the op's own while it is
             # registered (each capture installs them): the kernel in place decides, every time
             return func(*args, **kwargs)
         storages: dict[int, int] = {}
-        blind = self._blind.get(func)
-        if blind is None:
-            blind = self._blind[func] = _value_blind(func)
         try:
             key = (
-                func,
+                id(func),  # `_ops` keeps func alive: no other op takes its id
                 _global_state(),
                 _key(args, storages, blind),
                 _key(tuple(kwargs.items()), storages, blind) if kwargs else (),
