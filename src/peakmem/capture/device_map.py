@@ -55,6 +55,12 @@ tensor it was copied from, the device tensor's version counter then)."""
 HOST_DATA_MAX_ELEMENTS = 1 << 16
 """Device tensors built from host data up to this size keep their host values for host reads."""
 _BACKWARD_CALLS = {Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+_OWN_BRANCHES = frozenset({
+    *_HOST_READS, *_FROM_DATA, *_ALL_TRUE_CHECKS, *_BACKWARD_CALLS,
+    Tensor.to, Tensor.cuda, Tensor.cpu, Tensor.copy_,
+})
+"""The functions `CudaAsMeta.__torch_function__` has a branch of its own for (besides the
+registries `TENSOR_OVERRIDES` and `FUNCTION_RULES`, looked up on every call)."""
 
 
 def to_capture_device(value: Any, *, ints: bool = False) -> Any:
@@ -166,6 +172,13 @@ class CudaAsMeta(TorchFunctionMode):
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if (func not in _OWN_BRANCHES and func not in TENSOR_OVERRIDES
+                and func not in FUNCTION_RULES):
+            # the common call: no branch below applies unless a device or pinned memory is named
+            if not kwargs:
+                return func(*args)
+            if "device" not in kwargs and not kwargs.get("pin_memory"):
+                return func(*args, **kwargs)
         kwargs = dict(kwargs or {})
         override = TENSOR_OVERRIDES.get(func)
         if override is not None:

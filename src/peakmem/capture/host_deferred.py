@@ -58,6 +58,14 @@ HOST, META, DEVICE = "host", "meta", "device"
 DEFER_MIN_NUMEL = 4096
 """Host tensors made while a model is built with fewer elements than this stay real."""
 _NO_MODES = torch._C.DisableTorchFunction
+_PLAIN_TENSORS = frozenset({Tensor, torch.nn.Parameter})
+"""Tensor types whose `is_meta` is `device.type == "meta"` (no Python property of their own)."""
+_ATTRIBUTE_READS = (Tensor.grad, Tensor.grad_fn, Tensor.layout, Tensor.is_sparse,
+                    Tensor.requires_grad, Tensor.is_leaf, Tensor.shape, Tensor.dtype)
+"""Tensor attributes the optimizers, autograd and modules read on every step (an Adam step reads
+`grad`, `layout`, `grad_fn`, `is_sparse` of every parameter: half of a CNN row's torch-function
+calls). Where neither mode handles their getter, `HostDeferral` reads them itself
+(`_reads_attribute`)."""
 
 _FACTORIES = {
     torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint,
@@ -193,6 +201,7 @@ class HostDeferral(TorchFunctionMode):
         self._handlers[torch.stack] = self._collate_stack
         for func in _BACKWARD_CALLS:
             self._handlers[func] = self._backward
+        self._attribute_reads = self._unhandled_attribute_reads()
         self.collated: set[int] = set()
         """Storages of batches the default collate stacked lazily (host data, not device)."""
         self._realized: dict[int, Tensor] = {}
@@ -235,7 +244,44 @@ class HostDeferral(TorchFunctionMode):
         self.session.host_deferral = None
         self.session.notes.extend(self.notes())
 
+    def _unhandled_attribute_reads(self) -> frozenset:
+        """The getters of `_ATTRIBUTE_READS` that no handler of this mode and no branch or
+        registry entry of `CudaAsMeta` (capture/device_map.py) handles."""
+        from peakmem.capture.device_map import _OWN_BRANCHES, CudaAsMeta
+        from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
+        from peakmem.cuda_rules import FUNCTION_RULES
+
+        self._device_map_type = CudaAsMeta
+        getters = (attribute.__get__ for attribute in _ATTRIBUTE_READS)
+        return frozenset(
+            getter for getter in getters
+            if getter not in self._handlers and getter not in _OWN_BRANCHES
+            and getter not in TENSOR_OVERRIDES and getter not in FUNCTION_RULES
+        )
+
+    def _reads_attribute(self, func, args: tuple) -> bool:
+        """Whether `func(*args)` is an unhandled attribute read of a plain tensor whose storage
+        is not marked (host, meta, lazily computed) with `CudaAsMeta` the only mode left below
+        this one: the full path would hand it, unchanged, through `CudaAsMeta` (which passes
+        it on as it is) to the getter itself, which `__torch_function__` then calls directly."""
+        if len(args) != 1 or type(args[0]) not in _PLAIN_TENSORS:
+            return False
+        if torch._C._len_torch_function_stack() != 1 or type(
+                torch._C._get_function_stack_at(0)) is not self._device_map_type:
+            return False
+        if not self.kinds:
+            return True  # nothing marked: the full path hands every call on as it is
+        tensor = args[0]
+        with _NO_MODES():
+            if tensor.is_meta and tensor.layout == torch.strided:
+                key = id(tensor.untyped_storage())
+                return key not in self.kinds and key not in self.collated
+        return True
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self._attribute_reads and not kwargs and self._reads_attribute(func, args):
+            with _NO_MODES():
+                return func(*args)
         kwargs = kwargs or {}
         handler = self._handlers.get(func)
         if handler is not None:
@@ -672,7 +718,11 @@ class HostDeferral(TorchFunctionMode):
         kinds, collated = self.kinds, self.collated
         with _NO_MODES():
             for tensor in tensors:
-                if tensor.device.type == "meta" and tensor.layout == torch.strided:
+                if type(tensor) in _PLAIN_TENSORS:  # `is_meta`: no device object made
+                    meta = tensor.is_meta
+                else:  # a subclass may answer `device` itself
+                    meta = tensor.device.type == "meta"
+                if meta and tensor.layout == torch.strided:
                     key = id(tensor.untyped_storage())
                     if key in kinds or key in collated:
                         return True
@@ -790,7 +840,7 @@ def outputs_kind(session: CaptureSession, args: tuple, kwargs: dict) -> tuple[st
         return DEVICE, None
     found = set()
     for tensor in tensors_in((args, kwargs)):
-        if tensor.device.type == "meta":
+        if tensor.is_meta if type(tensor) in _PLAIN_TENSORS else tensor.device.type == "meta":
             if tensor.layout != torch.strided:
                 return DEVICE, None
             kind = kinds.get(id(tensor.untyped_storage()), DEVICE)

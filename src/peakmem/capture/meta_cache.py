@@ -54,6 +54,7 @@ _PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, t
                  torch.memory_format)
 _UNCACHEABLE = object()
 _STRIDED = torch.strided
+_META = torch.device("meta")
 
 
 class _NotCacheable(Exception):
@@ -108,7 +109,7 @@ def _op_cacheable(func: Any) -> bool:
     )
 
 
-def _fused_names(func: Any) -> tuple[str, ...]:
+def _fused_names(func: Any) -> tuple[str, str]:
     """The names a peakmem fused kernel for `func` is registered under (registry.FUSED_KERNELS)."""
     packet = func.overloadpacket.__name__
     return (packet, f"{packet}.{func._overloadname}")
@@ -119,27 +120,28 @@ class MetaCache:
 
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple] = {}
-        self._ops: dict[Any, tuple[str, ...] | bool] = {}
-        self._blind: dict[Any, bool] = {}
+        self._ops: dict[Any, tuple[tuple[str, str] | bool, bool]] = {}
+        """op -> (its fused-kernel names, or False where not cacheable; whether its float
+        arguments are keyed by type only). Holds every op it has seen, so an op's `id` in a
+        cache key stays its own."""
         self.hits = 0
         self.misses = 0
         self.fast = 0  # misses answered by capture/fast_layouts.py's rules
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        names = self._ops.get(func)
-        if names is None:
-            names = self._ops[func] = _fused_names(func) if _op_cacheable(func) else False
-        if names is False or any(name in FUSED_KERNELS for name in names):
+        facts = self._ops.get(func)
+        if facts is None:
+            names = _fused_names(func) if _op_cacheable(func) else False
+            facts = self._ops[func] = (names, names is not False and _value_blind(func))
+        names, blind = facts
+        if names is False or names[0] in FUSED_KERNELS or names[1] in FUSED_KERNELS:
             # not cacheable, or peakmem's fused meta kernel replaces the op's own while it is
             # registered (each capture installs them): the kernel in place decides, every time
             return func(*args, **kwargs)
         storages: dict[int, int] = {}
-        blind = self._blind.get(func)
-        if blind is None:
-            blind = self._blind[func] = _value_blind(func)
         try:
             key = (
-                func,
+                id(func),  # `_ops` keeps func alive: no other op takes its id
                 _global_state(),
                 _key(args, storages, blind),
                 _key(tuple(kwargs.items()), storages, blind) if kwargs else (),
@@ -213,7 +215,8 @@ def _tensor_key(value: torch.Tensor, storages: dict[int, int]) -> tuple:
 
 def _recipe(out: Any, input_storages: dict[int, int]) -> tuple | None:
     """How to make `out` again: (container type or None, [(shape, stride, offset, dtype,
-    storage group, storage bytes) or None per output])."""
+    storage group, storage bytes, whether those bytes are exactly what the tensor spans from
+    offset 0) or None per output])."""
     if out is None:
         return (None, ())  # an in-place foreach op: nothing to make
     single = type(out) in _PLAIN_TENSORS
@@ -241,8 +244,11 @@ def _recipe(out: Any, input_storages: dict[int, int]) -> tuple | None:
         if key in input_storages:
             return None  # aliases an input
         group = groups.setdefault(key, len(groups))
-        parts.append((tuple(tensor.shape), tensor.stride(), tensor.storage_offset(),
-                      tensor.dtype, group, storage.nbytes()))
+        shape, stride, offset = tuple(tensor.shape), tensor.stride(), tensor.storage_offset()
+        nbytes = storage.nbytes()
+        # a storage of exactly the bytes its first tensor spans from offset 0: empty_strided
+        minimal = offset == 0 and nbytes == _min_bytes(shape, stride, tensor.dtype)
+        parts.append((shape, stride, offset, tensor.dtype, group, nbytes, minimal))
     return (None if single else type(out), tuple(parts))
 
 
@@ -256,17 +262,17 @@ def _rebuild(entry: tuple) -> Any:
         if part is None:
             made.append(None)
             continue
-        shape, stride, offset, dtype, group, nbytes = part
+        shape, stride, offset, dtype, group, nbytes, minimal = part
         storage = storages.get(group)
-        if storage is None and offset == 0 and nbytes == _min_bytes(shape, stride, dtype):
-            tensor = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        if storage is None and minimal:
+            tensor = torch.empty_strided(shape, stride, dtype=dtype, device=_META)
             storages[group] = tensor.untyped_storage()
         else:
             if storage is None:
                 storage = storages[group] = torch.empty(
-                    (nbytes,), dtype=torch.uint8, device="meta"
+                    (nbytes,), dtype=torch.uint8, device=_META
                 ).untyped_storage()
-            tensor = torch.empty((0,), dtype=dtype, device="meta")
+            tensor = torch.empty((0,), dtype=dtype, device=_META)
             tensor.set_(storage, offset, shape, stride)
         made.append(tensor)
     if container is None:

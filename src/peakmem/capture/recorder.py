@@ -8,6 +8,7 @@ import inspect
 
 import torch
 from torch import Tensor
+from torch._C._dynamo.eval_frame import get_eval_frame_callback
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -53,7 +54,22 @@ class AllocationRecorder(TorchDispatchMode):
         self.session = session
         self._ops: dict = {}
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Not wrapped by `TorchDispatchMode.__init_subclass__` in `torch._disable_dynamo`: the
+        recorder keeps Dynamo out of its frames itself (`__torch_dispatch__`), at less cost
+        per op where no Dynamo frame callback is set (every op of an ordinary capture)."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if get_eval_frame_callback() is not None:
+            # a Dynamo frame callback is set (compiled code runs): Dynamo must not trace the
+            # recorder's frames, as the base class's `torch._disable_dynamo` wrapper ensures
+            return _dispatch_without_dynamo(self, func, types, args, kwargs)
+        # Without a callback that wrapper sets none and restores none: the call is the same.
+        return self._guarded_dispatch(func, types, args, kwargs)
+
+    def _guarded_dispatch(self, func, types, args=(), kwargs=None):
         # kernels written in Python (meta kernels, decompositions) and the rules must see the
         # true devices, not the job's device view (capture/device_view.py)
         with torch._C.DisableTorchFunction():
@@ -124,6 +140,11 @@ class AllocationRecorder(TorchDispatchMode):
 register_hop_handlers(AllocationRecorder)  # flex_attention's operators (capture/flex_attention.py)
 
 _ADD = torch.ops.aten.add.Tensor
+
+
+_dispatch_without_dynamo = torch._disable_dynamo(
+    AllocationRecorder._guarded_dispatch, recursive=True)
+"""The recorder's dispatch as the base class would have wrapped it (Dynamo kept out)."""
 
 
 def _is_accumulation(args: tuple, kwargs: dict, out) -> bool:

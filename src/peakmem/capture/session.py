@@ -18,6 +18,12 @@ from peakmem.profiles import GpuProfile, StackProfile
 from peakmem.trace.events import Tag, Trace
 from peakmem.trace.vocab import Category, Phase
 
+# the enum values read on every op (an Enum member's `.value` is a Python descriptor call)
+_BACKWARD = Phase.BACKWARD.value
+_OTHER_PHASE = Phase.OTHER.value
+_OTHER = Category.OTHER.value
+_TEMPORARY = Category.TEMPORARY.value
+
 DEVICE_STREAM = 0
 
 
@@ -139,7 +145,7 @@ class CaptureSession:
     # -- RuleContext ---------------------------------------------------------------------------
     @property
     def in_backward(self) -> bool:
-        return self.state.phase == Phase.BACKWARD.value
+        return self.state.phase == _BACKWARD
 
     def persistent(self, key: Any, nbytes: int, *, category: str, op: str) -> bool:
         if self.closed or not self.first_time(key):
@@ -180,10 +186,9 @@ class CaptureSession:
 
     # -- storages ------------------------------------------------------------------------------
     def default_category(self, op: str) -> str:
-        phase = self.state.phase
-        if phase == Phase.OTHER.value:
-            return Category.OTHER.value
-        return Category.TEMPORARY.value
+        if self.state.phase == _OTHER_PHASE:
+            return _OTHER
+        return _TEMPORARY
 
     def track(self, tensor: torch.Tensor, op: str, category: str | None = None) -> None:
         """Record the allocation of `tensor`'s storage if it is new (a sparse tensor's: its

@@ -1,0 +1,136 @@
+"""Where a held-out GPUMemNet CNN row's CPU time goes, in one process as a bench worker runs it
+(issue 14).
+
+    python benchmarks/cnn_row_profile.py [--rows 15] [--top 25]            # sampled, CPU time
+    python benchmarks/cnn_row_profile.py --rows 5 --cprofile [--top 25]    # cProfile, self time
+
+The rows are `--rows` of the held-out CNN set spread over it (`spread_subset` of rows + 1, the
+first a warm-up), estimated with `PeakmemEstimator` after the bench worker's own initializer
+(`_init_worker`: one intra-op thread, start-up objects frozen), so each row sees what it sees in
+`peakmem bench` (a warm meta cache from the rows before it).
+
+Default: a CPU-time sampler (`ITIMER_PROF` every 0.5 ms; the kernel delivers at its own tick,
+~4 ms here) records each sample's Python stack; printed are the share of samples inside each of
+the row's parts (cumulative) and the `--top` functions by samples at the top of the stack. A
+sample taken while C code runs lands on the next Python frame to run, so "self" shares of
+functions that call into torch's C++ (the torch-function modes, `find_torch_dispatch_rule`) hold
+that C++ time; the parts' cumulative shares are sound. cProfile (`--cprofile`) counts every
+call instead: it slows the rows ~6x and inflates the functions called most often (builtins,
+small helpers), so its self times rank the per-call Python, not the share of a row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import io
+import os
+import pstats
+import signal
+import sys
+import time
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+if not DATA.is_dir():
+    DATA = Path("/work/shared/datasets")
+
+PARTS = [
+    ("training loop (`train`)", "zoo/_common.py:train"),
+    ("  forward + loss", "gpumemnet.py:loss_fn"),
+    ("  backward", "torch/_tensor.py:backward"),
+    ("  optimizer step", "torch/optim/adam.py:step"),
+    ("  next batch (DataLoader)", "capture/dataloader.py:__next__"),
+    ("model build (`build_model`)", "datasets/gpumemnet_models.py:build_model"),
+    ("model `.to(device)`", "torch/nn/modules/module.py:to"),
+    ("estimate from the capture (`estimate_capture`)", "estimate/api.py:estimate_capture"),
+    ("  allocator replay (`simulate`)", "allocator/simulate.py:simulate"),
+    ("`side_effects` install (per capture)", "capture/side_effects.py:install"),
+    ("recorder dispatch (`__torch_dispatch__`)", "capture/recorder.py:__torch_dispatch__"),
+    ("  meta cache (`MetaCache.call`)", "capture/meta_cache.py:call"),
+    ("  utilization observer", "utilization/observer.py:observe"),
+    ("  session storage tracking", "capture/session.py:track"),
+    ("host deferral mode (`HostDeferral.__torch_function__`)",
+     "capture/host_deferred.py:__torch_function__"),
+    ("device map mode (`CudaAsMeta.__torch_function__`)", "capture/device_map.py:__torch_function__"),
+]
+
+
+def _name(code) -> str:
+    path = code.co_filename.replace("\\", "/")
+    for marker in ("site-packages/", "/src/peakmem/", "/benchmarks/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{path}:{code.co_name}"
+
+
+def _rows(count: int):
+    from peakmem.bench.calibration import evaluation_rows
+    from peakmem.datasets.loaders import load_rows, spread_subset
+
+    return spread_subset(evaluation_rows(load_rows("gpumemnet-cnn", DATA)), count + 1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=15)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--cprofile", action="store_true", help="cProfile's self times instead")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    from peakmem.baselines.peakmem_estimator import PeakmemEstimator
+    from peakmem.bench.runner import _init_worker, estimate_row
+
+    rows = _rows(args.rows)
+    estimator = PeakmemEstimator()
+    _init_worker({"peakmem": estimator})
+    estimate_row(estimator, rows[0])  # warm-up: imports, first calls
+
+    if args.cprofile:
+        profile = cProfile.Profile(time.process_time)
+        start = time.process_time()
+        profile.enable()
+        results = [estimate_row(estimator, row) for row in rows[1:]]
+        profile.disable()
+        print(f"{len(results)} rows, {time.process_time() - start:.2f} CPU s under cProfile")
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
+        print(out.getvalue())
+        return 0
+
+    stacks: list[list[str]] = []
+
+    def sample(_signum, frame) -> None:
+        stack = []
+        while frame is not None:
+            stack.append(_name(frame.f_code))
+            frame = frame.f_back
+        stacks.append(stack)
+
+    signal.signal(signal.SIGPROF, sample)
+    start = time.process_time()
+    signal.setitimer(signal.ITIMER_PROF, 0.0005, 0.0005)
+    try:
+        results = [estimate_row(estimator, row) for row in rows[1:]]
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+    cpu = time.process_time() - start
+    total = max(len(stacks), 1)
+    errors = sum(1 for r in results if r.error)
+    print(f"{len(results)} rows ({errors} errors), {cpu:.2f} CPU s, {len(stacks)} samples")
+    print("\npart | share of the rows' samples (cumulative)")
+    for label, key in PARTS:
+        inside = sum(1 for stack in stacks if any(name.endswith(key) for name in stack))
+        print(f"{label} | {100 * inside / total:.1f}%")
+    print(f"\ntop {args.top} functions by samples at the top of the stack")
+    tops = collections.Counter(stack[0] for stack in stacks if stack)
+    for name, count in tops.most_common(args.top):
+        print(f"{100 * count / total:5.1f}% {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
