@@ -126,3 +126,48 @@ def test_the_bench_states_the_reserve_as_part_of_its_fraction():
     # compared after the context (xMem): the same bytes are added on top of the smaller figure
     fraction = stated_fraction(estimate, 600 * MiB)
     assert 600 * MiB * (1 + fraction) == pytest.approx(600 * MiB + 30 * MiB + 312 * MiB, abs=1)
+
+
+def layout_edge_trace(with_late_request: bool = True) -> Trace:
+    """tests/estimate/test_layout_probe.py's embedding step: a 4 MiB block first makes the next
+    step's sqrt temporary open one more 100 MiB segment (with the 9 MiB request); without that
+    request the layout does not move."""
+    from tests.estimate.test_layout_probe import embedding_step_trace
+
+    return embedding_step_trace(with_late_request)
+
+
+def test_an_attention_job_at_a_layout_edge_reserves_the_probes_excess():
+    from peakmem.estimate.layout_probe import probe_layout
+    from peakmem.estimate.margin_reserve import LAYOUT_RESERVE_QUANTUM, layout_reserve_bytes
+
+    trace = layout_edge_trace()
+    excess = probe_layout(trace, "", "2.4.1").max_excess_bytes
+    assert excess >= 100 * MiB - 20 * MiB  # one 100 MiB segment, less the probe's allowance
+    reserve = layout_reserve_bytes(trace, "", "2.4.1")
+    assert reserve % LAYOUT_RESERVE_QUANTUM == 0 and excess <= reserve < excess + 4 * MiB
+    # larger than two segments of its largest gradient (100 MiB): the layout figure stands
+    assert 2 * segment_bytes(100 * MiB, "", "2.4.1") == 200 * MiB
+    assert margin_reserve_bytes("attention", trace, "", "2.4.1") == max(200 * MiB, reserve)
+    # the replay of the trace as captured reserves one segment less than the probed run: the
+    # stated figure covers the probed run
+    from peakmem.allocator.simulate import simulate
+    from peakmem.estimate.layout_probe import with_persistent_block
+
+    probed = simulate(with_persistent_block(trace, 4 * MiB), "", "2.4.1").peak_reserved_bytes
+    base = simulate(trace, "", "2.4.1").peak_reserved_bytes
+    assert base + margin_reserve_bytes("attention", trace, "", "2.4.1") >= probed
+
+
+def test_a_job_the_probes_do_not_move_keeps_the_segment_reserve():
+    from peakmem.estimate.margin_reserve import layout_reserve_bytes
+
+    trace = layout_edge_trace(with_late_request=False)
+    assert layout_reserve_bytes(trace, "", "2.4.1") == 0
+    assert margin_reserve_bytes("attention", trace, "", "2.4.1") == 2 * 100 * MiB
+
+
+@pytest.mark.parametrize("kind", ["default", "cudnn_convolution"])
+def test_other_kinds_state_no_layout_reserve(kind):
+    assert margin_reserve_bytes(kind, layout_edge_trace(), "", "2.4.1") == 0
+
