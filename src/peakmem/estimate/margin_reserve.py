@@ -17,7 +17,7 @@ Per job, on top of that (issue 13, xMem's runs): an attention job whose replay s
 allocator-layout edge (estimate/layout_probe.py: one small persistent block, or a cuBLAS
 workspace of another size, moves its reserved peak by a whole segment of a large size) states
 that move too: `LAYOUT_PROBE_KINDS`. Its reserve is the larger of the segments above and the
-probe's largest upward excess, rounded up to a whole `LAYOUT_RESERVE_QUANTUM` (two 2 MiB-rounded
+largest upward move of a probe that flips the layout, rounded up to a whole `LAYOUT_RESERVE_QUANTUM` (two 2 MiB-rounded
 segments are always a whole 4 MiB; the layout figure keeps that form). The GPU run differs from
 the capture by such small blocks (library workspaces, handles), so which side of the edge it
 lands on is not known from the CPU; the reserve covers the side above. A job the probes do not
@@ -81,7 +81,9 @@ def margin_reserve_bytes(
     if trace is None:
         return 0
     segments = RESERVE_SEGMENTS.get(kind, 0)
-    reserve = segments * segment_bytes(largest_gradient_bytes(trace), alloc_conf, torch_version)
+    reserve = 0
+    if segments:
+        reserve = segments * segment_bytes(largest_gradient_bytes(trace), alloc_conf, torch_version)
     if kind in LAYOUT_PROBE_KINDS:
         reserve = max(reserve, layout_reserve_bytes(trace, alloc_conf, torch_version))
     return reserve
@@ -91,9 +93,11 @@ def layout_reserve_bytes(
     trace: Trace, alloc_conf: str | None = None, torch_version: str | None = None
 ) -> int:
     """How much more a run that differs from the trace by one small block may reserve: the
-    layout probe's largest upward excess (0 where no probe grows the peak beyond what the
-    perturbation itself takes), rounded up to a whole `LAYOUT_RESERVE_QUANTUM`."""
+    largest move of the reserved peak among the layout probes that move it beyond what the
+    perturbation itself takes (0 where none does), rounded up to a whole
+    `LAYOUT_RESERVE_QUANTUM`."""
     if not trace.kinds:
         return 0
-    excess = probe_layout(trace, alloc_conf, torch_version).max_excess_bytes
-    return -(-excess // LAYOUT_RESERVE_QUANTUM) * LAYOUT_RESERVE_QUANTUM
+    probe = probe_layout(trace, alloc_conf, torch_version)
+    move = max([0, *(probe.moves[name] for name in probe.moves if probe.excess_bytes(name) > 0)])
+    return -(-move // LAYOUT_RESERVE_QUANTUM) * LAYOUT_RESERVE_QUANTUM
