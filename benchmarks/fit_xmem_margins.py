@@ -44,9 +44,9 @@ ALLOWANCE = 0.01
 """Added to the largest margin a split run needs: the split has 1-10 runs per GPU and kind, so
 its largest miss is not the held-out tail's; 1 point of the peak, stated, not fitted."""
 KINDS = ("cudnn_convolution", "attention", "default")
-RESERVE_NOTE = (f", on top of the reserve of {ATTENTION_RESERVE_SEGMENTS} segments of the largest "
-                "gradient every attention job states (estimate/margin_reserve.py), which the need "
-                "already counts")
+RESERVE_NOTE = (f", on top of the reserve every attention job states ({ATTENTION_RESERVE_SEGMENTS} "
+                "segments of the largest gradient, or the layout probe's excess where larger: "
+                "estimate/margin_reserve.py), which the need already counts")
 
 
 def estimate_split_run(row_id: str) -> dict:
@@ -149,8 +149,8 @@ def stated_kind(peak: int, added: int, margin_sets: list[dict[str, float]]) -> t
     """(kind, reserve) of an estimate that added `added` bytes to `peak` for its margin:
     cudnn_convolution or default where `added` is int(peak x (1 + m)) - peak for the kind's m in
     one of the margin sets (kind -> fraction), else attention where it is that plus a reserve
-    of whole 4 MiB (two segments of a 2 MiB-rounded size, estimate/margin_reserve.py); None
-    when nothing fits."""
+    of whole 4 MiB (two segments of a 2 MiB-rounded size, or the layout reserve, rounded up to
+    whole 4 MiB: estimate/margin_reserve.py); None when nothing fits."""
     for margins in margin_sets:  # an exact fit in any set first: a reserve can fit by chance
         for kind in ("cudnn_convolution", "default"):
             if abs(added - (int(peak * (1 + margins[kind])) - peak)) <= 2:

@@ -126,3 +126,67 @@ def test_the_bench_states_the_reserve_as_part_of_its_fraction():
     # compared after the context (xMem): the same bytes are added on top of the smaller figure
     fraction = stated_fraction(estimate, 600 * MiB)
     assert 600 * MiB * (1 + fraction) == pytest.approx(600 * MiB + 30 * MiB + 312 * MiB, abs=1)
+
+
+def layout_edge_trace(with_late_request: bool = True) -> Trace:
+    """tests/estimate/test_layout_probe.py's embedding step: a 4 MiB block first makes the next
+    step's sqrt temporary open one more 100 MiB segment (with the 9 MiB request); without that
+    request the layout does not move."""
+    from tests.estimate.test_layout_probe import embedding_step_trace
+
+    return embedding_step_trace(with_late_request)
+
+
+def test_an_attention_job_at_a_layout_edge_reserves_the_probes_move():
+    from peakmem.allocator.simulate import simulate
+    from peakmem.estimate.layout_probe import probe_layout, with_persistent_block
+    from peakmem.estimate.margin_reserve import LAYOUT_RESERVE_QUANTUM, layout_reserve_bytes
+
+    trace = layout_edge_trace()
+    probe = probe_layout(trace, "", "2.4.1")
+    assert probe.max_excess_bytes > 0  # a 4 MiB block first opens one more 100 MiB segment
+    reserve = layout_reserve_bytes(trace, "", "2.4.1")
+    assert reserve % LAYOUT_RESERVE_QUANTUM == 0
+    assert reserve == 100 * MiB  # the segment the probed run opens (a whole 4 MiB already)
+    # every probed run that flips reserves at most the replay's peak + the stated layout figure
+    base = simulate(trace, "", "2.4.1").peak_reserved_bytes
+    for size in (2 * MiB, 4 * MiB, 6 * MiB, 8 * MiB):
+        probed = simulate(with_persistent_block(trace, size), "", "2.4.1").peak_reserved_bytes
+        assert probed <= base + reserve
+    # 2 segments of its largest gradient (100 MiB) are larger here: the segment figure stands
+    assert margin_reserve_bytes("attention", trace, "", "2.4.1") == 200 * MiB
+
+
+def test_the_layout_figure_stands_where_it_is_the_larger():
+    from peakmem.estimate.margin_reserve import layout_reserve_bytes
+
+    # the same edge (test_layout_probe.embedding_step_trace) with no gradient among its blocks:
+    # no gradient segments to reserve, the layout figure alone
+    largest = 100 * MiB
+    trace = Trace()
+    trace.alloc(8 * MiB, op="activation")
+    trace.alloc(largest, category="parameter")
+    held = trace.alloc(largest, category="activation")
+    sqrt = trace.alloc(largest, op="_foreach_sqrt")
+    trace.free(sqrt)
+    trace.free(held)
+    trace.alloc(9 * MiB, op="activation")
+    trace.alloc(largest, category="activation")
+    trace.alloc(largest, op="_foreach_sqrt")
+    assert largest_gradient_bytes(trace) == 0
+    assert layout_reserve_bytes(trace, "", "2.4.1") == largest
+    assert margin_reserve_bytes("attention", trace, "", "2.4.1") == largest
+
+
+def test_a_job_the_probes_do_not_move_keeps_the_segment_reserve():
+    from peakmem.estimate.margin_reserve import layout_reserve_bytes
+
+    trace = layout_edge_trace(with_late_request=False)
+    assert layout_reserve_bytes(trace, "", "2.4.1") == 0
+    assert margin_reserve_bytes("attention", trace, "", "2.4.1") == 2 * 100 * MiB
+
+
+@pytest.mark.parametrize("kind", ["default", "cudnn_convolution"])
+def test_other_kinds_state_no_layout_reserve(kind):
+    assert margin_reserve_bytes(kind, layout_edge_trace(), "", "2.4.1") == 0
+
