@@ -183,7 +183,7 @@ class CudaAsMeta(TorchFunctionMode):
             moved = args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
             if args[0].layout == torch.sparse_coo and not is_meta(args[0]):
                 return _sparse_with_its_entries(args[0], moved)
-            return moved
+            return _keeps_host_data(args[0], moved)
         if func is Tensor.cpu and is_meta(args[0]):
             return self._host(args[0])
         if func is Tensor.copy_ and _copies_device_to_host(args, kwargs):
@@ -280,7 +280,21 @@ class CudaAsMeta(TorchFunctionMode):
         moved = tensor.to(*rest, **kwargs)
         if tensor.layout == torch.sparse_coo and not is_meta(tensor) and is_meta(moved):
             return _sparse_with_its_entries(tensor, moved)
-        return moved
+        return _keeps_host_data(tensor, moved)
+
+
+def _keeps_host_data(host: Tensor, moved: Tensor) -> Tensor:
+    """A small host tensor copied to the device (`t.to("cuda")`) keeps its values there, as
+    `torch.tensor(data, device=...)` does: reading it back before any in-place write gives
+    them, not zeros (accelerate's `synchronize_rng_state`: a generator's state copied to the
+    device, broadcast from rank 0 and copied back to `set_state`). Not parameters (a model
+    moved to the device would keep a host copy of each small one)."""
+    if (is_meta(moved) and not is_meta(host) and not host.requires_grad
+            and host.layout == torch.strided
+            and moved.layout == torch.strided and host.numel() <= HOST_DATA_MAX_ELEMENTS
+            and not host.is_complex()):
+        give_host_data(moved, host.detach().clone())
+    return moved
 
 
 def _sparse_with_its_entries(host: Tensor, moved: Tensor) -> Tensor:
