@@ -10,6 +10,7 @@ the configs (expected.py), not read from peakmem.
 from __future__ import annotations
 
 import csv
+from math import prod
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,79 @@ def test_accelerate_memory_find_executable_batch_size(mrpc_dir):
     assert "out-of-memory" not in _notes(est)
     assert est.data["phases_ran"][:2] == ["training", "eval"]  # each epoch's evaluation
     assert "evaluation phase" in _notes(est)
+
+
+# accelerate examples/by_feature/fsdp_with_peak_mem_tracking.py under `accelerate launch` ------
+
+FSDP_CONFIG = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+downcast_bf16: 'no'
+fsdp_config:
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_backward_prefetch: BACKWARD_PRE
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_forward_prefetch: false
+  fsdp_offload_params: false
+  fsdp_sharding_strategy: FULL_SHARD
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_sync_module_states: true
+  fsdp_transformer_layer_cls_to_wrap: BertLayer
+  fsdp_use_orig_params: true
+machine_rank: 0
+main_training_function: main
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+use_cpu: false
+"""
+"""accelerate's FSDP config as `accelerate config` writes it: FSDP1, one unit per BertLayer."""
+
+
+def fsdp1_rank_state(units: list[list[ex.Shape]], world: int, rank: int,
+                     align: int = 4) -> tuple[int, int]:
+    """FSDP1 FULL_SHARD with use_orig_params, fp32: (parameter bytes, AdamW moment bytes) of
+    one rank. Each unit's parameters are laid end to end in one flat parameter (each starting
+    at a multiple of 16 bytes), padded to a multiple of the world size and split evenly: the
+    rank keeps its slice (one allocation); its original parameters are views of the slice, and
+    AdamW keeps two moments of each one's local part (none where the part is empty)."""
+    params = moments = 0
+    for shapes in units:
+        offset, spans = 0, []
+        for shape in shapes:
+            offset += -offset % align
+            spans.append((offset, offset + prod(shape)))
+            offset += prod(shape)
+        shard = -(-offset // world)
+        low, high = rank * shard, (rank + 1) * shard
+        params += ex.rounded(shard * ex.FP32)
+        for start, end in spans:
+            local = max(0, min(end, high) - max(start, low))
+            if local:
+                moments += 2 * ex.rounded(local * ex.FP32)
+    return params, moments
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets", "psutil")
+def test_accelerate_fsdp_with_peak_mem_tracking_two_processes(mrpc_dir):
+    config = mrpc_dir / "fsdp_config.yaml"
+    config.write_text(FSDP_CONFIG)
+    est = estimate("r4_hand_metric.py", "r4_accelerate_fsdp_peak_mem.py",
+                   "--model_name_or_path", "bert-base-cased", cwd=mrpc_dir,
+                   launcher=("accelerate", "launch", "--config_file", str(config)))
+    # units: the root (embeddings, pooler, classifier) and each BertLayer
+    embeddings = bert_shapes(**{**TINY_BERT, "layers": 0})
+    layer = bert_shapes(**{**TINY_BERT, "layers": 1})[len(embeddings):]
+    root = embeddings + ex.linear(64, 64) + ex.linear(2, 64)
+    params, moments = fsdp1_rank_state([root, layer, layer], world=2, rank=0)
+    full = ex.device_bytes(BERT_MRPC_SHAPES, ex.FP32)
+    assert params < full // 2 + 3 * ex.BLOCK
+    # AdamW (not fused, not capturable): host `step`s; gradients are the flat shards'
+    assert_training(est, params=params, optimizer_state=moments, grads=params)
+    assert est.data["world_size"] == 2 and est.data["launcher"] == "accelerate"
+    # the script's own readings (TorchTracemalloc) came from the simulated allocator
+    assert "Peak Memory consumed during the train (max-begin):" in est.stderr
+    assert "DistributedType.FSDP" in est.stderr
+    assert est.data["phases_ran"][:2] == ["training", "eval"]
