@@ -131,3 +131,20 @@ def test_a_host_tensor_moved_to_the_device_reads_back_its_values_in_fake_mode(a1
     assert seen["half"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     assert seen["written"] == [0.0, 0.0, 0.0] and seen["parameter"] == [0.0, 0.0, 0.0]
     assert result.host_reads == 2
+
+
+def test_device_tensors_made_under_inference_mode_keep_their_host_data(a100, stack24):
+    """Lightning's evaluation loop (`trainer.test` / `validate` / `predict`, under
+    `torch.inference_mode`) sums `torch.tensor(len(loader), device=root_device)` over the ranks:
+    inference tensors have no version counter, and reading it failed ("Inference tensors do not
+    track version counter")."""
+    seen = {}
+
+    def job():
+        with torch.inference_mode():
+            length = torch.tensor(7, device="cuda")
+            seen["length"] = int(length)
+            seen["moved"] = torch.arange(3).to("cuda").tolist()
+
+    run(job, a100, stack24)
+    assert seen == {"length": 7, "moved": [0, 1, 2]}

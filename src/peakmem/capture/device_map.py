@@ -105,7 +105,7 @@ def _known_host_data(tensor: Tensor) -> Tensor | None:
     in-place op has written to it (views share their base's version counter); else None."""
     base = tensor if tensor._base is None else tensor._base
     known = getattr(base, _HOST_DATA, None)
-    if known is None or known[1] != tensor._version:
+    if known is None or known[1] != _version(tensor):
         return None
     host = known[0]
     if base is tensor:
@@ -125,7 +125,14 @@ def give_host_data(tensor: Tensor, host: Tensor) -> None:
     op writes to it: what a collective delivered into it (capture.fake_distributed)."""
     if is_meta(tensor) and tensor._base is None and host.numel() == tensor.numel() \
             and host.numel() <= HOST_DATA_MAX_ELEMENTS:
-        setattr(tensor, _HOST_DATA, (host.reshape(tensor.shape).to(tensor.dtype), tensor._version))
+        setattr(tensor, _HOST_DATA, (host.reshape(tensor.shape).to(tensor.dtype), _version(tensor)))
+
+
+def _version(tensor: Tensor) -> int | None:
+    """The tensor's version counter; None for an inference tensor (made under
+    `torch.inference_mode`, as Lightning's validate / test / predict make theirs), which has
+    none: its in-place writes are not seen, and its host data is kept as it was made."""
+    return None if tensor.is_inference() else tensor._version
 
 
 def _has_device_tensor(args: tuple, kwargs: dict) -> bool:
@@ -232,8 +239,8 @@ class CudaAsMeta(TorchFunctionMode):
         tensor = host.to(CAPTURE_DEVICE)
         if requires_grad:
             tensor.requires_grad_()
-        if reads_before == self.session.host_reads and host.numel() <= HOST_DATA_MAX_ELEMENTS:
-            setattr(tensor, _HOST_DATA, (host, tensor._version))
+        if reads_before == self.session.host_reads:
+            give_host_data(tensor, host)
         return tensor
 
     def _copy_to_host(self, args: tuple, kwargs: dict):
