@@ -10,13 +10,15 @@ the configs (expected.py), not read from peakmem.
 from __future__ import annotations
 
 import csv
+import shutil
+import struct
 from math import prod
 from pathlib import Path
 
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import SCRIPTS, estimate
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
@@ -152,3 +154,49 @@ def test_accelerate_fsdp_with_peak_mem_tracking_two_processes(mrpc_dir):
     assert "Peak Memory consumed during the train (max-begin):" in est.stderr
     assert "DistributedType.FSDP" in est.stderr
     assert est.data["phases_ran"][:2] == ["training", "eval"]
+
+
+# Lightning examples/pytorch/basics/backbone_image_classifier.py: LightningCLI, fit, test, predict
+
+def write_mnist_raw(raw: Path, train: int, test: int) -> None:
+    """torchvision's MNIST files as a download leaves them (raw/*-ubyte, idx format: big-endian
+    magic, counts, then one byte per pixel / label)."""
+    raw.mkdir(parents=True)
+    for prefix, count in (("train", train), ("t10k", test)):
+        pixels = bytes(i * 7 % 256 for i in range(28 * 28)) * count
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">iiii", 2051, count, 28, 28) + pixels)
+        labels = bytes(i % 10 for i in range(count))
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">ii", 2049, count) + labels)
+
+
+@pytest.fixture
+def lightning_examples(tmp_path) -> Path:
+    """Lightning's examples tree: the script in examples/pytorch/basics, MNIST where it looks
+    (`examples/Datasets`, two levels above the script; `./data`, where Lightning's MNIST helper
+    first asks torchvision for it). The split is 55000 / 5000 of exactly 60000 images."""
+    basics = tmp_path / "examples" / "pytorch" / "basics"
+    basics.mkdir(parents=True)
+    write_mnist_raw(tmp_path / "examples" / "Datasets" / "MNIST" / "raw", train=60000, test=100)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "MNIST").symlink_to(tmp_path / "examples" / "Datasets" / "MNIST")
+    return basics
+
+
+@pytest.mark.slow
+@needs("lightning", "jsonargparse", "PIL")
+def test_lightning_backbone_image_classifier_cli_fit_test_predict_best_checkpoint(lightning_examples):
+    script = lightning_examples / "backbone_image_classifier.py"
+    shutil.copy(SCRIPTS / "r4_lightning_backbone_image_classifier.py", script)
+    est = estimate(str(script), "--trainer.max_epochs=1", "--trainer.limit_train_batches=5",
+                   "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2",
+                   "--trainer.limit_predict_batches=2", cwd=lightning_examples.parents[2])
+    shapes = ex.linear(128, 28 * 28) + ex.linear(10, 128)
+    params = ex.device_bytes(shapes, ex.FP32)
+    # torch.optim.Adam (foreach, host `step`s)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    # fit saved the best checkpoint (diverted: fake weights), and test / predict loaded it back
+    assert "saved 1 file(s) of fake device data" in _notes(est)
+    assert est.stderr.count("Loaded model weights from the checkpoint at") == 2
+    assert "tensor([[" in est.stderr  # `print(predictions[0])`
+    assert not list((lightning_examples.parents[2] / "lightning_logs").rglob("*.ckpt"))
+    assert est.data["phases_ran"][0] == "training" and "eval" in est.data["phases_ran"]
