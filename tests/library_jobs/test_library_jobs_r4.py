@@ -200,3 +200,31 @@ def test_lightning_backbone_image_classifier_cli_fit_test_predict_best_checkpoin
     assert "tensor([[" in est.stderr  # `print(predictions[0])`
     assert not list((lightning_examples.parents[2] / "lightning_logs").rglob("*.ckpt"))
     assert est.data["phases_ran"][0] == "training" and "eval" in est.data["phases_ran"]
+
+
+# Lightning's batch size finder (Tuner.scale_batch_size): it must see CUDA's OOM ----------------
+
+MiB = 2**20
+A100_40GB_ALLOCATOR = 41823502336
+"""What an A100-40GB leaves the caching allocator under the installed torch's stack profile (the
+GPU's memory less the CUDA context and library workspaces; profile data, not measured here)."""
+
+
+@pytest.mark.slow
+@needs("lightning")
+def test_lightning_batch_size_finder_stops_at_the_simulated_oom(tmp_path):
+    est = estimate("r4_lightning_batch_size_finder.py", flags=("--gpu", "a100-40gb"), cwd=tmp_path)
+    assert est.returncode == 0, est.failure()
+    found = int(est.stderr.split("batch size finder: ")[1].split()[0])
+    # power mode: 2, 4, 8, ... until the first out-of-memory error, then half of that batch
+    assert found & (found - 1) == 0 and 2 <= found < 8192  # not its 8192 limit: an OOM stopped it
+    assert f"Batch size {2 * found} failed, trying batch size {found}" in est.stderr
+    assert f"trained with batch size {found}" in est.stderr
+    # each sample keeps two 256 x 64 x 64 fp32 ReLU outputs (4 MiB each) for backward: those of
+    # the batch found fit, those of the failed one with their gradients of the same size do not
+    per_sample = 2 * 256 * 64 * 64 * 4
+    assert found * per_sample <= A100_40GB_ALLOCATOR < 2 * (2 * found) * per_sample
+    notes = _notes(est)
+    assert "caught 1 CUDA out-of-memory error(s) in a retry loop" in notes
+    assert "runs out of memory on this GPU" not in notes  # the run it settled on fits
+    assert est.data["peak_reserved_bytes"] <= A100_40GB_ALLOCATOR
