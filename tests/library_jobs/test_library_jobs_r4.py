@@ -228,3 +228,24 @@ def test_lightning_batch_size_finder_stops_at_the_simulated_oom(tmp_path):
     assert "caught 1 CUDA out-of-memory error(s) in a retry loop" in notes
     assert "runs out of memory on this GPU" not in notes  # the run it settled on fits
     assert est.data["peak_reserved_bytes"] <= A100_40GB_ALLOCATOR
+
+
+# Lightning: ddp on 2 devices, bf16-mixed, accumulation, callbacks, validate / test / predict ----
+
+@pytest.mark.slow
+@needs("lightning")
+def test_lightning_ddp_bf16_accumulation_callbacks_and_best_checkpoint_stages(tmp_path):
+    est = estimate("r4_lightning_ddp_callbacks.py", cwd=tmp_path)
+    shapes = ex.linear(256, 64) + ex.linear(256, 256) + ex.linear(4, 256)
+    params = ex.device_bytes(shapes, ex.FP32)
+    # bf16-mixed autocasts: fp32 weights, gradients and AdamW moments (foreach: host `step`s)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.data["world_size"] == 2 and est.data["launcher"] == "lightning"
+    notes = _notes(est)
+    assert "accumulation window 2" in notes
+    # the best checkpoint fit saved (fake weights, diverted) is what validate / test / predict load
+    assert est.stderr.count("Loaded model weights from the checkpoint at") == 3
+    assert "predicted 32 rows" in est.stderr  # 64 validation rows, half on rank 0
+    assert not list(tmp_path.rglob("*.ckpt"))
+    assert (tmp_path / "runs" / "lightning_logs" / "version_0" / "metrics.csv").is_file()
+    assert est.data["phases_ran"][:2] == ["training", "eval"]
