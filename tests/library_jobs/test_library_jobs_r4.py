@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
+from tests.library_jobs import test_library_jobs_hf2 as hf2
 from tests.library_jobs.harness import SCRIPTS, estimate
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
@@ -249,3 +250,23 @@ def test_lightning_ddp_bf16_accumulation_callbacks_and_best_checkpoint_stages(tm
     assert not list(tmp_path.rglob("*.ckpt"))
     assert (tmp_path / "runs" / "lightning_logs" / "version_0" / "metrics.csv").is_file()
     assert est.data["phases_ran"][:2] == ["training", "eval"]
+
+
+# transformers run_clm.py with the Trainer's --auto_find_batch_size ----------------------------
+
+@pytest.fixture
+def clm_files(tmp_path) -> dict[str, Path]:
+    """test_library_jobs_hf2.py's run_clm files (tiny GPT-2 config, tokenizer, text)."""
+    return hf2.clm_files.__wrapped__(tmp_path)
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_run_clm_auto_find_batch_size_keeps_a_batch_that_fits(clm_files):
+    """The Trainer runs its training loop under accelerate's `find_executable_batch_size`
+    (capture.oom_retry's loop on the stack): batch 4 of the tiny GPT-2 fits, no error is raised
+    in the job, and the run is the plain one."""
+    est = hf2.run_clm(clm_files, "--auto_find_batch_size")
+    assert_training(est, params=hf2.GPT2_PARAMS, optimizer_state=hf2.FUSED_ADAMW_STATE)
+    assert "out-of-memory" not in _notes(est)
+    assert est.data["phases_ran"][-1] == "eval"

@@ -84,6 +84,7 @@ def main():
     parser.add_argument("--max-epochs", type=int, default=2)
     parser.add_argument("--accumulate", type=int, default=2)
     parser.add_argument("--out", default="runs")
+    parser.add_argument("--clip", type=float, default=1.0, help="0: no clipping (fsdp: norm clipping is not supported)")
     args = parser.parse_args()
 
     L.seed_everything(42)
@@ -97,7 +98,7 @@ def main():
         precision=args.precision,
         max_epochs=args.max_epochs,
         accumulate_grad_batches=args.accumulate,
-        gradient_clip_val=1.0,
+        gradient_clip_val=args.clip or None,
         callbacks=[checkpoint, EarlyStopping(monitor="val_loss", patience=3),
                    LearningRateMonitor(logging_interval="step")],
         logger=CSVLogger(args.out),
