@@ -270,3 +270,23 @@ def test_run_clm_auto_find_batch_size_keeps_a_batch_that_fits(clm_files):
     assert_training(est, params=hf2.GPT2_PARAMS, optimizer_state=hf2.FUSED_ADAMW_STATE)
     assert "out-of-memory" not in _notes(est)
     assert est.data["phases_ran"][-1] == "eval"
+
+
+@pytest.mark.slow
+@needs("lightning", "jsonargparse", "PIL")
+def test_lightning_autoencoder_cli_with_image_sampler_callback(lightning_examples):
+    script = lightning_examples / "autoencoder.py"
+    shutil.copy(SCRIPTS / "r4_lightning_autoencoder.py", script)
+    root = lightning_examples.parents[2]
+    est = estimate(str(script), "--trainer.max_epochs=2", "--trainer.limit_train_batches=4",
+                   "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2",
+                   "--trainer.limit_predict_batches=2", cwd=root)
+    shapes = ex.linear(64, 28 * 28) + ex.linear(3, 64) + ex.linear(64, 3) + ex.linear(28 * 28, 64)
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params)  # Adam, host `step`s
+    # ImageSampler wrote its grids at each epoch's end (the generated images read back from the
+    # device: placeholder values, real PNG files where the job said)
+    assert {p.name for p in root.glob("*.png")} == {"grid_ori_0.png", "grid_generated_0.png",
+                                                    "grid_generated_1.png"}
+    assert est.stderr.count("Loaded model weights from the checkpoint at") == 2
+    assert est.data["phases_ran"][:2] == ["training", "eval"]
