@@ -81,6 +81,25 @@ def test_accelerate_memory_find_executable_batch_size(mrpc_dir):
     assert "evaluation phase" in _notes(est)
 
 
+
+# accelerate examples/by_feature/checkpointing.py: save_state each epoch -----------------------
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_accelerate_checkpointing_save_state_each_epoch(mrpc_dir):
+    params = ex.device_bytes(BERT_MRPC_SHAPES, ex.FP32)
+    est = estimate("r4_hand_metric.py", "r4_accelerate_checkpointing.py", "--checkpointing_steps",
+                   "epoch", "--output_dir", "ckpts", cwd=mrpc_dir)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(BERT_MRPC_SHAPES))
+    # three epochs (the later ones shortened to their last batch), a save_state after each: the
+    # weights and optimizer (fake device data) went to peakmem's scratch directory, the
+    # scheduler and the RNG states (host data) where the script said
+    assert "saved 6 file(s) of fake device data" in _notes(est)
+    for epoch in range(3):
+        saved = {path.name for path in (mrpc_dir / "ckpts" / f"epoch_{epoch}").iterdir()}
+        assert saved == {"scheduler.bin", "random_states_0.pkl"}, saved
+    assert est.data["phases_ran"] == ["training", "eval"] * 3
+
 # accelerate examples/by_feature/fsdp_with_peak_mem_tracking.py under `accelerate launch` ------
 
 FSDP_CONFIG = """compute_environment: LOCAL_MACHINE
