@@ -68,6 +68,7 @@ def mrpc_dir(tmp_path) -> Path:
 
 # accelerate examples/by_feature/memory.py: find_executable_batch_size ------------------------
 
+@pytest.mark.slow
 @needs("transformers", "accelerate", "datasets")
 def test_accelerate_memory_find_executable_batch_size(mrpc_dir):
     params = ex.device_bytes(BERT_MRPC_SHAPES, ex.FP32)
