@@ -100,3 +100,51 @@ def test_a_device_tensor_built_from_host_data_reads_back_its_values_in_fake_mode
     assert seen["written"] == [0.0, 0.0]
     assert seen["view"] == [6]
     assert result.host_reads == 1  # the written tensor; reads of known data are not counted
+
+
+def test_a_host_tensor_moved_to_the_device_reads_back_its_values_in_fake_mode(a100, stack24):
+    """accelerate's `synchronize_rng_state` (every prepared DataLoader under a distributed
+    launch) copies a generator's state to the device, broadcasts it and sets it back from
+    `.cpu()`: zeros there failed with "Invalid mt19937 state"."""
+    seen = {}
+
+    def job():
+        generator = torch.Generator()
+        generator.manual_seed(7)
+        state = generator.get_state().to("cuda")
+        generator.set_state(state.cpu())
+        seen["draw"] = torch.randint(0, 1000, (3,), generator=generator).tolist()
+        ids = torch.arange(6).reshape(2, 3)
+        seen["ids"] = ids.cuda().tolist()
+        seen["half"] = ids.to("cuda", dtype=torch.float16).cpu().tolist()
+        moved = torch.ones(3).to("cuda")
+        moved.add_(1)  # written on the device: no longer known
+        seen["written"] = moved.tolist()
+        weight = torch.nn.Parameter(torch.ones(3))
+        seen["parameter"] = weight.to("cuda").tolist()  # parameters keep no host copy
+
+    result = run(job, a100, stack24)
+    reference = torch.Generator()
+    reference.manual_seed(7)
+    assert seen["draw"] == torch.randint(0, 1000, (3,), generator=reference).tolist()
+    assert seen["ids"] == [[0, 1, 2], [3, 4, 5]]
+    assert seen["half"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert seen["written"] == [0.0, 0.0, 0.0] and seen["parameter"] == [0.0, 0.0, 0.0]
+    assert result.host_reads == 2
+
+
+def test_device_tensors_made_under_inference_mode_keep_their_host_data(a100, stack24):
+    """Lightning's evaluation loop (`trainer.test` / `validate` / `predict`, under
+    `torch.inference_mode`) sums `torch.tensor(len(loader), device=root_device)` over the ranks:
+    inference tensors have no version counter, and reading it failed ("Inference tensors do not
+    track version counter")."""
+    seen = {}
+
+    def job():
+        with torch.inference_mode():
+            length = torch.tensor(7, device="cuda")
+            seen["length"] = int(length)
+            seen["moved"] = torch.arange(3).to("cuda").tolist()
+
+    run(job, a100, stack24)
+    assert seen == {"length": 7, "moved": [0, 1, 2]}

@@ -227,6 +227,32 @@ def test_lightning_atomic_save(a100, stack24, real_file):
     assert "saved 1 file(s)" in _diverted_note(result)  # its inner torch.save is not counted
 
 
+def test_lightning_reads_back_a_checkpoint_it_saved_where_none_was(a100, stack24, tmp_path,
+                                                                    monkeypatch):
+    """`trainer.test(ckpt_path="best")` after `fit`: TorchCheckpointIO.load_checkpoint checks
+    that the file exists (fsspec) before it opens it; the save was diverted, so the check looks
+    at the diverted copy ("Checkpoint file not found" before)."""
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    monkeypatch.chdir(tmp_path)
+    ckpt = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "epoch=0-step=4.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    seen = {}
+
+    def job():
+        io_ = TorchCheckpointIO()
+        io_.save_checkpoint({"state_dict": _model().cuda().state_dict(), "epoch": 3}, str(ckpt))
+        loaded = io_.load_checkpoint(str(ckpt))
+        seen["epoch"], seen["keys"] = loaded["epoch"], sorted(loaded["state_dict"])
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert seen == {"epoch": 3, "keys": ["0.bias", "0.weight", "2.bias", "2.weight"]}
+    assert not ckpt.exists()  # the fake checkpoint went to the scratch directory only
+    assert vars(TorchCheckpointIO)["load_checkpoint"].__name__ == "load_checkpoint"
+    assert not hasattr(vars(TorchCheckpointIO)["load_checkpoint"], "__wrapped__")  # restored
+
+
 def test_file_objects(a100, stack24, real_file):
     """In-memory buffers are the job's own; a real file opened for writing is diverted."""
     ckpt = real_file("handle.pt")

@@ -117,7 +117,7 @@ def _known_host_data(tensor: Tensor) -> Tensor | None:
     in-place op has written to it (views share their base's version counter); else None."""
     base = tensor if tensor._base is None else tensor._base
     known = getattr(base, _HOST_DATA, None)
-    if known is None or known[1] != tensor._version:
+    if known is None or known[1] != _version(tensor):
         return None
     host = known[0]
     if base is tensor:
@@ -137,7 +137,14 @@ def give_host_data(tensor: Tensor, host: Tensor) -> None:
     op writes to it: what a collective delivered into it (capture.fake_distributed)."""
     if is_meta(tensor) and tensor._base is None and host.numel() == tensor.numel() \
             and host.numel() <= HOST_DATA_MAX_ELEMENTS:
-        setattr(tensor, _HOST_DATA, (host.reshape(tensor.shape).to(tensor.dtype), tensor._version))
+        setattr(tensor, _HOST_DATA, (host.reshape(tensor.shape).to(tensor.dtype), _version(tensor)))
+
+
+def _version(tensor: Tensor) -> int | None:
+    """The tensor's version counter; None for an inference tensor (made under
+    `torch.inference_mode`, as Lightning's validate / test / predict make theirs), which has
+    none: its in-place writes are not seen, and its host data is kept as it was made."""
+    return None if tensor.is_inference() else tensor._version
 
 
 def _has_device_tensor(args: tuple, kwargs: dict) -> bool:
@@ -202,7 +209,7 @@ class CudaAsMeta(TorchFunctionMode):
             moved = args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
             if args[0].layout == torch.sparse_coo and not is_meta(args[0]):
                 return _sparse_with_its_entries(args[0], moved)
-            return moved
+            return _keeps_host_data(args[0], moved)
         if func is Tensor.cpu and is_meta(args[0]):
             return self._host(args[0])
         if func is Tensor.copy_ and _copies_device_to_host(args, kwargs):
@@ -251,8 +258,8 @@ class CudaAsMeta(TorchFunctionMode):
         tensor = host.to(CAPTURE_DEVICE)
         if requires_grad:
             tensor.requires_grad_()
-        if reads_before == self.session.host_reads and host.numel() <= HOST_DATA_MAX_ELEMENTS:
-            setattr(tensor, _HOST_DATA, (host, tensor._version))
+        if reads_before == self.session.host_reads:
+            give_host_data(tensor, host)
         return tensor
 
     def _copy_to_host(self, args: tuple, kwargs: dict):
@@ -299,7 +306,21 @@ class CudaAsMeta(TorchFunctionMode):
         moved = tensor.to(*rest, **kwargs)
         if tensor.layout == torch.sparse_coo and not is_meta(tensor) and is_meta(moved):
             return _sparse_with_its_entries(tensor, moved)
-        return moved
+        return _keeps_host_data(tensor, moved)
+
+
+def _keeps_host_data(host: Tensor, moved: Tensor) -> Tensor:
+    """A small host tensor copied to the device (`t.to("cuda")`) keeps its values there, as
+    `torch.tensor(data, device=...)` does: reading it back before any in-place write gives
+    them, not zeros (accelerate's `synchronize_rng_state`: a generator's state copied to the
+    device, broadcast from rank 0 and copied back to `set_state`). Not parameters (a model
+    moved to the device would keep a host copy of each small one)."""
+    if (is_meta(moved) and not is_meta(host) and not host.requires_grad
+            and host.layout == torch.strided
+            and moved.layout == torch.strided and host.numel() <= HOST_DATA_MAX_ELEMENTS
+            and not host.is_complex()):
+        give_host_data(moved, host.detach().clone())
+    return moved
 
 
 def _sparse_with_its_entries(host: Tensor, moved: Tensor) -> Tensor:

@@ -130,11 +130,14 @@ class SimulatedMemory:
         return self.fraction is not None
 
     # -- replay ---------------------------------------------------------------------------------
-    def sync(self) -> None:
-        """Replay the events recorded since the last call."""
+    def sync(self, raise_oom: bool = False) -> None:
+        """Replay the events recorded since the last call; with `raise_oom` (the job catches
+        CUDA's out-of-memory error: capture.oom_retry) the latest allocation, when the allocator
+        cannot place it, raises that error in the job even without a memory fraction."""
         trace = self.trace
         end = len(trace)
-        if self.strict:
+        raise_oom = raise_oom or self.strict
+        if raise_oom:
             self.allocator.set_capacity(self.total_bytes - self.outside_bytes())
         while self.position < end:
             index = self.position
@@ -142,7 +145,7 @@ class SimulatedMemory:
             kind = trace.kinds[index]
             ident = trace.ids[index]
             if kind in (EventKind.ALLOC, EventKind.ALLOC_OR_SMALLER):
-                self._malloc(index, kind, ident, trace.sizes[index], trace.streams[index])
+                self._malloc(index, kind, ident, trace.sizes[index], trace.streams[index], raise_oom)
             elif kind == EventKind.FREE:
                 self._free(ident)
             elif kind == EventKind.RECORD_STREAM:
@@ -162,7 +165,9 @@ class SimulatedMemory:
                 self.awaiting.clear()
             self._update_segments()
 
-    def _malloc(self, index: int, kind: int, ident: int, size: int, stream: int) -> None:
+    def _malloc(
+        self, index: int, kind: int, ident: int, size: int, stream: int, raise_oom: bool = False
+    ) -> None:
         try:
             block: Block | None = self.allocator.malloc(size, stream)
         except OutOfMemory:
@@ -171,7 +176,7 @@ class SimulatedMemory:
             else:
                 self.num_ooms += 1
                 self._update_segments()
-                if self.strict and index == len(self.trace) - 1:
+                if raise_oom and index == len(self.trace) - 1:
                     from peakmem.capture.fake_oom import job_error
 
                     raise job_error(self, size, index) from None

@@ -57,12 +57,17 @@ def job_error(memory: SimulatedMemory, size: int, index: int) -> SimulatedOutOfM
     free = max(memory.total_bytes - memory.outside_bytes() - reserved, 0)
     in_use = memory.outside_bytes() + reserved
     where = job_location()
+    allowed = (
+        f" Process has {_format(limit)} memory allowed (per-process memory fraction "
+        f"{memory.fraction})."
+        if memory.fraction is not None
+        else ""
+    )
     message = (
         f"CUDA out of memory. Tried to allocate {_format(size)}. GPU 0 has a total capacity of "
         f"{_format(memory.total_bytes)} of which {_format(free)} is free. Including non-PyTorch "
-        f"memory, this process has {_format(in_use)} memory in use. Process has "
-        f"{_format(limit)} memory allowed (per-process memory fraction "
-        f"{memory.fraction}). Of the allocated memory {_format(allocated)} is allocated by "
+        f"memory, this process has {_format(in_use)} memory in use.{allowed} Of the allocated "
+        f"memory {_format(allocated)} is allocated by "
         f"PyTorch, and {_format(reserved - allocated)} is reserved by PyTorch but unallocated. "
         "(peakmem: simulated by the caching-allocator model, no GPU was used)"
     )

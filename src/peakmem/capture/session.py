@@ -304,11 +304,19 @@ class CaptureSession:
                 tag=Tag(category, self.module_source(), self.state.phase, op),
                 or_smaller=or_smaller,
             )
-            if self.memory is not None and self.memory.strict:
-                self.memory.sync()  # raises the job's OutOfMemoryError past the memory fraction
+            memory = self.memory
+            if memory is not None and (memory.strict or self._oom_retry_near(memory, nbytes)):
+                memory.sync(raise_oom=True)  # raises the job's OutOfMemoryError
             self.allocated_bytes += nbytes
             self.max_allocated_bytes = max(self.max_allocated_bytes, self.allocated_bytes)
             return ident
+
+    def _oom_retry_near(self, memory: Any, nbytes: int) -> bool:
+        """A retry loop that catches CUDA's out-of-memory error is running and this allocation
+        comes near the GPU's capacity (capture.oom_retry)."""
+        from peakmem.capture.oom_retry import near_capacity, retry_loop_on_stack
+
+        return near_capacity(self.allocated_bytes, nbytes, memory.total_bytes) and retry_loop_on_stack()
 
     def _free(self, ident: int, nbytes: int) -> None:
         with self._lock:

@@ -180,7 +180,14 @@ LOAD_FUNCTIONS: tuple[LoadFunction, ...] = (
     LoadFunction("torch", "load", (0, "f")),
     LoadFunction("safetensors.torch", "load_file", (0, "filename")),
     LoadFunction("numpy", "load", (0, "file")),
+    # Lightning checks that the checkpoint exists (fsspec) before it opens it itself:
+    # `trainer.test(ckpt_path="best")` after `fit` saved its checkpoints
+    LoadFunction("lightning.fabric.plugins.io.torch_io", "TorchCheckpointIO.load_checkpoint",
+                 (1, "path")),
+    LoadFunction("lightning_fabric.plugins.io.torch_io", "TorchCheckpointIO.load_checkpoint",
+                 (1, "path")),
 )
+"""A dotted name is a method, replaced on its class (args[0] is the instance)."""
 
 
 # -- fake device data --------------------------------------------------------------------------
@@ -469,11 +476,15 @@ class _Patches:
 
     def __init__(self) -> None:
         self.replaced: list[tuple[Any, str, Any]] = []
+        self.methods: list[tuple[type, str, Any]] = []
 
     def install(self, entries: tuple[SaveFunction | LoadFunction, ...]) -> None:
         swaps: dict[int, Callable] = {}
         for entry in entries:
             module = sys.modules.get(entry.module)
+            if "." in entry.name:
+                self._install_method(module, entry)
+                continue
             original = getattr(module, entry.name, None) if module is not None else None
             if callable(original) and id(original) not in _ORIGINALS:
                 swaps[id(original)] = _wrapper(entry, original)
@@ -492,11 +503,24 @@ class _Patches:
                     namespace[name] = wrapper
                     self.replaced.append((namespace, name, value))
 
+    def _install_method(self, module: Any, entry: SaveFunction | LoadFunction) -> None:
+        """`Class.method` of `module`: the wrapper is set on the class itself."""
+        class_name, name = entry.name.rsplit(".", 1)
+        owner = getattr(module, class_name, None) if module is not None else None
+        original = vars(owner).get(name) if isinstance(owner, type) else None
+        if callable(original) and id(original) not in _ORIGINALS:
+            setattr(owner, name, _wrapper(entry, original))
+            self.methods.append((owner, name, original))
+
     def restore(self) -> None:
         for namespace, name, original in reversed(self.replaced):
             if id(namespace.get(name)) in _ORIGINALS:
                 namespace[name] = original
         self.replaced.clear()
+        for owner, name, original in reversed(self.methods):
+            if id(vars(owner).get(name)) in _ORIGINALS:
+                setattr(owner, name, original)
+        self.methods.clear()
 
 
 @contextmanager

@@ -427,10 +427,13 @@ def estimate_capture(
         if note is not None:
             notes.append(note)
     if job_oom is None and capture.trace.meta.get("simulated_ooms"):
-        notes.append(
-            f"the job caught {len(capture.trace.meta['simulated_ooms'])} CUDA out-of-memory "
-            "error(s) under its per-process memory fraction and went on"
+        ooms = capture.trace.meta["simulated_ooms"]
+        under = (
+            "under its per-process memory fraction"
+            if any(oom.get("fraction") is not None for oom in ooms)
+            else "in a retry loop (a smaller batch after each)"
         )
+        notes.append(f"the job caught {len(ooms)} CUDA out-of-memory error(s) {under} and went on")
     from peakmem.estimate.fallbacks import stack_note
 
     if stack_note(torch_version, stack):

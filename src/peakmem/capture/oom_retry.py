@@ -1,0 +1,52 @@
+"""Library loops that catch CUDA's out-of-memory error and try again with a smaller batch:
+accelerate's `find_executable_batch_size` (also behind the Trainer's `--auto_find_batch_size`)
+and Lightning's batch-size finder (`Tuner.scale_batch_size`, the `BatchSizeFinder` callback).
+
+On the GPU such a loop sees `torch.OutOfMemoryError` at the first batch that does not fit and
+goes on with a smaller one; without a memory fraction the capture otherwise lets every
+allocation through, so the loop would keep its first (too large) batch. While one of these
+loops is on the stack, an allocation the simulated allocator cannot place raises the error in
+the job (capture.fake_oom), as the GPU would."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+RETRY_LOOPS: dict[str, frozenset[str]] = {
+    os.path.join("accelerate", "utils", "memory.py"): frozenset(
+        {"find_executable_batch_size.<locals>.decorator"}
+    ),
+    os.path.join("lightning", "pytorch", "tuner", "batch_size_scaling.py"): frozenset(
+        {"_run_power_scaling", "_run_binary_scaling"}
+    ),
+    os.path.join("pytorch_lightning", "tuner", "batch_size_scaling.py"): frozenset(
+        {"_run_power_scaling", "_run_binary_scaling"}
+    ),
+}
+"""File (its path's tail) -> qualified names of the functions in it that catch the error and
+retry with a smaller batch (accelerate's `should_reduce_batch_size`, Lightning's
+`is_oom_error`)."""
+
+
+def _retries(filename: str, qualname: str) -> bool:
+    return any(
+        qualname in names and filename.endswith(tail) for tail, names in RETRY_LOOPS.items()
+    )
+
+
+def retry_loop_on_stack() -> bool:
+    """Whether a frame of a retry loop (RETRY_LOOPS) is on the calling thread's stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if _retries(code.co_filename, code.co_qualname):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def near_capacity(allocated_bytes: int, nbytes: int, total_bytes: int) -> bool:
+    """Cheap test first: an allocation can fail only once the live bytes come near the GPU's
+    memory (here: past half of it, leaving room for the cache and fragmentation)."""
+    return 2 * (allocated_bytes + nbytes) > total_bytes
