@@ -201,3 +201,19 @@ def test_layer_norm_on_a_contiguous_input_allocates_only_its_outputs(a100, stack
     trace = capture_callable(_layer_norm_job(permuted=False), gpu=a100, stack=stack24).trace
     ops = _ops(trace, "forward") + _ops(trace, "backward")
     assert not [op for _size, op in ops if "contiguous" in op]
+
+
+def test_convnext_block_layer_norm_reads_cudnns_channels_last_output_without_a_copy(a100, stack24):
+    # ConvNeXt: a block's input is channels-last (its residual sum of a permuted output), so
+    # cuDNN runs the depthwise convolution in channels-last; permuted to NHWC, that output is
+    # contiguous and LayerNorm copies nothing (cuda_rules/convolution.py `convolution_output`).
+    def job():
+        dwconv = torch.nn.Conv2d(C, C, 7, padding=3, groups=C).cuda()
+        ln = torch.nn.LayerNorm(C).cuda()
+        x = torch.randn(N, C, H, W, device="cuda").contiguous(memory_format=torch.channels_last)
+        x.requires_grad_(True)
+        ln(dwconv(x).permute(0, 2, 3, 1)).pow(2).sum().backward()
+
+    trace = capture_callable(job, gpu=a100, stack=stack24).trace
+    ops = _ops(trace, "forward") + _ops(trace, "backward")
+    assert ops and not [op for _size, op in ops if "contiguous" in op]
