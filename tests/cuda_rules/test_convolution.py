@@ -95,6 +95,44 @@ def test_depthwise_fp32_uses_the_native_kernel():
     assert uses_cudnn(x, torch.empty(4, 2, 3, 3, device="meta"), groups=4, transposed=False)
 
 
+def test_depthwise_fp32_on_a_channels_last_input_or_weight_uses_cudnn():
+    # Convolution.cpp `use_cudnn_depthwise`: "always use cudnn_depthwise for channels_last format"
+    x = torch.empty(2, 8, 16, 16, device="meta")
+    depthwise = torch.empty(8, 1, 3, 3, device="meta")
+    channels_last = x.contiguous(memory_format=torch.channels_last)
+    assert uses_cudnn(channels_last, depthwise, groups=8, transposed=False)
+    weight_cl = torch.empty(8, 2, 3, 3, device="meta").contiguous(memory_format=torch.channels_last)
+    assert uses_cudnn(torch.empty(2, 16, 16, 16, device="meta"), weight_cl, groups=8, transposed=False) is True
+
+
+def _conv_outputs(a100, stack, channels_last: bool):
+    """A depthwise and a plain convolution on one input: their output strides and workspaces."""
+    seen = []
+
+    def job():
+        x = torch.randn(2, 16, 10, 10, device="cuda")
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        for conv in (torch.nn.Conv2d(16, 16, 7, padding=3, groups=16), torch.nn.Conv2d(16, 8, 3)):
+            seen.append(conv.cuda()(x).is_contiguous(memory_format=torch.channels_last))
+
+    result = capture_callable(job, gpu=a100, stack=stack)
+    return seen, [size for _op, size, _phase, _kind in workspaces(result)]
+
+
+def test_cudnn_convolves_a_channels_last_input_into_a_channels_last_output(a100, stack_with_model):
+    layouts, workspaces_made = _conv_outputs(a100, stack_with_model, channels_last=True)
+    assert layouts == [True, True]  # torch's meta kernel alone returns contiguous outputs
+    x_bytes = 2 * 16 * 10 * 10 * 4
+    assert workspaces_made == [int(MODEL["forward"] * x_bytes)] * 2  # the depthwise one on cuDNN too
+
+
+def test_a_contiguous_input_keeps_contiguous_outputs_and_the_native_depthwise_kernel(a100, stack_with_model):
+    layouts, workspaces_made = _conv_outputs(a100, stack_with_model, channels_last=False)
+    assert layouts == [False, False]
+    assert workspaces_made == [int(MODEL["forward"] * 2 * 16 * 10 * 10 * 4)]  # the plain one only
+
+
 def test_basis_is_grad_output_for_backward_data_only():
     kwargs = dict(input_bytes=100, weight_bytes=7, output_bytes=40, dtype=torch.float32,
                   kernel=(3, 3), stride=(1, 1), groups=1)

@@ -136,3 +136,84 @@ def test_group_norm_without_affine_has_no_forward_scratch(a100, stack24):
     assert not allocations(result.trace, op="native_group_norm[scratch]")
     backward = [s for s, t in allocations(result.trace, op="native_group_norm_backward[scratch]")]
     assert backward == [N * C * 4, N * C * 4, N * 4 * 4, N * 4 * 4]  # no c1 without gamma
+
+
+# Layer norm (aten/src/ATen/native/cuda/layer_norm_kernel.cu, torch 2.4-2.6): `layer_norm_cuda`
+# and `layer_norm_backward_cuda` run on input.expect_contiguous(), and the backward kernel on
+# dY.contiguous(): a dense copy for a non-contiguous tensor (ConvNeXt's permuted activations),
+# nothing for a contiguous one.
+LN_BYTES = N * C * H * W * 4
+
+
+def _layer_norm_job(permuted: bool):
+    def job():
+        ln = torch.nn.LayerNorm(C).cuda()
+        x = torch.randn(N, C, H, W, device="cuda", requires_grad=True)
+        y = x.permute(0, 2, 3, 1) if permuted else x.reshape(N, H, W, C)
+        out = ln(y)
+        # permuted: back to NCHW and dense, as LayerNorm2d hands its output to a convolution,
+        # so the gradient arrives permuted; pow makes it a dense tensor (sum's alone is an
+        # expanded one)
+        (out.permute(0, 3, 1, 2).contiguous() if permuted else out).pow(2).sum().backward()
+
+    return job
+
+
+def _ops(trace, phase):
+    return [(size, tag.op) for size, tag in allocations(trace, phase=phase) if "layer_norm" in tag.op]
+
+
+def test_layer_norm_copies_a_non_contiguous_input_around_its_outputs(a100, stack24):
+    trace = capture_callable(_layer_norm_job(permuted=True), gpu=a100, stack=stack24).trace
+    assert _ops(trace, "forward") == [
+        (LN_BYTES, "native_layer_norm[contiguous input]"),  # X, live while Y is made
+        (LN_BYTES, "native_layer_norm.default"),  # Y
+        (N * H * W * 4, "native_layer_norm.default"),  # mean
+        (N * H * W * 4, "native_layer_norm.default"),  # rstd
+    ]
+    assert _ops(trace, "backward") == [
+        (LN_BYTES, "native_layer_norm_backward[contiguous input]"),
+        (LN_BYTES, "native_layer_norm_backward.default"),  # dX
+        (C * 4, "native_layer_norm_backward.default"),
+        (C * 4, "native_layer_norm_backward.default"),
+        # the gradient arrives through the output's permute: not contiguous either
+        (LN_BYTES, "native_layer_norm_backward[contiguous grad_out]"),
+    ]
+
+
+def test_layer_norm_copy_is_freed_when_the_kernel_returns(a100, stack24):
+    from peakmem.trace.events import EventKind
+
+    trace = capture_callable(_layer_norm_job(permuted=True), gpu=a100, stack=stack24).trace
+    events = list(trace.events())
+    ids = {ident: index for index, (kind, ident, _s, _st, _t) in enumerate(events)
+           if kind == EventKind.ALLOC and (trace.tag_of(index).op or "").endswith("[contiguous input]")}
+    freed = {ident: index for index, (kind, ident, _s, _st, _t) in enumerate(events)
+             if kind == EventKind.FREE and ident in ids}
+    assert set(freed) == set(ids)  # every copy is freed
+    for ident, at in ids.items():
+        between = [trace.tag_of(i).op for i in range(at + 1, freed[ident])
+                   if events[i][0] == EventKind.ALLOC]
+        assert between and all("layer_norm" in op for op in between)  # only the kernel's own outputs
+
+
+def test_layer_norm_on_a_contiguous_input_allocates_only_its_outputs(a100, stack24):
+    trace = capture_callable(_layer_norm_job(permuted=False), gpu=a100, stack=stack24).trace
+    ops = _ops(trace, "forward") + _ops(trace, "backward")
+    assert not [op for _size, op in ops if "contiguous" in op]
+
+
+def test_convnext_block_layer_norm_reads_cudnns_channels_last_output_without_a_copy(a100, stack24):
+    # ConvNeXt: a block's input is channels-last (its residual sum of a permuted output), so
+    # cuDNN runs the depthwise convolution in channels-last; permuted to NHWC, that output is
+    # contiguous and LayerNorm copies nothing (cuda_rules/convolution.py `convolution_output`).
+    def job():
+        dwconv = torch.nn.Conv2d(C, C, 7, padding=3, groups=C).cuda()
+        ln = torch.nn.LayerNorm(C).cuda()
+        x = torch.randn(N, C, H, W, device="cuda").contiguous(memory_format=torch.channels_last)
+        x.requires_grad_(True)
+        ln(dwconv(x).permute(0, 2, 3, 1)).pow(2).sum().backward()
+
+    trace = capture_callable(job, gpu=a100, stack=stack24).trace
+    ops = _ops(trace, "forward") + _ops(trace, "backward")
+    assert ops and not [op for _size, op in ops if "contiguous" in op]

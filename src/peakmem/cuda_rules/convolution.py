@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from peakmem.cuda_rules.registry import RuleContext, register_op_rule
+from peakmem.cuda_rules.registry import RuleContext, register_fused_kernel, register_op_rule
 
 aten = torch.ops.aten
 
@@ -91,9 +91,24 @@ def uses_cudnn(x: torch.Tensor, weight: torch.Tensor, groups: int, transposed: b
     depthwise = (
         not transposed and groups > 1 and groups == in_channels and weight.shape[0] % in_channels == 0
     )
-    # Depthwise: cuDNN only for fp16/bf16 in the shapes `use_cudnn_depthwise` accepts; the
-    # native depthwise kernels allocate no workspace.
-    return not (depthwise and x.dtype == torch.float32)
+    # Depthwise: `use_cudnn_depthwise` takes cuDNN for every channels-last input or weight
+    # ("always use cudnn_depthwise for channels_last format", torch 2.4-2.6), else only for
+    # fp16/bf16 in the shapes it accepts; the native depthwise kernels allocate no workspace.
+    if depthwise and x.dtype == torch.float32:
+        return cudnn_channels_last(x, weight)
+    return True
+
+
+def cudnn_channels_last(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """ConvUtils.h `cudnn_conv_suggest_memory_format(input, weight)` == ChannelsLast: a 4-D
+    weight with a channels-last input or weight (not float64). cuDNN then convolves in
+    channels-last and its output (and the gradients, `determine_backend_memory_format`) are
+    channels-last; the weight is made channels-last for the call."""
+    if x.dtype == torch.float64 or weight.dim() != 4 or x.dim() != 4:
+        return False
+    from torch._prims_common import suggest_memory_format
+
+    return torch.channels_last in (suggest_memory_format(x), suggest_memory_format(weight))
 
 
 STEM_MAX_CHANNELS = 4
@@ -241,3 +256,30 @@ def convolution_backward(ctx: RuleContext, op, args, kwargs, out) -> None:
         _record(ctx, _call("backward_data", x, weight, out_bytes, stride, groups), key)
     if mask[1]:
         _record(ctx, _call("backward_weight", x, weight, out_bytes, stride, groups), key)
+
+
+@register_fused_kernel("convolution")
+def convolution_output(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[int],
+    groups: int,
+) -> torch.Tensor:
+    """`aten.convolution`'s output as CUDA lays it out. torch's meta kernel always returns a
+    contiguous output (it cannot tell the backend); on CUDA, cuDNN convolves a channels-last
+    input or weight in channels-last (Convolution.cpp `_convolution`:
+    `cudnn_convolution(input.contiguous(backend_memory_format), ...)`), so its output is
+    channels-last. The layout decides what later kernels copy: ConvNeXt's blocks hand their
+    channels-last outputs to a depthwise convolution whose output, permuted, is then a
+    contiguous input to LayerNorm (no copy), where a contiguous output would make it one."""
+    from torch._meta_registrations import meta_conv
+
+    out = meta_conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    if uses_cudnn(input, weight, groups, transposed) and cudnn_channels_last(input, weight):
+        return out.contiguous(memory_format=torch.channels_last)
+    return out

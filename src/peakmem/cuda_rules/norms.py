@@ -21,7 +21,15 @@ Group norm (aten/src/ATen/native/cuda/group_norm_kernel.cu), after the outputs:
   forward, HxW > 1 with gamma or beta: a, b [N, C] in the accumulate type, freed on return;
   backward: ds, db [N, C]; with grad_input: c2, c3 [N, G] and then, with gamma (HxW > 1), c1
   [N, G, D] = [N, C] (the 1-d path, HxW == 1, makes no c1); all freed on return.
-Layer norm (layer_norm_kernel.cu, 2.4-2.6) allocates only its outputs: no rule.
+Layer norm (aten/src/ATen/native/cuda/layer_norm_kernel.cu, 2.4-2.6) allocates its outputs and,
+when the input is not contiguous (ConvNeXt's channels-last `permute` before `LayerNorm`,
+torchvision's and timm's `LayerNorm2d`), a contiguous copy of it:
+  forward  (`layer_norm_cuda`): X = input.expect_contiguous() before Y, mean, rstd; freed on
+           return (after the outputs);
+  backward (`layer_norm_backward_cuda`): X = input.expect_contiguous() before dX, dgamma, dbeta;
+           then `LayerNormBackwardKernelImpl` runs on dY.contiguous() (a copy when the incoming
+           gradient is not contiguous, freed when the kernel returns); X freed on return.
+The meta kernels make only the outputs, so both copies are recorded here.
 """
 
 from __future__ import annotations
@@ -184,3 +192,37 @@ def group_norm_backward_scratch(ctx: RuleContext, op, args: tuple, kwargs: dict,
             idents.append(ctx.scratch(n * c * acc, category="temporary", op=name))
     for ident in reversed(idents):
         ctx.release(ident)
+
+
+def _contiguous_copy_bytes(tensor: torch.Tensor | None) -> int:
+    """Bytes `expect_contiguous()` / `contiguous()` allocates for `tensor`: 0 when it is already
+    contiguous (a borrow), else a dense copy of its elements."""
+    if tensor is None or tensor.numel() == 0 or tensor.is_contiguous():
+        return 0
+    return tensor.numel() * tensor.element_size()
+
+
+@register_op_rule(aten.native_layer_norm)
+def layer_norm_contiguous_input(ctx: RuleContext, op, args: tuple, kwargs: dict):
+    """`layer_norm_cuda`: the contiguous copy of a non-contiguous input, live around the outputs."""
+    nbytes = _contiguous_copy_bytes(args[0] if args else kwargs.get("input"))
+    copy = ctx.scratch(nbytes, category="temporary", op="native_layer_norm[contiguous input]") if nbytes else None
+    yield
+    if copy is not None:
+        ctx.release(copy)
+
+
+@register_op_rule(aten.native_layer_norm_backward)
+def layer_norm_backward_contiguous_copies(ctx: RuleContext, op, args: tuple, kwargs: dict):
+    """`layer_norm_backward_cuda`: X = input.expect_contiguous() before the outputs, then
+    dY.contiguous() inside the kernel call; dY's copy is freed first, X's on return."""
+    names = ("grad_out", "input")
+    bound = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
+    x_bytes = _contiguous_copy_bytes(bound.get("input"))
+    x_copy = ctx.scratch(x_bytes, category="temporary", op="native_layer_norm_backward[contiguous input]") if x_bytes else None
+    yield
+    dy_bytes = _contiguous_copy_bytes(bound.get("grad_out"))
+    if dy_bytes:
+        ctx.transient(dy_bytes, category="temporary", op="native_layer_norm_backward[contiguous grad_out]")
+    if x_copy is not None:
+        ctx.release(x_copy)
