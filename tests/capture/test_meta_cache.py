@@ -39,7 +39,8 @@ CALLS = [
     (aten.native_layer_norm.default, lambda: (meta(2, 5, 8), [8], meta(8), meta(8), 1e-5), {}),
     (aten.native_dropout.default, lambda: (meta(6, 7), 0.1, True), {}),
     # (aten.convolution has a peakmem fused kernel, cuda_rules/convolution.py
-    # `convolution_output`: the kernel in place decides every time, so it is not cached)
+    # `convolution_output`, layout-pure: cached, but outside captures torch's own kernel runs;
+    # test_layout_pure_fused_kernels_are_cached_and_keyed_by_cudnn below)
     (aten.avg_pool2d.default, lambda: (meta(2, 3, 9, 9), [3, 3], [2, 2], [1, 1]), {}),
     (aten.add.Tensor, lambda: (meta(4, 8).t(), meta(8, 4), ), {"alpha": 2}),  # transposed input
     (aten.sum.dim_IntList, lambda: (meta(4, 8, dtype=torch.float16), [1]), {"keepdim": True}),
@@ -185,6 +186,71 @@ def test_ops_with_a_peakmem_fused_kernel_registered_always_run_their_kernel(monk
     monkeypatch.setitem(registry.FUSED_KERNELS, "log_sigmoid_forward", lambda x: x)
     cache.call(func, (meta(3, 4),), {})
     assert cache.hits == 1  # peakmem's kernel is installed for captures: never from the cache
+
+
+def test_layout_pure_fused_kernels_are_cached_and_keyed_by_cudnn(monkeypatch):
+    from peakmem.cuda_rules import registry
+
+    calls = []
+
+    def kernel(x):
+        calls.append(torch.backends.cudnn.enabled)
+        return torch.empty_like(x)
+
+    cache = MetaCache()
+    func = aten.log_sigmoid_forward.default
+    monkeypatch.setitem(registry.FUSED_KERNELS, "log_sigmoid_forward", kernel)
+    monkeypatch.setattr(registry, "LAYOUT_PURE_FUSED_KERNELS", {"log_sigmoid_forward"})
+    monkeypatch.setattr(meta_cache, "LAYOUT_PURE_FUSED_KERNELS", registry.LAYOUT_PURE_FUSED_KERNELS)
+    # the fused kernel is the op's Meta kernel during a capture; here it stands in for it
+    monkeypatch.setattr(meta_cache, "fast_layout", lambda *a: pytest.fail("fast layout asked"))
+    op = _Kernel(func, kernel)
+    first = cache.call(op, (meta(3, 4),), {})
+    second = cache.call(op, (meta(3, 4),), {})
+    assert cache.hits == 1 and len(calls) == 1
+    assert first.shape == second.shape == (3, 4)
+    with torch.backends.cudnn.flags(enabled=not torch.backends.cudnn.enabled):
+        cache.call(op, (meta(3, 4),), {})
+    assert cache.hits == 1 and len(calls) == 2  # cuDNN's switch is part of the key
+
+
+class _Kernel:
+    """An op overload whose call runs `kernel` (the fused kernel installed as its Meta kernel)."""
+
+    def __init__(self, op, kernel):
+        self._op, self._kernel = op, kernel
+        self.overloadpacket, self._overloadname = op.overloadpacket, op._overloadname
+        self._schema, self.tags = op._schema, op.tags
+        self.namespace = op.namespace
+
+    def __call__(self, *args, **kwargs):
+        return self._kernel(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+
+def _convnet_job():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.Conv2d(8, 4, 1),
+    ).to("cuda").to(memory_format=torch.channels_last)
+    plain = torch.nn.Conv2d(3, 4, 3).to("cuda")
+    optimizer = torch.optim.SGD([*model.parameters(), *plain.parameters()], lr=0.1)
+    for _ in range(3):
+        x = torch.randn(2, 3, 16, 16).to("cuda")
+        optimizer.zero_grad()
+        (model(x.contiguous(memory_format=torch.channels_last)).sum() + plain(x).sum()).backward()
+        optimizer.step()
+
+
+def test_a_convolution_capture_with_the_cache_is_the_capture_without_it(a100, stack24, monkeypatch):
+    with_cache = capture_callable(_convnet_job, gpu=a100, stack=stack24, steps=3)
+    assert meta_cache.SHARED_CACHE.hits > 0
+    monkeypatch.setattr(MetaCache, "call", lambda self, func, args, kwargs: func(*args, **kwargs))
+    without = capture_callable(_convnet_job, gpu=a100, stack=stack24, steps=3)
+    assert with_cache.error is None and without.error is None
+    assert with_cache.trace == without.trace
 
 
 def test_custom_ops_are_not_cached():

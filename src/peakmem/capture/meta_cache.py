@@ -19,7 +19,10 @@ microseconds. Only calls whose result provably depends on nothing but the key ar
 - the op is an aten / prims op (a custom op's fake kernel is the job's code) and no peakmem fused
   kernel (cuda_rules registry.FUSED_KERNELS, installed as the op's Meta kernel in each capture)
   is registered for it: while one is, the kernel in place decides every time, so a result of the
-  op's own meta kernel is never handed out where peakmem's would run, or the reverse.
+  op's own meta kernel is never handed out where peakmem's would run, or the reverse. A fused
+  kernel registered as layout-pure (registry.LAYOUT_PURE_FUSED_KERNELS: its output depends only
+  on the key, and on whether cuDNN is enabled, also keyed for it) is cached like any op, its
+  misses answered by itself, never by capture/fast_layouts.py.
 
 In-place foreach arithmetic (`_foreach_add_`, `_sub_`, `_mul_`, `_div_`, `_addcdiv_`,
 `_addcmul_`, `_lerp_`: VALUE_BLIND_OPS) keys its float scalars by type, not value: their meta
@@ -46,7 +49,7 @@ from typing import Any
 import torch
 
 from peakmem.capture.fast_layouts import DECLINE, fast_layout
-from peakmem.cuda_rules.registry import FUSED_KERNELS
+from peakmem.cuda_rules.registry import FUSED_KERNELS, LAYOUT_PURE_FUSED_KERNELS
 
 _MAX_ENTRIES = 100_000
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -134,7 +137,10 @@ class MetaCache:
             names = _fused_names(func) if _op_cacheable(func) else False
             facts = self._ops[func] = (names, names is not False and _value_blind(func))
         names, blind = facts
-        if names is False or names[0] in FUSED_KERNELS or names[1] in FUSED_KERNELS:
+        fused = False
+        if names is not False:
+            fused = names[0] in FUSED_KERNELS or names[1] in FUSED_KERNELS
+        if names is False or (fused and not _layout_pure(names)):
             # not cacheable, or peakmem's fused meta kernel replaces the op's own while it is
             # registered (each capture installs them): the kernel in place decides, every time
             return func(*args, **kwargs)
@@ -145,6 +151,7 @@ class MetaCache:
                 _global_state(),
                 _key(args, storages, blind),
                 _key(tuple(kwargs.items()), storages, blind) if kwargs else (),
+                torch._C._get_cudnn_enabled() if fused else None,  # read by cuda_rules' kernels
             )
         except _NotCacheable:
             return func(*args, **kwargs)
@@ -152,7 +159,8 @@ class MetaCache:
         if entry is not None:
             self.hits += 1
             return _rebuild(entry)
-        out = fast_layout(func, args, kwargs)
+        # a layout-pure fused kernel answers its misses itself (its rule is not torch's meta)
+        out = DECLINE if fused else fast_layout(func, args, kwargs)
         if out is DECLINE:
             out = func(*args, **kwargs)
         else:
@@ -163,6 +171,13 @@ class MetaCache:
             if recipe is not None:
                 self._entries[key] = recipe
         return out
+
+
+def _layout_pure(names: tuple[str, str]) -> bool:
+    """Whether the fused kernel registered under `names` is a pure function of the arguments'
+    metadata (registry.LAYOUT_PURE_FUSED_KERNELS), so its results may be kept."""
+    name = names[0] if names[0] in FUSED_KERNELS else names[1]
+    return name in LAYOUT_PURE_FUSED_KERNELS
 
 
 def _global_state() -> tuple:

@@ -258,7 +258,7 @@ def convolution_backward(ctx: RuleContext, op, args, kwargs, out) -> None:
         _record(ctx, _call("backward_weight", x, weight, out_bytes, stride, groups), key)
 
 
-@register_fused_kernel("convolution")
+@register_fused_kernel("convolution", layout_pure=True)
 def convolution_output(
     input: torch.Tensor,
     weight: torch.Tensor,

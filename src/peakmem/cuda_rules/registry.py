@@ -80,6 +80,10 @@ HostOutputs = Callable[[Any], Iterable[Any]]
 OP_RULES: dict[Any, OpRule] = {}
 FUNCTION_RULES: dict[Callable, FunctionRule] = {}
 FUSED_KERNELS: dict[str, FusedKernel] = {}
+LAYOUT_PURE_FUSED_KERNELS: set[str] = set()
+"""Names in FUSED_KERNELS whose output is a pure function of the arguments' metadata (shapes,
+strides, dtypes, flags: what capture/meta_cache.py keys a call by), so the meta cache may keep
+their results like any op's (it still runs the kernel itself on a miss)."""
 SPARSE_KERNELS: dict[str, FusedKernel] = {}
 """Meta kernels for aten ops on sparse fake tensors (the SparseMeta key), which torch lacks."""
 COMPOSITE_RULES: dict[str, CompositeRule] = {}
@@ -138,12 +142,18 @@ def register_composite_rule(op_names: Any) -> Callable[[CompositeRule], Composit
     return decorator
 
 
-def register_fused_kernel(op_names: Any) -> Callable[[FusedKernel], FusedKernel]:
+def register_fused_kernel(
+    op_names: Any, layout_pure: bool = False
+) -> Callable[[FusedKernel], FusedKernel]:
     """Decorate a meta kernel for aten ops (names like "mish_backward") that CUDA runs as one
-    kernel but meta would decompose."""
+    kernel but meta would decompose. `layout_pure`: its output depends only on the arguments'
+    metadata (LAYOUT_PURE_FUSED_KERNELS), so the meta cache may keep it."""
 
     def decorator(kernel: FusedKernel) -> FusedKernel:
-        _register(FUSED_KERNELS, _as_list(op_names), kernel, "a fused kernel")
+        names = _as_list(op_names)
+        _register(FUSED_KERNELS, names, kernel, "a fused kernel")
+        if layout_pure:
+            LAYOUT_PURE_FUSED_KERNELS.update(names)
         return kernel
 
     return decorator
