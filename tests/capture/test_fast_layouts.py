@@ -92,6 +92,21 @@ def make(shape, dtype, how: str, offset: int = 0) -> torch.Tensor:
     if how == "offset" and rank >= 1:
         big = torch.empty((shape[0] + offset,) + shape[1:], dtype=dtype, device="meta")
         return big[offset:]
+    if how == "narrowed" and rank >= 1:  # a slice of a wider tensor (a cat buffer's part)
+        dim = offset % rank
+        wide = shape[:dim] + (shape[dim] + offset,) + shape[dim + 1:]
+        return torch.empty(wide, dtype=dtype, device="meta").narrow(dim, offset, shape[dim])
+    if how == "stepped" and rank >= 1:  # every other element along one dimension
+        dim = offset % rank
+        wide = shape[:dim] + (2 * shape[dim],) + shape[dim + 1:]
+        index = (slice(None),) * dim + (slice(None, None, 2),)
+        return torch.empty(wide, dtype=dtype, device="meta")[index]
+    if how == "expanded_inner" and rank >= 1:  # (N, C, 1, 1) expanded: a mean's gradient
+        kept = min(offset % 3, rank)
+        small = shape[:kept] + (1,) * (rank - kept)
+        return torch.empty(small, dtype=dtype, device="meta").expand(shape)
+    if how == "overlapping" and rank >= 1:  # every dimension stride 1
+        return torch.empty_strided(shape, (1,) * rank, dtype=dtype, device="meta")
     if how == "view":
         return base.view(shape)
     if how == "neg" and dtype.is_floating_point:
@@ -102,7 +117,8 @@ def make(shape, dtype, how: str, offset: int = 0) -> torch.Tensor:
 
 
 HOWS = ["contiguous"] * 24 + ["size1", "transposed", "channels_last", "expanded", "offset",
-                             "view", "neg", "subclass"]
+                             "view", "neg", "subclass", "narrowed", "stepped", "expanded_inner",
+                             "overlapping"]
 
 
 @st.composite
@@ -226,7 +242,26 @@ def like_args(draw):
             [None, torch.preserve_format, torch.contiguous_format, torch.channels_last]))
     if rarely(draw, 4):
         kwargs["dtype"] = draw(st.sampled_from(DTYPES))
+    kwargs.update(draw(factory_options()))
     return (x,), kwargs
+
+
+META = torch.device("meta")
+
+
+@st.composite
+def factory_options(draw, names=("layout", "device", "pin_memory")):
+    """Keyword options of a factory: mostly left out or the meta case's values, sometimes
+    another layout, device or a pinned tensor."""
+    odd = {"layout": [torch.sparse_coo], "device": [torch.device("cpu"), "meta"],
+           "pin_memory": [True]}
+    usual = {"layout": [None, torch.strided], "device": [None, META],
+             "pin_memory": [None, False]}
+    kwargs = {}
+    for name in names:
+        if draw(st.booleans()):
+            kwargs[name] = draw(st.sampled_from(odd[name] if rarely(draw, 8) else usual[name]))
+    return kwargs
 
 
 @st.composite
@@ -485,6 +520,86 @@ def reduce_dims_args(draw):
     return args, kwargs
 
 
+@st.composite
+def prelu_weights(draw, x):
+    """PReLU's weight as its functional passes it: (C, 1, ..., 1) or (1,) of x's dtype,
+    sometimes another size, dtype or layout."""
+    if x.dim() >= 2 and not rarely(draw, 4):
+        shape = (x.shape[1],) + (1,) * (x.dim() - 2)
+    elif not rarely(draw, 4):
+        shape = (1,)
+    else:
+        shape = draw(shapes())
+    dtype = x.dtype if not rarely(draw, 8) else draw(st.sampled_from(FLOAT_DTYPES))
+    return draw(tensors(shape=shape, dtype=dtype))
+
+
+@st.composite
+def prelu_args(draw):
+    x = draw(tensors(dtypes=FLOAT_DTYPES))
+    return (x, draw(prelu_weights(x))), {}
+
+
+@st.composite
+def prelu_backward_args(draw):
+    x = draw(tensors(dtypes=FLOAT_DTYPES))
+    return (draw(like(x)), x, draw(prelu_weights(x))), {}
+
+
+@st.composite
+def sizes(draw):
+    """A factory's size: mostly a list of sizes 0-5, sometimes a tuple, a negative size or
+    a torch.Size."""
+    shape = list(draw(shapes()))
+    if rarely(draw, 8):
+        return draw(st.sampled_from([tuple(shape), shape + [-1], torch.Size(shape)]))
+    return shape
+
+
+@st.composite
+def factory_args(draw, func, dtypes):
+    """empty / zeros / ones / rand / randn: a size and keyword options, the device mostly the
+    meta device (sometimes the host or left out); dtype mostly None or one of `dtypes`."""
+    kwargs = draw(factory_options(("layout", "pin_memory")))
+    if not rarely(draw, 6):
+        kwargs["device"] = META
+    if draw(st.booleans()):
+        kwargs["dtype"] = draw(st.sampled_from([None, *dtypes])) if not rarely(
+            draw, 6) else draw(st.sampled_from(DTYPES))
+    if any(arg.name == "memory_format" for arg in func._schema.arguments) and draw(
+            st.booleans()):
+        kwargs["memory_format"] = draw(st.sampled_from(
+            [None, torch.contiguous_format, torch.preserve_format, torch.channels_last]))
+    return (draw(sizes()),), kwargs
+
+
+@st.composite
+def full_args(draw):
+    (size,), kwargs = draw(factory_args(aten.full.default, FLOAT_DTYPES))
+    fill = draw(st.one_of(st.floats(-3, 3, allow_nan=False), st.integers(-3, 3), st.booleans()))
+    return (size, fill), kwargs
+
+
+@st.composite
+def scalar_tensor_args(draw):
+    _, kwargs = draw(factory_args(aten.scalar_tensor.default, FLOAT_DTYPES))
+    return (draw(scalars),), kwargs
+
+
+@st.composite
+def to_copy_args(draw):
+    x = draw(tensors())
+    kwargs = draw(factory_options())
+    if draw(st.booleans()):
+        kwargs["dtype"] = draw(st.sampled_from([None, *DTYPES]))
+    if draw(st.booleans()):
+        kwargs["non_blocking"] = draw(st.sampled_from([False, True]))
+    if draw(st.booleans()):
+        kwargs["memory_format"] = draw(st.sampled_from(
+            [None, torch.preserve_format, torch.contiguous_format, torch.channels_last]))
+    return (x,), kwargs
+
+
 def builder(func):
     name = func._schema.name
     if func in fast_layouts._FOREACH_IN_PLACE or func in fast_layouts._FOREACH_OUT_OF_PLACE:
@@ -514,9 +629,19 @@ def builder(func):
         aten.nll_loss_forward.default: nll_loss_forward_args,
         aten.nll_loss_backward.default: nll_loss_backward_args,
         aten.mean.dim: reduce_dims_args, aten.sum.dim_IntList: reduce_dims_args,
+        aten._prelu_kernel.default: prelu_args,
+        aten._prelu_kernel_backward.default: prelu_backward_args,
+        aten.empty.memory_format: factory_args(aten.empty.memory_format, DTYPES[:-1]),
+        aten.zeros.default: factory_args(aten.zeros.default, DTYPES[:-1]),
+        aten.ones.default: factory_args(aten.ones.default, DTYPES[:-1]),
+        aten.rand.default: factory_args(aten.rand.default, FLOAT_DTYPES),
+        aten.randn.default: factory_args(aten.randn.default, FLOAT_DTYPES),
+        aten.full.default: full_args(), aten.scalar_tensor.default: scalar_tensor_args(),
+        aten._to_copy.default: to_copy_args(),
     }
     if func in special:
-        return special[func]()
+        made = special[func]
+        return made if isinstance(made, st.SearchStrategy) else made()
     if func in fast_layouts._BINARY:
         return binary_args(func)
     assert func in fast_layouts._UNARY or name == "aten::clone", name
