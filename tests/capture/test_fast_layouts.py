@@ -3,6 +3,8 @@ rule answers, its outputs have exactly the meta kernel's layouts (shape, strides
 storage size, view flag, storage sharing) and the kernel does not raise; random shapes,
 strides, dtypes and scalars (hypothesis)."""
 
+import sys
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -664,6 +666,67 @@ def test_every_answer_is_the_meta_kernels(func):
     run()
     # the rule's case is met often enough that a wrong layout would be seen
     assert sum(answered) >= 10, f"{func}: answered {sum(answered)} of {len(answered)}"
+
+
+STRIDED_HOWS = ["contiguous", "narrowed", "stepped", "expanded_inner", "expanded", "size1",
+                "overlapping", "transposed", "channels_last", "offset"]
+ELEMENTWISE = sorted({*fast_layouts._UNARY, *fast_layouts._BINARY, aten.elu_backward.default,
+                      aten.leaky_relu_backward.default, aten.native_dropout_backward.default,
+                      aten._prelu_kernel.default, aten._prelu_kernel_backward.default}, key=str)
+
+
+@pytest.mark.parametrize("func", ELEMENTWISE, ids=str)
+def test_elementwise_answers_on_strided_inputs_are_the_meta_kernels(func, monkeypatch):
+    """The elementwise rules on slices, stepped views, expansions, odd size-1 strides and
+    overlapping, transposed and channels_last tensors (every tensor drawn in one of these
+    layouts): wherever a rule answers it is the kernel's layout, and it answers calls with a
+    tensor that is not canonically contiguous (the ordered case) often."""
+    monkeypatch.setattr(sys.modules[__name__], "HOWS", STRIDED_HOWS)
+    strided = []
+
+    @settings(max_examples=120, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(st.data())
+    def run(data):
+        args, kwargs = data.draw(builder(func))
+        if check(func, args, kwargs):
+            strided.append(not all(fast_layouts._plain(t, fast_layouts._ANY_DTYPE)
+                                   for t in flat_tensors(args)))
+
+    run()
+    least = 0 if func is aten.elu_backward.default else 3  # its draws: test_densenet_like_...
+    assert sum(strided) >= least, f"{func}: answered {sum(strided)} calls with strided inputs"
+
+
+def test_densenet_like_and_mean_gradient_layouts_are_answered_as_the_kernels():
+    """The strided calls seen in held-out CNN rows: gradients that are channel slices of a
+    concatenation's gradient, and a mean's gradient expanded over (H, W); every elementwise
+    rule answers them with the kernel's layout."""
+    wide = meta(4, 9, 5, 5)
+    part, other = wide[:, 2:6], meta(4, 4, 5, 5)
+    spread = meta(4, 4, 1, 1).expand(4, 4, 5, 5)
+    mask = torch.empty(4, 9, 5, 5, dtype=torch.bool, device="meta")[:, 2:6]
+    calls = [
+        (aten.add.Tensor, (part, other)), (aten.add.Tensor, (other, part)),
+        (aten.gelu_backward.default, (part, other)),
+        (aten.elu_backward.default, (part, 1.67, 1.05, 1.0, False, other)),
+        (aten.leaky_relu_backward.default, (part, other, 0.01, False)),
+        (aten.softplus_backward.default, (part, other, 1.0, 20.0)),
+        (aten.threshold_backward.default, (part, other, 0.0)),
+        (aten.native_dropout_backward.default, (part, mask, 1.25)),
+        (aten.native_dropout_backward.default, (other, mask, 1.25)),
+        (aten.div.Scalar, (spread, 25)), (aten.mul.Tensor, (spread, part)),
+        (aten._prelu_kernel.default, (part, meta(4, 1, 1))),
+        (aten._prelu_kernel_backward.default, (part, other, meta(4)[:, None, None])),
+    ]
+    for func, args in calls:
+        assert check(func, args, {}), func
+    across = meta(4, 9, 5, 5).transpose(2, 3)[:, 2:6]  # W before H: the kernel reorders
+    assert fast_layout(aten.add.Tensor, (across, other), {}) is DECLINE
+    assert fast_layout(aten.add.Tensor, (meta(4, 4, 5, 5).contiguous(
+        memory_format=torch.channels_last), other), {}) is DECLINE
+    assert fast_layout(aten.randn.default, ([4, 4],), {"device": torch.device("cpu")}) is DECLINE
+    assert fast_layout(aten.empty.memory_format, ([4],), {}) is DECLINE  # a host tensor
 
 
 def meta(*shape, dtype=torch.float32):
