@@ -815,3 +815,64 @@ def test_a_capture_with_fast_layouts_is_the_capture_with_the_kernels(a100, stack
     assert fast.error is None and kernels.error is None
     assert fast.trace == kernels.trace
     assert len(fast.trace) > 50
+
+
+class _DenseBlock(torch.nn.Module):
+    """Two convolutions whose outputs are concatenated (DenseNet): their gradients arrive as
+    channel slices of the concatenation's gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.second = torch.nn.Conv2d(8, 4, 3, padding=1)
+        self.act = torch.nn.PReLU(4)
+
+    def forward(self, x):
+        x = torch.cat([x, torch.nn.functional.gelu(self.first(x))], 1)
+        return torch.cat([x, self.act(self.second(x))], 1)
+
+
+def _strided_job():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), _DenseBlock(), torch.nn.Softplus(), torch.nn.Dropout(0.1),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(12, 10)).to("cuda")
+    optimizer = torch.optim.Adam(model.parameters(), foreach=True)
+    for _ in range(3):
+        x = torch.rand(4, 3, 12, 12, device="cuda") + torch.randn(4, 3, 12, 12).to("cuda")
+        x = x.double().float()  # copies on the device
+        optimizer.zero_grad()
+        target = torch.zeros(4, dtype=torch.long, device="cuda")
+        loss = torch.nn.functional.cross_entropy(model(x), target)
+        (loss + model(x).mean(dim=(0, 1))).backward()
+        optimizer.step()
+
+
+def test_strided_gradients_prelu_and_factories_in_a_capture(a100, stack24, monkeypatch):
+    """A DenseNet-like block with PReLU, Softplus and dropout, inputs made on the device and
+    copied to it: the concatenation's gradient slices, PReLU, the device's factories and the
+    copies are answered by the rules (as the capture passes them: its torch.device is a
+    stand-in class), and the trace is the kernels' trace."""
+    from peakmem.capture import capture_callable, recorder
+
+    answered: set = set()
+    original = fast_layouts.fast_layout
+
+    def counting(func, args, kwargs):
+        out = original(func, args, kwargs)
+        if out is not DECLINE:
+            answered.add(func)
+        return out
+
+    monkeypatch.setattr("peakmem.capture.meta_cache.fast_layout", counting)
+    monkeypatch.setattr(recorder, "SHARED_CACHE", MetaCache())
+    fast = capture_callable(_strided_job, gpu=a100, stack=stack24, steps=3)
+    wanted = {aten._prelu_kernel.default, aten._prelu_kernel_backward.default,
+              aten.softplus_backward.default, aten.gelu_backward.default,
+              aten.rand.default, aten._to_copy.default, aten.zeros_like.default}
+    assert wanted <= answered, wanted - answered
+    monkeypatch.setattr(recorder, "SHARED_CACHE", MetaCache())
+    monkeypatch.setattr(fast_layouts, "FAST_LAYOUTS", {})
+    kernels = capture_callable(_strided_job, gpu=a100, stack=stack24, steps=3)
+    assert fast.error is None and kernels.error is None
+    assert fast.trace == kernels.trace
+    assert len(fast.trace) > 50

@@ -117,6 +117,7 @@ _ANY_DTYPE = frozenset({
 
 
 _META = torch.device("meta")
+_DEVICE = type(_META)  # torch.device itself (a capture replaces the name torch.device)
 _BOOL = frozenset({torch.bool})
 
 
@@ -329,7 +330,7 @@ def _options_ok(kwargs: dict, allowed: tuple[str, ...], dtypes: frozenset) -> bo
             if value is not None and value not in dtypes:
                 return False
         elif name == "device":
-            if value is not None and not (type(value) is torch.device and value == _META):
+            if value is not None and not (type(value) is _DEVICE and value == _META):
                 return False
         elif not any(value is ok for ok in _OPTION_VALUES[name]):
             return False
