@@ -54,6 +54,7 @@ _PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, t
                  torch.memory_format)
 _UNCACHEABLE = object()
 _STRIDED = torch.strided
+_DEVICE = torch.device
 
 
 class _NotCacheable(Exception):
@@ -132,6 +133,10 @@ class MetaCache:
         if names is False or any(name in FUSED_KERNELS for name in names):
             # not cacheable, or peakmem's fused meta kernel replaces the op's own while it is
             # registered (each capture installs them): the kernel in place decides, every time
+            return func(*args, **kwargs)
+        if kwargs and type(kwargs.get("device")) is _DEVICE and kwargs["device"].type != "meta":
+            # a host factory or copy (randint, empty, _to_copy to the host...): real values,
+            # never cached (_recipe keeps meta outputs only), so no key is made (branch s1)
             return func(*args, **kwargs)
         storages: dict[int, int] = {}
         blind = self._blind.get(func)
