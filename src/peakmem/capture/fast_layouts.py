@@ -16,6 +16,13 @@ shape and one dtype (no broadcasting, no type promotion); scalars are ints, floa
 softmax dim) are checked here the same way or declined. Outputs are fresh contiguous meta
 tensors, one storage each, as the meta kernels make them.
 
+The elementwise rules (and dropout's backward, PReLU) also take "ordered" strided inputs
+(branch s1): slices of a wider tensor (a concatenation's gradient), stepped views and
+expansions (a mean's gradient), whose strides TensorIterator's and the Python refs'
+output-layout sort leaves in logical order, so the output is contiguous (_row_major_order).
+Factories (empty, zeros, ones, full, rand, randn, scalar_tensor) answer on the meta device
+only; `_to_copy` and the *_like factories with the meta device's options.
+
 Identity with the meta kernels: tests/capture/test_fast_layouts.py compares every rule with
 the op's own meta kernel over random shapes, strides, dtypes and scalars (hypothesis): each
 output's shape, strides, storage offset, dtype, storage size, view flag and storage sharing,

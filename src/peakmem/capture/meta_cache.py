@@ -34,6 +34,9 @@ ops (pointwise, dropout, batch norm, softmax, mm / addmm, the *_like factories, 
 foreach ops) from the input layouts where that provably gives the meta kernel's layouts; the
 rest run the op's meta kernel.
 
+A call with a host device option (a host factory, a copy to the host) runs its kernel
+without a key: its output holds real values and is never cached.
+
 A call that raises is never cached (it raises again next time). Eager captures (real values)
 do not use the cache. A job that registers its own Meta kernel for an aten op in the middle of
 a run would still get the first kernel's layouts for calls seen before (not met in practice).
