@@ -602,6 +602,46 @@ def to_copy_args(draw):
     return (x,), kwargs
 
 
+@st.composite
+def layer_norm_case(draw):
+    """An input, its normalized shape (mostly its trailing 1-2 dimensions), a weight and a
+    bias (each sometimes None, of another shape or dtype)."""
+    x = draw(tensors(dtypes=FLOAT_DTYPES, min_rank=1))
+    count = draw(st.integers(1, max(1, min(2, x.dim()))))
+    normalized = list(x.shape[x.dim() - count:])
+    if rarely(draw, 8):
+        normalized = draw(st.sampled_from([[], normalized + [2], [n + 1 for n in normalized]]))
+
+    def vector():
+        if rarely(draw, 3):
+            return None
+        shape = tuple(normalized) if not rarely(draw, 8) else (3,)
+        dtype = x.dtype if not rarely(draw, 8) else draw(st.sampled_from(FLOAT_DTYPES))
+        return draw(tensors(shape=shape, dtype=dtype))
+
+    return x, normalized, vector(), vector()
+
+
+@st.composite
+def layer_norm_args(draw):
+    x, normalized, weight, bias = draw(layer_norm_case())
+    return (x, normalized, weight, bias, draw(st.sampled_from([1e-5, 1e-12]))), {}
+
+
+@st.composite
+def layer_norm_backward_args(draw):
+    x, normalized, weight, bias = draw(layer_norm_case())
+    stats = tuple(x.shape[:max(0, x.dim() - len(normalized))]) + (1,) * len(normalized)
+    dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    if rarely(draw, 8):
+        dtype = draw(st.sampled_from(FLOAT_DTYPES))
+
+    def saved():
+        return draw(tensors(shape=stats if not rarely(draw, 10) else stats + (1,), dtype=dtype))
+    mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
+    return (draw(like(x)), x, normalized, saved(), saved(), weight, bias, mask), {}
+
+
 def builder(func):
     name = func._schema.name
     if func in fast_layouts._FOREACH_IN_PLACE or func in fast_layouts._FOREACH_OUT_OF_PLACE:
@@ -640,6 +680,8 @@ def builder(func):
         aten.randn.default: factory_args(aten.randn.default, FLOAT_DTYPES),
         aten.full.default: full_args(), aten.scalar_tensor.default: scalar_tensor_args(),
         aten._to_copy.default: to_copy_args(),
+        aten.native_layer_norm.default: layer_norm_args,
+        aten.native_layer_norm_backward.default: layer_norm_backward_args,
     }
     if func in special:
         made = special[func]

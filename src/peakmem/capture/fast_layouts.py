@@ -916,3 +916,69 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
 
 
 register(aten._to_copy.default, _to_copy)
+
+
+# --- layer norm (branch s1) ------------------------------------------------------------------------
+
+
+def _layer_norm_case(x: Any, normalized_shape: Any, weight: Any, bias: Any) -> bool:
+    """A plain input whose trailing dimensions are `normalized_shape` (a non-empty list of
+    ints), and no or a plain weight / bias of the input's dtype and that shape."""
+    if not _plain(x) or type(normalized_shape) not in (list, tuple) or not normalized_shape:
+        return False
+    count = len(normalized_shape)
+    if count > x.dim() or any(type(size) is not int for size in normalized_shape):
+        return False
+    if tuple(x.shape[x.dim() - count:]) != tuple(normalized_shape):
+        return False
+    return all(vector is None or (_plain(vector) and vector.dtype == x.dtype
+                                  and tuple(vector.shape) == tuple(normalized_shape))
+               for vector in (weight, bias))
+
+
+def _layer_norm_stats_shape(x: torch.Tensor, count: int) -> tuple[int, ...]:
+    return tuple(x.shape[:x.dim() - count]) + (1,) * count
+
+
+def _native_layer_norm(args: tuple, kwargs: dict) -> Any:
+    # native_layer_norm(input, normalized_shape, weight, bias, eps) -> (output, mean, rstd):
+    # the output of the input's layout, the statistics (leading dims, 1, ..., 1) in the
+    # compute dtype
+    if len(args) != 5 or kwargs:
+        return DECLINE
+    x, normalized_shape, weight, bias, eps = args
+    if not _layer_norm_case(x, normalized_shape, weight, bias) or not _scalar(eps):
+        return DECLINE
+    stats = _layer_norm_stats_shape(x, len(normalized_shape))
+    dtype = _compute_dtype(x.dtype)
+    return (_new_like(x), _new(stats, dtype), _new(stats, dtype))
+
+
+def _native_layer_norm_backward(args: tuple, kwargs: dict) -> Any:
+    # native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+    # output_mask) -> (grad_input?, grad_weight?, grad_bias?): the weight's and bias's
+    # gradients only where they are given and asked for
+    if len(args) != 8 or kwargs:
+        return DECLINE
+    grad, x, normalized_shape, mean, rstd, weight, bias, mask = args
+    if not _layer_norm_case(x, normalized_shape, weight, bias):
+        return DECLINE
+    if not _plain(grad) or grad.shape != x.shape or grad.dtype != x.dtype:
+        return DECLINE
+    if type(mask) not in (list, tuple) or len(mask) != 3 or any(type(m) is not bool for m in mask):
+        return DECLINE
+    stats = _layer_norm_stats_shape(x, len(normalized_shape))
+    dtype = _compute_dtype(x.dtype)
+    for saved in (mean, rstd):
+        if not _plain(saved) or saved.dtype != dtype or tuple(saved.shape) != stats:
+            return DECLINE
+    shape = tuple(normalized_shape)
+    return (
+        _new_like(x) if mask[0] else None,
+        _new(shape, x.dtype) if mask[1] and weight is not None else None,
+        _new(shape, x.dtype) if mask[2] and bias is not None else None,
+    )
+
+
+register(aten.native_layer_norm.default, _native_layer_norm)
+register(aten.native_layer_norm_backward.default, _native_layer_norm_backward)
