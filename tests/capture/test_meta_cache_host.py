@@ -35,3 +35,15 @@ def test_a_copy_to_the_host_is_the_kernels():
     out = cache.call(aten._to_copy.default, (source,), {"dtype": torch.float64, "device": HOST})
     assert out.dtype == torch.float64 and torch.equal(out, source.double())
     assert cache.misses == 0
+
+
+def test_unsafe_view_runs_its_kernel_unkeyed_and_stays_a_view():
+    """_unsafe_view's output shares its input's storage (never cacheable): it runs its
+    kernel without a key, the same view every call, neither a hit nor a miss."""
+    cache = MetaCache()
+    source = torch.empty(4, 6, device="meta")
+    for _ in range(2):
+        out = cache.call(aten._unsafe_view.default, (source, [2, 12]), {})
+        assert out.shape == (2, 12) and out.stride() == (12, 1)
+        assert out.untyped_storage()._cdata == source.untyped_storage()._cdata
+    assert (cache.hits, cache.misses) == (0, 0)

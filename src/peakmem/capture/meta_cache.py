@@ -75,9 +75,13 @@ def _validates_only(func: Any) -> bool:
     )
 
 
-UNCACHED_OPS: set[str] = set()
+UNCACHED_OPS: set[str] = {
+    "aten::_unsafe_view",  # its output is a view of its input: never cached, so never keyed
+}
 """Op names ("aten::foo") whose meta kernel must always run: one with side effects beyond its
-outputs (a kernel registered by peakmem that records into the capture session, say) goes here."""
+outputs (a kernel registered by peakmem that records into the capture session, say) goes here,
+and ops whose output always shares its input's storage though the schema says no alias
+(`_recipe` refuses them every call: keying them only costs; branch s1)."""
 
 
 VALUE_BLIND_OPS = frozenset({
