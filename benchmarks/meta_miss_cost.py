@@ -1,7 +1,7 @@
 """CPU seconds of the meta cache's misses over held-out GPUMemNet CNN rows, with the fast
 layouts (capture/fast_layouts.py) and with every op's own meta kernel (issue 14).
 
-    python benchmarks/meta_miss_cost.py [--rows 16] [--rounds 2] [--top 15]
+    python benchmarks/meta_miss_cost.py [--rows 16] [--rounds 2] [--top 15] [--dataset NAME]
 
 The rows (`spread_subset` of the held-out set, the first one a warm-up) are estimated in this
 process as the bench does (`PeakmemEstimator`), alternately with the fast layouts on and off
@@ -33,6 +33,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--dataset", default="gpumemnet-cnn",
+                        help="the bench set whose held-out rows are estimated (branch s1)")
     args = parser.parse_args()
 
     from peakmem.baselines.peakmem_estimator import PeakmemEstimator
@@ -40,7 +42,7 @@ def main() -> int:
     from peakmem.capture import fast_layouts, meta_cache, recorder
     from peakmem.datasets.loaders import load_rows, spread_subset
 
-    rows = spread_subset(evaluation_rows(load_rows("gpumemnet-cnn", DATA)), args.rows)
+    rows = spread_subset(evaluation_rows(load_rows(args.dataset, DATA)), args.rows)
     estimator = PeakmemEstimator()
     rules = dict(fast_layouts.FAST_LAYOUTS)
     miss_cpu: collections.Counter = collections.Counter()

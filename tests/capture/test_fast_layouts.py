@@ -3,6 +3,8 @@ rule answers, its outputs have exactly the meta kernel's layouts (shape, strides
 storage size, view flag, storage sharing) and the kernel does not raise; random shapes,
 strides, dtypes and scalars (hypothesis)."""
 
+import sys
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -92,6 +94,21 @@ def make(shape, dtype, how: str, offset: int = 0) -> torch.Tensor:
     if how == "offset" and rank >= 1:
         big = torch.empty((shape[0] + offset,) + shape[1:], dtype=dtype, device="meta")
         return big[offset:]
+    if how == "narrowed" and rank >= 1:  # a slice of a wider tensor (a cat buffer's part)
+        dim = offset % rank
+        wide = shape[:dim] + (shape[dim] + offset,) + shape[dim + 1:]
+        return torch.empty(wide, dtype=dtype, device="meta").narrow(dim, offset, shape[dim])
+    if how == "stepped" and rank >= 1:  # every other element along one dimension
+        dim = offset % rank
+        wide = shape[:dim] + (2 * shape[dim],) + shape[dim + 1:]
+        index = (slice(None),) * dim + (slice(None, None, 2),)
+        return torch.empty(wide, dtype=dtype, device="meta")[index]
+    if how == "expanded_inner" and rank >= 1:  # (N, C, 1, 1) expanded: a mean's gradient
+        kept = min(offset % 3, rank)
+        small = shape[:kept] + (1,) * (rank - kept)
+        return torch.empty(small, dtype=dtype, device="meta").expand(shape)
+    if how == "overlapping" and rank >= 1:  # every dimension stride 1
+        return torch.empty_strided(shape, (1,) * rank, dtype=dtype, device="meta")
     if how == "view":
         return base.view(shape)
     if how == "neg" and dtype.is_floating_point:
@@ -102,7 +119,8 @@ def make(shape, dtype, how: str, offset: int = 0) -> torch.Tensor:
 
 
 HOWS = ["contiguous"] * 24 + ["size1", "transposed", "channels_last", "expanded", "offset",
-                             "view", "neg", "subclass"]
+                             "view", "neg", "subclass", "narrowed", "stepped", "expanded_inner",
+                             "overlapping"]
 
 
 @st.composite
@@ -226,7 +244,26 @@ def like_args(draw):
             [None, torch.preserve_format, torch.contiguous_format, torch.channels_last]))
     if rarely(draw, 4):
         kwargs["dtype"] = draw(st.sampled_from(DTYPES))
+    kwargs.update(draw(factory_options()))
     return (x,), kwargs
+
+
+META = torch.device("meta")
+
+
+@st.composite
+def factory_options(draw, names=("layout", "device", "pin_memory")):
+    """Keyword options of a factory: mostly left out or the meta case's values, sometimes
+    another layout, device or a pinned tensor."""
+    odd = {"layout": [torch.sparse_coo], "device": [torch.device("cpu"), "meta"],
+           "pin_memory": [True]}
+    usual = {"layout": [None, torch.strided], "device": [None, META],
+             "pin_memory": [None, False]}
+    kwargs = {}
+    for name in names:
+        if draw(st.booleans()):
+            kwargs[name] = draw(st.sampled_from(odd[name] if rarely(draw, 8) else usual[name]))
+    return kwargs
 
 
 @st.composite
@@ -485,6 +522,126 @@ def reduce_dims_args(draw):
     return args, kwargs
 
 
+@st.composite
+def prelu_weights(draw, x):
+    """PReLU's weight as its functional passes it: (C, 1, ..., 1) or (1,) of x's dtype,
+    sometimes another size, dtype or layout."""
+    if x.dim() >= 2 and not rarely(draw, 4):
+        shape = (x.shape[1],) + (1,) * (x.dim() - 2)
+    elif not rarely(draw, 4):
+        shape = (1,)
+    else:
+        shape = draw(shapes())
+    dtype = x.dtype if not rarely(draw, 8) else draw(st.sampled_from(FLOAT_DTYPES))
+    return draw(tensors(shape=shape, dtype=dtype))
+
+
+@st.composite
+def prelu_args(draw):
+    x = draw(tensors(dtypes=FLOAT_DTYPES))
+    return (x, draw(prelu_weights(x))), {}
+
+
+@st.composite
+def prelu_backward_args(draw):
+    x = draw(tensors(dtypes=FLOAT_DTYPES))
+    return (draw(like(x)), x, draw(prelu_weights(x))), {}
+
+
+@st.composite
+def sizes(draw):
+    """A factory's size: mostly a list of sizes 0-5, sometimes a tuple, a negative size or
+    a torch.Size."""
+    shape = list(draw(shapes()))
+    if rarely(draw, 8):
+        return draw(st.sampled_from([tuple(shape), shape + [-1], torch.Size(shape)]))
+    return shape
+
+
+@st.composite
+def factory_args(draw, func, dtypes):
+    """empty / zeros / ones / rand / randn: a size and keyword options, the device mostly the
+    meta device (sometimes the host or left out); dtype mostly None or one of `dtypes`."""
+    kwargs = draw(factory_options(("layout", "pin_memory")))
+    if not rarely(draw, 6):
+        kwargs["device"] = META
+    if draw(st.booleans()):
+        kwargs["dtype"] = draw(st.sampled_from([None, *dtypes])) if not rarely(
+            draw, 6) else draw(st.sampled_from(DTYPES))
+    if any(arg.name == "memory_format" for arg in func._schema.arguments) and draw(
+            st.booleans()):
+        kwargs["memory_format"] = draw(st.sampled_from(
+            [None, torch.contiguous_format, torch.preserve_format, torch.channels_last]))
+    return (draw(sizes()),), kwargs
+
+
+@st.composite
+def full_args(draw):
+    (size,), kwargs = draw(factory_args(aten.full.default, FLOAT_DTYPES))
+    fill = draw(st.one_of(st.floats(-3, 3, allow_nan=False), st.integers(-3, 3), st.booleans()))
+    return (size, fill), kwargs
+
+
+@st.composite
+def scalar_tensor_args(draw):
+    _, kwargs = draw(factory_args(aten.scalar_tensor.default, FLOAT_DTYPES))
+    return (draw(scalars),), kwargs
+
+
+@st.composite
+def to_copy_args(draw):
+    x = draw(tensors())
+    kwargs = draw(factory_options())
+    if draw(st.booleans()):
+        kwargs["dtype"] = draw(st.sampled_from([None, *DTYPES]))
+    if draw(st.booleans()):
+        kwargs["non_blocking"] = draw(st.sampled_from([False, True]))
+    if draw(st.booleans()):
+        kwargs["memory_format"] = draw(st.sampled_from(
+            [None, torch.preserve_format, torch.contiguous_format, torch.channels_last]))
+    return (x,), kwargs
+
+
+@st.composite
+def layer_norm_case(draw):
+    """An input, its normalized shape (mostly its trailing 1-2 dimensions), a weight and a
+    bias (each sometimes None, of another shape or dtype)."""
+    x = draw(tensors(dtypes=FLOAT_DTYPES, min_rank=1))
+    count = draw(st.integers(1, max(1, min(2, x.dim()))))
+    normalized = list(x.shape[x.dim() - count:])
+    if rarely(draw, 8):
+        normalized = draw(st.sampled_from([[], normalized + [2], [n + 1 for n in normalized]]))
+
+    def vector():
+        if rarely(draw, 3):
+            return None
+        shape = tuple(normalized) if not rarely(draw, 8) else (3,)
+        dtype = x.dtype if not rarely(draw, 8) else draw(st.sampled_from(FLOAT_DTYPES))
+        return draw(tensors(shape=shape, dtype=dtype))
+
+    return x, normalized, vector(), vector()
+
+
+@st.composite
+def layer_norm_args(draw):
+    x, normalized, weight, bias = draw(layer_norm_case())
+    return (x, normalized, weight, bias, draw(st.sampled_from([1e-5, 1e-12]))), {}
+
+
+@st.composite
+def layer_norm_backward_args(draw):
+    x, normalized, weight, bias = draw(layer_norm_case())
+    stats = tuple(x.shape[:max(0, x.dim() - len(normalized))]) + (1,) * len(normalized)
+    dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    if rarely(draw, 8):
+        dtype = draw(st.sampled_from(FLOAT_DTYPES))
+
+    def saved():
+        return draw(tensors(shape=stats if not rarely(draw, 10) else stats + (1,), dtype=dtype))
+    mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
+    return (draw(like(x)), x, normalized, saved(), saved(), weight, bias, mask), {}
+
+
 def builder(func):
     name = func._schema.name
     if func in fast_layouts._FOREACH_IN_PLACE or func in fast_layouts._FOREACH_OUT_OF_PLACE:
@@ -514,9 +671,21 @@ def builder(func):
         aten.nll_loss_forward.default: nll_loss_forward_args,
         aten.nll_loss_backward.default: nll_loss_backward_args,
         aten.mean.dim: reduce_dims_args, aten.sum.dim_IntList: reduce_dims_args,
+        aten._prelu_kernel.default: prelu_args,
+        aten._prelu_kernel_backward.default: prelu_backward_args,
+        aten.empty.memory_format: factory_args(aten.empty.memory_format, DTYPES[:-1]),
+        aten.zeros.default: factory_args(aten.zeros.default, DTYPES[:-1]),
+        aten.ones.default: factory_args(aten.ones.default, DTYPES[:-1]),
+        aten.rand.default: factory_args(aten.rand.default, FLOAT_DTYPES),
+        aten.randn.default: factory_args(aten.randn.default, FLOAT_DTYPES),
+        aten.full.default: full_args(), aten.scalar_tensor.default: scalar_tensor_args(),
+        aten._to_copy.default: to_copy_args(),
+        aten.native_layer_norm.default: layer_norm_args,
+        aten.native_layer_norm_backward.default: layer_norm_backward_args,
     }
     if func in special:
-        return special[func]()
+        made = special[func]
+        return made if isinstance(made, st.SearchStrategy) else made()
     if func in fast_layouts._BINARY:
         return binary_args(func)
     assert func in fast_layouts._UNARY or name == "aten::clone", name
@@ -539,6 +708,67 @@ def test_every_answer_is_the_meta_kernels(func):
     run()
     # the rule's case is met often enough that a wrong layout would be seen
     assert sum(answered) >= 10, f"{func}: answered {sum(answered)} of {len(answered)}"
+
+
+STRIDED_HOWS = ["contiguous", "narrowed", "stepped", "expanded_inner", "expanded", "size1",
+                "overlapping", "transposed", "channels_last", "offset"]
+ELEMENTWISE = sorted({*fast_layouts._UNARY, *fast_layouts._BINARY, aten.elu_backward.default,
+                      aten.leaky_relu_backward.default, aten.native_dropout_backward.default,
+                      aten._prelu_kernel.default, aten._prelu_kernel_backward.default}, key=str)
+
+
+@pytest.mark.parametrize("func", ELEMENTWISE, ids=str)
+def test_elementwise_answers_on_strided_inputs_are_the_meta_kernels(func, monkeypatch):
+    """The elementwise rules on slices, stepped views, expansions, odd size-1 strides and
+    overlapping, transposed and channels_last tensors (every tensor drawn in one of these
+    layouts): wherever a rule answers it is the kernel's layout, and it answers calls with a
+    tensor that is not canonically contiguous (the ordered case) often."""
+    monkeypatch.setattr(sys.modules[__name__], "HOWS", STRIDED_HOWS)
+    strided = []
+
+    @settings(max_examples=120, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(st.data())
+    def run(data):
+        args, kwargs = data.draw(builder(func))
+        if check(func, args, kwargs):
+            strided.append(not all(fast_layouts._plain(t, fast_layouts._ANY_DTYPE)
+                                   for t in flat_tensors(args)))
+
+    run()
+    least = 0 if func is aten.elu_backward.default else 3  # its draws: test_densenet_like_...
+    assert sum(strided) >= least, f"{func}: answered {sum(strided)} calls with strided inputs"
+
+
+def test_densenet_like_and_mean_gradient_layouts_are_answered_as_the_kernels():
+    """The strided calls seen in held-out CNN rows: gradients that are channel slices of a
+    concatenation's gradient, and a mean's gradient expanded over (H, W); every elementwise
+    rule answers them with the kernel's layout."""
+    wide = meta(4, 9, 5, 5)
+    part, other = wide[:, 2:6], meta(4, 4, 5, 5)
+    spread = meta(4, 4, 1, 1).expand(4, 4, 5, 5)
+    mask = torch.empty(4, 9, 5, 5, dtype=torch.bool, device="meta")[:, 2:6]
+    calls = [
+        (aten.add.Tensor, (part, other)), (aten.add.Tensor, (other, part)),
+        (aten.gelu_backward.default, (part, other)),
+        (aten.elu_backward.default, (part, 1.67, 1.05, 1.0, False, other)),
+        (aten.leaky_relu_backward.default, (part, other, 0.01, False)),
+        (aten.softplus_backward.default, (part, other, 1.0, 20.0)),
+        (aten.threshold_backward.default, (part, other, 0.0)),
+        (aten.native_dropout_backward.default, (part, mask, 1.25)),
+        (aten.native_dropout_backward.default, (other, mask, 1.25)),
+        (aten.div.Scalar, (spread, 25)), (aten.mul.Tensor, (spread, part)),
+        (aten._prelu_kernel.default, (part, meta(4, 1, 1))),
+        (aten._prelu_kernel_backward.default, (part, other, meta(4)[:, None, None])),
+    ]
+    for func, args in calls:
+        assert check(func, args, {}), func
+    across = meta(4, 9, 5, 5).transpose(2, 3)[:, 2:6]  # W before H: the kernel reorders
+    assert fast_layout(aten.add.Tensor, (across, other), {}) is DECLINE
+    assert fast_layout(aten.add.Tensor, (meta(4, 4, 5, 5).contiguous(
+        memory_format=torch.channels_last), other), {}) is DECLINE
+    assert fast_layout(aten.randn.default, ([4, 4],), {"device": torch.device("cpu")}) is DECLINE
+    assert fast_layout(aten.empty.memory_format, ([4],), {}) is DECLINE  # a host tensor
 
 
 def meta(*shape, dtype=torch.float32):
@@ -624,6 +854,67 @@ def test_a_capture_with_fast_layouts_is_the_capture_with_the_kernels(a100, stack
     monkeypatch.setattr(recorder, "SHARED_CACHE", MetaCache())
     monkeypatch.setattr(fast_layouts, "FAST_LAYOUTS", {})
     kernels = capture_callable(_cnn_job, gpu=a100, stack=stack24, steps=3)
+    assert fast.error is None and kernels.error is None
+    assert fast.trace == kernels.trace
+    assert len(fast.trace) > 50
+
+
+class _DenseBlock(torch.nn.Module):
+    """Two convolutions whose outputs are concatenated (DenseNet): their gradients arrive as
+    channel slices of the concatenation's gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.second = torch.nn.Conv2d(8, 4, 3, padding=1)
+        self.act = torch.nn.PReLU(4)
+
+    def forward(self, x):
+        x = torch.cat([x, torch.nn.functional.gelu(self.first(x))], 1)
+        return torch.cat([x, self.act(self.second(x))], 1)
+
+
+def _strided_job():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), _DenseBlock(), torch.nn.Softplus(), torch.nn.Dropout(0.1),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(12, 10)).to("cuda")
+    optimizer = torch.optim.Adam(model.parameters(), foreach=True)
+    for _ in range(3):
+        x = torch.rand(4, 3, 12, 12, device="cuda") + torch.randn(4, 3, 12, 12).to("cuda")
+        x = x.double().float()  # copies on the device
+        optimizer.zero_grad()
+        target = torch.zeros(4, dtype=torch.long, device="cuda")
+        loss = torch.nn.functional.cross_entropy(model(x), target)
+        (loss + model(x).mean(dim=(0, 1))).backward()
+        optimizer.step()
+
+
+def test_strided_gradients_prelu_and_factories_in_a_capture(a100, stack24, monkeypatch):
+    """A DenseNet-like block with PReLU, Softplus and dropout, inputs made on the device and
+    copied to it: the concatenation's gradient slices, PReLU, the device's factories and the
+    copies are answered by the rules (as the capture passes them: its torch.device is a
+    stand-in class), and the trace is the kernels' trace."""
+    from peakmem.capture import capture_callable, recorder
+
+    answered: set = set()
+    original = fast_layouts.fast_layout
+
+    def counting(func, args, kwargs):
+        out = original(func, args, kwargs)
+        if out is not DECLINE:
+            answered.add(func)
+        return out
+
+    monkeypatch.setattr("peakmem.capture.meta_cache.fast_layout", counting)
+    monkeypatch.setattr(recorder, "SHARED_CACHE", MetaCache())
+    fast = capture_callable(_strided_job, gpu=a100, stack=stack24, steps=3)
+    wanted = {aten._prelu_kernel.default, aten._prelu_kernel_backward.default,
+              aten.softplus_backward.default, aten.gelu_backward.default,
+              aten.rand.default, aten._to_copy.default, aten.zeros_like.default}
+    assert wanted <= answered, wanted - answered
+    monkeypatch.setattr(recorder, "SHARED_CACHE", MetaCache())
+    monkeypatch.setattr(fast_layouts, "FAST_LAYOUTS", {})
+    kernels = capture_callable(_strided_job, gpu=a100, stack=stack24, steps=3)
     assert fast.error is None and kernels.error is None
     assert fast.trace == kernels.trace
     assert len(fast.trace) > 50

@@ -16,6 +16,13 @@ shape and one dtype (no broadcasting, no type promotion); scalars are ints, floa
 softmax dim) are checked here the same way or declined. Outputs are fresh contiguous meta
 tensors, one storage each, as the meta kernels make them.
 
+The elementwise rules (and dropout's backward, PReLU) also take "ordered" strided inputs
+(branch s1): slices of a wider tensor (a concatenation's gradient), stepped views and
+expansions (a mean's gradient), whose strides TensorIterator's and the Python refs'
+output-layout sort leaves in logical order, so the output is contiguous (_row_major_order).
+Factories (empty, zeros, ones, full, rand, randn, scalar_tensor) answer on the meta device
+only; `_to_copy` and the *_like factories with the meta device's options.
+
 Identity with the meta kernels: tests/capture/test_fast_layouts.py compares every rule with
 the op's own meta kernel over random shapes, strides, dtypes and scalars (hypothesis): each
 output's shape, strides, storage offset, dtype, storage size, view flag and storage sharing,
@@ -117,6 +124,8 @@ _ANY_DTYPE = frozenset({
 
 
 _META = torch.device("meta")
+_DEVICE = type(_META)  # torch.device itself (a capture replaces the name torch.device)
+_BOOL = frozenset({torch.bool})
 
 
 def _new(shape: tuple[int, ...], dtype: torch.dtype,
@@ -143,13 +152,53 @@ def _scalar(value: Any) -> bool:
 _APPROXIMATE = ("none", "tanh")  # gelu's approximate: the only string argument of these ops
 
 
+def _ordered(value: Any, dtypes: frozenset = _FLOATS) -> bool:
+    """A non-empty plain strided meta tensor of one of `dtypes` whose strides the elementwise
+    output-layout sort would leave in logical order (see _row_major_order): a canonically
+    contiguous tensor, or a slice of one along any dimensions, a stepped view, an expansion
+    (stride 0) of one."""
+    if type(value) not in _TENSORS:
+        return False
+    if (
+        not value.is_meta
+        or value.layout is not _STRIDED
+        or value.dtype not in dtypes
+        or value.is_conj()
+        or value.is_neg()
+        or value.numel() == 0
+    ):
+        return False
+    return _row_major_order(tuple(value.shape), value.stride())
+
+
+def _row_major_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """No pair of dimensions that TensorIterator's reorder_dimensions (and
+    torch._prims_common.compute_elementwise_output_logical_to_physical_perm, the Python
+    refs') would swap: for dimensions b < a with non-zero strides, stride[a] < stride[b], or
+    equal strides with size[a] <= size[b]. The sort only swaps on such a vote, so with every
+    operand of one shape ordered so the output's permutation is the identity and the output
+    contiguous; ordered tensors that are channels_last-contiguous or dense are contiguous too
+    (their fast paths give the same)."""
+    for a in range(1, len(shape)):
+        stride_a = strides[a]
+        if stride_a == 0:
+            continue
+        for b in range(a):
+            stride_b = strides[b]
+            if stride_b == 0:
+                continue
+            if stride_a > stride_b or (stride_a == stride_b and shape[a] > shape[b]):
+                return False
+    return True
+
+
 def _same_layout(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """The first tensor argument when every tensor argument is plain with one shape and dtype,
-    and every other argument a number, gelu's approximate or None."""
+    """The first tensor argument when every tensor argument is plain or ordered (_ordered)
+    with one shape and dtype, and every other argument a number, gelu's approximate or None."""
     first = None
     for value in (*args, *kwargs.values()):
         if type(value) in _TENSORS:
-            if not _plain(value):
+            if not (_plain(value) or _ordered(value)):
                 return None
             if first is None:
                 first = value
@@ -161,9 +210,24 @@ def _same_layout(args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 
 def _pointwise(guard: Callable[[tuple, dict], bool] | None = None) -> Rule:
+    """An elementwise op of one output: contiguous, of its inputs' shape and dtype."""
     def rule(args: tuple, kwargs: dict) -> Any:
         first = _same_layout(args, kwargs)
         if first is None or (guard is not None and not guard(args, kwargs)):
+            return DECLINE
+        return _new(tuple(first.shape), first.dtype)
+
+    return rule
+
+
+def _plain_pointwise(guard: Callable[[tuple, dict], bool] | None = None) -> Rule:
+    """An op whose output follows a plain (canonically contiguous) input's layout only."""
+    def rule(args: tuple, kwargs: dict) -> Any:
+        first = _same_layout(args, kwargs)
+        if first is None or (guard is not None and not guard(args, kwargs)):
+            return DECLINE
+        if not all(_plain(value) for value in (*args, *kwargs.values())
+                   if type(value) in _TENSORS):
             return DECLINE
         return _new_like(first)
 
@@ -222,7 +286,7 @@ def _clone_guard(args: tuple, kwargs: dict) -> bool:
     return kwargs.get("memory_format") in (None, torch.preserve_format, torch.contiguous_format)
 
 
-register(aten.clone.default, _pointwise(_clone_guard))
+register(aten.clone.default, _plain_pointwise(_clone_guard))
 
 
 def _native_dropout(args: tuple, kwargs: dict) -> Any:
@@ -240,11 +304,11 @@ def _native_dropout_backward(args: tuple, kwargs: dict) -> Any:
     if len(args) != 3 or kwargs:
         return DECLINE
     grad, mask, scale = args
-    if not (_plain(grad) and _plain(mask, frozenset({torch.bool})) and _scalar(scale)):
+    if not ((_plain(grad) or _ordered(grad)) and _scalar(scale)):
         return DECLINE
-    if mask.shape != grad.shape:
+    if not (_plain(mask, _BOOL) or _ordered(mask, _BOOL)) or mask.shape != grad.shape:
         return DECLINE
-    return _new_like(grad)
+    return _new(tuple(grad.shape), grad.dtype)
 
 
 register(aten.native_dropout.default, _native_dropout)
@@ -254,18 +318,44 @@ register(aten.native_dropout_backward.default, _native_dropout_backward)
 # --- factories like an input ------------------------------------------------------------------
 
 
+_OPTION_VALUES: dict[str, tuple] = {
+    # a factory's keyword options, the values under which its output is a plain meta tensor
+    "layout": (None, torch.strided),
+    "device": (None, _META),
+    "pin_memory": (None, False),
+    "memory_format": (None, torch.preserve_format, torch.contiguous_format),
+}
+
+
+def _options_ok(kwargs: dict, allowed: tuple[str, ...], dtypes: frozenset) -> bool:
+    """Every keyword one of `allowed` with a value _OPTION_VALUES lists (dtype: None or one
+    of `dtypes`; device: the meta device as torch.device("meta"))."""
+    for name, value in kwargs.items():
+        if name not in allowed:
+            return False
+        if name == "dtype":
+            if value is not None and value not in dtypes:
+                return False
+        elif name == "device":
+            if value is not None and not (type(value) is _DEVICE and value == _META):
+                return False
+        elif not any(value is ok for ok in _OPTION_VALUES[name]):
+            return False
+    return True
+
+
+_LIKE_OPTIONS = ("dtype", "layout", "device", "pin_memory", "memory_format")
+
+
 def _like(args: tuple, kwargs: dict) -> Any:
     # zeros_like / ones_like / empty_like(self, *, dtype, layout, device, pin_memory,
-    # memory_format): only with every option unset (preserve or contiguous format)
+    # memory_format): strided on the meta device, unpinned, preserve or contiguous format;
+    # the output has the plain input's (contiguous) strides, in dtype when given
     if len(args) != 1 or not _plain_any_dtype(args[0]):
         return DECLINE
-    for name, value in kwargs.items():
-        if name == "memory_format":
-            if value not in (None, torch.preserve_format, torch.contiguous_format):
-                return DECLINE
-        elif value is not None:
-            return DECLINE
-    return _new_like(args[0])
+    if not _options_ok(kwargs, _LIKE_OPTIONS, _ANY_DTYPE):
+        return DECLINE
+    return _new_like(args[0], kwargs.get("dtype"))
 
 
 register((aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default), _like)
@@ -702,3 +792,193 @@ def _reduce_dims(args: tuple, kwargs: dict) -> Any:
 
 
 register((aten.mean.dim, aten.sum.dim_IntList), _reduce_dims)
+
+
+# --- PReLU (branch s1) -----------------------------------------------------------------------------
+
+
+def _prelu_case(x: Any, weight: Any) -> bool:
+    """x ordered (_ordered), a weight of x's dtype that broadcasts to x's shape (PReLU's
+    (C, 1, ..., 1) view of its (C,) or (1,) parameter) and is ordered itself."""
+    if not ((_plain(x) or _ordered(x)) and _ordered(weight)) or weight.dtype != x.dtype:
+        return False
+    shape = tuple(x.shape)
+    sizes = tuple(weight.shape)
+    if len(sizes) > len(shape):
+        return False
+    trailing = shape[len(shape) - len(sizes):]
+    return all(size in (1, full) for size, full in zip(sizes, trailing, strict=True))
+
+
+def _prelu_kernel(args: tuple, kwargs: dict) -> Any:
+    # _prelu_kernel(self, weight): elementwise, the output contiguous of self's shape
+    if len(args) != 2 or kwargs or not _prelu_case(*args):
+        return DECLINE
+    return _new(tuple(args[0].shape), args[0].dtype)
+
+
+def _prelu_kernel_backward(args: tuple, kwargs: dict) -> Any:
+    # _prelu_kernel_backward(grad_output, self, weight) -> (grad_input, grad_weight), both of
+    # self's shape (the weight's gradient is reduced afterwards by autograd's formula)
+    if len(args) != 3 or kwargs:
+        return DECLINE
+    grad, x, weight = args
+    if not _prelu_case(x, weight) or not (_plain(grad) or _ordered(grad)):
+        return DECLINE
+    if grad.shape != x.shape or grad.dtype != x.dtype:
+        return DECLINE
+    shape = tuple(x.shape)
+    return (_new(shape, x.dtype), _new(shape, x.dtype))
+
+
+register(aten._prelu_kernel.default, _prelu_kernel)
+register(aten._prelu_kernel_backward.default, _prelu_kernel_backward)
+
+
+# --- factories on the meta device, and copies (branch s1) ----------------------------------------
+
+_FACTORY_OPTIONS = ("dtype", "layout", "device", "pin_memory")
+
+
+def _sizes(value: Any) -> bool:
+    return type(value) in (list, tuple) and all(type(size) is int and size >= 0
+                                                for size in value)
+
+
+def _factory(dtypes: frozenset, memory_format: bool = False) -> Rule:
+    """empty / zeros / ones / rand / randn(size, *, dtype, layout, device, pin_memory): a
+    contiguous meta tensor of `size` in dtype (the default dtype when None); only with the
+    device given as the meta device (a host factory makes real values: its kernel runs)."""
+    allowed = _FACTORY_OPTIONS + (("memory_format",) if memory_format else ())
+
+    def rule(args: tuple, kwargs: dict) -> Any:
+        if len(args) != 1 or not _sizes(args[0]) or kwargs.get("device") is None:
+            return DECLINE
+        if not _options_ok(kwargs, allowed, dtypes):
+            return DECLINE
+        if memory_format and kwargs.get("memory_format") is torch.preserve_format:
+            return DECLINE  # empty refuses it
+        dtype = kwargs.get("dtype")
+        if dtype is None:
+            dtype = torch.get_default_dtype()
+        return _new(tuple(args[0]), dtype)
+
+    return rule
+
+
+register(aten.empty.memory_format, _factory(_ANY_DTYPE, memory_format=True))
+register((aten.zeros.default, aten.ones.default), _factory(_ANY_DTYPE))
+register((aten.rand.default, aten.randn.default), _factory(_FLOATS))
+
+
+def _full(args: tuple, kwargs: dict) -> Any:
+    # full(size, fill_value, *, dtype, ...): a float fill (the default dtype when dtype is
+    # None) or an int / float fill with a floating dtype
+    if len(args) != 2 or not _sizes(args[0]) or kwargs.get("device") is None:
+        return DECLINE
+    fill = args[1]
+    dtype = kwargs.get("dtype")
+    if not _options_ok(kwargs, _FACTORY_OPTIONS, _FLOATS):
+        return DECLINE
+    if type(fill) is not float and not (type(fill) is int and dtype is not None):
+        return DECLINE
+    return _new(tuple(args[0]), torch.get_default_dtype() if dtype is None else dtype)
+
+
+def _scalar_tensor(args: tuple, kwargs: dict) -> Any:
+    # scalar_tensor(s, *, dtype, ...): a 0-d meta tensor, the default dtype when None
+    if len(args) != 1 or not _scalar(args[0]) or kwargs.get("device") is None:
+        return DECLINE
+    if not _options_ok(kwargs, _FACTORY_OPTIONS, _FLOATS):
+        return DECLINE
+    dtype = kwargs.get("dtype")
+    return _new((), torch.get_default_dtype() if dtype is None else dtype)
+
+
+register(aten.full.default, _full)
+register(aten.scalar_tensor.default, _scalar_tensor)
+
+
+_COPY_OPTIONS = ("dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format")
+
+
+def _to_copy(args: tuple, kwargs: dict) -> Any:
+    # _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format): a plain
+    # meta tensor copied on the meta device, its (contiguous) strides kept, in dtype if given
+    if len(args) != 1 or not _plain_any_dtype(args[0]):
+        return DECLINE
+    options = {name: value for name, value in kwargs.items() if name != "non_blocking"}
+    if type(kwargs.get("non_blocking", False)) is not bool:
+        return DECLINE
+    if not _options_ok(options, _COPY_OPTIONS, _ANY_DTYPE):
+        return DECLINE
+    return _new_like(args[0], kwargs.get("dtype"))
+
+
+register(aten._to_copy.default, _to_copy)
+
+
+# --- layer norm (branch s1) ------------------------------------------------------------------------
+
+
+def _layer_norm_case(x: Any, normalized_shape: Any, weight: Any, bias: Any) -> bool:
+    """A plain input whose trailing dimensions are `normalized_shape` (a non-empty list of
+    ints), and no or a plain weight / bias of the input's dtype and that shape."""
+    if not _plain(x) or type(normalized_shape) not in (list, tuple) or not normalized_shape:
+        return False
+    count = len(normalized_shape)
+    if count > x.dim() or any(type(size) is not int for size in normalized_shape):
+        return False
+    if tuple(x.shape[x.dim() - count:]) != tuple(normalized_shape):
+        return False
+    return all(vector is None or (_plain(vector) and vector.dtype == x.dtype
+                                  and tuple(vector.shape) == tuple(normalized_shape))
+               for vector in (weight, bias))
+
+
+def _layer_norm_stats_shape(x: torch.Tensor, count: int) -> tuple[int, ...]:
+    return tuple(x.shape[:x.dim() - count]) + (1,) * count
+
+
+def _native_layer_norm(args: tuple, kwargs: dict) -> Any:
+    # native_layer_norm(input, normalized_shape, weight, bias, eps) -> (output, mean, rstd):
+    # the output of the input's layout, the statistics (leading dims, 1, ..., 1) in the
+    # compute dtype
+    if len(args) != 5 or kwargs:
+        return DECLINE
+    x, normalized_shape, weight, bias, eps = args
+    if not _layer_norm_case(x, normalized_shape, weight, bias) or not _scalar(eps):
+        return DECLINE
+    stats = _layer_norm_stats_shape(x, len(normalized_shape))
+    dtype = _compute_dtype(x.dtype)
+    return (_new_like(x), _new(stats, dtype), _new(stats, dtype))
+
+
+def _native_layer_norm_backward(args: tuple, kwargs: dict) -> Any:
+    # native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+    # output_mask) -> (grad_input?, grad_weight?, grad_bias?): the weight's and bias's
+    # gradients only where they are given and asked for
+    if len(args) != 8 or kwargs:
+        return DECLINE
+    grad, x, normalized_shape, mean, rstd, weight, bias, mask = args
+    if not _layer_norm_case(x, normalized_shape, weight, bias):
+        return DECLINE
+    if not _plain(grad) or grad.shape != x.shape or grad.dtype != x.dtype:
+        return DECLINE
+    if type(mask) not in (list, tuple) or len(mask) != 3 or any(type(m) is not bool for m in mask):
+        return DECLINE
+    stats = _layer_norm_stats_shape(x, len(normalized_shape))
+    dtype = _compute_dtype(x.dtype)
+    for saved in (mean, rstd):
+        if not _plain(saved) or saved.dtype != dtype or tuple(saved.shape) != stats:
+            return DECLINE
+    shape = tuple(normalized_shape)
+    return (
+        _new_like(x) if mask[0] else None,
+        _new(shape, x.dtype) if mask[1] and weight is not None else None,
+        _new(shape, x.dtype) if mask[2] and bias is not None else None,
+    )
+
+
+register(aten.native_layer_norm.default, _native_layer_norm)
+register(aten.native_layer_norm_backward.default, _native_layer_norm_backward)

@@ -37,6 +37,9 @@ ops (pointwise, dropout, batch norm, softmax, mm / addmm, the *_like factories, 
 foreach ops) from the input layouts where that provably gives the meta kernel's layouts; the
 rest run the op's meta kernel.
 
+A call with a host device option (a host factory, a copy to the host) runs its kernel
+without a key: its output holds real values and is never cached.
+
 A call that raises is never cached (it raises again next time). Eager captures (real values)
 do not use the cache. A job that registers its own Meta kernel for an aten op in the middle of
 a run would still get the first kernel's layouts for calls seen before (not met in practice).
@@ -58,6 +61,7 @@ _PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, t
 _UNCACHEABLE = object()
 _STRIDED = torch.strided
 _META = torch.device("meta")
+_DEVICE = torch.device
 
 
 class _NotCacheable(Exception):
@@ -75,9 +79,13 @@ def _validates_only(func: Any) -> bool:
     )
 
 
-UNCACHED_OPS: set[str] = set()
+UNCACHED_OPS: set[str] = {
+    "aten::_unsafe_view",  # its output is a view of its input: never cached, so never keyed
+}
 """Op names ("aten::foo") whose meta kernel must always run: one with side effects beyond its
-outputs (a kernel registered by peakmem that records into the capture session, say) goes here."""
+outputs (a kernel registered by peakmem that records into the capture session, say) goes here,
+and ops whose output always shares its input's storage though the schema says no alias
+(`_recipe` refuses them every call: keying them only costs; branch s1)."""
 
 
 VALUE_BLIND_OPS = frozenset({
@@ -143,6 +151,10 @@ class MetaCache:
         if names is False or (fused and not _layout_pure(names)):
             # not cacheable, or peakmem's fused meta kernel replaces the op's own while it is
             # registered (each capture installs them): the kernel in place decides, every time
+            return func(*args, **kwargs)
+        if kwargs and type(kwargs.get("device")) is _DEVICE and kwargs["device"].type != "meta":
+            # a host factory or copy (randint, empty, _to_copy to the host...): real values,
+            # never cached (_recipe keeps meta outputs only), so no key is made (branch s1)
             return func(*args, **kwargs)
         storages: dict[int, int] = {}
         try:
