@@ -1,0 +1,174 @@
+"""Compiled code under the capture: what ran "compiled" (the note), and Dynamo left untouched.
+
+The capture runs compiled code eagerly: `torch.compile` is replaced for the job's run
+(fake_cuda's `compile_as_eager`). Two ways around that replacement are handled here:
+
+- Code compiled before the capture started (a module compiled at import in a process that
+  imported it first: pytest, `peakmem warm`, the bench's in-process workers; gpt-fast's and
+  attention-gym's `flex_attention = torch.compile(flex_attention)`). Its wrapper is Dynamo's
+  `compile_wrapper`, which would trace the fake device tensors and hand them to Inductor ("PyTorch
+  is not linked with support for cuda devices"). During the capture Dynamo's stance callback
+  (`eval_frame._callback_from_stance`, called by every compiled wrapper on entry) answers "run
+  eagerly", as `torch.compiler.set_stance("force_eager")` does, and the call is noted and bracketed
+  by the "compiled region" marks like a call compiled during the capture. `torch.compiler.disable`
+  regions (callback None or False) pass as they are.
+- Dynamo's own state. Nearly every training job imports `torch._dynamo` for the first time
+  during its capture (backward and `optimizer.step()` import it). Dynamo builds tables of torch's
+  functions and types at import (`SourcelessBuilder._type_handlers` keyed by `torch.device`, which
+  the capture replaces by a stand-in: capture/fake_device_ordinal.py): built then, they hold the
+  capture's stand-ins for the rest of the process, and every later `torch.compile` outside a
+  capture fails ("SourcelessBuilder.create does not know how to wrap torch.device", or "Handler
+  already registered for FakeStreams.current_stream"). `torch._dynamo` is imported before the
+  capture patches anything, and Dynamo's compiled-code caches are reset after it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from peakmem.capture.session import CaptureSession
+from peakmem.trace.vocab import Mark
+
+LIBRARY_KERNEL_COMPILES = ("bitsandbytes.",)
+"""Modules whose `torch.compile` calls compile the library's own fallback kernels for the host
+(bitsandbytes' default backend) at import: not the job's compiled code, not noted."""
+
+MODELLED_KERNEL_COMPILES = ("torch.nn.attention.flex_attention",)
+"""Modules whose compiled functions the capture replaces by the compiled kernel's allocations
+(capture/flex_attention.py): flex_attention's own internal `torch.compile` of its operator and a
+job's `torch.compile(flex_attention)` run nothing eagerly that Inductor would fuse: not noted."""
+
+EAGER_NOTE_START = "torch.compile was not applied"
+GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""torch.compile modes that record CUDA graphs (Inductor's `triton.cudagraphs`)."""
+
+
+def compiled_name(target: Any) -> str:
+    """How the note names a compiled module or function (a bound `Module.__call__` or
+    `_call_impl`, as `Module.compile()` and `OptimizedModule` compile: its module's class)."""
+    if isinstance(target, torch.nn.Module):
+        return type(target).__name__
+    owner = getattr(target, "__self__", None)
+    if isinstance(owner, torch.nn.Module):
+        return type(owner).__name__
+    return getattr(target, "__qualname__", None) or type(target).__name__
+
+
+def is_modelled_or_library(target: Any) -> bool:
+    """Compiled code the capture models itself (flex_attention) or a library's host kernels:
+    never noted as having run eagerly."""
+    module = str(getattr(target, "__module__", ""))
+    return module.startswith(LIBRARY_KERNEL_COMPILES + MODELLED_KERNEL_COMPILES)
+
+
+class CompiledRuns:
+    """The compiled modules and functions a capture saw declared and run, and the note."""
+
+    def __init__(self, session: CaptureSession) -> None:
+        self.session = session
+        self.names: list[str] = []
+        self.modes: dict[str, str | None] = {}
+        self.ran: set[str] = set()
+
+    def declare(self, name: str, mode: str | None) -> None:
+        if name not in self.names:
+            self.names.append(name)
+            self.modes[name] = mode
+
+    def run(self, name: str) -> None:
+        """`name` ran (eagerly): the note names every compiled thing that ran so far."""
+        if name in self.ran:
+            return
+        self.ran.add(name)
+        names = [compiled for compiled in self.names if compiled in self.ran]
+        listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        note = (
+            f"{EAGER_NOTE_START}: {listed} ran eagerly; Inductor fuses chains of "
+            "elementwise ops and frees (or recomputes in backward) their intermediates, so "
+            "the activations traced are an upper bound for the compiled run"
+        )
+        graph_modes = dict.fromkeys(
+            self.modes[compiled] for compiled in names if self.modes[compiled] in GRAPH_MODES
+        )
+        for graph_mode in graph_modes:
+            note += (
+                f"; mode={graph_mode!r} also records CUDA graphs, whose private memory "
+                "pools are not modelled"
+            )
+        notes = self.session.notes
+        notes[:] = [n for n in notes if not n.startswith(EAGER_NOTE_START)]
+        notes.append(note)
+
+
+_RUNS: dict[int, CompiledRuns] = {}
+
+
+def compiled_runs(session: CaptureSession) -> CompiledRuns:
+    """The session's record of compiled code (one per session, dropped when it is closed)."""
+    runs = _RUNS.get(id(session))
+    if runs is None or runs.session is not session:
+        runs = _RUNS[id(session)] = CompiledRuns(session)
+    return runs
+
+
+def _forget(session: CaptureSession) -> None:
+    runs = _RUNS.get(id(session))
+    if runs is not None and runs.session is session:
+        del _RUNS[id(session)]
+
+
+def dynamo_caches_reset() -> None:
+    """Drop what Dynamo compiled and cached (code caches, guards on tensors the capture made)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+
+
+@contextmanager
+def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
+    """See the module's docstring: enter before any of the capture's patches."""
+    import torch._dynamo  # noqa: F401  (its tables built from the real torch)
+    from torch._dynamo import eval_frame
+
+    original_stance = eval_frame._callback_from_stance
+    original_set = eval_frame._maybe_set_eval_frame
+    open_calls: list[list[Any]] = []  # [wrapper frame, its eval-frame sets so far], innermost last
+
+    def callback_from_stance(callback: Any) -> Any:
+        if callback in (False, None):  # torch.compiler.disable / run-only: as it is
+            return original_stance(callback)
+        caller = sys._getframe(1)  # the compiled wrapper (`compile_wrapper`), `fn` its target
+        target = caller.f_locals.get("fn")
+        if target is not None and not is_modelled_or_library(target):
+            runs = compiled_runs(session)
+            name = compiled_name(target)
+            runs.declare(name, None)
+            runs.run(name)
+            session.mark(Mark.COMPILED.value)
+            open_calls.append([caller, 0])
+        return None  # run eagerly: `torch.compiler.set_stance("force_eager")`'s answer
+
+    def maybe_set_eval_frame(callback: Any) -> Any:
+        """The wrapper sets the eval frame twice from its frame: entering, then leaving."""
+        result = original_set(callback)
+        if open_calls and sys._getframe(1) is open_calls[-1][0]:
+            open_calls[-1][1] += 1
+            if open_calls[-1][1] == 2:
+                open_calls.pop()
+                session.mark(Mark.COMPILED_END.value)
+        return result
+
+    eval_frame._callback_from_stance = callback_from_stance
+    eval_frame._maybe_set_eval_frame = maybe_set_eval_frame
+    try:
+        yield
+    finally:
+        eval_frame._callback_from_stance = original_stance
+        eval_frame._maybe_set_eval_frame = original_set
+        dynamo_caches_reset()
+        _forget(session)

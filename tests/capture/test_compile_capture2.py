@@ -1,0 +1,112 @@
+"""torch.compile around the capture: code compiled before it runs eagerly (noted, bracketed),
+and Dynamo works after it in the same process."""
+
+import functools
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn.attention.flex_attention import flex_attention
+
+from peakmem.capture import capture_callable
+from peakmem.trace.events import EventKind
+from peakmem.trace.vocab import Mark
+from tests.capture.capture_helpers import allocations
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+B, H, M, D = 2, 4, 256, 16
+FP32 = 4
+
+
+def _marks(trace) -> list[str]:
+    return [trace.tag_of(i).op for i, (kind, *_rest) in enumerate(trace.events())
+            if kind == EventKind.MARK]
+
+
+def _compile_notes(result) -> list[str]:
+    return [note for note in result.notes if note.startswith("torch.compile was not applied")]
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.fc(x)) * 2
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.float().square().mean()
+
+
+# compiled before any capture, as a module-level compile in a process that imported it first
+COMPILED_LOSS = torch.compile(_loss)
+COMPILED_FLEX = torch.compile(flex_attention)
+
+
+@torch.compiler.disable
+def _left_eager(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+def test_code_compiled_before_the_capture_runs_eagerly_noted_and_bracketed(a100, stack24):
+    def job(block):
+        model = block.cuda()
+        x = torch.randn(8, 64, device="cuda")
+        COMPILED_LOSS(_left_eager(model(x))).backward()
+
+    for _ in range(2):  # the same compiled function twice in one process, a module each time
+        block = torch.compile(Block())
+        result = capture_callable(functools.partial(job, block), gpu=a100, stack=stack24)
+        assert result.error is None, result.error_text
+        notes = _compile_notes(result)
+        assert len(notes) == 1 and "Block" in notes[0] and "_loss" in notes[0]
+        assert "_left_eager" not in notes[0]  # torch.compiler.disable: not compiled code
+        marks = [m for m in _marks(result.trace) if m.startswith("compiled region")]
+        assert marks == [Mark.COMPILED.value, Mark.COMPILED_END.value] * 2
+        params = 64 * 64 * FP32 + 64 * FP32
+        assert sorted(s for s, _ in allocations(result.trace, "parameter")) == sorted(
+            [64 * 64 * FP32, 64 * FP32])
+        assert sum(s for s, _ in allocations(result.trace, "gradient")) == params
+
+
+def test_flex_attention_compiled_before_the_capture_records_the_kernel_unnoted(a100, stack24):
+    def job():
+        q, k, v = (torch.randn(B, H, M, D, device="cuda", requires_grad=True) for _ in range(3))
+        COMPILED_FLEX(q, k, v).sum().backward()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    sizes = [size for size, tag in allocations(result.trace) if tag.op == "flex_attention"]
+    assert sizes == [B * H * M * D * FP32] + [B * H * M * FP32] * 2
+    assert _compile_notes(result) == []
+
+
+_AFTER_A_CAPTURE = """
+import torch
+from torch.nn.attention.flex_attention import flex_attention
+from peakmem.estimate import estimate
+
+def job():
+    model = torch.nn.Linear(8, 8).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 8, device="cuda")).sum().backward()  # imports torch._dynamo
+    optimizer.step()
+
+assert estimate(job, gpu="a100-40gb", steps="all", mode="fake").capture.error is None
+q = torch.randn(1, 1, 128, 16)
+torch.testing.assert_close(torch.compile(flex_attention)(q, q, q), flex_attention(q, q, q))
+print("compiled after the capture")
+"""
+
+
+def test_torch_compile_works_after_a_capture_in_the_same_process():
+    """A fresh process (torch._dynamo not yet imported): the capture must not leave Dynamo's
+    tables holding its stand-ins (torch.device)."""
+    run = subprocess.run([sys.executable, "-c", _AFTER_A_CAPTURE], capture_output=True,
+                         text=True, timeout=240, env={"PYTHONPATH": str(SRC),
+                                                      "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "compiled after the capture" in run.stdout
