@@ -46,6 +46,7 @@ from torch._higher_order_ops.flex_attention import (
     sdpa_dense,
     sdpa_dense_backward,
 )
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -209,10 +210,30 @@ def _fill_real_values(session: CaptureSession, meta_outputs: tuple, math: Callab
     if executor is None:
         return
     with _disable_current_modes():
-        real = math(*tree_map(lambda v: executor.shadow(v) if is_meta(v) else v, args))
+        host_args = tree_map(lambda v: executor.shadow(v) if is_meta(v) else v, args)
+        with _ClosedOverShadows(executor):
+            real = math(*host_args)
         for meta, value in zip(tree_flatten(meta_outputs)[0], tree_flatten(real)[0], strict=True):
             if is_meta(meta) and isinstance(value, Tensor):
                 executor.shadow(meta).copy_(value)
+
+
+class _ClosedOverShadows(TorchFunctionMode):
+    """Device tensors a score_mod / mask_mod reaches other than through its arguments (ALiBi
+    slopes, a document-id table, a bias table closed over or global; the constants of the
+    graph torch traced from it) take their host shadows when the math path uses them."""
+
+    def __init__(self, executor: ShadowExecutor) -> None:
+        super().__init__()
+        self.executor = executor
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        def host(value: Any) -> Any:
+            return self.executor.shadow(value) if isinstance(value, Tensor) and is_meta(value) \
+                else value
+
+        return func(*tree_map(host, args), **tree_map(host, kwargs or {}))
 
 
 _AUTOGRAD_KEYS = (
