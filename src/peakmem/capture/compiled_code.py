@@ -43,6 +43,17 @@ MODELLED_KERNEL_COMPILES = ("torch.nn.attention.flex_attention",)
 (capture/flex_attention.py): flex_attention's own internal `torch.compile` of its operator and a
 job's `torch.compile(flex_attention)` run nothing eagerly that Inductor would fuse: not noted."""
 
+FUSED_COMPILES: dict[str, str] = {
+    "torch.nn.attention.flex_attention.create_block_mask": (
+        "create_block_mask compiled (torch.compile or _compile=True): its dense "
+        "B x H x Q_LEN x KV_LEN mask and the other temporaries were left out, as Inductor fuses "
+        "the mask_mod into the block counts; the BlockMask's tensors are kept"
+    ),
+}
+"""Compiled functions whose temporaries Inductor fuses away entirely (module.qualname -> the
+note): run eagerly, every allocation made and freed again during the call is dropped
+(fused_updates.drop_freed_since); what the call returns stays."""
+
 EAGER_NOTE_START = "torch.compile was not applied"
 GRAPH_MODES = ("reduce-overhead", "max-autotune")
 """torch.compile modes that record CUDA graphs (Inductor's `triton.cudagraphs`)."""
@@ -64,6 +75,38 @@ def is_modelled_or_library(target: Any) -> bool:
     never noted as having run eagerly."""
     module = str(getattr(target, "__module__", ""))
     return module.startswith(LIBRARY_KERNEL_COMPILES + MODELLED_KERNEL_COMPILES)
+
+
+def fused_note(target: Any) -> str | None:
+    """The note for a compiled function whose temporaries Inductor fuses away (else None)."""
+    key = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}"
+    return FUSED_COMPILES.get(key)
+
+
+def fused_call_start(session: CaptureSession) -> int:
+    return len(session.trace)
+
+
+def fused_call_end(session: CaptureSession, start: int, note: str) -> None:
+    """The fused function returned: drop the temporaries it made since `start`; note it."""
+    from peakmem.capture import fused_updates
+
+    if fused_updates.drop_freed_since(session, start) and note not in session.notes:
+        session.notes.append(note)
+
+
+def fused_stand_in(session: CaptureSession, target: Any, note: str) -> Any:
+    """`target` as torch.compile makes it, run eagerly without its fused temporaries."""
+    import functools
+
+    @functools.wraps(target)
+    def compiled(*args: Any, **kwargs: Any) -> Any:
+        start = fused_call_start(session)
+        returned = target(*args, **kwargs)
+        fused_call_end(session, start, note)
+        return returned
+
+    return compiled
 
 
 class CompiledRuns:
@@ -137,20 +180,24 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
 
     original_stance = eval_frame._callback_from_stance
     original_set = eval_frame._maybe_set_eval_frame
-    open_calls: list[list[Any]] = []  # [wrapper frame, its eval-frame sets so far], innermost last
+    open_calls: list[list[Any]] = []  # [wrapper frame, eval-frame sets so far, at its end]
 
     def callback_from_stance(callback: Any) -> Any:
         if callback in (False, None):  # torch.compiler.disable / run-only: as it is
             return original_stance(callback)
         caller = sys._getframe(1)  # the compiled wrapper (`compile_wrapper`), `fn` its target
         target = caller.f_locals.get("fn")
-        if target is not None and not is_modelled_or_library(target):
+        note = fused_note(target)
+        if note is not None:
+            start = fused_call_start(session)
+            open_calls.append([caller, 0, lambda: fused_call_end(session, start, note)])
+        elif target is not None and not is_modelled_or_library(target):
             runs = compiled_runs(session)
             name = compiled_name(target)
             runs.declare(name, None)
             runs.run(name)
             session.mark(Mark.COMPILED.value)
-            open_calls.append([caller, 0])
+            open_calls.append([caller, 0, lambda: session.mark(Mark.COMPILED_END.value)])
         return None  # run eagerly: `torch.compiler.set_stance("force_eager")`'s answer
 
     def maybe_set_eval_frame(callback: Any) -> Any:
@@ -159,8 +206,7 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
         if open_calls and sys._getframe(1) is open_calls[-1][0]:
             open_calls[-1][1] += 1
             if open_calls[-1][1] == 2:
-                open_calls.pop()
-                session.mark(Mark.COMPILED_END.value)
+                open_calls.pop()[2]()
         return result
 
     eval_frame._callback_from_stance = callback_from_stance

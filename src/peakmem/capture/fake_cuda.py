@@ -206,6 +206,9 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         mode = kwargs.get("mode")
 
         def apply(target: Any) -> Any:
+            fused = compiled_code.fused_note(target)
+            if fused is not None:  # Inductor keeps none of its temporaries
+                return compiled_code.fused_stand_in(session, target, fused)
             if compiled_code.is_modelled_or_library(target):
                 return target  # a library's host kernels, or a kernel the capture records
             name = compiled_code.compiled_name(target)
