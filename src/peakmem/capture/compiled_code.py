@@ -55,8 +55,24 @@ note): run eagerly, every allocation made and freed again during the call is dro
 (fused_updates.drop_freed_since); what the call returns stays."""
 
 EAGER_NOTE_START = "torch.compile was not applied"
+CUDA_GRAPH_POOLS = (
+    ": Inductor's CUDA graph trees (torch/_inductor/cudagraph_trees.py) take the graphs' "
+    "activations, outputs and static copies of their non-parameter inputs from one pool that "
+    "stays reserved between replays and that memory outside the graphs cannot reuse, so the "
+    "compiled run may reserve more than this estimate"
+)
 GRAPH_MODES = ("reduce-overhead", "max-autotune")
-"""torch.compile modes that record CUDA graphs (Inductor's `triton.cudagraphs`)."""
+"""torch.compile modes that record CUDA graphs (Inductor's `triton.cudagraphs`; not
+"max-autotune-no-cudagraphs")."""
+GRAPH_OPTION = "triton.cudagraphs"
+
+
+def graph_mode(mode: str | None, options: dict | None) -> str | None:
+    """The mode torch.compile was given, or "reduce-overhead" where its Inductor options turn
+    CUDA graphs on (`options={"triton.cudagraphs": True}`: what that mode sets)."""
+    if mode is None and isinstance(options, dict) and options.get(GRAPH_OPTION):
+        return "reduce-overhead"
+    return mode
 
 
 def compiled_name(target: Any) -> str:
@@ -143,6 +159,8 @@ class CompiledRuns:
                 f"; mode={graph_mode!r} also records CUDA graphs, whose private memory "
                 "pools are not modelled"
             )
+        if graph_modes:
+            note += CUDA_GRAPH_POOLS
         notes = self.session.notes
         notes[:] = [n for n in notes if not n.startswith(EAGER_NOTE_START)]
         notes.append(note)
@@ -175,7 +193,7 @@ def dynamo_caches_reset() -> None:
 @contextmanager
 def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
     """See the module's docstring: enter before any of the capture's patches."""
-    import torch._dynamo  # noqa: F401  (its tables built from the real torch)
+    import torch._dynamo  # its tables built from the real torch
     from torch._dynamo import eval_frame
 
     original_stance = eval_frame._callback_from_stance
@@ -209,12 +227,27 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
                 open_calls.pop()[2]()
         return result
 
+    original_reset = torch._dynamo.reset
+
+    def reset() -> None:
+        """`torch._dynamo.reset()` / `torch.compiler.reset()`: with a CUDA device it resets
+        Inductor's CUDA graph trees, whose module a CPU-only torch cannot import; the capture
+        records no CUDA graph, so the reset runs as on a machine without one."""
+        answer = torch.cuda.is_available
+        torch.cuda.is_available = lambda: False
+        try:
+            original_reset()
+        finally:
+            torch.cuda.is_available = answer
+
     eval_frame._callback_from_stance = callback_from_stance
     eval_frame._maybe_set_eval_frame = maybe_set_eval_frame
+    torch._dynamo.reset = reset
     try:
         yield
     finally:
         eval_frame._callback_from_stance = original_stance
         eval_frame._maybe_set_eval_frame = original_set
+        torch._dynamo.reset = original_reset
         dynamo_caches_reset()
         _forget(session)

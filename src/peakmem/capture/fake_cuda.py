@@ -203,7 +203,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         from peakmem.trace.vocab import Mark
 
         runs = compiled_code.compiled_runs(session)
-        mode = kwargs.get("mode")
+        mode = compiled_code.graph_mode(kwargs.get("mode"), kwargs.get("options"))
 
         def apply(target: Any) -> Any:
             fused = compiled_code.fused_note(target)
