@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
@@ -85,6 +86,7 @@ def test_flex_attention_compiled_before_the_capture_records_the_kernel_unnoted(a
 
 
 _AFTER_A_CAPTURE = """
+import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 from peakmem.estimate import estimate
@@ -110,3 +112,46 @@ def test_torch_compile_works_after_a_capture_in_the_same_process():
                                                       "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "compiled after the capture" in run.stdout
+
+
+SCRIPTS = Path(__file__).resolve().parent / "compile_scripts"
+WIDTH, BATCH = 256, 64  # compile_scripts/_tiny.py
+PARAMS = 2 * (WIDTH * WIDTH + WIDTH) * FP32
+GRAPH_SCRIPTS = {"max_autotune": "max-autotune", "reduce_overhead_fullgraph": "reduce-overhead"}
+COMPILED = {
+    "nanogpt_compile": "Sequential", "max_autotune": "Sequential",
+    "reduce_overhead_fullgraph": "Sequential", "dynamic_shapes": "Sequential",
+    "compiled_loss_and_step": "loss_fn, opt_step", "dynamo_config_disable": "Head",
+}
+
+
+@pytest.mark.parametrize("script", sorted(COMPILED))
+def test_compile_scripts_twice_in_one_process_with_hand_counted_bytes(script):
+    """Public torch.compile patterns (see each script's docstring): the tiny model's parameters,
+    gradients and AdamW moments are what they are in eager, and a second run in the same
+    process gives the same estimate."""
+    from peakmem.estimate import estimate_command
+
+    peaks = []
+    for _ in range(2):
+        result = estimate_command(["python", str(SCRIPTS / f"{script}.py")], gpu="a100-40gb",
+                                  steps="all", mode="fake", isolate=False)
+        trace = result.capture.trace
+        assert result.steps == 3
+        assert sum(s for s, _ in allocations(trace, "parameter")) == PARAMS
+        assert sum(s for s, _ in allocations(trace, "optimizer_state")) == 2 * PARAMS
+        at_peak = result.breakdown.by_category
+        assert at_peak["parameter"] == at_peak["gradient"] == PARAMS
+        assert at_peak["optimizer_state"] == 2 * PARAMS
+        # forward saves the input, the first layer's output and GELU's output each step
+        saved = sum(s for s, _ in allocations(trace, "activation"))
+        rows = [BATCH, BATCH, BATCH // 2 if script == "dynamic_shapes" else BATCH]
+        assert saved >= sum(3 * n * WIDTH * FP32 for n in rows)
+        assert result.peak_allocated_bytes >= 4 * PARAMS + BATCH * WIDTH * FP32
+        notes = _compile_notes(result)
+        assert len(notes) == 1 and f": {COMPILED[script]} ran eagerly;" in notes[0]
+        graphs = GRAPH_SCRIPTS.get(script)
+        assert (f"mode={graphs!r} also records CUDA graphs" in notes[0]) is (graphs is not None)
+        assert ("cudagraph_trees" in notes[0]) is (graphs is not None)
+        peaks.append(result.peak_reserved_bytes)
+    assert peaks[0] == peaks[1]
