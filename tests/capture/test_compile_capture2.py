@@ -59,12 +59,13 @@ def test_code_compiled_before_the_capture_runs_eagerly_noted_and_bracketed(a100,
         COMPILED_LOSS(_left_eager(model(x))).backward()
 
     for _ in range(2):  # the same compiled function twice in one process, a module each time
-        block = torch.compile(Block())
+        block = torch.compile(Block(), mode="reduce-overhead")
         result = capture_callable(functools.partial(job, block), gpu=a100, stack=stack24)
         assert result.error is None, result.error_text
         notes = _compile_notes(result)
         assert len(notes) == 1 and "Block" in notes[0] and "_loss" in notes[0]
         assert "_left_eager" not in notes[0]  # torch.compiler.disable: not compiled code
+        assert "mode='reduce-overhead' also records CUDA graphs" in notes[0]  # Block's mode
         marks = [m for m in _marks(result.trace) if m.startswith("compiled region")]
         assert marks == [Mark.COMPILED.value, Mark.COMPILED_END.value] * 2
         params = 64 * 64 * FP32 + 64 * FP32

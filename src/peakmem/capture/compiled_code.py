@@ -190,6 +190,20 @@ def dynamo_caches_reset() -> None:
         dynamo.reset()
 
 
+def _graph_mode_of(eval_frame: Any, callback: Any) -> str | None:
+    """The CUDA-graph mode a Dynamo callback compiles with (its Inductor backend's config:
+    `triton.cudagraphs`, with `max_autotune` for "max-autotune"), else None."""
+    innermost = getattr(eval_frame, "innermost_backend", None)
+    try:
+        backend = innermost(callback) if innermost is not None else None
+    except Exception:  # noqa: BLE001 - a backend Dynamo cannot unwrap: no CUDA graphs known
+        return None
+    config = getattr(backend, "config", None)
+    if not isinstance(config, dict) or not config.get(GRAPH_OPTION):
+        return None
+    return "max-autotune" if config.get("max_autotune") else "reduce-overhead"
+
+
 @contextmanager
 def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
     """See the module's docstring: enter before any of the capture's patches."""
@@ -212,7 +226,7 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
         elif target is not None and not is_modelled_or_library(target):
             runs = compiled_runs(session)
             name = compiled_name(target)
-            runs.declare(name, None)
+            runs.declare(name, _graph_mode_of(eval_frame, callback))
             runs.run(name)
             session.mark(Mark.COMPILED.value)
             open_calls.append([caller, 0, lambda: session.mark(Mark.COMPILED_END.value)])
