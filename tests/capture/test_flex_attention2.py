@@ -18,6 +18,7 @@ from tests.capture.capture_helpers import allocations
 
 B, H, M, D = 1, 2, 256, 8
 DOC_LEN = 100  # documents of 100 tokens packed in one sequence
+COMPILED_CREATE_BLOCK_MASK = torch.compile(create_block_mask)  # before any capture
 BLOCK_MASK_NOTE = FUSED_COMPILES["torch.nn.attention.flex_attention.create_block_mask"]
 
 
@@ -98,10 +99,13 @@ def _build_mask(how: str):
         return create_block_mask(mask_mod, B, H, M, M, device="cuda")
     if how == "_compile":
         return create_block_mask(mask_mod, B, H, M, M, device="cuda", _compile=True)
+    if how == "compiled before the capture":
+        return COMPILED_CREATE_BLOCK_MASK(mask_mod, B, H, M, M, device="cuda")
     return torch.compile(create_block_mask)(mask_mod, B, H, M, M, device="cuda")
 
 
-@pytest.mark.parametrize("how", ["eager", "_compile", "torch.compile"])
+@pytest.mark.parametrize("how", ["eager", "_compile", "torch.compile",
+                                 "compiled before the capture"])
 def test_compiled_create_block_mask_keeps_no_dense_mask(how):
     def job():
         block_mask = _build_mask(how)
