@@ -43,7 +43,7 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
 
 
 # compiled before any capture, as a module-level compile in a process that imported it first
-COMPILED_LOSS = torch.compile(_loss)
+COMPILED_LOSS = torch.compile(_loss, fullgraph=True)
 COMPILED_FLEX = torch.compile(flex_attention)
 
 

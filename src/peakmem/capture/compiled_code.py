@@ -258,7 +258,10 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
     eval_frame._maybe_set_eval_frame = maybe_set_eval_frame
     torch._dynamo.reset = reset
     try:
-        yield
+        # the stance too: a `fullgraph=True` wrapper that compiled nothing raises ("found no
+        # compiled frames") unless the stance says eager
+        with torch.compiler.set_stance("force_eager"):
+            yield
     finally:
         eval_frame._callback_from_stance = original_stance
         eval_frame._maybe_set_eval_frame = original_set
