@@ -156,3 +156,6 @@ def test_compile_scripts_twice_in_one_process_with_hand_counted_bytes(script):
         assert ("cudagraph_trees" in notes[0]) is (graphs is not None)
         peaks.append(result.peak_reserved_bytes)
     assert peaks[0] == peaks[1]
+    import torch._dynamo
+
+    assert not torch._dynamo.config.suppress_errors  # the job's config tweaks were put back

@@ -25,6 +25,7 @@ The capture runs compiled code eagerly: `torch.compile` is replaced for the job'
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -204,6 +205,34 @@ def _graph_mode_of(eval_frame: Any, callback: Any) -> str | None:
     return "max-autotune" if config.get("max_autotune") else "reduce-overhead"
 
 
+COMPILER_CONFIGS = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
+"""Config modules a job may tweak (`torch._dynamo.config.cache_size_limit = 64`, ...): put
+back after the capture, so one job's settings do not steer the next compile in the process."""
+
+
+@contextmanager
+def compiler_configs_restored() -> Iterator[None]:
+    saved = []
+    with warnings.catch_warnings():  # reading a deprecated setting warns
+        warnings.simplefilter("ignore")
+        for name in COMPILER_CONFIGS:
+            config = sys.modules.get(name)
+            if config is not None and hasattr(config, "get_config_copy"):
+                saved.append((config, config.get_config_copy()))
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for config, values in saved:
+                for key, value in values.items():
+                    try:
+                        if getattr(config, key) != value:
+                            setattr(config, key, value)
+                    except Exception:  # noqa: BLE001 - a setting that cannot be compared or set
+                        continue
+
+
 @contextmanager
 def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
     """See the module's docstring: enter before any of the capture's patches."""
@@ -260,7 +289,7 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
     try:
         # the stance too: a `fullgraph=True` wrapper that compiled nothing raises ("found no
         # compiled frames") unless the stance says eager
-        with torch.compiler.set_stance("force_eager"):
+        with torch.compiler.set_stance("force_eager"), compiler_configs_restored():
             yield
     finally:
         eval_frame._callback_from_stance = original_stance
