@@ -148,3 +148,33 @@ def test_a_block_mask_built_once_serves_every_step():
     first_attention = ops.index("flex_attention")
     tables = [i for i, op in enumerate(ops) if op.startswith("_to_copy")]
     assert tables and max(tables) < first_attention
+
+
+def _learnable_bias(inputs, device: str) -> list[torch.Tensor]:
+    """A relative-position bias table the score_mod closes over and that learns (attention-gym's
+    learnable bias): its gradient, as torch's flex_attention (Dynamo lifting the table into the
+    operator's buffers) gives it; on the host, written out."""
+    bias = torch.linspace(-1, 1, 2 * M).to(device).requires_grad_()
+
+    def relative(score, b, h, q_idx, kv_idx):
+        return score + bias[q_idx - kv_idx + M]
+
+    q, k, v = (t.to(device) for t in inputs)
+    attend = _dense if device == "cpu" else flex_attention
+    attend(q, k, v, score_mod=relative).square().sum().backward()
+    assert bias.grad is not None
+    return [bias.grad.cpu()]
+
+
+@pytest.mark.parametrize("mode", ["fake", "eager"])
+def test_a_learnable_bias_closed_over_gets_its_gradient(mode):
+    torch.manual_seed(0)
+    inputs = [torch.randn(B, H, M, D) for _ in range(3)]
+    seen = []
+    result = estimate(lambda: seen.extend(_learnable_bias(inputs, "cuda")), gpu="a100-40gb",
+                      steps="all", mode=mode)
+    assert result.capture.error is None, result.capture.error_text
+    grads = [s for s, tag in allocations(result.capture.trace) if tag.op == "flex_attention_backward"]
+    assert grads[3:] == [2 * M * 4]  # after grad_query/value/key: the table's fp32 gradient
+    if mode == "eager":
+        torch.testing.assert_close(seen[0], _learnable_bias(inputs, "cpu")[0], rtol=1e-4, atol=1e-4)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -54,6 +54,19 @@ FUSED_COMPILES: dict[str, str] = {
 """Compiled functions whose temporaries Inductor fuses away entirely (module.qualname -> the
 note): run eagerly, every allocation made and freed again during the call is dropped
 (fused_updates.drop_freed_since); what the call returns stays."""
+
+def _lifted_flex_attention(target: Any) -> Any:
+    from peakmem.capture.flex_attention import lifted_hop_wrapper
+
+    return lifted_hop_wrapper(target)
+
+
+STAND_INS: dict[str, Callable[[Any], Any]] = {
+    "torch.nn.attention.flex_attention.flex_attention.<locals>._flex_attention_hop_wrapper":
+        _lifted_flex_attention,
+}
+"""Compiled functions the capture modelled itself that need what Dynamo does to their
+arguments (module.qualname -> the stand-in for the compiled function, given the function)."""
 
 EAGER_NOTE_START = "torch.compile was not applied"
 CUDA_GRAPH_POOLS = (
@@ -94,10 +107,19 @@ def is_modelled_or_library(target: Any) -> bool:
     return module.startswith(LIBRARY_KERNEL_COMPILES + MODELLED_KERNEL_COMPILES)
 
 
+def _key(target: Any) -> str:
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}"
+
+
+def stand_in(target: Any) -> Any:
+    """What runs for compiled `target`: its stand-in (STAND_INS) or itself."""
+    make = STAND_INS.get(_key(target))
+    return target if make is None else make(target)
+
+
 def fused_note(target: Any) -> str | None:
     """The note for a compiled function whose temporaries Inductor fuses away (else None)."""
-    key = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}"
-    return FUSED_COMPILES.get(key)
+    return FUSED_COMPILES.get(_key(target))
 
 
 def fused_call_start(session: CaptureSession) -> int:

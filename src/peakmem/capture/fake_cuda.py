@@ -210,7 +210,8 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             if fused is not None:  # Inductor keeps none of its temporaries
                 return compiled_code.fused_stand_in(session, target, fused)
             if compiled_code.is_modelled_or_library(target):
-                return target  # a library's host kernels, or a kernel the capture records
+                return compiled_code.stand_in(target)  # a library's host kernels, or a kernel
+                # the capture records
             name = compiled_code.compiled_name(target)
             if isinstance(target, torch.nn.Module):
 
