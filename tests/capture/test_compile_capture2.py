@@ -159,3 +159,26 @@ def test_compile_scripts_twice_in_one_process_with_hand_counted_bytes(script):
     import torch._dynamo
 
     assert not torch._dynamo.config.suppress_errors  # the job's config tweaks were put back
+
+
+def test_flex_attention_gym_script_compiled_at_module_level_twice():
+    from peakmem.capture.compiled_code import FUSED_COMPILES
+    from peakmem.estimate import estimate_command
+
+    b, h, m, d = 2, 4, 512, 16  # compile_scripts/flex_gym_compiled.py
+    peaks = []
+    for _ in range(2):
+        result = estimate_command(["python", str(SCRIPTS / "flex_gym_compiled.py")],
+                                  gpu="a100-40gb", steps="all", mode="fake", isolate=False)
+        trace = result.capture.trace
+        assert result.steps == 3
+        outputs = [s for s, tag in allocations(trace) if tag.op == "flex_attention"]
+        assert outputs == [b * h * m * d * FP32, b * h * m * FP32, b * h * m * FP32] * 3
+        dense = b * h * m * m  # a bool mask; the scores would be 4x that
+        assert max(s for s, tag in allocations(trace) if tag.category != "workspace") < dense
+        params = (h * d * 3 * h * d + 3 * h * d) * FP32
+        assert sum(s for s, _ in allocations(trace, "optimizer_state")) == 2 * params
+        assert FUSED_COMPILES["torch.nn.attention.flex_attention.create_block_mask"] in result.notes
+        assert _compile_notes(result) == []  # the kernels are what the capture records
+        peaks.append(result.peak_reserved_bytes)
+    assert peaks[0] == peaks[1]
