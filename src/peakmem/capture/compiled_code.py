@@ -305,9 +305,17 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
         finally:
             torch.cuda.is_available = answer
 
+    original_mark_step = torch.compiler.cudagraph_mark_step_begin
+
+    def cudagraph_mark_step_begin() -> None:
+        """gpt-fast's and torchtitan's per-step call with mode="reduce-overhead": it marks a
+        step of Inductor's CUDA graph trees (a module a CPU-only torch cannot import); no CUDA
+        graph is recorded here."""
+
     eval_frame._callback_from_stance = callback_from_stance
     eval_frame._maybe_set_eval_frame = maybe_set_eval_frame
     torch._dynamo.reset = reset
+    torch.compiler.cudagraph_mark_step_begin = cudagraph_mark_step_begin
     try:
         # the stance too: a `fullgraph=True` wrapper that compiled nothing raises ("found no
         # compiled frames") unless the stance says eager
@@ -317,5 +325,6 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
         eval_frame._callback_from_stance = original_stance
         eval_frame._maybe_set_eval_frame = original_set
         torch._dynamo.reset = original_reset
+        torch.compiler.cudagraph_mark_step_begin = original_mark_step
         dynamo_caches_reset()
         _forget(session)
