@@ -19,7 +19,15 @@ The capture runs compiled code eagerly: `torch.compile` is replaced for the job'
   capture's stand-ins for the rest of the process, and every later `torch.compile` outside a
   capture fails ("SourcelessBuilder.create does not know how to wrap torch.device", or "Handler
   already registered for FakeStreams.current_stream"). `torch._dynamo` is imported before the
-  capture patches anything, and Dynamo's compiled-code caches are reset after it.
+  capture patches anything, and Dynamo's compiled-code caches are reset after it. A job's
+  tweaks of `torch._dynamo.config` / `torch._inductor.config` / `torch._functorch.config` are put
+  back after it; `torch._dynamo.reset()` and `torch.compiler.cudagraph_mark_step_begin()` work
+  inside it (Inductor's CUDA graph trees cannot be imported by a CPU-only torch; none is
+  recorded).
+
+Compiled functions the capture treats specially: `FUSED_COMPILES` (Inductor keeps none of their
+temporaries: `create_block_mask`) and `STAND_INS` (what Dynamo does to their arguments is done
+here: flex_attention's closed-over tensors lifted into the operator's buffers).
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ FUSED_COMPILES: dict[str, str] = {
 """Compiled functions whose temporaries Inductor fuses away entirely (module.qualname -> the
 note): run eagerly, every allocation made and freed again during the call is dropped
 (fused_updates.drop_freed_since); what the call returns stays."""
+
 
 def _lifted_flex_attention(target: Any) -> Any:
     from peakmem.capture.flex_attention import lifted_hop_wrapper
