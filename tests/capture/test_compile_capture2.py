@@ -182,3 +182,38 @@ def test_flex_attention_gym_script_compiled_at_module_level_twice():
         assert _compile_notes(result) == []  # the kernels are what the capture records
         peaks.append(result.peak_reserved_bytes)
     assert peaks[0] == peaks[1]
+
+
+@torch.compile(fullgraph=True)
+def _in_place_update(param: torch.Tensor, grad: torch.Tensor) -> None:
+    """torchao's `single_param_adam` shape: elementwise math written back in place."""
+    param.sub_((grad * 0.1).clamp(-1, 1) * 0.5)
+
+
+class _CompiledUpdateSGD(torch.optim.Optimizer):
+    def __init__(self, params) -> None:
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    _in_place_update(param, param.grad)
+
+
+def test_an_in_place_update_compiled_before_the_capture_drops_its_temporaries(a100, stack24):
+    from peakmem.capture import fused_updates
+
+    def job():
+        model = torch.nn.Linear(256, 256).cuda()
+        optimizer = _CompiledUpdateSGD(model.parameters())
+        model(torch.randn(8, 256, device="cuda")).sum().backward()
+        optimizer.step()
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps="all")
+    assert result.error is None, result.error_text
+    assert fused_updates.NOTE in result.notes
+    weight = 256 * 256 * FP32  # mul, clamp and mul made weight-sized temporaries eagerly
+    temporaries = [s for s, tag in allocations(result.trace, phase="optimizer") if s == weight]
+    assert temporaries == []

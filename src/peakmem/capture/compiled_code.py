@@ -222,6 +222,10 @@ def dynamo_caches_reset() -> None:
         dynamo.reset()
 
 
+_RAISED = object()
+"""What a compiled call that raised returned (not None: no fused update to drop)."""
+
+
 def _graph_mode_of(eval_frame: Any, callback: Any) -> str | None:
     """The CUDA-graph mode a Dynamo callback compiles with (its Inductor backend's config:
     `triton.cudagraphs`, with `max_autotune` for "max-autotune"), else None."""
@@ -270,6 +274,8 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
     import torch._dynamo  # its tables built from the real torch
     from torch._dynamo import eval_frame
 
+    from peakmem.capture import fused_updates
+
     original_stance = eval_frame._callback_from_stance
     original_set = eval_frame._maybe_set_eval_frame
     open_calls: list[list[Any]] = []  # [wrapper frame, eval-frame sets so far, at its end]
@@ -289,7 +295,14 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
             runs.declare(name, _graph_mode_of(eval_frame, callback))
             runs.run(name)
             session.mark(Mark.COMPILED.value)
-            open_calls.append([caller, 0, lambda: session.mark(Mark.COMPILED_END.value)])
+            fullgraph = bool(getattr(caller.f_locals.get("self"), "fullgraph", False))
+            fused = fused_updates.begin(session, fullgraph)
+
+            def region_end() -> None:  # the wrapper's `result` (absent: it raised)
+                fused_updates.end(session, fused, caller.f_locals.get("result", _RAISED))
+                session.mark(Mark.COMPILED_END.value)
+
+            open_calls.append([caller, 0, region_end])
         return None  # run eagerly: `torch.compiler.set_stance("force_eager")`'s answer
 
     def maybe_set_eval_frame(callback: Any) -> Any:
