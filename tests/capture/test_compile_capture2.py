@@ -217,3 +217,23 @@ def test_an_in_place_update_compiled_before_the_capture_drops_its_temporaries(a1
     weight = 256 * 256 * FP32  # mul, clamp and mul made weight-sized temporaries eagerly
     temporaries = [s for s, tag in allocations(result.trace, phase="optimizer") if s == weight]
     assert temporaries == []
+
+
+def test_code_compiled_in_one_capture_is_recorded_in_the_next(a100, stack24):
+    """A module compiled during one capture and called in the next (a job's helper module
+    imported once per process): the second capture names and marks it too."""
+    compiled = {}
+
+    def job():
+        if "double" not in compiled:
+            compiled["double"] = torch.compile(lambda x: x * 2)
+        compiled["double"](torch.randn(1024, device="cuda"))
+
+    for _ in range(2):
+        result = capture_callable(job, gpu=a100, stack=stack24)
+        assert result.error is None, result.error_text
+        assert len(_compile_notes(result)) == 1 and "<lambda>" in _compile_notes(result)[0]
+        assert [m for m in _marks(result.trace) if m.startswith("compiled region")] == [
+            Mark.COMPILED.value, Mark.COMPILED_END.value]
+    outside = compiled["double"](torch.ones(2))  # after the captures: plainly
+    assert outside.tolist() == [2.0, 2.0]

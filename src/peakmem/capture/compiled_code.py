@@ -143,12 +143,16 @@ def fused_call_end(session: CaptureSession, start: int, note: str) -> None:
         session.notes.append(note)
 
 
-def fused_stand_in(session: CaptureSession, target: Any, note: str) -> Any:
-    """`target` as torch.compile makes it, run eagerly without its fused temporaries."""
+def fused_stand_in(target: Any, note: str) -> Any:
+    """`target` as torch.compile makes it, run eagerly without its fused temporaries (in the
+    capture running when it is called)."""
     import functools
 
     @functools.wraps(target)
     def compiled(*args: Any, **kwargs: Any) -> Any:
+        session = current_session()
+        if session is None:
+            return target(*args, **kwargs)
         start = fused_call_start(session)
         returned = target(*args, **kwargs)
         fused_call_end(session, start, note)
@@ -199,6 +203,15 @@ class CompiledRuns:
 
 
 _RUNS: dict[int, CompiledRuns] = {}
+_SESSIONS: list[CaptureSession] = []
+"""The captures running (innermost last)."""
+
+
+def current_session() -> CaptureSession | None:
+    """The capture running now (None outside any), still recording."""
+    if _SESSIONS and not _SESSIONS[-1].closed:
+        return _SESSIONS[-1]
+    return None
 
 
 def compiled_runs(session: CaptureSession) -> CompiledRuns:
@@ -341,9 +354,11 @@ def precompiled_code_runs_eagerly(session: CaptureSession) -> Iterator[None]:
     try:
         # the stance too: a `fullgraph=True` wrapper that compiled nothing raises ("found no
         # compiled frames") unless the stance says eager
+        _SESSIONS.append(session)
         with torch.compiler.set_stance("force_eager"), compiler_configs_restored():
             yield
     finally:
+        _SESSIONS[:] = [running for running in _SESSIONS if running is not session]
         eval_frame._callback_from_stance = original_stance
         eval_frame._maybe_set_eval_frame = original_set
         torch._dynamo.reset = original_reset

@@ -196,33 +196,45 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         """torch.compile: the job runs eagerly. The note names what was compiled and then ran
         (a library may compile functions at import that the job never calls); calls of a
         compiled module or function are bracketed by "compiled region" / "compiled region end"
-        marks, so the estimate can bound what Inductor would not materialise."""
+        marks, so the estimate can bound what Inductor would not materialise. A call is
+        recorded in the capture running when it is made (a module compiled during one capture
+        may be called in the next one of the same process: `peakmem warm`, pytest)."""
         import functools
 
         from peakmem.capture import fused_updates
         from peakmem.trace.vocab import Mark
 
-        runs = compiled_code.compiled_runs(session)
         mode = compiled_code.graph_mode(kwargs.get("mode"), kwargs.get("options"))
 
         def apply(target: Any) -> Any:
             fused = compiled_code.fused_note(target)
             if fused is not None:  # Inductor keeps none of its temporaries
-                return compiled_code.fused_stand_in(session, target, fused)
+                return compiled_code.fused_stand_in(target, fused)
             if compiled_code.is_modelled_or_library(target):
                 return compiled_code.stand_in(target)  # a library's host kernels, or a kernel
                 # the capture records
             name = compiled_code.compiled_name(target)
+
+            def start(*args: Any) -> CaptureSession | None:
+                live = compiled_code.current_session()
+                if live is not None:
+                    runs = compiled_code.compiled_runs(live)
+                    runs.declare(name, mode)
+                    runs.run(name)
+                    live.mark(Mark.COMPILED.value)
+                return live
+
             if isinstance(target, torch.nn.Module):
 
-                def start(*args: Any) -> None:
-                    runs.run(name)
-                    session.mark(Mark.COMPILED.value)
-
                 def end(*args: Any) -> None:
-                    session.mark(Mark.COMPILED_END.value)
+                    live = compiled_code.current_session()
+                    if live is not None:
+                        live.mark(Mark.COMPILED_END.value)
 
-                target.register_forward_pre_hook(start)
+                def start_hook(*args: Any) -> None:  # a pre-hook's result replaces the input
+                    start()
+
+                target.register_forward_pre_hook(start_hook)
                 target.register_forward_hook(end, always_call=True)
                 result = target
             else:
@@ -231,17 +243,18 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
 
                     @functools.wraps(target)
                     def result(*args: Any, **kw: Any) -> Any:
-                        runs.run(name)
-                        session.mark(Mark.COMPILED.value)
-                        fused = fused_updates.begin(session, bool(kwargs.get("fullgraph")))
+                        live = start()
+                        if live is None:  # called outside any capture
+                            return target(*args, **kw)
+                        fused = fused_updates.begin(live, bool(kwargs.get("fullgraph")))
                         try:
                             returned = target(*args, **kw)
-                            fused_updates.end(session, fused, returned)
+                            fused_updates.end(live, fused, returned)
                             return returned
                         finally:
-                            session.mark(Mark.COMPILED_END.value)
+                            live.mark(Mark.COMPILED_END.value)
 
-            runs.declare(name, mode)
+            compiled_code.compiled_runs(session).declare(name, mode)
             return result
 
         if model is None:  # used as @torch.compile(...)
