@@ -9,6 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from peakmem.capture import capture_callable, capture_command
+from peakmem.capture.compiled_code import CUDA_GRAPH_POOLS
 from peakmem.capture.phases import MAX_BARE_EPOCHS, MAX_STEPS_AFTER_END
 from peakmem.capture.runner import NO_DEVICE_NOTE
 from peakmem.cli.main import main
@@ -558,7 +559,7 @@ def test_torch_compile_note_names_what_was_compiled_and_bounds_the_fusion(a100, 
         "and_bounds_the_fusion.<locals>.job.<locals>.double ran eagerly; Inductor fuses chains of "
         "elementwise ops and frees (or recomputes in backward) their intermediates, so the "
         "activations traced are an upper bound for the compiled run; mode='reduce-overhead' also "
-        "records CUDA graphs, whose private memory pools are not modelled"
+        "records CUDA graphs, whose private memory pools are not modelled" + CUDA_GRAPH_POOLS
     ]
     labels = marks(result.trace)
     assert labels.count("compiled region") == labels.count("compiled region end") == 2

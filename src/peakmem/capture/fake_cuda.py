@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from peakmem.capture import compiled_code
 from peakmem.capture.session import CaptureSession
 
 
@@ -167,14 +168,8 @@ class FakeCudart:
         return "no error"
 
 
-LIBRARY_KERNEL_COMPILES = ("bitsandbytes.",)
-"""Modules whose `torch.compile` calls compile the library's own fallback kernels for the host
-(bitsandbytes' default backend) at import: not the job's compiled code, not noted."""
-
-MODELLED_KERNEL_COMPILES = ("torch.nn.attention.flex_attention",)
-"""Modules whose compiled functions the capture replaces by the compiled kernel's allocations
-(capture/flex_attention.py): flex_attention's own internal `torch.compile` of its operator and a
-job's `torch.compile(flex_attention)` run nothing eagerly that Inductor would fuse: not noted."""
+LIBRARY_KERNEL_COMPILES = compiled_code.LIBRARY_KERNEL_COMPILES
+MODELLED_KERNEL_COMPILES = compiled_code.MODELLED_KERNEL_COMPILES
 
 
 def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
@@ -201,82 +196,65 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         """torch.compile: the job runs eagerly. The note names what was compiled and then ran
         (a library may compile functions at import that the job never calls); calls of a
         compiled module or function are bracketed by "compiled region" / "compiled region end"
-        marks, so the estimate can bound what Inductor would not materialise."""
+        marks, so the estimate can bound what Inductor would not materialise. A call is
+        recorded in the capture running when it is made (a module compiled during one capture
+        may be called in the next one of the same process: `peakmem warm`, pytest)."""
         import functools
 
         from peakmem.capture import fused_updates
         from peakmem.trace.vocab import Mark
 
-        seen = compile_as_eager.__dict__.setdefault("seen", {"names": [], "modes": {}, "ran": set()})
-        mode = kwargs.get("mode")
-
-        def ran(name: str) -> None:
-            if name in seen["ran"]:
-                return
-            seen["ran"].add(name)
-            names = [compiled for compiled in seen["names"] if compiled in seen["ran"]]
-            listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-            note = (
-                f"torch.compile was not applied: {listed} ran eagerly; Inductor fuses chains of "
-                "elementwise ops and frees (or recomputes in backward) their intermediates, so "
-                "the activations traced are an upper bound for the compiled run"
-            )
-            graph_modes = dict.fromkeys(
-                seen["modes"][compiled] for compiled in names
-                if seen["modes"][compiled] in ("reduce-overhead", "max-autotune")
-            )
-            for graph_mode in graph_modes:
-                note += (
-                    f"; mode={graph_mode!r} also records CUDA graphs, whose private memory "
-                    "pools are not modelled"
-                )
-            session.notes[:] = [
-                n for n in session.notes if not n.startswith("torch.compile was not applied")
-            ]
-            session.notes.append(note)
+        mode = compiled_code.graph_mode(kwargs.get("mode"), kwargs.get("options"))
 
         def apply(target: Any) -> Any:
-            module = str(getattr(target, "__module__", ""))
-            if module.startswith(LIBRARY_KERNEL_COMPILES):
-                return target  # a library's own host kernels: never run on device tensors
-            if module.startswith(MODELLED_KERNEL_COMPILES):
-                return target  # its kernel is what the capture records
-            owner = getattr(target, "__self__", None)
-            if isinstance(target, torch.nn.Module):
-                name = type(target).__name__
+            fused = compiled_code.fused_note(target)
+            if fused is not None:  # Inductor keeps none of its temporaries
+                return compiled_code.fused_stand_in(target, fused)
+            if compiled_code.is_modelled_or_library(target):
+                return compiled_code.stand_in(target)  # a library's host kernels, or a kernel
+                # the capture records
+            name = compiled_code.compiled_name(target)
 
-                def start(*args: Any) -> None:
-                    ran(name)
-                    session.mark(Mark.COMPILED.value)
+            def start(*args: Any) -> CaptureSession | None:
+                live = compiled_code.current_session()
+                if live is not None:
+                    runs = compiled_code.compiled_runs(live)
+                    runs.declare(name, mode)
+                    runs.run(name)
+                    live.mark(Mark.COMPILED.value)
+                return live
+
+            if isinstance(target, torch.nn.Module):
 
                 def end(*args: Any) -> None:
-                    session.mark(Mark.COMPILED_END.value)
+                    live = compiled_code.current_session()
+                    if live is not None:
+                        live.mark(Mark.COMPILED_END.value)
 
-                target.register_forward_pre_hook(start)
+                def start_hook(*args: Any) -> None:  # a pre-hook's result replaces the input
+                    start()
+
+                target.register_forward_pre_hook(start_hook)
                 target.register_forward_hook(end, always_call=True)
                 result = target
             else:
-                name = getattr(target, "__qualname__", None) or type(target).__name__
-                if isinstance(owner, torch.nn.Module):  # Module.compile(): its _call_impl
-                    name = type(owner).__name__
                 result = target
                 if callable(target):
 
                     @functools.wraps(target)
                     def result(*args: Any, **kw: Any) -> Any:
-                        ran(name)
-                        session.mark(Mark.COMPILED.value)
-                        fused = fused_updates.begin(session, bool(kwargs.get("fullgraph")))
+                        live = start()
+                        if live is None:  # called outside any capture
+                            return target(*args, **kw)
+                        fused = fused_updates.begin(live, bool(kwargs.get("fullgraph")))
                         try:
                             returned = target(*args, **kw)
-                            fused_updates.end(session, fused, returned)
+                            fused_updates.end(live, fused, returned)
                             return returned
                         finally:
-                            session.mark(Mark.COMPILED_END.value)
+                            live.mark(Mark.COMPILED_END.value)
 
-            if name not in seen["names"]:
-                seen["names"].append(name)
-                seen["modes"][name] = mode
+            compiled_code.compiled_runs(session).declare(name, mode)
             return result
 
         if model is None:  # used as @torch.compile(...)

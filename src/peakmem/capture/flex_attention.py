@@ -46,6 +46,7 @@ from torch._higher_order_ops.flex_attention import (
     sdpa_dense,
     sdpa_dense_backward,
 )
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -209,10 +210,30 @@ def _fill_real_values(session: CaptureSession, meta_outputs: tuple, math: Callab
     if executor is None:
         return
     with _disable_current_modes():
-        real = math(*tree_map(lambda v: executor.shadow(v) if is_meta(v) else v, args))
+        host_args = tree_map(lambda v: executor.shadow(v) if is_meta(v) else v, args)
+        with _ClosedOverShadows(executor):
+            real = math(*host_args)
         for meta, value in zip(tree_flatten(meta_outputs)[0], tree_flatten(real)[0], strict=True):
             if is_meta(meta) and isinstance(value, Tensor):
                 executor.shadow(meta).copy_(value)
+
+
+class _ClosedOverShadows(TorchFunctionMode):
+    """Device tensors a score_mod / mask_mod reaches other than through its arguments (ALiBi
+    slopes, a document-id table, a bias table closed over or global; the constants of the
+    graph torch traced from it) take their host shadows when the math path uses them."""
+
+    def __init__(self, executor: ShadowExecutor) -> None:
+        super().__init__()
+        self.executor = executor
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        def host(value: Any) -> Any:
+            return self.executor.shadow(value) if isinstance(value, Tensor) and is_meta(value) \
+                else value
+
+        return func(*tree_map(host, args), **tree_map(host, kwargs or {}))
 
 
 _AUTOGRAD_KEYS = (
@@ -250,6 +271,57 @@ def _math_backward(query: Tensor, key: Tensor, value: Tensor, grad_out: Tensor |
     return (*grads[:3], tuple(
         next(buffer_grads) if isinstance(b, Tensor) and b.requires_grad else None for b in buffers
     ))
+
+
+def _closure_cells(fn: Any, seen: set[int] | None = None) -> list[Any]:
+    """The closure cells of `fn` and of the functions it closes over (a score_mod built by a
+    helper that closes over another function), each once."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen or not callable(fn):
+        return []
+    seen.add(id(fn))
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        cells.append(cell)
+        if callable(value) and not isinstance(value, Tensor):
+            cells.extend(_closure_cells(value, seen))
+    return cells
+
+
+def lifted_hop_wrapper(hop_wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    """flex_attention's `_flex_attention_hop_wrapper`, which torch compiles (Dynamo with the
+    eager backend) even for an uncompiled call: Dynamo lifts the tensors a score_mod closes over
+    into `score_mod_other_buffers`, so one that requires grad (a learnable bias table) gets its
+    gradient. The capture does not run Dynamo: closed-over tensors that require grad are lifted
+    here, the score_mod reading the operator's buffers through its closure cells."""
+
+    def lifted(query: Tensor, key: Tensor, value: Tensor, score_mod: Callable, *args: Any,
+               **kwargs: Any) -> Any:
+        cells = [cell for cell in _closure_cells(score_mod)
+                 if isinstance(cell.cell_contents, Tensor) and cell.cell_contents.requires_grad]
+        if not cells or len(args) != 3 or kwargs:  # (block_mask, scale, kernel_options)
+            return hop_wrapper(query, key, value, score_mod, *args, **kwargs)
+        block_mask, scale, kernel_options = args
+        buffers = tuple(cell.cell_contents for cell in cells)
+
+        def score_mod_of_buffers(score: Any, b: Any, h: Any, m: Any, n: Any, *given: Any) -> Any:
+            originals = [cell.cell_contents for cell in cells]
+            for cell, buffer in zip(cells, given, strict=True):
+                cell.cell_contents = buffer
+            try:
+                return score_mod(score, b, h, m, n)
+            finally:
+                for cell, original in zip(cells, originals, strict=True):
+                    cell.cell_contents = original
+
+        return flex_attention(query, key, value, score_mod_of_buffers, block_mask, scale,
+                              kernel_options, buffers, ())
+
+    return lifted
 
 
 HOP_HANDLERS: dict[Any, Callable[..., Any]] = {

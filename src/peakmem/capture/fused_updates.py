@@ -46,6 +46,17 @@ def end(session: CaptureSession, start: int | None, returned: Any) -> int:
     """Drop the temporaries made since `start` (see the module's docstring); how many."""
     if start is None or returned is not None or session.closed:
         return 0
+    dropped = drop_freed_since(session, start)
+    if dropped and NOTE not in session.notes:
+        session.notes.append(NOTE)
+    return dropped
+
+
+def drop_freed_since(session: CaptureSession, start: int) -> int:
+    """Remove from the trace every allocation made since event `start` and freed again (with
+    its free): the temporaries of code Inductor compiles into fused kernels. How many."""
+    if session.closed:
+        return 0
     trace = session.trace
     with session._lock:
         stop = len(trace)
@@ -75,6 +86,4 @@ def end(session: CaptureSession, start: int | None, returned: Any) -> int:
                 record.alloc_index = moved[record.alloc_index]
         if memory is not None and memory.position >= stop:
             memory.position = len(trace)
-    if NOTE not in session.notes:
-        session.notes.append(NOTE)
     return len(dropped)

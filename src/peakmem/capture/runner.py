@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from peakmem.capture import vision_ops
+from peakmem.capture.compiled_code import precompiled_code_runs_eagerly
 from peakmem.capture.device_map import CudaAsMeta
 from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
 from peakmem.capture.fake_cuda import fake_cuda_runtime
@@ -176,6 +177,7 @@ def _run_captured(
 
     with ExitStack() as stack_ctx:
         stack_ctx.enter_context(backend_flags_restored())
+        stack_ctx.enter_context(precompiled_code_runs_eagerly(session))  # before any patch
         stack_ctx.enter_context(fake_cuda_runtime(session))
         stack_ctx.enter_context(library_patches())
         stack_ctx.enter_context(traced_threads())
