@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from peakmem.cli.main import main
-from peakmem.estimate.api import estimate_command
+from peakmem.estimate import api
+from peakmem.estimate.api import Estimate, estimate_command
 from peakmem.estimate.fit_search import (
     ArgRange,
     FitSpecError,
@@ -128,7 +129,7 @@ def test_search_matches_brute_force_monotone(base, per, power, low, span, capaci
 def _sweep(command: list[str], knob: ArgRange, gpu: str) -> int | None:
     fitting = None
     for value in range(knob.low, knob.high + 1):
-        result = estimate_command(knob.command_for(command, value), gpu=gpu, isolate=False)
+        result = api.estimate_command(knob.command_for(command, value), gpu=gpu, isolate=False)
         if result.fits and result.peak_bytes_with_margin <= result.capacity_bytes:
             fitting = value
     return fitting
@@ -146,8 +147,22 @@ def _sweep(command: list[str], knob: ArgRange, gpu: str) -> int | None:
     ],
     ids=["mlp_example", "transformers_llama"],
 )
-def test_fit_matches_sweep(command: list[str], knob: ArgRange, max_probes: int) -> None:
+def test_fit_matches_sweep(command: list[str], knob: ArgRange, max_probes: int,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # each command is estimated once: the fit's probes get the sweep's own estimates (what is
+    # checked is the search over them), not a second capture of the same command
+    estimates: dict[tuple[str, ...], Estimate] = {}
+    estimate_once = estimate_command
+
+    def remembered(argv: list[str], *, gpu: object, **kwargs: object) -> Estimate:
+        key = (str(getattr(gpu, "name", gpu)), *argv)
+        if key not in estimates:
+            estimates[key] = estimate_once(argv, gpu=gpu, **kwargs)  # type: ignore[arg-type]
+        return estimates[key]
+
+    monkeypatch.setattr(api, "estimate_command", remembered)
     expected = _sweep(command, knob, "rtx4060-8gb")
+    assert len(estimates) == knob.high - knob.low + 1
     assert expected is not None and knob.low < expected < knob.high  # the range brackets it
     probes: list[int] = []
     [answer] = fit_command(command, knob, [load_gpu("rtx4060-8gb")], isolate=False,
@@ -157,6 +172,7 @@ def test_fit_matches_sweep(command: list[str], knob: ArgRange, max_probes: int) 
     assert answer.peak_bytes_with_margin <= load_gpu("rtx4060-8gb").total_memory_bytes
     assert answer.next_peak_bytes_with_margin > load_gpu("rtx4060-8gb").total_memory_bytes
     assert len(probes) <= max_probes
+    assert len(estimates) == knob.high - knob.low + 1  # every probe was a value of the sweep
 
 
 # --- the command ----------------------------------------------------------------------------

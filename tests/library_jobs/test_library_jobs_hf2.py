@@ -45,8 +45,7 @@ per parameter."""
 BATCH, BLOCK_SIZE, EMBD, LAYERS = 4, 32, 64, 2
 
 
-@pytest.fixture
-def clm_files(tmp_path) -> dict[str, Path]:
+def write_clm_files(tmp_path: Path) -> dict[str, Path]:
     """test_library_jobs_hf.py's: the tiny GPT-2 config and tokenizer, train / validation text."""
     model = write_tokenizer(write_config(tmp_path / "gpt2", TINY_GPT2_CONFIG))
     train = tmp_path / "train.txt"
@@ -54,6 +53,25 @@ def clm_files(tmp_path) -> dict[str, Path]:
     valid = tmp_path / "valid.txt"
     valid.write_text("\n".join(sentences(20, seed=1)) + "\n")
     return {"model": model, "train": train, "valid": valid, "out": tmp_path / "out"}
+
+
+@pytest.fixture
+def clm_files(tmp_path) -> dict[str, Path]:
+    return write_clm_files(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def clm_run(tmp_path_factory):
+    """`run_clm(files, *flags)` made once per set of flags in this module: the Trainer options
+    whose assertions do not interfere share one run (FP16_WITH_EVAL, BF16_WITH_COMPILE)."""
+    runs: dict[tuple[str, ...], object] = {}
+
+    def run(*flags: str):
+        if flags not in runs:
+            runs[flags] = run_clm(write_clm_files(tmp_path_factory.mktemp("clm")), *flags)
+        return runs[flags]
+
+    return run
 
 
 def run_clm(files: dict[str, Path], *flags: str, env_flags: tuple[str, ...] = ()):
@@ -71,11 +89,17 @@ def run_clm(files: dict[str, Path], *flags: str, env_flags: tuple[str, ...] = ()
 
 # Trainer: precision and gradient checkpointing ------------------------------------------------
 
+FP16_WITH_EVAL = ("--fp16", "--eval_strategy", "steps", "--eval_steps", "1")
+BF16_WITH_COMPILE = ("--bf16", "--torch_compile")
+"""Each precision shares its run with an option checked on its own below (evaluations
+interleaved with training; torch.compile's note): one capture, both tests' assertions."""
+
+
 @pytest.mark.slow
 @needs("transformers", "accelerate", "datasets")
-@pytest.mark.parametrize("precision", ["--bf16", "--fp16"])
-def test_trainer_mixed_precision_keeps_fp32_weights(clm_files, precision):
-    est = run_clm(clm_files, precision)
+@pytest.mark.parametrize("flags", [BF16_WITH_COMPILE, FP16_WITH_EVAL], ids=["bf16", "fp16"])
+def test_trainer_mixed_precision_keeps_fp32_weights(clm_run, flags):
+    est = clm_run(*flags)
     # autocast: the weights, their gradients and the moments stay fp32
     assert_training(est, params=GPT2_PARAMS, optimizer_state=FUSED_ADAMW_STATE)
 
@@ -146,16 +170,16 @@ def test_trainer_adamw_bnb_8bit_state(clm_files):
 
 @pytest.mark.slow
 @needs("transformers", "accelerate", "datasets")
-def test_trainer_eval_strategy_steps_interleaves_evaluations(clm_files):
-    est = run_clm(clm_files, "--eval_strategy", "steps", "--eval_steps", "1")
+def test_trainer_eval_strategy_steps_interleaves_evaluations(clm_run):
+    est = clm_run(*FP16_WITH_EVAL)
     assert_training(est, params=GPT2_PARAMS, optimizer_state=FUSED_ADAMW_STATE)
     assert est.data["phases_ran"][:4] == ["training", "eval", "training", "eval"], est.data["phases_ran"]
 
 
 @pytest.mark.slow
 @needs("transformers", "accelerate", "datasets")
-def test_trainer_torch_compile_runs_eagerly_with_a_note(clm_files):
-    est = run_clm(clm_files, "--torch_compile")
+def test_trainer_torch_compile_runs_eagerly_with_a_note(clm_run):
+    est = clm_run(*BF16_WITH_COMPILE)
     assert_training(est, params=GPT2_PARAMS, optimizer_state=FUSED_ADAMW_STATE)
     notes = est.data["notes"]
     assert any(note.startswith("torch.compile was not applied: GPT2LMHeadModel ran eagerly")
