@@ -8,8 +8,10 @@ Each case names what went wrong before its fix. Jobs run through the real comman
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from peakmem.cli.main import main
@@ -46,3 +48,30 @@ def test_zero_byte_allocations_take_no_block(tmp_path):
     result = CliRunner().invoke(main, ["simulate", str(path)])
     assert result.exit_code == 2
     assert "event 2: free of id 0, which is not allocated" in result.stderr
+
+
+# -- `peakmem batch` ---------------------------------------------------------------------------
+
+
+FAKE = "peakmem.service.estimators:fake_estimator"
+
+
+@pytest.mark.parametrize("link", ["same-name", "symlink", "hardlink"])
+def test_batch_results_file_that_is_the_jobs_file_is_refused(tmp_path, link):
+    # the results were appended to the jobs file: every later run failed on "id 'a' appears
+    # twice", and the jobs file was no longer a jobs file
+    jobs = tmp_path / "jobs.jsonl"
+    line = {"id": "a", "command": ["python", "t.py"], "files": {"t.py": "print(1)"}}
+    jobs.write_text(json.dumps(line) + "\n")
+    output = jobs if link == "same-name" else tmp_path / "out.jsonl"
+    if link == "symlink":
+        output.symlink_to(jobs.name)
+    elif link == "hardlink":
+        os.link(jobs, output)
+    before = jobs.read_text()
+    result = CliRunner().invoke(main, ["batch", "--in-process", "--estimator", FAKE, str(jobs),
+                                       "-o", str(output)])
+    assert result.exit_code == 2, result.output
+    errors = [text for text in result.stderr.splitlines() if text.startswith("peakmem: error:")]
+    assert len(errors) == 1 and "is the jobs file" in errors[0], result.stderr
+    assert jobs.read_text() == before
