@@ -150,3 +150,20 @@ def test_batch_results_file_that_is_the_jobs_file_is_refused(tmp_path, link):
     errors = [text for text in result.stderr.splitlines() if text.startswith("peakmem: error:")]
     assert len(errors) == 1 and "is the jobs file" in errors[0], result.stderr
     assert jobs.read_text() == before
+
+
+# -- scripts that are symlinks to nowhere ------------------------------------------------------
+
+
+@pytest.mark.parametrize("link, says", [
+    ("self.py", "script not found: self.py (a symlink loop)"),
+    ("gone.py", "script not found: gone.py (a symlink to 'missing.py', which is not there)"),
+], ids=["loop", "dangling"])
+def test_a_script_that_is_a_broken_symlink_says_so(tmp_path, monkeypatch, link, says):
+    # "script not found: self.py" while `ls` shows self.py right there
+    os.symlink("self.py", tmp_path / "self.py")
+    os.symlink("missing.py", tmp_path / "gone.py")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["estimate", "--json", "--", "python", link])
+    assert result.exit_code == 2, result.output
+    assert json.loads(result.stdout)["error"]["message"] == says
