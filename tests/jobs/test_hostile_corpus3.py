@@ -167,3 +167,38 @@ def test_a_script_that_is_a_broken_symlink_says_so(tmp_path, monkeypatch, link, 
     result = CliRunner().invoke(main, ["estimate", "--json", "--", "python", link])
     assert result.exit_code == 2, result.output
     assert json.loads(result.stdout)["error"]["message"] == says
+
+
+# -- output files that are the job's inputs ----------------------------------------------------
+
+
+@pytest.mark.parametrize("flag, output, says", [
+    # the script was truncated before the job ran: the empty job "fit" with a 0-byte peak
+    ("--job-log", "train.py", "would overwrite a Python source file"),
+    # a pickle was written over the module the job imports
+    ("--snapshot", "_train.py", "would overwrite a Python source file"),
+    ("--timeline", "data.html", "would overwrite a file the job's command names (--cfg=data.html)"),
+], ids=["job-log-script", "snapshot-module", "timeline-argument"])
+def test_an_output_file_that_is_one_of_the_jobs_inputs_is_refused(tmp_path, monkeypatch, flag,
+                                                                   output, says):
+    (tmp_path / "train.py").write_text("from _train import train\ntrain()\n")
+    shutil.copy(CORPUS / "_train.py", tmp_path / "_train.py")
+    (tmp_path / "data.html").write_text("<html></html>\n")
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["estimate", "--json", flag, output, "--", "python",
+                                       "train.py", "--cfg=data.html"])
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)["error"]
+    assert error["kind"] == "bad_input" and says in error["message"]
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_clobbered_input_leaves_new_and_unrelated_files_alone(tmp_path):
+    from peakmem.cli.output_paths import clobbered_input
+
+    (tmp_path / "old.pickle").write_bytes(b"x")
+    assert clobbered_input(str(tmp_path / "new.pickle"), ["python", "train.py"]) is None
+    assert clobbered_input(str(tmp_path / "old.pickle"), ["python", "train.py"]) is None
+    assert clobbered_input(str(tmp_path / "old.pickle"),
+                           ["python", "train.py", str(tmp_path / "old.pickle")]) is not None
