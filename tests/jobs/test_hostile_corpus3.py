@@ -202,3 +202,22 @@ def test_clobbered_input_leaves_new_and_unrelated_files_alone(tmp_path):
     assert clobbered_input(str(tmp_path / "old.pickle"), ["python", "train.py"]) is None
     assert clobbered_input(str(tmp_path / "old.pickle"),
                            ["python", "train.py", str(tmp_path / "old.pickle")]) is not None
+
+
+@pytest.mark.parametrize("args", [
+    ["fit", "--json", "--arg", "n=1..8", "--job-log", "train.py", "--", "python", "train.py",
+     "{n}"],
+    ["measure", "--out", "train.py", "--", "python", "train.py"],
+    ["measure", "--snapshot", "_train.py", "--", "python", "train.py"],
+], ids=["fit-job-log", "measure-out", "measure-snapshot"])
+def test_fit_and_measure_outputs_that_are_the_jobs_inputs_are_refused(tmp_path, monkeypatch,
+                                                                      args):
+    # fit truncated the script before its first estimate; measure wrote over it afterwards
+    (tmp_path / "train.py").write_text("from _train import train\ntrain()\n")
+    shutil.copy(CORPUS / "_train.py", tmp_path / "_train.py")
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "would overwrite a Python source file" in result.output
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
