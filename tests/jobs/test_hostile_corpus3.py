@@ -37,6 +37,7 @@ class Case:
     code: int
     reason: str | None = None
     timeout: float = 30
+    message: str | None = None
 
 
 CASES = [
@@ -45,6 +46,8 @@ CASES = [
     Case("patch_stdlib_after_training.py", 0),
     # time.perf_counter stubbed to NaN after training: the result's `seconds` was NaN, refused
     Case("patch_clocks_after_training.py", 0),
+    # set_per_process_memory_fraction(nan): NaN went into the trace, refused as bad_result
+    Case("memory_fraction_nan.py", 1, "raised", message="invalid fraction:nan"),
 ]
 
 
@@ -91,6 +94,8 @@ def test_hostile_job(case: Case, corpus_runs: dict[str, Run]):
     error = payload["error"]
     assert error["kind"] == KINDS[case.code] and error["reason"] == case.reason
     assert "\n" not in error["message"]
+    if case.message is not None:
+        assert case.message in error["message"]
 
 
 # -- trace files ------------------------------------------------------------------------------
