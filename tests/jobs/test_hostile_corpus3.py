@@ -226,3 +226,34 @@ def test_fit_and_measure_outputs_that_are_the_jobs_inputs_are_refused(tmp_path, 
     assert result.exit_code == 2, result.output
     assert "would overwrite a Python source file" in result.output
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+# -- sweep plans (TOML, benchmarks/sweep.py) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("text, says", [
+    # TypeError / ValueError / OverflowError escaped as tracebacks
+    ('steps = 1979-05-27\n[[run]]\njob = "t.py"\n', "steps must be an integer"),
+    ('timeout = nan\n[[run]]\njob = "t.py"\n', "timeout must be a number of seconds"),
+    ('[[run]]\njob = "t.py"\nsteps = "3"\n', "run 1: steps must be an integer"),
+    ('[[run]]\njob = "t.py"\ntimeout = inf\n', "run 1: timeout must be"),
+    ('[[group]]\njob = "t.py"\nscale = "b"\ngrid = {b = [1, 07:32:00]}\n',
+     "group 1: scale values must be finite numbers"),
+    ('[[group]]\njob = "t.py"\nscale = "b"\ngrid = {b = [1, "x"]}\n', "scale values must be"),
+    ('group = 5\n', "`group` must be an array of tables"),
+    ('run = [1, 2]\n', "`run` must be an array of tables"),
+    # 7 axes of 10 values: ten million PlannedRuns built before anything ran (1e20 with 20)
+    ('[[group]]\njob = "t.py"\n[group.grid]\n'
+     + "".join(f"a{i} = [{', '.join(map(str, range(10)))}]\n" for i in range(20)),
+     "group 1: the grid defines more than 100000 runs"),
+], ids=["steps-date", "timeout-nan", "steps-string", "timeout-inf", "scale-time",
+        "scale-string", "group-int", "run-ints", "grid-1e20"])
+def test_a_hostile_sweep_plan_is_one_sweep_error(tmp_path, text, says):
+    from peakmem.measure.sweep_plan import SweepError, load_plan
+
+    (tmp_path / "plan.toml").write_text(text)
+    started = time.monotonic()
+    with pytest.raises(SweepError) as caught:
+        load_plan(tmp_path / "plan.toml")
+    assert says in str(caught.value)
+    assert time.monotonic() - started < 5
