@@ -257,3 +257,31 @@ def test_a_hostile_sweep_plan_is_one_sweep_error(tmp_path, text, says):
         load_plan(tmp_path / "plan.toml")
     assert says in str(caught.value)
     assert time.monotonic() - started < 5
+
+
+# -- `peakmem bench --cache` -------------------------------------------------------------------
+
+
+def test_bench_cache_that_is_not_a_cache_is_refused_and_left_alone(tmp_path):
+    # `--cache DATA/gpumemnet/mlp_data_step1.csv` appended a JSON line to the dataset: the next
+    # bench run failed on it ("10 fields, the header has 8")
+    data = tmp_path / "data" / "gpumemnet"
+    data.mkdir(parents=True)
+    dataset = data / "mlp_data_step1.csv"
+    shutil.copy(Path(__file__).resolve().parents[1] / "data" / "hostile_inputs" /
+                "mlp1_valid.csv", dataset)
+    before = dataset.read_bytes()
+    result = CliRunner().invoke(main, ["bench", "gpumemnet-mlp1", "--data", str(tmp_path / "data"),
+                                       "--estimators", "horus", "--cache", str(dataset),
+                                       "--jobs", "1"])
+    assert result.exit_code == 2, result.output
+    assert "not a peakmem bench cache" in result.stderr
+    assert dataset.read_bytes() == before
+
+
+def test_bench_cache_with_a_torn_first_line_is_still_a_cache(tmp_path):
+    from peakmem.bench.runner import ResultCache
+
+    path = tmp_path / "cache.jsonl"
+    path.write_text('{"key": "v1|x|horus@1|0", "result": {"row_')  # an interrupted first write
+    assert ResultCache(path).get("v1|x|horus@1|0") is None
