@@ -285,3 +285,15 @@ def test_bench_cache_with_a_torn_first_line_is_still_a_cache(tmp_path):
     path = tmp_path / "cache.jsonl"
     path.write_text('{"key": "v1|x|horus@1|0", "result": {"row_')  # an interrupted first write
     assert ResultCache(path).get("v1|x|horus@1|0") is None
+
+
+@pytest.mark.parametrize("cwd", ["a\x00b", "  "], ids=["nul", "blank"])
+def test_batch_job_cwd_that_is_no_path_is_a_bad_input_line(cwd):
+    # "embedded null byte" from Path.resolve(): an internal error (exit 70), retryable
+    from peakmem.service.batch import BatchSettings, run_one
+
+    line = run_one("a", {"id": "a", "command": ["python", "train.py"], "cwd": cwd}, "/tmp",
+                   BatchSettings(estimator=FAKE))
+    assert line["status"] == "failed" and not line["retryable"]
+    assert line["error"]["kind"] == "bad_input" and "`cwd` must be a directory path" in \
+        line["error"]["message"]

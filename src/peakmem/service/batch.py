@@ -47,6 +47,9 @@ class BatchJob(EstimateRequest):
     def _files_or_cwd(self) -> BatchJob:
         if self.cwd is not None and self.files:
             raise ValueError("give `files` or `cwd`, not both")
+        if self.cwd is not None and ("\x00" in self.cwd or not self.cwd.strip()):
+            # resolve() raised ValueError: the job failed as a retryable internal error
+            raise ValueError("`cwd` must be a directory path (no NUL character, not blank)")
         return self
 
 
