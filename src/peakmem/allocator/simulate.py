@@ -127,7 +127,9 @@ def simulate(
     max_segments = 0
     ALLOC, FREE = EventKind.ALLOC, EventKind.FREE
     ALLOC_OR_SMALLER = EventKind.ALLOC_OR_SMALLER
-    shrunk_away: set[int] = set()  # ALLOC_OR_SMALLER requests that got nothing
+    # ids that hold no block: ALLOC_OR_SMALLER requests that got nothing, and zero-byte
+    # allocations (CUDACachingAllocator::allocate(0) hands out a null pointer, no block)
+    shrunk_away: set[int] = set()
     reserved_line = line.reserved.append if line is not None else None
     allocated_line = line.allocated.append if line is not None else None
     index = -1
@@ -156,7 +158,7 @@ def simulate(
                     f"event {index}: id {ident} allocated twice without a free", index
                 )
             try:
-                block = malloc(size, stream)
+                block = malloc(size, stream) if size else None
             except OutOfMemory as exc:
                 if kind == ALLOC_OR_SMALLER:
                     block = _smaller(malloc, size, stream)
@@ -182,7 +184,7 @@ def simulate(
             if allocator.requested_bytes > peak_requested:
                 peak_requested = allocator.requested_bytes
         else:
-            _apply_other(allocator, kind, ident, stream, index, live, freed_pending)
+            _apply_other(allocator, kind, ident, stream, index, live, freed_pending, shrunk_away)
         if reserved_line is not None:
             reserved_line(allocator.total_allocated_memory)
             allocated_line(allocator.allocated_bytes)
@@ -223,9 +225,12 @@ def _apply_other(
     index: int,
     live: dict[int, Block],
     freed_pending: dict[int, Block],
+    blockless: set[int] | frozenset[int] = frozenset(),
 ) -> None:
     if kind == EventKind.RECORD_STREAM:
         block = live.get(ident)
+        if block is None and ident in blockless:
+            return  # record_stream of a null pointer: nothing to keep alive
         if block is None:
             raise TraceError(
                 f"event {index}: record_stream of id {ident}, which is not allocated", index

@@ -80,6 +80,18 @@ def _cache_entry(line: str) -> tuple[str, RowResult] | None:
     return entry["key"], RowResult.from_json(data)
 
 
+def _check_cache_start(path: Path, number: int, line: str) -> None:
+    """InputError unless the first line of an existing cache opens a JSON object (a whole one,
+    or one torn by an interrupted first write): results are appended to the file, and
+    `--cache` naming a dataset CSV (or any other file) added JSON lines to it (the dataset then
+    failed to load)."""
+    from peakmem.inputs import InputError
+
+    if not line.lstrip().startswith("{"):
+        raise InputError(f"{path}:{number}: not a peakmem bench cache (a JSON-lines file of "
+                         "results); results are appended to it: name another file")
+
+
 class ResultCache:
     """Append-only JSON-lines store of RowResults keyed by dataset + estimator + row id."""
 
@@ -94,7 +106,11 @@ class ResultCache:
         if path is None or not path.exists():
             return
         with open_regular_file(path) as handle:
-            for _, line in capped_lines(handle, str(path), CACHE_LINE_CAP, CACHE_LINE_CAP):
+            first = True
+            for number, line in capped_lines(handle, str(path), CACHE_LINE_CAP, CACHE_LINE_CAP):
+                if first and line.strip():
+                    first = False
+                    _check_cache_start(path, number, line)
                 entry = _cache_entry(line)
                 if entry is not None:
                     self._entries[entry[0]] = entry[1]

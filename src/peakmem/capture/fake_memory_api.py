@@ -89,6 +89,8 @@ def memory_patches(session: CaptureSession, memory: SimulatedMemory) -> dict[tup
             raise TypeError("Invalid type for fraction argument, must be `float`")
         if fraction < 0 or fraction > 1:
             raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        if not 0 <= fraction <= 1:  # NaN passes torch's Python checks; its C++ TORCH_CHECK not
+            raise RuntimeError(f"invalid fraction:{fraction}. Please set within [0, 1].")
         with session._lock:
             session.trace.meta["memory_fraction"] = fraction
             memory.set_fraction(fraction)

@@ -15,6 +15,11 @@ from typing import Any
 
 from peakmem.trace.events import NO_TAG, Tag, Trace
 
+# Bound when peakmem's child starts (this module is imported before the job runs): the job may
+# rebind `json.dumps` or `io.StringIO` once it is done, and its result is encoded after that.
+_JSON_TEXT = json.JSONEncoder().encode  # what json.dumps(value) writes
+_STRING_BUFFER = io.StringIO
+
 FORMAT_NAME = "peakmem-capture-result"
 FORMAT_VERSION = 1
 MAX_TEXT = 1 << 20  # characters of one text field (a traceback)
@@ -105,8 +110,8 @@ def encode(result: Any, pid: int) -> bytes:
     fields["error_message"] = first_line(error) if error is not None else None
     fields["failed"] = error is not None
     header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "pid": pid, "result": fields}
-    out = io.StringIO()
-    out.write(json.dumps(header) + "\n")
+    out = _STRING_BUFFER()
+    out.write(_JSON_TEXT(header) + "\n")
     result.trace.dump(out)
     return out.getvalue().encode("utf-8")
 
@@ -119,7 +124,7 @@ def encode_internal(traceback_text: str, pid: int) -> bytes:
         "pid": pid,
         "internal": traceback_text[:MAX_TEXT],
     }
-    return (json.dumps(header) + "\n").encode("utf-8")
+    return (_JSON_TEXT(header) + "\n").encode("utf-8")
 
 
 def decode(data: bytes) -> tuple[dict[str, Any], Trace | None, int]:

@@ -45,6 +45,10 @@ from peakmem.profiles import GpuProfile, StackProfile
 from peakmem.trace.events import ALLOC_KINDS
 from peakmem.utilization.observer import OpCostObserver
 
+_CLOCK = time.perf_counter
+"""The capture's own clock, bound at import: the job may rebind `time.perf_counter` (a job's
+own timer stub) before the capture reads it at the end."""
+
 
 def _overload(name: str) -> Any:
     base, _, overload = name.partition(".")
@@ -166,7 +170,7 @@ def _run_captured(
     result = CaptureResult(
         trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode
     )
-    start = time.perf_counter()
+    start = _CLOCK()
 
     def in_progress() -> CaptureResult:
         snapshot = CaptureResult(
@@ -287,7 +291,7 @@ def _collect(
     start: float,
 ) -> None:
     """Fill `result` from the session once the job has ended."""
-    result.seconds = time.perf_counter() - start
+    result.seconds = _CLOCK() - start
     hint = phases.failure_hint()
     if hint is not None and result.error_text and session.fake_limit is None:
         result.error_text = result.error_text.rstrip() + "\n" + hint

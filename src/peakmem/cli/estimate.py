@@ -301,6 +301,14 @@ def _estimate(
     if snapshot and not os.path.isdir(os.path.dirname(snapshot)):
         report(EstimateError(f"cannot write the snapshot {snapshot}: no such directory",
                              exit_code=2, reason="bad_input"), as_json)
+    from peakmem.cli.output_paths import clobbered_input
+
+    for flag, output in (("--job-log", job_log), ("--snapshot", snapshot),
+                         ("--timeline", timeline)):
+        clobbered = clobbered_input(output, command) if output else None
+        if clobbered:
+            report(EstimateError(f"{flag} {output} would overwrite {clobbered}", exit_code=2,
+                                 reason="bad_input"), as_json)
 
     from peakmem.jobs.sandbox import SandboxUnavailable, sandbox_for_cli
 

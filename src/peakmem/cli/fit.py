@@ -90,6 +90,11 @@ def _fit(gpus: str, arg_spec: str, torch_version: str | None, alloc_conf: str | 
         _bad(str(exc), as_json)
 
     log_path = os.path.abspath(job_log) if job_log else None
+    from peakmem.cli.output_paths import clobbered_input
+
+    clobbered = clobbered_input(log_path, command) if log_path else None
+    if clobbered:
+        _bad(f"--job-log {log_path} would overwrite {clobbered}", as_json)
     scratch = None
     if log_path is None:
         handle, scratch = tempfile.mkstemp(prefix="peakmem-fit-", suffix=".log")

@@ -105,6 +105,12 @@ def measure(
             raise JobSpecError(f"script not found: {spec.script}")
     except (JobSpecError, LaunchError) as exc:
         raise click.UsageError(str(exc)) from None
+    from peakmem.cli.output_paths import clobbered_input
+
+    for flag, output in (("--out", out), ("--snapshot", snapshot)):
+        clobbered = clobbered_input(os.path.abspath(output), command) if output else None
+        if clobbered:
+            raise click.UsageError(f"{flag} {output} would overwrite {clobbered}")
     if launch is not None:
         os.environ.update(launch.env)  # this process is the job's: set before CUDA starts
     options = MeasureOptions(

@@ -56,6 +56,7 @@ def build_snapshot(
                                  DeviceLimits(capacity_bytes))
     entries: list[dict[str, Any]] = []
     live: dict[int, Block] = {}
+    blockless: set[int] = set()  # ids that got no block (zero bytes, or nothing left)
     pending: dict[int, Block] = {}
     frames_of: dict[int, list[dict[str, Any]]] = {}  # block address -> frames of its alloc
     requested: dict[int, int] = {}  # block address -> requested size
@@ -105,8 +106,8 @@ def build_snapshot(
     for index, (kind, ident, size, stream, tag_id) in enumerate(trace.events()):
         if kind in (EventKind.ALLOC, EventKind.ALLOC_OR_SMALLER):
             before = allocator.total_allocated_memory
-            try:
-                block = allocator.malloc(size, stream)
+            try:  # a zero-byte request gets a null pointer, no block (as in simulate())
+                block = allocator.malloc(size, stream) if size else None
             except OutOfMemory:
                 block = None
                 if kind == EventKind.ALLOC:
@@ -118,6 +119,7 @@ def build_snapshot(
             deferred_frees_done(index)
             segment_changes(index)
             if block is None:
+                blockless.add(ident)
                 continue
             live[ident] = block
             if tag_id not in frame_cache:
@@ -128,6 +130,7 @@ def build_snapshot(
         elif kind == EventKind.FREE:
             block = live.pop(ident, None)
             if block is None:
+                blockless.discard(ident)
                 continue
             addr = block.addr  # the block may merge with its free neighbours when freed
             entry("free_requested", addr, requested.get(addr, block.size),
@@ -144,7 +147,7 @@ def build_snapshot(
         elif kind == EventKind.MARK:
             continue
         else:
-            _apply_other(allocator, kind, ident, stream, index, live, pending)
+            _apply_other(allocator, kind, ident, stream, index, live, pending, blockless)
             deferred_frees_done(index)
             released = len(entries)
             segment_changes(index)

@@ -14,13 +14,19 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import operator
 import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 _REAL_EXIT = os._exit
+# What delivering the result calls, bound when peakmem's child starts: the job runs in this
+# process and may rebind the module attributes afterwards (`builtins.open = None`, its own
+# `os.replace`, `os.getpid`); a job that writes nothing more runs fine so under python.
+_OPEN, _REPLACE, _GETPID = io.open, os.replace, os.getpid
 
 
 class ResultWriter:
@@ -28,24 +34,26 @@ class ResultWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.pid = os.getpid()
+        self.pid = _GETPID()
         self.written = False
-        self._limits = _file_limits()
+        self._resource = _resource_module()
+        self._limits = _file_limits(self._resource)
 
     @property
     def in_original_process(self) -> bool:
-        return os.getpid() == self.pid
+        return _GETPID() == self.pid
 
     def write(self, data: bytes) -> bool:
         """Deliver `data`; False (nothing written) in a fork or when already delivered."""
         if self.written or not self.in_original_process:
             return False
-        _restore_limits(self._limits)  # the job may have set RLIMIT_FSIZE 0 (valid for a job
-        # that writes nothing): the result is peakmem's file, written under peakmem's limits
+        # the job may have set RLIMIT_FSIZE 0 (valid for a job that writes nothing): the result
+        # is peakmem's file, written under peakmem's limits
+        _restore_limits(self._resource, self._limits)
         temporary = self.path.with_name(f".{self.path.name}.{self.pid}.tmp")
-        with open(temporary, "wb") as handle:
+        with _OPEN(temporary, "wb") as handle:
             handle.write(data)
-        os.replace(temporary, self.path)
+        _REPLACE(temporary, self.path)
         self.written = True
         return True
 
@@ -54,22 +62,28 @@ _FILE_LIMITS = ("RLIMIT_FSIZE", "RLIMIT_NOFILE")
 """Resource limits that decide whether the result file can be written."""
 
 
-def _file_limits() -> dict[int, tuple[int, int]]:
+def _resource_module() -> Any:
+    """The `resource` module (None where it is not: not POSIX), imported before the job runs
+    (a job may put None in sys.modules["resource"])."""
     try:
         import resource
-    except ImportError:  # not POSIX
+    except ImportError:
+        return None
+    return resource
+
+
+def _file_limits(resource: Any) -> dict[int, tuple[int, int]]:
+    if resource is None:
         return {}
     return {getattr(resource, name): resource.getrlimit(getattr(resource, name))
             for name in _FILE_LIMITS if hasattr(resource, name)}
 
 
-def _restore_limits(saved: dict[int, tuple[int, int]]) -> None:
+def _restore_limits(resource: Any, saved: dict[int, tuple[int, int]]) -> None:
     """Put back the soft limits the child started with, where the job lowered them (a lowered
     hard limit cannot be raised again: the write then fails and no result is reported)."""
     if not saved:
         return
-    import resource
-
     for which, limits in saved.items():
         with contextlib.suppress(ValueError, OSError):
             if resource.getrlimit(which) != limits:

@@ -10,6 +10,7 @@ traceback trimmed to the user's frames. Nothing here needs a GPU.
 from __future__ import annotations
 
 import builtins
+import errno
 import importlib.machinery
 import os
 import runpy
@@ -105,11 +106,23 @@ def missing_script(path: str) -> str:
     message = f"script not found: {path}"
     if os.path.isdir(path):  # python: "can't find '__main__' module in 'DIR'"
         return f"{message} (a directory without a __main__.py)"
+    if os.path.islink(path):
+        return f"{message} ({_dangling_link(path)})"
     if not path.endswith(".py") and os.sep not in path and shutil.which(path) is not None:
         message += (f" ({path} is a program, not a Python script: peakmem runs `python "
                     "train.py [args]`, `python -m module` or torchrun / accelerate launch / "
                     "deepspeed)")
     return message
+
+
+def _dangling_link(path: str) -> str:
+    """Why the symlink `path` leads to no file: a loop (ELOOP), or a missing target."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop"
+    return f"a symlink to {os.readlink(path)!r}, which is not there"
 
 
 def script_exists(path: str) -> bool:

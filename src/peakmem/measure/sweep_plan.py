@@ -39,6 +39,36 @@ class SweepError(ValueError):
     """The sweep definition is malformed."""
 
 
+MAX_RUNS = 100_000
+"""The most runs one sweep may define: a grid's product of axes grows past any machine's
+memory long before a GPU could measure it (20 axes of 10 values: 1e20 runs)."""
+
+
+def _steps(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+        raise SweepError(f"{where}: steps must be an integer from 1 to 1000000, got {value!r:.80}")
+    return value
+
+
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not 0 < float(value) <= 7 * 86400:
+        raise SweepError(f"{where}: timeout must be a number of seconds from 0 to 604800, got "
+                         f"{value!r:.80}")
+    return float(value)
+
+
+def _number(value: Any, where: str) -> float:
+    """A scale axis value: a finite number (TOML's dates, strings, nan and inf are not)."""
+    try:
+        number = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError, OverflowError):
+        number = None
+    if number is None or number != number or number in (float("inf"), float("-inf")):
+        raise SweepError(f"{where}: scale values must be finite numbers, got {value!r:.80}")
+    return number
+
+
 @dataclass(frozen=True)
 class PlannedRun:
     job: str
@@ -119,7 +149,15 @@ def _expand_group(
         raise SweepError(f"{where}: scale axis {scale!r} is not in the grid")
     env = _env_of(group, where)
     keys = [k for k in grid if k != scale]
-    scale_values = sorted(grid[scale], key=float) if scale is not None else [None]
+    scale_values = (sorted(grid[scale], key=lambda value: _number(value, where))
+                    if scale is not None else [None])
+    count = len(scale_values)
+    for key in keys:
+        count *= len(grid[key])
+        if count > MAX_RUNS:
+            raise SweepError(f"{where}: the grid defines more than {MAX_RUNS} runs")
+    group_steps = _steps(group.get("steps", steps), where)
+    group_timeout = _seconds(group.get("timeout", timeout), where)
     runs = []
     for combo in itertools.product(*(grid[k] for k in keys)):
         for scale_value in scale_values:
@@ -134,8 +172,8 @@ def _expand_group(
                     job=job,
                     args=args,
                     env=env,
-                    steps=int(group.get("steps", steps)),
-                    timeout=float(group.get("timeout", timeout)),
+                    steps=group_steps,
+                    timeout=group_timeout,
                     config=_config_id(job, pairs, env, scale),
                     scale=float(scale_value) if scale_value is not None else None,
                     snapshot=bool(group.get("snapshot", False)),
@@ -159,8 +197,8 @@ def _explicit_run(entry: dict[str, Any], index: int, steps: int, timeout: float)
         job=job,
         args=words,
         env=env,
-        steps=int(entry.get("steps", steps)),
-        timeout=float(entry.get("timeout", timeout)),
+        steps=_steps(entry.get("steps", steps), where),
+        timeout=_seconds(entry.get("timeout", timeout), where),
         config=str(config),
         snapshot=bool(entry.get("snapshot", False)),
         group=-1 - index,
@@ -176,12 +214,18 @@ def load_plan(path: Path) -> SweepPlan:
 
 
 def plan_from_dict(data: dict[str, Any], default_name: str = "sweep") -> SweepPlan:
-    steps = int(data.get("steps", 3))
-    timeout = float(data.get("timeout", 240))
+    steps = _steps(data.get("steps", 3), "the sweep")
+    timeout = _seconds(data.get("timeout", 240), "the sweep")
     plan = SweepPlan(name=str(data.get("name", default_name)))
-    for index, group in enumerate(data.get("group", [])):
+    groups, entries = data.get("group", []), data.get("run", [])
+    for name, tables in (("group", groups), ("run", entries)):
+        if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+            raise SweepError(f"`{name}` must be an array of tables ([[{name}]])")
+    for index, group in enumerate(groups):
         plan.runs.extend(_expand_group(group, index, steps, timeout))
-    for index, entry in enumerate(data.get("run", [])):
+        if len(plan.runs) > MAX_RUNS:
+            raise SweepError(f"the sweep defines more than {MAX_RUNS} runs")
+    for index, entry in enumerate(entries):
         plan.runs.append(_explicit_run(entry, index, steps, timeout))
     if not plan.runs:
         raise SweepError("the sweep defines no runs (no [[group]] or [[run]] entries)")

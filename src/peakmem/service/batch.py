@@ -47,6 +47,9 @@ class BatchJob(EstimateRequest):
     def _files_or_cwd(self) -> BatchJob:
         if self.cwd is not None and self.files:
             raise ValueError("give `files` or `cwd`, not both")
+        if self.cwd is not None and ("\x00" in self.cwd or not self.cwd.strip()):
+            # resolve() raised ValueError: the job failed as a retryable internal error
+            raise ValueError("`cwd` must be a directory path (no NUL character, not blank)")
         return self
 
 
@@ -123,6 +126,18 @@ def check_output(output: Path) -> None:
     if not stat.S_ISREG(info.st_mode):
         kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
         raise BatchInputError(f"the results file {output} is {kind}")
+
+
+def check_not_the_jobs_file(output: Path, jobs_path: Path) -> None:
+    """BatchInputError when `output` is the jobs file itself (by name, symlink or hard link):
+    the results were appended to the jobs, and every later run refused the file (an id twice)."""
+    try:
+        same = output.exists() and os.path.samefile(output, jobs_path)
+    except OSError:
+        return  # check_output / read_jobs say what is wrong with either
+    if same:
+        raise BatchInputError(f"the results file {output} is the jobs file {jobs_path}: "
+                              "results are appended to it; name another with -o")
 
 
 def finished_ids(output: Path, retry_failed: bool = False) -> set[str]:
@@ -241,6 +256,7 @@ def run_batch(
 ) -> BatchSummary:
     """Run every job of `jobs_path` not already final in `output`, appending to `output`."""
     jobs = read_jobs(jobs_path)
+    check_not_the_jobs_file(output, jobs_path)
     finished = finished_ids(output, retry_failed)
     todo = [(job_id, raw) for job_id, raw in jobs if job_id not in finished]
     summary = BatchSummary(total=len(jobs), skipped=len(jobs) - len(todo))

@@ -18,6 +18,10 @@ from typing import IO, Any
 
 from peakmem.inputs import InputError, capped_lines, describe, open_regular_file
 
+_JSON_TEXT = json.JSONEncoder().encode
+"""json.dumps(value), bound at import: a job's result trace is written after the job ran, in
+its process, and the job may have rebound `json.dumps` (capture/result_io.py)."""
+
 FORMAT_NAME = "peakmem-trace"
 FORMAT_VERSION = 1
 NO_TAG = -1
@@ -243,7 +247,7 @@ class Trace:
             "meta": self.meta,
             "tags": [t.to_json() for t in self.tags],
         }
-        out.write(json.dumps(header) + "\n")
+        out.write(_JSON_TEXT(header) + "\n")
         lines = [f"[{k},{i},{s},{st},{t}]" for k, i, s, st, t in self.events()]
         if lines:
             out.write("\n".join(lines) + "\n")
