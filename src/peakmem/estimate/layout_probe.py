@@ -26,11 +26,16 @@ down by one segment, and 00240, 00573, also measured to the MiB, do not move at 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import copy
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from peakmem.allocator.addresses import DeviceAddressSpace
+from peakmem.allocator.caching import Block, CachingAllocator, DeviceLimits, OutOfMemory
+from peakmem.allocator.config import AllocatorConfig
+from peakmem.allocator.rules import AllocatorRules
 from peakmem.allocator.simulate import simulate
-from peakmem.trace.events import ALLOC_KINDS, Trace
+from peakmem.trace.events import ALLOC_KINDS, EventKind, Trace
 
 MiB = 1 << 20
 KERNEL_SEGMENT = 20 * MiB
@@ -133,9 +138,136 @@ def probe_layout(
     sizes: Iterable[int] = PROBE_SIZES,
     workspace_sizes: Iterable[int] = WORKSPACE_PROBE_SIZES,
 ) -> LayoutProbe:
+    """What `probe_layout_plain` finds, probe for probe, replayed cheaper: each replay runs the
+    allocator alone (`_Replay`: no trace copy, only the reserved peak kept) and the cuBLAS
+    workspace probes start from a copy of the unprobed replay at the first workspace allocation
+    (the events before it are the same in every one of them). A trace this lean replay does not
+    cover (events other than allocations, frees and marks; an out-of-memory; an inconsistent
+    trace) is replayed by `probe_layout_plain`."""
+    sizes, workspace_sizes = tuple(sizes), tuple(workspace_sizes)
+    checked = (*sizes, *workspace_sizes) if workspace_events(trace) else sizes
+    for size in checked:  # the sizes `probe_layout_plain` replays
+        if size <= 0:
+            raise ValueError(f"probe sizes must be positive, got {size}")
+    if not set(trace.kinds) <= _LEAN_KINDS:
+        return probe_layout_plain(trace, alloc_conf, torch_version, sizes, workspace_sizes)
+    try:
+        return _probe_lean(trace, alloc_conf, torch_version, sizes, workspace_sizes)
+    except _NotLean:
+        return probe_layout_plain(trace, alloc_conf, torch_version, sizes, workspace_sizes)
+
+
+_LEAN_KINDS = frozenset({EventKind.ALLOC, EventKind.ALLOC_OR_SMALLER, EventKind.FREE,
+                         EventKind.MARK})
+
+
+class _NotLean(Exception):
+    """The lean replay met something only `simulate` handles (its reports included)."""
+
+
+class _Replay:
+    """One allocator replaying allocations and frees, keeping only the peak of reserved bytes
+    (`simulate` keeps it the same way: after each allocation)."""
+
+    def __init__(self, alloc_conf: str | None, torch_version: str | None) -> None:
+        self.allocator = CachingAllocator(
+            AllocatorConfig.parse(alloc_conf, torch_version),
+            AllocatorRules.for_version(torch_version),
+            DeviceLimits(),
+            DeviceAddressSpace(),
+        )
+        self.live: dict[int, Block] = {}
+        self.peak = 0
+
+    def fork(self) -> _Replay:
+        """An independent copy (allocator, live blocks and peak) to replay on from here."""
+        return copy.deepcopy(self)
+
+    def alloc(self, size: int, stream: int = 0) -> Block:
+        try:
+            block = self.allocator.malloc(size, stream)
+        except OutOfMemory as exc:
+            raise _NotLean from exc
+        reserved = self.allocator.total_allocated_memory
+        if reserved > self.peak:
+            self.peak = reserved
+        return block
+
+    def run(self, kinds: Sequence[int], ids: Sequence[int], sizes: Sequence[int],
+            streams: Sequence[int], start: int = 0, stop: int | None = None) -> None:
+        """Replay events `start` to `stop` (exclusive; None: to the end)."""
+        stop = len(kinds) if stop is None else stop
+        allocator, live = self.allocator, self.live
+        malloc, free = allocator.malloc, allocator.free
+        peak = self.peak
+        alloc_kinds, free_kind = (EventKind.ALLOC, EventKind.ALLOC_OR_SMALLER), EventKind.FREE
+        try:
+            for index in range(start, stop):
+                kind = kinds[index]
+                if kind == free_kind:
+                    free(live.pop(ids[index]))
+                elif kind in alloc_kinds:
+                    ident = ids[index]
+                    if ident in live:
+                        raise _NotLean(f"event {index}: id {ident} allocated twice")
+                    live[ident] = malloc(sizes[index], streams[index])
+                    reserved = allocator.total_allocated_memory
+                    if reserved > peak:
+                        peak = reserved
+        except (KeyError, OutOfMemory) as exc:
+            raise _NotLean from exc
+        finally:
+            self.peak = peak
+
+
+def _probe_lean(
+    trace: Trace,
+    alloc_conf: str | None,
+    torch_version: str | None,
+    sizes: tuple[int, ...],
+    workspace_sizes: tuple[int, ...],
+) -> LayoutProbe:
+    kinds, ids, streams = trace.kinds, trace.ids, trace.streams
+    workspace_indexes = workspace_events(trace)
+    base = _Replay(alloc_conf, torch_version)
+    fork = workspace_indexes[0] if workspace_indexes and workspace_sizes else len(kinds)
+    base.run(kinds, ids, trace.sizes, streams, 0, fork)
+    at_fork = base.fork() if fork < len(kinds) else None
+    base.run(kinds, ids, trace.sizes, streams, fork)
+    moves: dict[str, int] = {}
+    allowances: dict[str, int] = {}
+    for size in sizes:
+        replay = _Replay(alloc_conf, torch_version)
+        replay.alloc(size)  # the persistent block: stream 0, before the first event
+        replay.run(kinds, ids, trace.sizes, streams)
+        moves[f"block {size}"] = replay.peak - base.peak
+        allowances[f"block {size}"] = KERNEL_SEGMENT
+    workspaces = [trace.sizes[i] for i in workspace_indexes]
+    for number, size in enumerate(workspace_sizes if at_fork is not None else ()):
+        last = number == len(workspace_sizes) - 1
+        replay = at_fork if last else at_fork.fork()
+        probed_sizes = list(trace.sizes)
+        for index in workspace_indexes:
+            probed_sizes[index] = size
+        replay.run(kinds, ids, probed_sizes, streams, fork)
+        name = f"cublas workspace {size}"
+        moves[name] = replay.peak - base.peak
+        allowances[name] = (sum(abs(size - old) for old in workspaces)
+                            + len(workspaces) * KERNEL_SEGMENT)
+    return LayoutProbe(base.peak, moves, allowances)
+
+
+def probe_layout_plain(
+    trace: Trace,
+    alloc_conf: str | None = None,
+    torch_version: str | None = None,
+    sizes: Iterable[int] = PROBE_SIZES,
+    workspace_sizes: Iterable[int] = WORKSPACE_PROBE_SIZES,
+) -> LayoutProbe:
     """Replay `trace` as is and under each perturbation (module docstring): one extra block of
     each of `sizes` bytes, and the cuBLAS workspaces at each of `workspace_sizes` (where the
-    trace has any). Each replay is one `simulate` of the whole trace."""
+    trace has any). Each replay is one `simulate` of the whole trace, of a probed copy of the
+    trace: the reference `probe_layout` must match probe for probe."""
     base = simulate(trace, alloc_conf, torch_version).peak_reserved_bytes
     moves: dict[str, int] = {}
     allowances: dict[str, int] = {}
