@@ -31,7 +31,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from peakmem.allocator.addresses import DeviceAddressSpace
-from peakmem.allocator.caching import Block, CachingAllocator, DeviceLimits, OutOfMemory
+from peakmem.allocator.caching import (
+    K_SMALL_SIZE,
+    Block,
+    CachingAllocator,
+    DeviceLimits,
+    OutOfMemory,
+)
 from peakmem.allocator.config import AllocatorConfig
 from peakmem.allocator.rules import AllocatorRules
 from peakmem.allocator.simulate import simulate
@@ -161,6 +167,9 @@ _LEAN_KINDS = frozenset({EventKind.ALLOC, EventKind.ALLOC_OR_SMALLER, EventKind.
                          EventKind.MARK})
 
 
+_ALLOC_KINDS = (EventKind.ALLOC, EventKind.ALLOC_OR_SMALLER)
+
+
 class _NotLean(Exception):
     """The lean replay met something only `simulate` handles (its reports included)."""
 
@@ -220,6 +229,70 @@ class _Replay:
             self.peak = peak
 
 
+@dataclass
+class _Events:
+    """Events of a trace, or of one allocator pool's share of them (`_pool_lanes`)."""
+
+    kinds: list[int]
+    ids: list[int]
+    sizes: list[int]
+    streams: list[int]
+    workspaces: list[int]
+    """Positions of the cuBLAS workspace allocations among these events."""
+
+    @classmethod
+    def of(cls, trace: Trace, keep: Sequence[int] | None = None) -> _Events:
+        """The trace's events, or those at indexes `keep` (in order)."""
+        workspaces = workspace_events(trace)
+        if keep is None:
+            return cls(trace.kinds, trace.ids, trace.sizes, trace.streams, workspaces)
+        position = {index: at for at, index in enumerate(keep)}
+        return cls([trace.kinds[i] for i in keep], [trace.ids[i] for i in keep],
+                   [trace.sizes[i] for i in keep], [trace.streams[i] for i in keep],
+                   [position[i] for i in workspaces if i in position])
+
+    def with_workspace_size(self, size: int) -> list[int]:
+        """The sizes with every workspace allocation at `size` bytes."""
+        sizes = list(self.sizes)
+        for at in self.workspaces:
+            sizes[at] = size
+        return sizes
+
+
+def _pool_lanes(trace: Trace, allocator: CachingAllocator) -> tuple[_Events, _Events] | None:
+    """The trace's small-pool and large-pool events apart (requests of at most kSmallSize
+    (1 MiB) once rounded, and their frees), where replaying each alone gives the same reserved
+    peak as replaying them together: the two pools never share a block; without a capacity,
+    garbage collection, expandable segments or an empty_cache no segment is ever released, so
+    each pool's reserved bytes only grow and the peak is the sum of the two pools' last
+    figures; and segments are handed out at rising addresses, so within a pool equal-size
+    blocks keep their order by address with or without the other pool's segments between
+    them. None where that does not hold (or the trace frees an id it did not allocate, or
+    allocates one twice: the whole replay reports that)."""
+    if allocator.config.expandable_segments:
+        return None
+    small: list[int] = []
+    large: list[int] = []
+    pool_of: dict[int, list[int]] = {}
+    alloc_kinds, free_kind = _ALLOC_KINDS, EventKind.FREE
+    round_size = allocator.round_size
+    for index, (kind, ident, size) in enumerate(
+        zip(trace.kinds, trace.ids, trace.sizes, strict=True)
+    ):
+        if kind == free_kind:
+            lane = pool_of.pop(ident, None)
+            if lane is None:
+                return None
+            lane.append(index)
+        elif kind in alloc_kinds:
+            if ident in pool_of:
+                return None
+            lane = small if round_size(size) <= K_SMALL_SIZE else large
+            pool_of[ident] = lane
+            lane.append(index)
+    return _Events.of(trace, small), _Events.of(trace, large)
+
+
 def _probe_lean(
     trace: Trace,
     alloc_conf: str | None,
@@ -227,34 +300,63 @@ def _probe_lean(
     sizes: tuple[int, ...],
     workspace_sizes: tuple[int, ...],
 ) -> LayoutProbe:
-    kinds, ids, streams = trace.kinds, trace.ids, trace.streams
-    workspace_indexes = workspace_events(trace)
-    base = _Replay(alloc_conf, torch_version)
-    fork = workspace_indexes[0] if workspace_indexes and workspace_sizes else len(kinds)
-    base.run(kinds, ids, trace.sizes, streams, 0, fork)
-    at_fork = base.fork() if fork < len(kinds) else None
-    base.run(kinds, ids, trace.sizes, streams, fork)
+    """The probes by lean replays. Where the pools can be replayed apart (`_pool_lanes`), a
+    probe that only adds or resizes large-pool requests replays the large pool's events alone,
+    on top of the small pool's peak (replayed once): the small pool is the same in all of
+    them. Workspace probes start from a copy of their lane's unprobed replay at its first
+    workspace allocation."""
+    full = _Events.of(trace)
+    sizer = _Replay(alloc_conf, torch_version).allocator  # rounds sizes as the replays do
+    lanes = _pool_lanes(trace, sizer) if trace.kinds else None
+    small_peak = 0
+    main = full
+    if lanes is not None:
+        small_lane, main = lanes
+        small = _Replay(alloc_conf, torch_version)
+        small.run(small_lane.kinds, small_lane.ids, small_lane.sizes, small_lane.streams)
+        small_peak = small.peak
+
+    def large_only(*requests: int) -> bool:
+        return lanes is not None and all(sizer.round_size(size) > K_SMALL_SIZE for size in requests)
+
+    forks: dict[int, _Replay] = {}
+
+    def replay_lane(events: _Events, fork_workspaces: bool) -> _Replay:
+        """The unprobed replay of `events`, noting a copy at the first workspace."""
+        replay = _Replay(alloc_conf, torch_version)
+        at = events.workspaces[0] if fork_workspaces and events.workspaces else len(events.kinds)
+        replay.run(events.kinds, events.ids, events.sizes, events.streams, 0, at)
+        if at < len(events.kinds):
+            forks[id(events)] = replay.fork()
+        replay.run(events.kinds, events.ids, events.sizes, events.streams, at)
+        return replay
+
+    workspaces = [trace.sizes[i] for i in full.workspaces]
+    probe_workspaces = bool(workspaces and workspace_sizes)
+    base = replay_lane(main, probe_workspaces)
+    base_peak = small_peak + base.peak if main is not full else base.peak
     moves: dict[str, int] = {}
     allowances: dict[str, int] = {}
     for size in sizes:
+        lane, on_top = (main, small_peak) if large_only(size) else (full, 0)
         replay = _Replay(alloc_conf, torch_version)
         replay.alloc(size)  # the persistent block: stream 0, before the first event
-        replay.run(kinds, ids, trace.sizes, streams)
-        moves[f"block {size}"] = replay.peak - base.peak
+        replay.run(lane.kinds, lane.ids, lane.sizes, lane.streams)
+        moves[f"block {size}"] = on_top + replay.peak - base_peak
         allowances[f"block {size}"] = KERNEL_SEGMENT
-    workspaces = [trace.sizes[i] for i in workspace_indexes]
-    for number, size in enumerate(workspace_sizes if at_fork is not None else ()):
-        last = number == len(workspace_sizes) - 1
-        replay = at_fork if last else at_fork.fork()
-        probed_sizes = list(trace.sizes)
-        for index in workspace_indexes:
-            probed_sizes[index] = size
-        replay.run(kinds, ids, probed_sizes, streams, fork)
+    for size in workspace_sizes if probe_workspaces else ():
+        in_lane = large_only(size, *workspaces)
+        lane, on_top = (main, small_peak) if in_lane else (full, 0)
+        if id(lane) not in forks:  # the whole trace, where the lane is only the large pool
+            replay_lane(lane, True)
+        replay = forks[id(lane)].fork()
+        replay.run(lane.kinds, lane.ids, lane.with_workspace_size(size), lane.streams,
+                   lane.workspaces[0])
         name = f"cublas workspace {size}"
-        moves[name] = replay.peak - base.peak
+        moves[name] = on_top + replay.peak - base_peak
         allowances[name] = (sum(abs(size - old) for old in workspaces)
                             + len(workspaces) * KERNEL_SEGMENT)
-    return LayoutProbe(base.peak, moves, allowances)
+    return LayoutProbe(base_peak, moves, allowances)
 
 
 def probe_layout_plain(
