@@ -144,12 +144,14 @@ def probe_layout(
     sizes: Iterable[int] = PROBE_SIZES,
     workspace_sizes: Iterable[int] = WORKSPACE_PROBE_SIZES,
 ) -> LayoutProbe:
-    """What `probe_layout_plain` finds, probe for probe, replayed cheaper: each replay runs the
-    allocator alone (`_Replay`: no trace copy, only the reserved peak kept) and the cuBLAS
-    workspace probes start from a copy of the unprobed replay at the first workspace allocation
-    (the events before it are the same in every one of them). A trace this lean replay does not
-    cover (events other than allocations, frees and marks; an out-of-memory; an inconsistent
-    trace) is replayed by `probe_layout_plain`."""
+    """What `probe_layout_plain` finds, probe for probe, replayed cheaper (`_probe_lean`): each
+    replay runs the allocator alone (`_Replay`: no trace copy, only the reserved peak kept);
+    the small pool (requests up to 1 MiB), the same under every probe of large requests, is
+    replayed once and those probes replay the large pool's events alone (`_pool_lanes`); the
+    cuBLAS workspace probes start from a copy of the unprobed replay at the first workspace
+    allocation (the events before it are the same in every one of them). A trace this lean
+    replay does not cover (events other than allocations, frees and marks; an out-of-memory;
+    an inconsistent trace) is replayed by `probe_layout_plain`."""
     sizes, workspace_sizes = tuple(sizes), tuple(workspace_sizes)
     checked = (*sizes, *workspace_sizes) if workspace_events(trace) else sizes
     for size in checked:  # the sizes `probe_layout_plain` replays
@@ -209,7 +211,7 @@ class _Replay:
         allocator, live = self.allocator, self.live
         malloc, free = allocator.malloc, allocator.free
         peak = self.peak
-        alloc_kinds, free_kind = (EventKind.ALLOC, EventKind.ALLOC_OR_SMALLER), EventKind.FREE
+        alloc_kinds, free_kind = _ALLOC_KINDS, EventKind.FREE
         try:
             for index in range(start, stop):
                 kind = kinds[index]
