@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peakmem.allocator.simulate import TraceError
+from peakmem.allocator.simulate import TraceError, simulate
 from peakmem.estimate import layout_probe
 from peakmem.estimate.layout_probe import probe_layout, probe_layout_plain
 from peakmem.trace.events import Trace
@@ -152,3 +152,76 @@ def test_a_captured_job_probes_the_same_on_the_fast_path(monkeypatch, torch_vers
     assert any(name.startswith("cublas workspace") for name in expected.moves)
     no_plain_replay(monkeypatch)
     assert probe_layout(trace, result.alloc_conf, result.torch_version) == expected
+
+
+STEP_SIZES = st.sampled_from([100, 256 * KiB, 1 * MiB, 2 * MiB, 6 * MiB, 12 * MiB, 40 * MiB])
+"""A few sizes of each pool, so that steps reach a steady allocator state (and repeat)."""
+
+
+@st.composite
+def stepped_traces(draw) -> Trace:
+    """Training-like traces: a few persistent blocks, then the same step body several times
+    (fresh ids each step; some blocks live on into the next step, as gradients do), each step
+    ended by a `step N` mark, now and then one step changed, and the last blocks freed. With
+    `swap`, every step frees one of two persistent blocks of one size, which one drawn per step,
+    and allocates its successor: the same requests each step, freeing different blocks."""
+    trace = Trace()
+    for _ in range(draw(st.integers(0, 3))):
+        trace.alloc(draw(SIZES), op="parameter")
+    swap = draw(st.one_of(st.none(), STEP_SIZES))
+    pair = [trace.alloc(swap), trace.alloc(swap)] if swap is not None else []
+    body = draw(st.lists(st.tuples(STEP_SIZES, st.integers(-1, 8), st.sampled_from([0, 0, 1])),
+                         min_size=1, max_size=10))
+    steps = draw(st.integers(2, 12))
+    changed = draw(st.integers(0, 3 * steps))  # a step index past the last: none changed
+    due: dict[tuple[int, int], list[int]] = {}
+    for step in range(steps):
+        if pair:
+            which = draw(st.integers(0, 1))
+            trace.free(pair[which])
+            pair[which] = trace.alloc(swap)
+        for position, (size, life, stream) in enumerate(body):
+            for ident in due.pop((step, position), []):
+                trace.free(ident)
+            if step == changed and position == 0:
+                size += 2 * MiB
+            ident = trace.alloc(size, stream)
+            if life >= 0:
+                end = position + life + 1
+                due.setdefault((step + end // len(body), end % len(body)), []).append(ident)
+        trace.mark(f"step {step + 1}")
+    for key in sorted(due):
+        for ident in due[key]:
+            trace.free(ident)
+    return trace
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=stepped_traces(), conf=st.sampled_from([None, "max_split_size_mb:64"]))
+def test_steps_that_repeat_probe_as_the_plain_replays(trace, conf):
+    assert probe_layout(trace, conf) == probe_layout_plain(trace, conf)
+
+
+def test_a_replay_jumps_over_steps_that_repeat_and_keeps_the_peak():
+    """Steps of the same requests from the same allocator state replay the same: the replay
+    skips them, and ends on the peak and the live blocks the full replay has."""
+    trace = Trace()
+    trace.alloc(30 * MiB, op="parameter")
+    grad = None
+    for step in range(6):
+        activation = trace.alloc(12 * MiB)
+        small = trace.alloc(64 * KiB)
+        if grad is not None:
+            trace.free(grad)
+        grad = trace.alloc(30 * MiB, category="gradient")
+        trace.free(activation)
+        trace.free(small)
+        trace.mark(f"step {step + 1}")
+    trace.alloc(5 * MiB)  # a tail the steps do not have
+    replay = layout_probe._Replay(None, None)
+    events = layout_probe._Events.of(trace)
+    replay.run(events.kinds, events.ids, events.sizes, events.streams, cuts=events.cuts)
+    assert replay.skipped > 0
+    assert replay.peak == simulate(trace).peak_reserved_bytes
+    assert sorted(replay.live) == sorted(set(trace.live_at(len(trace) - 1)))
+    assert probe_layout(trace) == probe_layout_plain(trace)

@@ -26,6 +26,7 @@ down by one segment, and 00240, 00573, also measured to the MiB, do not move at 
 
 from __future__ import annotations
 
+import bisect
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -189,6 +190,8 @@ class _Replay:
         )
         self.live: dict[int, Block] = {}
         self.peak = 0
+        self.skipped = 0
+        """Events not replayed: found to repeat what was (`run`)."""
 
     def fork(self) -> _Replay:
         """An independent copy (allocator, live blocks and peak) to replay on from here."""
@@ -205,23 +208,58 @@ class _Replay:
         return block
 
     def run(self, kinds: Sequence[int], ids: Sequence[int], sizes: Sequence[int],
-            streams: Sequence[int], start: int = 0, stop: int | None = None) -> None:
-        """Replay events `start` to `stop` (exclusive; None: to the end)."""
+            streams: Sequence[int], start: int = 0, stop: int | None = None,
+            cuts: Sequence[int] = ()) -> None:
+        """Replay events `start` to `stop` (exclusive; None: to the end). `cuts`: event indexes
+        (the trace's step marks) where the replay may find that what follows repeats the
+        stretch since the last cut (`_repeats`), and jump over the repeats: they reach no
+        reserved figure that stretch did not, and leave the allocator as it is now."""
         stop = len(kinds) if stop is None else stop
+        before = self._state()
+        first = start
+        while first < stop:
+            cut = next((c for c in cuts if first < c < stop), stop)
+            alloc_addrs: dict[int, int] = {}
+            free_addrs: dict[int, int] = {}
+            if before is not None and _repeats_from(kinds, sizes, streams, first, cut, stop):
+                self._replay(kinds, ids, sizes, streams, first, cut, alloc_addrs, free_addrs)
+            else:
+                self._replay(kinds, ids, sizes, streams, first, cut)
+            after = self._state() if cut < stop else None
+            if after is not None and alloc_addrs is not None and after == before and (
+                    alloc_addrs or free_addrs):
+                resume = self._jump(kinds, ids, sizes, streams, first, cut, stop,
+                                    alloc_addrs, free_addrs)
+                self.skipped += resume - cut
+                cut = resume
+            before, first = after, cut
+
+    def _replay(self, kinds: Sequence[int], ids: Sequence[int], sizes: Sequence[int],
+                streams: Sequence[int], start: int, stop: int,
+                alloc_addrs: dict[int, int] | None = None,
+                free_addrs: dict[int, int] | None = None) -> None:
+        """Replay events `start` to `stop`; with `alloc_addrs` and `free_addrs`, note event
+        index -> address of the block each allocation got and each free released."""
         allocator, live = self.allocator, self.live
         malloc, free = allocator.malloc, allocator.free
         peak = self.peak
         alloc_kinds, free_kind = _ALLOC_KINDS, EventKind.FREE
+        recording = alloc_addrs is not None and free_addrs is not None
         try:
             for index in range(start, stop):
                 kind = kinds[index]
                 if kind == free_kind:
-                    free(live.pop(ids[index]))
+                    block = live.pop(ids[index])
+                    if recording:
+                        free_addrs[index] = block.addr
+                    free(block)
                 elif kind in alloc_kinds:
                     ident = ids[index]
                     if ident in live:
                         raise _NotLean(f"event {index}: id {ident} allocated twice")
-                    live[ident] = malloc(sizes[index], streams[index])
+                    block = live[ident] = malloc(sizes[index], streams[index])
+                    if recording:
+                        alloc_addrs[index] = block.addr
                     reserved = allocator.total_allocated_memory
                     if reserved > peak:
                         peak = reserved
@@ -229,6 +267,94 @@ class _Replay:
             raise _NotLean from exc
         finally:
             self.peak = peak
+
+    def _state(self) -> tuple | None:
+        """Everything of the allocator a later malloc or free can depend on (the blocks with
+        their addresses, neighbours and flags, the segments, the address space, the byte
+        counts), comparable between two moments; None where the lean replay does not compare
+        (expandable segments, garbage collection, blocks waiting on streams)."""
+        a = self.allocator
+        if (a.config.expandable_segments or a._gc_enabled or a.pending_free  # noqa: SLF001
+                or a.ready_free or a.expandable_segments):
+            return None
+        blocks = sorted(
+            (b.addr, b.size, b.stream, b.pool.is_small, b.allocated, b.requested, b.mapped,
+             None if b.prev is None else b.prev.addr, None if b.next is None else b.next.addr,
+             b.segment is None, bool(b.stream_uses), b.event_count, b.gc_count_base)
+            for b in (*a.blocks_by_addr.values(), *self.live.values())
+        )
+        space = a.addresses
+        return (
+            tuple(blocks), tuple(sorted(a.segments.items())),
+            a.total_allocated_memory, a.allocated_bytes, a.requested_bytes,
+            len(a._unmapped_blocks), a._mapped_expandable,  # noqa: SLF001
+            space._next, tuple(space._free_ranges), tuple(sorted(space._live.items())),  # noqa: SLF001
+            bool(space._hints),  # noqa: SLF001
+        )
+
+    def _jump(self, kinds: Sequence[int], ids: Sequence[int], sizes: Sequence[int],
+              streams: Sequence[int], first: int, cut: int, stop: int,
+              alloc_addrs: dict[int, int], free_addrs: dict[int, int]) -> int:
+        """Skip the events from `cut` on that repeat events `first` to `cut` (just replayed
+        from a state equal to the present one) operation for operation: the same requests,
+        and every free releasing the block at the address the free at the same place in that
+        stretch released (addresses followed without replaying: the k-th allocation of a
+        repeat lands where the k-th of the stretch did). Whole repeats are skipped, and a last
+        one cut short by the end of the trace; the live blocks are renamed to the ids the
+        repeats left on them. Returns the index where the replay resumes (`cut`: none)."""
+        address = {ident: block.addr for ident, block in self.live.items()}
+        period = cut - first
+        free_kind = EventKind.FREE
+        resume, renamed = cut, address.copy()
+        at = cut
+        while at < stop:
+            end = min(at + period, stop)
+            if not _same_requests(kinds, sizes, streams, first, at, end):
+                break
+            for index in range(at, end):
+                kind = kinds[index]
+                same = first + index - at
+                if kind == free_kind:
+                    if address.pop(ids[index], None) != free_addrs[same]:
+                        return self._rename(resume, renamed)
+                elif kind in _ALLOC_KINDS:
+                    ident = ids[index]
+                    if ident in address:
+                        return self._rename(resume, renamed)
+                    address[ident] = alloc_addrs[same]
+            if end == stop:
+                return stop  # the rest repeats to the end: nothing more to replay
+            resume, renamed = end, address.copy()
+            at = end
+        return self._rename(resume, renamed)
+
+    def _rename(self, resume: int, address: dict[int, int]) -> int:
+        """Give the live blocks the ids `address` (id -> block address) names; returns
+        `resume`."""
+        by_addr = {block.addr: block for block in self.live.values()}
+        self.live = {ident: by_addr[addr] for ident, addr in address.items()}
+        return resume
+
+
+
+def _same_requests(kinds: Sequence[int], sizes: Sequence[int], streams: Sequence[int],
+                   first: int, at: int, end: int) -> bool:
+    """Whether events `at` to `end` have the kinds, sizes and streams of the as many events
+    from `first` on."""
+    length = end - at
+    return all(column[at:end] == column[first:first + length]
+               for column in (kinds, sizes, streams))
+
+
+def _repeats_from(kinds: Sequence[int], sizes: Sequence[int], streams: Sequence[int],
+                  first: int, cut: int, stop: int) -> bool:
+    """Whether at least the events just after `cut` repeat the stretch `first` to `cut` (a
+    whole repeat, or all that is left), so that noting the stretch's addresses may pay."""
+    period = cut - first
+    if period <= 0 or cut >= stop:
+        return False
+    return _same_requests(kinds, sizes, streams, first, cut, min(cut + period, stop))
+
 
 
 @dataclass
@@ -241,17 +367,22 @@ class _Events:
     streams: list[int]
     workspaces: list[int]
     """Positions of the cuBLAS workspace allocations among these events."""
+    cuts: list[int]
+    """Positions where the trace's training steps end (`step_marks`): a replay may jump over
+    steps that repeat (`_Replay.run`)."""
 
     @classmethod
     def of(cls, trace: Trace, keep: Sequence[int] | None = None) -> _Events:
         """The trace's events, or those at indexes `keep` (in order)."""
         workspaces = workspace_events(trace)
+        marks = step_marks(trace)
         if keep is None:
-            return cls(trace.kinds, trace.ids, trace.sizes, trace.streams, workspaces)
+            return cls(trace.kinds, trace.ids, trace.sizes, trace.streams, workspaces, marks)
         position = {index: at for at, index in enumerate(keep)}
+        cuts = sorted({bisect.bisect_left(keep, mark) for mark in marks})
         return cls([trace.kinds[i] for i in keep], [trace.ids[i] for i in keep],
                    [trace.sizes[i] for i in keep], [trace.streams[i] for i in keep],
-                   [position[i] for i in workspaces if i in position])
+                   [position[i] for i in workspaces if i in position], cuts)
 
     def with_workspace_size(self, size: int) -> list[int]:
         """The sizes with every workspace allocation at `size` bytes."""
@@ -259,6 +390,14 @@ class _Events:
         for at in self.workspaces:
             sizes[at] = size
         return sizes
+
+
+def step_marks(trace: Trace) -> list[int]:
+    """Indexes of the trace's step marks (`step N` labels: a training step ended)."""
+    steps = {index for index, tag in enumerate(trace.tags)
+             if (tag.op or "").startswith("step ")}
+    return [i for i, (kind, tag_id) in enumerate(zip(trace.kinds, trace.tag_ids, strict=True))
+            if kind == EventKind.MARK and tag_id in steps]
 
 
 def _pool_lanes(trace: Trace, allocator: CachingAllocator) -> tuple[_Events, _Events] | None:
@@ -315,7 +454,8 @@ def _probe_lean(
     if lanes is not None:
         small_lane, main = lanes
         small = _Replay(alloc_conf, torch_version)
-        small.run(small_lane.kinds, small_lane.ids, small_lane.sizes, small_lane.streams)
+        small.run(small_lane.kinds, small_lane.ids, small_lane.sizes, small_lane.streams,
+                  cuts=small_lane.cuts)
         small_peak = small.peak
 
     def large_only(*requests: int) -> bool:
@@ -323,14 +463,17 @@ def _probe_lean(
 
     forks: dict[int, _Replay] = {}
 
-    def replay_lane(events: _Events, fork_workspaces: bool) -> _Replay:
-        """The unprobed replay of `events`, noting a copy at the first workspace."""
+    def replay_lane(events: _Events, fork_workspaces: bool, to_end: bool = True) -> _Replay:
+        """The unprobed replay of `events` (only up to the first workspace where not
+        `to_end`), noting a copy of it at the first workspace."""
         replay = _Replay(alloc_conf, torch_version)
         at = events.workspaces[0] if fork_workspaces and events.workspaces else len(events.kinds)
-        replay.run(events.kinds, events.ids, events.sizes, events.streams, 0, at)
+        replay.run(events.kinds, events.ids, events.sizes, events.streams, 0, at, events.cuts)
         if at < len(events.kinds):
-            forks[id(events)] = replay.fork()
-        replay.run(events.kinds, events.ids, events.sizes, events.streams, at)
+            forks[id(events)] = replay.fork() if to_end else replay
+        if to_end:
+            replay.run(events.kinds, events.ids, events.sizes, events.streams, at, None,
+                       events.cuts)
         return replay
 
     workspaces = [trace.sizes[i] for i in full.workspaces]
@@ -343,17 +486,17 @@ def _probe_lean(
         lane, on_top = (main, small_peak) if large_only(size) else (full, 0)
         replay = _Replay(alloc_conf, torch_version)
         replay.alloc(size)  # the persistent block: stream 0, before the first event
-        replay.run(lane.kinds, lane.ids, lane.sizes, lane.streams)
+        replay.run(lane.kinds, lane.ids, lane.sizes, lane.streams, cuts=lane.cuts)
         moves[f"block {size}"] = on_top + replay.peak - base_peak
         allowances[f"block {size}"] = KERNEL_SEGMENT
     for size in workspace_sizes if probe_workspaces else ():
         in_lane = large_only(size, *workspaces)
         lane, on_top = (main, small_peak) if in_lane else (full, 0)
         if id(lane) not in forks:  # the whole trace, where the lane is only the large pool
-            replay_lane(lane, True)
+            replay_lane(lane, True, to_end=False)
         replay = forks[id(lane)].fork()
         replay.run(lane.kinds, lane.ids, lane.with_workspace_size(size), lane.streams,
-                   lane.workspaces[0])
+                   lane.workspaces[0], None, lane.cuts)
         name = f"cublas workspace {size}"
         moves[name] = on_top + replay.peak - base_peak
         allowances[name] = (sum(abs(size - old) for old in workspaces)
