@@ -212,8 +212,9 @@ class _Replay:
             cuts: Sequence[int] = ()) -> None:
         """Replay events `start` to `stop` (exclusive; None: to the end). `cuts`: event indexes
         (the trace's step marks) where the replay may find that what follows repeats the
-        stretch since the last cut (`_repeats`), and jump over the repeats: they reach no
-        reserved figure that stretch did not, and leave the allocator as it is now."""
+        stretch since the last cut, replayed from an equal allocator state, and jump over the
+        repeats (`_jump`): they reach no reserved figure that stretch did not, and leave the
+        allocator as it is now."""
         stop = len(kinds) if stop is None else stop
         before = self._state()
         first = start
@@ -226,8 +227,7 @@ class _Replay:
             else:
                 self._replay(kinds, ids, sizes, streams, first, cut)
             after = self._state() if cut < stop else None
-            if after is not None and alloc_addrs is not None and after == before and (
-                    alloc_addrs or free_addrs):
+            if after is not None and after == before and (alloc_addrs or free_addrs):
                 resume = self._jump(kinds, ids, sizes, streams, first, cut, stop,
                                     alloc_addrs, free_addrs)
                 self.skipped += resume - cut
