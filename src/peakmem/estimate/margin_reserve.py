@@ -41,8 +41,9 @@ ATTENTION_RESERVE_SEGMENTS = 2
 RESERVE_SEGMENTS: dict[str, int] = {"attention": ATTENTION_RESERVE_SEGMENTS}
 
 LAYOUT_PROBE_KINDS: frozenset[str] = frozenset({"attention"})
-"""Margin kinds whose reserve also covers the layout probe's upward excess (one replay of the
-trace per probe, estimate/layout_probe.py)."""
+"""Margin kinds whose reserve also covers the layout probe's upward excess (a replay of the
+trace per probe, estimate/layout_probe.py; the large-pool probes replay the large pool's events
+alone)."""
 
 LAYOUT_RESERVE_QUANTUM = 4 * 2**20
 """The layout reserve is rounded up to whole multiples of this (bytes)."""
