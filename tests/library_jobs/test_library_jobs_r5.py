@@ -59,3 +59,69 @@ def test_timm_optimizer_factory_scheduler_mixup_ema_native_scaler(tmp_path, opt,
                     extra_upper=256 * MiB)
     assert est.breakdown["buffer"] == ex.device_bytes(buffer_shapes, ex.FP32)
     assert "DataLoader epoch of 20 batches" in _notes(est)
+
+
+# HF datasets from local files + tiktoken (run_clm_no_trainer's group_texts, nanoGPT prepare.py) --
+
+TEXT_LINES = [f"line {i}: the quick brown fox jumps over the lazy dog number {i * 7}"
+              for i in range(60)]
+
+
+def _corpus(tmp_path, fmt: str):
+    import csv
+    import json
+
+    if fmt == "text":
+        path = tmp_path / "corpus.txt"
+        path.write_text("\n".join(TEXT_LINES))
+    elif fmt == "csv":
+        path = tmp_path / "corpus.csv"
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["text", "label"])
+            writer.writerows([line, i % 2] for i, line in enumerate(TEXT_LINES))
+    else:
+        path = tmp_path / "corpus.jsonl"
+        path.write_text("".join(json.dumps({"text": line}) + "\n" for line in TEXT_LINES))
+    return path
+
+
+@needs("datasets", "tiktoken")
+@pytest.mark.parametrize("fmt, device_format", [("text", False), ("csv", True), ("json", False)])
+def test_hf_datasets_local_files_tiktoken_blocks(tmp_path, fmt, device_format):
+    vocab = 257  # byte-level tiktoken Encoding: 256 ranks + <|endoftext|>
+    shapes = [(vocab, 64), *ex.linear(128, 64), *ex.linear(vocab, 128)]
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r5_hf_datasets_tiktoken.py", "--format", fmt,
+                   "--data-file", str(_corpus(tmp_path, fmt)),
+                   *(["--device-format"] if device_format else []), cwd=tmp_path)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    # 60 lines of bytes + EOT each, grouped into blocks of 33 tokens; batches of 4
+    tokens = sum(len(line.encode()) + 1 for line in TEXT_LINES)
+    assert f"{tokens // 33} blocks of 33 tokens" in est.stderr
+    assert f"DataLoader epoch of {tokens // 33 // 4} batches" in _notes(est)
+    assert est.data["steps"] == 4
+
+
+# einops ViT (lucidrains vit-pytorch) + an omegaconf YAML merged with a CLI dotlist -------------
+
+def _einops_vit_shapes(image_size, patch_size, num_classes, dim, depth, heads, dim_head, mlp_dim):
+    patch_dim = 3 * patch_size ** 2
+    shapes = [(patch_dim,), (patch_dim,), *ex.linear(dim, patch_dim)]
+    shapes += [(1, 1, dim), (1, (image_size // patch_size) ** 2 + 1, dim)]
+    for _ in range(depth):
+        shapes += [(dim,), (dim,), *ex.linear(3 * heads * dim_head, dim, bias=False),
+                   *ex.linear(dim, heads * dim_head)]
+        shapes += [(dim,), (dim,), *ex.linear(mlp_dim, dim), *ex.linear(dim, mlp_dim)]
+    return shapes + ex.linear(num_classes, dim)
+
+
+@needs("einops", "omegaconf")
+def test_einops_vit_omegaconf_yaml_with_cli_dotlist():
+    # r5_einops_vit.yaml's model, depth 3 from the command line
+    shapes = _einops_vit_shapes(32, 8, 10, 64, 3, 4, 16, 128)
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r5_einops_vit.py", "train.steps=2", "model.depth=3")
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.data["steps"] == 2
+    assert "depth: 3" in est.stderr
