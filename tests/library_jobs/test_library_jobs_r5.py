@@ -125,3 +125,16 @@ def test_einops_vit_omegaconf_yaml_with_cli_dotlist():
     assert_training(est, params=params, optimizer_state=2 * params)
     assert est.data["steps"] == 2
     assert "depth: 3" in est.stderr
+
+
+@needs("torchmetrics", "tqdm", "torchvision")
+def test_torchmetrics_sync_on_compute_under_torchrun_ddp(tmp_path):
+    shapes = ex.linear(64, 32) + ex.linear(4, 64)
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r5_torchmetrics_tqdm.py", "--epochs", "2", cwd=tmp_path,
+                   launcher=("torchrun", "--nproc_per_node", "2"))
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.data["world_size"] == 2 and est.data["launcher"] == "torchrun"
+    # the metrics' all_gather on compute() went through the fake process group
+    assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
+    assert "val {'acc':" in est.stderr

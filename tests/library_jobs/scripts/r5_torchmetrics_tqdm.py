@@ -3,17 +3,26 @@ the device (`Accuracy(...).to(device)`, a MetricCollection), `update` per batch 
 `compute()` / `reset()` per epoch; a tqdm bar around the DataLoader (`leave=False`,
 `disable=rank != 0`, `tqdm.contrib.logging.logging_redirect_tqdm`); `random_split` and a
 WeightedRandomSampler; the cuDNN / TF32 switches; CUDA-event timing and the job's own
-`torch.cuda.max_memory_allocated()` print."""
+`torch.cuda.max_memory_allocated()` print. Under torchrun: NCCL, DDP and a DistributedSampler,
+and the metrics sync their states across ranks on `compute()` (`sync_on_compute`)."""
 
 import argparse
 import logging
 import os
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 import torchmetrics
-from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler, random_split
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+    random_split,
+)
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from tqdm import tqdm
@@ -36,18 +45,33 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.set_float32_matmul_precision("high")
+    distributed = "RANK" in os.environ
     rank = int(os.environ.get("RANK", 0))
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if distributed:
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     data = TensorDataset(torch.randn(160, 32), torch.randint(0, 4, (160,)))
     train_set, val_set = random_split(data, [128, 32], generator=torch.Generator().manual_seed(1))
     labels = torch.tensor([int(data[i][1]) for i in train_set.indices])
     class_weight = 1.0 / torch.bincount(labels, minlength=4).clamp(min=1).float()
-    sampler = WeightedRandomSampler(class_weight[labels], num_samples=len(train_set), replacement=True)
+    if distributed:
+        sampler = DistributedSampler(train_set, shuffle=True)
+        val_sampler = DistributedSampler(val_set, shuffle=False)
+    else:
+        sampler = WeightedRandomSampler(class_weight[labels], num_samples=len(train_set),
+                                        replacement=True)
+        val_sampler = None
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
-    val_loader = DataLoader(val_set, batch_size=args.batch_size)
+    val_loader = DataLoader(val_set, batch_size=args.batch_size, sampler=val_sampler)
 
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    if distributed:
+        model = DDP(model, device_ids=[device.index])
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=4).to(device)
     val_metrics = MetricCollection({
@@ -58,6 +82,8 @@ def main():
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with logging_redirect_tqdm():
         for epoch in range(args.epochs):
+            if distributed:
+                sampler.set_epoch(epoch)
             model.train()
             start.record()
             bar = tqdm(train_loader, desc=f"epoch {epoch}", leave=False, disable=rank != 0)
@@ -83,6 +109,8 @@ def main():
             val_metrics.reset()
             log.info("epoch %d: train acc %.3f val %s (%.1f ms)", epoch, float(acc), scores, elapsed)
     print(f"max memory allocated: {torch.cuda.max_memory_allocated() / 2**20:.2f} MiB")
+    if distributed:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
