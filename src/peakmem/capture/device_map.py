@@ -295,7 +295,9 @@ class CudaAsMeta(TorchFunctionMode):
             kwargs.pop("device", None)
             if rest and is_host_spec(rest[0]):
                 rest = rest[1:]
-            return host.to(*rest, **kwargs) if (rest or kwargs) else host
+            # the host device stays named: `nn.Module.to(device="cpu")` converts each tensor
+            # with `t.to(device, None, non_blocking)`, whose dtype None only the device form takes
+            return host.to("cpu", *rest, **kwargs) if (rest or kwargs) else host
         moved = tensor.to(*rest, **kwargs)
         if tensor.layout == torch.sparse_coo and not is_meta(tensor) and is_meta(moved):
             return _sparse_with_its_entries(tensor, moved)
