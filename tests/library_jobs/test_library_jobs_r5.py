@@ -46,19 +46,25 @@ def _images(folder, count: int):
 
 
 @needs("timm", "torchvision", "PIL")
-@pytest.mark.parametrize("opt, states", [("lamb", 2), ("lookahead_adamw", 3)])
-def test_timm_optimizer_factory_scheduler_mixup_ema_native_scaler(tmp_path, opt, states):
+@pytest.mark.parametrize("opt, states, ema_flags", [("lamb", 2, ()), ("lookahead_adamw", 3, ()),
+                                                    ("adamp", 2, ("--model-ema-force-cpu",))])
+def test_timm_optimizer_factory_scheduler_mixup_ema_native_scaler(tmp_path, opt, states,
+                                                                  ema_flags):
     shapes, buffer_shapes = ex.resnet18_shapes(classes=10)
     model = ex.device_bytes(shapes, ex.FP32)
     # 20 batches of 2 in one epoch: the capture stops after a few steps; Lookahead (k = 6)
     # holds a slow copy of the weights from its 6th step on, and the estimate must too
     est = estimate("r5_timm_pieces.py", "--data-dir", str(_images(tmp_path / "img", 40)),
-                   "--opt", opt, "-b", "2", "--epochs", "1")
+                   "--opt", opt, "-b", "2", "--epochs", "1", *ema_flags)
     assert_training(est, params=model, optimizer_state=(states * model,
                                                        states * model + fused_steps(shapes)),
                     extra_upper=256 * MiB)
     assert est.breakdown["buffer"] == ex.device_bytes(buffer_shapes, ex.FP32)
     assert "DataLoader epoch of 20 batches" in _notes(est)
+    # ModelEmaV3 deep-copies the model on the device; --model-ema-force-cpu moves the copy to
+    # the host, where it takes no device memory by the time training starts
+    ema_on_device = est.breakdown.get("other", 0) >= model
+    assert ema_on_device == (not ema_flags), est.breakdown
 
 
 # HF datasets from local files + tiktoken (run_clm_no_trainer's group_texts, nanoGPT prepare.py) --

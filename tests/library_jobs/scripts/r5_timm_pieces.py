@@ -2,7 +2,7 @@
 `resolve_data_config` + `create_transform` applied to local image files, `Mixup` with
 `SoftTargetCrossEntropy`, `create_optimizer_v2` (lamb, adamp, lookahead_adamw, ...),
 `create_scheduler_v2` stepped per epoch with `step_update` per batch, `NativeScaler`
-(float16 autocast) and `ModelEmaV3`."""
+(float16 autocast) and `ModelEmaV3` (on the host with `--model-ema-force-cpu`)."""
 
 import argparse
 from pathlib import Path
@@ -42,6 +42,7 @@ def main():
     parser.add_argument("-b", "--batch-size", type=int, default=4)
     parser.add_argument("--num-classes", type=int, default=10)
     parser.add_argument("--img-size", type=int, default=32)
+    parser.add_argument("--model-ema-force-cpu", action="store_true")
     args = parser.parse_args()
 
     device = torch.device("cuda")
@@ -55,7 +56,7 @@ def main():
     scheduler, num_epochs = create_scheduler_v2(optimizer, sched=args.sched, num_epochs=args.epochs,
                                                 warmup_epochs=1, updates_per_epoch=len(loader))
     loss_scaler = NativeScaler()
-    model_ema = ModelEmaV3(model, decay=0.999)
+    model_ema = ModelEmaV3(model, decay=0.999, device="cpu" if args.model_ema_force_cpu else None)
     mixup_fn = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1,
                      num_classes=args.num_classes)
     train_loss_fn = SoftTargetCrossEntropy().to(device)
