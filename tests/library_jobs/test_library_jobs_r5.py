@@ -93,14 +93,16 @@ def _corpus(tmp_path, fmt: str):
 
 
 @needs("datasets", "tiktoken")
-@pytest.mark.parametrize("fmt, device_format", [("text", False), ("csv", True), ("json", False)])
-def test_hf_datasets_local_files_tiktoken_blocks(tmp_path, fmt, device_format):
+@pytest.mark.parametrize("fmt, device_format, num_proc",
+                         [("text", False, 1), ("csv", True, 1), ("json", False, 2)])
+def test_hf_datasets_local_files_tiktoken_blocks(tmp_path, fmt, device_format, num_proc):
     vocab = 257  # byte-level tiktoken Encoding: 256 ranks + <|endoftext|>
     shapes = [(vocab, 64), *ex.linear(128, 64), *ex.linear(vocab, 128)]
     params = ex.device_bytes(shapes, ex.FP32)
     est = estimate("r5_hf_datasets_tiktoken.py", "--format", fmt,
                    "--data-file", str(_corpus(tmp_path, fmt)),
-                   *(["--device-format"] if device_format else []), cwd=tmp_path)
+                   "--num-proc", str(num_proc), *(["--device-format"] if device_format else []),
+                   cwd=tmp_path)
     assert_training(est, params=params, optimizer_state=2 * params)
     # 60 lines of bytes + EOT each, grouped into blocks of 33 tokens; batches of 4
     tokens = sum(len(line.encode()) + 1 for line in TEXT_LINES)

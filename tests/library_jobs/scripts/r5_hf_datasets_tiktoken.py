@@ -1,6 +1,6 @@
 """Text from local files through HF `datasets` as run_clm_no_trainer.py does it
 (`load_dataset("text" | "csv" | "json", data_files=...)`, `.map(tokenize, batched=True,
-num_proc=1)`, then `group_texts` into blocks), tokenised with tiktoken as nanoGPT's prepare.py
+num_proc=N)`, then `group_texts` into blocks), tokenised with tiktoken as nanoGPT's prepare.py
 does (`enc.encode_ordinary` + EOT), then `set_format("torch")` or
 `with_format("torch", device="cuda")` feeding a DataLoader; a tiny next-token MLP trains on it.
 
@@ -35,6 +35,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--device-format", action="store_true")
     parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--num-proc", type=int, default=1)
     args = parser.parse_args()
 
     enc = encoding(args.encoding)
@@ -49,7 +50,7 @@ def main():
         return {"input_ids": [ids[i: i + args.block_size + 1]
                               for i in range(0, total, args.block_size + 1)]}
 
-    tokenized = raw.map(tokenize, batched=True, num_proc=1, remove_columns=raw.column_names,
+    tokenized = raw.map(tokenize, batched=True, num_proc=args.num_proc, remove_columns=raw.column_names,
                         desc="Running tokenizer on dataset")
     blocks = tokenized.map(group_texts, batched=True, desc="Grouping texts")
     device = torch.device("cuda")
