@@ -132,3 +132,19 @@ def test_a_module_moved_back_to_the_host_by_keyword_leaves_the_device(a100, stac
         elif kind == EventKind.FREE:
             live.pop(ident, None)
     assert "clone.default" not in live.values()  # the copy left the device
+
+
+def test_allclose_and_equal_of_device_tensors_are_host_reads(a100, stack24):
+    # torchmetrics' MetricCollection merges metrics whose states are `allclose` after the first
+    # update (compute groups)
+    seen = {}
+
+    def job():
+        a = torch.zeros(8, device="cuda")
+        b = torch.zeros(8, device="cuda")
+        seen["allclose"] = torch.allclose(a, b) and a.allclose(b, atol=1e-6)
+        seen["equal"] = torch.equal(a, b) and a.equal(b)
+
+    result = run(job, a100, stack24)
+    assert seen == {"allclose": True, "equal": True}  # fake mode reads zeros
+    assert result.host_reads == 8  # each tensor read on the host, per call

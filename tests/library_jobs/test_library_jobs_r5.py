@@ -31,6 +31,8 @@ def test_torchmetrics_collection_tqdm_weighted_sampler_cuda_events():
     # random_split 128 / 32, batches of 16 drawn by the WeightedRandomSampler
     assert "DataLoader epoch of 8 batches" in _notes(est)
     assert "val {'acc':" in est.stderr and "max memory allocated:" in est.stderr
+    # the metrics' bincount (minlength = num_classes) ran on fake tensors
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
 
 
 # timm train.py's pieces ----------------------------------------------------------------------------
@@ -146,3 +148,4 @@ def test_torchmetrics_sync_on_compute_under_torchrun_ddp(tmp_path):
     # the metrics' all_gather on compute() went through the fake process group
     assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
     assert "val {'acc':" in est.stderr
+    assert est.data["mode"] == "fake", est.data["mode_reason"]

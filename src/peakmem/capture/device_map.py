@@ -43,6 +43,12 @@ _HOST_READS = {
     Tensor.__complex__,
     Tensor.__format__,
     Tensor.__array__,
+    # a bool on the host (torchmetrics' MetricCollection compares its metrics' states with
+    # `torch.allclose` to merge compute groups)
+    torch.allclose,
+    Tensor.allclose,
+    torch.equal,
+    Tensor.equal,
 }
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 # Validity checks whose result a job reads only to raise when it is False (torch.distributions'
