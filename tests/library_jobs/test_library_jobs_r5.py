@@ -149,3 +149,25 @@ def test_torchmetrics_sync_on_compute_under_torchrun_ddp(tmp_path):
     assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
     assert "val {'acc':" in est.stderr
     assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+@needs("timm", "torchvision", "PIL")
+def test_timm_create_dataset_create_loader_prefetcher_random_erasing(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(3):
+        (tmp_path / "train" / f"c{c}").mkdir(parents=True)
+        for i in range(8):
+            pixels = rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "train" / f"c{c}" / f"{i}.png")
+    shapes, buffer_shapes = ex.resnet18_shapes(classes=3)
+    model = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r5_timm_loader.py", "--data-dir", str(tmp_path), "-j", "2", cwd=tmp_path)
+    assert_training(est, params=model, optimizer_state=2 * model, extra_upper=256 * MiB)
+    assert est.breakdown["buffer"] == ex.device_bytes(buffer_shapes, ex.FP32)
+    # 24 images in batches of 2 through timm's PrefetchLoader (its side stream, device
+    # normalisation and RandomErasing)
+    assert "DataLoader epoch of 12 batches" in _notes(est)
+    assert est.data["steps"] == 4 and "epoch 0: 4 batches" in est.stderr  # 3, then the last
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
