@@ -148,3 +148,22 @@ def test_allclose_and_equal_of_device_tensors_are_host_reads(a100, stack24):
     result = run(job, a100, stack24)
     assert seen == {"allclose": True, "equal": True}  # fake mode reads zeros
     assert result.host_reads == 8  # each tensor read on the host, per call
+
+
+def test_a_slice_bounded_by_device_scalars_reads_them_on_the_host(a100, stack24):
+    # torchmetrics' gather_all_tensors: `gathered[idx][[slice(d) for d in item_size]]` with
+    # sizes that are device tensors (Python's slice parser reads them from C++)
+    seen = {}
+
+    def job():
+        x = torch.randn(8, 4, device="cuda")
+        sizes = torch.tensor([5, 3], device="cuda")  # built from host data: its values known
+        seen["get"] = x[tuple(slice(d) for d in sizes)].shape
+        seen["colon"] = x[: sizes[1]].shape
+        x[sizes[1]:] = 0.0
+        seen["unknown"] = x[: torch.zeros(1, device="cuda").long()[0]].shape  # fake: zeros
+
+    result = run(job, a100, stack24)
+    assert seen == {"get": torch.Size([5, 3]), "colon": torch.Size([3, 4]),
+                    "unknown": torch.Size([0, 4])}
+    assert result.error is None

@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-from peakmem.capture import device_view, module_apply  # noqa: F401  (their registrations)
+from peakmem.capture import device_view, module_apply, slice_bounds  # noqa: F401  (their registrations)
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
