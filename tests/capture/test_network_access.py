@@ -50,3 +50,23 @@ def test_a_job_that_goes_on_without_the_download_gets_a_note(workdir):
     assert result.peak_allocated_bytes >= 64 * 64 * 4
     assert any(note.startswith(f"the job could not reach {HOST}") for note in result.notes), (
         result.notes)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("datasets") is None,
+                    reason="needs datasets")
+def test_load_dataset_from_local_files_gets_no_network_note(workdir, monkeypatch):
+    # datasets HEADs s3.amazonaws.com to count the load (a usage ping, its failure swallowed):
+    # nothing the job needs was left undownloaded
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(workdir / "hf"))
+    (workdir / "rows.csv").write_text("text,label\nabc,0\ndef,1\n")
+    (workdir / "local_csv.py").write_text(
+        "import torch\nfrom datasets import load_dataset\n"
+        "ds = load_dataset('csv', data_files='rows.csv')['train']\n"
+        "model = torch.nn.Linear(64, 64).cuda()\n"
+        "model(torch.randn(len(ds), 64, device='cuda')).sum().backward()\n")
+    result = estimate_command(["python", "local_csv.py"], gpu="a100-40gb", mode="fake",
+                              timeout=120)
+    assert result.peak_allocated_bytes >= 64 * 64 * 4
+    assert not any("could not reach" in note for note in result.notes), result.notes

@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-from peakmem.capture import device_view, module_apply  # noqa: F401  (their registrations)
+from peakmem.capture import device_view, module_apply, slice_bounds  # noqa: F401  (their registrations)
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
@@ -43,6 +43,12 @@ _HOST_READS = {
     Tensor.__complex__,
     Tensor.__format__,
     Tensor.__array__,
+    # a bool on the host (torchmetrics' MetricCollection compares its metrics' states with
+    # `torch.allclose` to merge compute groups)
+    torch.allclose,
+    Tensor.allclose,
+    torch.equal,
+    Tensor.equal,
 }
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 # Validity checks whose result a job reads only to raise when it is False (torch.distributions'
@@ -302,7 +308,9 @@ class CudaAsMeta(TorchFunctionMode):
             kwargs.pop("device", None)
             if rest and is_host_spec(rest[0]):
                 rest = rest[1:]
-            return host.to(*rest, **kwargs) if (rest or kwargs) else host
+            # the host device stays named: `nn.Module.to(device="cpu")` converts each tensor
+            # with `t.to(device, None, non_blocking)`, whose dtype None only the device form takes
+            return host.to("cpu", *rest, **kwargs) if (rest or kwargs) else host
         moved = tensor.to(*rest, **kwargs)
         if tensor.layout == torch.sparse_coo and not is_meta(tensor) and is_meta(moved):
             return _sparse_with_its_entries(tensor, moved)

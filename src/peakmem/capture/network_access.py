@@ -7,16 +7,42 @@ not known>"). During a capture `socket.getaddrinfo` (under urllib, requests / ur
 records each host whose name did not resolve: a note names it, and a job that then fails gets
 the host and what to do in its one-line error (`CaptureResult.failure_hint`). Nothing is
 downloaded or retried; a job that reaches the network does so as usual.
+
+Usage pings that libraries send on their own and whose failure they swallow (`datasets`'
+`load_dataset("csv", data_files=...)` HEADs s3.amazonaws.com to count the load) download
+nothing the job needs: a lookup made under one of TELEMETRY_CALLERS is not recorded.
 """
 
 from __future__ import annotations
 
 import socket
+import sys
 from typing import Any
 
 from peakmem.capture.session import CaptureSession
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1", "0.0.0.0"})
+
+TELEMETRY_CALLERS: frozenset[tuple[str, str]] = frozenset({
+    ("datasets.load", "increase_load_count"),  # a dataset's download count, errors swallowed
+    ("huggingface_hub.utils._telemetry", "send_telemetry"),
+    ("huggingface_hub.utils._telemetry", "_send_telemetry_in_thread"),
+})
+"""(module, function) of library calls that only report usage and ignore a failed request."""
+
+MAX_CALLER_DEPTH = 64
+
+
+def from_telemetry(depth: int = MAX_CALLER_DEPTH) -> bool:
+    """Whether the current call runs under one of TELEMETRY_CALLERS."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if (frame.f_globals.get("__name__"), frame.f_code.co_name) in TELEMETRY_CALLERS:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def unreachable_note(host: str) -> str:
@@ -50,7 +76,8 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         try:
             return real_getaddrinfo(host, *args, **kwargs)
         except socket.gaierror:
-            record_unreachable(session, host)
+            if not from_telemetry():
+                record_unreachable(session, host)
             raise
 
     return {(socket, "getaddrinfo"): getaddrinfo}

@@ -37,3 +37,22 @@ def unique_upper_bound(
     inverse = self.new_empty(self.shape if return_inverse else (0,), dtype=torch.long)
     counts = self.new_empty((numel,) if return_counts else (0,), dtype=torch.long)
     return output, inverse, counts
+
+
+@register_fused_kernel("bincount")
+def bincount_of_minlength(
+    self: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0,
+) -> torch.Tensor:
+    """`torch.bincount` (no meta kernel in torch): `max(minlength, self.max() + 1)` bins. With a
+    `minlength`, as torchmetrics' classification metrics pass it (`num_classes` or its square
+    for a confusion matrix), the values are taken to be below it, as they are for valid labels;
+    without one the size has no bound and the op stays unsupported on fake tensors (auto mode
+    reruns the job in eager mode). The bins are int64 counts, or sums in the weights' dtype for
+    float32 weights and float64 for any other (SummaryOps.cu `_bincount_cuda`)."""
+    if minlength <= 0:
+        raise NotImplementedError("aten::bincount without minlength has a data-dependent size")
+    if weights is None:
+        dtype = torch.long
+    else:
+        dtype = torch.float if weights.dtype == torch.float else torch.double
+    return self.new_empty((minlength,), dtype=dtype)

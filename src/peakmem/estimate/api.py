@@ -337,6 +337,17 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
             f"the job failed ({name}: {first_line(error)}) after {capture.host_reads} host "
             "read(s) of device values, which fake mode answers with zeros"
         )
+    if capture.reason == "raised" and capture.data_dependent:
+        # a size checked by the job (torchmetrics: `len(torch.unique(target)) > num_classes`)
+        from peakmem.capture.result import first_line
+
+        error = capture.error
+        name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
+        ops = ", ".join(sorted(capture.data_dependent))
+        return (
+            f"the job failed ({name}: {first_line(error)}) after data-dependent op(s) ({ops}) "
+            "that fake mode sizes as if every element were kept"
+        )
     return None
 
 
