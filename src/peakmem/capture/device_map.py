@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from peakmem.capture import device_view, module_apply, slice_bounds  # noqa: F401  (their registrations)
@@ -322,12 +323,15 @@ def _keeps_host_data(host: Tensor, moved: Tensor) -> Tensor:
     `torch.tensor(data, device=...)` does: reading it back before any in-place write gives
     them, not zeros (accelerate's `synchronize_rng_state`: a generator's state copied to the
     device, broadcast from rank 0 and copied back to `set_state`). Not parameters (a model
-    moved to the device would keep a host copy of each small one)."""
+    moved to the device would keep a host copy of each small one). The copy is peakmem's, not
+    the job's: made below the capture's modes, so no host op of the job is recorded for it (the
+    utilization record's host ops and bytes stay those of the job)."""
     if (is_meta(moved) and not is_meta(host) and not host.requires_grad
             and host.layout == torch.strided
             and moved.layout == torch.strided and host.numel() <= HOST_DATA_MAX_ELEMENTS
             and not host.is_complex()):
-        give_host_data(moved, host.detach().clone())
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            give_host_data(moved, host.detach().clone())
     return moved
 
 
