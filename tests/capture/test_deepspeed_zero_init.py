@@ -51,32 +51,3 @@ def test_dynamo_first_imported_under_zero_init_wrappers():
     patched = _run("patched")
     assert patched.returncode == 0, patched.stderr[-2000:]
     assert patched.stdout.strip().splitlines()[-1] == "called"
-
-
-def test_mpi_discovery_without_mpi4py_is_a_singleton_world(monkeypatch):
-    """`deepspeed.init_distributed()` without a launcher: MPI discovery (mpi4py) answered as
-    rank 0 of 1 where mpi4py is not installed (it raised ModuleNotFoundError)."""
-    from types import SimpleNamespace
-
-    from peakmem.capture import deepspeed_ops
-
-    if importlib.util.find_spec("mpi4py") is not None:
-        pytest.skip("mpi4py is installed: DeepSpeed's own discovery runs")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(name, "")  # recorded: the variables the patch sets are undone after
-        monkeypatch.delenv(name)
-
-    def discovery(distributed_port=29500, verbose=True):
-        from mpi4py import MPI  # noqa: F401  (deepspeed.comm.comm.mpi_discovery's first line)
-
-    comm = SimpleNamespace(mpi_discovery=discovery)
-    with pytest.raises(ModuleNotFoundError):
-        comm.mpi_discovery()
-    undo = deepspeed_ops._singleton_mpi_discovery(comm)
-    try:
-        comm.mpi_discovery(distributed_port=29511)
-    finally:
-        undo()
-    assert {name: os.environ[name] for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")} == {
-        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_PORT": "29511"}
-    assert comm.mpi_discovery is discovery

@@ -25,18 +25,11 @@ torch wraps with `torch._disable_dynamo`, whose first call imports `torch._dynam
 dynamo's polyfill of `Tensor.__new__` checks the signature of DeepSpeed's replacement and raises
 ("Signature mismatch between ... new_tensor and ... tensor_pynew"). A job on a GPU never imports
 dynamo there, so here dynamo is imported before `zero.Init` installs its wrappers.
-
-`deepspeed.init_distributed()` run without a launcher (`python train.py`, no RANK / WORLD_SIZE in
-the environment) discovers its world through MPI (`mpi_discovery`, mpi4py's COMM_WORLD). Where
-mpi4py is not installed the job stopped there ("No module named 'mpi4py'"); here the discovery
-answers as a singleton MPI process does (rank 0 of 1, local rank 0, this host), and says so.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
@@ -223,44 +216,6 @@ def _dynamo_before_tensor_wrappers(module: Any) -> Undo:
 @contextmanager
 def deepspeed_zero_init_dynamo() -> Iterator[None]:
     with patch_on_import(ZERO_INIT_MODULE, _dynamo_before_tensor_wrappers):
-        yield
-
-
-COMM_MODULE = "deepspeed.comm.comm"
-SINGLETON_MPI_NOTE = (
-    "deepspeed.init_distributed() ran without a launcher and mpi4py is not installed: its MPI "
-    "discovery was answered as a single process (rank 0 of world size 1), as `mpirun -np 1` "
-    "would; launch with `deepspeed --num_gpus N` (or torchrun) for more ranks"
-)
-
-
-def _singleton_mpi_discovery(module: Any) -> Undo:
-    original = module.mpi_discovery
-
-    def mpi_discovery(distributed_port: int = 29500, verbose: bool = True) -> None:
-        if importlib.util.find_spec("mpi4py") is not None:
-            return original(distributed_port=distributed_port, verbose=verbose)
-        from peakmem.capture.bitsandbytes_model import current_session
-
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(distributed_port))
-        session = current_session()
-        if session is not None and SINGLETON_MPI_NOTE not in session.notes:
-            session.notes.append(SINGLETON_MPI_NOTE)
-        return None
-
-    module.mpi_discovery = mpi_discovery
-
-    def undo() -> None:
-        module.mpi_discovery = original
-
-    return undo
-
-
-@register_library_patch("deepspeed_singleton_mpi")
-@contextmanager
-def deepspeed_singleton_mpi() -> Iterator[None]:
-    with patch_on_import(COMM_MODULE, _singleton_mpi_discovery):
         yield
 
 
