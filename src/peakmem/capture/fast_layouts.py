@@ -93,19 +93,22 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def _strided_meta(value: Any, dtypes: frozenset) -> bool:
+    """A non-empty plain strided meta tensor of one of `dtypes` (no conj / neg bit)."""
+    return (
+        type(value) in _TENSORS
+        and value.is_meta
+        and value.layout is _STRIDED
+        and value.dtype in dtypes
+        and not value.is_conj()
+        and not value.is_neg()
+        and value.numel() != 0
+    )
+
+
 def _plain(value: Any, dtypes: frozenset = _FLOATS) -> bool:
     """A canonically contiguous, non-empty plain strided meta tensor of one of `dtypes`."""
-    if type(value) not in _TENSORS:
-        return False
-    if (
-        not value.is_meta
-        or value.layout is not _STRIDED
-        or value.dtype not in dtypes
-        or value.is_conj()
-        or value.is_neg()
-        or value.numel() == 0
-        or not value.is_contiguous()
-    ):
+    if not _strided_meta(value, dtypes) or not value.is_contiguous():
         return False
     shape = value.shape
     # contiguous and no size-1 dimension: the canonical strides (a size-1 dimension's stride
@@ -157,16 +160,7 @@ def _ordered(value: Any, dtypes: frozenset = _FLOATS) -> bool:
     output-layout sort would leave in logical order (see _row_major_order): a canonically
     contiguous tensor, or a slice of one along any dimensions, a stepped view, an expansion
     (stride 0) of one."""
-    if type(value) not in _TENSORS:
-        return False
-    if (
-        not value.is_meta
-        or value.layout is not _STRIDED
-        or value.dtype not in dtypes
-        or value.is_conj()
-        or value.is_neg()
-        or value.numel() == 0
-    ):
+    if not _strided_meta(value, dtypes):
         return False
     return _row_major_order(tuple(value.shape), value.stride())
 
