@@ -325,8 +325,9 @@ def _keeps_host_data(host: Tensor, moved: Tensor) -> Tensor:
     device, broadcast from rank 0 and copied back to `set_state`). Not parameters (a model
     moved to the device would keep a host copy of each small one). The copy is peakmem's, not
     the job's: made below the capture's modes, so no host op of the job is recorded for it (the
-    utilization record's host ops and bytes stay those of the job)."""
-    if (is_meta(moved) and not is_meta(host) and not host.requires_grad
+    utilization record's host ops and bytes stay those of the job). Plain tensors only: a
+    subclass's own dispatch (torchao's low-bit optimizer states) need not implement the copy."""
+    if (type(host) is Tensor and is_meta(moved) and not is_meta(host) and not host.requires_grad
             and host.layout == torch.strided
             and moved.layout == torch.strided and host.numel() <= HOST_DATA_MAX_ELEMENTS
             and not host.is_complex()):
