@@ -21,7 +21,9 @@ from sortedcontainers import SortedList
 
 from peakmem.allocator.addresses import DeviceAddressSpace
 from peakmem.allocator.config import K_LARGE_BUFFER, AllocatorConfig
+from peakmem.allocator.private_pools import PrivatePool, PrivatePoolsMixin
 from peakmem.allocator.rules import AllocatorRules
+from peakmem.trace.events import ALL_POOLS
 
 MB = 1024 * 1024
 K_MIN_BLOCK_SIZE = 512  # all sizes are rounded to at least 512 bytes
@@ -91,12 +93,14 @@ class Block:
 
 
 class Pool:
-    """A `BlockPool`: the free blocks of the small or the large pool, all streams together."""
+    """A `BlockPool`: the free blocks of the small or the large pool, all streams together.
+    `owner`: the private pool it belongs to (`owner_PrivatePool`), None for the default pools."""
 
-    __slots__ = ("is_small", "blocks", "unmapped", "get_free_blocks_call_count")
+    __slots__ = ("is_small", "blocks", "unmapped", "get_free_blocks_call_count", "owner")
 
-    def __init__(self, is_small: bool) -> None:
+    def __init__(self, is_small: bool, owner: PrivatePool | None = None) -> None:
         self.is_small = is_small
+        self.owner = owner
         self.blocks: SortedList = SortedList()  # (stream, size, addr)
         self.unmapped: SortedList = SortedList()  # (stream, addr)
         self.get_free_blocks_call_count = 0
@@ -159,8 +163,9 @@ class DeviceLimits:
         return 1 << 40
 
 
-class CachingAllocator:
-    """One device's caching allocator. `malloc` returns a Block or raises OutOfMemory."""
+class CachingAllocator(PrivatePoolsMixin):
+    """One device's caching allocator. `malloc` returns a Block or raises OutOfMemory.
+    Private pools (CUDA graphs, MemPool): allocator.private_pools."""
 
     def __init__(
         self,
@@ -181,6 +186,9 @@ class CachingAllocator:
         self.expandable_segments: list[ExpandableSegment] = []
         self.segments: dict[int, int] = {}  # cudaMalloc'd segments: addr -> size
         self.addresses = address_space or DeviceAddressSpace()
+        self.graph_pools: dict[int, PrivatePool] = {}
+        self.captures_underway: list[int] = []
+        self.graph_pools_freeable: dict[int, PrivatePool] = {}
 
         # statistics (the C++ `DeviceStats` aggregate values we need)
         self.total_allocated_memory = 0  # reserved bytes
@@ -248,12 +256,15 @@ class CachingAllocator:
 
     # -- malloc ---------------------------------------------------------------------------------
     def malloc(self, orig_size: int, stream: int = 0) -> Block:
-        if self.ready_free:
+        capturing = self.captures_underway
+        if self.ready_free and not capturing:
             self.process_events()
         size = self._rounded.get(orig_size)
         if size is None:
             size = self.round_size(orig_size)
         pool = self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
+        if capturing:
+            pool = self.capture_pool(size)
 
         block = self.get_free_block(pool, size, stream)
         if block is None:
@@ -263,7 +274,7 @@ class CachingAllocator:
             block = self.alloc_block(pool, size, alloc_size, stream)
             if block is None and self.release_available_cached_blocks(pool, size, stream):
                 block = self.alloc_block(pool, size, alloc_size, stream)
-            if block is None:
+            if block is None and not capturing:
                 self.release_cached_blocks()
                 self.num_alloc_retries += 1
                 block = self.alloc_block(pool, size, alloc_size, stream)
@@ -365,6 +376,8 @@ class CachingAllocator:
         self.total_allocated_memory += alloc_size
         self.segments[addr] = alloc_size
         self.num_device_alloc += 1
+        if pool.owner is not None:
+            pool.owner.malloc_count += 1
         return Block(addr, alloc_size, stream, pool)
 
     def release_block(self, block: Block) -> None:
@@ -374,6 +387,8 @@ class CachingAllocator:
         self.total_allocated_memory -= block.size
         self.num_device_free += 1
         self.addresses.free(block.addr)
+        if block.pool.owner is not None:
+            block.pool.owner.malloc_count -= 1
 
     def release_available_cached_blocks(self, pool: Pool, size: int, stream: int) -> bool:
         """With max_split_size set: free oversize cached blocks (largest first) to make room."""
@@ -412,11 +427,16 @@ class CachingAllocator:
         self.release_block(found)
         return True
 
-    def release_cached_blocks(self) -> None:
-        """`release_cached_blocks`: complete deferred frees, then free every unsplit segment."""
-        self.synchronize_and_free_events()
-        self.release_blocks(self.large_blocks)
-        self.release_blocks(self.small_blocks)
+    def release_cached_blocks(self, pool_id: int = ALL_POOLS) -> None:
+        """`release_cached_blocks`: complete deferred frees, then free every unsplit segment
+        (not the default pools' while a capture is underway, nor with a `pool_id`), and those
+        of the private pools that were released (private_pools)."""
+        if pool_id == ALL_POOLS and not self.captures_underway:
+            self.synchronize_and_free_events()
+            self.release_blocks(self.large_blocks)
+            self.release_blocks(self.small_blocks)
+        if self.graph_pools_freeable:
+            self.release_freeable_pools(pool_id)
 
     def release_blocks(self, pool: Pool) -> None:
         to_unmap = []
@@ -556,8 +576,11 @@ class CachingAllocator:
             del self._unmapped_blocks[src.addr]
         return subsumed
 
-    def empty_cache(self) -> None:
-        self.release_cached_blocks()
+    def empty_cache(self, pool_id: int = ALL_POOLS) -> None:
+        self.release_cached_blocks(pool_id)
+
+    def _new_block_pool(self, is_small: bool, owner: PrivatePool | None) -> Pool:
+        return Pool(is_small, owner)
 
     # -- free-block bookkeeping -----------------------------------------------------------------
     def _insert_free(self, block: Block) -> None:

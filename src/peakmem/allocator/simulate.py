@@ -9,8 +9,9 @@ from typing import Any
 from peakmem.allocator.addresses import DeviceAddressSpace
 from peakmem.allocator.caching import Block, CachingAllocator, DeviceLimits, OutOfMemory
 from peakmem.allocator.config import AllocatorConfig
+from peakmem.allocator.private_pools import PrivatePoolError, apply_pool_event
 from peakmem.allocator.rules import AllocatorRules
-from peakmem.trace.events import EventKind, Trace
+from peakmem.trace.events import POOL_KINDS, EventKind, Trace
 
 
 class TraceError(ValueError):
@@ -244,7 +245,15 @@ def _apply_other(
         allocator.synchronize_and_free_events()
         freed_pending.clear()
     elif kind == EventKind.EMPTY_CACHE:
-        allocator.empty_cache()
-        freed_pending.clear()
+        if ident < 1:
+            allocator.empty_cache()
+            freed_pending.clear()
+        else:
+            allocator.empty_cache(ident)  # one private pool's (a MemPool's destructor)
+    elif kind in POOL_KINDS:
+        try:
+            apply_pool_event(allocator, kind, ident)
+        except PrivatePoolError as exc:
+            raise TraceError(f"event {index}: {exc}", index) from None
     elif kind != EventKind.MARK:
         raise TraceError(f"event {index}: unknown event kind {kind}", index)

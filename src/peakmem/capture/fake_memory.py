@@ -28,8 +28,9 @@ from peakmem.allocator.caching import (
     OutOfMemory,
 )
 from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
+from peakmem.allocator.private_pools import apply_pool_event
 from peakmem.allocator.rules import AllocatorRules
-from peakmem.trace.events import EventKind, Trace
+from peakmem.trace.events import POOL_KINDS, EventKind, Trace
 
 POOLS = ("all", "small_pool", "large_pool")
 ARRAY_STATS = (
@@ -156,6 +157,10 @@ class SimulatedMemory:
                 block = self.awaiting.pop(ident, None)
                 if block is not None:
                     self.allocator.complete_free(block)
+            elif kind == EventKind.EMPTY_CACHE and ident >= 1:
+                self.allocator.empty_cache(ident)  # one private pool's (private_pools)
+            elif kind in POOL_KINDS:
+                apply_pool_event(self.allocator, kind, ident)
             elif kind in (EventKind.SYNCHRONIZE, EventKind.EMPTY_CACHE):
                 self.num_sync_all_streams += 1
                 if kind == EventKind.EMPTY_CACHE:

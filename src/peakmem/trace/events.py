@@ -55,7 +55,8 @@ class EventKind(IntEnum):
     """Device-wide synchronisation of the allocator's events (`synchronize_and_free_events`):
     every deferred free is completed now."""
     EMPTY_CACHE = 5
-    """`torch.cuda.empty_cache()`: release every cached unsplit segment."""
+    """`torch.cuda.empty_cache()`: release every cached unsplit segment (id ALL_POOLS; an id
+    >= 1: only those of that private pool, once the pool is released)."""
     MARK = 6
     """A label in the timeline (e.g. the start of an optimizer step); no memory effect."""
     ALLOC_OR_SMALLER = 7
@@ -63,9 +64,23 @@ class EventKind(IntEnum):
     even after the allocator freed its cache, the request is halved until it fits (down to
     nothing). A library falling back to an algorithm with a smaller workspace (cuDNN's plans
     under memory pressure, Conv_v8.cpp) asks like this."""
+    POOL_BEGIN = 8
+    """`beginAllocateToPool`: private memory pool `id` (>= 1) is created, or its use count
+    raised, and until its POOL_END every allocation is served from its own blocks (a CUDA graph
+    capture, `torch.cuda.use_mem_pool`). A POOL_BEGIN right followed by its POOL_END is
+    `createOrIncrefPool` (`torch.cuda.MemPool()`)."""
+    POOL_END = 9
+    """`endAllocateToPool`: allocations stop going to pool `id` (its blocks stay its own)."""
+    POOL_RELEASE = 10
+    """`releasePool`: pool `id`'s use count drops (a graph reset or destroyed, a MemPool
+    deleted); at zero its wholly free segments are cudaFreed by the next EMPTY_CACHE."""
 
 
 ALLOC_KINDS = frozenset({EventKind.ALLOC, EventKind.ALLOC_OR_SMALLER})
+POOL_KINDS = frozenset({EventKind.POOL_BEGIN, EventKind.POOL_END, EventKind.POOL_RELEASE})
+ALL_POOLS = -1
+"""The id of an EMPTY_CACHE event that empties every pool (`torch.cuda.empty_cache()`); an id
+>= 1 empties that private pool only (`emptyCache(mempool_id)`, a MemPool's destructor)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +205,18 @@ class Trace:
     def synchronize(self) -> None:
         self._append(EventKind.SYNCHRONIZE, -1, 0, 0, NO_TAG)
 
-    def empty_cache(self) -> None:
-        self._append(EventKind.EMPTY_CACHE, -1, 0, 0, NO_TAG)
+    def empty_cache(self, pool: int = ALL_POOLS) -> None:
+        self._append(EventKind.EMPTY_CACHE, pool, 0, 0, NO_TAG)
+
+    def pool_begin(self, pool: int) -> None:
+        """Allocations go to private pool `pool` (>= 1) until `pool_end(pool)`."""
+        self._append(EventKind.POOL_BEGIN, _pool_id(pool), 0, 0, NO_TAG)
+
+    def pool_end(self, pool: int) -> None:
+        self._append(EventKind.POOL_END, _pool_id(pool), 0, 0, NO_TAG)
+
+    def pool_release(self, pool: int) -> None:
+        self._append(EventKind.POOL_RELEASE, _pool_id(pool), 0, 0, NO_TAG)
 
     def mark(self, label: str) -> None:
         self._append(EventKind.MARK, -1, 0, 0, self.intern(Tag(op=label)))
@@ -323,12 +348,22 @@ class Trace:
                     name,
                     lineno,
                 )
+            if kind in POOL_KINDS and ident < 1:
+                raise TraceFormatError(
+                    f"a private pool id must be >= 1, got {ident}", name, lineno
+                )
             if tag_id != NO_TAG and not 0 <= tag_id < len(trace.tags):
                 raise TraceFormatError(f"tag index {tag_id} out of range", name, lineno)
             trace._append(kind, ident, size, stream, tag_id)
             if kind in ALLOC_KINDS and ident >= trace._next_id:
                 trace._next_id = ident + 1
         return trace
+
+
+def _pool_id(pool: int) -> int:
+    if pool < 1:
+        raise ValueError(f"a private pool id must be >= 1, got {pool}")
+    return pool
 
 
 def _reject_constant(name: str) -> Any:
