@@ -309,7 +309,8 @@ def test_raw_allocator_calls_and_device_queries(a100, stack24):
 @pytest.mark.parametrize(
     ("call", "what"),
     [
-        (lambda: torch.cuda.MemPool(), "torch.cuda.MemPool (private memory pools)"),
+        (lambda: torch.cuda.MemPool(allocator=object()),
+         "torch.cuda.MemPool with a custom allocator"),
         (lambda: torch.cuda.memory.change_current_allocator(None), "a custom CUDA allocator"),
         (lambda: torch.cuda.memory._set_allocator_settings("expandable_segments:True"),
          "changing the CUDA allocator settings at run time"),

@@ -1,31 +1,59 @@
-"""CUDA graphs, NVTX ranges and CUDA profiling as the job sees them during a capture.
+"""CUDA graphs, private memory pools, NVTX ranges and CUDA profiling as the job sees them
+during a capture.
 
-CUDA graphs are not modelled: the code inside `torch.cuda.graph(...)` runs once, eagerly, where
-it is written (its allocations are recorded like any other), `replay()` does nothing, and
-`make_graphed_callables` returns the callables unchanged. A graph's private memory pool (its
-blocks stay reserved for the graph's lifetime, apart from the rest of the cache) is not
-modelled: the estimate says so in its notes. NVTX and CUDA profiler hooks are no-ops; the torch
-profiler records host events only."""
+CUDA graphs: the code inside `torch.cuda.graph(g)` runs once, eagerly, where it is written, and
+its allocations are recorded in the graph's private memory pool (POOL_BEGIN ... POOL_END in the
+trace; capture.graph_pools, allocator.private_pools): they come from segments of their own, a
+capture-time free goes back to that pool only, and the pool's segments stay reserved until the
+graph is reset or destroyed (`releasePool`) and the cache is emptied. `pool=` (a
+`graph_pool_handle()`, another graph's `pool()`, a MemPool's `id`) shares one pool between
+graphs. `replay()` re-runs nothing and allocates nothing, as on the GPU. As `torch.cuda.graph`
+does, the capture synchronizes, empties the cache and runs on a side stream of its own.
+`make_graphed_callables` is torch's own, run over these fakes: its warm-up iterations on a side
+stream, then every forward and backward captured into one shared pool, whose static inputs,
+outputs and gradients stay allocated for the callables' lifetime.
+`torch.cuda.MemPool` and `torch.cuda.use_mem_pool` route allocations to a private pool the same
+way (a MemPool's destructor releases it and empties its cache).
+Not modelled: what a replay computes (values), MemPool's `use_on_oom` and `no_split` options
+(noted), and Inductor's CUDA graph trees (torch.compile's "reduce-overhead": compiled_code
+notes it). NVTX and CUDA profiler hooks are no-ops; the torch profiler records host events
+only."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from peakmem.capture.graph_pools import GraphPools
 from peakmem.capture.session import CaptureSession
 
 GRAPH_NOTE = (
-    "CUDA graphs were not modelled: graph-captured code ran eagerly once and replays were "
-    "skipped; the graph's private memory pool (memory kept reserved for the graph) is not counted"
+    "CUDA graphs were modelled by their memory: graph-captured code ran once, eagerly, its "
+    "allocations in the graph's private memory pool (reserved apart from the rest of the cache "
+    "until the graph is reset or destroyed and the cache emptied); replays re-ran nothing"
+)
+MEMPOOL_OPTIONS_NOTE = (
+    "torch.cuda.MemPool's use_on_oom / no_split options were not modelled: the pool was "
+    "simulated as a plain private pool"
 )
 
 
-def _note(session: CaptureSession) -> None:
-    if GRAPH_NOTE not in session.notes:
-        session.notes.append(GRAPH_NOTE)
+def _note(session: CaptureSession, note: str = GRAPH_NOTE) -> None:
+    if note not in session.notes:
+        session.notes.append(note)
+
+
+def _real_make_graphed_callables() -> Any:
+    """torch's own make_graphed_callables (not a fake left in place by an outer capture)."""
+    found = torch.cuda.graphs.make_graphed_callables
+    return getattr(found, "__wrapped__", found) if getattr(found, "_peakmem_fake", False) else found
+
+
+_MAKE_GRAPHED_CALLABLES = _real_make_graphed_callables()
 
 
 PROFILER_NOTE = "the torch profiler ran without its CUDA activity (no GPU): host events only"
@@ -79,31 +107,63 @@ class _NoOpProfilerContext:
         return None
 
 
+def _pair(handle: Any) -> tuple[int, int]:
+    from peakmem.capture.graph_pools import _as_pair
+
+    return _as_pair(handle)
+
+
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
+    pools = GraphPools(session)
+
     class FakeCUDAGraph:
-        """`torch.cuda.CUDAGraph`: capture runs the work eagerly, replay does nothing."""
+        """`torch.cuda.CUDAGraph`: the capture records into the graph's private pool; replay
+        does nothing; reset (or the graph's end) releases the pool."""
 
         def __init__(self, keep_graph: bool = False) -> None:
+            self._handle: tuple[int, int] | None = None
             self._capturing = False
+            self._captured = False
 
-        def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        def capture_begin(
+            self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any
+        ) -> None:
             _note(session)
+            if pool is not None and any(_pair(pool)):
+                handle = _pair(pool)
+            else:
+                handle = pools.new_handle(user_created=False)
+            pools.begin(handle)
+            self._handle = handle
             self._capturing = True
 
         def capture_end(self) -> None:
+            if self._handle is None or not self._capturing:
+                raise RuntimeError("Called CUDAGraph::capture_end without a capture_begin")
+            pools.end(self._handle)
             self._capturing = False
+            self._captured = True
 
         def instantiate(self) -> None:
             return None
 
         def replay(self) -> None:
-            return None
+            if not self._captured:
+                raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
 
         def reset(self) -> None:
-            return None
+            if self._captured and self._handle is not None:
+                self._captured = False
+                pools.release(self._handle)
+
+        def __del__(self) -> None:
+            with contextlib.suppress(Exception):  # the capture may be over: nothing to record
+                self.reset()
 
         def pool(self) -> tuple[int, int]:
-            return (0, id(self))
+            if self._handle is None:
+                raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
+            return self._handle
 
         def enable_debug_mode(self) -> None:
             return None
@@ -112,27 +172,99 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             return None
 
     class FakeGraph:
-        """`torch.cuda.graph(g, pool=..., stream=...)`: the body runs eagerly, once."""
+        """`torch.cuda.graph(g, pool=..., stream=...)`: synchronize, empty the cache, then run
+        the body once on the capture stream, recording into the graph's pool."""
 
         default_capture_stream = None
 
-        def __init__(self, cuda_graph: Any, pool: Any = None, stream: Any = None, *args: Any, **kwargs: Any) -> None:
+        def __init__(
+            self, cuda_graph: Any, pool: Any = None, stream: Any = None, *args: Any, **kwargs: Any
+        ) -> None:
+            if stream is None and type(self).default_capture_stream is None:
+                type(self).default_capture_stream = torch.cuda.Stream()
+            self.pool = () if pool is None else (pool,)
+            self.capture_stream = stream if stream is not None else type(self).default_capture_stream
+            self.stream_ctx = torch.cuda.stream(self.capture_stream)
             self.cuda_graph = cuda_graph
 
         def __enter__(self) -> None:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # as the real context does before capturing
-            self.cuda_graph.capture_begin()
+            self.stream_ctx.__enter__()
+            self.cuda_graph.capture_begin(*self.pool)
 
         def __exit__(self, *exc: object) -> None:
             self.cuda_graph.capture_end()
+            self.stream_ctx.__exit__(*exc)
 
     def make_graphed_callables(callables: Any, sample_args: Any, *args: Any, **kwargs: Any) -> Any:
+        """torch's own, over the fake graphs: warm-up, captures into one shared pool."""
         _note(session)
-        return callables
+        return _MAKE_GRAPHED_CALLABLES(callables, sample_args, *args, **kwargs)
+
+    make_graphed_callables._peakmem_fake = True  # type: ignore[attr-defined]
+    make_graphed_callables.__wrapped__ = _MAKE_GRAPHED_CALLABLES  # type: ignore[attr-defined]
 
     def graph_pool_handle() -> tuple[int, int]:
-        return (0, 0)
+        return pools.new_handle(user_created=True)
+
+    class FakeMemPool:
+        """`torch.cuda.MemPool`: a private pool of the caching allocator (use count 1)."""
+
+        def __init__(
+            self,
+            allocator: Any = None,
+            use_on_oom: bool = False,
+            no_split: bool = False,
+            *args: Any,
+            **kwargs: Any,
+        ) -> None:
+            from peakmem.capture.unsupported import Unsupported
+
+            if allocator is not None:
+                raise Unsupported("torch.cuda.MemPool with a custom allocator")
+            if use_on_oom or no_split:
+                _note(session, MEMPOOL_OPTIONS_NOTE)
+            self._id = pools.new_handle(user_created=True)
+            pools.create(self._id)
+            self._alive = True
+
+        @property
+        def id(self) -> tuple[int, int]:
+            return self._id
+
+        @property
+        def allocator(self) -> None:
+            return None
+
+        def use_count(self) -> int:
+            return pools.use_count(self._id)
+
+        def snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
+            memory = session.memory
+            if memory is None:
+                return []
+            number = pools.pool_id(self._id)  # the simulation names a pool (0, its number)
+            with session._lock:
+                return [seg for seg in memory.segments() if seg["segment_pool_id"] == (0, number)]
+
+        def __del__(self) -> None:
+            if not getattr(self, "_alive", False):
+                return
+            self._alive = False
+            with contextlib.suppress(Exception):  # ~MemPool: releasePool, emptyCache(id)
+                pools.release(self._id)
+                pools.empty(self._id)
+
+    @contextmanager
+    def use_mem_pool(pool: Any, device: Any = None) -> Iterator[None]:
+        """`torch.cuda.use_mem_pool`: allocations go to `pool` inside the block."""
+        pools.begin(pool.id)
+        try:
+            yield
+        finally:
+            pools.end(pool.id)
+            pools.release(pool.id)
 
     @contextmanager
     def cuda_profile() -> Iterator[None]:
@@ -169,8 +301,12 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                 (owner, "graph"): FakeGraph,
                 (owner, "make_graphed_callables"): make_graphed_callables,
                 (owner, "graph_pool_handle"): graph_pool_handle,
+                (owner, "is_current_stream_capturing"): pools.capturing,
             }
         )
+    for owner in (torch.cuda, torch.cuda.memory):
+        found[(owner, "MemPool")] = FakeMemPool
+        found[(owner, "use_mem_pool")] = use_mem_pool
     found[(torch.profiler.profiler._KinetoProfile, "__init__")] = kineto_profile_init
     found[(torch.autograd.profiler.profile, "__init__")] = autograd_profile_init
     found[(torch.cuda.nvtx, "_nvtx")] = stub

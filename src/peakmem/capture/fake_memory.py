@@ -339,6 +339,7 @@ class SimulatedMemory:
             allocated = sum(b.size for b, state in blocks if state == "active_allocated")
             active = sum(b.size for b, state in blocks if state != "inactive")
             small = any(b.pool.is_small for b, _ in blocks) if blocks else size == K_SMALL_BUFFER
+            owner = next((b.pool.owner for b, _ in blocks if b.pool.owner is not None), None)
             out.append(
                 {
                     "device": 0,
@@ -349,7 +350,7 @@ class SimulatedMemory:
                     "requested_size": sum(b.requested for b, s in blocks if s != "inactive"),
                     "stream": 0,
                     "segment_type": "small" if small else "large",
-                    "segment_pool_id": (0, 0),
+                    "segment_pool_id": (0, owner.ident) if owner is not None else (0, 0),
                     "is_expandable": self.config.expandable_segments,
                     "frames": [],
                     "blocks": [

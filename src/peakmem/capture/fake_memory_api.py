@@ -189,8 +189,6 @@ def memory_patches(session: CaptureSession, memory: SimulatedMemory) -> dict[tup
                 (owner, "caching_allocator_alloc"): raw_alloc,
                 (owner, "caching_allocator_delete"): raw_delete,
                 (owner, "get_allocator_backend"): lambda: memory.config.backend,
-                (owner, "MemPool"): refuse("torch.cuda.MemPool (private memory pools)"),
-                (owner, "use_mem_pool"): refuse("torch.cuda.use_mem_pool (private memory pools)"),
                 (owner, "change_current_allocator"): refuse("a custom CUDA allocator"),
                 (owner, "CUDAPluggableAllocator"): refuse("a custom CUDA allocator"),
                 (owner, "_set_allocator_settings"): refuse(
