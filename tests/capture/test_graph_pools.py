@@ -212,3 +212,28 @@ def test_graph_misuse_raises_in_the_job_as_on_the_gpu(a100, stack24):
     assert "already recording" in seen["twice"]
     assert (seen["capturing"], seen["capturing_after"]) == (True, False)
     simulate(result.trace)  # the trace stays one the allocator replays
+
+
+def test_a_graph_captured_every_step_is_not_repeated_over(monkeypatch):
+    """Step repetition (capture.step_repeat) never repeats a window that begins, ends or
+    releases a private pool: each step's graph has a pool of its own."""
+    from torch import nn
+
+    from tests.capture.test_step_repeat import assert_same
+
+    def train():
+        model = nn.Linear(64, 64).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(100):
+            x = torch.randn(8, 64, device="cuda")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = x * 2
+            graph.replay()
+            loss = model(y).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            del graph, y
+
+    assert assert_same(monkeypatch, train, 8) == []

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from peakmem.trace.events import ALLOC_KINDS, EventKind, Tag, Trace
+from peakmem.trace.events import ALLOC_KINDS, POOL_KINDS, EventKind, Tag, Trace
 
 REQUIRED_WINDOWS = 3
 """Consecutive isomorphic step windows needed before the rest are repeated (conservative)."""
@@ -51,7 +51,9 @@ branch, where the session has them): a repeated step adds what the template step
 STEADY_MARKS = frozenset({"forward", "backward", "optimizer"})
 """Marks a repeatable window may hold besides its step mark (eval, loop ended, ... are not)."""
 _ID_KINDS = frozenset({int(EventKind.ALLOC), int(EventKind.ALLOC_OR_SMALLER), int(EventKind.FREE)})
-_REFUSED_KINDS = frozenset({int(EventKind.RECORD_STREAM), int(EventKind.FREE_COMPLETED)})
+_REFUSED_KINDS = frozenset({int(EventKind.RECORD_STREAM), int(EventKind.FREE_COMPLETED)}) | {
+    int(kind) for kind in POOL_KINDS  # a graph captured (a pool made) per step: one pool each
+}
 _ALLOC_KINDS = frozenset(int(k) for k in ALLOC_KINDS)
 _FREE = int(EventKind.FREE)
 _MARK = int(EventKind.MARK)
@@ -262,8 +264,9 @@ def _tally_delta(
 
 
 def _repeatable(trace: Trace, window: StepWindow, lowest_id: int) -> bool:
-    """No event a repetition cannot reproduce: other-stream uses, marks other than the steady
-    phases, frees of allocations older than the previous window."""
+    """No event a repetition cannot reproduce: other-stream uses, private pools begun, ended or
+    released (a graph captured each step), marks other than the steady phases, frees of
+    allocations older than the previous window."""
     kinds = trace.kinds[window.start:window.end]
     if _REFUSED_KINDS.intersection(kinds):
         return False
