@@ -279,3 +279,18 @@ def test_blocks_never_cross_pools_and_everything_goes_back(ops, conf):
     assert alloc.graph_pools == {} or all(
         pp.use_count == 0 for pp in alloc.graph_pools.values()
     )
+
+
+def test_the_estimate_snapshot_names_a_private_pool_segment_by_its_pool():
+    from peakmem.allocator.config import AllocatorConfig
+    from peakmem.estimate.memory_snapshot import build_snapshot
+
+    t = Trace()
+    t.alloc(3 * MiB)
+    t.pool_begin(2)
+    t.alloc(3 * MiB)
+    t.pool_end(2)
+    snapshot = build_snapshot(t, AllocatorConfig(), None)
+    pools = sorted(seg["segment_pool_id"] for seg in snapshot["segments"])
+    assert pools == [(0, 0), (0, 2)]
+    assert all(seg["total_size"] == 20 * MiB for seg in snapshot["segments"])

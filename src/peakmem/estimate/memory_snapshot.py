@@ -208,7 +208,7 @@ def _segments(allocator: CachingAllocator, live: dict[int, Block], pending: dict
         segments.append({
             "device": device, "address": run[0].addr, "total_size": total,
             "stream": run[0].stream, "segment_type": "small" if run[0].pool.is_small else "large",
-            "segment_pool_id": (0, 0), "allocated_size": allocated, "active_size": active,
+            "segment_pool_id": _pool_id(run[0]), "allocated_size": allocated, "active_size": active,
             "requested_size": sum(b["requested_size"] for b in blocks),
             "blocks": blocks,
         })
@@ -244,3 +244,10 @@ def write_snapshot(result: Any, path: str | Path) -> Path:
     with path.open("wb") as handle:
         pickle.dump(estimate_snapshot(result), handle, protocol=4)
     return path
+
+
+def _pool_id(block: Any) -> tuple[int, int]:
+    """The segment's `segment_pool_id`: (0, 0) for the default pools, (0, n) for private pool n
+    (a CUDA graph's or a MemPool's: allocator.private_pools)."""
+    owner = block.pool.owner
+    return (0, 0) if owner is None else (0, owner.ident)
