@@ -177,6 +177,19 @@ def test_expandable_segments_map_a_private_pool_its_own_segment():
     assert r.final_reserved_bytes == 40 * MiB
 
 
+@pytest.mark.parametrize(("version", "pool_bytes"), [("2.4.1", 26 * MiB), ("2.5.1", 40 * MiB)])
+def test_expandable_segments_in_private_pools_from_2_5(version, pool_bytes):
+    # 25 MiB: a plain segment rounds to 26 MiB; an expandable one maps two 20 MiB pages.
+    # torch 2.4's alloc_block kept private pools off expandable segments.
+    t = Trace()
+    t.pool_begin(1)
+    t.alloc(25 * MiB)
+    t.pool_end(1)
+    t.alloc(25 * MiB)  # the default pool: expandable in every version
+    r = simulate(t, "expandable_segments:True", version)
+    assert r.final_reserved_bytes == pool_bytes + 40 * MiB
+
+
 @pytest.mark.parametrize(
     ("events", "message"),
     [

@@ -365,7 +365,9 @@ class CachingAllocator(PrivatePoolsMixin):
         maximum = self._allowed_memory_maximum
         if maximum is not None and self.total_allocated_memory + alloc_size > maximum:
             return None
-        if self._expandable:
+        if self._expandable and (
+            pool.owner is None or self.rules.private_pools_use_expandable_segments
+        ):
             block = self.try_allocate_expandable_block(pool, size, stream)
             if block is not None:
                 self._erase_free(block)

@@ -69,6 +69,12 @@ class AllocatorRules:
     `large_segment_size_mb`): `val_env >= min_allowed_split_size_mb` in AcceleratorAllocatorConfig
     (2.10+). CUDAAllocatorConfig.cpp's own parser checked `val1 > kLargeBuffer / mb` ("must be
     > 20"), so 20 was rejected up to 2.9."""
+    private_pools_use_expandable_segments: bool = True
+    """With `expandable_segments:True` a private pool (CUDA graph, MemPool) maps its own
+    expandable segment (PR #128068, June 2024, taken to be in 2.5; medium confidence). Before,
+    `alloc_block` skipped expandable segments for a pool with `owner_PrivatePool` ("our
+    checkpointing logic for private pools doesn't support the expandable_segments_ structure
+    yet") and cudaMalloc'd plain segments for it."""
     config_options: frozenset[str] | None = None
     """The `PYTORCH_CUDA_ALLOC_CONF` options the version's parser knows (None: all peakmem
     parses); any other is rejected as PyTorch did ("Unrecognized CachingAllocator option")."""
@@ -114,6 +120,7 @@ _RULES_2_4 = AllocatorRules(
     roundup_gt_fills_from_next_interval=False,
     list_divisions_may_be_zero=False,
     split_size_minimum_inclusive=False,
+    private_pools_use_expandable_segments=False,
 )
 
 _VERSION_RULES: list[AllocatorRules] = [
