@@ -237,3 +237,42 @@ def test_a_graph_captured_every_step_is_not_repeated_over(monkeypatch):
             del graph, y
 
     assert assert_same(monkeypatch, train, 8) == []
+
+
+def test_whole_step_graph_is_reached_under_the_step_limit_and_its_replays_are_steps():
+    """MLPerf-style: warm-up steps on a side stream, one captured train step, replays. Side
+    stream steps do not end the job, so the capture happens under `--steps 3`; each replay of
+    the captured optimizer step is a step, and the first replay past the limit stops the job."""
+    from peakmem.estimate import estimate
+
+    replays = []
+
+    def train():
+        model = torch.nn.Linear(256, 256).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        static_x = torch.randn(32, 256, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                optimizer.zero_grad(set_to_none=True)
+                model(static_x).square().mean().backward()
+                optimizer.step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            static_loss = model(static_x).square().mean()
+            static_loss.backward()
+            optimizer.step()
+        for _ in range(50):
+            static_x.copy_(torch.randn(32, 256, device="cuda"))
+            graph.replay()
+            replays.append(1)
+
+    result = estimate(train, steps=3, gpu="a100-40gb", torch_version="2.4.1")
+    kinds = result.capture.trace.kinds
+    assert EventKind.POOL_BEGIN in kinds and EventKind.POOL_END in kinds
+    assert result.steps == 5  # 3 warm-up steps, the captured one, the first replay
+    assert replays == []  # stopped inside the first replay
+    assert GRAPH_NOTE in result.notes

@@ -124,6 +124,8 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             self._handle: tuple[int, int] | None = None
             self._capturing = False
             self._captured = False
+            self._steps_before: dict[Any, int] = {}
+            self._step_keys: list[Any] = []
 
         def capture_begin(
             self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any
@@ -136,6 +138,8 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             pools.begin(handle)
             self._handle = handle
             self._capturing = True
+            tracker = session.phase_tracker
+            self._steps_before = tracker.step_counts() if tracker is not None else {}
 
         def capture_end(self) -> None:
             if self._handle is None or not self._capturing:
@@ -143,6 +147,11 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             pools.end(self._handle)
             self._capturing = False
             self._captured = True
+            tracker = session.phase_tracker
+            after = tracker.step_counts() if tracker is not None else {}
+            self._step_keys = [  # optimizers that stepped inside the capture
+                key for key, count in after.items() if count > self._steps_before.get(key, 0)
+            ]
 
         def instantiate(self) -> None:
             return None
@@ -150,6 +159,9 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         def replay(self) -> None:
             if not self._captured:
                 raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+            tracker = session.phase_tracker
+            if self._step_keys and tracker is not None:
+                tracker.replay_steps(self._step_keys)  # a captured optimizer step, replayed
 
         def reset(self) -> None:
             if self._captured and self._handle is not None:

@@ -36,7 +36,7 @@ import torch.optim.optimizer as optimizer_hooks
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
 from peakmem.capture.modules import ModulePaths
-from peakmem.capture.session import CaptureSession
+from peakmem.capture.session import DEVICE_STREAM, CaptureSession
 from peakmem.capture.step_repeat import StepRepeater, enabled_by_env
 from peakmem.cuda_rules.true_device import is_meta
 from peakmem.jobs.stop import ALL_STEPS, Steps
@@ -137,6 +137,8 @@ class PhaseTracker:
             stack.callback(register(hook).remove)
         self.session.watch_op = self._watch_op
         stack.callback(setattr, self.session, "watch_op", None)
+        self.session.phase_tracker = self
+        stack.callback(setattr, self.session, "phase_tracker", None)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -347,6 +349,8 @@ class PhaseTracker:
         steps = min(self._steps_by_optimizer.values())
         if steps < self.limit():
             return
+        if stop_now and session.stream != DEVICE_STREAM:
+            return  # a side stream's steps (CUDA graph warm-up, capture): stop on the default one
         if self.stop_after_steps is None and feeding is not None:
             self._end_loop(feeding, steps)
             if (
@@ -390,6 +394,17 @@ class PhaseTracker:
             state.steps = limit
             self.repeated_note = repeater.note()
             self.repeater = None
+
+    # -- CUDA graphs (capture.fake_graphs) ---------------------------------------------------------
+    def step_counts(self) -> dict[Any, int]:
+        """Optimizer steps taken so far, by optimizer (a graph capture compares before/after)."""
+        return dict(self._steps_by_optimizer)
+
+    def replay_steps(self, keys: list[Any]) -> None:
+        """A CUDA graph whose capture took the steps of these optimizers was replayed: each
+        replay is a training step of theirs (and may end the job at the step limit)."""
+        for key in keys:
+            self._step_taken(key, stop_now=True)
 
     def _end_loop(self, feeding: LoaderIteration, steps: int) -> None:
         state = self.session.state

@@ -101,6 +101,9 @@ class CaptureSession:
     """Fake mode: those of them made before the first forward pass (while the model was built)."""
     data_dependent: dict[str, int] = field(default_factory=dict)
     """Fake mode: data-dependent ops met (sized as if every element were selected)."""
+    phase_tracker: Any = None
+    """The capture's PhaseTracker while the job runs (a CUDA graph replaying a captured optimizer
+    step counts the step: capture.fake_graphs)."""
     watch_op: Callable[[Any, tuple], None] | None = None
     """Called by the recorder with every aten op and its arguments (the phase tracker watches
     for in-place updates of parameters)."""
