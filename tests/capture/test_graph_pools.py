@@ -276,3 +276,20 @@ def test_whole_step_graph_is_reached_under_the_step_limit_and_its_replays_are_st
     assert result.steps == 5  # 3 warm-up steps, the captured one, the first replay
     assert replays == []  # stopped inside the first replay
     assert GRAPH_NOTE in result.notes
+
+
+def test_a_job_training_on_a_side_stream_throughout_is_stopped_after_a_grace():
+    from peakmem.capture.phases import MAX_SIDE_STREAM_STEPS
+    from peakmem.estimate import estimate
+
+    def train():
+        model = torch.nn.Linear(16, 16).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torch.cuda.stream(torch.cuda.Stream()):
+            for _ in range(1000):
+                model(torch.randn(4, 16, device="cuda")).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+    result = estimate(train, steps=3, gpu="a100-40gb", torch_version="2.4.1")
+    assert result.steps == 3 + MAX_SIDE_STREAM_STEPS

@@ -54,6 +54,10 @@ MAX_AUTO_EPOCH = 256
 MAX_STEPS_AFTER_END = 32
 """Steps allowed after the training loop was ended (later epochs run 1 step each) before the
 job is stopped: a loop that re-iterates its DataLoader until a step count never ends by itself."""
+MAX_SIDE_STREAM_STEPS = 64
+"""Steps past the limit taken on a side stream (CUDA graph warm-up and capture: they do not end
+the job, so the capture is reached) before the job is stopped anyway (one that trains on a side
+stream throughout)."""
 MAX_BARE_EPOCHS = 3
 """Later epochs in a row with nothing but training between them (no evaluation, no other
 DataLoader) before the job is stopped: they repeat the same allocations."""
@@ -349,7 +353,11 @@ class PhaseTracker:
         steps = min(self._steps_by_optimizer.values())
         if steps < self.limit():
             return
-        if stop_now and session.stream != DEVICE_STREAM:
+        if (
+            stop_now
+            and session.stream != DEVICE_STREAM
+            and steps < self.limit() + MAX_SIDE_STREAM_STEPS
+        ):
             return  # a side stream's steps (CUDA graph warm-up, capture): stop on the default one
         if self.stop_after_steps is None and feeding is not None:
             self._end_loop(feeding, steps)
