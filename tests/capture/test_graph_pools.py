@@ -293,3 +293,25 @@ def test_a_job_training_on_a_side_stream_throughout_is_stopped_after_a_grace():
 
     result = estimate(train, steps=3, gpu="a100-40gb", torch_version="2.4.1")
     assert result.steps == 3 + MAX_SIDE_STREAM_STEPS
+
+
+def test_the_allocator_entry_points_route_to_a_pool_as_torch_cuda_memory_calls_them(
+    a100, stack24
+):
+    seen = {}
+
+    def job():
+        handle = torch.cuda.graph_pool_handle()
+        x = torch.empty(3 * MiB, dtype=U8, device="cuda")  # default: 20 MiB
+        torch._C._cuda_beginAllocateToPool(0, handle)  # create, use count 1
+        y = torch.empty(3 * MiB, dtype=U8, device="cuda")  # the pool's own 20 MiB
+        torch._C._cuda_endAllocateToPool(0, handle)
+        del y
+        torch._C._cuda_releasePool(0, handle)  # use count 0: freeable
+        seen["before_empty"] = torch.cuda.memory_reserved()
+        torch.cuda.empty_cache()
+        seen["after_empty"] = torch.cuda.memory_reserved()
+        del x
+
+    _run(job, a100, stack24)
+    assert seen == {"before_empty": 40 * MiB, "after_empty": 20 * MiB}

@@ -177,6 +177,12 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                 raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
             return self._handle
 
+        def raw_cuda_graph(self) -> int:
+            return 0  # no cudaGraph_t exists: a null handle
+
+        def raw_cuda_graph_exec(self) -> int:
+            return 0
+
         def enable_debug_mode(self) -> None:
             return None
 
@@ -319,6 +325,13 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     for owner in (torch.cuda, torch.cuda.memory):
         found[(owner, "MemPool")] = FakeMemPool
         found[(owner, "use_mem_pool")] = use_mem_pool
+    # the allocator's own entry points, as torch.cuda.memory and libraries call them
+    found[(torch._C, "_cuda_beginAllocateToPool")] = lambda device, pool: pools.begin(pool)
+    found[(torch._C, "_cuda_beginAllocateCurrentThreadToPool")] = (
+        lambda device, pool: pools.begin(pool)
+    )
+    found[(torch._C, "_cuda_endAllocateToPool")] = lambda device, pool: pools.end(pool)
+    found[(torch._C, "_cuda_releasePool")] = lambda device, pool: pools.release(pool)
     found[(torch.profiler.profiler._KinetoProfile, "__init__")] = kineto_profile_init
     found[(torch.autograd.profiler.profile, "__init__")] = autograd_profile_init
     found[(torch.cuda.nvtx, "_nvtx")] = stub
