@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from peakmem.capture.graph_pools import GraphPools
+from peakmem.capture.graph_pools import GraphPools, as_pool_handle
 from peakmem.capture.session import CaptureSession
+from peakmem.capture.unsupported import Unsupported
 
 GRAPH_NOTE = (
     "CUDA graphs were modelled by their memory: graph-captured code ran once, eagerly, its "
@@ -107,12 +108,6 @@ class _NoOpProfilerContext:
         return None
 
 
-def _pair(handle: Any) -> tuple[int, int]:
-    from peakmem.capture.graph_pools import _as_pair
-
-    return _as_pair(handle)
-
-
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     pools = GraphPools(session)
 
@@ -131,8 +126,8 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any
         ) -> None:
             _note(session)
-            if pool is not None and any(_pair(pool)):
-                handle = _pair(pool)
+            if pool is not None and any(as_pool_handle(pool)):
+                handle = as_pool_handle(pool)
             else:
                 handle = pools.new_handle(user_created=False)
             pools.begin(handle)
@@ -237,8 +232,6 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             *args: Any,
             **kwargs: Any,
         ) -> None:
-            from peakmem.capture.unsupported import Unsupported
-
             if allocator is not None:
                 raise Unsupported("torch.cuda.MemPool with a custom allocator")
             if use_on_oom or no_split:

@@ -39,7 +39,7 @@ class GraphPools:
         return number
 
     def pool_id(self, handle: Any) -> int:
-        key = _as_pair(handle)
+        key = as_pool_handle(handle)
         ident = self.ids.get(key)
         if ident is None:
             ident = self.ids[key] = self._take_number()
@@ -75,7 +75,7 @@ class GraphPools:
         with self.session._lock:
             count = self.use_counts.get(ident, 0)
             if count <= 0:
-                raise RuntimeError(f"releasePool: mempool {tuple(_as_pair(handle))} is not in use")
+                raise RuntimeError(f"releasePool: mempool {as_pool_handle(handle)} is not in use")
             self.use_counts[ident] = count - 1
             self._record("pool_release", ident)
 
@@ -115,7 +115,7 @@ class GraphPools:
             getattr(self.session.trace, what)(ident)
 
 
-def _as_pair(handle: Any) -> tuple[int, int]:
+def as_pool_handle(handle: Any) -> tuple[int, int]:
     """A MempoolId_t from what the job passed: a pair of ints (or a MemPool's `id`)."""
     pair = getattr(handle, "id", handle)
     try:
