@@ -40,6 +40,9 @@ def sparse_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
     return []
 
 
+_NO_TAG = Tag()
+
+
 class LiveStorage:
     """A live device storage: its ALLOC event's index in the trace, its id there, its size."""
 
@@ -299,10 +302,11 @@ class CaptureSession:
         with self._lock:
             self._pending_accumulation = None
             self._max_before_last_alloc = self.max_allocated_bytes
-            ident = self.trace.alloc(
+            trace = self.trace
+            ident = trace.alloc(
                 nbytes,
                 self.stream,
-                tag=Tag(category, self.module_source(), self.state.phase, op),
+                tag_id=trace.intern_fields(category, self.module_source(), self.state.phase, op),
                 or_smaller=or_smaller,
             )
             memory = self.memory
@@ -383,12 +387,12 @@ class CaptureSession:
             record = self.live.get(id(tensor.untyped_storage()))
         if record is None:
             return
-        old = self.trace.tag_of(record.alloc_index) or Tag()
+        old = self.trace.tag_of(record.alloc_index) or _NO_TAG
         if only_from is not None and old.category not in only_from:
             return
-        new = Tag(category, module if module is not None else old.module, old.phase, old.op)
-        if new != old:
-            self.trace.tag_ids[record.alloc_index] = self.trace.intern(new)
+        new = (category, module if module is not None else old.module, old.phase, old.op)
+        if new != (old.category, old.module, old.phase, old.op):  # Tag equality, field by field
+            self.trace.tag_ids[record.alloc_index] = self.trace.intern_fields(*new)
 
     def reclassify_live(self, category: str, *, phase: str, only_from: tuple[str, ...]) -> None:
         """Re-tag every live allocation made in `phase` whose category is in `only_from`."""
@@ -396,8 +400,9 @@ class CaptureSession:
         for record in list(self.live.values()):
             old = trace.tag_of(record.alloc_index)
             if old is not None and old.phase == phase and old.category in only_from:
-                new = Tag(category, old.module, old.phase, old.op)
-                trace.tag_ids[record.alloc_index] = trace.intern(new)
+                trace.tag_ids[record.alloc_index] = trace.intern_fields(
+                    category, old.module, old.phase, old.op
+                )
 
     def mark(self, label: str) -> None:
         if not self.closed:
