@@ -65,12 +65,15 @@ def test_unchanged_namespaces_are_not_read_again(modules):
     index = NamespaceIndex()
     module = modules("peakmem_test_ns_kept")
     list(index.namespaces_binding({id(object())}))
+    assert index._seen[id(vars(module))][1] is None  # one search: the version only
+    list(index.namespaces_binding({id(object())}))
     kept = index._seen[id(vars(module))]
+    assert kept[1] == frozenset(map(id, vars(module).values()))  # seen again: its ids kept
     list(index.namespaces_binding({id(object())}))
     assert index._seen[id(vars(module))] is kept  # the same record: not re-read
     module.filler = 1
     list(index.namespaces_binding({id(object())}))
-    assert index._seen[id(vars(module))] is not kept
+    assert index._seen[id(vars(module))][1] is None  # changed: read, the new version noted
 
 
 _VALUES = st.integers(0, 3)  # 0-2: the wanted functions; 3: something else

@@ -4,7 +4,8 @@
 the start of every capture: a test of every value of every module namespace (~1 600 modules,
 ~50 000 values in a bench worker: ~5-10 ms a capture). Between two captures of one process
 almost no namespace changes, so `namespaces_binding` keeps, per namespace, the ids of the values
-it held when last seen, and re-reads only the namespaces changed since.
+it held when last seen, and re-reads only the namespaces changed since (the ids are kept from
+a namespace's second search at one version on: a one-capture process keeps none).
 
 "Changed since" is CPython's own dict version (PEP 509, `ma_version_tag`): every insertion,
 rebinding to another object or deletion of a key gives the dict a new version, unique in the
@@ -64,8 +65,9 @@ class NamespaceIndex:
     """Per module namespace, the ids of its values as of its last version seen."""
 
     def __init__(self) -> None:
-        self._seen: dict[int, tuple[int, frozenset[int]]] = {}
-        """id(namespace) -> (its version, the ids of its values then)."""
+        self._seen: dict[int, tuple[int, frozenset[int] | None]] = {}
+        """id(namespace) -> (its version, the ids of its values then: None until the namespace
+        is seen a second time at that version)."""
 
     def namespaces_binding(self, wanted: Collection[int]) -> Iterator[dict]:
         """The loaded modules' namespaces holding a value whose id is in `wanted`, in
@@ -83,13 +85,18 @@ class NamespaceIndex:
                 continue
             version = read_version(namespace)
             record = seen.get(id(namespace))
-            if record is None or record[0] != version:
+            if record is not None and record[0] == version and record[1] is not None:
+                binds = not wanted_ids.isdisjoint(record[1])
+            elif record is None or record[0] != version:
+                # first seen at this version: read it as before, keep the version only (a
+                # process that captures once pays no more than the read)
+                binds = not wanted_ids.isdisjoint(map(id, list(namespace.values())))
+                seen[id(namespace)] = (version, None)
+            else:  # unchanged since last seen: its values' ids kept from now on
                 ids = frozenset(map(id, list(namespace.values())))
-                if read_version(namespace) == version:  # not changed while read (no Python ran)
-                    seen[id(namespace)] = (version, ids)
-            else:
-                ids = record[1]
-            if not wanted_ids.isdisjoint(ids):
+                seen[id(namespace)] = (version, ids)
+                binds = not wanted_ids.isdisjoint(ids)
+            if binds:
                 yield namespace
         if len(seen) > 2 * len(modules):  # forget the namespaces of modules no longer loaded
             live = {id(getattr(module, "__dict__", None)) for module in modules}
