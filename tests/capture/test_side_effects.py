@@ -435,3 +435,30 @@ def test_a_later_real_save_to_the_same_path_is_read_back(tmp_path, monkeypatch):
         torch.save(torch.ones(2), "x.pt")  # host data: written where asked
         assert torch.load("x.pt").tolist() == [1.0, 1.0]
     assert torch.load(tmp_path / "x.pt").tolist() == [1.0, 1.0]
+
+
+def test_a_save_bound_by_name_between_captures_is_covered(a100, stack24, real_file,
+                                                               monkeypatch):
+    """A capture finds a binding made after earlier ones (the namespace search is cached per
+    namespace version: a rebinding of an existing name leaves the namespace's size as is)."""
+    import types
+
+    from safetensors.torch import save_file
+
+    module = types.ModuleType("peakmem_test_saver")
+    module.save_fn = None
+    monkeypatch.setitem(sys.modules, "peakmem_test_saver", module)
+    target = real_file("between.safetensors")
+    for _ in range(2):  # the second search keeps the namespaces' ids
+        earlier = capture_callable(lambda: torch.zeros(2, device="cuda"), gpu=a100, stack=stack24)
+        assert earlier.error is None, earlier.error_text
+    module.save_fn = save_file  # `from safetensors.torch import save_file as save_fn`, late
+
+    def job():
+        module.save_fn(_model().cuda().state_dict(), str(target))
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert target.read_bytes() == REAL
+    assert str(target) in _diverted_note(result)
+    assert module.save_fn is save_file  # restored afterwards

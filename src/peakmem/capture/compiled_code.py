@@ -273,12 +273,32 @@ def compiler_configs_restored() -> Iterator[None]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for config, values in saved:
+                now = config.get_config_copy()  # one pass, not a Python getattr per setting
                 for key, value in values.items():
+                    if _still_equal(now, key, value):
+                        continue  # the check below would find nothing to put back
                     try:
                         if getattr(config, key) != value:
                             setattr(config, key, value)
                     except Exception:  # noqa: BLE001 - a setting that cannot be compared or set
                         continue
+
+
+def _still_equal(now: dict[str, Any], key: str, value: Any) -> bool:
+    """Whether the config's setting `key`, as read now (`get_config_copy`: the values
+    `getattr` returns, mutable ones copied), equals its saved `value`; False when unsure (a
+    value whose comparison fails or is not a plain truth value): then `getattr` decides."""
+    current = now.get(key, _MISSING)
+    if current is _MISSING:
+        return False
+    try:
+        equal = current == value
+    except Exception:  # noqa: BLE001 - a setting that cannot be compared
+        return False
+    return equal is True
+
+
+_MISSING = object()
 
 
 @contextmanager

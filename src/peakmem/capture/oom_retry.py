@@ -37,10 +37,11 @@ def _retries(filename: str, qualname: str) -> bool:
 
 def retry_loop_on_stack() -> bool:
     """Whether a frame of a retry loop (RETRY_LOOPS) is on the calling thread's stack."""
+    names = frozenset().union(*RETRY_LOOPS.values())  # a set test per frame, files after
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
-        if _retries(code.co_filename, code.co_qualname):
+        if code.co_qualname in names and _retries(code.co_filename, code.co_qualname):
             return True
         frame = frame.f_back
     return False

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from peakmem.capture.oom_retry import near_capacity, retry_loop_on_stack
 from peakmem.capture.subclass_storages import inner_tensors, is_wrapper
 from peakmem.cuda_rules.true_device import is_meta
 from peakmem.profiles import GpuProfile, StackProfile
@@ -37,6 +38,9 @@ def sparse_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
     if layout in (torch.sparse_csc, torch.sparse_bsc):
         return [tensor.ccol_indices(), tensor.row_indices(), tensor.values()]
     return []
+
+
+_NO_TAG = Tag()
 
 
 class LiveStorage:
@@ -301,10 +305,11 @@ class CaptureSession:
         with self._lock:
             self._pending_accumulation = None
             self._max_before_last_alloc = self.max_allocated_bytes
-            ident = self.trace.alloc(
+            trace = self.trace
+            ident = trace.alloc(
                 nbytes,
                 self.stream,
-                tag=Tag(category, self.module_source(), self.state.phase, op),
+                tag_id=trace.intern_fields(category, self.module_source(), self.state.phase, op),
                 or_smaller=or_smaller,
             )
             memory = self.memory
@@ -317,8 +322,6 @@ class CaptureSession:
     def _oom_retry_near(self, memory: Any, nbytes: int) -> bool:
         """A retry loop that catches CUDA's out-of-memory error is running and this allocation
         comes near the GPU's capacity (capture.oom_retry)."""
-        from peakmem.capture.oom_retry import near_capacity, retry_loop_on_stack
-
         return near_capacity(self.allocated_bytes, nbytes, memory.total_bytes) and retry_loop_on_stack()
 
     def _free(self, ident: int, nbytes: int) -> None:
@@ -387,12 +390,12 @@ class CaptureSession:
             record = self.live.get(id(tensor.untyped_storage()))
         if record is None:
             return
-        old = self.trace.tag_of(record.alloc_index) or Tag()
+        old = self.trace.tag_of(record.alloc_index) or _NO_TAG
         if only_from is not None and old.category not in only_from:
             return
-        new = Tag(category, module if module is not None else old.module, old.phase, old.op)
-        if new != old:
-            self.trace.tag_ids[record.alloc_index] = self.trace.intern(new)
+        new = (category, module if module is not None else old.module, old.phase, old.op)
+        if new != (old.category, old.module, old.phase, old.op):  # Tag equality, field by field
+            self.trace.tag_ids[record.alloc_index] = self.trace.intern_fields(*new)
 
     def reclassify_live(self, category: str, *, phase: str, only_from: tuple[str, ...]) -> None:
         """Re-tag every live allocation made in `phase` whose category is in `only_from`."""
@@ -400,8 +403,9 @@ class CaptureSession:
         for record in list(self.live.values()):
             old = trace.tag_of(record.alloc_index)
             if old is not None and old.phase == phase and old.category in only_from:
-                new = Tag(category, old.module, old.phase, old.op)
-                trace.tag_ids[record.alloc_index] = trace.intern(new)
+                trace.tag_ids[record.alloc_index] = trace.intern_fields(
+                    category, old.module, old.phase, old.op
+                )
 
     def mark(self, label: str) -> None:
         if not self.closed:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from peakmem.capture import device_map
+from peakmem.capture.namespace_index import namespaces_binding
 from peakmem.capture.on_import import ImportHook
 from peakmem.capture.session import CaptureSession
 from peakmem.jobs.file_journal import before_native_write
@@ -490,13 +491,7 @@ class _Patches:
                 swaps[id(original)] = _wrapper(entry, original)
         if not swaps:
             return
-        wanted = swaps.keys()
-        for module in list(sys.modules.values()):
-            namespace = getattr(module, "__dict__", None)
-            if not isinstance(namespace, dict):
-                continue
-            if wanted.isdisjoint(map(id, list(namespace.values()))):
-                continue  # the common case, checked without a Python loop over the names
+        for namespace in namespaces_binding(swaps.keys()):  # few: the rest not looped over
             for name, value in list(namespace.items()):
                 wrapper = swaps.get(id(value))
                 if wrapper is not None and namespace.get(name) is value:

@@ -121,6 +121,7 @@ class Trace:
         "tag_ids",
         "tags",
         "_tag_index",
+        "_field_index",
         "_next_id",
         "meta",
     )
@@ -133,6 +134,9 @@ class Trace:
         self.tag_ids: list[int] = []
         self.tags: list[Tag] = []
         self._tag_index: dict[Tag, int] = {}
+        self._field_index: dict[tuple[str | None, ...], int] = {}
+        """(category, module, phase, op) -> index: `intern_fields`' lookups (a tuple's hash and
+        equality are C; a Tag's are generated Python)."""
         self._next_id = 0
         self.meta: dict[str, Any] = dict(meta or {})
 
@@ -146,6 +150,16 @@ class Trace:
             index = len(self.tags)
             self.tags.append(tag)
             self._tag_index[tag] = index
+        return index
+
+    def intern_fields(
+        self, category: str | None, module: str | None, phase: str | None, op: str | None
+    ) -> int:
+        """`intern(Tag(category, module, phase, op))`, without making the Tag once it is known."""
+        key = (category, module, phase, op)
+        index = self._field_index.get(key)
+        if index is None:
+            index = self._field_index[key] = self.intern(Tag(category, module, phase, op))
         return index
 
     def _append(self, kind: int, ident: int, size: int, stream: int, tag_id: int) -> None:
@@ -167,12 +181,14 @@ class Trace:
         phase: str | None = None,
         op: str | None = None,
         or_smaller: bool = False,
+        tag_id: int | None = None,
     ) -> int:
         """Record an allocation of `size` requested bytes; returns its id. `or_smaller`: the
-        caller accepts a smaller block under memory pressure (EventKind.ALLOC_OR_SMALLER)."""
+        caller accepts a smaller block under memory pressure (EventKind.ALLOC_OR_SMALLER).
+        `tag_id`: the tag's index, interned already (then `tag` and its fields are not read)."""
         if size < 0:
             raise ValueError(f"allocation size must be >= 0, got {size}")
-        if tag is None and (category or module or phase or op):
+        if tag_id is None and tag is None and (category or module or phase or op):
             tag = Tag(category, module, phase, op)
         if ident is None:
             ident = self._next_id
@@ -180,7 +196,7 @@ class Trace:
         elif ident >= self._next_id:
             self._next_id = ident + 1
         kind = EventKind.ALLOC_OR_SMALLER if or_smaller else EventKind.ALLOC
-        self._append(kind, ident, size, stream, self.intern(tag))
+        self._append(kind, ident, size, stream, self.intern(tag) if tag_id is None else tag_id)
         return ident
 
     def free(self, ident: int) -> None:
