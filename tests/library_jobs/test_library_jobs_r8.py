@@ -10,7 +10,7 @@ import pytest
 
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
-from tests.library_jobs.test_library_jobs import assert_training, needs
+from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 
 
 def _notes(est) -> str:
@@ -44,3 +44,64 @@ def test_timm_kron_optimizer_and_torchmetrics_r2score(opt):
     assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
     assert "epoch 1 loss" in est.stderr and "'r2':" in est.stderr
     assert "_precond_grad" in _notes(est)  # its torch.compile'd functions ran eagerly
+
+
+# karpathy/nanoGPT train.py: init_from='resume', compile=False, gradient accumulation ------------
+
+NANOGPT_RESUME = dict(vocab=512, positions=32, embd=64, layers=2)
+"""r8_nanogpt_resume.py's defaults (block_size 32, bias=True, tied wte / lm_head)."""
+
+
+def _nanogpt_data(folder) -> None:
+    import numpy as np
+
+    (folder / "data").mkdir()
+    rng = np.random.default_rng(0)
+    rng.integers(0, 512, 4000).astype(np.uint16).tofile(folder / "data" / "train.bin")
+    rng.integers(0, 512, 1000).astype(np.uint16).tofile(folder / "data" / "val.bin")
+
+
+def _nanogpt_checkpoint(folder) -> None:
+    """out/ckpt.pt as train.py writes it after a step of a compiled model (`_orig_mod.` keys),
+    made on the host with the script's own model and AdamW."""
+    import sys
+
+    import torch
+
+    from tests.library_jobs.harness import SCRIPTS
+
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from nanogpt_train import GPT, GPTConfig
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    model_args = dict(n_layer=2, n_head=4, n_embd=64, block_size=32, bias=True, vocab_size=512,
+                      dropout=0.0)
+    model = GPT(GPTConfig(**model_args))
+    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cpu")
+    idx = torch.randint(0, 512, (2, 32))
+    model(idx, idx)[1].backward()
+    optimizer.step()
+    (folder / "out").mkdir()
+    torch.save({"model": {f"_orig_mod.{k}": v for k, v in model.state_dict().items()},
+                "optimizer": optimizer.state_dict(), "model_args": model_args, "iter_num": 1,
+                "best_val_loss": torch.tensor(6.2), "config": {}},
+               folder / "out" / "ckpt.pt")
+
+
+def test_nanogpt_resume_from_checkpoint_with_gradient_accumulation(tmp_path):
+    shapes = ex.gpt2_shapes(**NANOGPT_RESUME)
+    params = ex.device_bytes(shapes, ex.FP32)
+    _nanogpt_data(tmp_path)
+    _nanogpt_checkpoint(tmp_path)
+    est = estimate("r8_nanogpt_resume.py", "--init_from=resume", "--max_iters=3", cwd=tmp_path)
+    # fused AdamW (device_type "cuda"): exp_avg, exp_avg_sq and a device `step` per parameter,
+    # loaded from the checkpoint (`torch.load(map_location=device)`)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes),
+                    extra_lower=params)
+    # `checkpoint = None` frees the dict, but the module-level `state_dict` still holds the
+    # loaded model tensors on the device for the whole run
+    assert est.breakdown["input"] >= params, est.breakdown
+    assert "Resuming training from out" in est.stderr
+    assert est.data["steps"] == 3 and "iter 1: loss" in est.stderr  # iter_num 1 from ckpt.pt
+    assert est.data["mode"] == "fake", est.data["mode_reason"]

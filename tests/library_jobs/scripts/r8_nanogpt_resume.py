@@ -1,3 +1,4 @@
+# ruff: noqa: B007  (kept as the original script writes it)
 """karpathy/nanoGPT train.py, single process: module-level config globals overridden by
 `--key=value` arguments (configurator.py's literal_eval, inlined), `init_from` 'scratch' or
 'resume' (`torch.load(ckpt.pt, map_location=device)`, the `_orig_mod.` prefix stripped, then
@@ -17,7 +18,6 @@ from contextlib import nullcontext
 
 import numpy as np
 import torch
-
 from nanogpt_train import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
