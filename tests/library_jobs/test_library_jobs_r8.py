@@ -105,3 +105,53 @@ def test_nanogpt_resume_from_checkpoint_with_gradient_accumulation(tmp_path):
     assert "Resuming training from out" in est.stderr
     assert est.data["steps"] == 3 and "iter 1: loss" in est.stderr  # iter_num 1 from ckpt.pt
     assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+# pytorch/tutorials amp_recipe: autocast + GradScaler, checkpointing, TorchScript ----------------
+
+def _amp_recipe_shapes(in_size: int = 1024, out_size: int = 256, num_layers: int = 6) -> list:
+    return [s for _ in range(num_layers - 1) for s in ex.linear(in_size, in_size)] + ex.linear(
+        out_size, in_size)
+
+
+AMP_BATCH = 1024 * (1024 + 256) * ex.FP32
+AMP_DATA = 4 * AMP_BATCH
+"""The recipe's lists of 4 input and target batches, made on the device up front."""
+
+
+@pytest.mark.slow
+def test_amp_recipe_non_reentrant_checkpointing_keeps_fewer_activations():
+    params = ex.device_bytes(_amp_recipe_shapes(), ex.FP32)
+    runs = {mode: estimate("r8_amp_recipe_checkpoint_jit.py", "--dtype", "bfloat16",
+                           "--checkpoint", mode) for mode in ("none", "non-reentrant")}
+    for est in runs.values():
+        # SGD without momentum: no state; bfloat16 autocast: the scaler disabled
+        assert_training(est, params=params, optimizer_state=0, extra_lower=AMP_DATA)
+        assert est.data["mode"] == "fake", est.data["mode_reason"]
+    plain, checkpointed = runs["none"], runs["non-reentrant"]
+    # 5 checkpointed layers keep their input only; the others keep each Linear's bf16 input
+    # and ReLU output (1024 x 1024 x 2 bytes each) until backward
+    assert checkpointed.breakdown["activation"] * 4 < plain.breakdown["activation"]
+    assert checkpointed.data["peak_allocated_bytes"] < plain.data["peak_allocated_bytes"]
+
+
+@pytest.mark.parametrize("flags", [("--dtype", "float16", "--checkpoint", "reentrant",
+                                    "--num-batches", "2"),
+                                   ("--dtype", "bfloat16", "--jit")],
+                         ids=["fp16-scaler-reentrant-checkpoint", "bf16-torchscript"])
+def test_amp_recipe_reentrant_checkpoint_and_torchscript(flags):
+    shapes = _amp_recipe_shapes()
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r8_amp_recipe_checkpoint_jit.py", *flags)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    if "--jit" in flags:
+        assert_training(est, params=params, optimizer_state=0, extra_lower=AMP_DATA)
+        return
+    # use_reentrant=True with inputs that do not require grad: as on a GPU, the checkpointed
+    # layers get no gradients (torch warns), only the last Linear does
+    out_layer = ex.device_bytes(shapes[-2:], ex.FP32)
+    assert "None of the inputs have requires_grad=True" in est.stderr
+    assert_training(est, params=params, optimizer_state=0, grads=out_layer,
+                    extra_lower=2 * AMP_BATCH)
+    # GradScaler's default init_scale; no inf found in fake mode's zeros, no growth in 2 steps
+    assert "epoch 0 loss" in est.stderr and "scale 65536.0" in est.stderr
