@@ -10,7 +10,13 @@ import pytest
 
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
-from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
+from tests.library_jobs.test_library_jobs import (
+    WORKSPACE_SLACK,
+    MiB,
+    assert_training,
+    fused_steps,
+    needs,
+)
 
 
 def _notes(est) -> str:
@@ -155,3 +161,76 @@ def test_amp_recipe_reentrant_checkpoint_and_torchscript(flags):
                     extra_lower=2 * AMP_BATCH)
     # GradScaler's default init_scale; no inf found in fake mode's zeros, no growth in 2 steps
     assert "epoch 0 loss" in est.stderr and "scale 65536.0" in est.stderr
+
+
+# facebookresearch/DiT train.py under torchrun ---------------------------------------------------
+
+def dit_shapes(hidden: int = 64, depth: int = 2, patch: int = 2, in_channels: int = 4,
+               classes: int = 10, mlp_ratio: int = 4) -> list:
+    """DiT's trainable parameters (learn_sigma: 2 x in_channels out; a CFG null class)."""
+    shapes = [(hidden, in_channels, patch, patch), (hidden,)]  # x_embedder.proj
+    shapes += ex.linear(hidden, 256) + ex.linear(hidden, hidden)  # t_embedder.mlp
+    shapes += [(classes + 1, hidden)]  # y_embedder.embedding_table
+    for _ in range(depth):  # qkv, proj, fc1, fc2, adaLN_modulation (LayerNorms without affine)
+        shapes += ex.linear(3 * hidden, hidden) + ex.linear(hidden, hidden)
+        shapes += ex.linear(mlp_ratio * hidden, hidden) + ex.linear(hidden, mlp_ratio * hidden)
+        shapes += ex.linear(6 * hidden, hidden)
+    shapes += ex.linear(patch * patch * 2 * in_channels, hidden) + ex.linear(2 * hidden, hidden)
+    return shapes
+
+
+def tiny_vae_shapes(ch: int = 16, latent: int = 4, blocks: int = 4) -> list:
+    """diffusers AutoencoderKL(layers_per_block=1, block_out_channels=(ch,) * blocks,
+    latent_channels=latent): encoder (one resnet per block, a down-sampling conv but in the
+    last), mid block (resnet, attention with q / k / v / out, resnet), quant convs, decoder
+    (two resnets per block, an up-sampling conv but in the last)."""
+    def conv(out_ch, in_ch, k):
+        return [(out_ch, in_ch, k, k), (out_ch,)]
+
+    norm = [(ch,), (ch,)]
+    resnet = norm + conv(ch, ch, 3) + norm + conv(ch, ch, 3)
+    mid = resnet + norm + [s for _ in range(4) for s in ex.linear(ch, ch)] + resnet
+    encoder = conv(ch, 3, 3)
+    decoder = conv(ch, latent, 3) + mid
+    for b in range(blocks):
+        sampler = conv(ch, ch, 3) if b < blocks - 1 else []
+        encoder += resnet + sampler
+        decoder += 2 * resnet + sampler
+    encoder += mid + norm + conv(2 * latent, ch, 3)
+    decoder += norm + conv(3, ch, 3)
+    return encoder + conv(2 * latent, 2 * latent, 1) + conv(latent, latent, 1) + decoder
+
+
+@needs("diffusers", "timm", "torchvision", "PIL")
+def test_dit_train_torchrun_ema_vae_diffusion(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (tmp_path / "imgs" / f"c{c}").mkdir(parents=True)
+        for i in range(8):
+            Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
+                tmp_path / "imgs" / f"c{c}" / f"{i}.png")
+    trainable = ex.device_bytes(dit_shapes(), ex.FP32)
+    dit = trainable + ex.device_bytes([(1, 4, 64)], ex.FP32)  # + the frozen sin-cos pos_embed
+    vae = ex.device_bytes(tiny_vae_shapes(), ex.FP32)
+    est = estimate("r8_dit_train.py", "--data-path", "imgs", cwd=tmp_path,
+                   launcher=("torchrun", "--nproc_per_node", "2"))
+    assert est.returncode == 0, est.failure()
+    data, breakdown = est.data, est.breakdown
+    assert data["estimate_kind"] == "training" and data["mode"] == "fake", data["mode_reason"]
+    assert data["world_size"] == 2 and data["launcher"] == "torchrun"
+    # 16 images, global batch 4 over 2 ranks: 4 steps of 2 per rank
+    assert data["steps"] == 4 and "Dataset contains 16 images" in est.stderr
+    assert "DiT Parameters: 182,432" in est.stderr  # numel of dit_shapes() + pos_embed
+    # pos_embed has no gradient and so no AdamW state
+    assert breakdown["gradient"] == trainable
+    assert breakdown["optimizer_state"] == 2 * trainable
+    # the model, its EMA copy and the VAE on the device (the EMA and the VAE's decoder never
+    # run a forward: their weights are tagged as moved inputs / other, not "parameter")
+    weights = sum(breakdown.get(k, 0) for k in ("parameter", "input", "other"))
+    assert 2 * dit + vae <= weights <= 2 * dit + vae + MiB, breakdown
+    model_state = 2 * dit + vae + 3 * trainable
+    assert model_state <= data["peak_allocated_bytes"] <= 2 * model_state + WORKSPACE_SLACK
+    assert "Saved checkpoint to results/checkpoints/0000003.pt" in est.stderr
