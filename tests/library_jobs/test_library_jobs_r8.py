@@ -234,3 +234,20 @@ def test_dit_train_torchrun_ema_vae_diffusion(tmp_path):
     model_state = 2 * dit + vae + 3 * trainable
     assert model_state <= data["peak_allocated_bytes"] <= 2 * model_state + WORKSPACE_SLACK
     assert "Saved checkpoint to results/checkpoints/0000003.pt" in est.stderr
+
+
+# Liuhong99/Sophia: SophiaG with the sampled-label Hessian estimate every hess_interval --------
+
+def test_sophia_g_with_hessian_updates_between_steps(tmp_path):
+    import numpy as np
+
+    data = tmp_path / "tokens.bin"
+    np.random.default_rng(0).integers(0, 512, 5000).astype(np.uint16).tofile(data)
+    params = ex.device_bytes(ex.gpt2_shapes(vocab=512, positions=64, embd=64, layers=2),
+                             ex.FP32)
+    est = estimate("r8_sophia_nanogpt.py", "--data", str(data))
+    # exp_avg and hessian per parameter (SophiaG keeps `step` on the host unless capturable)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    # the Hessian pass after step 2: Categorical(logits).sample(), a backward, update_hessian
+    assert "iter 1: hessian updated" in est.stderr
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
