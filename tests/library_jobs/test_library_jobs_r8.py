@@ -251,3 +251,38 @@ def test_sophia_g_with_hessian_updates_between_steps(tmp_path):
     # the Hessian pass after step 2: Categorical(logits).sample(), a backward, update_hessian
     assert "iter 1: hessian updated" in est.stderr
     assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+# facebookresearch/dino main_dino.py: multi-crop, teacher EMA ---------------------------------
+
+def dino_vit_shapes(dim: int = 64, depth: int = 2, patch: int = 8, patches: int = 16) -> list:
+    """vision_transformer.py's ViT (qkv_bias, no classifier head) at r8_dino_main.py's size."""
+    shapes = [(dim, 3, patch, patch), (dim,), (1, 1, dim), (1, patches + 1, dim)]
+    for _ in range(depth):
+        shapes += [(dim,), (dim,), *ex.linear(3 * dim, dim), *ex.linear(dim, dim)]
+        shapes += [(dim,), (dim,), *ex.linear(4 * dim, dim), *ex.linear(dim, 4 * dim)]
+    return shapes + [(dim,), (dim,)]
+
+
+@needs("torchvision", "PIL")
+def test_dino_multicrop_student_teacher_weight_norm_head(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (tmp_path / "imgs" / f"c{c}").mkdir(parents=True)
+        for i in range(8):
+            Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
+                tmp_path / "imgs" / f"c{c}" / f"{i}.png")
+    mlp = ex.linear(128, 64) + ex.linear(128, 128) + ex.linear(32, 128)
+    weight_g, weight_v = [(256, 1)], [(256, 32)]  # the head's weight-normed last layer
+    student = ex.device_bytes(dino_vit_shapes() + mlp + weight_g + weight_v, ex.FP32)
+    trainable = student - ex.device_bytes(weight_g, ex.FP32)  # norm_last_layer: g frozen
+    est = estimate("r8_dino_main.py", "--data_path", "imgs", cwd=tmp_path)
+    # the teacher is a second full copy; from epoch 1 on the last layer has gradients (cancelled
+    # in epoch 0, --freeze_last_layer 1) and AdamW state
+    assert_training(est, params=2 * student, grads=trainable, optimizer_state=2 * trainable)
+    assert "Will run the code on one GPU." in est.stderr
+    assert "Epoch: [1]" in est.stderr and "DataLoader epoch of 4 batches" in _notes(est)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
