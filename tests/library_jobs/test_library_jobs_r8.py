@@ -286,3 +286,34 @@ def test_dino_multicrop_student_teacher_weight_norm_head(tmp_path):
     assert "Will run the code on one GPU." in est.stderr
     assert "Epoch: [0] it 3" in est.stderr and "Epoch: [1]" in est.stderr  # 4 batches an epoch
     assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+# pytorch/tutorials transformer_tutorial.py (nn.TransformerEncoder language model) ------------
+
+TUTORIAL_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a",
+                  "cat", "sat", "on", "mat", "while", "birds", "sing", "songs", "of", "spring"]
+
+
+@pytest.mark.parametrize("flags", [(), ("--batch-first",)], ids=["seq-first", "batch-first"])
+def test_transformer_tutorial_train_evaluate_best_checkpoint(tmp_path, flags):
+    import random
+
+    rng = random.Random(0)
+    text = tmp_path / "wiki.txt"
+    text.write_text("\n".join(" ".join(rng.choice(TUTORIAL_WORDS) for _ in range(12)) + "."
+                              for _ in range(100)))
+    ntokens, d_model, d_hid = len(TUTORIAL_WORDS) + 2, 64, 128  # + "." and <unk>
+    layer = [(3 * d_model, d_model), (3 * d_model,), *ex.linear(d_model, d_model),
+             *ex.linear(d_hid, d_model), *ex.linear(d_model, d_hid), *[(d_model,)] * 4]
+    shapes = [(ntokens, d_model), *layer, *layer, *ex.linear(ntokens, d_model)]
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r8_transformer_tutorial.py", "--data", str(text), *flags,
+                   flags=("--steps", "all"))
+    # SGD without momentum: no optimizer state
+    assert_training(est, params=params, optimizer_state=0)
+    assert est.breakdown["buffer"] == ex.device_bytes([(5000, 1, d_model)], ex.FP32)  # pe
+    # evaluate() after each epoch (in eval mode, batch_first layers take the fused fast path),
+    # then the best checkpoint loaded back
+    assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
+    assert "| end of epoch   2 |" in est.stderr and f"vocab {ntokens} " in est.stderr
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
