@@ -317,3 +317,22 @@ def test_transformer_tutorial_train_evaluate_best_checkpoint(tmp_path, flags):
     assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
     assert "| end of epoch   2 |" in est.stderr and f"vocab {ntokens} " in est.stderr
     assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+# pytorch/tutorials ZeroRedundancyOptimizer recipe (mp.spawn, gloo, DDP) -------------------------
+
+@pytest.mark.parametrize("mode, states", [("zero", 1), ("adam", 2)])
+def test_zero_redundancy_optimizer_recipe_mp_spawn_gloo(mode, states):
+    shapes = [s for _ in range(20) for s in ex.linear(2000, 2000)]
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r8_zero_tutorial.py", "--mode", mode)
+    # ZeroRedundancyOptimizer on 2 ranks: rank 0 keeps Adam's two moments for half of the
+    # parameters (10 weights and 10 biases: the greedy partition by size alternates ranks)
+    assert_training(est, params=params, optimizer_state=states * params)
+    # the recipe's own max_memory_allocated prints, answered by the simulated allocator: the
+    # figures its page shows before the step (the 20 x 16 MB model, then DDP's buckets); after
+    # the step they differ (its run predates foreach Adam's parameter-sized temporaries)
+    assert "Max memory allocated after creating local model: 335.0MB" in est.stderr
+    assert "Max memory allocated after creating DDP: 656.0MB" in est.stderr
+    assert "spawn of 2 processes" in _notes(est)
+    assert "a fake gloo process group of world size 2" in _notes(est)
