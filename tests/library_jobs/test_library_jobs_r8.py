@@ -336,3 +336,58 @@ def test_zero_redundancy_optimizer_recipe_mp_spawn_gloo(mode, states):
     assert "Max memory allocated after creating DDP: 656.0MB" in est.stderr
     assert "spawn of 2 processes" in _notes(est)
     assert "a fake gloo process group of world size 2" in _notes(est)
+
+
+# pytorch/vision references/segmentation/train.py (fcn_resnet50, aux loss, amp) ---------------
+
+def fcn_resnet50_shapes(classes: int) -> tuple[list, list]:
+    """(parameters, BatchNorm channel counts) of torchvision's fcn_resnet50 with aux_loss: a
+    ResNet-50 without its fc (Bottleneck blocks [3, 4, 6, 3], width = planes, 4x expansion,
+    a 1x1 downsample on each stage's first block), FCNHead(2048) and FCNHead(1024)."""
+    shapes, norms = [(64, 3, 7, 7)], [64]
+    inplanes = 64
+    for planes, blocks in zip((64, 128, 256, 512), (3, 4, 6, 3), strict=True):
+        for block in range(blocks):
+            shapes += [(planes, inplanes, 1, 1), (planes, planes, 3, 3),
+                       (4 * planes, planes, 1, 1)]
+            norms += [planes, planes, 4 * planes]
+            if block == 0:
+                shapes.append((4 * planes, inplanes, 1, 1))
+                norms.append(4 * planes)
+            inplanes = 4 * planes
+    for in_ch in (2048, 1024):  # classifier, aux_classifier
+        shapes += [(in_ch // 4, in_ch, 3, 3), *ex.linear(classes, in_ch // 4)]
+        shapes[-2] = (classes, in_ch // 4, 1, 1)
+        norms.append(in_ch // 4)
+    return shapes + [(c,) for c in norms for _ in range(2)], norms
+
+
+@pytest.mark.slow
+@needs("torchvision", "PIL")
+def test_torchvision_segmentation_reference_fcn_aux_amp_confusion_matrix(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "masks").mkdir()
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
+            tmp_path / "images" / f"{i}.png")
+        mask = rng.integers(0, 4, (40, 48), dtype=np.uint8)
+        mask[:2] = 255  # ignored pixels
+        Image.fromarray(mask).save(tmp_path / "masks" / f"{i}.png")
+    shapes, norms = fcn_resnet50_shapes(classes=4)
+    params = ex.device_bytes(shapes, ex.FP32)
+    # running_mean and running_var per BatchNorm, and its int64 num_batches_tracked
+    buffers = ex.device_bytes([(c,) for c in norms for _ in range(2)], ex.FP32)
+    buffers += ex.BLOCK * len(norms)
+    est = estimate("r8_segmentation_train.py", "--data-path", str(tmp_path), "--aux-loss",
+                   "--amp", "--epochs", "1", flags=("--steps", "all"))
+    # SGD with momentum: one buffer per parameter
+    assert_training(est, params=params, optimizer_state=params, extra_upper=256 * MiB)
+    assert est.breakdown["buffer"] == buffers
+    # evaluate(): the ConfusionMatrix's masked bincount (`a[k]` with k a device mask) ran
+    assert est.data["phases_ran"] == ["training", "eval"]
+    assert "mean IoU:" in est.stderr and "Epoch: [0] [2/3]" in est.stderr
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
