@@ -7,6 +7,7 @@ SCRIPT ARGS`, scripts/r8_*.py). Parameter and optimizer bytes are worked out by 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
@@ -51,6 +52,33 @@ def test_timm_kron_optimizer_and_torchmetrics_r2score(opt):
     assert "epoch 1 loss" in est.stderr and "'r2':" in est.stderr
     assert "_precond_grad" in _notes(est)  # its torch.compile'd functions ran eagerly
 
+
+
+@pytest.mark.slow
+@needs("timm", "torchvision", "PIL")
+def test_timm_train_pieces_opt_kron_on_resnet18_without_opt_einsum(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    (tmp_path / "img").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
+            tmp_path / "img" / f"{i}.png")
+    shapes, _ = ex.resnet18_shapes(classes=10)
+    params = ex.device_bytes(shapes, ex.FP32)
+    factors = ex.device_bytes([f for shape in shapes for f in kron_factor_shapes(shape)], ex.FP32)
+    est = estimate("r5_timm_pieces.py", "--data-dir", str(tmp_path / "img"), "--opt", "kron",
+                   "-b", "2", "--epochs", "1")
+    assert est.returncode == 0, est.failure()
+    assert est.data["mode"] == "fake", est.data["mode_reason"]  # it timed out in eager mode
+    assert est.breakdown["parameter"] == params
+    assert est.breakdown["optimizer_state"] == params + factors
+    if not torch.backends.opt_einsum.is_available():
+        # torch.einsum's left-to-right contraction of a conv weight's four factors: the
+        # estimate is as large as torch makes it here, and says why
+        assert "torch.einsum contracted" in _notes(est)
+        assert not est.data["fits"]
 
 # karpathy/nanoGPT train.py: init_from='resume', compile=False, gradient accumulation ------------
 
