@@ -6,6 +6,8 @@ SCRIPT ARGS`, scripts/r8_*.py). Parameter and optimizer bytes are worked out by 
 
 from __future__ import annotations
 
+from math import prod
+
 import pytest
 import torch
 
@@ -53,6 +55,30 @@ def test_timm_kron_optimizer_and_torchmetrics_r2score(opt):
     assert "_precond_grad" in _notes(est)  # its torch.compile'd functions ran eagerly
 
 
+
+
+def muon_suitable(shape: ex.Shape, min_dim_size: int = 4, max_aspect_ratio: float = 128.0) -> bool:
+    """timm.optim.Muon's `_is_suitable_for_muon`: two non-unit dimensions, none leading, both
+    (out, in x spatial) at least `min_dim_size`, an aspect ratio up to `max_aspect_ratio`;
+    otherwise the parameter takes the AdamW fallback."""
+    if len(shape) < 2 or sum(size > 1 for size in shape) < 2 or 1 in shape[:2]:
+        return False
+    rows, cols = shape[0], prod(shape[1:])
+    return min(rows, cols) >= min_dim_size and max(rows, cols) / min(rows, cols) <= max_aspect_ratio
+
+
+@needs("timm", "torchmetrics")
+def test_timm_muon_optimizer_with_adamw_fallback():
+    shapes = ex.linear(48, 24) + ex.linear(1, 48)
+    params = ex.device_bytes(shapes, ex.FP32)
+    # Muon: a momentum buffer for the 48 x 24 weight; AdamW (exp_avg, exp_avg_sq) for the
+    # biases and the 1 x 48 head (a leading unit dimension); `step` stays on the host
+    state = sum(ex.device_bytes([shape], ex.FP32) * (1 if muon_suitable(shape) else 2)
+                for shape in shapes)
+    assert [muon_suitable(shape) for shape in shapes] == [True, False, False, False]
+    est = estimate("r8_timm_kron_r2score.py", "--opt", "muon")
+    assert_training(est, params=params, optimizer_state=state)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
 
 @pytest.mark.slow
 @needs("timm", "torchvision", "PIL")
