@@ -80,3 +80,32 @@ def test_a_slice_bounded_by_device_scalars_reads_them_on_the_host(a100, stack24)
     assert seen == {"get": torch.Size([5, 3]), "colon": torch.Size([3, 4]),
                     "unknown": torch.Size([0, 4])}
     assert result.error is None
+
+
+def test_a_zero_dim_device_index_is_read_on_the_host_as_cuda_indexing_reads_it(a100, stack24):
+    # torch's indexing reads a 0-d integer tensor index with `item()` (a select) and a 0-d bool
+    # one with `item<bool>()` (a bool index): timm's Kron picks a row with `A[j]`, `j` from
+    # `torch.max(x, 0)`; torchmetrics' R2Score writes `raw_scores[cond] = ...`, `cond` 0-d bool
+    seen = {}
+
+    def job():
+        a = torch.randn(6, 6, device="cuda")
+        _, j = torch.max(a.sum(dim=1), 0)
+        seen["row"] = a[j].shape
+        seen["column"] = a[:, j].shape
+        seen["known"] = a[torch.tensor(2, device="cuda")].shape  # built from host data
+        cond = ~torch.isclose(a.sum(), torch.zeros((), device="cuda"))
+        scores = torch.ones((), device="cuda")
+        seen["mask"] = scores[cond].shape
+        scores[cond] = 1 - scores[cond]
+        seen["uint8"] = a[torch.tensor(1, dtype=torch.uint8, device="cuda")].shape
+
+    result = run(job, a100, stack24)
+    # fake mode reads zeros: index 0, the masks False (an empty selection)
+    assert seen == {"row": torch.Size([6]), "column": torch.Size([6]), "known": torch.Size([6]),
+                    "mask": torch.Size([0]), "uint8": torch.Size([1, 6, 6])}
+    assert result.host_reads == 5  # j twice, cond three times (those built from host data known)
+
+    eager = run(job, a100, stack24, mode="eager")
+    assert seen["mask"] == torch.Size([1])  # the real values: the sum is not 0
+    assert eager.error is None

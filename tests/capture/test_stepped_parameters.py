@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from peakmem.estimate import estimate_command
 
@@ -81,3 +82,42 @@ def test_optimizer_state_made_on_the_host_is_optimizer_state(tmp_path: Path, mon
     # moments stayed "input" and only the RMS was optimizer state
     assert by_category.get("optimizer_state") == 2048 + 4096 + 512, by_category
     assert by_category.get("input", 0) == 0, by_category
+
+
+def test_optimizer_state_held_in_lists_is_optimizer_state(a100, stack24):
+    # timm's Kron (PSGD) keeps one preconditioner per dimension in `state["Q"]`, a list;
+    # Shampoo-style optimizers hold lists / dicts of factors the same way
+    from peakmem.capture import capture_callable
+    from tests.capture.capture_helpers import allocations
+
+    class Preconditioned(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {"lr": 1e-3})
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    state = self.state[p]
+                    if not state:
+                        state["step"] = 0
+                        state["momentum"] = torch.zeros_like(p)
+                        state["Q"] = [torch.eye(n, device=p.device) for n in p.shape]
+                        state["stats"] = {"norms": [torch.zeros(1, device=p.device)]}
+                    state["step"] += 1
+                    state["momentum"].mul_(0.9).add_(p.grad)
+                    p.add_(state["momentum"], alpha=-group["lr"])
+
+    def job():
+        lin = torch.nn.Linear(256, 128, bias=False).cuda()
+        opt = Preconditioned(lin.parameters())
+        for _ in range(2):
+            lin(torch.randn(8, 256, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps="all", mode="fake")
+    assert result.error is None, result.error_text
+    state = sorted(size for size, _tag in allocations(result.trace, category="optimizer_state"))
+    # momentum 128 x 256, Q: eye(128) and eye(256), the norm (4 bytes requested)
+    assert state == sorted([128 * 256 * 4, 128 * 128 * 4, 256 * 256 * 4, 4])

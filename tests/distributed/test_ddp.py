@@ -111,3 +111,24 @@ def test_bucket_cap_splits_the_buckets(monkeypatch, a100, stack24, cap_mb, rebui
     layer = 4 * (IN * IN + IN)
     buckets = [layers * layer for layers, count in rebuilt.items() for _ in range(count)]
     assert extra == ddp_extras(params=16, first=[8 * layer], rebuilt=buckets)
+
+
+def test_ddp_over_a_gloo_group(monkeypatch, a100, stack24):
+    # pytorch/tutorials' DDP and ZeroRedundancyOptimizer recipes use gloo with GPU models: DDP's
+    # C++ logger asks a group named "gloo" for its ProcessGroupGloo backend
+    set_world(monkeypatch, 2)
+    seen = {}
+
+    def job():
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.init_process_group("gloo", rank=0, world_size=2)
+        model = DistributedDataParallel(torch.nn.Linear(IN, OUT).to(0), device_ids=[0])
+        model(torch.randn(8, IN, device="cuda")).sum().backward()
+        seen["backend"] = dist.get_backend()
+        dist.destroy_process_group()
+
+    result = capture_callable(job, gpu=a100, stack=stack24, steps="all", mode="fake")
+    assert result.error is None, result.error_text
+    assert seen == {"backend": "gloo"}

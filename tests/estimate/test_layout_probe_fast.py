@@ -225,3 +225,22 @@ def test_a_replay_jumps_over_steps_that_repeat_and_keeps_the_peak():
     assert replay.peak == simulate(trace).peak_reserved_bytes
     assert sorted(replay.live) == sorted(set(trace.live_at(len(trace) - 1)))
     assert probe_layout(trace) == probe_layout_plain(trace)
+
+
+def test_a_workspace_probe_forks_a_segment_split_into_thousands_of_blocks(monkeypatch):
+    """Many small tensors live at the first workspace allocation (a checkpoint's biases and
+    norms, an optimizer's fused `step` scalars): the small pool's 2 MiB segment is split into
+    thousands of 512-byte blocks linked by prev / next. Forking the replay there copied the
+    chain one link per nested deepcopy and passed Python's recursion limit (a RecursionError
+    from `peakmem estimate` after nanoGPT's `init_from='resume'`)."""
+    trace = Trace()
+    scalars = [trace.alloc(4) for _ in range(3000)]
+    for ident in scalars[::7]:
+        trace.free(ident)
+    first = trace.alloc(4 * MiB, op="cublas_workspace[8, 0]")
+    trace.alloc(512)  # a freed block of the split segment reused after the fork
+    trace.alloc(12 * MiB)
+    trace.free(first)
+    expected = probe_layout_plain(trace)
+    no_plain_replay(monkeypatch)
+    assert probe_layout(trace) == expected

@@ -14,8 +14,10 @@ expandable segments live in `(stream, addr)` lists (`BlockComparatorAddress`).
 
 from __future__ import annotations
 
+import copy
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Any
 
 from sortedcontainers import SortedList
 
@@ -83,6 +85,31 @@ class Block:
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Block:
+        """Copy the whole chain this block is in (its segment's blocks, linked by `prev` /
+        `next`) at once, the links set from the copies: `copy.deepcopy` following the links one
+        block at a time nests a few frames per block, and a segment split into ~150 blocks
+        passed Python's recursion limit (the layout probe forks whole allocators)."""
+        head = self
+        while head.prev is not None:
+            head = head.prev
+        copies: list[tuple[Block, Block]] = []
+        block: Block | None = head
+        while block is not None:
+            if id(block) not in memo:
+                twin = Block.__new__(Block)
+                memo[id(block)] = twin
+                copies.append((block, twin))
+            block = block.next
+        for original, twin in copies:
+            for name in Block.__slots__:
+                value = getattr(original, name)
+                if name in ("prev", "next"):
+                    setattr(twin, name, None if value is None else memo[id(value)])
+                else:
+                    setattr(twin, name, copy.deepcopy(value, memo))
+        return memo[id(self)]
 
     def key(self) -> tuple[int, int, int]:
         return (self.stream, self.size, self.addr)

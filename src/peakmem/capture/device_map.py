@@ -17,7 +17,12 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
-from peakmem.capture import device_view, module_apply, slice_bounds  # noqa: F401  (their registrations)
+from peakmem.capture import (  # noqa: F401  (their registrations)
+    device_view,
+    einsum_path,
+    module_apply,
+    slice_bounds,
+)
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec

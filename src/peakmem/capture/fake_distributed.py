@@ -125,6 +125,13 @@ def _flat_scratch(tensors: Sequence[torch.Tensor], count: int) -> None:
     del scratch
 
 
+NATIVE_BACKEND_NAMES = frozenset({"gloo"})
+"""Backends c10d's C++ looks up by type when a group reports their name: DDP's logger casts a
+"gloo" group's backend to ProcessGroupGloo for its thread count ("Could not find backend type 1
+for Process Group with name gloo": every DDP over gloo failed). The fake group reports its own
+name to C++ for these."""
+
+
 class FakeGroup(dist.ProcessGroup):
     """A process group of `size` ranks seen from rank `rank`: every collective completes at once
     and sends nothing."""
@@ -157,6 +164,8 @@ class FakeGroup(dist.ProcessGroup):
         return self._rank
 
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
+        if self._backend_name in NATIVE_BACKEND_NAMES:
+            return BACKEND  # `dist.get_backend` still answers the job's name
         return self._backend_name
 
     @property

@@ -287,7 +287,9 @@ class PhaseTracker:
         session = self.session
         for param, per_param in optimizer.state.items():
             owner = self._param_owner.get(id(param))
-            for value in per_param.values():
+            # the tensors in each value: a tensor, or a list / dict of them (timm's Kron and
+            # Shampoo-style optimizers keep one preconditioner per dimension in `state["Q"]`)
+            for value in tensors_in(list(per_param.values())):
                 # from the host too: Adafactor makes its factored moments with
                 # `torch.zeros(shape).to(grad)`, a state loaded from a checkpoint is copied in
                 session.classify(
