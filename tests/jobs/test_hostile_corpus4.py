@@ -1,0 +1,70 @@
+"""A fourth adversarial corpus: hostile jobs (tests/data/hostile_scripts4) and hostile inputs
+that test_hostile_corpus.py, _2.py and _3.py do not cover.
+
+Each case names what went wrong before its fix.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from peakmem.service.files import FileLimits, FilesError, extract_archive
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "hostile_scripts4"
+SRC = Path(__file__).resolve().parents[2] / "src"
+PEAKMEM_DIR = str(SRC / "peakmem")
+MiB = 2**20
+
+
+# -- `peakmem serve` archives -----------------------------------------------------------------
+
+
+def _tar_gz_with_huge_header(kind: bytes, size: int) -> bytes:
+    """A .tar.gz whose first member is a GNU long-name or pax header of `size` bytes (which
+    compresses ~1000:1), then an empty train.py."""
+    header = tarfile.TarInfo("././@LongLink")
+    header.type, header.size = kind, size
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=1) as gz:
+        gz.write(header.tobuf(format=tarfile.GNU_FORMAT if kind == tarfile.GNUTYPE_LONGNAME
+                              else tarfile.USTAR_FORMAT))
+        block = b"a" * MiB
+        for _ in range(-(-size // MiB)):
+            gz.write(block)
+        gz.write(tarfile.TarInfo("train.py").tobuf() + b"\0" * 1024)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("kind", [tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE],
+                         ids=["gnu-long-name", "pax-header"])
+def test_an_archive_header_that_decompresses_huge_is_refused_without_reading_it(kind):
+    # tarfile reads a long-name / pax header whole: a 64 KB upload took 64 MB of the service's
+    # memory (a 96 MB upload, the body limit, ~96 GB: the host ran out of memory)
+    data = _tar_gz_with_huge_header(kind, 64 * MiB)
+    assert len(data) < MiB
+    limits = FileLimits(max_files=10, max_file_bytes=MiB, max_total_bytes=2 * MiB)
+    tracemalloc.start()
+    try:
+        with pytest.raises(FilesError, match="decompresses to more than"):
+            extract_archive(data, limits)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * MiB
+
+
+def test_a_compressed_archive_within_the_caps_still_extracts():
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as archive:
+        for name, text in {"train.py": b"print(1)\n", "pkg/" + "n" * 200 + ".py": b"x = 1\n"}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            archive.addfile(info, io.BytesIO(text))
+    files = extract_archive(buf.getvalue(), FileLimits(max_files=2, max_total_bytes=64))
+    assert files == {"pkg/" + "n" * 200 + ".py": b"x = 1\n", "train.py": b"print(1)\n"}
