@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
+import shutil
+import subprocess
+import sys
 import tarfile
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -68,3 +73,38 @@ def test_a_compressed_archive_within_the_caps_still_extracts():
             archive.addfile(info, io.BytesIO(text))
     files = extract_archive(buf.getvalue(), FileLimits(max_files=2, max_total_bytes=64))
     assert files == {"pkg/" + "n" * 200 + ".py": b"x = 1\n", "train.py": b"print(1)\n"}
+
+
+# -- hostile jobs -----------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed and waiting for its reaper, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_job_that_sigkills_peakmem_does_not_outlive_it(tmp_path):
+    # the job lived on, an orphan nobody supervised (a job that loops: for ever)
+    shutil.copytree(CORPUS, tmp_path / "job")
+    pid_file = tmp_path / "job.pid"
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PEAKMEM_WARM": "0"}
+    argv = [sys.executable, "-m", "peakmem", "estimate", "--json", "--timeout", "90", "--",
+            "python", "sigkill_parent.py", str(pid_file)]
+    # output to files: a pipe would stay open as long as the job holds it
+    with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+        proc = subprocess.run(argv, cwd=tmp_path / "job", env=env, stdout=out, stderr=err,
+                              timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == -9, (tmp_path / "err").read_text(errors="replace")[-2000:]
+    job = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(job) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _alive(job)
+    if alive:
+        os.kill(job, 9)
+    assert not alive, "the job outlived peakmem"

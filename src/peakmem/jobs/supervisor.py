@@ -327,10 +327,47 @@ class Starter(Protocol):
     def __call__(self, spec: ChildSpec, output_fd: int) -> ProcessHandle: ...
 
 
+def _dies_with_this_process() -> Callable[[], None] | None:
+    """A preexec function that has the kernel SIGKILL the child when the thread that started
+    it ends (Linux PR_SET_PDEATHSIG; None elsewhere). A job that SIGKILLs peakmem
+    (`os.kill(os.getppid(), SIGKILL)`, which nothing can catch) lived on, an orphan nobody
+    supervised any more; `run_children` starts and supervises its children in one thread."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent ended before the line above took effect
+            os._exit(128 + signal.SIGKILL)
+
+    return arm
+
+
+def _chained(*functions: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One preexec function that calls each of `functions` (None ones left out) in order."""
+    present = [function for function in functions if function is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def run_all() -> None:
+        for function in present:
+            function()
+
+    return run_all
+
+
 def popen_child(argv: Sequence[str], output_fd: int, *, cwd: str | None = None,
                 env: Mapping[str, str] | None = None, preexec: Any = None) -> subprocess.Popen:
     """A cold child: a fresh interpreter in its own session, stdin /dev/null, stdout and stderr
-    to `output_fd`."""
+    to `output_fd`, killed by the kernel if this process dies before it (Linux)."""
+    preexec = _chained(_dies_with_this_process(), preexec)
     return subprocess.Popen(
         list(argv),
         stdin=subprocess.DEVNULL,
