@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -15,6 +16,8 @@ import sys
 import tarfile
 import time
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -76,6 +79,71 @@ def test_a_compressed_archive_within_the_caps_still_extracts():
 
 
 # -- hostile jobs -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    script: str
+    code: int
+    reason: str | None = None
+    timeout: float = 60
+
+
+CASES = [
+    # an audit hook refusing "open" after training (harmless under python) broke peakmem's
+    # result file: no_result (exit 1)
+    Case("audit_hook_no_open.py", 0),
+    # RLIMIT_NOFILE lowered for good (soft and hard) after training: no_result
+    Case("rlimit_nofile_hard.py", 0),
+    # closes peakmem's descriptors and opens its own files on their numbers: the result must
+    # not land in the job's files (and still be delivered)
+    Case("close_fds_then_open.py", 0),
+]
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    workdir: Path
+
+
+def _run_case(case: Case, root: Path) -> Run:
+    workdir = root / case.script.removesuffix(".py")
+    shutil.copytree(CORPUS, workdir)
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    argv = [sys.executable, "-m", "peakmem", "estimate", "--json", "--gpu", "a100-40gb",
+            "--timeout", str(case.timeout), "--", "python", case.script]
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True,
+                          errors="replace", timeout=case.timeout + 60, stdin=subprocess.DEVNULL)
+    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started, workdir)
+
+
+@pytest.fixture(scope="module")
+def corpus_runs(tmp_path_factory) -> dict[str, Run]:
+    root = tmp_path_factory.mktemp("hostile4")
+    with ThreadPoolExecutor(max_workers=max(1, min(3, os.cpu_count() or 1))) as pool:
+        futures = {case.script: pool.submit(_run_case, case, root) for case in CASES}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.script.removesuffix(".py"))
+def test_hostile_job(case: Case, corpus_runs: dict[str, Run]):
+    run = corpus_runs[case.script]
+    assert run.returncode == case.code, (run.stdout, run.stderr[-3000:])
+    assert run.stdout.strip().count("\n") == 0
+    payload = json.loads(run.stdout)
+    assert not [line for line in run.stderr.splitlines()
+                if line.strip().startswith("File ") and PEAKMEM_DIR in line], run.stderr[-3000:]
+    if case.code == 0:
+        assert payload["peak_allocated_bytes"] > 0 and "error" not in payload
+    else:
+        assert payload["error"]["reason"] == case.reason
+    for own in run.workdir.glob("mine*.txt"):
+        assert own.read_text() == "the job's own file\n"
 
 
 def _alive(pid: int) -> bool:
