@@ -86,7 +86,13 @@ class Case:
     script: str
     code: int
     reason: str | None = None
+    args: tuple[str, ...] = ()
+    message: str | None = None
     timeout: float = 60
+
+    @property
+    def id(self) -> str:
+        return "-".join([self.script.removesuffix(".py"), *self.args])
 
 
 CASES = [
@@ -98,6 +104,16 @@ CASES = [
     # closes peakmem's descriptors and opens its own files on their numbers: the result must
     # not land in the job's files (and still be delivered)
     Case("close_fds_then_open.py", 0),
+    # torch.cuda's memory functions took any device argument (and the memory-history recorder
+    # any option): an estimate of a job that fails on a GPU
+    Case("memory_api_bad_args.py", 1, "raised", ("mem_get_info",),
+         "RuntimeError: Invalid device argument -7"),
+    Case("memory_api_bad_args.py", 1, "raised", ("memory_stats",),
+         "ValueError: Expected a cuda device, but got: cpu"),
+    Case("memory_api_bad_args.py", 1, "raised", ("record_history",),
+         "RuntimeError: expected state to be 'state', 'all', or None"),
+    # ... while every form of device a one-GPU job passes still works
+    Case("memory_api_good_args.py", 0),
 ]
 
 
@@ -111,11 +127,11 @@ class Run:
 
 
 def _run_case(case: Case, root: Path) -> Run:
-    workdir = root / case.script.removesuffix(".py")
+    workdir = root / case.id
     shutil.copytree(CORPUS, workdir)
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     argv = [sys.executable, "-m", "peakmem", "estimate", "--json", "--gpu", "a100-40gb",
-            "--timeout", str(case.timeout), "--", "python", case.script]
+            "--timeout", str(case.timeout), "--", "python", case.script, *case.args]
     started = time.monotonic()
     proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True,
                           errors="replace", timeout=case.timeout + 60, stdin=subprocess.DEVNULL)
@@ -126,13 +142,13 @@ def _run_case(case: Case, root: Path) -> Run:
 def corpus_runs(tmp_path_factory) -> dict[str, Run]:
     root = tmp_path_factory.mktemp("hostile4")
     with ThreadPoolExecutor(max_workers=max(1, min(3, os.cpu_count() or 1))) as pool:
-        futures = {case.script: pool.submit(_run_case, case, root) for case in CASES}
+        futures = {case.id: pool.submit(_run_case, case, root) for case in CASES}
         return {name: future.result() for name, future in futures.items()}
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.script.removesuffix(".py"))
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
 def test_hostile_job(case: Case, corpus_runs: dict[str, Run]):
-    run = corpus_runs[case.script]
+    run = corpus_runs[case.id]
     assert run.returncode == case.code, (run.stdout, run.stderr[-3000:])
     assert run.stdout.strip().count("\n") == 0
     payload = json.loads(run.stdout)
@@ -142,6 +158,8 @@ def test_hostile_job(case: Case, corpus_runs: dict[str, Run]):
         assert payload["peak_allocated_bytes"] > 0 and "error" not in payload
     else:
         assert payload["error"]["reason"] == case.reason
+        assert "\n" not in payload["error"]["message"]
+        assert case.message is None or case.message in payload["error"]["message"]
     for own in run.workdir.glob("mine*.txt"):
         assert own.read_text() == "the job's own file\n"
 
