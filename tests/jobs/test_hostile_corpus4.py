@@ -194,3 +194,33 @@ def test_a_job_that_sigkills_peakmem_does_not_outlive_it(tmp_path):
     if alive:
         os.kill(job, 9)
     assert not alive, "the job outlived peakmem"
+
+
+# -- `peakmem pack` estimate files --------------------------------------------------------------
+
+
+ESTIMATE = {"peak_bytes": 20 * 2**30, "peak_bytes_with_margin": 21 * 2**30, "fits": True,
+            "gpu": "a100-40gb", "torch_version": "2.13.0", "stack": "torch-2.11",
+            "margin_kind": "default", "safety_margin": 0.015}
+
+
+@pytest.mark.parametrize("duplicate", ['"peak_bytes": 1', '"peak_bytes_with_margin": 1',
+                                       '"gpu": "h100-80gb"'])
+def test_an_estimate_naming_a_key_twice_is_refused(tmp_path, duplicate):
+    # json keeps the last of two equal keys (other readers the first): the estimate was packed
+    # with whichever came last, silently (a 21 GiB job as a 1-byte one)
+    from click.testing import CliRunner
+
+    from peakmem.cli.main import main
+
+    text = json.dumps(ESTIMATE)
+    (tmp_path / "job.json").write_text(text[:-1] + ", " + duplicate + "}")
+    (tmp_path / "ok.json").write_text(text)
+    refused = CliRunner().invoke(main, ["pack", "--gpus", "1xa100-40gb", "--json",
+                                        str(tmp_path / "job.json"), str(tmp_path / "ok.json")])
+    assert refused.exit_code == 2, refused.output
+    message = json.loads(refused.stdout)["error"]["message"]
+    assert "appears twice in one object" in message and "\n" not in message
+    accepted = CliRunner().invoke(main, ["pack", "--gpus", "1xa100-40gb", "--json",
+                                         str(tmp_path / "ok.json")])
+    assert accepted.exit_code == 0, accepted.output
