@@ -114,6 +114,8 @@ CASES = [
          "RuntimeError: expected state to be 'state', 'all', or None"),
     # ... while every form of device a one-GPU job passes still works
     Case("memory_api_good_args.py", 0),
+    # stopped itself: peakmem ran until --timeout (without one: for ever)
+    Case("stop_self.py", 1, "signal", message="stopped itself", timeout=40),
 ]
 
 

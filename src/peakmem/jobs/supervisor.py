@@ -280,6 +280,26 @@ class _Running:
     outcome: ChildOutcome | None = None
     peak_rss: int = 0
     notes: list[str] = field(default_factory=list)
+    stopped_since: float | None = None
+    """When the child's process was first seen stopped (None: it runs)."""
+
+
+STOPPED_SECONDS = 3.0
+"""How long the job's process may stay stopped (SIGSTOP, SIGTSTP...) before peakmem ends it."""
+
+
+def _left_stopped(run: _Running, now: float) -> bool:
+    """Whether the child's process has been stopped (state T, not a debugger's t) for
+    STOPPED_SECONDS: a job that stops itself (`os.kill(os.getpid(), SIGSTOP)`) waits for a
+    SIGCONT nobody sends; without --timeout peakmem waited for ever. It runs in its own
+    session, so a terminal's Ctrl-Z does not stop it."""
+    fields = stat_fields(run.process.pid)
+    if not fields or fields[0] != b"T":
+        run.stopped_since = None
+        return False
+    if run.stopped_since is None:
+        run.stopped_since = now
+    return now - run.stopped_since >= STOPPED_SECONDS
 
 
 class SandboxLike(Protocol):
@@ -505,6 +525,11 @@ def run_children(
                 elif deadline is not None and now >= deadline:
                     _finish(run, OutcomeStatus.TIMEOUT,
                             f"ran past the time limit of {limits.timeout:g} s")
+                elif _left_stopped(run, now):
+                    _finish(run, OutcomeStatus.SIGNALED,
+                            f"stopped for {STOPPED_SECONDS:g} s by a stop signal: ended")
+                    if run.outcome is not None:
+                        run.outcome.signal = "SIGSTOP"
                 elif check_memory:
                     rss = group_rss(run.process.pid)
                     run.peak_rss = max(run.peak_rss, rss)
