@@ -6,7 +6,7 @@ from _train import train
 
 train()
 os.closerange(3, 1 << 16)
-handles = [open(f"mine{i}.txt", "w") for i in range(8)]
+handles = [open(f"mine{i}.txt", "w") for i in range(8)]  # noqa: SIM115
 for handle in handles:
     handle.write("the job's own file\n")
     handle.flush()

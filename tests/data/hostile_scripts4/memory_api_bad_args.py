@@ -3,7 +3,6 @@
 import sys
 
 import torch
-
 from _train import train
 
 train(1)

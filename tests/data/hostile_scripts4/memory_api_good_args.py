@@ -1,6 +1,5 @@
 # torch.cuda's memory functions with every form of device a job on one GPU may pass
 import torch
-
 from _train import train
 
 train(1)
