@@ -6,7 +6,10 @@ allocator simulation (`fake_memory.SimulatedMemory`): allocated / reserved / pea
 from __future__ import annotations
 
 import collections
+import functools
 import pickle
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +35,60 @@ def _flatten(nested: dict[str, Any]) -> collections.OrderedDict[str, Any]:
     walk("", nested)
     rows.sort()
     return collections.OrderedDict(rows)
+
+
+def check_device(device: Any) -> None:
+    """Refuse a `device` argument as torch.cuda's memory functions do on a GPU: ValueError for
+    a device that is not CUDA (torch's `_get_device_index`), RuntimeError for an ordinal the job
+    has no GPU of (the caching allocator's device check). Before, `mem_get_info(device=-7)` or
+    `memory_stats("cpu")` answered as if for GPU 0: an estimate of a job that fails on a GPU."""
+    if device is None:
+        return
+    from torch.cuda._utils import _get_device_index
+
+    index = _get_device_index(device, optional=True)
+    if not 0 <= index < torch.cuda.device_count():
+        raise RuntimeError(f"Invalid device argument {index}: did you call init?")
+
+
+def _device_checked(function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def checked(device: Any = None, *args: Any, **kwargs: Any) -> Any:
+        check_device(device)
+        return function(device, *args, **kwargs)
+
+    return checked
+
+
+_HISTORY_OPTIONS = (
+    ("enabled", ("state", "all"), "expected state to be 'state', 'all', or None"),
+    ("context", ("state", "alloc", "all"), "expected context to be 'state', 'alloc', 'all', or None"),
+)
+
+
+def _history_impl(enabled: Any = "all", context: Any = "all", stacks: Any = "all",
+                  max_entries: Any = sys.maxsize, device: Any = None, clear_history: Any = False,
+                  compile_context: Any = False, global_record_annotations: Any = False,
+                  skip_actions: Any = None) -> dict[str, Any]:
+    return locals()
+
+
+def check_history_arguments(enabled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """torch's checks of `_record_memory_history(...)` (its C++ `checkOptionIn`s, pybind's
+    argument types); a bool `enabled` is the legacy form, not checked."""
+    if isinstance(enabled, bool):
+        return
+    given = _history_impl(enabled, *args, **kwargs)  # TypeError for unknown arguments
+    for name, valid, message in _HISTORY_OPTIONS:
+        value = given[name]
+        if value is not None and (not isinstance(value, str) or value not in valid):
+            raise RuntimeError(message)
+    if not isinstance(given["stacks"], str) or given["stacks"] not in ("python", "all"):
+        raise RuntimeError("expected stacks to be 'python', or 'all'")
+    entries = given["max_entries"]
+    if isinstance(entries, bool) or not isinstance(entries, int) or not 0 <= entries < 2**64:
+        raise TypeError("_cuda_record_memory_history(): incompatible function arguments: "
+                        f"max_entries must be a non-negative integer, got {entries!r:.40}")
 
 
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
@@ -116,6 +173,7 @@ def memory_patches(session: CaptureSession, memory: SimulatedMemory) -> dict[tup
             pickle.dump(snapshot(), handle)
 
     def record_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+        check_history_arguments(enabled, args, kwargs)
         history["enabled"] = enabled
         note = (
             "torch.cuda.memory._record_memory_history: the snapshot holds the simulated "
@@ -155,22 +213,26 @@ def memory_patches(session: CaptureSession, memory: SimulatedMemory) -> dict[tup
     zero = lambda device=None: 0  # noqa: E731
 
     patches: dict[tuple[Any, str], Any] = {}
+    device_checked = {  # torch.cuda's: they check their device argument
+        "memory_stats": memory_stats,
+        "memory_stats_as_nested_dict": nested,
+        "memory_allocated": reading("allocated_bytes", "current"),
+        "max_memory_allocated": reading("allocated_bytes", "peak"),
+        "memory_reserved": reading("reserved_bytes", "current"),
+        "max_memory_reserved": reading("reserved_bytes", "peak"),
+        "memory_cached": reading("reserved_bytes", "current"),
+        "max_memory_cached": reading("reserved_bytes", "peak"),
+        "reset_peak_memory_stats": reset_peaks,
+        "reset_max_memory_allocated": reset_peaks,
+        "reset_max_memory_cached": reset_peaks,
+        "reset_accumulated_memory_stats": reset_accumulated,
+        "mem_get_info": mem_get_info,
+    }
     for owner in (cuda, cuda_memory):
+        patches.update({(owner, name): _device_checked(function)
+                        for name, function in device_checked.items()})
         patches.update(
             {
-                (owner, "memory_stats"): memory_stats,
-                (owner, "memory_stats_as_nested_dict"): nested,
-                (owner, "memory_allocated"): reading("allocated_bytes", "current"),
-                (owner, "max_memory_allocated"): reading("allocated_bytes", "peak"),
-                (owner, "memory_reserved"): reading("reserved_bytes", "current"),
-                (owner, "max_memory_reserved"): reading("reserved_bytes", "peak"),
-                (owner, "memory_cached"): reading("reserved_bytes", "current"),
-                (owner, "max_memory_cached"): reading("reserved_bytes", "peak"),
-                (owner, "reset_peak_memory_stats"): reset_peaks,
-                (owner, "reset_max_memory_allocated"): reset_peaks,
-                (owner, "reset_max_memory_cached"): reset_peaks,
-                (owner, "reset_accumulated_memory_stats"): reset_accumulated,
-                (owner, "mem_get_info"): mem_get_info,
                 (owner, "empty_cache"): empty_cache,
                 (owner, "set_per_process_memory_fraction"): set_fraction,
                 (owner, "get_per_process_memory_fraction"): get_fraction,

@@ -162,9 +162,11 @@ def outcome_capture(
         except ValueError:
             pass
     if outcome.status == OutcomeStatus.SIGNALED:
+        how = ("stopped itself (SIGSTOP or another stop signal) and was left stopped: peakmem "
+               "ended it" if outcome.signal == "SIGSTOP" else f"was killed by {outcome.signal}")
         return _failure(
             mode, "signal",
-            f"the job's process was killed by {outcome.signal} before the estimate",
+            f"the job's process {how} before the estimate",
             signal=outcome.signal, seconds=outcome.seconds,
         )
     code = outcome.returncode

@@ -38,6 +38,11 @@ class ResultWriter:
         self.written = False
         self._resource = _resource_module()
         self._limits = _file_limits(self._resource)
+        self._temporary = self.path.with_name(f".{self.path.name}.{self.pid}.tmp")
+        # opened now, before the job runs: a job may later forbid itself new files (an audit
+        # hook that raises on "open", RLIMIT_NOFILE lowered for good); writing to an open
+        # descriptor needs neither (os.write raises no audit event)
+        self._early = _open_early(self._temporary)
 
     @property
     def in_original_process(self) -> bool:
@@ -50,12 +55,57 @@ class ResultWriter:
         # the job may have set RLIMIT_FSIZE 0 (valid for a job that writes nothing): the result
         # is peakmem's file, written under peakmem's limits
         _restore_limits(self._resource, self._limits)
-        temporary = self.path.with_name(f".{self.path.name}.{self.pid}.tmp")
-        with _OPEN(temporary, "wb") as handle:
-            handle.write(data)
-        _REPLACE(temporary, self.path)
+        if not self._write_early(data):
+            with _OPEN(self._temporary, "wb") as handle:
+                handle.write(data)
+        _REPLACE(self._temporary, self.path)
         self.written = True
         return True
+
+    def _write_early(self, data: bytes) -> bool:
+        """Write `data` through the descriptor opened before the job ran; False where there is
+        none or it is no longer that file (the job closed it: its number may now be one of the
+        job's own files, which is left alone)."""
+        if self._early is None:
+            return False
+        fd, identity = self._early
+        self._early = None
+        try:
+            status = _FSTAT(fd)
+        except OSError:
+            return False
+        if (status.st_dev, status.st_ino) != identity:
+            return False
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[_WRITE(fd, view):]
+        except OSError:
+            return False  # then written by name, as before
+        finally:
+            with contextlib.suppress(OSError):
+                _CLOSE(fd)
+        return True
+
+
+_FSTAT, _WRITE, _CLOSE, _OPEN_FD = os.fstat, os.write, os.close, os.open
+
+
+def _open_early(path: Path) -> tuple[int, tuple[int, int]] | None:
+    """`path` created and opened for writing (descriptor, (device, inode)); None where it
+    cannot be (the result is then written by name)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = _OPEN_FD(path, flags, 0o600)
+    except OSError:
+        return None
+    try:
+        status = _FSTAT(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            _CLOSE(fd)
+        return None
+    return fd, (status.st_dev, status.st_ino)
 
 
 _FILE_LIMITS = ("RLIMIT_FSIZE", "RLIMIT_NOFILE")

@@ -280,6 +280,26 @@ class _Running:
     outcome: ChildOutcome | None = None
     peak_rss: int = 0
     notes: list[str] = field(default_factory=list)
+    stopped_since: float | None = None
+    """When the child's process was first seen stopped (None: it runs)."""
+
+
+STOPPED_SECONDS = 3.0
+"""How long the job's process may stay stopped (SIGSTOP, SIGTSTP...) before peakmem ends it."""
+
+
+def _left_stopped(run: _Running, now: float) -> bool:
+    """Whether the child's process has been stopped (state T, not a debugger's t) for
+    STOPPED_SECONDS: a job that stops itself (`os.kill(os.getpid(), SIGSTOP)`) waits for a
+    SIGCONT nobody sends; without --timeout peakmem waited for ever. It runs in its own
+    session, so a terminal's Ctrl-Z does not stop it."""
+    fields = stat_fields(run.process.pid)
+    if not fields or fields[0] != b"T":
+        run.stopped_since = None
+        return False
+    if run.stopped_since is None:
+        run.stopped_since = now
+    return now - run.stopped_since >= STOPPED_SECONDS
 
 
 class SandboxLike(Protocol):
@@ -327,10 +347,47 @@ class Starter(Protocol):
     def __call__(self, spec: ChildSpec, output_fd: int) -> ProcessHandle: ...
 
 
+def _dies_with_this_process() -> Callable[[], None] | None:
+    """A preexec function that has the kernel SIGKILL the child when the thread that started
+    it ends (Linux PR_SET_PDEATHSIG; None elsewhere). A job that SIGKILLs peakmem
+    (`os.kill(os.getppid(), SIGKILL)`, which nothing can catch) lived on, an orphan nobody
+    supervised any more; `run_children` starts and supervises its children in one thread."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent ended before the line above took effect
+            os._exit(128 + signal.SIGKILL)
+
+    return arm
+
+
+def _chained(*functions: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One preexec function that calls each of `functions` (None ones left out) in order."""
+    present = [function for function in functions if function is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def run_all() -> None:
+        for function in present:
+            function()
+
+    return run_all
+
+
 def popen_child(argv: Sequence[str], output_fd: int, *, cwd: str | None = None,
                 env: Mapping[str, str] | None = None, preexec: Any = None) -> subprocess.Popen:
     """A cold child: a fresh interpreter in its own session, stdin /dev/null, stdout and stderr
-    to `output_fd`."""
+    to `output_fd`, killed by the kernel if this process dies before it (Linux)."""
+    preexec = _chained(_dies_with_this_process(), preexec)
     return subprocess.Popen(
         list(argv),
         stdin=subprocess.DEVNULL,
@@ -468,6 +525,11 @@ def run_children(
                 elif deadline is not None and now >= deadline:
                     _finish(run, OutcomeStatus.TIMEOUT,
                             f"ran past the time limit of {limits.timeout:g} s")
+                elif _left_stopped(run, now):
+                    _finish(run, OutcomeStatus.SIGNALED,
+                            f"stopped for {STOPPED_SECONDS:g} s by a stop signal: ended")
+                    if run.outcome is not None:
+                        run.outcome.signal = "SIGSTOP"
                 elif check_memory:
                     rss = group_rss(run.process.pid)
                     run.peak_rss = max(run.peak_rss, rss)

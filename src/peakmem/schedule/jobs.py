@@ -20,6 +20,7 @@ import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from peakmem.inputs import one_line
 from peakmem.schedule.pack import MARGIN_FAILURE_RATE, PackError, PackJob
 
 MAX_FILE_BYTES = 64 * 2**20
@@ -44,9 +45,28 @@ def _read(path: str) -> str:
         raise PackError(f"{path}: not UTF-8 text") from None
 
 
+class _DuplicateKey(ValueError):
+    """An object of the file names one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; _DuplicateKey where a key comes twice (json keeps the
+    last one silently, other readers the first: `{"peak_bytes": 9e9, ..., "peak_bytes": 1}`
+    packed as a 1-byte job)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _DuplicateKey(key)
+        found[key] = value
+    return found
+
+
 def _loads(text: str, where: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise PackError(f"{where}: the key {one_line(repr(exc.args[0]), 60)} appears twice in one object "
+                        "(which one counts is ambiguous)") from None
     except json.JSONDecodeError as exc:
         raise PackError(f"{where}: not JSON ({exc.msg}, line {exc.lineno})") from None
     except (ValueError, RecursionError) as exc:  # huge integers, absurd nesting

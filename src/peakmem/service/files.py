@@ -4,9 +4,13 @@ writing them into a fresh work directory."""
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
+import lzma
 import tarfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -79,8 +83,9 @@ def extract_archive(data: bytes, limits: FileLimits = DEFAULT_LIMITS) -> dict[st
     the archive claims)."""
     if zipfile.is_zipfile(io.BytesIO(data)):
         return check_files(_unzip(data, limits), limits)
+    tar = _decompressed(data, _tar_bytes_cap(limits))
     try:
-        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")  # noqa: SIM115
+        archive = tarfile.open(fileobj=io.BytesIO(tar), mode="r:")  # noqa: SIM115
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         raise FilesError(f"not a tar or zip archive ({exc})") from None
     try:
@@ -91,6 +96,42 @@ def extract_archive(data: bytes, limits: FileLimits = DEFAULT_LIMITS) -> dict[st
         raise FilesError(f"broken archive ({exc})") from None
     finally:
         archive.close()
+
+
+_DECOMPRESSORS: dict[bytes, Callable[[io.BytesIO], io.BufferedIOBase]] = {
+    b"\x1f\x8b": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
+    b"BZh": lambda raw: bz2.BZ2File(raw, mode="rb"),
+    b"\xfd7zXZ\x00": lambda raw: lzma.LZMAFile(raw, mode="rb"),  # noqa: SIM115
+}
+"""Compressed tar formats by their magic bytes (what tarfile's "r:*" tries), each opened as a
+stream that decompresses on demand."""
+
+
+def _tar_bytes_cap(limits: FileLimits) -> int:
+    """The most bytes a tar within `limits` can take once decompressed: the files' bytes, and
+    for each member a header, a long-name or pax header and the padding to 512-byte blocks, and
+    the end-of-archive blocks."""
+    per_member = 4 * 512 + 2 * limits.max_path_chars
+    return limits.max_total_bytes + limits.max_files * 2 * per_member + 20 * 512
+
+
+def _decompressed(data: bytes, cap: int) -> bytes:
+    """`data` decompressed (gzip, bzip2, xz) or as it is; FilesError where it would take more
+    than `cap` bytes. tarfile reads a member's long-name or pax header whole, whatever size it
+    claims: a 100 KB .tar.gz of one 100 MB name took 100 MB (and a 96 MB upload, ~96 GB)."""
+    opener = next((found for magic, found in _DECOMPRESSORS.items() if data.startswith(magic)),
+                  None)
+    if opener is None:
+        return data
+    try:
+        with opener(io.BytesIO(data)) as stream:
+            tar = stream.read(cap + 1)
+    except (OSError, EOFError, ValueError, lzma.LZMAError) as exc:
+        raise FilesError(f"not a tar or zip archive (broken compressed data: {exc})") from None
+    if len(tar) > cap:
+        raise FilesError(f"the archive decompresses to more than {cap} bytes (more than "
+                         "files within the caps take)")
+    return tar
 
 
 def _read_capped(stream: io.BufferedIOBase, name: str, budget: int, limits: FileLimits) -> bytes:
