@@ -173,16 +173,24 @@ class CudaAsMeta(TorchFunctionMode):
         self._entered = 0
         self._hooks = ExitStack()
 
-    def __enter__(self):
+    def open(self) -> None:
+        """What entering the mode sets up besides pushing it (the first entry: the saved-tensor
+        hooks' job view); `capture_modes.CaptureModes` opens it without pushing it."""
         if self._entered == 0:
             self._hooks.enter_context(job_view_in_saved_tensor_hooks(self))
         self._entered += 1
-        return super().__enter__()
 
-    def __exit__(self, *exc):
+    def close(self) -> None:
         self._entered -= 1
         if self._entered == 0:
             self._hooks.close()
+
+    def __enter__(self):
+        self.open()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.close()
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

@@ -235,14 +235,26 @@ class HostDeferral(TorchFunctionMode):
         self._per_thread.meta_context = value
 
     # -- mode ----------------------------------------------------------------------------------
-    def __enter__(self) -> HostDeferral:
+    def open(self) -> None:
+        """What entering the mode sets up besides pushing it; `capture_modes.CaptureModes`
+        opens it without pushing it."""
         self.session.host_deferral = self
+
+    def close(self) -> None:
+        self.session.host_deferral = None
+        self.session.notes.extend(self.notes())
+
+    def __enter__(self) -> HostDeferral:
+        self.open()
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
-        self.session.host_deferral = None
-        self.session.notes.extend(self.notes())
+        self.close()
+
+    def handled_functions(self) -> Any:
+        """The functions this mode has a handler for (a live view of its registry)."""
+        return self._handlers.keys()
 
     def _unhandled_attribute_reads(self) -> frozenset:
         """The getters of `_ATTRIBUTE_READS` that no handler of this mode and no branch or
@@ -875,10 +887,17 @@ def claim(session: CaptureSession, tensor: Tensor, kind: str) -> bool:
 def host_deferral(session: CaptureSession) -> Iterator[HostDeferral]:
     """The host-deferral mode and the weight-loading patches (capture.weights_loading), for the
     job's run (entered on top of CudaAsMeta)."""
+    with HostDeferral(session) as mode, deferral_patches(session, mode):
+        yield mode
+
+
+@contextmanager
+def deferral_patches(session: CaptureSession, mode: HostDeferral) -> Iterator[None]:
+    """The weight-loading patches and the count of meta device contexts, for `mode`."""
     from peakmem.capture.weights_loading import weights_loading
 
-    with HostDeferral(session) as mode, weights_loading(session, mode), _meta_contexts_seen(mode):
-        yield mode
+    with weights_loading(session, mode), _meta_contexts_seen(mode):
+        yield
 
 
 @contextmanager
