@@ -33,7 +33,7 @@ from peakmem.capture import device_map as device_map_module
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.device_map import CudaAsMeta
 from peakmem.capture.device_specs import is_meta_spec
-from peakmem.capture.host_deferred import HostDeferral, deferral_patches
+from peakmem.capture.host_deferred import HANDING_ON_FRAMES, HostDeferral, deferral_patches
 from peakmem.capture.phases import PhaseTracker
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
@@ -98,6 +98,9 @@ class CaptureModes(TorchFunctionMode):
             return self.deferral.__torch_function__(func, types, args, kwargs)
         finally:
             _remove(device_map)
+
+
+HANDING_ON_FRAMES.update({CaptureModes.__torch_function__.__code__, CaptureModes.layered.__code__})
 
 
 def _remove(mode: Any) -> None:

@@ -107,13 +107,23 @@ which costs more than stacking a small batch (measured: GPUMemNet MLP rows of 1-
 per batch got slower, CNN rows of 5.6 M faster)."""
 
 
+HANDING_ON_FRAMES: set = set()
+"""Code objects of the frames that only hand a torch call on to this mode's handler (the
+capture's one mode, capture/capture_modes.py): not counted in the frame windows below, which
+were measured with this mode pushed on its own."""
+
+
 def _in_construction() -> bool:
     """Whether an `nn.Module` is being constructed or initialised somewhere up the stack."""
     frame = sys._getframe(2)
     depth = 0
     module = torch.nn.Module
+    handing_on = HANDING_ON_FRAMES
     while frame is not None and depth < _STACK_LIMIT:
         code = frame.f_code
+        if code in handing_on:
+            frame = frame.f_back
+            continue
         if code.co_name in _INIT_FUNCTIONS and code.co_argcount:
             first = frame.f_locals.get(code.co_varnames[0])
             if isinstance(first, module):
@@ -127,11 +137,15 @@ def _called_from(file_suffix: str, depth: int) -> bool:
     """Whether one of the `depth` frames above the caller's caller runs code of a file whose
     path ends with `file_suffix`."""
     frame = sys._getframe(3)
-    for _ in range(depth):
+    seen = 0
+    while seen < depth:
         if frame is None:
             return False
-        if frame.f_code.co_filename.replace("\\", "/").endswith(file_suffix):
-            return True
+        code = frame.f_code
+        if code not in HANDING_ON_FRAMES:
+            if code.co_filename.replace("\\", "/").endswith(file_suffix):
+                return True
+            seen += 1
         frame = frame.f_back
     return False
 
