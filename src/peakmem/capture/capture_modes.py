@@ -6,8 +6,10 @@ of the job crossed from torch's C++ dispatch into Python twice, and the deferral
 (`func(*args, **kwargs)`) went through torch's argument parsing and mode dispatch a second time.
 `CaptureModes` is pushed instead of both and takes each call the way the pair took it:
 
-- a call the deferral would hand on as it is (no handler of its own, no device named that it
-  acts on, no host-deferred, job's meta or lazily computed tensor among the arguments) goes
+- a call the deferral would hand on as it is (no handler of its own, or one that is idle while
+  no argument is marked: `IDLE_WHEN_UNMARKED`, the host reads, `.cpu()`, `.cuda()`; no device
+  named that it acts on; no host-deferred, job's meta or lazily computed tensor among the
+  arguments) goes
   straight to the device map's turn: run at once where the device map has no branch, registry
   entry or device / pinned-memory argument for it (its own fast path), else
   `CudaAsMeta.__torch_function__` called directly. Both modes' handlers run with their mode
@@ -18,7 +20,9 @@ of the job crossed from torch's C++ dispatch into Python twice, and the deferral
 
 Code that pushes either mode alone (the job's view in backward and in saved-tensor hooks,
 `device_view`'s `with mode:`) does so as before; `backward_view` treats either as on the stack
-while this mode is (`layers`)."""
+while this mode is (`layers`). The deferral's frame windows (is a module being built, is the
+default collate or a Dataset fetch the caller) do not count this mode's frames
+(`HANDING_ON_FRAMES`), so they reach as far up the job's stack as before."""
 
 from __future__ import annotations
 
@@ -33,7 +37,14 @@ from peakmem.capture import device_map as device_map_module
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.device_map import CudaAsMeta
 from peakmem.capture.device_specs import is_meta_spec
-from peakmem.capture.host_deferred import HANDING_ON_FRAMES, HostDeferral, deferral_patches
+from peakmem.capture.host_deferred import (
+    _NO_MODES,
+    _PLAIN_TENSORS,
+    HANDING_ON_FRAMES,
+    IDLE_WHEN_UNMARKED,
+    HostDeferral,
+    deferral_patches,
+)
 from peakmem.capture.phases import PhaseTracker
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
@@ -56,6 +67,7 @@ class CaptureModes(TorchFunctionMode):
         self.layers = (device_map, deferral)
         """The modes this one stands for, inner first (as they were stacked)."""
         self._deferral_handlers = deferral.handled_functions()
+        self._idle_when_unmarked = IDLE_WHEN_UNMARKED
         self._kinds = deferral.kinds
         self._device_map_branches = device_map_module._OWN_BRANCHES
 
@@ -70,16 +82,14 @@ class CaptureModes(TorchFunctionMode):
         self.device_map.close()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self._deferral_handlers:
+        if func in self._deferral_handlers and func not in self._idle_when_unmarked:
             return self.layered(func, types, args, kwargs)
         if kwargs:
             device = kwargs.get("device")
             if device is not None and (self._kinds or is_meta_spec(device)):
                 return self.layered(func, types, args, kwargs)  # the deferral's device branch
-        if self._kinds:
-            tensors = tensors_in((args, kwargs or {}))
-            if tensors and self.deferral._any_marked(tensors):
-                return self.layered(func, types, args, kwargs)
+        if self._kinds and self._any_marked(args, kwargs):
+            return self.layered(func, types, args, kwargs)
         # the deferral hands the call on as it is: the device map's turn
         if (func not in self._device_map_branches and func not in TENSOR_OVERRIDES
                 and func not in FUNCTION_RULES):
@@ -88,6 +98,19 @@ class CaptureModes(TorchFunctionMode):
             if "device" not in kwargs and not kwargs.get("pin_memory"):
                 return func(*args, **kwargs)
         return self.device_map.__torch_function__(func, types, args, kwargs or {})
+
+    def _any_marked(self, args: tuple, kwargs: dict | None) -> bool:
+        """`HostDeferral._any_marked` of the call's tensors (whether the deferral acts on
+        it), one plain tensor argument (an attribute read, a unary method) answered inline."""
+        if not kwargs and len(args) == 1 and type(args[0]) in _PLAIN_TENSORS:
+            tensor = args[0]
+            with _NO_MODES():
+                if not tensor.is_meta or tensor.layout != torch.strided:
+                    return False
+                key = id(tensor.untyped_storage())
+            return key in self._kinds or key in self.deferral.collated
+        tensors = tensors_in(args) if not kwargs else tensors_in((args, kwargs))
+        return bool(tensors) and self.deferral._any_marked(tensors)
 
     def layered(self, func, types, args=(), kwargs=None):
         """The call as the two stacked modes took it: the deferral's handler with the device

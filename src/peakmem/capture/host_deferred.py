@@ -81,6 +81,10 @@ _READS = {
     Tensor.__index__, Tensor.__complex__, Tensor.__format__, Tensor.__array__, Tensor.__repr__,
     Tensor.__str__,
 }
+IDLE_WHEN_UNMARKED = frozenset({*_READS, Tensor.cpu, Tensor.cuda})
+"""Functions whose handler here (`_read`, `_cpu`, `_cuda`) returns NotImplemented unless an
+argument is a host-deferred or meta tensor (a marked storage): with none, the mode hands the
+call on as it hands on a function it has no handler for."""
 _INIT_FUNCTIONS = frozenset({
     "__init__", "reset_parameters", "_reset_parameters", "_init_weights", "init_weights",
     "_initialize_weights", "initialize_weights", "_init_weight", "post_init", "apply",
