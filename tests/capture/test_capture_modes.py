@@ -179,3 +179,21 @@ def test_removing_the_device_map_keeps_a_mode_pushed_above_it():
         assert _get_current_function_mode_stack() == [below, above]
         capture_modes._remove(above)
         assert _get_current_function_mode_stack() == [below]
+
+
+def test_host_reads_of_flat_arguments_give_the_tree_maps_estimate(monkeypatch):
+    reads = []
+    original = device_map.CudaAsMeta._host
+
+    def counted(self, value):
+        reads.append(type(value))
+        return original(self, value)
+
+    monkeypatch.setattr(device_map.CudaAsMeta, "_host", counted)
+    with monkeypatch.context() as patch:
+        patch.setattr(device_map, "_FLAT_LEAVES", frozenset())  # every host read through tree_map
+        full = whole(deferral_job)
+    through_tree_map = list(reads)
+    reads.clear()
+    assert whole(deferral_job) == full
+    assert reads == through_tree_map and str in reads  # `f"{loss:.3f}"`: (tensor, ".3f")
