@@ -123,12 +123,14 @@ def _in_construction() -> bool:
     depth = 0
     module = torch.nn.Module
     handing_on = HANDING_ON_FRAMES
+    handing_on_names = {code.co_name for code in handing_on}  # a code object's hash is slow
     while frame is not None and depth < _STACK_LIMIT:
         code = frame.f_code
-        if code in handing_on:
+        name = code.co_name
+        if name in handing_on_names and code in handing_on:
             frame = frame.f_back
             continue
-        if code.co_name in _INIT_FUNCTIONS and code.co_argcount:
+        if name in _INIT_FUNCTIONS and code.co_argcount:
             first = frame.f_locals.get(code.co_varnames[0])
             if isinstance(first, module):
                 return True
@@ -141,12 +143,14 @@ def _called_from(file_suffix: str, depth: int) -> bool:
     """Whether one of the `depth` frames above the caller's caller runs code of a file whose
     path ends with `file_suffix`."""
     frame = sys._getframe(3)
+    handing_on = HANDING_ON_FRAMES
+    handing_on_names = {code.co_name for code in handing_on}
     seen = 0
     while seen < depth:
         if frame is None:
             return False
         code = frame.f_code
-        if code not in HANDING_ON_FRAMES:
+        if code.co_name not in handing_on_names or code not in handing_on:
             if code.co_filename.replace("\\", "/").endswith(file_suffix):
                 return True
             seen += 1
