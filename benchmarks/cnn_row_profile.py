@@ -51,6 +51,8 @@ PARTS = [
     ("  meta cache (`MetaCache.call`)", "capture/meta_cache.py:call"),
     ("  utilization observer", "utilization/observer.py:observe"),
     ("  session storage tracking", "capture/session.py:track"),
+    ("capture mode (`CaptureModes.__torch_function__`)",
+     "capture/capture_modes.py:__torch_function__"),
     ("host deferral mode (`HostDeferral.__torch_function__`)",
      "capture/host_deferred.py:__torch_function__"),
     ("device map mode (`CudaAsMeta.__torch_function__`)", "capture/device_map.py:__torch_function__"),

@@ -55,3 +55,21 @@ def estimate_with_deferral(monkeypatch, method: str, lazy: bool, train, **job):
     data["trace"] = [list(trace.kinds), list(trace.ids), list(trace.sizes), list(trace.streams),
                      [None if t is None else t.to_json() for t in map(trace.tag_of, range(len(trace)))]]
     return data, sum(taken), trace
+
+
+def two_stacked_modes(monkeypatch) -> None:
+    """Captures from now on push the device map and the host deferral as two torch-function
+    modes (`HostDeferral` on top of `CudaAsMeta`), the layout before `CaptureModes`."""
+    from contextlib import ExitStack, contextmanager
+
+    from peakmem.capture import runner
+    from peakmem.capture.device_map import CudaAsMeta
+    from peakmem.capture.host_deferred import host_deferral
+
+    @contextmanager
+    def stacked(session, phases):
+        with ExitStack() as modes:
+            modes.enter_context(CudaAsMeta(session, phases))
+            yield modes.enter_context(host_deferral(session))
+
+    monkeypatch.setattr(runner, "capture_modes", stacked)

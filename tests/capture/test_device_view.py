@@ -87,9 +87,11 @@ def _marks(trace):
 def _current_session():
     from torch.overrides import _get_current_function_mode_stack
 
+    from peakmem.capture.capture_modes import CaptureModes
     from peakmem.capture.device_map import CudaAsMeta
 
-    return next(m for m in _get_current_function_mode_stack() if isinstance(m, CudaAsMeta)).session
+    return next(m for m in _get_current_function_mode_stack()
+                if isinstance(m, (CaptureModes, CudaAsMeta))).session
 
 
 def test_the_capture_machinery_still_sees_meta_tensors(a100, stack24):

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from peakmem.capture import device_map, host_deferred, recorder
 from peakmem.estimate import estimate
+from tests.capture.capture_helpers import two_stacked_modes
 
 
 def train() -> None:
@@ -120,6 +121,8 @@ def test_the_recorder_keeps_dynamo_out_only_under_a_frame_callback(monkeypatch):
 
 
 def test_attribute_reads_read_directly_give_the_full_paths_estimate(monkeypatch):
+    # the deferral's own fast path: taken where it is a mode of its own (backward's job view)
+    two_stacked_modes(monkeypatch)
     taken = [0]
     original = host_deferred.HostDeferral._reads_attribute
 

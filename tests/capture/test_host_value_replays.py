@@ -136,7 +136,7 @@ def test_storages_derived_in_a_long_loop_are_not_noted_forever(a100, stack24):
         buf = _Buffered().buf
         for _ in range(1000):
             _ = buf * 2.0  # host-deferred, derived from buf, dies at once
-        values = torch.overrides._get_current_function_mode_stack()[-1].values
+        values = torch.overrides._get_current_function_mode_stack()[-1].deferral.values
         with torch._C.DisableTorchFunction():
             noted["dependents"] = len(values._dependents[id(buf.untyped_storage())])
 

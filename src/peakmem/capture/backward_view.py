@@ -32,16 +32,23 @@ from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_m
 from peakmem.capture.library_patches import patched
 
 
+def _on_stack(mode: Any) -> bool:
+    """Whether `mode` is on the torch-function mode stack, itself or as a layer of the mode
+    standing for both of the capture's (capture/capture_modes.py)."""
+    return any(entry is mode or mode in getattr(entry, "layers", ())
+               for entry in _get_current_function_mode_stack())
+
+
 def pushed(mode: Any) -> Any:
     """A context with `mode` active (nothing to do when it already is)."""
-    return nullcontext() if mode in _get_current_function_mode_stack() else mode
+    return nullcontext() if _on_stack(mode) else mode
 
 
 @contextmanager
 def pushed_bare(mode: Any) -> Iterator[None]:
     """`mode` pushed on the torch-function mode stack without calling its own `__enter__` /
     `__exit__` (nothing to do when it already is on it)."""
-    if mode in _get_current_function_mode_stack():
+    if _on_stack(mode):
         yield
         return
     _push_mode(mode)

@@ -66,6 +66,8 @@ _HOST_DATA = "_peakmem_host_data"
 tensor it was copied from, the device tensor's version counter then)."""
 HOST_DATA_MAX_ELEMENTS = 1 << 16
 """Device tensors built from host data up to this size keep their host values for host reads."""
+_FLAT_LEAVES = frozenset({Tensor, torch.nn.Parameter, str, int, float, bool, type(None)})
+"""Argument types that are pytree leaves (a host read's `(tensor,)`, `(tensor, ".3f")`)."""
 _BACKWARD_CALLS = {Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _OWN_BRANCHES = frozenset({
     *_HOST_READS, *_FROM_DATA, *_ALL_TRUE_CHECKS, *_BACKWARD_CALLS,
@@ -178,16 +180,24 @@ class CudaAsMeta(TorchFunctionMode):
         self._entered = 0
         self._hooks = ExitStack()
 
-    def __enter__(self):
+    def open(self) -> None:
+        """What entering the mode sets up besides pushing it (the first entry: the saved-tensor
+        hooks' job view); `capture_modes.CaptureModes` opens it without pushing it."""
         if self._entered == 0:
             self._hooks.enter_context(job_view_in_saved_tensor_hooks(self))
         self._entered += 1
-        return super().__enter__()
 
-    def __exit__(self, *exc):
+    def close(self) -> None:
         self._entered -= 1
         if self._entered == 0:
             self._hooks.close()
+
+    def __enter__(self):
+        self.open()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.close()
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -227,6 +237,8 @@ class CudaAsMeta(TorchFunctionMode):
         if func is Tensor.copy_ and _copies_device_to_host(args, kwargs):
             return self._copy_to_host(args, kwargs)
         if func in _HOST_READS and _has_device_tensor(args, kwargs):
+            if not kwargs and all(type(arg) in _FLAT_LEAVES for arg in args):
+                return func(*[self._host(arg) for arg in args])  # tree_map's leaves, in order
             return func(*tree_map(self._host, args), **tree_map(self._host, kwargs))
         if func in _ALL_TRUE_CHECKS and _has_device_tensor(args, kwargs):
             result = func(*args, **kwargs)

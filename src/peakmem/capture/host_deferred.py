@@ -81,6 +81,10 @@ _READS = {
     Tensor.__index__, Tensor.__complex__, Tensor.__format__, Tensor.__array__, Tensor.__repr__,
     Tensor.__str__,
 }
+IDLE_WHEN_UNMARKED = frozenset({*_READS, Tensor.cpu, Tensor.cuda})
+"""Functions whose handler here (`_read`, `_cpu`, `_cuda`) returns NotImplemented unless an
+argument is a host-deferred or meta tensor (a marked storage): with none, the mode hands the
+call on as it hands on a function it has no handler for."""
 _INIT_FUNCTIONS = frozenset({
     "__init__", "reset_parameters", "_reset_parameters", "_init_weights", "init_weights",
     "_initialize_weights", "initialize_weights", "_init_weight", "post_init", "apply",
@@ -107,14 +111,26 @@ which costs more than stacking a small batch (measured: GPUMemNet MLP rows of 1-
 per batch got slower, CNN rows of 5.6 M faster)."""
 
 
+HANDING_ON_FRAMES: set = set()
+"""Code objects of the frames that only hand a torch call on to this mode's handler (the
+capture's one mode, capture/capture_modes.py): not counted in the frame windows below, which
+were measured with this mode pushed on its own."""
+
+
 def _in_construction() -> bool:
     """Whether an `nn.Module` is being constructed or initialised somewhere up the stack."""
     frame = sys._getframe(2)
     depth = 0
     module = torch.nn.Module
+    handing_on = HANDING_ON_FRAMES
+    handing_on_names = {code.co_name for code in handing_on}  # a code object's hash is slow
     while frame is not None and depth < _STACK_LIMIT:
         code = frame.f_code
-        if code.co_name in _INIT_FUNCTIONS and code.co_argcount:
+        name = code.co_name
+        if name in handing_on_names and code in handing_on:
+            frame = frame.f_back
+            continue
+        if name in _INIT_FUNCTIONS and code.co_argcount:
             first = frame.f_locals.get(code.co_varnames[0])
             if isinstance(first, module):
                 return True
@@ -127,11 +143,17 @@ def _called_from(file_suffix: str, depth: int) -> bool:
     """Whether one of the `depth` frames above the caller's caller runs code of a file whose
     path ends with `file_suffix`."""
     frame = sys._getframe(3)
-    for _ in range(depth):
+    handing_on = HANDING_ON_FRAMES
+    handing_on_names = {code.co_name for code in handing_on}
+    seen = 0
+    while seen < depth:
         if frame is None:
             return False
-        if frame.f_code.co_filename.replace("\\", "/").endswith(file_suffix):
-            return True
+        code = frame.f_code
+        if code.co_name not in handing_on_names or code not in handing_on:
+            if code.co_filename.replace("\\", "/").endswith(file_suffix):
+                return True
+            seen += 1
         frame = frame.f_back
     return False
 
@@ -235,14 +257,26 @@ class HostDeferral(TorchFunctionMode):
         self._per_thread.meta_context = value
 
     # -- mode ----------------------------------------------------------------------------------
-    def __enter__(self) -> HostDeferral:
+    def open(self) -> None:
+        """What entering the mode sets up besides pushing it; `capture_modes.CaptureModes`
+        opens it without pushing it."""
         self.session.host_deferral = self
+
+    def close(self) -> None:
+        self.session.host_deferral = None
+        self.session.notes.extend(self.notes())
+
+    def __enter__(self) -> HostDeferral:
+        self.open()
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
-        self.session.host_deferral = None
-        self.session.notes.extend(self.notes())
+        self.close()
+
+    def handled_functions(self) -> Any:
+        """The functions this mode has a handler for (a live view of its registry)."""
+        return self._handlers.keys()
 
     def _unhandled_attribute_reads(self) -> frozenset:
         """The getters of `_ATTRIBUTE_READS` that no handler of this mode and no branch or
@@ -875,10 +909,17 @@ def claim(session: CaptureSession, tensor: Tensor, kind: str) -> bool:
 def host_deferral(session: CaptureSession) -> Iterator[HostDeferral]:
     """The host-deferral mode and the weight-loading patches (capture.weights_loading), for the
     job's run (entered on top of CudaAsMeta)."""
+    with HostDeferral(session) as mode, deferral_patches(session, mode):
+        yield mode
+
+
+@contextmanager
+def deferral_patches(session: CaptureSession, mode: HostDeferral) -> Iterator[None]:
+    """The weight-loading patches and the count of meta device contexts, for `mode`."""
     from peakmem.capture.weights_loading import weights_loading
 
-    with HostDeferral(session) as mode, weights_loading(session, mode), _meta_contexts_seen(mode):
-        yield mode
+    with weights_loading(session, mode), _meta_contexts_seen(mode):
+        yield
 
 
 @contextmanager

@@ -12,11 +12,10 @@ from typing import Any
 import torch
 
 from peakmem.capture import vision_ops
+from peakmem.capture.capture_modes import capture_modes
 from peakmem.capture.compiled_code import precompiled_code_runs_eagerly
-from peakmem.capture.device_map import CudaAsMeta
 from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
 from peakmem.capture.fake_cuda import fake_cuda_runtime
-from peakmem.capture.host_deferred import host_deferral
 from peakmem.capture.library_patches import library_patches
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
@@ -195,8 +194,8 @@ def _run_captured(
         try:
             with ExitStack() as modes:
                 modes.enter_context(time_limit(timeout))
-                modes.enter_context(CudaAsMeta(session, phases))
-                modes.enter_context(host_deferral(session))  # on top of CudaAsMeta
+                # the host deferral over the device map, as one torch-function mode
+                modes.enter_context(capture_modes(session, phases))
                 if executor is not None:  # inside the recorder: it sees the meta outputs
                     modes.enter_context(executor)
                 modes.enter_context(AllocationRecorder(session))
