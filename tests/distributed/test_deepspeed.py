@@ -52,9 +52,12 @@ def test_zero_partitions_the_optimizer_state(tmp_path, stage):
         totals[tag.category] += size
     # Adam's two moments of the rank's fp32 partition
     assert totals["optimizer_state"] == 2 * partition
-    # the rank's fp32 partition of the parameters (the master copy the optimizer updates)
+    # the rank's fp32 partition of the parameters (the master copy the optimizer updates); ZeRO-3
+    # also keeps the model's own partition (`fp16_partitioned_groups_flat`, fp32 here), which
+    # it clones for the master: stage3.py shares it only where `tensor.device == self.device`,
+    # a torch.device compared with the string "cuda:0" (never equal)
     sizes = Counter(size for size, tag in allocations(result.trace) if tag.category == "parameter")
-    assert sizes[partition] == 1
+    assert sizes[partition] == (2 if stage == 3 else 1)
     assert result.libraries.get("nccl", 0) > 0
 
 
