@@ -8,6 +8,10 @@ device bytes worked out by hand (not read from peakmem):
   the last checkpoint (FSDP's full optimizer state dict gathers every rank's keys: capture/
   peer_objects.py).
 
+- accelerate + DeepSpeed with accelerate's examples/by_feature/checkpointing.py (nlp_example's
+  loop, the tiny BERT on MRPC of test_library_jobs_r4.py): `accelerate launch --use_deepspeed
+  --zero_stage 2` and an `accelerate config` DeepSpeed file (ZeRO-3, zero3_init_flag).
+
 Lightning starts the other rank itself; rank 0 is traced with a fake group of world size 2.
 """
 
@@ -18,9 +22,10 @@ from math import ceil
 import pytest
 
 from tests.library_jobs import expected as ex
+from tests.library_jobs import test_library_jobs_r4 as r4
 from tests.library_jobs.harness import estimate
 from tests.library_jobs.test_library_jobs import needs
-from tests.library_jobs.test_library_jobs_r4 import fsdp1_rank_state
+from tests.library_jobs.test_library_jobs_r4 import BERT_MRPC_SHAPES, fsdp1_rank_state
 
 pytestmark = pytest.mark.slow
 
@@ -92,3 +97,80 @@ def test_lightning_deepspeed_stage_2_offload_optimizer(tmp_path):
     assert "optimizer_state" not in est.breakdown
     assert est.breakdown["parameter"] == ex.rounded(NUMEL * ex.BF16)
     assert est.breakdown["gradient"] + est.breakdown["temporary"] >= 2 * DS_BUCKET * ex.BF16
+
+
+# accelerate + DeepSpeed: examples/by_feature/checkpointing.py (nlp_example's loop) ---------------
+
+ACCELERATE_ZERO3_CONFIG = """compute_environment: LOCAL_MACHINE
+debug: false
+deepspeed_config:
+  gradient_accumulation_steps: 1
+  offload_optimizer_device: none
+  offload_param_device: none
+  zero3_init_flag: true
+  zero3_save_16bit_model: true
+  zero_stage: 3
+distributed_type: DEEPSPEED
+downcast_bf16: 'no'
+machine_rank: 0
+main_training_function: main
+mixed_precision: bf16
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: false
+"""
+"""A DeepSpeed ZeRO-3 config as `accelerate config` writes it."""
+
+ACCELERATE_DS_BUCKET = int(5e8)
+"""DeepSpeed's default reduce_bucket_size (accelerate's generated config leaves it unset)."""
+
+
+@pytest.fixture
+def mrpc_dir(tmp_path):
+    """test_library_jobs_r4.py's working directory: `bert-base-cased` (tiny) and `glue/mrpc`."""
+    return r4.mrpc_dir.__wrapped__(tmp_path)
+
+
+def _accelerate_bert(mrpc_dir, launcher: tuple[str, ...]):
+    """The tiny BERT on MRPC, `--mixed_precision bf16` (the script's own flag: its default "no"
+    would override the launcher's)."""
+    est = estimate("r4_hand_metric.py", "r4_accelerate_checkpointing.py", "--mixed_precision",
+                   "bf16", cwd=mrpc_dir, launcher=launcher, timeout=240)
+    assert est.returncode == 0, est.failure()
+    assert est.data["mode"] == "fake" and est.data["estimate_kind"] == "training"
+    assert est.data["world_size"] == WORLD and est.data["launcher"] == "accelerate"
+    assert est.data["phases_ran"][:2] == ["training", "eval"]
+    return est
+
+
+@needs("transformers", "accelerate", "datasets", "deepspeed")
+def test_accelerate_launch_use_deepspeed_zero_stage_2(mrpc_dir):
+    est = _accelerate_bert(mrpc_dir, ("accelerate", "launch", "--use_deepspeed", "--zero_stage",
+                                      "2", "--num_processes", str(WORLD)))
+    numel = ex.count(BERT_MRPC_SHAPES)
+    master = ex.rounded(ceil(numel / WORLD) * ex.FP32)
+    # ZeRO-2: the bf16 weights whole (one flat buffer), the rank's fp32 master half
+    assert est.breakdown["parameter"] == ex.rounded(numel * ex.BF16) + master
+    # AdamW's moments of the partition (and its device `step` where DeepSpeed made one)
+    assert est.breakdown["optimizer_state"] in (2 * master, 2 * master + ex.BLOCK)
+    # overlap_comm is off by default below ZeRO-3: one reduce bucket of bf16 elements
+    assert est.breakdown["gradient"] == ex.rounded(ACCELERATE_DS_BUCKET * ex.BF16)
+
+
+@needs("transformers", "accelerate", "datasets", "deepspeed")
+def test_accelerate_deepspeed_config_file_zero3_init(mrpc_dir):
+    config = mrpc_dir / "ds_zero3.yaml"
+    config.write_text(ACCELERATE_ZERO3_CONFIG)
+    est = _accelerate_bert(mrpc_dir, ("accelerate", "launch", "--config_file", str(config)))
+    rank = sum(ceil(ex.count([shape]) / WORLD) for shape in BERT_MRPC_SHAPES)
+    master, partition = ex.rounded(rank * ex.FP32), ex.rounded(rank * ex.BF16)
+    assert est.breakdown["optimizer_state"] in (2 * master, 2 * master + ex.BLOCK)
+    # beside them the gathered layers (at most every parameter whole, each its own block)
+    gathered = ex.device_bytes(BERT_MRPC_SHAPES, ex.BF16)
+    assert master + partition <= est.breakdown["parameter"] <= master + partition + gathered
+    assert est.breakdown["gradient"] == ex.rounded(ACCELERATE_DS_BUCKET * ex.BF16) + partition
