@@ -12,6 +12,10 @@ device bytes worked out by hand (not read from peakmem):
   loop, the tiny BERT on MRPC of test_library_jobs_r4.py): `accelerate launch --use_deepspeed
   --zero_stage 2` and an `accelerate config` DeepSpeed file (ZeRO-3, zero3_init_flag).
 
+- pytorch/examples distributed/FSDP2 (scripts/r6_fsdp2_example.py) under `torchrun
+  --nproc_per_node 2`: meta-device init, `fully_shard` per block and root, optional
+  MixedPrecisionPolicy, Adam, and the example's full state dict save.
+
 Lightning starts the other rank itself; rank 0 is traced with a fake group of world size 2.
 """
 
@@ -174,3 +178,42 @@ def test_accelerate_deepspeed_config_file_zero3_init(mrpc_dir):
     gathered = ex.device_bytes(BERT_MRPC_SHAPES, ex.BF16)
     assert master + partition <= est.breakdown["parameter"] <= master + partition + gathered
     assert est.breakdown["gradient"] == ex.rounded(ACCELERATE_DS_BUCKET * ex.BF16) + partition
+
+
+# pytorch/examples distributed/FSDP2 under torchrun -------------------------------------------
+
+FSDP2_DIM, FSDP2_VOCAB, FSDP2_SEQ, FSDP2_LAYERS = 16, 1024, 64, 10
+FSDP2_LAYER = ([(FSDP2_DIM,)] * 2 + [(FSDP2_DIM, FSDP2_DIM)] * 4 + [(FSDP2_DIM,)] * 2
+               + [(4 * FSDP2_DIM, FSDP2_DIM), (4 * FSDP2_DIM,), (FSDP2_DIM, 4 * FSDP2_DIM), (FSDP2_DIM,)])
+FSDP2_SHAPES = ([(FSDP2_VOCAB, FSDP2_DIM), (FSDP2_SEQ, FSDP2_DIM)] + FSDP2_LAYERS * FSDP2_LAYER
+                + [(FSDP2_DIM,), (FSDP2_DIM,), (FSDP2_VOCAB, FSDP2_DIM)])
+"""model.py's Transformer(ModelArgs(n_layers=10, dim 16, vocab 1024, 64 positions)): the
+embeddings, per block two LayerNorms, wq / wk / wv / wo (no bias), the MLP; the final norm and
+the output projection (no bias)."""
+
+
+def fsdp2_rank_bytes(shapes: list, world: int) -> int:
+    """fully_shard: each parameter's dim 0 padded to a multiple of the world size and split; rank
+    0 keeps one chunk of each, a tensor of its own (fp32)."""
+    return sum(ex.rounded(ceil(shape[0] / world) * ex.count([shape[1:]]) * ex.FP32)
+               for shape in shapes)
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["fp32", "bf16_params_saved"])
+def test_fsdp2_example_torchrun_two_ranks(tmp_path, mixed):
+    args = ("--mixed-precision",) if mixed else ()
+    flags = ("--steps", "all") if mixed else ()  # all 10 steps, then the checkpoint save
+    est = estimate("r6_fsdp2_example.py", *args, cwd=tmp_path, flags=flags, timeout=240,
+                   launcher=("torchrun", "--nproc_per_node", str(WORLD)))
+    assert est.returncode == 0, est.failure()
+    # the meta-device init (to_empty + reset_parameters on sharded DTensors) runs on fake tensors
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["world_size"] == WORLD and est.data["launcher"] == "torchrun"
+    shard = fsdp2_rank_bytes(FSDP2_SHAPES, WORLD)
+    # MixedPrecisionPolicy(param_dtype=bf16) casts the gathered copies: the shards stay fp32
+    assert est.breakdown["parameter"] == shard
+    assert est.breakdown["optimizer_state"] == 2 * shard  # Adam's moments (host `step`s)
+    if mixed:
+        assert est.data["steps"] == 10
+        assert "saved 125 tensors and the state of 125 parameters" in est.stderr
+        assert "saved 2 file(s) of fake device data" in "\n".join(est.data["notes"])
