@@ -10,7 +10,8 @@ device bytes worked out by hand (not read from peakmem):
 
 - accelerate + DeepSpeed with accelerate's examples/by_feature/checkpointing.py (nlp_example's
   loop, the tiny BERT on MRPC of test_library_jobs_r4.py): `accelerate launch --use_deepspeed
-  --zero_stage 2` and an `accelerate config` DeepSpeed file (ZeRO-3, zero3_init_flag).
+  --zero_stage 2` and an `accelerate config` DeepSpeed file (ZeRO-3, zero3_init_flag); accelerate
+  FSDP2 (`fsdp_version: 2` in the config file).
 
 - pytorch/examples distributed/FSDP2 (scripts/r6_fsdp2_example.py) under `torchrun
   --nproc_per_node 2`: meta-device init, `fully_shard` per block and root, optional
@@ -217,3 +218,47 @@ def test_fsdp2_example_torchrun_two_ranks(tmp_path, mixed):
         assert est.data["steps"] == 10
         assert "saved 125 tensors and the state of 125 parameters" in est.stderr
         assert "saved 2 file(s) of fake device data" in "\n".join(est.data["notes"])
+
+
+# accelerate FSDP2 (`fsdp_version: 2`) on nlp_example's loop ------------------------------------
+
+ACCELERATE_FSDP2_CONFIG = """compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: FSDP
+downcast_bf16: 'no'
+fsdp_config:
+  fsdp_activation_checkpointing: false
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: false
+  fsdp_offload_params: false
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_transformer_layer_cls_to_wrap: BertLayer
+  fsdp_version: 2
+machine_rank: 0
+main_training_function: main
+mixed_precision: bf16
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: false
+"""
+"""accelerate's FSDP2 config (docs: usage_guides/fsdp, "FSDP2"): one unit per BertLayer."""
+
+
+@needs("transformers", "accelerate", "datasets")
+def test_accelerate_fsdp2_config_file(mrpc_dir):
+    config = mrpc_dir / "fsdp2.yaml"
+    config.write_text(ACCELERATE_FSDP2_CONFIG)
+    est = _accelerate_bert(mrpc_dir, ("accelerate", "launch", "--config_file", str(config)))
+    # fully_shard (FSDP2, not FSDP1's flat parameters: the config's fsdp_version reached
+    # accelerate): each parameter's rank-0 chunk, fp32 (bf16 is the gathered copies' dtype)
+    shard = fsdp2_rank_bytes(BERT_MRPC_SHAPES, WORLD)
+    assert est.breakdown["parameter"] == shard
+    # AdamW's moments of each chunk; the 0-d `step`s sit on the device beside DTensor parameters
+    steps = ex.BLOCK * len(BERT_MRPC_SHAPES)
+    assert est.breakdown["optimizer_state"] in (2 * shard, 2 * shard + steps)
