@@ -61,3 +61,33 @@ def test_fsdp1_full_optimizer_state_dict_gathers_every_ranks_keys(monkeypatch, a
     expected = {f"{i}.weight": ((rows, cols), 2.0) for i, (rows, cols) in enumerate(SHAPES)}
     expected.update({f"{i}.bias": ((rows,), 2.0) for i, (rows, _) in enumerate(SHAPES)})
     assert seen["state"] == expected
+
+
+def test_a_peer_object_that_cannot_be_worked_out_is_noted(monkeypatch, a100, stack24):
+    from peakmem.capture import peer_objects
+
+    def unknown(frame, mine, peer):
+        raise LookupError("no layout")
+
+    def gather_keys():  # stands for a library function whose peers' objects differ
+        import torch.distributed as dist
+
+        found = [None, None]
+        dist.all_gather_object(found, ["mine"])
+        return found
+
+    monkeypatch.setitem(peer_objects.PEER_ANSWERS, (__name__, "gather_keys"), unknown)
+    seen = {}
+
+    def job():
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl")
+        seen["objects"] = gather_keys()
+
+    set_world(monkeypatch, 2, rank=0)
+    result = capture_callable(job, gpu=a100, stack=stack24, steps="all")
+    assert result.error is None, result.error_text
+    assert seen["objects"] == [["mine"], ["mine"]]
+    assert any("gather_keys could not be worked out (LookupError: no layout)" in note
+               for note in result.notes), result.notes

@@ -136,8 +136,23 @@ def fill_peers(objects: list[Any], frame: FrameType | None, mine: Any, rank: int
             continue
         try:
             objects[peer] = answer(frame, mine, peer)
-        except (LookupError, AttributeError, KeyError, TypeError, IndexError):
-            continue
+        except (LookupError, AttributeError, KeyError, TypeError, IndexError) as exc:
+            _note_unknown(frame, exc)
+            return
+
+
+def _note_unknown(frame: FrameType, exc: Exception) -> None:
+    """Say that the peers' objects are copies of this rank's where they should differ."""
+    from peakmem.capture.bitsandbytes_model import current_session
+
+    session = current_session()
+    if session is None:
+        return
+    note = (f"torch.distributed: the other ranks' objects gathered by {frame.f_code.co_name} "
+            f"could not be worked out ({type(exc).__name__}: {exc}); each is this rank's copy, "
+            "as if every rank held the same part of the model")
+    if note not in session.notes:
+        session.notes.append(note)
 
 
 def caller_frame(depth: int = 2) -> FrameType | None:
