@@ -52,7 +52,37 @@ def test_zero_partitions_the_optimizer_state(tmp_path, stage):
         totals[tag.category] += size
     # Adam's two moments of the rank's fp32 partition
     assert totals["optimizer_state"] == 2 * partition
-    # the rank's fp32 partition of the parameters (the master copy the optimizer updates)
+    # the rank's fp32 partition of the parameters (the master copy the optimizer updates); ZeRO-3
+    # also keeps the model's own partition (`fp16_partitioned_groups_flat`, fp32 here), which
+    # it clones for the master: stage3.py shares it only where `tensor.device == self.device`,
+    # a torch.device compared with the string "cuda:0" (never equal)
     sizes = Counter(size for size, tag in allocations(result.trace) if tag.category == "parameter")
-    assert sizes[partition] == 1
+    assert sizes[partition] == (2 if stage == 3 else 1)
     assert result.libraries.get("nccl", 0) > 0
+
+
+BF16_SCRIPT = SCRIPT.replace('"optimizer"', '"bf16": {"enabled": True}, "optimizer"').replace(
+    "torch.randn(8, WIDTH, device=engine.device)".replace("WIDTH", str(WIDTH)),
+    f"torch.randn(8, {WIDTH}, device=engine.device, dtype=torch.bfloat16)")
+
+
+def test_zero3_flat_partitions_are_parameters_and_gradients(tmp_path):
+    """ZeRO-3's 16-bit parameter partition and its gradient partition are flat buffers no
+    module owns (made by a host-to-device copy and a factory outside forward): labelled
+    parameter and gradient, not input / other (capture/zero_partitions.py)."""
+    world = 2
+    script = tmp_path / "zero.py"
+    script.write_text(BF16_SCRIPT)
+    estimate = estimate_command(["deepspeed", "--num_gpus", str(world), str(script), "3"],
+                                gpu="a100-40gb", torch_version="2.4.1", steps=2, mode="fake")
+    result = estimate.capture
+    assert result.error is None, result.error_text
+    bf16_partition = 2 * NUMEL // world  # 65,792 elements a rank (each parameter split evenly)
+    by_category: dict[str, Counter] = {}
+    for size, tag in allocations(result.trace):
+        by_category.setdefault(tag.category, Counter())[size] += 1
+    assert by_category["optimizer_state"][2 * bf16_partition] == 2  # Adam's fp32 moments
+    assert by_category["parameter"][2 * bf16_partition] == 1  # the fp32 master partition
+    assert by_category["parameter"][bf16_partition] == 1  # the bf16 partition
+    assert by_category["gradient"][bf16_partition] == 1  # the bf16 gradient partition
+    assert by_category.get("input", Counter())[bf16_partition] == 0

@@ -85,6 +85,22 @@ def test_accelerate_environment(tmp_path):
     assert deepspeed.rank_env(0)["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "2"
 
 
+def test_accelerate_fsdp_version_from_the_config_file(tmp_path):
+    """`fsdp_version: 2` in the config file's fsdp_config reaches accelerate (FSDP_VERSION); FSDP1
+    only where neither the file nor `--fsdp_version` says."""
+    config = tmp_path / "fsdp2.yaml"
+    config.write_text("distributed_type: FSDP\nnum_processes: 2\n"
+                      "fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: true\n")
+    launch = parse_launch(["accelerate", "launch", "--config_file", str(config), "train.py"])
+    assert launch.rank_env(0)["FSDP_VERSION"] == "2"
+    assert launch.rank_env(0)["FSDP_RESHARD_AFTER_FORWARD"] == "true"
+    flag = parse_launch(["accelerate", "launch", "--use_fsdp", "--fsdp_version", "2",
+                         "--num_processes", "2", "train.py"])
+    assert flag.rank_env(0)["FSDP_VERSION"] == "2"
+    plain = parse_launch(["accelerate", "launch", "--use_fsdp", "--num_processes", "2", "train.py"])
+    assert plain.rank_env(0)["FSDP_VERSION"] == "1"
+
+
 @pytest.mark.parametrize(("argv", "unsupported"), [
     (["torchrun", "--nproc-per-node", "4"], False),  # no script
     (["torchrun", "--nproc-per-node", "four", "t.py"], False),

@@ -103,15 +103,17 @@ def test_cifar_zero3_partitions_master_and_adam_state_by_world_size(tmp_path, wo
     master = ex.rounded(rank * ex.FP32)
     # the fp32 master partition is the parameter the optimizer steps; Adam's two moments
     assert est.breakdown["optimizer_state"] == 2 * master
-    assert est.breakdown["parameter"] >= master
-    # the 16-bit partition (flat, copied to the device when the engine is built) stays
-    assert est.breakdown["input"] >= ex.rounded(rank * FP16)
-    assert est.breakdown["gradient"] == ex.rounded(BUCKET * FP16)  # the reduce bucket
-    model_state = master * 3 + ex.rounded(rank * FP16) * 2
+    # the 16-bit partition (flat, copied to the device when the engine is built) is a
+    # parameter too (capture/zero_partitions.py), not an input
+    partition = ex.rounded(rank * FP16)
+    assert est.breakdown["parameter"] >= master + partition
+    # the reduce bucket and the 16-bit gradient partition (contiguous_gradients)
+    assert est.breakdown["gradient"] == ex.rounded(BUCKET * FP16) + partition
+    model_state = master * 3 + partition * 2
     assert model_state <= est.data["peak_allocated_bytes"] - est.breakdown["workspace"]
     if world > 1:
         # stage3_max_reuse_distance 1e9: gathered layers stay; fc1's full 16-bit weight is live
-        assert est.breakdown["parameter"] >= master + ex.rounded(FC1_WEIGHT * FP16)
+        assert est.breakdown["parameter"] >= master + partition + ex.rounded(FC1_WEIGHT * FP16)
 
 
 def test_cifar_zero3_no_live_gathered_parameters(tmp_path):
@@ -123,8 +125,9 @@ def test_cifar_zero3_no_live_gathered_parameters(tmp_path):
                                         "stage3_prefetch_bucket_size": 0})
     est = _cifar(tmp_path, 2, config)
     master = ex.rounded(_partition(CIFAR_NET, 2) * ex.FP32)
+    model = master + ex.rounded(_partition(CIFAR_NET, 2) * FP16)  # master + 16-bit partition
     assert est.breakdown["optimizer_state"] == 2 * master
-    assert master <= est.breakdown["parameter"] < master + ex.rounded(FC1_WEIGHT * FP16)
+    assert model <= est.breakdown["parameter"] < model + ex.rounded(FC1_WEIGHT * FP16)
 
 
 def test_cifar_zero3_offload_optimizer_keeps_master_and_state_on_host(tmp_path):
@@ -134,9 +137,11 @@ def test_cifar_zero3_offload_optimizer_keeps_master_and_state_on_host(tmp_path):
     # DeepSpeedCPUAdam (capture/deepspeed_ops.py's stand-in) steps the host master partition:
     # neither it nor the moments are device memory; the pinned host buffers are not either
     assert "optimizer_state" not in est.breakdown
-    assert est.breakdown.get("parameter", 0) < ex.rounded(rank * ex.FP32)
-    assert est.breakdown["input"] >= ex.rounded(rank * FP16)  # the 16-bit partition stays
-    assert est.breakdown["gradient"] == ex.rounded(BUCKET * FP16)
+    # the 16-bit partition stays (a parameter), beside at most every layer gathered whole
+    partition = ex.rounded(rank * FP16)
+    assert partition <= est.breakdown["parameter"] < partition + ex.device_bytes(CIFAR_NET, FP16)
+    assert est.breakdown.get("input", 0) < partition  # the batch only
+    assert est.breakdown["gradient"] == ex.rounded(BUCKET * FP16)  # gradient partitions: host
 
 
 def test_cifar_zero3_offload_param_keeps_16bit_partitions_on_host(tmp_path):
@@ -203,11 +208,14 @@ def test_zero_init_builds_partitioned_two_ranks(tmp_path, offload):
         assert "optimizer_state" not in est.breakdown
         on_device = est.breakdown.get("input", 0) + est.breakdown.get("parameter", 0)
         assert on_device < 2 * bf16_partition  # no partition; the gathered layers
+        assert est.breakdown["gradient"] == ex.rounded(100_000 * ex.BF16)  # partitions: host
     else:
         assert est.breakdown["optimizer_state"] == 2 * master
-        assert est.breakdown["parameter"] >= master
-        assert est.breakdown["input"] >= bf16_partition
-    assert est.breakdown["gradient"] == ex.rounded(100_000 * ex.BF16)
+        # the bf16 partition is a parameter beside the fp32 master (capture/zero_partitions.py)
+        assert est.breakdown["parameter"] >= master + bf16_partition
+        assert est.breakdown.get("input", 0) < bf16_partition
+        # the reduce bucket and the bf16 gradient partition
+        assert est.breakdown["gradient"] == ex.rounded(100_000 * ex.BF16) + bf16_partition
 
 
 # transformers run_clm.py (Trainer) --deepspeed ds_config_zero3.json ---------------------------------

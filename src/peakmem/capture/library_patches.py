@@ -152,6 +152,7 @@ from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  
 from peakmem.capture import hf_generation as _hf_generation  # noqa: E402,F401
 from peakmem.capture import lightning_launch as _lightning_launch  # noqa: E402,F401
 from peakmem.capture import periodic_optimizers as _periodic_optimizers  # noqa: E402,F401
+from peakmem.capture import zero_partitions as _zero_partitions  # noqa: E402,F401
 
 # -- torch.distributed ---------------------------------------------------------------------------
 

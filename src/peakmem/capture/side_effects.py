@@ -187,6 +187,10 @@ LOAD_FUNCTIONS: tuple[LoadFunction, ...] = (
                  (1, "path")),
     LoadFunction("lightning_fabric.plugins.io.torch_io", "TorchCheckpointIO.load_checkpoint",
                  (1, "path")),
+    # Lightning's FSDP / ModelParallel strategies check `path.is_file()` themselves, then read
+    # the full checkpoint lazily (`trainer.validate(ckpt_path="best")` after an FSDP fit)
+    LoadFunction("lightning.fabric.strategies.fsdp", "_is_full_checkpoint", (0, "path")),
+    LoadFunction("lightning.fabric.utilities.load", "_lazy_load", (0, "filename")),
 )
 """A dotted name is a method, replaced on its class (args[0] is the instance)."""
 
@@ -403,7 +407,8 @@ class SaveDiverter:
         if isinstance(target, str | bytes | os.PathLike):
             destination = self.redirects.get(os.path.abspath(os.fsdecode(target)))
             if destination is not None and destination.exists():
-                args, kwargs = entry.with_target(args, kwargs, str(destination))
+                as_given = destination if isinstance(target, Path) else str(destination)
+                args, kwargs = entry.with_target(args, kwargs, as_given)
             return original(*args, **kwargs)
         destination = self._redirected_handle(target)
         if destination is None:

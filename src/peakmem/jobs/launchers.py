@@ -341,7 +341,6 @@ def accelerate(words: Sequence[str]) -> Launch:
     fsdp = options.get("use_fsdp") is True or distributed_type == "FSDP"
     if fsdp:
         env["ACCELERATE_USE_FSDP"] = "true"
-        env.setdefault("FSDP_VERSION", "1")
         for key, value in options.items():
             if key.startswith("fsdp_") and value is not True:
                 env[_ACCELERATE_FSDP_ENV.get(key, key.upper())] = str(value)
@@ -351,6 +350,8 @@ def accelerate(words: Sequence[str]) -> Launch:
                 name = _ACCELERATE_FSDP_ENV.get(key, key.upper())
                 if key.startswith("fsdp_") and isinstance(value, (str, int, float, bool)):
                     env.setdefault(name, str(value).lower() if isinstance(value, bool) else str(value))
+        # after the config file's `fsdp_version: 2` (it was set first, and the file's value lost)
+        env.setdefault("FSDP_VERSION", "1")
     if options.get("use_deepspeed") is True or distributed_type == "DEEPSPEED":
         env["ACCELERATE_USE_DEEPSPEED"] = "true"
         for key, name in _ACCELERATE_DEEPSPEED_ENV.items():
