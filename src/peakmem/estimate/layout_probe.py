@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import copy
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -60,8 +59,6 @@ WORKSPACE_PROBE_SIZES: tuple[int, ...] = (128 * 1024, 4 * MiB, 16 * MiB)
 pairs)."""
 
 WORKSPACE_OP_PREFIX = "cublas_workspace"
-FORK_RECURSION_LIMIT = 200_000
-"""Python's recursion limit while a replay is copied (its blocks' linked lists are deep)."""
 
 
 @dataclass(frozen=True)
@@ -197,16 +194,9 @@ class _Replay:
         """Events not replayed: found to repeat what was (`run`)."""
 
     def fork(self) -> _Replay:
-        """An independent copy (allocator, live blocks and peak) to replay on from here. The
-        blocks of a segment are a linked list (prev / next), which deepcopy follows by recursion:
-        a few frames a block, so a segment split into hundreds of small blocks (FSDP2's many
-        small shards) passed Python's default limit."""
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(limit, FORK_RECURSION_LIMIT))
-        try:
-            return copy.deepcopy(self)
-        finally:
-            sys.setrecursionlimit(limit)
+        """An independent copy (allocator, live blocks and peak) to replay on from here (a
+        segment's block chain is copied at once by `Block.__deepcopy__`, not by recursion)."""
+        return copy.deepcopy(self)
 
     def alloc(self, size: int, stream: int = 0) -> Block:
         try:
