@@ -1,0 +1,131 @@
+"""Round 7: the Hugging Face ecosystem's trainers as people run them (TRL, sentence-transformers,
+diffusers), each script re-created from the library's own example and run unmodified through the
+real CLI (`python -m peakmem estimate --json -- python SCRIPT ARGS`, scripts/r7_*.py), offline on
+a tiny model and local data written to tmp_path. Parameter and optimizer bytes are worked out by
+hand from the configs (expected.py), not read from peakmem.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import estimate
+from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
+from tests.library_jobs.test_library_jobs_hf import (
+    TINY_GPT2_CONFIG,
+    sentences,
+    write_checkpoint,
+)
+
+GPT2_SHAPES = ex.gpt2_shapes(**ex.TINY_GPT2)
+GPT2_PARAMS = ex.device_bytes(GPT2_SHAPES, ex.FP32)
+
+
+def _notes(est) -> str:
+    return "\n".join(est.data["notes"])
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+# TRL: trl/scripts/{sft,dpo,reward}.py (examples/scripts) ---------------------------------------
+
+@pytest.fixture(scope="module")
+def trl_files(tmp_path_factory) -> dict[str, Path]:
+    """The tiny GPT-2 saved as GPT2LMHeadModel (TRL loads the class `config.architectures`
+    names: the base model saved by hf_ex_make_checkpoint.py has no `generation_config`), its
+    word-level tokenizer, and two local data sets as folders `load_dataset(NAME)` reads: plain
+    text for SFT, prompt / chosen / rejected for DPO and reward modelling (40 rows each)."""
+    root = tmp_path_factory.mktemp("trl")
+    model = write_checkpoint(root / "gpt2", TINY_GPT2_CONFIG)
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (model / "config.json").write_text(json.dumps(config))
+    _jsonl(root / "sft" / "train.jsonl", [{"text": s} for s in sentences(40)])
+    rows = zip(sentences(40, 1), sentences(40, 2), sentences(40, 3), strict=True)
+    _jsonl(root / "pref" / "train.jsonl",
+           [{"prompt": p[:30], "chosen": c[:40], "rejected": r[:40]} for p, c, r in rows])
+    return {"root": root, "model": model, "sft": root / "sft", "pref": root / "pref"}
+
+
+def run_trl(script: str, files: dict[str, Path], dataset: str, *flags: str):
+    """One of TRL's example scripts, three optimizer steps of four rows."""
+    out = files["root"] / "out" / script
+    return estimate(f"r7_trl_{script}.py", "--model_name_or_path", str(files["model"]),
+                    "--dataset_name", str(files[dataset]), "--max_steps", "3",
+                    "--per_device_train_batch_size", "4", "--max_length", "48",
+                    "--report_to", "none", "--output_dir", str(out), *flags,
+                    cwd=files["root"])
+
+
+FUSED_ADAMW = 2 * GPT2_PARAMS + fused_steps(GPT2_SHAPES)
+"""The Trainer's default optimizer (adamw_torch_fused): two moments and a 0-d `step` each."""
+
+
+@pytest.mark.slow
+@needs("trl", "peft", "datasets")
+def test_trl_sft_full_fine_tune(trl_files):
+    est = run_trl("sft", trl_files, "sft")
+    assert_training(est, params=GPT2_PARAMS, optimizer_state=FUSED_ADAMW)
+    assert est.data["steps"] == 3 and est.data["phases_ran"] == ["training"]
+    # 40 rows in batches of 4: SFTTrainer tokenized and collated them on the host
+    assert "DataLoader epoch of 10 batches" in _notes(est)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert "Training completed" in est.stderr
+
+
+@pytest.mark.slow
+@needs("trl", "peft", "datasets")
+def test_trl_sft_use_peft_lora_trains_the_adapters_only(trl_files):
+    rank = 8
+    est = run_trl("sft", trl_files, "sft", "--use_peft", "--lora_r", str(rank), "--lora_alpha", "16")
+    # peft's default target for GPT-2 is c_attn (Conv1D 64 -> 192): A is r x 64, B is 192 x r
+    embd, layers = ex.TINY_GPT2["embd"], ex.TINY_GPT2["layers"]
+    lora = layers * [(rank, embd), (3 * embd, rank)]
+    lora_bytes = ex.device_bytes(lora, ex.FP32)
+    assert_training(est, params=GPT2_PARAMS + lora_bytes, grads=lora_bytes,
+                    optimizer_state=2 * lora_bytes + fused_steps(lora))
+    assert "adapter_model.safetensors" in _notes(est)
+
+
+@pytest.mark.slow
+@needs("trl", "peft", "datasets")
+def test_trl_dpo_policy_and_reference_model(trl_files):
+    est = run_trl("dpo", trl_files, "pref")
+    # DPOTrainer loads a second copy of the model as the frozen reference, on the device:
+    # two sets of weights, gradients and AdamW's moments for the policy only
+    assert_training(est, params=2 * GPT2_PARAMS, grads=GPT2_PARAMS, optimizer_state=FUSED_ADAMW)
+    assert est.data["steps"] == 3
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+@pytest.mark.slow
+@needs("trl", "peft", "datasets")
+def test_trl_dpo_with_peft_has_no_reference_copy(trl_files):
+    rank = 8
+    est = run_trl("dpo", trl_files, "pref", "--use_peft", "--lora_r", str(rank))
+    # with an adapter the reference is the base model with the adapter disabled: one copy
+    embd, layers = ex.TINY_GPT2["embd"], ex.TINY_GPT2["layers"]
+    lora = layers * [(rank, embd), (3 * embd, rank)]
+    lora_bytes = ex.device_bytes(lora, ex.FP32)
+    assert_training(est, params=GPT2_PARAMS + lora_bytes, grads=lora_bytes,
+                    optimizer_state=2 * lora_bytes + fused_steps(lora))
+
+
+@pytest.mark.slow
+@needs("trl", "peft", "datasets")
+def test_trl_reward_modeling_sequence_classifier(trl_files):
+    est = run_trl("reward", trl_files, "pref")
+    # AutoModelForSequenceClassification(num_labels=1): GPT2Model and a bias-free score head
+    # (1 x 64) in place of the tied lm_head
+    shapes = [*GPT2_SHAPES, (1, ex.TINY_GPT2["embd"])]
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.data["steps"] == 3
