@@ -129,3 +129,37 @@ def test_trl_reward_modeling_sequence_classifier(trl_files):
     params = ex.device_bytes(shapes, ex.FP32)
     assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
     assert est.data["steps"] == 3
+
+
+@pytest.mark.slow
+@needs("trl", "peft", "datasets")
+def test_trl_grpo_generates_with_the_policy_and_scores_with_a_reward_model(trl_files):
+    root = trl_files["root"]
+    # the reward model: the same tiny GPT-2 saved as a one-label sequence classifier
+    reward_model = root / "reward-model"
+    if not reward_model.exists():
+        reward_model.mkdir()
+        for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            (reward_model / name).write_bytes((trl_files["model"] / name).read_bytes())
+        config = json.loads((trl_files["model"] / "config.json").read_text())
+        config.update(architectures=["GPT2ForSequenceClassification"], num_labels=1, pad_token_id=0)
+        (reward_model / "config.json").write_text(json.dumps(config))
+    prompts = _jsonl(root / "prompts" / "train.jsonl", [{"prompt": s[:30]} for s in sentences(16, 5)])
+    out = root / "out" / "grpo"
+    est = estimate("r7_trl_grpo.py", "--model_name_or_path", str(trl_files["model"]),
+                   "--dataset_name", str(prompts.parent), "--reward_model_name_or_path",
+                   str(reward_model), "--reward_funcs", "get_soft_overlong_punishment",
+                   "--max_steps", "2", "--per_device_train_batch_size", "4",
+                   "--num_generations", "4", "--max_completion_length", "8", "--report_to", "none",
+                   "--output_dir", str(out), cwd=root)
+    # the policy and the reward model on the device (beta = 0: no reference model); gradients
+    # and AdamW's moments for the policy only
+    reward_shapes = [*GPT2_SHAPES, (1, ex.TINY_GPT2["embd"])]
+    reward_params = ex.device_bytes(reward_shapes, ex.FP32)
+    assert_training(est, params=GPT2_PARAMS + reward_params, grads=GPT2_PARAMS,
+                    optimizer_state=FUSED_ADAMW)
+    assert "Training completed" in est.stderr
+    # fake mode cannot run it: GRPOTrainer cuts each completion after its first EOS with a mask
+    # it reads on the host (`c[m].tolist()`), which fake mode reads as zeros (empty completions,
+    # then `ids[-1]` fails); auto mode reruns the job eagerly on the CPU
+    assert est.data["mode"] == "eager" and "fake mode could not run" in est.data["mode_reason"]
