@@ -16,7 +16,10 @@ from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
+    TINY_BERT,
+    TINY_BERT_CONFIG,
     TINY_GPT2_CONFIG,
+    bert_shapes,
     sentences,
     write_checkpoint,
 )
@@ -163,3 +166,63 @@ def test_trl_grpo_generates_with_the_policy_and_scores_with_a_reward_model(trl_f
     # it reads on the host (`c[m].tolist()`), which fake mode reads as zeros (empty completions,
     # then `ids[-1]` fails); auto mode reruns the job eagerly on the CPU
     assert est.data["mode"] == "eager" and "fake mode could not run" in est.data["mode_reason"]
+
+
+# sentence-transformers: training/nli/training_nli_v2.py, v3+ trainer and legacy model.fit ------
+
+@pytest.fixture(scope="module")
+def st_files(tmp_path_factory) -> dict[str, Path]:
+    """A tiny BertModel checkpoint with its tokenizer, 48 AllNLI-style triplets and 12 STS-B
+    style scored pairs (JSON lines)."""
+    import random
+
+    root = tmp_path_factory.mktemp("st")
+    model = write_checkpoint(root / "bert", TINY_BERT_CONFIG)
+    rows = zip(sentences(48, 11), sentences(48, 12), sentences(48, 13), strict=True)
+    nli = _jsonl(root / "nli.jsonl", [{"anchor": a[:40], "positive": p[:40], "negative": n[:40]}
+                                      for a, p, n in rows])
+    rng = random.Random(0)
+    sts = _jsonl(root / "sts.jsonl", [{"sentence1": a[:40], "sentence2": b[:40],
+                                       "score": rng.uniform(0, 5)}
+                                      for a, b in zip(sentences(12, 14), sentences(12, 15), strict=True)])
+    return {"root": root, "model": model, "nli": nli, "sts": sts}
+
+
+BERT_SHAPES = bert_shapes(**TINY_BERT)
+POOLER = ex.linear(TINY_BERT["hidden"], TINY_BERT["hidden"])
+ST_PARAMS = ex.device_bytes(BERT_SHAPES + POOLER, ex.FP32)
+"""AutoModel loads BertModel with its pooler, which mean pooling never uses: it gets no
+gradient, so AdamW keeps no state for it."""
+ST_MOMENTS = 2 * ex.device_bytes(BERT_SHAPES, ex.FP32)
+
+
+@pytest.mark.slow
+@needs("sentence_transformers", "datasets")
+def test_sentence_transformers_trainer_mnrl_nli_with_sts_evaluator(st_files):
+    est = estimate("r7_st_nli_v2.py", str(st_files["model"]), "--train-file", str(st_files["nli"]),
+                   "--dev-file", str(st_files["nli"]), "--sts-file", str(st_files["sts"]),
+                   "--batch-size", "8", "--max-steps", "4", "--eval-steps", "2",
+                   "--max-seq-length", "32", cwd=st_files["root"])
+    # fp16 autocast keeps fp32 weights; the Trainer's fused AdamW: moments and a device `step`
+    # for each of the 37 parameters that get a gradient
+    assert_training(est, params=ST_PARAMS, grads=ex.device_bytes(BERT_SHAPES, ex.FP32),
+                    optimizer_state=ST_MOMENTS + fused_steps(BERT_SHAPES))
+    # 48 triplets in NO_DUPLICATES batches of 8; the loss's evaluation every 2 steps
+    assert "DataLoader epoch of 6 batches" in _notes(est)
+    assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
+    assert "sts-test:" in est.stderr
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+@pytest.mark.slow
+@needs("sentence_transformers", "datasets")
+def test_sentence_transformers_legacy_fit_no_duplicates_loader(st_files):
+    est = estimate("r7_st_legacy_fit.py", str(st_files["model"]), "--train-file", str(st_files["nli"]),
+                   "--sts-file", str(st_files["sts"]), "--train-batch-size", "8",
+                   "--max-seq-length", "32", cwd=st_files["root"])
+    # model.fit's default optimizer_class is torch.optim.AdamW (not fused: host `step`s)
+    assert_training(est, params=ST_PARAMS, grads=ex.device_bytes(BERT_SHAPES, ex.FP32),
+                    optimizer_state=ST_MOMENTS)
+    assert "DataLoader epoch of 6 batches" in _notes(est)
+    assert est.data["phases_ran"] == ["training", "eval"]
+    assert "sts-dev after training:" in est.stderr
