@@ -226,3 +226,86 @@ def test_sentence_transformers_legacy_fit_no_duplicates_loader(st_files):
     assert "DataLoader epoch of 6 batches" in _notes(est)
     assert est.data["phases_ran"] == ["training", "eval"]
     assert "sts-dev after training:" in est.stderr
+
+
+# diffusers: examples/unconditional_image_generation/train_unconditional.py ------------------------
+
+def unet2d_shapes(in_channels: int, out_channels: int, channels: tuple[int, ...], layers: int,
+                  attn_down: tuple[bool, ...], attn_up: tuple[bool, ...]) -> list[ex.Shape]:
+    """diffusers' UNet2DModel from its block definitions (unet_2d.py, unet_2d_blocks.py,
+    resnet.py, attention_processor.py): conv_in, the time embedding MLP (4 x the first width),
+    down blocks of ResnetBlock2D (+ an Attention each in Attn* blocks) and a strided-conv
+    Downsample2D but the last, the mid block (resnet, attention, resnet), up blocks of
+    layers + 1 resnets fed the skip connections (+ attentions) and an Upsample2D conv but the
+    last, then GroupNorm and conv_out."""
+    temb = 4 * channels[0]
+
+    def resnet(c_in: int, c_out: int) -> list[ex.Shape]:
+        shapes = ex.norm(c_in) + ex.conv(c_out, c_in, 3) + ex.linear(c_out, temb)
+        shapes += ex.norm(c_out) + ex.conv(c_out, c_out, 3)
+        return shapes + (ex.conv(c_out, c_in, 1) if c_in != c_out else [])
+
+    def attention(c: int) -> list[ex.Shape]:
+        return ex.norm(c) + 4 * ex.linear(c, c)  # group_norm, to_q / to_k / to_v / to_out.0
+
+    shapes = ex.conv(channels[0], in_channels, 3) + ex.linear(temb, channels[0]) + ex.linear(temb, temb)
+    prev = channels[0]
+    for i, c in enumerate(channels):
+        for j in range(layers):
+            shapes += resnet(prev if j == 0 else c, c) + (attention(c) if attn_down[i] else [])
+        shapes += ex.conv(c, c, 3) if i < len(channels) - 1 else []
+        prev = c
+    shapes += resnet(prev, prev) + attention(prev) + resnet(prev, prev)
+    widths = list(reversed(channels))
+    for i, c in enumerate(widths):
+        skip_last = widths[min(i + 1, len(widths) - 1)]
+        for j in range(layers + 1):
+            skip = skip_last if j == layers else c
+            shapes += resnet((prev if j == 0 else c) + skip, c) + (attention(c) if attn_up[i] else [])
+        shapes += ex.conv(c, c, 3) if i < len(widths) - 1 else []
+        prev = c
+    return shapes + ex.norm(channels[0]) + ex.conv(out_channels, channels[0], 3)
+
+
+TINY_UNET2D = {
+    "_class_name": "UNet2DModel", "sample_size": 16, "in_channels": 3, "out_channels": 3,
+    "layers_per_block": 1, "block_out_channels": [32, 64], "norm_num_groups": 8,
+    "down_block_types": ["DownBlock2D", "AttnDownBlock2D"],
+    "up_block_types": ["AttnUpBlock2D", "UpBlock2D"],
+}
+UNET2D_SHAPES = unet2d_shapes(3, 3, (32, 64), 1, (False, True), (True, False))
+
+
+def _png_folder(folder: Path, count: int, size: tuple[int, int] = (20, 24)) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return folder
+
+
+@pytest.mark.slow
+@needs("diffusers", "datasets", "torchvision", "PIL")
+def test_diffusers_train_unconditional_unet_ddpm_ema(tmp_path):
+    images = _png_folder(tmp_path / "images", 12)
+    config = tmp_path / "unet_config.json"
+    config.write_text(json.dumps(TINY_UNET2D))
+    est = estimate("r7_diffusers_train_unconditional.py", "--train_data_dir", str(images),
+                   "--model_config_name_or_path", str(config), "--resolution", "16",
+                   "--train_batch_size", "4", "--eval_batch_size", "2", "--num_epochs", "1",
+                   "--use_ema", "--lr_warmup_steps", "1", "--ddpm_num_inference_steps", "3",
+                   "--checkpointing_steps", "2", "--logger", "none",
+                   "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    model = ex.device_bytes(UNET2D_SHAPES, ex.FP32)
+    # plain torch.optim.AdamW (host `step`s); the EMA's shadow copy of every weight is on the
+    # device too (EMAModel.to(accelerator.device)), beyond the model state
+    assert_training(est, params=model, optimizer_state=2 * model, extra_lower=model)
+    ema = est.breakdown.get("other", 0) + est.breakdown.get("input", 0)
+    assert ema >= model, est.breakdown
+    # 12 images in batches of 4, then the DDPMPipeline's sampling with the EMA weights
+    assert est.data["steps"] == 3 and est.data["phases_ran"] == ["training", "eval"]
+    assert "epoch 0: sampled images (2, 16, 16, 3)" in est.stderr
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
