@@ -8,12 +8,15 @@ hand from the configs (expected.py), not read from peakmem.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import SCRIPTS, SRC, estimate
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
@@ -309,3 +312,82 @@ def test_diffusers_train_unconditional_unet_ddpm_ema(tmp_path):
     assert est.data["steps"] == 3 and est.data["phases_ran"] == ["training", "eval"]
     assert "epoch 0: sampled images (2, 16, 16, 3)" in est.stderr
     assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+# diffusers: examples/text_to_image/train_text_to_image.py and train_text_to_image_lora.py ---------
+
+@pytest.fixture(scope="module")
+def sd_files(tmp_path_factory) -> dict[str, Path]:
+    """A tiny Stable Diffusion pipeline folder (scripts/r7_make_sd_checkpoint.py: UNet2DCondition,
+    AutoencoderKL, CLIP text encoder and tokenizer, DDPM scheduler) and an imagefolder of 8
+    captioned 20 x 24 images (metadata.jsonl)."""
+    root = tmp_path_factory.mktemp("sd")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, str(SCRIPTS / "r7_make_sd_checkpoint.py"), str(root / "sd")],
+                   check=True, capture_output=True, env=env, timeout=180)
+    images = _png_folder(root / "images", 8)
+    _jsonl(images / "metadata.jsonl", [{"file_name": f"{i}.png", "text": f"a photo of thing {i}"}
+                                       for i in range(8)])
+    return {"root": root, "model": root / "sd", "images": images}
+
+
+def _sd_shapes(sd_files: dict[str, Path]) -> dict[str, list[ex.Shape]]:
+    """Each component's parameter shapes as the maker script's models hold them (shapes.json)."""
+    shapes = json.loads((sd_files["model"] / "shapes.json").read_text())
+    return {name: [tuple(shape) for shape in value] for name, value in shapes.items()}
+
+
+def run_text_to_image(sd_files: dict[str, Path], *flags: str):
+    return estimate("r7_diffusers_train_text_to_image.py", "--pretrained_model_name_or_path",
+                    str(sd_files["model"]), "--train_data_dir", str(sd_files["images"]),
+                    "--resolution", "16", "--train_batch_size", "2", "--max_train_steps", "3",
+                    "--mixed_precision", "fp16", "--report_to", "none", "--lr_warmup_steps", "0",
+                    *flags, cwd=sd_files["root"])
+
+
+@pytest.mark.slow
+@needs("diffusers", "peft", "datasets", "torchvision", "PIL")
+def test_diffusers_text_to_image_full_unet_ema_fp16_frozen_vae_text_encoder(sd_files):
+    est = run_text_to_image(sd_files, "--use_ema", "--gradient_checkpointing",
+                            "--checkpointing_steps", "2", "--output_dir",
+                            str(sd_files["root"] / "full"))
+    shapes = _sd_shapes(sd_files)
+    unet = ex.device_bytes(shapes["unet"], ex.FP32)
+    # the UNet trains in fp32 (autocast); the frozen VAE and text encoder were cast to fp16 on
+    # the device: all of them are weights, the VAE's decoder too (never run: only vae.encode)
+    frozen = ex.device_bytes(shapes["vae"], 2) + ex.device_bytes(shapes["text_encoder"], 2)
+    assert_training(est, params=unet + frozen, grads=unet, optimizer_state=2 * unet,
+                    extra_lower=unet)  # the EMA's shadow copy of the UNet, on the device
+    assert est.data["steps"] == 3 and "trained 3 steps" in est.stderr
+    assert "checkpoint-2/optimizer.bin" in _notes(est)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+def _unet_lora_shapes(rank: int, transformers_at: dict[int, int], cross_dim: int) -> list[ex.Shape]:
+    """peft LoRA (A: r x in, B: out x r) on to_q / to_k / to_v / to_out.0 of both attentions
+    of every BasicTransformerBlock: self-attention (c -> c) and cross-attention (to_k / to_v
+    read the text encoder's states, cross_dim wide)."""
+    shapes: list[ex.Shape] = []
+    for channels, count in transformers_at.items():
+        per_block = 4 * [(rank, channels), (channels, rank)]  # attn1
+        per_block += 2 * [(rank, channels), (channels, rank)]  # attn2 to_q, to_out.0
+        per_block += 2 * [(rank, cross_dim), (channels, rank)]  # attn2 to_k, to_v
+        shapes += count * per_block
+    return shapes
+
+
+@pytest.mark.slow
+@needs("diffusers", "peft", "datasets", "torchvision", "PIL")
+def test_diffusers_text_to_image_lora_trains_adapters_on_an_fp16_unet(sd_files):
+    rank = 4
+    est = run_text_to_image(sd_files, "--lora_rank", str(rank), "--output_dir",
+                            str(sd_files["root"] / "lora"))
+    shapes = _sd_shapes(sd_files)
+    # one transformer in the 32-wide down block, two in the up block, one in the 64-wide mid
+    lora = _unet_lora_shapes(rank, {32: 3, 64: 1}, cross_dim=32)
+    lora_bytes = ex.device_bytes(lora, ex.FP32)  # cast_training_params: the adapters in fp32
+    frozen = sum(ex.device_bytes(shapes[name], 2) for name in ("unet", "vae", "text_encoder"))
+    assert_training(est, params=frozen + lora_bytes, grads=lora_bytes,
+                    optimizer_state=2 * lora_bytes)
+    assert "pytorch_lora_weights.safetensors" in _notes(est)
