@@ -103,6 +103,23 @@ def test_trl_sft_use_peft_lora_trains_the_adapters_only(trl_files):
 
 @pytest.mark.slow
 @needs("trl", "peft", "datasets")
+def test_trl_sft_under_accelerate_launch_two_processes(trl_files):
+    out = trl_files["root"] / "out" / "sft-ddp"
+    est = estimate("r7_trl_sft.py", "--model_name_or_path", str(trl_files["model"]),
+                   "--dataset_name", str(trl_files["sft"]), "--max_steps", "3",
+                   "--per_device_train_batch_size", "4", "--max_length", "48",
+                   "--report_to", "none", "--output_dir", str(out), cwd=trl_files["root"],
+                   launcher=("accelerate", "launch", "--num_processes", "2",
+                             "--mixed_precision", "bf16"))
+    # DDP: every rank holds the whole model state
+    assert_training(est, params=GPT2_PARAMS, optimizer_state=FUSED_ADAMW)
+    assert est.data["world_size"] == 2 and est.data["launcher"] == "accelerate"
+    # the DistributedSampler gives each rank 20 of the 40 rows: 5 batches of 4
+    assert "DataLoader epoch of 5 batches" in _notes(est)
+
+
+@pytest.mark.slow
+@needs("trl", "peft", "datasets")
 def test_trl_dpo_policy_and_reference_model(trl_files):
     est = run_trl("dpo", trl_files, "pref")
     # DPOTrainer loads a second copy of the model as the frozen reference, on the device:
