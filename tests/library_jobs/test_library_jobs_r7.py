@@ -408,3 +408,34 @@ def test_diffusers_text_to_image_lora_trains_adapters_on_an_fp16_unet(sd_files):
     assert_training(est, params=frozen + lora_bytes, grads=lora_bytes,
                     optimizer_state=2 * lora_bytes)
     assert "pytorch_lora_weights.safetensors" in _notes(est)
+
+
+@pytest.mark.slow
+@needs("diffusers", "peft", "datasets", "torchvision", "PIL")
+def test_diffusers_dreambooth_lora_prior_preservation_generates_then_trains(sd_files):
+    # 4 instance images; the 2 class images are generated first by the base pipeline (50
+    # denoising steps on the device), which is then deleted
+    instance = _png_folder(sd_files["root"] / "instance", 4)
+    class_dir = sd_files["root"] / "class-images"
+    est = estimate("r7_diffusers_train_dreambooth_lora.py", "--pretrained_model_name_or_path",
+                   str(sd_files["model"]), "--instance_data_dir", str(instance),
+                   "--instance_prompt", "a photo of sks dog", "--with_prior_preservation",
+                   "--class_data_dir", str(class_dir), "--class_prompt", "a photo of dog",
+                   "--num_class_images", "2", "--sample_batch_size", "2", "--resolution", "16",
+                   "--train_batch_size", "2", "--max_train_steps", "3", "--mixed_precision", "fp16",
+                   "--report_to", "none", "--lr_warmup_steps", "0",
+                   "--output_dir", str(sd_files["root"] / "dreambooth"), cwd=sd_files["root"])
+    shapes = _sd_shapes(sd_files)
+    rank = 4
+    lora = _unet_lora_shapes(rank, {32: 3, 64: 1}, cross_dim=32)  # no add_k_proj in SD's UNet
+    lora_bytes = ex.device_bytes(lora, ex.FP32)
+    frozen = sum(ex.device_bytes(shapes[name], 2) for name in ("unet", "vae", "text_encoder"))
+    # only the training models' weights: the generation pipeline's copy was freed by `del`
+    assert_training(est, params=frozen + lora_bytes, grads=lora_bytes,
+                    optimizer_state=2 * lora_bytes)
+    assert "generated 2 class images" in est.stderr and "trained 3 steps" in est.stderr
+    # the DDPM sampling loop ran on fake tensors (DDPMScheduler indexes its timesteps with a
+    # device scalar), and class images were written; their names hold the batch's device
+    # `index` and the image's hash, which fake mode reads as zeros: the two share one name
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert [path.name[:2] for path in class_dir.iterdir()] == ["0-"]
