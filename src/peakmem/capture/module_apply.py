@@ -92,9 +92,30 @@ def _set_data(mode, func, args: tuple, kwargs: dict) -> Any:
             result = func(*args, **kwargs)
             if _owns_its_storage(new):
                 _claim_as_parameter(mode, tensor)
+            _claim_frozen_parameter(mode, tensor)
             return result
         _swap_data(mode, tensor, new)
+        _claim_frozen_parameter(mode, tensor)
     return None
+
+
+_MOVED = (Category.INPUT.value,)
+
+
+def _claim_frozen_parameter(mode, tensor: Any) -> None:
+    """A frozen Parameter moved to the device (`vae.requires_grad_(False); vae.to(device,
+    dtype)`, `module._apply` setting `param.data`): its block holds the weight from now on. A
+    trainable one is claimed when an optimizer steps it (or a forward of its root module runs),
+    a frozen one by nothing but its root module's forward, which never runs when the job calls
+    only a part of it (diffusers' `vae.encode` runs the VAE's encoder: the decoder's weights,
+    on the device all along, stayed the host copy's "input")."""
+    if (
+        isinstance(tensor, torch.nn.Parameter)
+        and not tensor.requires_grad
+        and tensor.device.type == "meta"
+        and mode.session.storage_kind(tensor) == "device"
+    ):
+        mode.session.classify(tensor, Category.PARAMETER.value, only_from=_MOVED)
 
 
 _COMPUTED = (Category.TEMPORARY.value, Category.ACTIVATION.value, Category.OTHER.value)

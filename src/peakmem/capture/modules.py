@@ -10,6 +10,7 @@ the innermost module wins when modules share an output node).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -24,7 +25,7 @@ _METADATA_KEY = "peakmem_module"
 class ModulePaths:
     def __init__(self, on_root: Callable[[torch.nn.Module], None] | None = None) -> None:
         self.names: dict[int, str] = {}
-        self.roots: dict[int, torch.nn.Module] = {}
+        self.roots: weakref.WeakValueDictionary[int, torch.nn.Module] = weakref.WeakValueDictionary()
         self._forward: list[str] = []
         self.backward_module: str | None = None
         self.in_backward = False
@@ -54,10 +55,21 @@ class ModulePaths:
     def _register_root(self, module: torch.nn.Module) -> None:
         self.roots[id(module)] = module
         prefix = type(module).__name__
+        named = []
         for name, sub in module.named_modules():
-            self.names.setdefault(id(sub), f"{prefix}.{name}" if name else prefix)
+            if id(sub) not in self.names:
+                self.names[id(sub)] = f"{prefix}.{name}" if name else prefix
+                named.append(id(sub))
+        # the job may delete the model (diffusers' DreamBooth: `del pipeline` after generating
+        # its class images): nothing here keeps it, or its device memory, alive, and its ids
+        # are forgotten with it (a new module may reuse one)
+        weakref.finalize(module, self._forget, named)
         if self._on_root is not None:
             self._on_root(module)
+
+    def _forget(self, ids: list[int]) -> None:
+        for key in ids:
+            self.names.pop(key, None)
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if id(module) not in self.names:

@@ -11,6 +11,11 @@ CUDA): timm's Kron optimizer picks a row with `A[j]`, `j` from `torch.max(..., 0
 torchmetrics' `R2Score` computes `raw_scores[cond] = ...` with `cond` a 0-d bool. As on
 CUDA, the bound or index is read on the host first (a host read: zeros in fake mode, real
 values in eager mode).
+
+A 0-d integer tensor inside a list index is read the same way (`x[[i, j]]` builds its index
+tensor from their values; diffusers' DDPMScheduler.previous_timestep indexes
+`self.timesteps[index + 1]` with `index` from `nonzero()`, so every DDPMPipeline sampling loop
+stopped fake mode before).
 """
 
 from __future__ import annotations
@@ -42,15 +47,24 @@ def _device_scalar_index(mode: Any, value: Any) -> Any:
     return int(mode.host_values(value))
 
 
+def _integer_scalar(value: Any) -> bool:
+    return (isinstance(value, Tensor) and value.is_meta and value.dim() == 0
+            and not value.dtype.is_floating_point and not value.dtype.is_complex
+            and value.dtype is not torch.bool)
+
+
 def _host_slices(mode: Any, index: Any, *, top: bool = True) -> Any:
     if top and isinstance(index, Tensor):
         return _device_scalar_index(mode, index)
+    if not top and _integer_scalar(index):
+        return _host_bound(mode, index)
     if isinstance(index, slice):
         if not any(isinstance(b, Tensor) for b in (index.start, index.stop, index.step)):
             return index
         return slice(*(_host_bound(mode, b) for b in (index.start, index.stop, index.step)))
     if isinstance(index, tuple | list):
-        # a tuple's parts are indices (a list is one advanced index: its tensors stay)
+        # a tuple's parts are indices; a list is one advanced index: only its 0-d integer
+        # tensors are read (to build the index tensor), other tensors stay
         converted = [_host_slices(mode, part, top=isinstance(index, tuple)) for part in index]
         if all(new is old for new, old in zip(converted, index, strict=True)):
             return index
