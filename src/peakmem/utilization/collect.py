@@ -84,7 +84,7 @@ def capture_step(row: BenchRow) -> dict[str, Any] | str:
     from peakmem.baselines.base import CannotEstimate
     from peakmem.baselines.peakmem_estimator import job_command
     from peakmem.estimate import EstimateError, estimate_command
-    from peakmem.utilization.observer import META_KEY
+    from peakmem.utilization.kernel_families import META_KEY
 
     sink = io.StringIO()
     try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from peakmem.utilization.kernel_families import META_KEY
 from peakmem.utilization.model import StepFormatError, StepOps, Utilization, utilization
-from peakmem.utilization.observer import META_KEY
 
 MAX_WORKERS = 1024
 

@@ -35,6 +35,14 @@ from typing import Any
 
 import numpy as np
 
+from peakmem.utilization.kernel_families import (
+    ATTENTION,
+    CONV,
+    ELEMENTWISE,
+    FOREACH,
+    GEMM,
+    REDUCTION,
+)
 from peakmem.utilization.kernel_shapes import RULES as LAUNCH_RULES
 from peakmem.utilization.kernel_shapes import (
     SATURATING_WARPS_PER_SM,
@@ -45,7 +53,6 @@ from peakmem.utilization.kernel_shapes import (
     kind_of,
     waves_of,
 )
-from peakmem.utilization.op_costs import ATTENTION, CONV, ELEMENTWISE, FOREACH, GEMM, REDUCTION
 
 PARAMS_FILE = "params.toml"
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from peakmem.capture.session import CaptureSession
+from peakmem.utilization.kernel_families import META_KEY
 from peakmem.utilization.op_costs import (
     ATTENTION,
     CONV,
@@ -24,7 +25,6 @@ from peakmem.utilization.op_costs import (
     op_cost_key,
 )
 
-META_KEY = "utilization"
 _RANDOM_OPS = frozenset({"normal", "normal_", "randn", "rand", "uniform_", "randint", "random_",
                          "bernoulli", "bernoulli_", "randperm"})
 FORMAT_VERSION = 1

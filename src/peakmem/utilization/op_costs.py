@@ -19,6 +19,15 @@ import torch
 
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.cuda_rules.true_device import is_meta
+from peakmem.utilization.kernel_families import (  # noqa: F401  (re-exported)
+    ATTENTION,
+    CONV,
+    ELEMENTWISE,
+    FAMILIES,
+    FOREACH,
+    GEMM,
+    REDUCTION,
+)
 
 
 def _load_flop_registry() -> dict:
@@ -36,14 +45,6 @@ def _load_flop_registry() -> dict:
 
 FLOP_REGISTRY = _load_flop_registry()
 
-# kernel families (codes kept short: they travel in the trace's metadata)
-GEMM = "gemm"  # cuBLAS matmul
-CONV = "conv"  # cuDNN convolution (forward and backward)
-ATTENTION = "attn"  # flash / memory-efficient attention
-ELEMENTWISE = "elem"  # TensorIterator kernels: pointwise, copies, fills
-REDUCTION = "red"  # reductions, softmax, norms, losses
-FOREACH = "foreach"  # multi_tensor_apply kernels (optimizers, grad clipping)
-FAMILIES = (GEMM, CONV, ATTENTION, ELEMENTWISE, REDUCTION, FOREACH)
 
 _FAMILY_BY_OP: dict[str, str] = {}
 
