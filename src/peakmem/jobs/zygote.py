@@ -167,10 +167,33 @@ def warm_up(preload: Sequence[str]) -> list[str]:
     return errors
 
 
+def environment_changes(before: Mapping[str, str],
+                        after: Mapping[str, str]) -> dict[str, str | None]:
+    """What the warm-up's imports did to the environment (a library may set a variable when it
+    is imported, as Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK): name -> new value, None for
+    a removed one. A cold job that imports those libraries makes the same changes itself."""
+    changes: dict[str, str | None] = {name: value for name, value in after.items()
+                                      if before.get(name) != value}
+    changes.update({name: None for name in before if name not in after})
+    return changes
+
+
+def with_changes(env: Mapping[str, str], changes: Mapping[str, str | None]) -> dict[str, str]:
+    result = dict(env)
+    for name, value in changes.items():
+        if value is None:
+            result.pop(name, None)
+        else:
+            result[name] = value
+    return result
+
+
 def fork_job(argv: Sequence[str], cwd: str, env: Mapping[str, str], umask: int, output_fd: int,
-             close_fds: Sequence[int] = ()) -> int:
+             close_fds: Sequence[int] = (),
+             env_changes: Mapping[str, str | None] | None = None) -> int:
     """Fork a child that runs the cold child's command `argv`; its pid (the leader of its own
-    session). `argv` must be exactly the cold child's (ValueError otherwise)."""
+    session). `argv` must be exactly the cold child's (ValueError otherwise). The child's
+    environment is the requester's `env` with the warm-up's `env_changes` made to it."""
     argv = list(argv)
     if len(argv) != 4 or argv[:3] != cold_child_argv(argv[3])[:3]:
         raise ValueError("not a peakmem job process command")
@@ -182,7 +205,8 @@ def fork_job(argv: Sequence[str], cwd: str, env: Mapping[str, str], umask: int, 
         return pid
     code = 70
     try:
-        _become_job_process(argv, cwd, env, umask, output_fd, close_fds)
+        _become_job_process(argv, cwd, with_changes(env, env_changes or {}), umask, output_fd,
+                            close_fds)
         from peakmem.capture.child import main as child_main
 
         child_main(argv[3:])  # ends the process itself
@@ -251,6 +275,9 @@ def main(args: list[str]) -> None:
     if os.fork():
         os._exit(0)
     os.setsid()
+    # the identity is the environment the warm process started with, before its imports
+    # (which may set variables): the requester's must be that one
+    started_with, started_identity = dict(os.environ), identity()
     try:
         errors = warm_up(config.get("preload", []))
     except BaseException:
@@ -259,7 +286,8 @@ def main(args: list[str]) -> None:
         raise
     serve(
         listener, path,
-        identity=identity(),
+        identity=started_identity,
+        env_changes=environment_changes(started_with, os.environ),
         preload=list(config.get("preload", [])),
         preload_errors=errors,
         idle_seconds=config.get("idle"),

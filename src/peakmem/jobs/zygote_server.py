@@ -166,9 +166,10 @@ class _State:
 
 def serve(listener: socket.socket, socket_path: Path, identity: dict[str, Any], preload: list[str],
           preload_errors: list[str], idle_seconds: float | None = DEFAULT_IDLE_SECONDS,
-          nonce: str = "") -> None:
+          nonce: str = "", env_changes: dict[str, str | None] | None = None) -> None:
     """Serve on `listener` (bound to `socket_path` by :func:`listen`) until stopped, idle, or
-    the socket file is taken over by another server."""
+    the socket file is taken over by another server. `env_changes`: what the warm-up's imports
+    did to the environment, made to each job's too (zygote.environment_changes)."""
     from peakmem.jobs.zygote import identity_difference, unfit_preloads
 
     state = _State(identity, preload, preload_errors, idle_seconds or None, nonce)
@@ -220,7 +221,7 @@ def serve(listener: socket.socket, socket_path: Path, identity: dict[str, Any], 
             open_fds = [listener.fileno(), wake_read, wake_write, selector.fileno(),
                         *(c.sock.fileno() for c in connections.values())]
             try:
-                pid = _fork(message, output_fd, open_fds)
+                pid = _fork(message, output_fd, open_fds, env_changes)
             except (ValueError, TypeError, KeyError, OSError) as exc:
                 send_message(conn.sock, {"error": f"{type(exc).__name__}: {exc}"})
                 return
@@ -306,7 +307,8 @@ def _accept(listener: socket.socket, selector: selectors.BaseSelector,
     selector.register(sock, selectors.EVENT_READ, conn)
 
 
-def _fork(message: dict[str, Any], output_fd: int, open_fds: list[int]) -> int:
+def _fork(message: dict[str, Any], output_fd: int, open_fds: list[int],
+          env_changes: dict[str, str | None] | None = None) -> int:
     from peakmem.jobs.zygote import fork_job
 
     env = message["env"]
@@ -315,7 +317,7 @@ def _fork(message: dict[str, Any], output_fd: int, open_fds: list[int]) -> int:
         raise ValueError("the environment must map strings to strings")
     return fork_job(
         [str(word) for word in message["argv"]], str(message["cwd"]), env,
-        int(message["umask"]) & 0o777, output_fd, open_fds,
+        int(message["umask"]) & 0o777, output_fd, open_fds, env_changes,
     )
 
 
