@@ -40,6 +40,7 @@ def stack24():
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    from tests.parallel import group_shared_fixture_users
+    from tests.parallel import group_shared_fixture_users, slow_first
 
     group_shared_fixture_users(items)
+    slow_first(items)

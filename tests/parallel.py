@@ -41,3 +41,27 @@ def group_shared_fixture_users(items: Iterable[pytest.Item]) -> int:
             item.add_marker(pytest.mark.xdist_group(module_group(item)))
             marked += 1
     return marked
+
+
+SLOW_MODULES = (
+    "tests/library_jobs/",  # each test a `peakmem estimate` subprocess of a library script
+    "tests/capture/test_compile_capture2.py",
+    "tests/cli/test_estimate_process.py",
+    "tests/estimate/test_fit_search.py",
+)
+"""Where the tests that take tens of seconds each live (docs/DEVELOPMENT.md, "The test suite's
+time"); tests marked ``slow`` count too."""
+
+
+def is_slow(item: pytest.Item) -> bool:
+    return (module_group(item).startswith(SLOW_MODULES)
+            or item.get_closest_marker("slow") is not None)
+
+
+def slow_first(items: list[pytest.Item]) -> None:
+    """Put the slow tests first, each part in its collection order. xdist hands out work in
+    that order (a group's tests as one unit, the groups with the most tests first): a slow test
+    handed out last would keep one worker busy after the other has finished, a fast one evens
+    the two workers out."""
+    items[:] = [item for item in items if is_slow(item)] + [
+        item for item in items if not is_slow(item)]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.parallel import group_shared_fixture_users, shared_fixtures
+from tests.parallel import group_shared_fixture_users, is_slow, shared_fixtures, slow_first
 
 pytest_plugins = ["pytester"]
 
@@ -69,3 +69,27 @@ def test_users_of_a_module_or_class_fixture_share_their_modules_group(pytester: 
         "test_alone": [],  # function and session fixtures only: balanced on its own
         "test_own_group": ["serial"],  # a group the test names is kept
     }
+
+
+def test_slow_tests_are_handed_out_first_in_their_order(pytester: pytest.Pytester):
+    items = pytester.getitems("""
+import pytest
+
+def test_fast_one():
+    pass
+
+@pytest.mark.slow
+def test_slow_one():
+    pass
+
+def test_fast_two():
+    pass
+
+@pytest.mark.slow
+def test_slow_two():
+    pass
+""")
+    slow_first(items)
+    assert [item.name for item in items] == [
+        "test_slow_one", "test_slow_two", "test_fast_one", "test_fast_two"]
+    assert not is_slow(items[-1]) and is_slow(items[0])
