@@ -11,32 +11,13 @@ import pytest
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 from peakmem.capture import capture_modes, device_map, host_deferred
 from peakmem.capture.capture_modes import CaptureModes
 from peakmem.estimate import estimate
+from tests.capture.capture_helpers import small_cnn_training_job as cnn_job
 from tests.capture.capture_helpers import two_stacked_modes
-
-
-def cnn_job() -> None:
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ELU(),
-                          nn.Dropout(0.1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                          nn.Linear(8, 10)).cuda()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    data = TensorDataset(torch.randn(24, 3, 12, 12), torch.randint(0, 10, (24,)))
-    loader = DataLoader(data, batch_size=8, pin_memory=True)
-    scale = torch.tensor([0.5], device="cuda")
-    for x, y in loader:
-        x, y = x.to("cuda", non_blocking=True), y.cuda()
-        noise = torch.zeros(x.shape, device="cuda") + torch.ones_like(x) * scale
-        optimizer.zero_grad(set_to_none=False)
-        loss = nn.functional.cross_entropy(model(x + noise), y)
-        loss.backward()
-        optimizer.step()
-        assert loss.item() == 0.0  # a host read: placeholder zeros
-        host = torch.empty(4, pin_memory=True)
-        host.copy_(loss.detach().expand(4).cpu())
 
 
 class _Draws(Dataset):

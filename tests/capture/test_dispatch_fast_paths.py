@@ -17,33 +17,12 @@ from __future__ import annotations
 import json
 
 import torch
-from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.data import DataLoader, TensorDataset
 
 from peakmem.capture import device_map, host_deferred, recorder
 from peakmem.estimate import estimate
+from tests.capture.capture_helpers import small_cnn_training_job as train
 from tests.capture.capture_helpers import two_stacked_modes
-
-
-def train() -> None:
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ELU(),
-                          nn.Dropout(0.1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                          nn.Linear(8, 10)).cuda()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    data = TensorDataset(torch.randn(24, 3, 12, 12), torch.randint(0, 10, (24,)))
-    loader = DataLoader(data, batch_size=8, pin_memory=True)
-    scale = torch.tensor([0.5], device="cuda")
-    for x, y in loader:
-        x, y = x.to("cuda", non_blocking=True), y.cuda()
-        noise = torch.zeros(x.shape, device="cuda") + torch.ones_like(x) * scale
-        optimizer.zero_grad(set_to_none=False)
-        loss = nn.functional.cross_entropy(model(x + noise), y)
-        loss.backward()
-        optimizer.step()
-        assert loss.item() == 0.0  # a host read: placeholder zeros
-        host = torch.empty(4, pin_memory=True)
-        host.copy_(loss.detach().expand(4).cpu())
 
 
 def whole() -> dict:
