@@ -88,7 +88,7 @@ def test_timm_train_pieces_opt_kron_on_resnet18_without_opt_einsum(tmp_path):
 
     (tmp_path / "img").mkdir()
     rng = np.random.default_rng(0)
-    for i in range(8):
+    for i in range(4):
         Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
             tmp_path / "img" / f"{i}.png")
     shapes, _ = ex.resnet18_shapes(classes=10)
@@ -97,6 +97,7 @@ def test_timm_train_pieces_opt_kron_on_resnet18_without_opt_einsum(tmp_path):
     est = estimate("r5_timm_pieces.py", "--data-dir", str(tmp_path / "img"), "--opt", "kron",
                    "-b", "2", "--epochs", "1")
     assert est.returncode == 0, est.failure()
+    assert est.data["steps"] == 2, est.data["steps"]  # 4 images in batches of 2
     assert est.data["mode"] == "fake", est.data["mode_reason"]  # it timed out in eager mode
     assert est.breakdown["parameter"] == params
     assert est.breakdown["optimizer_state"] == params + factors
