@@ -135,10 +135,12 @@ ACCELERATE_DS_BUCKET = int(5e8)
 """DeepSpeed's default reduce_bucket_size (accelerate's generated config leaves it unset)."""
 
 
-@pytest.fixture
-def mrpc_dir(tmp_path):
-    """test_library_jobs_r4.py's working directory: `bert-base-cased` (tiny) and `glue/mrpc`."""
-    return r4.mrpc_dir.__wrapped__(tmp_path)
+@pytest.fixture(scope="module")
+def mrpc_dir(tmp_path_factory):
+    """test_library_jobs_r4.py's working directory: `bert-base-cased` (tiny) and `glue/mrpc`,
+    written once for this module's accelerate jobs (each writes its own config file there; none
+    resumes from another's checkpoint)."""
+    return r4.mrpc_dir.__wrapped__(tmp_path_factory.mktemp("mrpc"))
 
 
 def _accelerate_bert(mrpc_dir, launcher: tuple[str, ...]):

@@ -167,13 +167,13 @@ def test_trl_grpo_generates_with_the_policy_and_scores_with_a_reward_model(trl_f
         config = json.loads((trl_files["model"] / "config.json").read_text())
         config.update(architectures=["GPT2ForSequenceClassification"], num_labels=1, pad_token_id=0)
         (reward_model / "config.json").write_text(json.dumps(config))
-    prompts = _jsonl(root / "prompts" / "train.jsonl", [{"prompt": s[:30]} for s in sentences(16, 5)])
+    prompts = _jsonl(root / "prompts" / "train.jsonl", [{"prompt": s[:30]} for s in sentences(4, 5)])
     out = root / "out" / "grpo"
     est = estimate("r7_trl_grpo.py", "--model_name_or_path", str(trl_files["model"]),
                    "--dataset_name", str(prompts.parent), "--reward_model_name_or_path",
                    str(reward_model), "--reward_funcs", "get_soft_overlong_punishment",
-                   "--max_steps", "2", "--per_device_train_batch_size", "4",
-                   "--num_generations", "4", "--max_completion_length", "8", "--report_to", "none",
+                   "--max_steps", "1", "--per_device_train_batch_size", "2",
+                   "--num_generations", "2", "--max_completion_length", "4", "--report_to", "none",
                    "--output_dir", str(out), cwd=root)
     # the policy and the reward model on the device (beta = 0: no reference model); gradients
     # and AdamW's moments for the policy only
@@ -221,13 +221,13 @@ ST_MOMENTS = 2 * ex.device_bytes(BERT_SHAPES, ex.FP32)
 def test_sentence_transformers_trainer_mnrl_nli_with_sts_evaluator(st_files):
     est = estimate("r7_st_nli_v2.py", str(st_files["model"]), "--train-file", str(st_files["nli"]),
                    "--dev-file", str(st_files["nli"]), "--sts-file", str(st_files["sts"]),
-                   "--batch-size", "8", "--max-steps", "4", "--eval-steps", "2",
+                   "--batch-size", "8", "--max-steps", "2", "--eval-steps", "1",
                    "--max-seq-length", "32", cwd=st_files["root"])
     # fp16 autocast keeps fp32 weights; the Trainer's fused AdamW: moments and a device `step`
     # for each of the 37 parameters that get a gradient
     assert_training(est, params=ST_PARAMS, grads=ex.device_bytes(BERT_SHAPES, ex.FP32),
                     optimizer_state=ST_MOMENTS + fused_steps(BERT_SHAPES))
-    # 48 triplets in NO_DUPLICATES batches of 8; the loss's evaluation every 2 steps
+    # 48 triplets in NO_DUPLICATES batches of 8; the loss's evaluation after each step
     assert "DataLoader epoch of 6 batches" in _notes(est)
     assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
     assert "sts-test:" in est.stderr
@@ -358,7 +358,7 @@ def _sd_shapes(sd_files: dict[str, Path]) -> dict[str, list[ex.Shape]]:
 def run_text_to_image(sd_files: dict[str, Path], *flags: str):
     return estimate("r7_diffusers_train_text_to_image.py", "--pretrained_model_name_or_path",
                     str(sd_files["model"]), "--train_data_dir", str(sd_files["images"]),
-                    "--resolution", "16", "--train_batch_size", "2", "--max_train_steps", "3",
+                    "--resolution", "16", "--train_batch_size", "2", "--max_train_steps", "2",
                     "--mixed_precision", "fp16", "--report_to", "none", "--lr_warmup_steps", "0",
                     *flags, cwd=sd_files["root"])
 
@@ -367,7 +367,7 @@ def run_text_to_image(sd_files: dict[str, Path], *flags: str):
 @needs("diffusers", "peft", "datasets", "torchvision", "PIL")
 def test_diffusers_text_to_image_full_unet_ema_fp16_frozen_vae_text_encoder(sd_files):
     est = run_text_to_image(sd_files, "--use_ema", "--gradient_checkpointing",
-                            "--checkpointing_steps", "2", "--output_dir",
+                            "--checkpointing_steps", "1", "--output_dir",
                             str(sd_files["root"] / "full"))
     shapes = _sd_shapes(sd_files)
     unet = ex.device_bytes(shapes["unet"], ex.FP32)
@@ -376,8 +376,8 @@ def test_diffusers_text_to_image_full_unet_ema_fp16_frozen_vae_text_encoder(sd_f
     frozen = ex.device_bytes(shapes["vae"], 2) + ex.device_bytes(shapes["text_encoder"], 2)
     assert_training(est, params=unet + frozen, grads=unet, optimizer_state=2 * unet,
                     extra_lower=unet)  # the EMA's shadow copy of the UNet, on the device
-    assert est.data["steps"] == 3 and "trained 3 steps" in est.stderr
-    assert "checkpoint-2/optimizer.bin" in _notes(est)
+    assert est.data["steps"] == 2 and "trained 2 steps" in est.stderr
+    assert "checkpoint-1/optimizer.bin" in _notes(est)
     assert est.data["mode"] == "fake", est.data["mode_reason"]
 
 
@@ -422,7 +422,7 @@ def test_diffusers_dreambooth_lora_prior_preservation_generates_then_trains(sd_f
                    "--instance_prompt", "a photo of sks dog", "--with_prior_preservation",
                    "--class_data_dir", str(class_dir), "--class_prompt", "a photo of dog",
                    "--num_class_images", "2", "--sample_batch_size", "2", "--resolution", "16",
-                   "--train_batch_size", "2", "--max_train_steps", "3", "--mixed_precision", "fp16",
+                   "--train_batch_size", "2", "--max_train_steps", "2", "--mixed_precision", "fp16",
                    "--report_to", "none", "--lr_warmup_steps", "0",
                    "--output_dir", str(sd_files["root"] / "dreambooth"), cwd=sd_files["root"])
     shapes = _sd_shapes(sd_files)
@@ -433,7 +433,7 @@ def test_diffusers_dreambooth_lora_prior_preservation_generates_then_trains(sd_f
     # only the training models' weights: the generation pipeline's copy was freed by `del`
     assert_training(est, params=frozen + lora_bytes, grads=lora_bytes,
                     optimizer_state=2 * lora_bytes)
-    assert "generated 2 class images" in est.stderr and "trained 3 steps" in est.stderr
+    assert "generated 2 class images" in est.stderr and "trained 2 steps" in est.stderr
     # the DDPM sampling loop ran on fake tensors (DDPMScheduler indexes its timesteps with a
     # device scalar), and class images were written; their names hold the batch's device
     # `index` and the image's hash, which fake mode reads as zeros: the two share one name

@@ -88,7 +88,7 @@ def test_timm_train_pieces_opt_kron_on_resnet18_without_opt_einsum(tmp_path):
 
     (tmp_path / "img").mkdir()
     rng = np.random.default_rng(0)
-    for i in range(8):
+    for i in range(4):
         Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
             tmp_path / "img" / f"{i}.png")
     shapes, _ = ex.resnet18_shapes(classes=10)
@@ -97,6 +97,7 @@ def test_timm_train_pieces_opt_kron_on_resnet18_without_opt_einsum(tmp_path):
     est = estimate("r5_timm_pieces.py", "--data-dir", str(tmp_path / "img"), "--opt", "kron",
                    "-b", "2", "--epochs", "1")
     assert est.returncode == 0, est.failure()
+    assert est.data["steps"] == 2, est.data["steps"]  # 4 images in batches of 2
     assert est.data["mode"] == "fake", est.data["mode_reason"]  # it timed out in eager mode
     assert est.breakdown["parameter"] == params
     assert est.breakdown["optimizer_state"] == params + factors
@@ -326,7 +327,7 @@ def test_dino_multicrop_student_teacher_weight_norm_head(tmp_path):
     rng = np.random.default_rng(0)
     for c in range(2):
         (tmp_path / "imgs" / f"c{c}").mkdir(parents=True)
-        for i in range(8):
+        for i in range(4):
             Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
                 tmp_path / "imgs" / f"c{c}" / f"{i}.png")
     mlp = ex.linear(128, 64) + ex.linear(128, 128) + ex.linear(32, 128)
@@ -338,7 +339,8 @@ def test_dino_multicrop_student_teacher_weight_norm_head(tmp_path):
     # in epoch 0, --freeze_last_layer 1) and AdamW state
     assert_training(est, params=2 * student, grads=trainable, optimizer_state=2 * trainable)
     assert "Will run the code on one GPU." in est.stderr
-    assert "Epoch: [0] it 3" in est.stderr and "Epoch: [1]" in est.stderr  # 4 batches an epoch
+    # 8 images in batches of 4 (drop_last): 2 batches an epoch, both epochs
+    assert "Epoch: [0] it 1" in est.stderr and "Epoch: [1] it 3" in est.stderr
     assert est.data["mode"] == "fake", est.data["mode_reason"]
 
 
@@ -355,7 +357,7 @@ def test_transformer_tutorial_train_evaluate_best_checkpoint(tmp_path, flags):
     rng = random.Random(0)
     text = tmp_path / "wiki.txt"
     text.write_text("\n".join(" ".join(rng.choice(TUTORIAL_WORDS) for _ in range(12)) + "."
-                              for _ in range(100)))
+                              for _ in range(40)))
     ntokens, d_model, d_hid = len(TUTORIAL_WORDS) + 2, 64, 128  # + "." and <unk>
     layer = [(3 * d_model, d_model), (3 * d_model,), *ex.linear(d_model, d_model),
              *ex.linear(d_hid, d_model), *ex.linear(d_model, d_hid), *[(d_model,)] * 4]
