@@ -283,15 +283,16 @@ class CachingAllocator(PrivatePoolsMixin):
 
     # -- malloc ---------------------------------------------------------------------------------
     def malloc(self, orig_size: int, stream: int = 0) -> Block:
-        capturing = self.captures_underway
-        if self.ready_free and not capturing:
-            self.process_events()
         size = self._rounded.get(orig_size)
         if size is None:
             size = self.round_size(orig_size)
-        pool = self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
-        if capturing:
+        capturing = self.captures_underway
+        if capturing:  # a private pool's (no event processing while a capture is underway)
             pool = self.capture_pool(size)
+        else:
+            if self.ready_free:
+                self.process_events()
+            pool = self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
 
         block = self.get_free_block(pool, size, stream)
         if block is None:
