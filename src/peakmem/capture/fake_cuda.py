@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from peakmem.capture import compiled_code
+from peakmem.capture import compiled_code, memory_size_reads
 from peakmem.capture.session import CaptureSession
 
 
@@ -49,11 +49,21 @@ class FakeDeviceProperties:
     pci_domain_id: int = 0
     uuid: str = "00000000-0000-0000-0000-000000000000"
     gcnArchName: str = "NVIDIA CUDA"  # noqa: N815
+    on_memory_read: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    """Called when the job reads `total_memory` (peakmem's, not torch's: see
+    memory_size_reads)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "total_memory":
+            hook = object.__getattribute__(self, "on_memory_read")
+            if hook is not None:
+                hook()
+        return object.__getattribute__(self, name)
 
     def __repr__(self) -> str:
         return (
             f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
-            f"total_memory={self.total_memory // 2**20}MB, "
+            f"total_memory={object.__getattribute__(self, 'total_memory') // 2**20}MB, "
             f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid}, "
             f"pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
             f"pci_domain_id={self.pci_domain_id}, L2_cache_size={self.L2_cache_size // 2**20}MB)"
@@ -183,6 +193,8 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         minor=minor,
         total_memory=total,
         multi_processor_count=int(gpu.sm_count.value),
+        on_memory_read=lambda: memory_size_reads.note_memory_size_read(
+            session, "torch.cuda.get_device_properties(...).total_memory"),
     )
     default_stream = FakeStream()
 

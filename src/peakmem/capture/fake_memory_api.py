@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from peakmem.capture import memory_size_reads
 from peakmem.capture.fake_memory import SimulatedMemory, build
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.unsupported import Unsupported
@@ -135,6 +136,7 @@ def memory_patches(session: CaptureSession, memory: SimulatedMemory) -> dict[tup
             memory.reset_accumulated()
 
     def mem_get_info(device: Any = None) -> tuple[int, int]:
+        memory_size_reads.note_memory_size_read(session, "torch.cuda.mem_get_info()")
         with session._lock:
             return memory.mem_get_info()
 

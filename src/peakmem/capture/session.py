@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from peakmem.capture.oom_handlers import oom_handler_on_stack
 from peakmem.capture.oom_retry import near_capacity, retry_loop_on_stack
 from peakmem.capture.subclass_storages import inner_tensors, is_wrapper
 from peakmem.cuda_rules.true_device import is_meta
@@ -321,8 +322,9 @@ class CaptureSession:
 
     def _oom_retry_near(self, memory: Any, nbytes: int) -> bool:
         """A retry loop that catches CUDA's out-of-memory error is running and this allocation
-        comes near the GPU's capacity (capture.oom_retry)."""
-        return near_capacity(self.allocated_bytes, nbytes, memory.total_bytes) and retry_loop_on_stack()
+        comes near the GPU's capacity (capture.oom_retry, capture.oom_handlers)."""
+        return near_capacity(self.allocated_bytes, nbytes, memory.total_bytes) and (
+            retry_loop_on_stack() or oom_handler_on_stack())
 
     def _free(self, ident: int, nbytes: int) -> None:
         with self._lock:
