@@ -389,6 +389,10 @@ class HostDeferral(TorchFunctionMode):
         device = kwargs.get("device")
         if not self.defer_construction or not (device is None or is_host_spec(device)):
             return NotImplemented
+        if device is None and self.session.default_device_cuda:
+            # `torch.set_default_device("cuda")`: its mode sits below this one and fills in the
+            # device after it; the tensor is the device's, not a host one to defer
+            return NotImplemented
         if kwargs.get("out") is not None or kwargs.get("layout") not in (None, torch.strided):
             return NotImplemented
         if not _in_construction():
