@@ -25,3 +25,25 @@ def test_default_device_cuda_model_weights_are_device_allocations(a100, stack24)
     assert seen == {"devices": {"cuda"}, "cpu_context": "cpu", "grad": "cuda"}
     sizes = [size for size, _ in allocations(result.trace)]
     assert sizes[:4] == [1024 * 256 * 4, 256 * 4, 8 * 256 * 4, 8 * 4]  # the model, as built
+
+
+def test_default_device_cuda_host_reads_in_eager_mode(a100, stack24, tmp_path):
+    """Eager mode's host copies of device values are host tensors whatever the job's default
+    device: before, `.cpu()` after `set_default_device("cuda")` raised (a meta view was set to
+    a CPU storage), e.g. a checkpoint's RNG state loaded with `map_location="cuda"`."""
+    path = tmp_path / "state.pt"
+    torch.save({"rng": torch.get_rng_state()}, path)
+    seen = {}
+
+    def job():
+        torch.set_default_device("cuda")
+        state = torch.load(path, map_location="cuda")["rng"]
+        host = state.cpu()
+        torch.set_rng_state(host)
+        seen["host"] = (host.device.type, host.dtype, tuple(host.shape))
+        seen["value"] = (torch.arange(3) * 2).tolist()
+
+    result = capture_callable(job, gpu=a100, stack=stack24, mode="eager")
+    assert result.error is None, result.error_text
+    assert seen == {"host": ("cpu", torch.uint8, tuple(torch.get_rng_state().shape)),
+                    "value": [0, 2, 4]}

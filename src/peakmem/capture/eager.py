@@ -116,7 +116,7 @@ class ShadowExecutor(TorchDispatchMode):
         if storage is None:  # made outside the executor's sight (rare): zeros stand in
             self.no_shadow += 1
             storage = self._register(meta_storage, None)
-        view = torch.empty(0, dtype=tensor.dtype)
+        view = torch.empty(0, dtype=tensor.dtype, device="cpu")  # not the job's default
         view.set_(storage, tensor.storage_offset(), tensor.size(), tensor.stride())
         if tensor.is_conj():
             view = view.conj()
@@ -148,7 +148,7 @@ class ShadowExecutor(TorchDispatchMode):
             self._reserve(nbytes)
             storage = torch.zeros(nbytes, dtype=torch.uint8).untyped_storage()
             if source is not None and meta is not None:
-                view = torch.empty(0, dtype=meta.dtype)
+                view = torch.empty(0, dtype=meta.dtype, device="cpu")
                 view.set_(storage, meta.storage_offset(), meta.size(), meta.stride())
                 view.copy_(source)
         self.storages[key] = storage

@@ -562,7 +562,7 @@ class HostDeferral(TorchFunctionMode):
             base = bases.get(key)
             if base is None:
                 with _NO_MODES():
-                    real = torch.empty(0, dtype=torch.uint8).set_(storage)
+                    real = torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage)
                 base = self.defer_host((storage.nbytes(),), torch.uint8, lambda r=real: r)
                 bases[key] = base
             if move:
@@ -704,10 +704,10 @@ class HostDeferral(TorchFunctionMode):
             if real is None:
                 real = self.values.materialize(tensor, count=False)
                 with _NO_MODES():
-                    real = torch.empty(0, dtype=torch.uint8).set_(real.untyped_storage())
+                    real = torch.empty(0, dtype=torch.uint8, device="cpu").set_(real.untyped_storage())
                 self._realized[key] = real
             with _NO_MODES():
-                return torch.empty(0, dtype=tensor.dtype).set_(
+                return torch.empty(0, dtype=tensor.dtype, device="cpu").set_(
                     real.untyped_storage(), tensor.storage_offset(), tensor.size(),
                     tensor.stride())
         finally:

@@ -189,7 +189,7 @@ class HostValues:
             else:
                 self.reads.recomputed += 1
         with _NO_MODES():
-            return torch.empty(0, dtype=dtype).set_(real.untyped_storage(), offset, size, stride)
+            return torch.empty(0, dtype=dtype, device="cpu").set_(real.untyped_storage(), offset, size, stride)
 
     def _values(self, recipe: Recipe, nbytes: int) -> Tensor:
         """The storage's real bytes now: the kept ones with the steps recorded since applied, or
@@ -248,7 +248,7 @@ class HostValues:
             storage = base.untyped_storage()
         for func, (offset, size, stride, dtype), rest, kwargs in steps:
             with _NO_MODES():
-                view = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+                view = torch.empty(0, dtype=dtype, device="cpu").set_(storage, offset, size, stride)
             step_args, step_kwargs = tree_map(
                 lambda v, view=view: view if v is _SELF else self._step_arg(v), (rest, kwargs)
             )
