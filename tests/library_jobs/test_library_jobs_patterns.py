@@ -106,3 +106,112 @@ def test_own_oom_halving_loop_goes_on_with_half_the_batch(sized_a100_oom):
     assert first // 2 * SIZED_SAVED_PER_SAMPLE <= est.data["peak_allocated_bytes"] \
         <= load_gpu("a100-40gb").total_memory_bytes
     assert "caught 1 CUDA out-of-memory error(s)" in _notes(est)
+
+
+# p_prefetch_profile.py: apex's data_prefetcher, DataLoader workers, profiler, NVTX, AMP -------
+
+PREFETCH_WIDTH, PREFETCH_BATCH, PREFETCH_SIZE = 32, 32, 64
+PREFETCH_SHAPES = [
+    (PREFETCH_WIDTH, 3, 3, 3), (PREFETCH_WIDTH,), (PREFETCH_WIDTH,),  # conv1 (no bias), bn1
+    (PREFETCH_WIDTH, PREFETCH_WIDTH, 3, 3), (PREFETCH_WIDTH,), (PREFETCH_WIDTH,),  # conv2, bn2
+    *ex.linear(10, PREFETCH_WIDTH),
+]
+
+
+@pytest.fixture(scope="module")
+def prefetch_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("prefetch")
+    return estimate("p_prefetch_profile.py", cwd=workdir), workdir
+
+
+@pytest.fixture(scope="module")
+def prefetch(prefetch_run):
+    return prefetch_run[0]
+
+
+def test_prefetcher_workers_profiler_and_deprecated_amp(prefetch):
+    params = ex.device_bytes(PREFETCH_SHAPES, ex.FP32)
+    # fp16 conv outputs under autocast and their batch-norm outputs, kept for backward
+    feature_map = PREFETCH_BATCH * PREFETCH_WIDTH * PREFETCH_SIZE**2 * ex.BF16
+    # above the model state: the activations, backward's gradients of them and cuDNN's per-call
+    # convolution workspaces (a factor of the bytes a convolution reads: cuda_rules/convolution)
+    assert_training(prefetch, params=params, optimizer_state=params,  # SGD momentum
+                    extra_upper=8 * feature_map)
+    assert 2 * feature_map <= prefetch.breakdown["activation"] <= 6 * feature_map
+    assert prefetch.data["mode"] == "fake", prefetch.data["mode_reason"]
+    notes = _notes(prefetch)
+    assert "torch profiler ran without its CUDA activity" in notes
+    assert "num_workers=2 loaded its batches in the main process" in notes
+    # the prefetcher's loop (`while input is not None`) ended by the DataLoader: both epochs ran
+    assert prefetch.stderr.count("done: 4 steps per epoch") == 1
+    assert "epoch 1" in prefetch.stderr
+
+
+def test_prefetch_job_logged_to_its_file(prefetch_run):
+    est, workdir = prefetch_run
+    assert est.returncode == 0, est.failure()
+    text = (workdir / "runs" / "prefetch" / "train.log").read_text()
+    assert "epoch 1 done, max allocated" in text and "step 0 loss" in text
+
+
+# p_notebook_resume.py: a notebook export resumed from a real checkpoint, SIGUSR1 checkpointing -
+
+RESUME_VOCAB, RESUME_DIM, RESUME_CONTEXT, RESUME_LAYERS = 128, 64, 32, 2
+
+
+def resume_shapes() -> list[ex.Shape]:
+    d = RESUME_DIM
+    layer = [(3 * d, d), (3 * d,), (d, d), (d,),  # self-attention in / out projections
+             *ex.linear(4 * d, d), *ex.linear(d, 4 * d),  # feed-forward
+             (d,), (d,), (d,), (d,)]  # norm1, norm2
+    return [(RESUME_VOCAB, d), (RESUME_CONTEXT, d), *layer * RESUME_LAYERS, (RESUME_VOCAB, d)]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """A checkpoint written by a real (CPU) run of 2 steps, then the estimate that resumes it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.library_jobs.harness import SCRIPTS, SRC
+
+    workdir = tmp_path_factory.mktemp("resume")
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    subprocess.run([sys.executable, str(SCRIPTS / "p_notebook_resume.py"), "--steps", "2"],
+                   cwd=workdir, env=env, check=True, capture_output=True, timeout=120)
+    checkpoint = workdir / "checkpoints" / "last.pt"
+    before = checkpoint.read_bytes()
+    est = estimate("p_notebook_resume.py", "--preempt-at", "5", flags=("--steps", "all"),
+                   cwd=workdir)
+    return est, before, checkpoint.read_bytes()
+
+
+def test_resume_with_map_location_cuda_keeps_the_loaded_dict(resumed):
+    est, _, _ = resumed
+    shapes = resume_shapes()
+    params = ex.device_bytes(shapes, ex.FP32)
+    # AdamW's moments; the checkpoint's CPU `step` tensors were moved to the GPU by
+    # map_location and load_state_dict keeps them there (non-capturable: as loaded)
+    state = 2 * params + ex.BLOCK * len(shapes)
+    assert_training(est, params=params, optimizer_state=state)
+    # the loaded dict stays referenced: its model tensors (copied into the parameters) and the
+    # CPU RNG state (moved to the GPU too) are device memory the fresh run does not have
+    rng_state = ex.rounded(torch_rng_state_bytes())
+    assert est.breakdown["input"] == params + rng_state
+    assert "device: cuda" in est.stderr and "resumed from step 2" in est.stderr
+
+
+def test_sigusr1_handler_checkpoints_without_touching_the_real_checkpoint(resumed):
+    est, before, after = resumed
+    assert est.returncode == 0, est.failure()
+    assert "signal 10 at step 5: checkpointed" in est.stderr  # SIGUSR1 from the job itself
+    assert "saved step 4" in est.stderr
+    assert after == before  # the fake weights went to a scratch file, noted
+    assert "the job saved 2 file(s) of fake device data" in _notes(est)
+
+
+def torch_rng_state_bytes() -> int:
+    import torch
+
+    return torch.get_rng_state().numel()
