@@ -215,3 +215,28 @@ def torch_rng_state_bytes() -> int:
     import torch
 
     return torch.get_rng_state().numel()
+
+
+# p_visible_devices_smi.py: CUDA_VISIBLE_DEVICES + cuda:0, --local_rank, nvidia-smi in a subprocess
+
+@pytest.fixture(scope="module")
+def smi_l4():
+    return estimate("p_visible_devices_smi.py", "--local_rank", "0", flags=("--gpu", "l4"))
+
+
+def test_batch_from_nvidia_smi_follows_the_gpu_and_its_cublas_default(smi_l4):
+    est = smi_l4
+    shapes = ex.linear(256, 128) + ex.linear(128, 256)
+    params = ex.device_bytes(shapes, ex.FP32)
+    l4_mib = load_gpu("l4").total_memory_bytes // MiB
+    batch = l4_mib // 64  # nvidia-smi answers for an idle L4: all of it free
+    # RMSprop: square_avg only; the batch's activations (input, hidden x2, output) in the slack
+    assert_training(est, params=params, optimizer_state=params,
+                    extra_upper=4 * batch * (128 + 2 * 256 + 128))
+    assert f"nvidia-smi: NVIDIA L4, {l4_mib} MiB free of {l4_mib} MiB" in est.stderr
+    assert f"batch size {batch}" in est.stderr
+    # CUDA_VISIBLE_DEVICES=1 set by the script: the one GPU it sees is cuda:0
+    assert "visible 1 -> cuda:0 (1 device(s))" in est.stderr
+    assert "besides its current device" not in _notes(est)
+    # an Ada GPU's default cuBLAS workspace (:4096:2:16:8) per handle, and cuBLASLt's 1 MiB
+    assert est.breakdown["workspace"] == 2 * (4096 * 1024 * 2 + 16 * 1024 * 8) + LT_WORKSPACE
