@@ -14,7 +14,7 @@ import pytest
 from peakmem.profiles import load_gpu
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
-from tests.library_jobs.test_library_jobs import MiB, assert_training
+from tests.library_jobs.test_library_jobs import MiB, assert_training, needs
 
 GiB = 2**30
 
@@ -240,3 +240,15 @@ def test_batch_from_nvidia_smi_follows_the_gpu_and_its_cublas_default(smi_l4):
     assert "besides its current device" not in _notes(est)
     # an Ada GPU's default cuBLAS workspace (:4096:2:16:8) per handle, and cuBLASLt's 1 MiB
     assert est.breakdown["workspace"] == 2 * (4096 * 1024 * 2 + 16 * 1024 * 8) + LT_WORKSPACE
+
+
+@needs("pynvml")
+def test_nvml_used_memory_is_the_context_and_the_reserved_bytes(smi_l4):
+    est = smi_l4
+    assert est.returncode == 0, est.failure()
+    lines = re.findall(r"reserved ([\d.]+) MiB, nvml used (\d+) MiB", est.stderr)
+    assert lines, est.stderr[-500:]
+    outside = est.data["context_bytes"] + est.data["library_bytes"]
+    for reserved_mib, used_mib in lines:
+        assert int(used_mib) == (outside + int(float(reserved_mib) * MiB)) // MiB
+    assert "(pynvml.nvmlDeviceGetMemoryInfo)" in _notes(est)
