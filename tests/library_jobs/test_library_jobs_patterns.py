@@ -200,6 +200,8 @@ def test_resume_with_map_location_cuda_keeps_the_loaded_dict(resumed):
     rng_state = ex.rounded(torch_rng_state_bytes())
     assert est.breakdown["input"] == params + rng_state
     assert "device: cuda" in est.stderr and "resumed from step 2" in est.stderr
+    # the RNG states read back with .cpu() are the file's (an all-zero state is refused)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
 
 
 def test_sigusr1_handler_checkpoints_without_touching_the_real_checkpoint(resumed):

@@ -574,8 +574,12 @@ class HostDeferral(TorchFunctionMode):
                     base.untyped_storage(), value.storage_offset(), value.size(), value.stride()
                 )
             if isinstance(value, torch.nn.Parameter):
-                return torch.nn.Parameter(view, requires_grad=value.requires_grad)
-            return view.requires_grad_(value.requires_grad)
+                loaded_tensor = torch.nn.Parameter(view, requires_grad=value.requires_grad)
+            else:
+                loaded_tensor = view.requires_grad_(value.requires_grad)
+            if move:
+                _keep_loaded_values(loaded_tensor, value)
+            return loaded_tensor
 
         return map_containers(convert, loaded)
 
@@ -915,6 +919,18 @@ def host_deferral(session: CaptureSession) -> Iterator[HostDeferral]:
     job's run (entered on top of CudaAsMeta)."""
     with HostDeferral(session) as mode, deferral_patches(session, mode):
         yield mode
+
+
+def _keep_loaded_values(device_tensor: Tensor, loaded: Tensor) -> None:
+    """A small tensor loaded onto the device (`torch.load(map_location="cuda")`) keeps the
+    file's values for host reads until it is written: a checkpoint's RNG state read back with
+    `.cpu()` for `torch.set_rng_state`, a step count, a best metric (fake mode otherwise reads
+    zeros, and an all-zero RNG state is refused)."""
+    from peakmem.capture.device_map import HOST_DATA_MAX_ELEMENTS, give_host_data
+
+    with _NO_MODES():
+        if loaded.numel() <= HOST_DATA_MAX_ELEMENTS:
+            give_host_data(device_tensor, loaded.detach())
 
 
 @contextmanager
