@@ -18,52 +18,66 @@ def raise_point():
 
 
 def cuda_oom():
-    try:
-        return raise_point()
-    except torch.cuda.OutOfMemoryError:
-        return None
+    for _ in range(1):
+        try:
+            return raise_point()
+        except torch.cuda.OutOfMemoryError:
+            continue
 
 
 def torch_oom_in_a_tuple_through_a_with():
-    try:
-        with torch.no_grad():
-            return raise_point()
-    except (ValueError, torch.OutOfMemoryError):
-        return None
+    while True:
+        try:
+            with torch.no_grad():
+                return raise_point()
+        except (ValueError, torch.OutOfMemoryError):
+            return None
 
 
 def runtime_error_with_text():
-    try:
-        return raise_point()
-    except RuntimeError as error:
-        if "CUDA out of memory" in str(error):
-            return None
-        raise
+    for _ in range(1):
+        try:
+            return raise_point()
+        except RuntimeError as error:
+            if "CUDA out of memory" in str(error):
+                continue
+            raise
 
 
 def nested_inner_value_error_outer_oom():
-    try:
+    for _ in range(1):
         try:
-            return raise_point()
-        except ValueError:
-            return None
-    except torch.cuda.OutOfMemoryError:
-        return None
+            try:
+                return raise_point()
+            except ValueError:
+                return None
+        except torch.cuda.OutOfMemoryError:
+            continue
 
 
 def other_error_only():
-    try:
-        return raise_point()
-    except ValueError:
-        return None
+    for _ in range(1):
+        try:
+            return raise_point()
+        except ValueError:
+            continue
 
 
 def oom_handler_elsewhere():
-    try:
-        pass
-    except torch.cuda.OutOfMemoryError:
-        return None
+    for _ in range(1):
+        try:
+            pass
+        except torch.cuda.OutOfMemoryError:
+            continue
     return raise_point()
+
+
+def whole_job_handler_that_reraises():
+    try:
+        return raise_point()
+    except torch.cuda.OutOfMemoryError:
+        print(torch.cuda.memory_summary())
+        raise
 
 
 @pytest.mark.parametrize("job, caught", [
@@ -73,6 +87,7 @@ def oom_handler_elsewhere():
     (nested_inner_value_error_outer_oom, True),
     (other_error_only, False),
     (oom_handler_elsewhere, False),
+    (whole_job_handler_that_reraises, False),  # no loop: no retry can follow
 ])
 def test_handler_that_would_run_is_read_from_the_exception_table(job, caught):
     code, offset = job()
@@ -83,10 +98,11 @@ def test_stack_walk_finds_the_callers_handler():
     def inner():
         return oom_handler_on_stack()
 
-    try:
-        inside = inner()
-    except torch.cuda.OutOfMemoryError:
-        inside = None
+    for _ in range(1):
+        try:
+            inside = inner()
+        except torch.cuda.OutOfMemoryError:
+            inside = None
     assert inside is True
     assert inner() is False
 

@@ -13,7 +13,9 @@ large) batch and the estimate would be of a run the job never makes. Like the li
 loops of capture.oom_retry, an allocation the simulated allocator cannot place raises the error
 in the job while a frame on the stack is inside a `try` whose handler names
 `OutOfMemoryError` or tests for "out of memory" (read from the frame's exception table:
-`with` blocks and nested `try`s in between are followed to the handler that would run)."""
+`with` blocks and nested `try`s in between are followed to the handler that would run) and the
+`try` is inside a loop of that function (a retry or a skipped batch can follow; a handler
+around the whole job that logs and re-raises is not one)."""
 
 from __future__ import annotations
 
@@ -68,8 +70,18 @@ def catches_oom(code: CodeType, offset: int) -> bool:
     return answer
 
 
+def _in_a_loop(instructions: list[dis.Instruction], offset: int) -> bool:
+    """Whether a backward jump after `offset` goes back to it or before it: the protected
+    call is in a loop, so a handler that catches the error can try again."""
+    return any("BACKWARD" in instruction.opname and instruction.offset > offset
+               and instruction.argval <= offset for instruction in instructions)
+
+
 def _search(code: CodeType, offset: int) -> bool:
     instructions, index, entries = _handlers(code)
+    if not _in_a_loop(instructions, offset):
+        return False  # `try: main() except OutOfMemoryError: log; raise`: the GPU's error would
+        # end the job there; the estimate keeps reporting what the whole job needs
     entry = _covering(entries, offset)
     seen: set[int] = set()
     while entry is not None and entry.target not in seen and entry.target in index:
