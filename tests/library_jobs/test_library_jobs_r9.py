@@ -1,0 +1,49 @@
+"""Round 9: training scripts from well-known repositories not covered before (CleanRL, Hydra
+configured Lightning, build-nanogpt, ...), each re-created in a tiny script the way the
+public source it cites writes it, run unmodified through the real CLI (`python -m peakmem
+estimate --json -- python SCRIPT ARGS`, scripts/r9_*.py). Parameter and optimizer bytes are
+worked out by hand (expected.py), not read from peakmem."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import estimate
+from tests.library_jobs.test_library_jobs import assert_training, needs
+
+
+def _notes(est) -> str:
+    return "\n".join(est.data["notes"])
+
+
+# vwxyzjn/cleanrl cleanrl/ppo.py on CartPole-v1 (gymnasium, tyro, tensorboard) --------------------
+
+def cleanrl_agent_shapes(obs_dim: int, actions: int, hidden: int = 64) -> list[ex.Shape]:
+    """cleanrl's `Agent`: a critic and an actor, each Linear(obs, 64), Linear(64, 64) and a head
+    (1 value; one logit per action)."""
+    trunk = ex.linear(hidden, obs_dim) + ex.linear(hidden, hidden)
+    return trunk + ex.linear(1, hidden) + trunk + ex.linear(actions, hidden)
+
+
+CARTPOLE = dict(obs_dim=4, actions=2)
+"""CartPole-v1: a 4-float observation, two discrete actions."""
+
+
+@needs("gymnasium", "tyro", "tensorboard")
+def test_cleanrl_ppo_cartpole_rollout_buffers_and_adam(tmp_path):
+    params = ex.device_bytes(cleanrl_agent_shapes(**CARTPOLE), ex.FP32)
+    num_steps, num_envs = 32, 4
+    est = estimate("r9_cleanrl_ppo.py", "--total-timesteps", "256", "--num-steps", str(num_steps),
+                   "--num-envs", str(num_envs), cwd=tmp_path)
+    # Adam(eps=1e-5), not fused: exp_avg and exp_avg_sq per parameter, `step` on the host
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["phases_ran"] == ["training"]
+    # the rollout storage, `torch.zeros(...).to(device)`: obs (steps, envs, 4), then actions,
+    # logprobs, rewards, dones and values (steps, envs) each
+    storage = ex.device_bytes([(num_steps, num_envs, 4)] + 5 * [(num_steps, num_envs)], ex.FP32)
+    assert est.breakdown["input"] >= storage, est.breakdown
+    # the actions went to the environments through `action.cpu().numpy()` (host reads)
+    assert "host read(s) of device values" in "\n".join(est.data["assumptions"])
+    assert list((tmp_path / "runs").glob("CartPole-v1__r9_cleanrl_ppo__1__*/events.out.*"))
