@@ -6,8 +6,6 @@ worked out by hand (expected.py), not read from peakmem."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
 from tests.library_jobs.test_library_jobs import assert_training, needs
