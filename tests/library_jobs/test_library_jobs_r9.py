@@ -83,3 +83,42 @@ def test_lightning_hydra_template_train_with_overrides(tmp_path):
     assert est.data["phases_ran"][:2] == ["training", "eval"]
     runs = list((tmp_path / "logs" / "train" / "runs").glob("*/.hydra/overrides.yaml"))
     assert runs and "model.optimizer.lr=0.002" in runs[-1].read_text()
+
+
+# Stable-Baselines3 quickstart: PPO / SAC("MlpPolicy", env, device="cuda").learn(...) ------------
+
+def sac_mlp_shapes(obs_dim: int, act_dim: int, hidden: int = 256, critics: int = 2) -> tuple:
+    """SB3's SAC MlpPolicy (net_arch [256, 256]): the actor (latent_pi, mu, log_std) and
+    `n_critics` Q-networks on (obs, action); critic_target is a copy of the critic."""
+    trunk = lambda d_in: ex.linear(hidden, d_in) + ex.linear(hidden, hidden)  # noqa: E731
+    actor = trunk(obs_dim) + ex.linear(act_dim, hidden) + ex.linear(act_dim, hidden)
+    critic = critics * (trunk(obs_dim + act_dim) + ex.linear(1, hidden))
+    return actor, critic
+
+
+@needs("stable_baselines3", "gymnasium")
+def test_sb3_ppo_mlp_policy_learn_on_cuda(tmp_path):
+    # MlpPolicy on CartPole: separate pi / vf trunks of 2 x 64 (tanh), action and value heads;
+    # the same tensors as cleanrl's Agent
+    params = ex.device_bytes(cleanrl_agent_shapes(**CARTPOLE), ex.FP32)
+    est = estimate("r9_sb3_quickstart.py", "--algo", "ppo", "--timesteps", "128", cwd=tmp_path)
+    assert_training(est, params=params, optimizer_state=2 * params)  # Adam(eps=1e-5)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 3  # 2 epochs x 2 minibatches of the first 64-step rollout
+    assert "total_timesteps | 64" in est.stderr  # the first rollout's log table
+
+
+@needs("stable_baselines3", "gymnasium")
+def test_sb3_sac_mlp_policy_learn_on_cuda(tmp_path):
+    actor, critic = sac_mlp_shapes(obs_dim=3, act_dim=1)  # Pendulum-v1
+    trained = ex.device_bytes(actor + critic, ex.FP32)
+    log_ent_coef = ex.BLOCK  # `th.log(th.ones(1, device=...)).requires_grad_(True)`, its own Adam
+    est = estimate("r9_sb3_quickstart.py", "--algo", "sac", "--timesteps", "48", cwd=tmp_path)
+    # parameters: actor, critic and the frozen critic_target; Adam state for the actor, the
+    # critic and log_ent_coef (three optimizers)
+    assert_training(est, params=trained + ex.device_bytes(critic, ex.FP32) + log_ent_coef,
+                    grads=trained + log_ent_coef,
+                    optimizer_state=2 * (trained + log_ent_coef))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # rollouts (predict under no_grad) between the gradient steps, learning_starts=32
+    assert est.data["phases_ran"][:2] == ["training", "eval"]
