@@ -49,6 +49,22 @@ def test_cleanrl_ppo_cartpole_rollout_buffers_and_adam(tmp_path):
     assert list((tmp_path / "runs").glob("CartPole-v1__r9_cleanrl_ppo__1__*/events.out.*"))
 
 
+
+@needs("gymnasium", "tyro", "tensorboard", "stable_baselines3")
+def test_cleanrl_dqn_replay_buffer_and_target_network(tmp_path):
+    # QNetwork: Linear(4, 120), Linear(120, 84), Linear(84, 2); the target network is a second
+    # QNetwork (load_state_dict of the first), never trained
+    q_net = ex.device_bytes(ex.linear(120, 4) + ex.linear(84, 120) + ex.linear(2, 84), ex.FP32)
+    est = estimate("r9_cleanrl_dqn.py", "--total-timesteps", "200", "--learning-starts", "100",
+                   "--train-frequency", "20", "--target-network-frequency", "50",
+                   "--batch-size", "32", "--buffer-size", "500", flags=("--steps", "all"),
+                   cwd=tmp_path)
+    assert_training(est, params=2 * q_net, grads=q_net, optimizer_state=2 * q_net)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 4  # global steps 120, 140, 160 and 180 train
+    assert est.breakdown["gradient"] == q_net  # no gradient reached the target network
+
+
 # ashleve/lightning-hydra-template: src/train.py with @hydra.main and command-line overrides -------
 
 def simple_dense_net_shapes(sizes: tuple[int, ...] = (784, 64, 128, 64, 10)) -> tuple[list, list]:
