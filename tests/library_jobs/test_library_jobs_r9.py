@@ -138,3 +138,24 @@ def test_sb3_sac_mlp_policy_learn_on_cuda(tmp_path):
     assert est.data["mode"] == "fake", est.data["mode_reason"]
     # rollouts (predict under no_grad) between the gradient steps, learning_starts=32
     assert est.data["phases_ran"][:2] == ["training", "eval"]
+
+
+# keras.io "Simple MNIST convnet" on Keras 3 with KERAS_BACKEND=torch ------------------------------
+
+@needs("keras")
+def test_keras_mnist_convnet_fit_on_the_torch_backend():
+    # Conv2D kernels are (kh, kw, in, out); Dense sees the flattened 5 x 5 x 64 maps
+    shapes = [(3, 3, 1, 32), (32,), (3, 3, 32, 64), (64,), (5 * 5 * 64, 10), (10,)]
+    weights = ex.device_bytes(shapes, ex.FP32)
+    seed_state = ex.BLOCK  # Dropout's SeedGenerator: a (2,) uint32 variable
+    counters = 2 * ex.BLOCK  # the optimizer's `iterations` and `learning_rate` variables
+    est = estimate("r9_keras_mnist_convnet.py", "--epochs", "2", "--samples", "600",
+                   "--batch-size", "64")
+    # Keras' own Adam (not torch.optim): m and v per trainable variable
+    assert_training(est, params=weights + seed_state, grads=weights,
+                    optimizer_state=2 * weights + counters)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # validation_split=0.1: 540 training samples in 9 batches, a validation pass per epoch
+    assert "DataLoader epoch of 9 batches" in _notes(est)
+    assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
+    assert "Test accuracy:" in est.stderr
