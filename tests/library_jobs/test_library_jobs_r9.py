@@ -159,3 +159,55 @@ def test_keras_mnist_convnet_fit_on_the_torch_backend():
     assert "DataLoader epoch of 9 batches" in _notes(est)
     assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
     assert "Test accuracy:" in est.stderr
+
+
+# PyTorch Geometric examples/gcn.py on a Planetoid dataset already processed ----------------------
+
+CORA_LIKE = dict(nodes=120, features=48, classes=5, edges=600)
+
+
+def _planetoid_cora(root) -> None:
+    """`data/Planetoid/Cora` as Planetoid leaves it: the raw files present (nothing to download)
+    and `processed/data.pt` written by PyG's own `InMemoryDataset.save`, from a seeded graph."""
+    import torch
+    from torch_geometric.data import Data, InMemoryDataset
+
+    cora = root / "data" / "Planetoid" / "Cora"
+    (cora / "raw").mkdir(parents=True)
+    for name in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index"):
+        (cora / "raw" / f"ind.cora.{name}").touch()
+    generator = torch.Generator().manual_seed(0)
+    nodes = CORA_LIKE["nodes"]
+    index = torch.arange(nodes)
+    data = Data(x=torch.rand(nodes, CORA_LIKE["features"], generator=generator),
+                edge_index=torch.randint(0, nodes, (2, CORA_LIKE["edges"]), generator=generator),
+                y=torch.randint(0, CORA_LIKE["classes"], (nodes,), generator=generator),
+                train_mask=index < 40, val_mask=(index >= 40) & (index < 80), test_mask=index >= 80)
+    InMemoryDataset.save([data], str(cora / "processed" / "data.pt"))
+
+
+@pytest.mark.slow
+@needs("torch_geometric")
+def test_pyg_gcn_example_on_planetoid(tmp_path):
+    import shutil
+
+    from tests.library_jobs.harness import SCRIPTS
+
+    _planetoid_cora(tmp_path)
+    (tmp_path / "examples").mkdir()
+    shutil.copy(SCRIPTS / "r9_pyg_gcn.py", tmp_path / "examples" / "gcn.py")
+    # GCNConv(48, 16) and GCNConv(16, 5): a bias-free Linear each, the bias kept by the conv
+    shapes = [(16, CORA_LIKE["features"]), (16,), (CORA_LIKE["classes"], 16), (CORA_LIKE["classes"],)]
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate(str(tmp_path / "examples" / "gcn.py"), "--epochs", "5", cwd=tmp_path)
+    # Adam over the two parameter groups (weight decay on conv1 only): every tensor once
+    assert_training(est, params=params, optimizer_state=2 * params)
+    # `test()` divides by `int(mask.sum())`, zero on fake values: auto mode reran it for real
+    assert est.data["mode"] == "eager"
+    assert "ZeroDivisionError" in est.data["mode_reason"]
+    assert "Epoch: 001, Loss:" in est.stderr
+    # the whole graph went to the device at once (`dataset[0].to(device)`): features, edges,
+    # labels and the three masks
+    graph = ex.device_bytes([(120, 48)], ex.FP32) + ex.device_bytes([(2, 600), (120,)], 8) \
+        + ex.device_bytes(3 * [(120,)], 1)
+    assert est.breakdown["input"] >= graph, est.breakdown
