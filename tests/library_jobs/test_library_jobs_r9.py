@@ -211,3 +211,26 @@ def test_pyg_gcn_example_on_planetoid(tmp_path):
     graph = ex.device_bytes([(120, 48)], ex.FP32) + ex.device_bytes([(2, 600), (120,)], 8) \
         + ex.device_bytes(3 * [(120,)], 1)
     assert est.breakdown["input"] >= graph, est.breakdown
+
+
+# LightningCLI: `python main.py fit --config config.yaml` with overrides after it -----------------
+
+@needs("lightning", "yaml")
+def test_lightning_cli_fit_subcommand_with_a_yaml_config(tmp_path):
+    import yaml
+
+    from tests.library_jobs.harness import SCRIPTS
+
+    params = ex.device_bytes(ex.linear(96, 32), ex.FP32)  # DemoModel's l1, out_dim 96 (config)
+    est = estimate("r9_lightning_cli_main.py", "fit", "--config",
+                   str(SCRIPTS / "r9_lightning_cli_config.yaml"), "--trainer.max_epochs=2",
+                   cwd=tmp_path)
+    # the config's `optimizer:` (SGD with momentum: one buffer per parameter) replaced
+    # DemoModel.configure_optimizers' Adam (two)
+    assert_training(est, params=params, optimizer_state=params)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 7  # 3 batches and the last of epoch 0, the last of epoch 1
+    # the CLI saved the config it ran with, the override applied
+    config = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "config.yaml").read_text())
+    assert config["trainer"]["max_epochs"] == 2 and config["model"]["out_dim"] == 96
+    assert config["optimizer"]["class_path"] == "torch.optim.SGD"
