@@ -1,5 +1,6 @@
 """Per-library patches for the fake device (capture/library_patches.py)."""
 
+import io
 import os
 
 import pytest
@@ -194,7 +195,12 @@ def test_torch_save_of_device_tensors_still_loads_with_weights_only(a100, stack2
         torch.save(net.state_dict(), tmp_path / "ckpt.pt")
         state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
         seen["shapes"] = [tuple(t.shape) for t in state.values()]
+        buffer = io.BytesIO()  # Lightning's _atomic_save writes the checkpoint here first
+        torch.save(net.state_dict(), buffer)
+        buffer.seek(0)
+        seen["buffered"] = [tuple(t.shape) for t in torch.load(buffer, weights_only=True).values()]
 
     result = _run(job, a100, stack24)
     assert result.fake_limit is None
     assert seen["shapes"] == [(256, 64), (256,), (8, 256), (8,)]
+    assert seen["buffered"] == seen["shapes"]
