@@ -154,6 +154,7 @@ from peakmem.capture import hf_generation as _hf_generation  # noqa: E402,F401
 from peakmem.capture import keras_optimizers as _keras_optimizers  # noqa: E402,F401
 from peakmem.capture import lightning_launch as _lightning_launch  # noqa: E402,F401
 from peakmem.capture import periodic_optimizers as _periodic_optimizers  # noqa: E402,F401
+from peakmem.capture import ray_train as _ray_train  # noqa: E402,F401
 from peakmem.capture import tensor_pickling as _tensor_pickling  # noqa: E402,F401
 from peakmem.capture import zero_partitions as _zero_partitions  # noqa: E402,F401
 
