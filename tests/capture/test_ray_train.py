@@ -18,6 +18,8 @@ def fit_on_ray(seen: dict, workers: int) -> None:
 
     def train_func():
         model = ray.train.torch.prepare_model(nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 4)))
+        seen["ddp"] = isinstance(model, nn.parallel.DistributedDataParallel)
+        seen["world"] = ray.train.get_context().get_world_size()
         optimizer = torch.optim.Adam(model.parameters())
         device = ray.train.torch.get_device()
         seen["device"] = str(device)
@@ -43,4 +45,6 @@ def test_torch_trainer_with_gpu_workers_trains_in_the_jobs_process(workers):
     assert result.breakdown.by_category["optimizer_state"] == 2 * weights
     note = next(n for n in result.notes if n.startswith("Ray Train:"))
     assert f"instead of on {workers} Ray worker(s) with a GPU each" in note
-    assert ("DDP's gradient buckets are not counted" in note) == (workers > 1)
+    # more workers: rank 0 of them, in a (fake) process group, the model wrapped in DDP
+    assert seen["world"] == workers and seen["ddp"] == (workers > 1)
+    assert (f"rank 0 of {workers}" in note) == (workers > 1)
