@@ -234,3 +234,25 @@ def test_lightning_cli_fit_subcommand_with_a_yaml_config(tmp_path):
     config = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "config.yaml").read_text())
     assert config["trainer"]["max_epochs"] == 2 and config["model"]["out_dim"] == 96
     assert config["optimizer"]["class_path"] == "torch.optim.SGD"
+
+
+# Ray Train: TorchTrainer(ScalingConfig(num_workers=2, use_gpu=True)).fit() ----------------------
+
+@needs("ray", "torchvision")
+def test_ray_train_getting_started_pytorch_two_gpu_workers(tmp_path):
+    shapes, buffers = ex.resnet18_shapes(classes=10)
+    shapes[0] = (64, 1, 7, 7)  # the docs' 1-channel conv1 for FashionMNIST
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r9_ray_train_torch.py", "--epochs", "2", "--batch-size", "8",
+                   "--samples", "64", timeout=200, cwd=tmp_path)
+    # Adam, host `step`s; DDP (rank 0 of 2) keeps a bucket per gradient: up to params more
+    assert_training(est, params=params, optimizer_state=2 * params, extra_upper=params)
+    assert est.breakdown["buffer"] == ex.device_bytes(buffers, ex.FP32)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    notes = _notes(est)
+    # the training function ran in the job's process as rank 0 of 2 (it waited for a GPU
+    # worker of the local Ray cluster until the timeout before), the model wrapped in DDP
+    # (`model.module.state_dict()` is how the docs save it)
+    assert "rank 0 of 2, in a process group of 2" in notes
+    assert "fake nccl process group of world size 2" in notes
+    assert "loaded 11175370 parameters" in est.stderr  # the checkpoint read back after fit()
