@@ -1,3 +1,4 @@
+# ruff: noqa: UP031, B905  (kept as the original script writes it)
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/dqn/#dqnpy
 """vwxyzjn/cleanrl cleanrl/dqn.py (gymnasium + tyro): a QNetwork and its target network
 (`load_state_dict` of the online one), Stable-Baselines3's `ReplayBuffer` on the device

@@ -1,3 +1,4 @@
+# ruff: noqa: UP031, B008, B007  (kept as the original script writes it)
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/ppo/#ppopy
 """vwxyzjn/cleanrl cleanrl/ppo.py (the gymnasium + tyro version): a tyro-parsed `Args`
 dataclass, a SummaryWriter under runs/, `gym.vector.SyncVectorEnv` of CartPole with

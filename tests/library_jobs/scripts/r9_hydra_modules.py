@@ -1,4 +1,4 @@
-# ruff: noqa: UP006, UP007, UP035  (kept as the original modules write them)
+# ruff: noqa: UP006, UP007, UP035, UP045  (kept as the original modules write them)
 """ashleve/lightning-hydra-template's src/models/components/simple_dense_net.py,
 src/models/mnist_module.py and src/data/mnist_datamodule.py in one module, the classes the
 configs' `_target_`s name (r9_hydra_configs/). torchvision's MNIST downloads: the data module

@@ -1,4 +1,4 @@
-# ruff: noqa: UP006, UP007, UP035  (kept as the original script writes it)
+# ruff: noqa: UP006, UP007, UP035, UP045  (kept as the original script writes it)
 """ashleve/lightning-hydra-template src/train.py (with src/utils' task_wrapper, extras,
 instantiate_callbacks / instantiate_loggers and get_metric_value folded in):
 `@hydra.main(version_base="1.3", config_path=..., config_name="train.yaml")`, every object made

@@ -1,3 +1,4 @@
+# ruff: noqa: I001  (kept as the original script writes it)
 """PyTorch Geometric's examples/gcn.py (pyg-team/pytorch_geometric): `torch_geometric.device('auto')`,
 Planetoid(Cora) under `<examples>/../data/Planetoid` with `T.NormalizeFeatures()`,
 `dataset[0].to(device)`, a two-layer GCNConv model, Adam with weight decay on the first

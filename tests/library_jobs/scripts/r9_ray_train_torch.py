@@ -1,3 +1,4 @@
+# ruff: noqa: I001  (kept as the original script writes it)
 """Ray's "Get Started with Distributed Training using PyTorch" (ray-project/ray
 doc/source/train/getting-started-pytorch.rst): a torchvision resnet18 with a 1-channel `conv1`,
 `ray.train.torch.prepare_model` / `prepare_data_loader`, Adam, `ray.train.report(metrics,
