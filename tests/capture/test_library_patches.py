@@ -1,5 +1,8 @@
 """Per-library patches for the fake device (capture/library_patches.py)."""
 
+import io
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -142,3 +145,62 @@ def test_lstm_trains_without_a_cudnn_warning(a100, stack24, recwarn):
 
     assert _run(job, a100, stack24).steps == 3
     assert not [w for w in recwarn if "cuDNN" in str(w.message)]
+
+
+def test_hydra_main_raises_the_jobs_error_during_a_capture(monkeypatch):
+    """`@hydra.main` turns the job's exception into `sys.exit(1)`; under the capture the
+    exception itself comes out (HYDRA_FULL_ERROR=1), and the variable is restored after."""
+    run_and_report = pytest.importorskip("hydra._internal.utils").run_and_report
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+
+    def job():
+        raise RuntimeError("Detected more unique values in `target` than expected")
+
+    with pytest.raises(SystemExit):
+        run_and_report(job)  # what Hydra does outside the capture
+    with library_patches(), pytest.raises(RuntimeError, match="more unique values"):
+        run_and_report(job)
+    assert "HYDRA_FULL_ERROR" not in os.environ
+
+
+def test_pickling_a_module_on_the_fake_device_succeeds_as_on_a_gpu(a100, stack24):
+    """Lightning's `is_picklable(net)` (`pickle.dumps`) of a module on the device: its meta
+    tensors pickle as their geometry, and unpickle as new device memory of that geometry."""
+    import pickle
+
+    seen = {}
+
+    def job():
+        net = _model().cuda()
+        blob = pickle.dumps(net)
+        copy = pickle.loads(blob)
+        seen["devices"] = {str(p.device) for p in copy.parameters()}
+        seen["shapes"] = [tuple(p.shape) for p in copy.parameters()]
+        seen["host"] = pickle.loads(pickle.dumps(torch.ones(3)))  # host tensors as before
+
+    result = _run(job, a100, stack24)
+    assert result.fake_limit is None  # nothing failed on the fake device
+    assert seen["devices"] == {"cuda:0"}
+    assert seen["shapes"] == [(256, 64), (256,), (8, 256), (8,)]
+    assert torch.equal(seen["host"], torch.ones(3))
+
+
+def test_torch_save_of_device_tensors_still_loads_with_weights_only(a100, stack24, tmp_path):
+    """The pickling above leaves torch.save alone: its file holds torch's own meta rebuild,
+    which `torch.load(weights_only=True)` accepts."""
+    seen = {}
+
+    def job():
+        net = _model().cuda()
+        torch.save(net.state_dict(), tmp_path / "ckpt.pt")
+        state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+        seen["shapes"] = [tuple(t.shape) for t in state.values()]
+        buffer = io.BytesIO()  # Lightning's _atomic_save writes the checkpoint here first
+        torch.save(net.state_dict(), buffer)
+        buffer.seek(0)
+        seen["buffered"] = [tuple(t.shape) for t in torch.load(buffer, weights_only=True).values()]
+
+    result = _run(job, a100, stack24)
+    assert result.fake_limit is None
+    assert seen["shapes"] == [(256, 64), (256,), (8, 256), (8,)]
+    assert seen["buffered"] == seen["shapes"]

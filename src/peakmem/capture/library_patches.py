@@ -5,6 +5,7 @@ for the capture's duration by `library_patches()` (capture/runner.py) and undone
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
@@ -151,8 +152,11 @@ from peakmem.capture import dtensor_state as _dtensor_state  # noqa: E402,F401
 from peakmem.capture import fake_nvml as _fake_nvml  # noqa: E402,F401
 from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  (registers them)
 from peakmem.capture import hf_generation as _hf_generation  # noqa: E402,F401
+from peakmem.capture import keras_optimizers as _keras_optimizers  # noqa: E402,F401
 from peakmem.capture import lightning_launch as _lightning_launch  # noqa: E402,F401
 from peakmem.capture import periodic_optimizers as _periodic_optimizers  # noqa: E402,F401
+from peakmem.capture import ray_train as _ray_train  # noqa: E402,F401
+from peakmem.capture import tensor_pickling as _tensor_pickling  # noqa: E402,F401
 from peakmem.capture import zero_partitions as _zero_partitions  # noqa: E402,F401
 
 # -- torch.distributed ---------------------------------------------------------------------------
@@ -167,3 +171,27 @@ def distributed_groups_destroyed() -> Iterator[None]:
 
     with process_groups_destroyed():
         yield
+
+
+# -- Hydra ----------------------------------------------------------------------------------------
+
+HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
+
+
+@register_library_patch("hydra_job_errors_raised")
+@contextmanager
+def hydra_job_errors_raised() -> Iterator[None]:
+    """`@hydra.main` catches the job's exception, prints a trimmed traceback and calls
+    `sys.exit(1)` (hydra/_internal/utils.py `run_and_report`) unless HYDRA_FULL_ERROR=1: with it
+    set for the capture, the exception reaches the capture as it would without Hydra, so a
+    failure that fake values caused (a size checked after `torch.unique`) sends auto mode to
+    eager, and the report names the error instead of "status 1". The job exits 1 either way."""
+    saved = os.environ.get(HYDRA_FULL_ERROR)
+    os.environ[HYDRA_FULL_ERROR] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(HYDRA_FULL_ERROR, None)
+        else:
+            os.environ[HYDRA_FULL_ERROR] = saved
