@@ -38,6 +38,7 @@ from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
 from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import DEVICE_STREAM, CaptureSession
 from peakmem.capture.step_repeat import StepRepeater, enabled_by_env
+from peakmem.capture.weight_copies import WeightCopies
 from peakmem.cuda_rules.true_device import is_meta
 from peakmem.jobs.stop import ALL_STEPS, Steps
 from peakmem.trace.vocab import Category, Mark, Phase
@@ -45,6 +46,9 @@ from peakmem.trace.vocab import Category, Mark, Phase
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
 _STEPPED_PARAMS = (*_STEP_TEMPS, Category.INPUT.value)
 _STATE_SOURCES = _STEPPED_PARAMS
+_NOT_EMA: tuple = (None, *(category.value for category in Category if category is not Category.EMA))
+"""A module's weights are parameters when its forward runs, unless they were seen kept in sync
+with the trained weights (an EMA teacher's forward: capture.weight_copies)."""
 """What an optimizer's state may have been tracked as before its step kept it."""
 """What an optimizer's parameters may still be tagged when it steps: a host tensor moved to the
 device is an input until a module's forward claims it, and a module whose `forward` is called
@@ -108,6 +112,7 @@ class PhaseTracker:
         )
         self.loaders = LoaderEpochs(session, shorten=stop_after_steps is None)
         self.modules = ModulePaths(on_root=self._classify_module_state)
+        self.weight_copies = WeightCopies(session)
         self._stack = ExitStack()
         self._param_owner: dict[int, str] = {}
         self._optimizers: dict[int, Any] = {}
@@ -243,7 +248,8 @@ class PhaseTracker:
             for param in sub.parameters(recurse=False):
                 if owner is not None:
                     self._param_owner[id(param)] = owner
-                session.classify(param, Category.PARAMETER.value, module=owner)
+                session.classify(param, Category.PARAMETER.value, module=owner,
+                                 only_from=_NOT_EMA)
             for buffer in sub.buffers(recurse=False):
                 session.classify(buffer, Category.BUFFER.value, module=owner)
 
@@ -257,6 +263,7 @@ class PhaseTracker:
                     watched.append((weakref.ref(param), storage))
                 self.session.classify(param.grad, Category.GRADIENT.value, only_from=_STEP_TEMPS)
         self._updated_storages = updated
+        self.weight_copies.add_trained(updated)
         self._watched = watched
         self._await_update = True
 
@@ -299,9 +306,11 @@ class PhaseTracker:
         self._await_update = False  # a closure's backward ran inside the step it fed
         self._step_taken(id(optimizer), stop_now=True)
 
-    def _watch_op(self, func: Any, args: tuple) -> None:
+    def _watch_op(self, func: Any, args: tuple, out: Any) -> None:
         """A training step without an optimizer: the first in-place write to a parameter that
-        received a gradient, after a backward, outside any optimizer step."""
+        received a gradient, after a backward, outside any optimizer step. (And weight copies
+        kept in sync: capture.weight_copies.)"""
+        self.weight_copies.watch(func, args, out)
         if not self._await_update or not args or self._optimizers:
             return  # a job with an optimizer: its steps are the training steps
         name = getattr(func, "_opname", "")
