@@ -120,6 +120,7 @@ class PhaseTracker:
         self._updated_storages: set[int] = set()  # parameters with a gradient after a backward
         self._watched: list[tuple[weakref.ref, int]] = []  # those parameters, their storages
         self._await_update = False  # a backward ran; no parameter update seen since
+        self._outer_steps = 0  # wrapping optimizers' steps running (outer_step)
         self._stop_pending = False
         self._in_eval = False
         self.phases_ran: list[str] = []
@@ -210,6 +211,35 @@ class PhaseTracker:
             self.modules.in_backward = False
             state.phase = Phase.OTHER.value if previous == Phase.FORWARD.value else previous
             self._classify_gradients(self.modules.roots.values())
+
+    @contextmanager
+    def outer_step(self) -> Iterator[None]:
+        """The step of an optimizer that wraps a torch optimizer (DeepSpeed's ZeRO, bf16 and
+        fp16 optimizers: capture.zero_partitions): what it does around the inner optimizer's
+        step (gradient norms, overflow checks, casts between the master weights and the 16-bit
+        ones) is part of the optimizer step too. The inner step's hooks count the step."""
+        state = self.session.state
+        previous = state.phase
+        self._outer_steps += 1
+        state.phase = Phase.OPTIMIZER.value
+        try:
+            yield
+        finally:
+            self._outer_steps -= 1
+            if not self._outer_steps:
+                state.phase = previous
+
+    @contextmanager
+    def outer_backward(self) -> Iterator[None]:
+        """Gradient work a training engine does right after autograd's backward, outside it
+        (DeepSpeed's backward epilogue: capture.zero_partitions): in the backward phase."""
+        state = self.session.state
+        previous = state.phase
+        state.phase = Phase.BACKWARD.value
+        try:
+            yield
+        finally:
+            state.phase = previous
 
     # -- hooks ---------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
@@ -302,7 +332,7 @@ class PhaseTracker:
                 session.classify(
                     value, Category.OPTIMIZER_STATE.value, module=owner, only_from=_STATE_SOURCES
                 )
-        session.state.phase = Phase.OTHER.value
+        session.state.phase = Phase.OPTIMIZER.value if self._outer_steps else Phase.OTHER.value
         self._await_update = False  # a closure's backward ran inside the step it fed
         self._step_taken(id(optimizer), stop_now=True)
 
