@@ -32,6 +32,8 @@ elif kind == "timm_v2":  # timm's ModelEmaV2: a deepcopy on the device (timm nee
 elif kind == "teacher":  # DINO: a frozen copy that runs a forward each step
     teacher = copy.deepcopy(model)
     teacher.requires_grad_(False)
+elif kind == "momentum":  # MoCo / BYOL: a frozen copy whose data is replaced each step
+    key = copy.deepcopy(model).requires_grad_(False)
 elif kind == "frozen":  # a frozen second model never synced: its weights stay parameters
     teacher = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
                                   torch.nn.Linear(256, 256)).cuda().requires_grad_(False)
@@ -62,6 +64,9 @@ for step in range(3):
         elif kind == "teacher":
             for t, s in zip(teacher.parameters(), model.parameters()):
                 t.data.mul_(0.99).add_((1 - 0.99) * s.detach().data)
+        elif kind == "momentum":
+            for k, q in zip(key.parameters(), model.parameters()):
+                k.data = k.data * 0.99 + q.data * (1.0 - 0.99)
 """
 
 
@@ -80,7 +85,7 @@ def _breakdown(tmp_path: Path, monkeypatch, kind: str) -> dict[str, int]:
     return result.breakdown.by_category
 
 
-@pytest.mark.parametrize("kind", ["deepcopy", "swa", "shadow", "timm_v2", "teacher"])
+@pytest.mark.parametrize("kind", ["deepcopy", "swa", "shadow", "timm_v2", "teacher", "momentum"])
 def test_ema_copies_are_labelled_ema(tmp_path: Path, monkeypatch, kind: str):
     by_category = _breakdown(tmp_path, monkeypatch, kind)
     # the copy of both layers' weights and biases; the trained model stays the parameters

@@ -14,7 +14,9 @@ trained:
   `t.data.mul_(m).add_((1 - m) * s.detach().data)` (DINO's teacher).
 That target's block is re-tagged `ema` (from `input`, `other` or `parameter`: a teacher whose
 forward runs was tagged a parameter by it; it keeps `ema` from then on, see
-`PhaseTracker._classify_module_state`).
+`PhaseTracker._classify_module_state`). So is a frozen parameter's new block when the job
+replaces its data with such a value (`param_k.data = param_k.data * m + param_q.data * (1 - m)`:
+MoCo, BYOL; `replaced`, from capture.module_apply).
 
 Trained parameters are those that received a gradient in a backward (the phase tracker says
 which). Only ops between steps are watched (phase `other`) and no-grad forwards (an evaluation):
@@ -35,6 +37,9 @@ from peakmem.trace.vocab import Category, Phase
 EMA = Category.EMA.value
 _TARGETS = (Category.INPUT.value, Category.OTHER.value, Category.PARAMETER.value)
 """What a copy's block may be tagged before it is seen kept in sync."""
+
+_REPLACED = (*_TARGETS, Category.TEMPORARY.value, Category.ACTIVATION.value)
+"""What a computed block given to a frozen parameter (`param.data = new`) may be tagged."""
 
 _SYNC_OPS = frozenset({"copy_", "add_", "sub_", "lerp_",
                        "_foreach_copy_", "_foreach_add_", "_foreach_sub_", "_foreach_lerp_"})
@@ -83,6 +88,19 @@ class WeightCopies:
                 for result in _flat(out):
                     if result.shape in shapes:
                         self._derive(result)
+
+    def replaced(self, param: torch.Tensor, new: Any) -> bool:
+        """`param.data = new` (MoCo's and BYOL's momentum encoders:
+        `param_k.data = param_k.data * m + param_q.data * (1 - m)`): a frozen parameter given
+        a value computed from the trained weights is a copy kept in sync: its block and the
+        new one are re-tagged `ema` (True; called before the swap, so the copy's first blocks,
+        a `deepcopy`'s, are `ema` too). A trainable one (`p.data = p.data - lr * p.grad`) is
+        not."""
+        if param.requires_grad or not self._trained or not self._carries_weights(new):
+            return False
+        self.session.classify(param, EMA, only_from=_REPLACED)
+        self.session.classify(new, EMA, only_from=_REPLACED)
+        return True
 
     def _carries_weights(self, tensor: torch.Tensor) -> bool:
         key = _storage_key(tensor)
