@@ -46,13 +46,13 @@ from peakmem.trace.vocab import Category, Mark, Phase
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
 _STEPPED_PARAMS = (*_STEP_TEMPS, Category.INPUT.value)
 _STATE_SOURCES = _STEPPED_PARAMS
-_NOT_EMA: tuple = (None, *(category.value for category in Category if category is not Category.EMA))
-"""A module's weights are parameters when its forward runs, unless they were seen kept in sync
-with the trained weights (an EMA teacher's forward: capture.weight_copies)."""
 """What an optimizer's state may have been tracked as before its step kept it."""
 """What an optimizer's parameters may still be tagged when it steps: a host tensor moved to the
 device is an input until a module's forward claims it, and a module whose `forward` is called
 directly (`layer.forward(x)`, mnist_forward_forward) never is claimed."""
+_NOT_EMA: tuple = (None, *(category.value for category in Category if category is not Category.EMA))
+"""A module's weights are parameters when its forward runs, unless they were seen kept in sync
+with the trained weights (an EMA teacher's forward: capture.weight_copies)."""
 MIN_STEPS = 3
 MAX_AUTO_EPOCH = 256
 MAX_STEPS_AFTER_END = 32
