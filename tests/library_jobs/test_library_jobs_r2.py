@@ -69,9 +69,11 @@ def test_moco_momentum_encoder_and_queue_buffer(tmp_path):
     one = ex.device_bytes(encoder, ex.FP32)
     est = estimate("r2_moco.py", "--mlp", "--checkpoint-dir", str(tmp_path))
     # SGD momentum for the query encoder only (the key encoder's parameters have no grad);
-    # the key encoder's weights, replaced by `param_k.data = ...` in each forward, are
-    # parameters too (they were counted as activations before)
-    assert_training(est, params=2 * one, optimizer_state=one, grads=one)
+    # the key encoder's weights, replaced by `param_k.data = ...` from the query encoder's in
+    # each forward, are a copy kept in sync: `ema` (they were counted as activations, then as
+    # parameters before)
+    assert_training(est, params=one, optimizer_state=one, grads=one, extra_lower=one)
+    assert est.breakdown.get("ema") == one, est.breakdown
     queue = ex.rounded(128 * 4096 * ex.FP32) + ex.BLOCK  # queue + queue_ptr
     bn = [(32,), (32,), (), (64,), (64,), ()]
     assert est.breakdown["buffer"] == queue + 2 * ex.device_bytes(bn, ex.FP32)
@@ -200,8 +202,10 @@ def test_byol_lazy_projector_deepcopy_target_moving_average(tmp_path):
     est = estimate("r2_byol.py", "--save", str(tmp_path / "encoder.pt"))
     # the projector is built on the first call by `MLP(...).to(hidden)` (it went to the meta
     # device before: no weights, gradients or Adam state); the target network (a deepcopy,
-    # frozen, replaced by `.data =` after each step) is parameters too
-    assert_training(est, params=trained + target, optimizer_state=2 * trained, grads=trained)
+    # frozen, replaced by `.data =` from the online network after each step) is `ema`
+    assert_training(est, params=trained, optimizer_state=2 * trained, grads=trained,
+                    extra_lower=target)
+    assert est.breakdown.get("ema") == target, est.breakdown
     bn = [(32,), (32,), (), (64,), (64,), ()]
     bn_mlp = [(256,), (256,), ()]
     assert est.breakdown["buffer"] == ex.device_bytes(2 * bn + 3 * bn_mlp, ex.FP32)

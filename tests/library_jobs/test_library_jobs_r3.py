@@ -255,12 +255,14 @@ def _vit_pytorch_shapes(dim: int = 128, depth: int = 4, mlp: int = 256, patch_di
 def test_vit_pytorch_gradscaler_clip_ema_averaged_model(tmp_path, flags):
     model = ex.device_bytes(_vit_pytorch_shapes(), ex.FP32)
     est = estimate("r3_lucidrains_vit_amp_ema.py", *flags, "--save", str(tmp_path / "ck.pt"))
-    # AveragedModel deep-copies the model on its device: a second set of weights; its
-    # n_averaged counter is made on the host (no device= given); AdamW moments for the model
-    # above the model state: the eager run's saved activations (4 layers at batch 32 with fp16
-    # copies, ~40 MiB)
-    assert_training(est, params=2 * model, optimizer_state=2 * model, grads=model,
-                    extra_upper=64 * 2**20)
+    # AveragedModel deep-copies the model on its device: a second set of weights (labelled
+    # `ema`: kept in sync by update_parameters, even though its forward runs in the
+    # evaluations); its n_averaged counter is made on the host (no device= given); AdamW
+    # moments for the model; above the model state: the eager run's saved activations (4
+    # layers at batch 32 with fp16 copies, ~40 MiB)
+    assert_training(est, params=model, optimizer_state=2 * model, grads=model,
+                    extra_lower=model, extra_upper=64 * 2**20)
+    assert est.breakdown.get("ema") == model, est.breakdown
     assert "buffer" not in est.breakdown
     # 256 samples / 32 = 8 batches an epoch, an EMA evaluation after each
     assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]

@@ -182,10 +182,11 @@ def test_trl_grpo_generates_with_the_policy_and_scores_with_a_reward_model(trl_f
     assert_training(est, params=GPT2_PARAMS + reward_params, grads=GPT2_PARAMS,
                     optimizer_state=FUSED_ADAMW)
     assert "Training completed" in est.stderr
-    # fake mode cannot run it: GRPOTrainer cuts each completion after its first EOS with a mask
-    # it reads on the host (`c[m].tolist()`), which fake mode reads as zeros (empty completions,
-    # then `ids[-1]` fails); auto mode reruns the job eagerly on the CPU
-    assert est.data["mode"] == "eager" and "fake mode could not run" in est.data["mode_reason"]
+    # GRPOTrainer cuts each completion after its first EOS with a mask it reads on the host
+    # (`c[m].tolist()`): fake mode reads a boolean mask as all True (every token kept, as it
+    # sizes device-side selections), not zeros (empty completions, then `ids[-1]` failed and
+    # auto mode reran the job eagerly on the CPU)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
 
 
 # sentence-transformers: training/nli/training_nli_v2.py, v3+ trainer and legacy model.fit ------
@@ -323,8 +324,7 @@ def test_diffusers_train_unconditional_unet_ddpm_ema(tmp_path):
     # plain torch.optim.AdamW (host `step`s); the EMA's shadow copy of every weight is on the
     # device too (EMAModel.to(accelerator.device)), beyond the model state
     assert_training(est, params=model, optimizer_state=2 * model, extra_lower=model)
-    ema = est.breakdown.get("other", 0) + est.breakdown.get("input", 0)
-    assert ema >= model, est.breakdown
+    assert est.breakdown.get("ema", 0) >= model, est.breakdown
     # 12 images in batches of 4, then the DDPMPipeline's sampling with the EMA weights
     assert est.data["steps"] == 3 and est.data["phases_ran"] == ["training", "eval"]
     assert "epoch 0: sampled images (2, 16, 16, 3)" in est.stderr

@@ -282,9 +282,10 @@ def test_dit_train_torchrun_ema_vae_diffusion(tmp_path):
     # pos_embed has no gradient and so no AdamW state
     assert breakdown["gradient"] == trainable
     assert breakdown["optimizer_state"] == 2 * trainable
-    # the model, its EMA copy and the VAE on the device (the EMA and the VAE's decoder never
-    # run a forward: their weights are tagged as moved inputs / other, not "parameter")
-    weights = sum(breakdown.get(k, 0) for k in ("parameter", "input", "other"))
+    # the model, its EMA copy and the VAE on the device (the EMA copy is labelled "ema" once
+    # update_ema is seen syncing it with the model; the frozen pos_embed it copies is not)
+    assert dit <= breakdown.get("ema", 0) + ex.device_bytes([(1, 4, 64)], ex.FP32), breakdown
+    weights = sum(breakdown.get(k, 0) for k in ("parameter", "ema", "input", "other"))
     assert 2 * dit + vae <= weights <= 2 * dit + vae + MiB, breakdown
     model_state = 2 * dit + vae + 3 * trainable
     assert model_state <= data["peak_allocated_bytes"] <= 2 * model_state + WORKSPACE_SLACK

@@ -117,11 +117,20 @@ _HOST_ZEROS = torch.zeros
 """torch's own `zeros`, kept before the job runs: a job may replace `torch.zeros` while it runs
 (`deepspeed.zero.Init()` wraps the factories to make device tensors of its dtype), and a
 placeholder is a host tensor of the device tensor's dtype whatever the job set."""
+_HOST_ONES = torch.ones
 
 
 def placeholder(tensor: Any) -> Any:
-    """A real host tensor standing in for a device tensor's unknown values."""
+    """A real host tensor standing in for a device tensor's unknown values: zeros, but a
+    boolean mask (one dimension or more) reads all True, as fake mode sizes a selection on the
+    device (every element selected, capture.recorder): a mask read on the host selects there
+    (TRL's GRPO cuts each completion with `c[m].tolist()` for `m` from
+    `completion_mask.bool().cpu()`), and an all-False one would select nothing, where the
+    GPU run selects something (and the job fails on an empty selection, or allocates less). A
+    0-d boolean (a condition: `if torch.isnan(loss):`) still reads False."""
     if is_meta(tensor):
+        if tensor.dtype == torch.bool and tensor.dim() > 0:
+            return _HOST_ONES(tensor.shape, dtype=torch.bool, device="cpu")
         return _HOST_ZEROS(tensor.shape, dtype=tensor.dtype, device="cpu")
     return tensor
 

@@ -89,8 +89,9 @@ def _set_data(mode, func, args: tuple, kwargs: dict) -> Any:
     tensor, new = args[0], args[1]
     with _NO_SUBCLASS_HOOKS():
         if not _crosses(mode, tensor, new) or _compatible(tensor, new):
+            copying = _owns_its_storage(new) and _weight_copy(mode, tensor, new)
             result = func(*args, **kwargs)
-            if _owns_its_storage(new):
+            if _owns_its_storage(new) and not copying:
                 _claim_as_parameter(mode, tensor)
             _claim_frozen_parameter(mode, tensor)
             return result
@@ -134,6 +135,19 @@ def _owns_its_storage(new: Any) -> bool:
         return new.untyped_storage().nbytes() == new.numel() * new.element_size()
     except (RuntimeError, NotImplementedError):
         return False
+
+
+def _weight_copy(mode, tensor: Any, new: Any) -> bool:
+    """`param.data = computed` on a frozen parameter, computed from the trained weights (a
+    momentum encoder): tagged `ema` (capture.weight_copies)."""
+    tracker = mode.session.phase_tracker
+    copies = getattr(tracker, "weight_copies", None)
+    return (
+        copies is not None
+        and isinstance(tensor, torch.nn.Parameter)
+        and tensor.device.type == "meta"
+        and copies.replaced(tensor, new)
+    )
 
 
 def _claim_as_parameter(mode, tensor: Any) -> None:

@@ -38,6 +38,7 @@ from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
 from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import DEVICE_STREAM, CaptureSession
 from peakmem.capture.step_repeat import StepRepeater, enabled_by_env
+from peakmem.capture.weight_copies import WeightCopies
 from peakmem.cuda_rules.true_device import is_meta
 from peakmem.jobs.stop import ALL_STEPS, Steps
 from peakmem.trace.vocab import Category, Mark, Phase
@@ -49,6 +50,9 @@ _STATE_SOURCES = _STEPPED_PARAMS
 """What an optimizer's parameters may still be tagged when it steps: a host tensor moved to the
 device is an input until a module's forward claims it, and a module whose `forward` is called
 directly (`layer.forward(x)`, mnist_forward_forward) never is claimed."""
+_NOT_EMA: tuple = (None, *(category.value for category in Category if category is not Category.EMA))
+"""A module's weights are parameters when its forward runs, unless they were seen kept in sync
+with the trained weights (an EMA teacher's forward: capture.weight_copies)."""
 MIN_STEPS = 3
 MAX_AUTO_EPOCH = 256
 MAX_STEPS_AFTER_END = 32
@@ -108,6 +112,7 @@ class PhaseTracker:
         )
         self.loaders = LoaderEpochs(session, shorten=stop_after_steps is None)
         self.modules = ModulePaths(on_root=self._classify_module_state)
+        self.weight_copies = WeightCopies(session)
         self._stack = ExitStack()
         self._param_owner: dict[int, str] = {}
         self._optimizers: dict[int, Any] = {}
@@ -115,6 +120,7 @@ class PhaseTracker:
         self._updated_storages: set[int] = set()  # parameters with a gradient after a backward
         self._watched: list[tuple[weakref.ref, int]] = []  # those parameters, their storages
         self._await_update = False  # a backward ran; no parameter update seen since
+        self._outer_steps = 0  # wrapping optimizers' steps running (outer_step)
         self._stop_pending = False
         self._in_eval = False
         self.phases_ran: list[str] = []
@@ -206,6 +212,35 @@ class PhaseTracker:
             state.phase = Phase.OTHER.value if previous == Phase.FORWARD.value else previous
             self._classify_gradients(self.modules.roots.values())
 
+    @contextmanager
+    def outer_step(self) -> Iterator[None]:
+        """The step of an optimizer that wraps a torch optimizer (DeepSpeed's ZeRO, bf16 and
+        fp16 optimizers: capture.zero_partitions): what it does around the inner optimizer's
+        step (gradient norms, overflow checks, casts between the master weights and the 16-bit
+        ones) is part of the optimizer step too. The inner step's hooks count the step."""
+        state = self.session.state
+        previous = state.phase
+        self._outer_steps += 1
+        state.phase = Phase.OPTIMIZER.value
+        try:
+            yield
+        finally:
+            self._outer_steps -= 1
+            if not self._outer_steps:
+                state.phase = previous
+
+    @contextmanager
+    def outer_backward(self) -> Iterator[None]:
+        """Gradient work a training engine does right after autograd's backward, outside it
+        (DeepSpeed's backward epilogue: capture.zero_partitions): in the backward phase."""
+        state = self.session.state
+        previous = state.phase
+        state.phase = Phase.BACKWARD.value
+        try:
+            yield
+        finally:
+            state.phase = previous
+
     # -- hooks ---------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         state = self.session.state
@@ -243,7 +278,8 @@ class PhaseTracker:
             for param in sub.parameters(recurse=False):
                 if owner is not None:
                     self._param_owner[id(param)] = owner
-                session.classify(param, Category.PARAMETER.value, module=owner)
+                session.classify(param, Category.PARAMETER.value, module=owner,
+                                 only_from=_NOT_EMA)
             for buffer in sub.buffers(recurse=False):
                 session.classify(buffer, Category.BUFFER.value, module=owner)
 
@@ -257,6 +293,7 @@ class PhaseTracker:
                     watched.append((weakref.ref(param), storage))
                 self.session.classify(param.grad, Category.GRADIENT.value, only_from=_STEP_TEMPS)
         self._updated_storages = updated
+        self.weight_copies.add_trained(updated)
         self._watched = watched
         self._await_update = True
 
@@ -295,13 +332,15 @@ class PhaseTracker:
                 session.classify(
                     value, Category.OPTIMIZER_STATE.value, module=owner, only_from=_STATE_SOURCES
                 )
-        session.state.phase = Phase.OTHER.value
+        session.state.phase = Phase.OPTIMIZER.value if self._outer_steps else Phase.OTHER.value
         self._await_update = False  # a closure's backward ran inside the step it fed
         self._step_taken(id(optimizer), stop_now=True)
 
-    def _watch_op(self, func: Any, args: tuple) -> None:
+    def _watch_op(self, func: Any, args: tuple, out: Any) -> None:
         """A training step without an optimizer: the first in-place write to a parameter that
-        received a gradient, after a backward, outside any optimizer step."""
+        received a gradient, after a backward, outside any optimizer step. (And weight copies
+        kept in sync: capture.weight_copies.)"""
+        self.weight_copies.watch(func, args, out)
         if not self._await_update or not args or self._optimizers:
             return  # a job with an optimizer: its steps are the training steps
         name = getattr(func, "_opname", "")

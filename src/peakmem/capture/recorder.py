@@ -98,7 +98,7 @@ class AllocationRecorder(TorchDispatchMode):
         if session.closed:
             return out
         if session.watch_op is not None:
-            session.watch_op(func, args)
+            session.watch_op(func, args, out)
         if not session.eager and info.dynamic_shape and _data_dependent(func, args):
             name = op_name(func)
             session.data_dependent[name] = session.data_dependent.get(name, 0) + 1

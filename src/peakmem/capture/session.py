@@ -109,9 +109,9 @@ class CaptureSession:
     phase_tracker: Any = None
     """The capture's PhaseTracker while the job runs (a CUDA graph replaying a captured optimizer
     step counts the step: capture.fake_graphs)."""
-    watch_op: Callable[[Any, tuple], None] | None = None
-    """Called by the recorder with every aten op and its arguments (the phase tracker watches
-    for in-place updates of parameters)."""
+    watch_op: Callable[[Any, tuple, Any], None] | None = None
+    """Called by the recorder with every aten op, its arguments and outputs (the phase tracker
+    watches for in-place updates of parameters, capture.weight_copies for EMA copies)."""
     storage_kinds: dict[int, str] = field(default_factory=dict)
     """id(untyped storage) -> what a meta storage stands for, where it is not GPU memory:
     "host" (a host tensor kept fake until its values are needed) or "meta" (the job's own meta

@@ -44,6 +44,7 @@ from peakmem.capture import device_map
 from peakmem.capture.namespace_index import namespaces_binding
 from peakmem.capture.on_import import ImportHook
 from peakmem.capture.session import CaptureSession
+from peakmem.capture.value_names import ZeroNamedSaves
 from peakmem.jobs.file_journal import before_native_write
 
 _FAKE_DEVICE_TYPES = frozenset({"meta", "cuda"})
@@ -345,6 +346,8 @@ class SaveDiverter:
     diverted: list[tuple[str, Path]] = field(default_factory=list)
     redirects: dict[str, Path] = field(default_factory=dict)
     """Absolute user path -> its diverted copy (read back by LOAD_FUNCTIONS)."""
+    zero_named: ZeroNamedSaves = field(default_factory=ZeroNamedSaves)
+    """Saves named with a zero after host reads that saw zeros (capture.value_names)."""
     _local: threading.local = field(default_factory=threading.local)
 
     def scratch_dir(self) -> Path:
@@ -371,6 +374,8 @@ class SaveDiverter:
         path = user_path(target)
         if path is None:
             return original(*args, **kwargs)
+        if self.session is not None and self.session.host_value is None:  # fake mode
+            self.zero_named.saw(path, self.session.host_reads)
         with self._inside():
             fake = any(holds_fake_device_data(d, self.host_copies) for d in entry.data(args, kwargs))
         if not fake:
@@ -558,6 +563,6 @@ def divert_fake_saves(
             sys.meta_path.remove(finder)
         patches.restore()
         _ACTIVE.remove(diverter)
-        note = diverter.note()
-        if note is not None and session is not None:
-            session.notes.append(note)
+        for note in (diverter.note(), diverter.zero_named.note()):
+            if note is not None and session is not None:
+                session.notes.append(note)

@@ -22,6 +22,10 @@ class Category(StrEnum):
     """The input batch and targets copied to the device."""
     WORKSPACE = "workspace"
     """Library scratch (cuBLAS, cuBLASLt, cuDNN, SDPA kernels) taken from the caching allocator."""
+    EMA = "ema"
+    """Copies of the trained weights kept in sync with them and stepped by no optimizer (EMA /
+    averaged models: diffusers' EMAModel, timm's ModelEma, swa_utils.AveragedModel, a
+    `deepcopy(model)` updated with `lerp_` / `mul_().add_()`; capture.weight_copies)."""
     OTHER = "other"
     """Anything not classified."""
 
