@@ -5,7 +5,10 @@ Most cases run transformers' run_clm.py (scripts/hf_ex_run_clm.py, test_library_
 tiny GPT-2 and local text); options whose assertions do not interfere share one estimate (module
 fixtures), so the file stays within its time budget. Also: a `Trainer` subclass overriding
 `compute_loss` (transformers' docs) in a course-style classification script, and a LoRA
-`PeftModel` trained by the Trainer with gradient checkpointing.
+`PeftModel` trained by the Trainer with gradient checkpointing and SGD.
+
+Optimizer states checked by hand: adamw_torch (two moments, host `step`), adagrad (its sum and a
+device `step`), sgd (none), torchao's adamw_torch_8bit (uint8 codes, block scales, qmaps).
 
 Covered before (not repeated): --fp16 / --bf16, --torch_compile, --eval_strategy steps,
 --optim adafactor / adamw_bnb_8bit / paged_adamw_8bit (QLoRA), --deepspeed,
@@ -64,39 +67,6 @@ def clm_run(tmp_path_factory):
     return run
 
 
-# SGD without momentum, no clipping, and the Trainer's loss / embedding / sampler options -------
-
-SGD_AND_TRAINING_OPTIONS = (
-    "--optim", "sgd", "--max_grad_norm", "0", "--label_smoothing_factor", "0.1",
-    "--neftune_noise_alpha", "5", "--train_sampling_strategy", "group_by_length",
-    "--include_num_input_tokens_seen", "true",
-)
-"""One estimate: `optim="sgd"` is torch.optim.SGD with momentum 0 (no state); no gradient
-clipping; the LabelSmoother (the logits' log-softmax, shifted, kept for backward); NEFTune's
-noise on the embeddings' output (a forward hook); the LengthGroupedSampler; the token count
-gathered each step."""
-
-
-@pytest.mark.slow
-@needs("transformers", "accelerate", "datasets")
-def test_trainer_sgd_without_momentum_keeps_no_optimizer_state(clm_run):
-    est, _ = clm_run(*SGD_AND_TRAINING_OPTIONS)
-    assert_training(est, params=GPT2_PARAMS, optimizer_state=0)
-    assert "optimizer_state" not in est.breakdown, est.breakdown
-
-
-@pytest.mark.slow
-@needs("transformers", "accelerate", "datasets")
-def test_trainer_label_smoothing_neftune_and_token_count_run_through(clm_run):
-    est, files = clm_run(*SGD_AND_TRAINING_OPTIONS)
-    assert est.returncode == 0, est.failure()
-    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
-    # the Trainer gathered a device count each step and logged it (`.item()` of a fake tensor:
-    # fake mode has no values, so the count reads 0; no memory depends on it)
-    state = json.loads((files["out"] / "trainer_state.json").read_text())
-    assert "num_input_tokens_seen" in state["log_history"][-1], state["log_history"]
-
-
 # adamw_torch + weight decay, accumulation, checkpoints every step, evaluation losses only -----
 
 ADAMW_ACCUMULATE_SAVE_EVAL = (
@@ -133,12 +103,18 @@ def test_trainer_saves_checkpoints_every_step_and_evaluates_losses_only(clm_run)
     assert est.data["phases_ran"] == ["training", "eval", "training", "eval"], est.data["phases_ran"]
 
 
-# activation checkpointing: reentrant, with Adagrad ---------------------------------------------
+# reentrant activation checkpointing, Adagrad, and the Trainer's loss / embedding / sampler options
 
-REENTRANT_CHECKPOINTING_ADAGRAD = (
+CHECKPOINTING_ADAGRAD_AND_OPTIONS = (
     "--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"use_reentrant": true}',
-    "--optim", "adagrad",
+    "--optim", "adagrad", "--max_grad_norm", "0", "--label_smoothing_factor", "0.1",
+    "--neftune_noise_alpha", "5", "--train_sampling_strategy", "group_by_length",
+    "--include_num_input_tokens_seen", "true",
 )
+"""One estimate: reentrant checkpointing (transformers 5's default is non-reentrant,
+test_library_jobs_hf2.py); Adagrad; no gradient clipping; the LabelSmoother (the Trainer pops
+the labels and smooths the shifted logits' log-softmax); NEFTune's noise on the embeddings'
+output (a forward hook); the LengthGroupedSampler; the token count gathered each step."""
 
 
 def checkpointed_activation_bound() -> int:
@@ -153,13 +129,25 @@ def checkpointed_activation_bound() -> int:
 @pytest.mark.slow
 @needs("transformers", "accelerate", "datasets")
 def test_trainer_reentrant_checkpointing_with_adagrad(clm_run):
-    est, _ = clm_run(*REENTRANT_CHECKPOINTING_ADAGRAD)
+    est, _ = clm_run(*CHECKPOINTING_ADAGRAD_AND_OPTIONS)
     # Adagrad: its `sum` (fp32, one per parameter) and `step`, made on the host by the
     # optimizer, then moved to the device with the rest of its state by accelerate's
     # AcceleratedOptimizer (`move_to_device(state_dict)` + `load_state_dict`, which keeps a
     # non-fused `step` where it is given): a 0-d fp32 device tensor per parameter
     assert_training(est, params=GPT2_PARAMS, optimizer_state=GPT2_PARAMS + fused_steps(GPT2_SHAPES))
     assert est.breakdown.get("activation", 0) <= checkpointed_activation_bound(), est.breakdown
+
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_trainer_label_smoothing_neftune_and_token_count_run_through(clm_run):
+    est, files = clm_run(*CHECKPOINTING_ADAGRAD_AND_OPTIONS)
+    assert est.returncode == 0, est.failure()
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    # the Trainer gathered a device count each step and logged it (`.item()` of a fake tensor:
+    # fake mode has no values, so the count reads 0; no memory depends on it)
+    state = json.loads((files["out"] / "trainer_state.json").read_text())
+    assert "num_input_tokens_seen" in state["log_history"][-1], state["log_history"]
 
 
 # course-style classification with a custom compute_loss, torchao's 8-bit AdamW ----------------
@@ -224,17 +212,18 @@ def test_trainer_subclass_compute_loss_with_torchao_adamw_8bit(custom_loss_run):
 
 @pytest.mark.slow
 @needs("transformers", "accelerate", "datasets", "peft")
-def test_peft_lora_trainer_gradient_checkpointing(llama_checkpoint, tmp_path):
+def test_peft_lora_trainer_gradient_checkpointing_with_sgd(llama_checkpoint, tmp_path):
     train = tmp_path / "train.txt"
     train.write_text("\n".join(sentences(60)) + "\n")
-    est = hf2.run_peft(llama_checkpoint, train, tmp_path / "out", "lora", "--gradient_checkpointing")
+    est = hf2.run_peft(llama_checkpoint, train, tmp_path / "out", "lora", "--gradient_checkpointing",
+                       "--optim", "sgd")
     # the Trainer enables checkpointing on the PeftModel's base model, which makes the
     # embeddings' output require grad (enable_input_require_grads) so that the adapters in the
-    # checkpointed layers get gradients: only the adapters train
+    # checkpointed layers get gradients: only the adapters train. `optim="sgd"` is
+    # torch.optim.SGD with momentum 0: no optimizer state at all
     adapters = hf2.LORA_ADAPTERS
-    trained = ex.lora_shapes(8, **ex.TINY_LLAMA)
-    assert_training(est, params=hf2.LLAMA_PARAMS + adapters, grads=adapters,
-                    optimizer_state=2 * adapters + fused_steps(trained))
+    assert_training(est, params=hf2.LLAMA_PARAMS + adapters, grads=adapters, optimizer_state=0)
+    assert "optimizer_state" not in est.breakdown, est.breakdown
     assert est.breakdown.get("gradient") == adapters, est.breakdown
     # what the checkpointed forward keeps: the layers' inputs (batch 2 x 32 x hidden fp32) and
     # the logits; without checkpointing 0.6 MiB of attention / MLP intermediates
