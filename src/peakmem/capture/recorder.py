@@ -106,7 +106,9 @@ class AllocationRecorder(TorchDispatchMode):
         host_outputs = info.host_outputs
         skip = {id(t) for t in host_outputs(out)} if host_outputs is not None else ()
         category = None
-        if info.host_copy and _reads_host(args):
+        if info.host_copy and not session.in_backward and _reads_host(args):
+            # a copy from the host is the job's data; in backward it is a saved tensor brought
+            # back (`save_on_cpu`, activation offloading): the backward's own, not an input
             category = Category.INPUT.value
         category = kind_category or category
         leaves = _leaves(out)
