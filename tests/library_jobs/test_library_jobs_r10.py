@@ -12,8 +12,8 @@ device `step`), sgd (none), torchao's adamw_torch_8bit (uint8 codes, block scale
 
 Covered before (not repeated): --fp16 / --bf16, --torch_compile, --eval_strategy steps,
 --optim adafactor / adamw_bnb_8bit / paged_adamw_8bit (QLoRA), --deepspeed,
---auto_find_batch_size (a batch that fits), Seq2SeqTrainer --predict_with_generate
-(test_library_jobs_hf2.py, test_library_jobs_r4.py).
+--auto_find_batch_size (a batch that fits), Seq2SeqTrainer --predict_with_generate with greedy
+decoding (test_library_jobs_hf2.py, test_library_jobs_r4.py); here with beam search.
 
 Arguments transformers 5.24 no longer has: `--group_by_length` is
 `--train_sampling_strategy group_by_length`; `--half_precision_backend` is gone (autocast
@@ -37,8 +37,10 @@ from tests.library_jobs.test_library_jobs import assert_training, fused_steps, n
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
     TINY_BERT_CONFIG,
+    TINY_T5_CONFIG,
     bert_shapes,
     sentences,
+    t5_shapes,
     write_config,
     write_tokenizer,
 )
@@ -231,3 +233,35 @@ def test_peft_lora_trainer_gradient_checkpointing_with_sgd(llama_checkpoint, tmp
     logits = 2 * 32 * ex.TINY_LLAMA["vocab"] * ex.FP32
     bound = (ex.TINY_LLAMA["layers"] + 2) * hidden + logits
     assert est.breakdown.get("activation", 0) <= bound, est.breakdown
+
+
+# Seq2SeqTrainer: beam search in the evaluation -------------------------------------------------
+
+@pytest.mark.slow
+@needs("transformers", "accelerate", "datasets")
+def test_seq2seq_trainer_beam_search_generation_stays_in_fake_mode(tmp_path):
+    model = write_tokenizer(write_config(tmp_path / "t5", TINY_T5_CONFIG))
+    files = {}
+    for split, n, seed in (("train", 32, 4), ("validation", 8, 5)):
+        files[split] = tmp_path / f"{split}.json"
+        texts, summaries = sentences(n, seed), sentences(n, seed + 10)
+        files[split].write_text("\n".join(json.dumps({"text": t, "summary": s[:40]})
+                                          for t, s in zip(texts, summaries, strict=True)) + "\n")
+    est = estimate(
+        "hf_ex_run_summarization.py", "--config_name", str(model), "--tokenizer_name", str(model),
+        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+        "--source_prefix", "summarize: ", "--max_source_length", "32", "--max_target_length", "16",
+        "--val_max_target_length", "8", "--num_beams", "4", "--per_device_train_batch_size", "4",
+        "--per_device_eval_batch_size", "4", "--max_steps", "3", "--do_train", "--do_eval",
+        "--predict_with_generate", "--report_to", "none", "--seed", "0",
+        "--output_dir", str(tmp_path / "out"),
+    )
+    shapes = t5_shapes()
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    # beam search fills its running sequences with `pad_token_id or eos_token_id[0]`, device
+    # tensors of the special tokens read as torch.full's fill value: before the fix in
+    # capture/recorder.py fake mode stopped there and the estimate fell back to eager mode
+    # (the whole job run again for real on the CPU)
+    assert est.data["mode"] == "fake", (est.data["mode"], est.data.get("mode_reason"))
