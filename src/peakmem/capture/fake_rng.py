@@ -89,5 +89,23 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             }
         )
     found[(torch.cuda, "default_generators")] = generators
+    cpu_set_rng_state = torch.random.set_rng_state
+    for owner in (torch, torch.random):
+        found[(owner, "set_rng_state")] = _with_real_state(cpu_set_rng_state)
     found[(torch, "Generator")] = FakeGenerator
     return found
+
+
+def _with_real_state(set_state: Any) -> Any:
+    """`torch.set_rng_state` / `torch.random.set_rng_state` given a state the capture keeps
+    fake (a `torch.load`ed checkpoint's tensors are host-deferred until read: the HF Trainer's
+    `rng_state.pth` on resume, accelerate's `load_state`): its values are read (`tolist`, which
+    the deferral answers from the file) into a real host tensor first, as the C++ generator
+    accepts nothing else ("RNG state must be a torch.ByteTensor")."""
+
+    def set_rng_state(new_state: torch.Tensor) -> None:
+        if isinstance(new_state, torch.Tensor) and is_meta(new_state):
+            new_state = torch.tensor(new_state.tolist(), dtype=new_state.dtype, device="cpu")
+        set_state(new_state)
+
+    return set_rng_state

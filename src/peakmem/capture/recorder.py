@@ -106,7 +106,9 @@ class AllocationRecorder(TorchDispatchMode):
         host_outputs = info.host_outputs
         skip = {id(t) for t in host_outputs(out)} if host_outputs is not None else ()
         category = None
-        if info.host_copy and _reads_host(args):
+        if info.host_copy and not session.in_backward and _reads_host(args):
+            # a copy from the host is the job's data; in backward it is a saved tensor brought
+            # back (`save_on_cpu`, activation offloading): the backward's own, not an input
             category = Category.INPUT.value
         category = kind_category or category
         leaves = _leaves(out)
@@ -140,6 +142,7 @@ class AllocationRecorder(TorchDispatchMode):
 register_hop_handlers(AllocationRecorder)  # flex_attention's operators (capture/flex_attention.py)
 
 _ADD = torch.ops.aten.add.Tensor
+_LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
 
 
 _dispatch_without_dynamo = torch._disable_dynamo(
@@ -170,6 +173,14 @@ def _is_accumulation(args: tuple, kwargs: dict, out) -> bool:
 def _run(session: CaptureSession, func, args, kwargs):
     if session.eager:  # real values: always the kernel
         return func(*args, **kwargs)
+    if func is _LOCAL_SCALAR_DENSE:
+        # a device tensor read as a Python number below the torch-function layer (an op's
+        # Scalar argument: `torch.full(..., fill_value=t)`): its values, where they are known
+        from peakmem.capture.device_map import known_host_data
+
+        known = known_host_data(args[0])
+        if known is not None:
+            return known.item()
     # fake tensors: a repeated call's outputs are made from its recorded layout
     return SHARED_CACHE.call(func, args, kwargs)
 

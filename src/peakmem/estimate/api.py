@@ -445,6 +445,11 @@ def estimate_capture(
             else "in a retry loop (a smaller batch after each)"
         )
         notes.append(f"the job caught {len(ooms)} CUDA out-of-memory error(s) {under} and went on")
+        from peakmem.estimate.retry_notes import retry_peak_note
+
+        retry_note = retry_peak_note(capture.trace, peak_index)
+        if retry_note is not None:
+            notes.append(retry_note)
     from peakmem.estimate.fallbacks import stack_note
 
     if stack_note(torch_version, stack):
