@@ -33,6 +33,9 @@ MAX_REMEMBERED_COSTS = 100_000
 REMEMBERED_FAMILIES = frozenset({GEMM, CONV, ATTENTION})
 """Kernel families whose cost (torch's FLOP formulas) takes longer than its key; the others
 (a few byte counts) are costed afresh."""
+REMEMBERED_COSTS: dict[tuple, Any] = {}
+"""op_cost by op_cost_key (a pure function of the key), shared by the captures of a process: a
+training step repeats the same calls every iteration, a bench worker's rows the same layers."""
 _UNSEEN = object()
 _NO_TENSORS = object()
 """A cached call's memo: the op has no tensor argument or output (nothing is costed)."""
@@ -95,8 +98,7 @@ class OpCostObserver:
         self.failed: str | None = None
         self._step = session.state.steps
         self._reads = session.host_reads
-        self._costs: dict[tuple, Any] = {}
-        """op_cost by op_cost_key: a training step repeats the same calls every iteration."""
+        self._costs = REMEMBERED_COSTS
         self._facts: dict[Any, _OpFacts] = {}
 
     def _roll(self) -> None:
