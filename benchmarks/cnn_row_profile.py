@@ -48,7 +48,7 @@ PARTS = [
     ("  allocator replay (`simulate`)", "allocator/simulate.py:simulate"),
     ("`side_effects` install (per capture)", "capture/side_effects.py:install"),
     ("recorder dispatch (`__torch_dispatch__`)", "capture/recorder.py:__torch_dispatch__"),
-    ("  meta cache (`MetaCache.call`)", "capture/meta_cache.py:call"),
+    ("  meta cache (`MetaCache.call`)", "capture/meta_cache.py:call_entry"),
     ("  utilization observer", "utilization/observer.py:observe"),
     ("  session storage tracking", "capture/session.py:track"),
     ("capture mode (`CaptureModes.__torch_function__`)",
