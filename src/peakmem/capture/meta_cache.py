@@ -40,6 +40,11 @@ rest run the op's meta kernel.
 A call with a host device option (a host factory, a copy to the host) runs its kernel
 without a key: its output holds real values and is never cached.
 
+`call_entry` also hands back the call's entry (`CacheEntry`: the recipe and a `memo` slot) and
+its tensor arguments' storage ids, read while keying: what a consumer derives from the key alone
+is kept in the memo and read back with no second key (the utilization observer keeps a call's
+decision and op cost there: utilization/observer.py).
+
 A call that raises is never cached (it raises again next time). Eager captures (real values)
 do not use the cache. A job that registers its own Meta kernel for an aten op in the middle of
 a run would still get the first kernel's layouts for calls seen before (not met in practice).

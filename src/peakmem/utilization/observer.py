@@ -5,6 +5,12 @@ The recorder calls `OpCostObserver.observe` once per aten op (session.op_observe
 observer also counts the host-side work of each step (ops on real CPU tensors: the
 DataLoader's indexing, collation and random data) and the host reads of device values
 (`.item()`: a device synchronisation each).
+
+A call the meta cache keeps (capture.meta_cache: every tensor argument and output a plain meta
+tensor, the key their layouts and every other argument) whose tensors are all device ones gets
+the same decision and cost every time: the first works them out, the entry's `memo` keeps them,
+and later calls of the key (this capture's and later captures' in the process) read them back
+after checking that none of their storages is a lazily stacked batch (host data).
 """
 
 from __future__ import annotations
