@@ -3,6 +3,7 @@
 
     python benchmarks/cnn_row_profile.py [--rows 15] [--top 25]            # sampled, CPU time
     python benchmarks/cnn_row_profile.py --rows 5 --cprofile [--top 25]    # cProfile, self time
+    python benchmarks/cnn_row_profile.py --rows 15 --plain                  # CPU s, no profiler
 
 The rows are `--rows` of the held-out CNN set spread over it (`spread_subset` of rows + 1, the
 first a warm-up), estimated with `PeakmemEstimator` after the bench worker's own initializer
@@ -16,7 +17,10 @@ sample taken while C code runs lands on the next Python frame to run, so "self" 
 functions that call into torch's C++ (the torch-function modes, `find_torch_dispatch_rule`) hold
 that C++ time; the parts' cumulative shares are sound. cProfile (`--cprofile`) counts every
 call instead: it slows the rows ~6x and inflates the functions called most often (builtins,
-small helpers), so its self times rank the per-call Python, not the share of a row.
+small helpers), so its self times rank the per-call Python, not the share of a row. `--plain`
+runs the rows with no profiler and prints their CPU seconds and a digest of their results
+(estimate bytes, stated margins, errors): run it with each source tree's `src` on PYTHONPATH,
+alternately, to compare two trees (the same digest: the same estimates).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import hashlib
 import io
+import json
 import os
 import pstats
 import signal
@@ -48,7 +54,7 @@ PARTS = [
     ("  allocator replay (`simulate`)", "allocator/simulate.py:simulate"),
     ("`side_effects` install (per capture)", "capture/side_effects.py:install"),
     ("recorder dispatch (`__torch_dispatch__`)", "capture/recorder.py:__torch_dispatch__"),
-    ("  meta cache (`MetaCache.call`)", "capture/meta_cache.py:call"),
+    ("  meta cache (`MetaCache.call_entry`)", "capture/meta_cache.py:call_entry"),
     ("  utilization observer", "utilization/observer.py:observe"),
     ("  session storage tracking", "capture/session.py:track"),
     ("capture mode (`CaptureModes.__torch_function__`)",
@@ -80,6 +86,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=15)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--cprofile", action="store_true", help="cProfile's self times instead")
+    parser.add_argument("--plain", action="store_true",
+                        help="no profiler: the rows' CPU seconds and a digest of their results")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -90,6 +98,15 @@ def main() -> int:
     estimator = PeakmemEstimator()
     _init_worker({"peakmem": estimator})
     estimate_row(estimator, rows[0])  # warm-up: imports, first calls
+
+    if args.plain:
+        start = time.process_time()
+        results = [estimate_row(estimator, row) for row in rows[1:]]
+        cpu = time.process_time() - start
+        fields = [[r.estimate_bytes, r.stated_margin, r.error] for r in results]
+        digest = hashlib.sha256(json.dumps(fields, default=str).encode()).hexdigest()[:12]
+        print(f"{len(results)} rows, {cpu:.2f} CPU s, results {digest}")
+        return 0
 
     if args.cprofile:
         profile = cProfile.Profile(time.process_time)

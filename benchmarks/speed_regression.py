@@ -7,7 +7,10 @@ Each job is estimated (in this process, as the bench does; `--isolated` through 
 child, as `peakmem estimate` does) and its peak_bytes / peak_reserved / peak_allocated and a
 digest of the captured trace (every event and its tag) are recorded. `--check` compares with a
 recorded file and exits 1 on any difference: a speed change must not move an estimate by a byte.
-`--only SUBSTRING` runs the matching jobs only. `--warm` (implies `--isolated`) starts a warm job
+`--utilization-out FILE` also writes, per job, a digest of its utilization record (the trace's
+per-op costs) and of the estimate's utilization figures, to compare two source trees (run the
+script once with each tree's `src` on PYTHONPATH and diff the files): `--check` covers the trace
+and the peaks only. `--only SUBSTRING` runs the matching jobs only. `--warm` (implies `--isolated`) starts a warm job
 process (`peakmem warm`, in a private runtime directory of its own) first, so every job's child
 is forked from it, and checks that each job did run warm.
 """
@@ -78,6 +81,15 @@ def trace_digest(trace) -> str:
     return digest.hexdigest()[:16]
 
 
+def utilization_digest(estimate) -> str:
+    """A digest of the capture's utilization record and the estimate's utilization figures."""
+    capture = estimate.capture
+    record = capture.trace.meta.get("utilization") if capture is not None else None
+    figures = estimate.utilization.to_json() if estimate.utilization is not None else None
+    text = json.dumps([record, figures], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 def _figures(estimate) -> dict:
     capture = estimate.capture
     return {
@@ -123,7 +135,7 @@ def warm_process():
             del os.environ["PEAKMEM_RUNTIME_DIR"]
 
 
-def run_one(argv: list[str], kwargs: dict, isolate: bool) -> dict:
+def run_one(argv: list[str], kwargs: dict, isolate: bool, utilization: bool = False) -> dict:
     from peakmem.estimate import EstimateError, estimate_command
 
     sink = io.StringIO()
@@ -137,6 +149,8 @@ def run_one(argv: list[str], kwargs: dict, isolate: bool) -> dict:
                    "trace": trace_digest(capture.trace) if capture else None}
     else:
         figures = _figures(estimate)
+        if utilization:
+            figures["utilization"] = utilization_digest(estimate)
         if isolate and any("warm job process (peakmem warm)" in n for n in estimate.notes):
             figures["warm"] = True
     figures["seconds"] = round(time.perf_counter() - start, 2)
@@ -148,6 +162,8 @@ def main() -> int:
     parser.add_argument("--write", type=Path)
     parser.add_argument("--check", type=Path)
     parser.add_argument("--only", default=None)
+    parser.add_argument("--utilization-out", type=Path, default=None,
+                        help="write each job's utilization digest here (JSON)")
     parser.add_argument("--isolated", action="store_true")
     parser.add_argument("--warm", action="store_true",
                         help="through a warm job process (peakmem warm); implies --isolated")
@@ -159,11 +175,14 @@ def main() -> int:
 def _run(args: argparse.Namespace, isolated: bool, warm: bool) -> int:
     expected = json.loads(args.check.read_text()) if args.check else {}
     results: dict = {}
+    utilization: dict = {}
     differ = []
     for name, argv, kwargs in jobs():
         if args.only and args.only not in name:
             continue
-        figures = run_one(argv, kwargs, isolated)
+        figures = run_one(argv, kwargs, isolated, args.utilization_out is not None)
+        if "utilization" in figures:
+            utilization[name] = figures.pop("utilization")
         ran_warm = figures.pop("warm", False)
         if warm and not ran_warm and "error" not in figures:
             differ.append(f"{name} (not warm)")
@@ -179,6 +198,8 @@ def _run(args: argparse.Namespace, isolated: bool, warm: bool) -> int:
         print(f"{name}: {json.dumps(figures)}{mark}", flush=True)
     if args.write:
         args.write.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    if args.utilization_out:
+        args.utilization_out.write_text(json.dumps(utilization, indent=1, sort_keys=True) + "\n")
     total = sum(f["seconds"] for f in results.values())
     print(f"total {total:.1f} s; {len(differ)} differ: {differ}")
     return 1 if differ else 0

@@ -336,3 +336,27 @@ def test_an_optimizers_new_floats_each_step_hit_the_cache():
     # and a float where an int was is another key
     cache.call(aten._foreach_add_.ScalarList, (params, [1.0, 1.0]), {})
     assert cache.misses == 6
+
+
+def test_call_entry_hands_every_call_of_a_key_the_same_entry():
+    """`call_entry`: the entry a miss stored is the one every later call of the key gets (its
+    memo kept), with that call's own tensor arguments' storage ids; calls not cached get None."""
+    cache = MetaCache()
+    x, y = meta(4, 8), meta(8)
+    out, (entry, storages) = cache.call_entry(aten.add.Tensor, (x, y), {})
+    assert cache.misses == 1 and entry.memo is None
+    assert set(storages) == {id(x.untyped_storage()), id(y.untyped_storage())}
+    entry.memo = "kept"
+    a = meta(4, 8)
+    again, (same, shared) = cache.call_entry(aten.add.Tensor, (a, a[0]), {})
+    assert cache.hits == 0 and same is not entry  # a[0] shares a's storage: another key
+    again, (same, storages) = cache.call_entry(aten.add.Tensor, (a, meta(8)), {})
+    assert cache.hits == 1 and same is entry and same.memo == "kept"
+    assert id(a.untyped_storage()) in storages and len(storages) == 2
+    same_outputs(again, out)
+    assert len(shared) == 1
+    other = cache.call_entry(aten.add.Tensor, (meta(4, 9), meta(9)), {})[1][0]
+    assert other is not entry and other.memo is None
+    assert cache.call_entry(aten.add_.Tensor, (meta(4, 8), meta(8)), {})[1] is None  # in place
+    assert cache.call_entry(aten.view.default, (meta(4, 8), [32]), {})[1] is None  # a view
+    assert cache.call(aten.add.Tensor, (meta(4, 8), meta(8)), {}).shape == (4, 8)

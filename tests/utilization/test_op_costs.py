@@ -89,12 +89,97 @@ def _cnn_job():
         loss.item()
 
 
+def _without_entry_memo(monkeypatch) -> None:
+    """Captures without the observer's per-key memo in the meta cache's entries (the recorder
+    hands the observer no cache entry), each with a fresh cache."""
+    from peakmem.capture import meta_cache, recorder
+
+    real = meta_cache.MetaCache.call_entry
+    monkeypatch.setattr(meta_cache.MetaCache, "call_entry",
+                        lambda self, func, args, kwargs: (real(self, func, args, kwargs)[0], None))
+    monkeypatch.setattr(recorder, "SHARED_CACHE", meta_cache.MetaCache())
+
+
+def _capture_counting_costs(monkeypatch, job, a100, stack24, *, memo: bool):
+    """`job` captured with a fresh meta cache (with or without the observer's per-key memo),
+    and how many times the observer computed an op's cost (meta_op_cost)."""
+    from peakmem.capture import capture_callable, meta_cache, recorder
+    from peakmem.utilization import observer
+
+    with monkeypatch.context() as patch:
+        if memo:
+            patch.setattr(recorder, "SHARED_CACHE", meta_cache.MetaCache())
+        else:
+            _without_entry_memo(patch)
+        calls = []
+        fresh = observer.meta_op_cost
+
+        def counted(*args, **kwargs):
+            calls.append(1)
+            return fresh(*args, **kwargs)
+
+        patch.setattr(observer, "meta_op_cost", counted)
+        result = capture_callable(job, gpu=a100, stack=stack24, steps="all")
+    assert result.error is None, result.error
+    assert result.trace.meta["utilization"]["ops"]  # a steady step was recorded
+    return result, len(calls)
+
+
+def _lazy_batches_job() -> None:
+    """Lazily drawn samples stacked into lazy batches (host data behind meta storages,
+    capture.host_deferred's `collated`) moved to the device with the layout and options of a
+    device copy made first: the same meta-cache key, one an input copy, the other a kernel."""
+    from tests.capture.test_sample_draws_deferred import RandomImages
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, stride=2), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.LazyLinear(10)).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(RandomImages(24, 40), batch_size=8)
+    for x, y in loader:
+        on_device = torch.empty(x.shape, device="cuda")
+        on_device.to("cuda", copy=True)  # the key of the batch's copy, every tensor a device one
+        x = x.to("cuda", copy=True)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y.cuda()).backward()
+        optimizer.step()
+
+
+def test_the_cost_memo_in_the_meta_cache_gives_the_same_record(a100, stack24, monkeypatch):
+    """The observer's memo kept in a meta-cache entry (the decision and cost of a call whose
+    tensors are all device ones, a function of the key) gives the trace and the utilization
+    record computed call by call, with lazily stacked host batches about (the full path's
+    `collated` filter: a copy of one is input bytes, not a kernel, though its key is a device
+    copy's), and computes far fewer costs."""
+    from peakmem.utilization import observer
+
+    refused = []
+    real_check = observer.OpCostObserver._all_on_device
+
+    def check(self, storages, out):
+        answer = real_check(self, storages, out)
+        refused.append(not answer)
+        return answer
+
+    monkeypatch.setattr(observer.OpCostObserver, "_all_on_device", check)
+    for job in (_cnn_job, _lazy_batches_job):
+        with_memo, costed = _capture_counting_costs(monkeypatch, job, a100, stack24, memo=True)
+        without, costed_without = _capture_counting_costs(monkeypatch, job, a100, stack24,
+                                                          memo=False)
+        assert with_memo.trace.meta["utilization"] == without.trace.meta["utilization"], job
+        assert with_memo.trace == without.trace
+        assert with_memo.notes == without.notes
+        assert costed < costed_without, job  # the memo answered calls
+    assert any(refused)  # a lazy batch's copy was kept off the memo
+    assert with_memo.trace.meta["utilization"]["input_bytes"] > 0
+
+
 def test_remembered_op_costs_are_the_costs(a100, stack24, monkeypatch):
     """The observer's per-capture memo of op costs (op_cost_key) gives the utilization record
     computed without it."""
     from peakmem.capture import capture_callable
     from peakmem.utilization import observer
 
+    _without_entry_memo(monkeypatch)  # the meta cache's per-key memo would answer first
     calls = []
     fresh = observer.meta_op_cost
 

@@ -23,6 +23,8 @@ _TENSORS = frozenset({Tensor, torch.nn.Parameter})
 # leaves a pytree never descends into: skipped without a lookup
 _SCALARS = frozenset({int, float, bool, str, complex, type(None), torch.dtype, torch.device,
                       torch.layout, torch.memory_format})
+LEAF_TYPES = _SCALARS
+"""Types of values a pytree never descends into and that are no tensors (callers' own walks)."""
 
 
 def tensors_in(value: Any) -> list[Tensor]:

@@ -46,7 +46,7 @@ import torch.utils._device as torch_device_context
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-from peakmem.capture.arg_tensors import tensors_in
+from peakmem.capture.arg_tensors import LEAF_TYPES, tensors_in
 from peakmem.capture.backward_view import job_view_in_backward
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec, is_meta_spec
 from peakmem.capture.host_values import HostValues
@@ -880,20 +880,50 @@ def outputs_kind(session: CaptureSession, args: tuple, kwargs: dict) -> tuple[st
     kinds = session.storage_kinds
     if not kinds:
         return DEVICE, None
-    found = set()
-    for tensor in tensors_in((args, kwargs)):
-        if tensor.is_meta if type(tensor) in _PLAIN_TENSORS else tensor.device.type == "meta":
-            if tensor.layout != torch.strided:
-                return DEVICE, None
-            kind = kinds.get(id(tensor.untyped_storage()), DEVICE)
-            if kind == DEVICE:
-                return DEVICE, None
-            found.add(kind)
+    found: set[str] = set()
+    # DEVICE as soon as one meta tensor is a device one (or not strided), whatever the order
+    if _device_among(args, kinds, found) or (kwargs and _device_among(kwargs.values(), kinds,
+                                                                      found)):
+        return DEVICE, None
     if HOST in found:
         return HOST, None
     if META in found:
         return META, None
     return DEVICE, None
+
+
+def _device_among(values: Any, kinds: dict[int, str], found: set[str]) -> bool:
+    """Whether a meta tensor among `values` (walked as `tensors_in` walks them) is a device one
+    or not strided; the kinds of the others go into `found`."""
+    for value in values:
+        kind = type(value)
+        if kind in _PLAIN_TENSORS:
+            if value.is_meta and _device_kind(value, kinds, found):
+                return True
+        elif kind is tuple or kind is list:
+            if _device_among(value, kinds, found):
+                return True
+        elif kind is dict:
+            if _device_among(value.values(), kinds, found):
+                return True
+        elif kind not in LEAF_TYPES:  # a tensor subclass, another pytree node, an object
+            for tensor in tensors_in(value):
+                if ((tensor.is_meta if type(tensor) in _PLAIN_TENSORS
+                     else tensor.device.type == "meta")
+                        and _device_kind(tensor, kinds, found)):
+                    return True
+    return False
+
+
+def _device_kind(tensor: Tensor, kinds: dict[int, str], found: set[str]) -> bool:
+    """Of a meta tensor: whether it is a device one or not strided (else its kind is found)."""
+    if tensor.layout != torch.strided:
+        return True
+    kind = kinds.get(id(tensor.untyped_storage()), DEVICE)
+    if kind == DEVICE:
+        return True
+    found.add(kind)
+    return False
 
 
 def claim(session: CaptureSession, tensor: Tensor, kind: str) -> bool:

@@ -40,6 +40,11 @@ rest run the op's meta kernel.
 A call with a host device option (a host factory, a copy to the host) runs its kernel
 without a key: its output holds real values and is never cached.
 
+`call_entry` also hands back the call's entry (`CacheEntry`: the recipe and a `memo` slot) and
+its tensor arguments' storage ids, read while keying: what a consumer derives from the key alone
+is kept in the memo and read back with no second key (the utilization observer keeps a call's
+decision and op cost there: utilization/observer.py).
+
 A call that raises is never cached (it raises again next time). Eager captures (real values)
 do not use the cache. A job that registers its own Meta kernel for an aten op in the middle of
 a run would still get the first kernel's layouts for calls seen before (not met in practice).
@@ -126,11 +131,27 @@ def _fused_names(func: Any) -> tuple[str, str]:
     return (packet, f"{packet}.{func._overloadname}")
 
 
+class CacheEntry:
+    """One cached call: how to make its outputs again (`_recipe`), and `memo`, where a consumer
+    keeps what it derives from the call's key alone (None until one does)."""
+
+    __slots__ = ("recipe", "memo")
+
+    def __init__(self, recipe: tuple) -> None:
+        self.recipe = recipe
+        self.memo: Any = None
+
+
+Cached = tuple[CacheEntry, dict[int, int]]
+"""A cached call (MetaCache.call_entry): its entry, and its tensor arguments' storage ids (->
+the index of the storage among them)."""
+
+
 class MetaCache:
     """`call(func, args, kwargs)`: func's result, from the cache when the same call was seen."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple, tuple] = {}
+        self._entries: dict[tuple, CacheEntry] = {}
         self._ops: dict[Any, tuple[tuple[str, str] | bool, bool]] = {}
         """op -> (its fused-kernel names, or False where not cacheable; whether its float
         arguments are keyed by type only). Holds every op it has seen, so an op's `id` in a
@@ -140,6 +161,13 @@ class MetaCache:
         self.fast = 0  # misses answered by capture/fast_layouts.py's rules
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return self.call_entry(func, args, kwargs)[0]
+
+    def call_entry(self, func: Any, args: tuple, kwargs: dict) -> tuple[Any, Cached | None]:
+        """`call`'s result, and where it is cached (None where it is not): its entry, made from
+        or stored in, and its tensor arguments' storage ids (`id(untyped_storage())`, every
+        one). Every call of the same key gets the same entry, so what is a function of the key
+        alone may be kept in its `memo` (the utilization observer's cost of the op)."""
         facts = self._ops.get(func)
         if facts is None:
             names = _fused_names(func) if _op_cacheable(func) else False
@@ -151,11 +179,11 @@ class MetaCache:
         if names is False or (fused and not _layout_pure(names)):
             # not cacheable, or peakmem's fused meta kernel replaces the op's own while it is
             # registered (each capture installs them): the kernel in place decides, every time
-            return func(*args, **kwargs)
+            return func(*args, **kwargs), None
         if kwargs and type(kwargs.get("device")) is _DEVICE and kwargs["device"].type != "meta":
             # a host factory or copy (randint, empty, _to_copy to the host...): real values,
             # never cached (_recipe keeps meta outputs only), so no key is made (branch s1)
-            return func(*args, **kwargs)
+            return func(*args, **kwargs), None
         storages: dict[int, int] = {}
         try:
             key = (
@@ -166,11 +194,11 @@ class MetaCache:
                 torch._C._get_cudnn_enabled() if fused else None,  # read by cuda_rules' kernels
             )
         except _NotCacheable:
-            return func(*args, **kwargs)
+            return func(*args, **kwargs), None
         entry = self._entries.get(key)
         if entry is not None:
             self.hits += 1
-            return _rebuild(entry)
+            return _rebuild(entry.recipe), (entry, storages)
         # a layout-pure fused kernel answers its misses itself (its rule is not torch's meta)
         out = DECLINE if fused else fast_layout(func, args, kwargs)
         if out is DECLINE:
@@ -181,8 +209,9 @@ class MetaCache:
         if len(self._entries) < _MAX_ENTRIES:
             recipe = _recipe(out, storages)
             if recipe is not None:
-                self._entries[key] = recipe
-        return out
+                entry = self._entries[key] = CacheEntry(recipe)
+                return out, (entry, storages)
+        return out, None
 
 
 def _layout_pure(names: tuple[str, str]) -> bool:

@@ -90,7 +90,7 @@ class AllocationRecorder(TorchDispatchMode):
             around = rule(session, func, args, kwargs)
             next(around)  # allocations the kernel makes before its outputs
         try:
-            out = _run(session, func, args, kwargs)
+            out, cached = _run(session, func, args, kwargs)
         except Exception as exc:
             if not session.eager and session.fake_limit is None:
                 session.fake_limit = fake_limit_reason(func, args, kwargs, exc)
@@ -130,7 +130,7 @@ class AllocationRecorder(TorchDispatchMode):
             if branch is not None:
                 session.expect_in_place(args[0], out, branch.name)
         if session.op_observer is not None:
-            session.op_observer(func, args, kwargs, out, kind)
+            session.op_observer(func, args, kwargs, out, kind, cached)
         if around is not None:
             with contextlib.suppress(StopIteration):
                 around.send(out)
@@ -170,9 +170,10 @@ def _is_accumulation(args: tuple, kwargs: dict, out) -> bool:
     )
 
 
-def _run(session: CaptureSession, func, args, kwargs):
+def _run(session: CaptureSession, func, args, kwargs) -> tuple:
+    """The op's outputs, and where the meta cache keeps the call (None: not cached)."""
     if session.eager:  # real values: always the kernel
-        return func(*args, **kwargs)
+        return func(*args, **kwargs), None
     if func is _LOCAL_SCALAR_DENSE:
         # a device tensor read as a Python number below the torch-function layer (an op's
         # Scalar argument: `torch.full(..., fill_value=t)`): its values, where they are known
@@ -180,9 +181,9 @@ def _run(session: CaptureSession, func, args, kwargs):
 
         known = known_host_data(args[0])
         if known is not None:
-            return known.item()
+            return known.item(), None
     # fake tensors: a repeated call's outputs are made from its recorded layout
-    return SHARED_CACHE.call(func, args, kwargs)
+    return SHARED_CACHE.call_entry(func, args, kwargs)
 
 
 def _leaves(value) -> list:

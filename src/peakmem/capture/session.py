@@ -138,9 +138,10 @@ class CaptureSession:
     accumulations_in_place: int = 0
     branches_in_place: dict[str, int] = field(default_factory=dict)
     """Branch name (capture/in_place_branches.py) -> results replayed as in place."""
-    op_observer: Callable[[Any, tuple, dict, Any, str], None] | None = None
-    """Called by the recorder with every op, its arguments, outputs and outputs' kind
-    (utilization.observer: the per-op cost of the training steps)."""
+    op_observer: Callable[[Any, tuple, dict, Any, str, Any], None] | None = None
+    """Called by the recorder with every op, its arguments, outputs, outputs' kind and the meta
+    cache's entry of the call or None (utilization.observer: the per-op cost of the training
+    steps)."""
 
     def storage_kind(self, tensor: torch.Tensor) -> str:
         """What a meta tensor stands for: "device" (GPU memory, the default), "host" or "meta"."""

@@ -5,6 +5,12 @@ The recorder calls `OpCostObserver.observe` once per aten op (session.op_observe
 observer also counts the host-side work of each step (ops on real CPU tensors: the
 DataLoader's indexing, collation and random data) and the host reads of device values
 (`.item()`: a device synchronisation each).
+
+A call the meta cache keeps (capture.meta_cache: every tensor argument and output a plain meta
+tensor, the key their layouts and every other argument) whose tensors are all device ones gets
+the same decision and cost every time: the first works them out, the entry's `memo` keeps them,
+and later calls of the key (this capture's and later captures' in the process) read them back
+after checking that none of their storages is a lazily stacked batch (host data).
 """
 
 from __future__ import annotations
@@ -33,7 +39,12 @@ MAX_REMEMBERED_COSTS = 100_000
 REMEMBERED_FAMILIES = frozenset({GEMM, CONV, ATTENTION})
 """Kernel families whose cost (torch's FLOP formulas) takes longer than its key; the others
 (a few byte counts) are costed afresh."""
+REMEMBERED_COSTS: dict[tuple, Any] = {}
+"""op_cost by op_cost_key (a pure function of the key), shared by the captures of a process: a
+training step repeats the same calls every iteration, a bench worker's rows the same layers."""
 _UNSEEN = object()
+_NO_TENSORS = object()
+"""A cached call's memo: the op has no tensor argument or output (nothing is costed)."""
 _NO_VIEW = torch._C.DisableTorchFunction
 _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 _COPY_OPS = frozenset({"_to_copy", "copy_"})
@@ -93,8 +104,7 @@ class OpCostObserver:
         self.failed: str | None = None
         self._step = session.state.steps
         self._reads = session.host_reads
-        self._costs: dict[tuple, Any] = {}
-        """op_cost by op_cost_key: a training step repeats the same calls every iteration."""
+        self._costs = REMEMBERED_COSTS
         self._facts: dict[Any, _OpFacts] = {}
 
     def _roll(self) -> None:
@@ -115,13 +125,16 @@ class OpCostObserver:
         delta, self._reads = reads - self._reads, reads
         return max(delta, 0)
 
-    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str,
+                cached: Any = None) -> None:
         """Record one op; an op the cost model cannot read (an unusual tensor subclass) turns
-        the observer off rather than failing the job's capture."""
+        the observer off rather than failing the job's capture. `cached`: where the meta cache
+        keeps the call (capture.meta_cache.Cached: its entry, its tensor arguments' storage
+        ids), None where it does not."""
         if self.failed:
             return
         try:
-            self._observe(func, args, kwargs, out, kind)
+            self._observe(func, args, kwargs, out, kind, cached)
         except Exception as exc:  # noqa: BLE001 - never let the utilization model break a capture
             self.failed = f"{type(exc).__name__} on {getattr(func, '__name__', func)}"
 
@@ -140,12 +153,24 @@ class OpCostObserver:
             record.host_random_bytes += made_bytes
         record.trailing_syncs += syncs
 
-    def _observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str) -> None:
+    def _observe(self, func: Any, args: tuple, kwargs: dict, out: Any, kind: str,
+                 cached: Any = None) -> None:
         if self.session.state.steps != self._step:
             self._roll()
         record = self.current
         reads = self.session.host_reads
         syncs, self._reads = max(reads - self._reads, 0), reads
+        entry = None
+        if cached is not None:
+            entry, storages = cached
+            memo = entry.memo
+            if memo is not None and kind == "device" and self._all_on_device(storages, out):
+                # a call of a key seen before, its tensors all on the device: as then
+                if memo is _NO_TENSORS:
+                    record.trailing_syncs += syncs
+                else:
+                    self._append(record, memo[0], syncs)
+                return
         facts = self._facts.get(func)
         if facts is None:
             facts = self._facts[func] = _OpFacts(func)
@@ -165,7 +190,13 @@ class OpCostObserver:
                 on_device = len(device)
             else:
                 on_device = len(meta_inputs) + len(meta_outputs)
+            # a cached call whose every tensor is on the device: what follows is a function of
+            # the meta cache's key alone (its layouts and values), kept in the entry's memo
+            keep = (entry is not None and kind == "device"
+                    and on_device == len(inputs) + len(outputs))
             if kind != "device" or not on_device:
+                if keep:
+                    entry.memo = _NO_TENSORS
                 if (inputs or outputs) and not on_device:
                     made = sum(int(t.numel()) * t.element_size() for t in outputs
                                if t.layout == torch.strided)
@@ -181,6 +212,30 @@ class OpCostObserver:
                 record.trailing_syncs += syncs
                 return  # a host -> device copy: the copy engine, not a kernel
             cost = self._cost(facts, func, args, kwargs, out, meta_inputs, meta_outputs)
+        if keep:
+            entry.memo = (cost,)
+        self._append(record, cost, syncs)
+
+    def _all_on_device(self, storages: dict[int, int], out: Any) -> bool:
+        """Of a cached call (every tensor argument and output a plain meta tensor; `storages`:
+        the arguments' storage ids), whether none is a lazily stacked batch (host data:
+        capture.host_deferred), as the full path's filter finds."""
+        deferral = self.session.host_deferral
+        if deferral is None:
+            return True
+        collated = deferral.collated
+        if not collated:
+            return True
+        if not collated.isdisjoint(storages):
+            return False
+        if type(out) in _PLAIN_TENSORS:
+            return id(out.untyped_storage()) not in collated
+        if type(out) in (tuple, list):
+            return all(t is None or id(t.untyped_storage()) not in collated for t in out)
+        return out is None
+
+    def _append(self, record: StepRecord, cost: Any, syncs: int) -> None:
+        """Add the cost of a device op (None: it launches no kernel) to the step's record."""
         if cost is None:
             record.trailing_syncs += syncs
             return

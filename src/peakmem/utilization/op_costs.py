@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.cuda_rules.true_device import is_meta
@@ -30,20 +31,21 @@ from peakmem.utilization.kernel_families import (  # noqa: F401  (re-exported)
 )
 
 
-def _load_flop_registry() -> dict:
-    """torch's FLOP formulas. Imported once, quietly: the module warns on stderr at import when
+def _load_flop_registry() -> tuple[dict, Any, Any]:
+    """torch's FLOP formulas, the code of its `shape_wrapper`'s wrapper (the formulas that read
+    shapes only) and the `get_shape` it maps the arguments with. Imported once, quietly: the module warns on stderr at import when
     triton is missing on a CUDA build (and a capture makes torch look like one)."""
     logger = logging.getLogger("torch.utils.flop_counter")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        from torch.utils.flop_counter import flop_registry
+        from torch.utils.flop_counter import flop_registry, get_shape, shape_wrapper
     finally:
         logger.setLevel(level)
-    return flop_registry
+    return flop_registry, shape_wrapper(lambda: None).__code__, get_shape
 
 
-FLOP_REGISTRY = _load_flop_registry()
+FLOP_REGISTRY, _SHAPE_WRAPPER_CODE, _get_shape = _load_flop_registry()
 
 
 _FAMILY_BY_OP: dict[str, str] = {}
@@ -215,9 +217,31 @@ def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float | None:
     if counter is None:
         return None
     try:
+        if getattr(counter, "__code__", None) is _SHAPE_WRAPPER_CODE:
+            # torch's `shape_wrapper`: the formula of every tensor's shape (a pytree map of
+            # the arguments and outputs, done here without the pytree where it is plain)
+            formula = counter.__wrapped__
+            return float(formula(*_shapes(args), out_shape=_shapes(out), **_shapes(kwargs)))
         return float(counter(*args, **kwargs, out_val=out))
     except Exception:  # noqa: BLE001 - an unusual signature: fall back to the elementwise cost
         return None
+
+
+def _shapes(value: Any) -> Any:
+    """`tree_map(flop_counter.get_shape, value)`: every tensor replaced by its shape, plain
+    tuples, lists and dicts walked here, any other container handed to the pytree."""
+    kind = type(value)
+    if kind in _KEY_TENSORS:
+        return value.shape
+    if kind in _KEY_VALUES:
+        return value  # a pytree leaf that is no tensor: get_shape returns it
+    if kind is tuple:
+        return tuple([_shapes(item) for item in value])
+    if kind is list:
+        return [_shapes(item) for item in value]
+    if kind is dict:
+        return {name: _shapes(item) for name, item in value.items()}
+    return tree_map(_get_shape, value)
 
 
 def op_cost(
