@@ -19,10 +19,9 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from peakmem.allocator.addresses import DeviceAddressSpace
 from peakmem.allocator.config import K_LARGE_BUFFER, AllocatorConfig
+from peakmem.allocator.free_lists import FreeList
 from peakmem.allocator.private_pools import PrivatePool, PrivatePoolsMixin
 from peakmem.allocator.rules import AllocatorRules
 from peakmem.trace.events import ALL_POOLS
@@ -128,8 +127,8 @@ class Pool:
     def __init__(self, is_small: bool, owner: PrivatePool | None = None) -> None:
         self.is_small = is_small
         self.owner = owner
-        self.blocks: SortedList = SortedList()  # (stream, size, addr)
-        self.unmapped: SortedList = SortedList()  # (stream, addr)
+        self.blocks = FreeList()  # (stream, size, addr)
+        self.unmapped = FreeList()  # (stream, addr)
         self.get_free_blocks_call_count = 0
 
 
@@ -234,6 +233,7 @@ class CachingAllocator(PrivatePoolsMixin):
         self._max_split_size = self.config.max_split_size
         self._mapped_expandable = 0  # expandable segments with at least one mapped page
         self._rounded: dict[int, int] = {}  # round_size memo (the config never changes)
+        self._max_non_split_rounding = self.max_non_split_rounding
 
     def set_memory_fraction(self, fraction: float, total_bytes: int) -> None:
         """`setMemoryFraction`: from now on reserved memory is capped at `fraction *
@@ -310,7 +310,12 @@ class CachingAllocator(PrivatePoolsMixin):
                 raise OutOfMemory(
                     orig_size, self.total_allocated_memory, self.allocated_bytes, self._limit()
                 )
-        return self.alloc_found_block(block, size, orig_size, self.should_split(block, size))
+        remaining = block.size - size  # should_split, inline
+        if block.pool.is_small or self._expandable:
+            split = remaining >= K_MIN_BLOCK_SIZE
+        else:
+            split = size < self._max_split_size and remaining > K_SMALL_SIZE
+        return self.alloc_found_block(block, size, orig_size, split)
 
     def _limit(self) -> int | None:
         limits = [v for v in (self._capacity, self._allowed_memory_maximum) if v is not None]
@@ -337,9 +342,9 @@ class CachingAllocator(PrivatePoolsMixin):
             max_split = self._max_split_size
             if size < max_split and block.size >= max_split:
                 return None  # do not return an oversized block for a small request
-            if size >= max_split and block.size >= size + self.max_non_split_rounding:
+            if size >= max_split and block.size >= size + self._max_non_split_rounding:
                 return None  # do not return an oversized block for a large request
-            blocks._delete(pos, idx)
+            blocks.delete_at(pos, idx)
             del self.blocks_by_addr[block.addr]
             return block
         index = blocks._loc(pos, idx)
@@ -370,17 +375,25 @@ class CachingAllocator(PrivatePoolsMixin):
         remaining = block.size - size
         if block.pool.is_small or self._expandable:
             return remaining >= K_MIN_BLOCK_SIZE
-        return size < self.config.max_split_size and remaining > K_SMALL_SIZE
+        return size < self._max_split_size and remaining > K_SMALL_SIZE
 
     def alloc_found_block(self, block: Block, size: int, orig_size: int, split: bool) -> Block:
         if split:
             remaining = block
-            block = Block(remaining.addr, size, remaining.stream, remaining.pool)
+            pool = remaining.pool
+            block = Block(remaining.addr, size, remaining.stream, pool)
             block.segment = remaining.segment
-            _link_before(block, remaining)
+            prev = remaining.prev  # _link_before(block, remaining), inline
+            block.prev = prev
+            if prev is not None:
+                prev.next = block
+            block.next = remaining
+            remaining.prev = block
             remaining.addr += size
             remaining.size -= size
-            self._insert_free(remaining)
+            remaining.gc_count_base = pool.get_free_blocks_call_count  # _insert_free, inline
+            pool.blocks.add((remaining.stream, remaining.size, remaining.addr))
+            self.blocks_by_addr[remaining.addr] = remaining
         block.allocated = True
         block.requested = orig_size
         self.allocated_bytes += block.size
@@ -540,8 +553,17 @@ class CachingAllocator(PrivatePoolsMixin):
             block.event_count = len(block.stream_uses)
             block.stream_uses = None
             self.pending_free.append(block)
-        else:
-            self.free_block(block)
+            return
+        block.requested = 0  # free_block(block), inline
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            self.try_merge_blocks(block, prev)
+        if nxt is not None and not nxt.allocated:
+            self.try_merge_blocks(block, nxt)
+        pool = block.pool
+        block.gc_count_base = pool.get_free_blocks_call_count
+        pool.blocks.add((block.stream, block.size, block.addr))
+        self.blocks_by_addr[block.addr] = block
 
     def record_stream(self, block: Block, stream: int) -> None:
         if stream == block.stream:
@@ -577,7 +599,10 @@ class CachingAllocator(PrivatePoolsMixin):
             self.try_merge_blocks(block, prev)
         if nxt is not None and not nxt.allocated:
             self.try_merge_blocks(block, nxt)
-        self._insert_free(block)
+        pool = block.pool  # _insert_free, inline
+        block.gc_count_base = pool.get_free_blocks_call_count
+        pool.blocks.add((block.stream, block.size, block.addr))
+        self.blocks_by_addr[block.addr] = block
 
     def try_merge_blocks(self, dst: Block, src: Block | None) -> int:
         if (
@@ -599,8 +624,9 @@ class CachingAllocator(PrivatePoolsMixin):
                 dst.next.prev = dst
         subsumed = src.size
         dst.size += subsumed
-        if src.mapped:
-            self._erase_free(src)
+        if src.mapped:  # _erase_free, inline
+            src.pool.blocks.remove((src.stream, subsumed, src.addr))
+            del self.blocks_by_addr[src.addr]
         else:
             src.pool.unmapped.remove((src.stream, src.addr))
             del self._unmapped_blocks[src.addr]
