@@ -12,6 +12,7 @@ import random
 import pytest
 
 from peakmem.allocator import AllocatorConfig, CachingAllocator, DeviceLimits, OutOfMemory, simulate
+from peakmem.allocator.caching import key_fields
 from peakmem.trace import Trace
 
 MiB = 1024 * 1024
@@ -121,7 +122,7 @@ def blocks_digest(seed: int, conf: str, limits: DeviceLimits) -> str:
             alloc.synchronize_and_free_events()
         else:
             alloc.empty_cache()
-    pools = [list(pool.blocks) for pool in (alloc.small_blocks, alloc.large_blocks)]
+    pools = [[key_fields(key) for key in pool.blocks] for pool in (alloc.small_blocks, alloc.large_blocks)]
     unmapped = [list(pool.unmapped) for pool in (alloc.small_blocks, alloc.large_blocks)]
     return _digest(handed, pools, unmapped, sorted(alloc.segments.items()),
                    alloc.total_allocated_memory, alloc.num_alloc_retries, alloc.num_device_free)

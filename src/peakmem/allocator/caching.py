@@ -2,14 +2,17 @@
 `DeviceCachingAllocator`), one device.
 
 Methods are named after the C++ functions they mirror (`round_size`, `get_pool`,
-`get_allocation_size`, `get_free_block`, `should_split`, `alloc_found_block`, `free_block`,
-`try_merge_blocks`, `release_available_cached_blocks`, `release_cached_blocks`,
-`garbage_collect_cached_blocks`, expandable segments' `try_allocate_expandable_block`,
-`map_block`, `unmap_block`) so the Python can be read next to the C++.
+`get_allocation_size`, `get_free_block`, `should_split`, `free_block`, `try_merge_blocks`,
+`release_available_cached_blocks`, `release_cached_blocks`, `garbage_collect_cached_blocks`,
+expandable segments' `try_allocate_expandable_block`, `map_block`, `unmap_block`) so the Python
+can be read next to the C++. On the replay's hot path `alloc_found_block` is written out inside
+`malloc`, and `free_block` inside `free` as well (a call per event less; comments mark them).
 
 Free blocks live in per-pool sorted lists of `(stream, size, addr)` keys: the C++ `BlockPool`
-set ordered by `BlockComparatorSize` (stream, then size, then address). Unmapped blocks of
-expandable segments live in `(stream, addr)` lists (`BlockComparatorAddress`).
+set ordered by `BlockComparatorSize` (stream, then size, then address). A key is those three
+fields packed into one int (`free_key`, `key_fields`) in the same order: bisecting ints costs
+about half of bisecting tuples. Unmapped blocks of expandable segments live in `(stream, addr)`
+lists (`BlockComparatorAddress`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,22 @@ K_SMALL_SIZE = MB  # largest "small" allocation is 1 MiB
 K_SMALL_BUFFER = 2 * MB  # "small" allocations are packed in 2 MiB blocks
 K_MIN_LARGE_ALLOC = 10 * MB  # allocations between 1 and 10 MiB may use kLargeBuffer
 K_ROUND_LARGE = 2 * MB  # round up large allocations to 2 MiB
+
+FIELD_BITS = 96
+"""Width of the size and address fields of a free-list key: sizes are < 2**63 and addresses
+< 2**61 plus the sizes handed out, far below 2**96."""
+FIELD_MASK = (1 << FIELD_BITS) - 1
+
+
+def free_key(stream: int, size: int, addr: int) -> int:
+    """A free block's key in its pool's sorted list: `(stream, size, addr)` as one int that
+    orders as the tuple does (any int stream; 0 <= size, addr < 2**FIELD_BITS)."""
+    return (((stream << FIELD_BITS) + size) << FIELD_BITS) + addr
+
+
+def key_fields(key: int) -> tuple[int, int, int]:
+    """`(stream, size, addr)` of a free-list key (free_key's inverse)."""
+    return key >> (2 * FIELD_BITS), (key >> FIELD_BITS) & FIELD_MASK, key & FIELD_MASK
 
 
 class OutOfMemory(Exception):
@@ -67,7 +86,9 @@ class Block:
         "gc_count_base",
     )
 
-    def __init__(self, addr: int, size: int, stream: int, pool: Pool) -> None:
+    def __init__(
+        self, addr: int, size: int, stream: int, pool: Pool, segment: ExpandableSegment | None = None
+    ) -> None:
         self.addr = addr
         self.size = size
         self.stream = stream
@@ -77,7 +98,7 @@ class Block:
         self.allocated = False
         self.requested = 0
         self.mapped = True
-        self.segment: ExpandableSegment | None = None
+        self.segment = segment
         self.stream_uses: set[int] | None = None
         self.event_count = 0
         self.gc_count_base = 0
@@ -110,8 +131,9 @@ class Block:
                     setattr(twin, name, copy.deepcopy(value, memo))
         return memo[id(self)]
 
-    def key(self) -> tuple[int, int, int]:
-        return (self.stream, self.size, self.addr)
+    def key(self) -> int:
+        """This block's key in its pool's free list (free_key)."""
+        return free_key(self.stream, self.size, self.addr)
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         state = "alloc" if self.allocated else ("free" if self.mapped else "unmapped")
@@ -127,7 +149,7 @@ class Pool:
     def __init__(self, is_small: bool, owner: PrivatePool | None = None) -> None:
         self.is_small = is_small
         self.owner = owner
-        self.blocks = FreeList()  # (stream, size, addr)
+        self.blocks = FreeList()  # free_key(stream, size, addr)
         self.unmapped = FreeList()  # (stream, addr)
         self.get_free_blocks_call_count = 0
 
@@ -310,12 +332,35 @@ class CachingAllocator(PrivatePoolsMixin):
                 raise OutOfMemory(
                     orig_size, self.total_allocated_memory, self.allocated_bytes, self._limit()
                 )
-        remaining = block.size - size  # should_split, inline
+        # should_split and alloc_found_block, inline (the replay's hottest path)
+        remaining_size = block.size - size
         if block.pool.is_small or self._expandable:
-            split = remaining >= K_MIN_BLOCK_SIZE
+            split = remaining_size >= K_MIN_BLOCK_SIZE
         else:
-            split = size < self._max_split_size and remaining > K_SMALL_SIZE
-        return self.alloc_found_block(block, size, orig_size, split)
+            split = size < self._max_split_size and remaining_size > K_SMALL_SIZE
+        if split:
+            remaining = block
+            pool = remaining.pool
+            block = Block(remaining.addr, size, remaining.stream, pool, remaining.segment)
+            prev = remaining.prev  # _link_before(block, remaining)
+            block.prev = prev
+            if prev is not None:
+                prev.next = block
+            block.next = remaining
+            remaining.prev = block
+            remaining.addr += size
+            remaining.size = remaining_size
+            remaining.gc_count_base = pool.get_free_blocks_call_count  # _insert_free(remaining)
+            pool.blocks.add(
+                (((remaining.stream << FIELD_BITS) + remaining_size) << FIELD_BITS)
+                + remaining.addr
+            )
+            self.blocks_by_addr[remaining.addr] = remaining
+        block.allocated = True
+        block.requested = orig_size
+        self.allocated_bytes += block.size
+        self.requested_bytes += orig_size
+        return block
 
     def _limit(self) -> int | None:
         limits = [v for v in (self._capacity, self._allowed_memory_maximum) if v is not None]
@@ -328,16 +373,16 @@ class CachingAllocator(PrivatePoolsMixin):
         # SortedList's own layout (sorted sublists and their maxima), read directly: the common
         # lookup without its positional-index bookkeeping
         maxes = blocks._maxes
-        probe = (stream, size, -1)
+        probe = ((stream << FIELD_BITS) + size) << FIELD_BITS  # free_key(stream, size, 0)
         pos = bisect_left(maxes, probe)
         if pos == len(maxes):
             return None
         sublist = blocks._lists[pos]
         idx = bisect_left(sublist, probe)
         key = sublist[idx]
-        if key[0] != stream:
+        if key >> (2 * FIELD_BITS) != stream:
             return None
-        block = self.blocks_by_addr[key[2]]
+        block = self.blocks_by_addr[key & FIELD_MASK]
         if block.segment is None:
             max_split = self._max_split_size
             if size < max_split and block.size >= max_split:
@@ -355,9 +400,9 @@ class CachingAllocator(PrivatePoolsMixin):
             nxt = index + 1
             while block.segment is not None and nxt < n:
                 next_key = blocks[nxt]
-                if next_key[0] != stream:
+                if next_key >> (2 * FIELD_BITS) != stream:
                     break
-                candidate = self.blocks_by_addr[next_key[2]]
+                candidate = self.blocks_by_addr[next_key & FIELD_MASK]
                 if _expandable_size(candidate) >= _expandable_size(block):
                     break
                 block, index = candidate, nxt
@@ -376,29 +421,6 @@ class CachingAllocator(PrivatePoolsMixin):
         if block.pool.is_small or self._expandable:
             return remaining >= K_MIN_BLOCK_SIZE
         return size < self._max_split_size and remaining > K_SMALL_SIZE
-
-    def alloc_found_block(self, block: Block, size: int, orig_size: int, split: bool) -> Block:
-        if split:
-            remaining = block
-            pool = remaining.pool
-            block = Block(remaining.addr, size, remaining.stream, pool)
-            block.segment = remaining.segment
-            prev = remaining.prev  # _link_before(block, remaining), inline
-            block.prev = prev
-            if prev is not None:
-                prev.next = block
-            block.next = remaining
-            remaining.prev = block
-            remaining.addr += size
-            remaining.size -= size
-            remaining.gc_count_base = pool.get_free_blocks_call_count  # _insert_free, inline
-            pool.blocks.add((remaining.stream, remaining.size, remaining.addr))
-            self.blocks_by_addr[remaining.addr] = remaining
-        block.allocated = True
-        block.requested = orig_size
-        self.allocated_bytes += block.size
-        self.requested_bytes += orig_size
-        return block
 
     # -- device memory ----------------------------------------------------------------------------
     def alloc_block(self, pool: Pool, size: int, alloc_size: int, stream: int) -> Block | None:
@@ -440,10 +462,10 @@ class CachingAllocator(PrivatePoolsMixin):
             return False
         key_size = max(size, max_split)
         blocks = pool.blocks
-        index = blocks.bisect_left((stream, key_size, -1))
+        index = blocks.bisect_left(free_key(stream, key_size, 0))
         found = None
-        if index < len(blocks) and blocks[index][0] == stream:
-            found = self.blocks_by_addr[blocks[index][2]]
+        if index < len(blocks) and key_fields(blocks[index])[0] == stream:
+            found = self.blocks_by_addr[key_fields(blocks[index])[2]]
             if found.segment is not None:
                 found = None
         if found is None:
@@ -452,8 +474,7 @@ class CachingAllocator(PrivatePoolsMixin):
             total_released = 0
             index -= 1
             while total_released < key_size:
-                key = blocks[index]
-                block = self.blocks_by_addr[key[2]]
+                block = self.blocks_by_addr[blocks[index] & FIELD_MASK]
                 if block.size < max_split or block.stream != stream:
                     break
                 is_first = index == 0
@@ -484,7 +505,7 @@ class CachingAllocator(PrivatePoolsMixin):
     def release_blocks(self, pool: Pool) -> None:
         to_unmap = []
         for key in list(pool.blocks):
-            block = self.blocks_by_addr.get(key[2])
+            block = self.blocks_by_addr.get(key & FIELD_MASK)
             if block is None:
                 continue
             if block.segment is not None:
@@ -520,7 +541,7 @@ class CachingAllocator(PrivatePoolsMixin):
         total_age = 0
         freeable = 0
         for key in pool.blocks:
-            block = self.blocks_by_addr[key[2]]
+            block = self.blocks_by_addr[key & FIELD_MASK]
             if not block.is_split() and block.segment is None:
                 total_age += calls - block.gc_count_base
                 freeable += 1
@@ -531,7 +552,7 @@ class CachingAllocator(PrivatePoolsMixin):
             age_threshold = total_age / freeable
             block_freed = False
             for key in list(pool.blocks):
-                block = self.blocks_by_addr[key[2]]
+                block = self.blocks_by_addr[key & FIELD_MASK]
                 age = calls - block.gc_count_base
                 if not block.is_split() and block.segment is None and age >= age_threshold:
                     block_freed = True
@@ -562,7 +583,7 @@ class CachingAllocator(PrivatePoolsMixin):
             self.try_merge_blocks(block, nxt)
         pool = block.pool
         block.gc_count_base = pool.get_free_blocks_call_count
-        pool.blocks.add((block.stream, block.size, block.addr))
+        pool.blocks.add((((block.stream << FIELD_BITS) + block.size) << FIELD_BITS) + block.addr)
         self.blocks_by_addr[block.addr] = block
 
     def record_stream(self, block: Block, stream: int) -> None:
@@ -601,7 +622,7 @@ class CachingAllocator(PrivatePoolsMixin):
             self.try_merge_blocks(block, nxt)
         pool = block.pool  # _insert_free, inline
         block.gc_count_base = pool.get_free_blocks_call_count
-        pool.blocks.add((block.stream, block.size, block.addr))
+        pool.blocks.add((((block.stream << FIELD_BITS) + block.size) << FIELD_BITS) + block.addr)
         self.blocks_by_addr[block.addr] = block
 
     def try_merge_blocks(self, dst: Block, src: Block | None) -> int:
@@ -625,7 +646,7 @@ class CachingAllocator(PrivatePoolsMixin):
         subsumed = src.size
         dst.size += subsumed
         if src.mapped:  # _erase_free, inline
-            src.pool.blocks.remove((src.stream, subsumed, src.addr))
+            src.pool.blocks.remove((((src.stream << FIELD_BITS) + subsumed) << FIELD_BITS) + src.addr)
             del self.blocks_by_addr[src.addr]
         else:
             src.pool.unmapped.remove((src.stream, src.addr))
@@ -642,11 +663,11 @@ class CachingAllocator(PrivatePoolsMixin):
     def _insert_free(self, block: Block) -> None:
         pool = block.pool
         block.gc_count_base = pool.get_free_blocks_call_count
-        pool.blocks.add((block.stream, block.size, block.addr))
+        pool.blocks.add(free_key(block.stream, block.size, block.addr))
         self.blocks_by_addr[block.addr] = block
 
     def _erase_free(self, block: Block) -> None:
-        block.pool.blocks.remove((block.stream, block.size, block.addr))
+        block.pool.blocks.remove(free_key(block.stream, block.size, block.addr))
         del self.blocks_by_addr[block.addr]
 
     # -- expandable segments ------------------------------------------------------------------
