@@ -129,6 +129,10 @@ def simulate(
     max_segments = 0
     ALLOC, FREE = int(EventKind.ALLOC), int(EventKind.FREE)
     ALLOC_OR_SMALLER = int(EventKind.ALLOC_OR_SMALLER)
+    alloc_kinds = (ALLOC, ALLOC_OR_SMALLER)
+    # The segment count can only grow where the device hands out memory (alloc_block, map_block
+    # count num_device_alloc): it is read only after events where that count moved.
+    device_allocs = -1
     # ids that hold no block: ALLOC_OR_SMALLER requests that got nothing, and zero-byte
     # allocations (CUDACachingAllocator::allocate(0) hands out a null pointer, no block)
     shrunk_away: set[int] = set()
@@ -154,7 +158,7 @@ def simulate(
                 reserved_line(allocator.total_allocated_memory)
                 allocated_line(allocator.allocated_bytes)
             continue
-        if kind in (ALLOC, ALLOC_OR_SMALLER):
+        if kind in alloc_kinds:
             if ident in live or (shrunk_away and ident in shrunk_away):
                 raise TraceError(
                     f"event {index}: id {ident} allocated twice without a free", index
@@ -191,9 +195,11 @@ def simulate(
         if reserved_line is not None:
             reserved_line(allocator.total_allocated_memory)
             allocated_line(allocator.allocated_bytes)
-        segments = len(segment_sizes) + allocator._mapped_expandable
-        if segments > max_segments:
-            max_segments = segments
+        if allocator.num_device_alloc != device_allocs:
+            device_allocs = allocator.num_device_alloc
+            segments = len(segment_sizes) + allocator._mapped_expandable
+            if segments > max_segments:
+                max_segments = segments
     result.max_segments = max_segments
 
     result.peak_reserved_bytes = peak_reserved
