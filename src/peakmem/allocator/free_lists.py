@@ -42,10 +42,20 @@ class FreeList(SortedList):
         pos = bisect_left(maxes, value)
         if pos == len(maxes):
             raise ValueError(f"{value!r} not in list")
-        sublist = self._lists[pos]
+        lists = self._lists
+        sublist = lists[pos]
         idx = bisect_left(sublist, value)
         if idx == len(sublist) or sublist[idx] != value:
             raise ValueError(f"{value!r} not in list")
+        if len(lists) == 1 and not self._index:  # delete_at's common case, without the call
+            del sublist[idx]
+            self._len -= 1
+            if sublist:
+                maxes[0] = sublist[-1]
+            else:
+                del lists[0]
+                del maxes[0]
+            return
         self.delete_at(pos, idx)
 
     def delete_at(self, pos: int, idx: int) -> None:
