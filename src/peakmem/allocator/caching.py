@@ -406,7 +406,16 @@ class CachingAllocator(PrivatePoolsMixin):
                 return None  # do not return an oversized block for a small request
             if size >= max_split and block.size >= size + self._max_non_split_rounding:
                 return None  # do not return an oversized block for a large request
-            blocks.delete_at(pos, idx)
+            if len(maxes) == 1 and not blocks._index:  # FreeList.delete_at, one sublist
+                del sublist[idx]
+                blocks._len -= 1
+                if sublist:
+                    maxes[0] = sublist[-1]
+                else:
+                    del blocks._lists[0]
+                    del maxes[0]
+            else:
+                blocks.delete_at(pos, idx)
             del self.blocks_by_addr[block.addr]
             return block
         index = blocks._loc(pos, idx)
