@@ -18,7 +18,7 @@ lists (`BlockComparatorAddress`).
 from __future__ import annotations
 
 import copy
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 from typing import Any
 
@@ -368,10 +368,18 @@ class CachingAllocator(PrivatePoolsMixin):
             remaining.addr += size
             remaining.size = remaining_size
             remaining.gc_count_base = pool.get_free_blocks_call_count  # _insert_free(remaining)
-            pool.blocks.add(
-                (((remaining.stream << FIELD_BITS) + remaining_size) << FIELD_BITS)
-                + remaining.addr
-            )
+            key = (((remaining.stream << FIELD_BITS) + remaining_size) << FIELD_BITS) + remaining.addr
+            blocks = pool.blocks
+            maxes = blocks._maxes
+            if len(maxes) == 1 and not blocks._index:  # FreeList.add, one sublist
+                sublist = blocks._lists[0]
+                insort(sublist, key)
+                maxes[0] = sublist[-1]
+                blocks._len += 1
+                if len(sublist) > blocks._load << 1:
+                    blocks._expand(0)
+            else:
+                blocks.add(key)
             self.blocks_by_addr[remaining.addr] = remaining
         block.allocated = True
         block.requested = orig_size
@@ -609,7 +617,18 @@ class CachingAllocator(PrivatePoolsMixin):
             self.try_merge_blocks(block, nxt)
         pool = block.pool
         block.gc_count_base = pool.get_free_blocks_call_count
-        pool.blocks.add((((block.stream << FIELD_BITS) + block.size) << FIELD_BITS) + block.addr)
+        key = (((block.stream << FIELD_BITS) + block.size) << FIELD_BITS) + block.addr
+        blocks = pool.blocks
+        maxes = blocks._maxes
+        if len(maxes) == 1 and not blocks._index:  # FreeList.add, one sublist
+            sublist = blocks._lists[0]
+            insort(sublist, key)
+            maxes[0] = sublist[-1]
+            blocks._len += 1
+            if len(sublist) > blocks._load << 1:
+                blocks._expand(0)
+        else:
+            blocks.add(key)
         self.blocks_by_addr[block.addr] = block
 
     def record_stream(self, block: Block, stream: int) -> None:
