@@ -426,27 +426,29 @@ class CachingAllocator(PrivatePoolsMixin):
                 blocks.delete_at(pos, idx)
             del self.blocks_by_addr[block.addr]
             return block
-        index = blocks._loc(pos, idx)
-        if block.segment is not None:
-            # Expandable segments: prefer a block whose size *including the unmapped space right
-            # after it* is smaller (the C++ `expandable_size` loop).
-            n = len(blocks)
-            nxt = index + 1
-            while block.segment is not None and nxt < n:
-                next_key = blocks[nxt]
-                if next_key >> (2 * FIELD_BITS) != stream:
+        # Expandable segments: prefer a block whose size *including the unmapped space right
+        # after it* is smaller (the C++ `expandable_size` loop). The next keys are read by
+        # (sublist, index) in the free list: no positional index to build and keep up.
+        lists = blocks._lists
+        while block.segment is not None:
+            next_pos, next_idx = pos, idx + 1
+            if next_idx == len(lists[pos]):
+                next_pos, next_idx = pos + 1, 0
+                if next_pos == len(lists):
                     break
-                candidate = self.blocks_by_addr[next_key & FIELD_MASK]
-                if _expandable_size(candidate) >= _expandable_size(block):
-                    break
-                block, index = candidate, nxt
-                nxt += 1
+            next_key = lists[next_pos][next_idx]
+            if next_key >> (2 * FIELD_BITS) != stream:
+                break
+            candidate = self.blocks_by_addr[next_key & FIELD_MASK]
+            if _expandable_size(candidate) >= _expandable_size(block):
+                break
+            block, pos, idx = candidate, next_pos, next_idx
         max_split = self._max_split_size
         if size < max_split and block.size >= max_split:
             return None  # do not return an oversized block for a small request
-        if size >= max_split and block.size >= size + self.max_non_split_rounding:
+        if size >= max_split and block.size >= size + self._max_non_split_rounding:
             return None  # do not return an oversized block for a large request
-        del blocks[index]
+        blocks.delete_at(pos, idx)
         del self.blocks_by_addr[block.addr]
         return block
 
