@@ -693,7 +693,23 @@ class CachingAllocator(PrivatePoolsMixin):
         subsumed = src.size
         dst.size += subsumed
         if src.mapped:  # _erase_free, inline
-            src.pool.blocks.remove((((src.stream << FIELD_BITS) + subsumed) << FIELD_BITS) + src.addr)
+            key = (((src.stream << FIELD_BITS) + subsumed) << FIELD_BITS) + src.addr
+            blocks = src.pool.blocks
+            maxes = blocks._maxes
+            if len(maxes) == 1 and not blocks._index:  # FreeList.remove, one sublist
+                sublist = blocks._lists[0]
+                idx = bisect_left(sublist, key)
+                if idx == len(sublist) or sublist[idx] != key:
+                    raise ValueError(f"{key!r} not in list")
+                del sublist[idx]
+                blocks._len -= 1
+                if sublist:
+                    maxes[0] = sublist[-1]
+                else:
+                    del blocks._lists[0]
+                    del maxes[0]
+            else:
+                blocks.remove(key)
             del self.blocks_by_addr[src.addr]
         else:
             src.pool.unmapped.remove((src.stream, src.addr))
