@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from peakmem.allocator import AllocatorConfig, CachingAllocator, DeviceLimits, OutOfMemory, simulate
+from peakmem.allocator.caching import key_fields
 from peakmem.trace import Trace
 
 MiB = 1024 * 1024
@@ -88,7 +89,9 @@ def check_structure(alloc: CachingAllocator, live: dict[int, object], pending: l
     # the segment count is kept as a counter: it equals a scan of the segments
     mapped = sum(1 for s in alloc.expandable_segments if s.mapped_pages)
     assert alloc.num_segments == len(alloc.segments) + mapped
-    pooled = {key[2] for pool in (alloc.small_blocks, alloc.large_blocks) for key in pool.blocks}
+    pooled = {
+        key_fields(key)[2] for pool in (alloc.small_blocks, alloc.large_blocks) for key in pool.blocks
+    }
     assert pooled == set(alloc.blocks_by_addr)
     for block in alloc.blocks_by_addr.values():
         assert not block.allocated and block.mapped

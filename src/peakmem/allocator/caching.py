@@ -2,27 +2,29 @@
 `DeviceCachingAllocator`), one device.
 
 Methods are named after the C++ functions they mirror (`round_size`, `get_pool`,
-`get_allocation_size`, `get_free_block`, `should_split`, `alloc_found_block`, `free_block`,
-`try_merge_blocks`, `release_available_cached_blocks`, `release_cached_blocks`,
-`garbage_collect_cached_blocks`, expandable segments' `try_allocate_expandable_block`,
-`map_block`, `unmap_block`) so the Python can be read next to the C++.
+`get_allocation_size`, `get_free_block`, `should_split`, `free_block`, `try_merge_blocks`,
+`release_available_cached_blocks`, `release_cached_blocks`, `garbage_collect_cached_blocks`,
+expandable segments' `try_allocate_expandable_block`, `map_block`, `unmap_block`) so the Python
+can be read next to the C++. On the replay's hot path `alloc_found_block` is written out inside
+`malloc`, and `free_block` inside `free` as well (a call per event less; comments mark them).
 
 Free blocks live in per-pool sorted lists of `(stream, size, addr)` keys: the C++ `BlockPool`
-set ordered by `BlockComparatorSize` (stream, then size, then address). Unmapped blocks of
-expandable segments live in `(stream, addr)` lists (`BlockComparatorAddress`).
+set ordered by `BlockComparatorSize` (stream, then size, then address). A key is those three
+fields packed into one int (`free_key`, `key_fields`) in the same order: bisecting ints costs
+about half of bisecting tuples. Unmapped blocks of expandable segments live in `(stream, addr)`
+lists (`BlockComparatorAddress`).
 """
 
 from __future__ import annotations
 
 import copy
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from peakmem.allocator.addresses import DeviceAddressSpace
 from peakmem.allocator.config import K_LARGE_BUFFER, AllocatorConfig
+from peakmem.allocator.free_lists import FreeList
 from peakmem.allocator.private_pools import PrivatePool, PrivatePoolsMixin
 from peakmem.allocator.rules import AllocatorRules
 from peakmem.trace.events import ALL_POOLS
@@ -33,6 +35,22 @@ K_SMALL_SIZE = MB  # largest "small" allocation is 1 MiB
 K_SMALL_BUFFER = 2 * MB  # "small" allocations are packed in 2 MiB blocks
 K_MIN_LARGE_ALLOC = 10 * MB  # allocations between 1 and 10 MiB may use kLargeBuffer
 K_ROUND_LARGE = 2 * MB  # round up large allocations to 2 MiB
+
+FIELD_BITS = 96
+"""Width of the size and address fields of a free-list key: sizes are < 2**63 and addresses
+< 2**61 plus the sizes handed out, far below 2**96."""
+FIELD_MASK = (1 << FIELD_BITS) - 1
+
+
+def free_key(stream: int, size: int, addr: int) -> int:
+    """A free block's key in its pool's sorted list: `(stream, size, addr)` as one int that
+    orders as the tuple does (any int stream; 0 <= size, addr < 2**FIELD_BITS)."""
+    return (((stream << FIELD_BITS) + size) << FIELD_BITS) + addr
+
+
+def key_fields(key: int) -> tuple[int, int, int]:
+    """`(stream, size, addr)` of a free-list key (free_key's inverse)."""
+    return key >> (2 * FIELD_BITS), (key >> FIELD_BITS) & FIELD_MASK, key & FIELD_MASK
 
 
 class OutOfMemory(Exception):
@@ -68,7 +86,9 @@ class Block:
         "gc_count_base",
     )
 
-    def __init__(self, addr: int, size: int, stream: int, pool: Pool) -> None:
+    def __init__(
+        self, addr: int, size: int, stream: int, pool: Pool, segment: ExpandableSegment | None = None
+    ) -> None:
         self.addr = addr
         self.size = size
         self.stream = stream
@@ -78,7 +98,7 @@ class Block:
         self.allocated = False
         self.requested = 0
         self.mapped = True
-        self.segment: ExpandableSegment | None = None
+        self.segment = segment
         self.stream_uses: set[int] | None = None
         self.event_count = 0
         self.gc_count_base = 0
@@ -111,12 +131,16 @@ class Block:
                     setattr(twin, name, copy.deepcopy(value, memo))
         return memo[id(self)]
 
-    def key(self) -> tuple[int, int, int]:
-        return (self.stream, self.size, self.addr)
+    def key(self) -> int:
+        """This block's key in its pool's free list (free_key)."""
+        return free_key(self.stream, self.size, self.addr)
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         state = "alloc" if self.allocated else ("free" if self.mapped else "unmapped")
         return f"Block({state} {self.size}@{self.addr:#x} s{self.stream})"
+
+
+_new_block = Block.__new__
 
 
 class Pool:
@@ -128,8 +152,8 @@ class Pool:
     def __init__(self, is_small: bool, owner: PrivatePool | None = None) -> None:
         self.is_small = is_small
         self.owner = owner
-        self.blocks: SortedList = SortedList()  # (stream, size, addr)
-        self.unmapped: SortedList = SortedList()  # (stream, addr)
+        self.blocks = FreeList()  # free_key(stream, size, addr)
+        self.unmapped = FreeList()  # (stream, addr)
         self.get_free_blocks_call_count = 0
 
 
@@ -234,6 +258,7 @@ class CachingAllocator(PrivatePoolsMixin):
         self._max_split_size = self.config.max_split_size
         self._mapped_expandable = 0  # expandable segments with at least one mapped page
         self._rounded: dict[int, int] = {}  # round_size memo (the config never changes)
+        self._max_non_split_rounding = self.max_non_split_rounding
 
     def set_memory_fraction(self, fraction: float, total_bytes: int) -> None:
         """`setMemoryFraction`: from now on reserved memory is capped at `fraction *
@@ -310,7 +335,57 @@ class CachingAllocator(PrivatePoolsMixin):
                 raise OutOfMemory(
                     orig_size, self.total_allocated_memory, self.allocated_bytes, self._limit()
                 )
-        return self.alloc_found_block(block, size, orig_size, self.should_split(block, size))
+        # should_split and alloc_found_block, inline (the replay's hottest path)
+        remaining_size = block.size - size
+        if block.pool.is_small or self._expandable:
+            split = remaining_size >= K_MIN_BLOCK_SIZE
+        else:
+            split = size < self._max_split_size and remaining_size > K_SMALL_SIZE
+        if split:
+            remaining = block
+            pool = remaining.pool
+            # Block(remaining.addr, size, remaining.stream, pool, remaining.segment) linked
+            # before `remaining`, its fields set here: the class call with __init__ costs
+            # about twice as much
+            block = _new_block(Block)
+            block.addr = remaining.addr
+            block.size = size
+            block.stream = remaining.stream
+            block.pool = pool
+            prev = remaining.prev
+            block.prev = prev
+            if prev is not None:
+                prev.next = block
+            block.next = remaining
+            block.allocated = False
+            block.requested = 0
+            block.mapped = True
+            block.segment = remaining.segment
+            block.stream_uses = None
+            block.event_count = 0
+            block.gc_count_base = 0
+            remaining.prev = block
+            remaining.addr += size
+            remaining.size = remaining_size
+            remaining.gc_count_base = pool.get_free_blocks_call_count  # _insert_free(remaining)
+            key = (((remaining.stream << FIELD_BITS) + remaining_size) << FIELD_BITS) + remaining.addr
+            blocks = pool.blocks
+            maxes = blocks._maxes
+            if len(maxes) == 1 and not blocks._index:  # FreeList.add, one sublist
+                sublist = blocks._lists[0]
+                insort(sublist, key)
+                maxes[0] = sublist[-1]
+                blocks._len += 1
+                if len(sublist) > blocks._load << 1:
+                    blocks._expand(0)
+            else:
+                blocks.add(key)
+            self.blocks_by_addr[remaining.addr] = remaining
+        block.allocated = True
+        block.requested = orig_size
+        self.allocated_bytes += block.size
+        self.requested_bytes += orig_size
+        return block
 
     def _limit(self) -> int | None:
         limits = [v for v in (self._capacity, self._allowed_memory_maximum) if v is not None]
@@ -323,46 +398,57 @@ class CachingAllocator(PrivatePoolsMixin):
         # SortedList's own layout (sorted sublists and their maxima), read directly: the common
         # lookup without its positional-index bookkeeping
         maxes = blocks._maxes
-        probe = (stream, size, -1)
+        probe = ((stream << FIELD_BITS) + size) << FIELD_BITS  # free_key(stream, size, 0)
         pos = bisect_left(maxes, probe)
         if pos == len(maxes):
             return None
         sublist = blocks._lists[pos]
         idx = bisect_left(sublist, probe)
         key = sublist[idx]
-        if key[0] != stream:
+        if key >> (2 * FIELD_BITS) != stream:
             return None
-        block = self.blocks_by_addr[key[2]]
+        block = self.blocks_by_addr[key & FIELD_MASK]
         if block.segment is None:
             max_split = self._max_split_size
             if size < max_split and block.size >= max_split:
                 return None  # do not return an oversized block for a small request
-            if size >= max_split and block.size >= size + self.max_non_split_rounding:
+            if size >= max_split and block.size >= size + self._max_non_split_rounding:
                 return None  # do not return an oversized block for a large request
-            blocks._delete(pos, idx)
+            if len(maxes) == 1 and not blocks._index:  # FreeList.delete_at, one sublist
+                del sublist[idx]
+                blocks._len -= 1
+                if sublist:
+                    maxes[0] = sublist[-1]
+                else:
+                    del blocks._lists[0]
+                    del maxes[0]
+            else:
+                blocks.delete_at(pos, idx)
             del self.blocks_by_addr[block.addr]
             return block
-        index = blocks._loc(pos, idx)
-        if block.segment is not None:
-            # Expandable segments: prefer a block whose size *including the unmapped space right
-            # after it* is smaller (the C++ `expandable_size` loop).
-            n = len(blocks)
-            nxt = index + 1
-            while block.segment is not None and nxt < n:
-                next_key = blocks[nxt]
-                if next_key[0] != stream:
+        # Expandable segments: prefer a block whose size *including the unmapped space right
+        # after it* is smaller (the C++ `expandable_size` loop). The next keys are read by
+        # (sublist, index) in the free list: no positional index to build and keep up.
+        lists = blocks._lists
+        while block.segment is not None:
+            next_pos, next_idx = pos, idx + 1
+            if next_idx == len(lists[pos]):
+                next_pos, next_idx = pos + 1, 0
+                if next_pos == len(lists):
                     break
-                candidate = self.blocks_by_addr[next_key[2]]
-                if _expandable_size(candidate) >= _expandable_size(block):
-                    break
-                block, index = candidate, nxt
-                nxt += 1
+            next_key = lists[next_pos][next_idx]
+            if next_key >> (2 * FIELD_BITS) != stream:
+                break
+            candidate = self.blocks_by_addr[next_key & FIELD_MASK]
+            if _expandable_size(candidate) >= _expandable_size(block):
+                break
+            block, pos, idx = candidate, next_pos, next_idx
         max_split = self._max_split_size
         if size < max_split and block.size >= max_split:
             return None  # do not return an oversized block for a small request
-        if size >= max_split and block.size >= size + self.max_non_split_rounding:
+        if size >= max_split and block.size >= size + self._max_non_split_rounding:
             return None  # do not return an oversized block for a large request
-        del blocks[index]
+        blocks.delete_at(pos, idx)
         del self.blocks_by_addr[block.addr]
         return block
 
@@ -370,22 +456,7 @@ class CachingAllocator(PrivatePoolsMixin):
         remaining = block.size - size
         if block.pool.is_small or self._expandable:
             return remaining >= K_MIN_BLOCK_SIZE
-        return size < self.config.max_split_size and remaining > K_SMALL_SIZE
-
-    def alloc_found_block(self, block: Block, size: int, orig_size: int, split: bool) -> Block:
-        if split:
-            remaining = block
-            block = Block(remaining.addr, size, remaining.stream, remaining.pool)
-            block.segment = remaining.segment
-            _link_before(block, remaining)
-            remaining.addr += size
-            remaining.size -= size
-            self._insert_free(remaining)
-        block.allocated = True
-        block.requested = orig_size
-        self.allocated_bytes += block.size
-        self.requested_bytes += orig_size
-        return block
+        return size < self._max_split_size and remaining > K_SMALL_SIZE
 
     # -- device memory ----------------------------------------------------------------------------
     def alloc_block(self, pool: Pool, size: int, alloc_size: int, stream: int) -> Block | None:
@@ -427,10 +498,10 @@ class CachingAllocator(PrivatePoolsMixin):
             return False
         key_size = max(size, max_split)
         blocks = pool.blocks
-        index = blocks.bisect_left((stream, key_size, -1))
+        index = blocks.bisect_left(free_key(stream, key_size, 0))
         found = None
-        if index < len(blocks) and blocks[index][0] == stream:
-            found = self.blocks_by_addr[blocks[index][2]]
+        if index < len(blocks) and key_fields(blocks[index])[0] == stream:
+            found = self.blocks_by_addr[key_fields(blocks[index])[2]]
             if found.segment is not None:
                 found = None
         if found is None:
@@ -439,8 +510,7 @@ class CachingAllocator(PrivatePoolsMixin):
             total_released = 0
             index -= 1
             while total_released < key_size:
-                key = blocks[index]
-                block = self.blocks_by_addr[key[2]]
+                block = self.blocks_by_addr[blocks[index] & FIELD_MASK]
                 if block.size < max_split or block.stream != stream:
                     break
                 is_first = index == 0
@@ -471,7 +541,7 @@ class CachingAllocator(PrivatePoolsMixin):
     def release_blocks(self, pool: Pool) -> None:
         to_unmap = []
         for key in list(pool.blocks):
-            block = self.blocks_by_addr.get(key[2])
+            block = self.blocks_by_addr.get(key & FIELD_MASK)
             if block is None:
                 continue
             if block.segment is not None:
@@ -507,7 +577,7 @@ class CachingAllocator(PrivatePoolsMixin):
         total_age = 0
         freeable = 0
         for key in pool.blocks:
-            block = self.blocks_by_addr[key[2]]
+            block = self.blocks_by_addr[key & FIELD_MASK]
             if not block.is_split() and block.segment is None:
                 total_age += calls - block.gc_count_base
                 freeable += 1
@@ -518,7 +588,7 @@ class CachingAllocator(PrivatePoolsMixin):
             age_threshold = total_age / freeable
             block_freed = False
             for key in list(pool.blocks):
-                block = self.blocks_by_addr[key[2]]
+                block = self.blocks_by_addr[key & FIELD_MASK]
                 age = calls - block.gc_count_base
                 if not block.is_split() and block.segment is None and age >= age_threshold:
                     block_freed = True
@@ -540,8 +610,28 @@ class CachingAllocator(PrivatePoolsMixin):
             block.event_count = len(block.stream_uses)
             block.stream_uses = None
             self.pending_free.append(block)
+            return
+        block.requested = 0  # free_block(block), inline
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            self.try_merge_blocks(block, prev)
+        if nxt is not None and not nxt.allocated:
+            self.try_merge_blocks(block, nxt)
+        pool = block.pool
+        block.gc_count_base = pool.get_free_blocks_call_count
+        key = (((block.stream << FIELD_BITS) + block.size) << FIELD_BITS) + block.addr
+        blocks = pool.blocks
+        maxes = blocks._maxes
+        if len(maxes) == 1 and not blocks._index:  # FreeList.add, one sublist
+            sublist = blocks._lists[0]
+            insort(sublist, key)
+            maxes[0] = sublist[-1]
+            blocks._len += 1
+            if len(sublist) > blocks._load << 1:
+                blocks._expand(0)
         else:
-            self.free_block(block)
+            blocks.add(key)
+        self.blocks_by_addr[block.addr] = block
 
     def record_stream(self, block: Block, stream: int) -> None:
         if stream == block.stream:
@@ -577,7 +667,10 @@ class CachingAllocator(PrivatePoolsMixin):
             self.try_merge_blocks(block, prev)
         if nxt is not None and not nxt.allocated:
             self.try_merge_blocks(block, nxt)
-        self._insert_free(block)
+        pool = block.pool  # _insert_free, inline
+        block.gc_count_base = pool.get_free_blocks_call_count
+        pool.blocks.add((((block.stream << FIELD_BITS) + block.size) << FIELD_BITS) + block.addr)
+        self.blocks_by_addr[block.addr] = block
 
     def try_merge_blocks(self, dst: Block, src: Block | None) -> int:
         if (
@@ -599,8 +692,25 @@ class CachingAllocator(PrivatePoolsMixin):
                 dst.next.prev = dst
         subsumed = src.size
         dst.size += subsumed
-        if src.mapped:
-            self._erase_free(src)
+        if src.mapped:  # _erase_free, inline
+            key = (((src.stream << FIELD_BITS) + subsumed) << FIELD_BITS) + src.addr
+            blocks = src.pool.blocks
+            maxes = blocks._maxes
+            if len(maxes) == 1 and not blocks._index:  # FreeList.remove, one sublist
+                sublist = blocks._lists[0]
+                idx = bisect_left(sublist, key)
+                if idx == len(sublist) or sublist[idx] != key:
+                    raise ValueError(f"{key!r} not in list")
+                del sublist[idx]
+                blocks._len -= 1
+                if sublist:
+                    maxes[0] = sublist[-1]
+                else:
+                    del blocks._lists[0]
+                    del maxes[0]
+            else:
+                blocks.remove(key)
+            del self.blocks_by_addr[src.addr]
         else:
             src.pool.unmapped.remove((src.stream, src.addr))
             del self._unmapped_blocks[src.addr]
@@ -616,11 +726,11 @@ class CachingAllocator(PrivatePoolsMixin):
     def _insert_free(self, block: Block) -> None:
         pool = block.pool
         block.gc_count_base = pool.get_free_blocks_call_count
-        pool.blocks.add((block.stream, block.size, block.addr))
+        pool.blocks.add(free_key(block.stream, block.size, block.addr))
         self.blocks_by_addr[block.addr] = block
 
     def _erase_free(self, block: Block) -> None:
-        block.pool.blocks.remove((block.stream, block.size, block.addr))
+        block.pool.blocks.remove(free_key(block.stream, block.size, block.addr))
         del self.blocks_by_addr[block.addr]
 
     # -- expandable segments ------------------------------------------------------------------

@@ -124,10 +124,15 @@ def simulate(
 
     malloc = allocator.malloc
     free = allocator.free
+    segment_sizes = allocator.segments  # cudaMalloc'd segments (num_segments, without the call)
     peak_reserved = peak_allocated = peak_requested = 0
     max_segments = 0
-    ALLOC, FREE = EventKind.ALLOC, EventKind.FREE
-    ALLOC_OR_SMALLER = EventKind.ALLOC_OR_SMALLER
+    ALLOC, FREE = int(EventKind.ALLOC), int(EventKind.FREE)
+    ALLOC_OR_SMALLER = int(EventKind.ALLOC_OR_SMALLER)
+    alloc_kinds = (ALLOC, ALLOC_OR_SMALLER)
+    # The segment count can only grow where the device hands out memory (alloc_block, map_block
+    # count num_device_alloc): it is read only after events where that count moved.
+    device_allocs = -1
     # ids that hold no block: ALLOC_OR_SMALLER requests that got nothing, and zero-byte
     # allocations (CUDACachingAllocator::allocate(0) hands out a null pointer, no block)
     shrunk_away: set[int] = set()
@@ -153,8 +158,8 @@ def simulate(
                 reserved_line(allocator.total_allocated_memory)
                 allocated_line(allocator.allocated_bytes)
             continue
-        if kind in (ALLOC, ALLOC_OR_SMALLER):
-            if ident in live or ident in shrunk_away:
+        if kind in alloc_kinds:
+            if ident in live or (shrunk_away and ident in shrunk_away):
                 raise TraceError(
                     f"event {index}: id {ident} allocated twice without a free", index
                 )
@@ -174,13 +179,14 @@ def simulate(
             else:
                 live[ident] = block
             reserved = allocator.total_allocated_memory
+            allocated = allocator.allocated_bytes
             if reserved > peak_reserved:
                 peak_reserved = reserved
                 result.peak_reserved_index = index
-                result.allocated_at_peak_reserved = allocator.allocated_bytes
+                result.allocated_at_peak_reserved = allocated
                 result.num_segments = allocator.num_segments
-            if allocator.allocated_bytes > peak_allocated:
-                peak_allocated = allocator.allocated_bytes
+            if allocated > peak_allocated:
+                peak_allocated = allocated
                 result.peak_allocated_index = index
             if allocator.requested_bytes > peak_requested:
                 peak_requested = allocator.requested_bytes
@@ -189,9 +195,11 @@ def simulate(
         if reserved_line is not None:
             reserved_line(allocator.total_allocated_memory)
             allocated_line(allocator.allocated_bytes)
-        segments = allocator.num_segments
-        if segments > max_segments:
-            max_segments = segments
+        if allocator.num_device_alloc != device_allocs:
+            device_allocs = allocator.num_device_alloc
+            segments = len(segment_sizes) + allocator._mapped_expandable
+            if segments > max_segments:
+                max_segments = segments
     result.max_segments = max_segments
 
     result.peak_reserved_bytes = peak_reserved

@@ -35,9 +35,51 @@ def _retries(filename: str, qualname: str) -> bool:
     )
 
 
+class _RetryLoopIndex:
+    """What the stack walk needs, worked out once, not per allocation: the retry loops'
+    function names (a set test per frame, files after), and whether a file of RETRY_LOOPS is
+    loaded at all (scanned again only when `sys.modules` or RETRY_LOOPS changed size). While
+    none is, no frame of a retry loop can be on the stack and the walk is skipped; once one has
+    been seen it stays seen (the walk runs from then on)."""
+
+    def __init__(self) -> None:
+        self.names: frozenset[str] = frozenset()
+        self.loaded = False
+        self._modules_seen = -1
+        self._loops_seen = -1
+
+    def refresh(self) -> None:
+        loops = len(RETRY_LOOPS)
+        if loops != self._loops_seen:
+            self._loops_seen = loops
+            self.names = frozenset().union(*RETRY_LOOPS.values())
+            self.loaded = False
+            self._modules_seen = -1
+        modules = len(sys.modules)
+        if modules == self._modules_seen:
+            return
+        self._modules_seen = modules
+        if self.loaded:
+            return
+        stems = tuple(os.path.splitext(tail)[0] for tail in RETRY_LOOPS)  # .py or .pyc
+        for module in list(sys.modules.values()):
+            filename = getattr(module, "__file__", None)
+            if isinstance(filename, str) and os.path.splitext(filename)[0].endswith(stems):
+                self.loaded = True
+                return
+
+
+_INDEX = _RetryLoopIndex()
+
+
 def retry_loop_on_stack() -> bool:
     """Whether a frame of a retry loop (RETRY_LOOPS) is on the calling thread's stack."""
-    names = frozenset().union(*RETRY_LOOPS.values())  # a set test per frame, files after
+    index = _INDEX
+    if len(sys.modules) != index._modules_seen or len(RETRY_LOOPS) != index._loops_seen:
+        index.refresh()
+    if not index.loaded:
+        return False
+    names = index.names
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
