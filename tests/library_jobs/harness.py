@@ -80,13 +80,14 @@ def estimate_here(script: str, *args: str, timeout: float = 120, flags: tuple[st
     object as `peakmem estimate --json` prints, without starting python, torch and peakmem
     again for the job. For jobs that need torch alone, whose child-process path the other
     library-job tests cover; the job's Python-level output (stdout and stderr, as the CLI
-    passes it on) comes back in `stderr`. `flags`:
-    `--gpu NAME` and `--mode MODE` only."""
+    passes it on) comes back in `stderr`. `flags`: `--gpu NAME`, `--mode MODE` and
+    `--steps N|all` only."""
     from peakmem.estimate import estimate_command
     from peakmem.estimate.api import DEFAULT_GPU, EstimateError
+    from peakmem.jobs.stop import parse_steps
 
     options = dict(zip(flags[::2], flags[1::2], strict=True))
-    assert set(options) <= {"--gpu", "--mode"}, flags
+    assert set(options) <= {"--gpu", "--mode", "--steps"}, flags
     job_stderr = io.StringIO()
     here = Path.cwd()
     try:
@@ -98,6 +99,7 @@ def estimate_here(script: str, *args: str, timeout: float = 120, flags: tuple[st
             result = estimate_command(["python", str(SCRIPTS / script), *args],
                                       gpu=options.get("--gpu", DEFAULT_GPU),
                                       mode=options.get("--mode", "auto"), timeout=timeout,
+                                      steps=parse_steps(options.get("--steps")),  # the CLI default: None
                                       isolate=False)
         returncode, data = 0, result.to_json()
     except EstimateError as exc:

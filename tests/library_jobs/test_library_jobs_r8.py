@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import estimate, estimate_here
 from tests.library_jobs.test_library_jobs import (
     WORKSPACE_SLACK,
     MiB,
@@ -155,7 +155,7 @@ def test_nanogpt_resume_from_checkpoint_with_gradient_accumulation(tmp_path):
     params = ex.device_bytes(shapes, ex.FP32)
     _nanogpt_data(tmp_path)
     _nanogpt_checkpoint(tmp_path)
-    est = estimate("r8_nanogpt_resume.py", "--init_from=resume", "--max_iters=3", cwd=tmp_path)
+    est = estimate_here("r8_nanogpt_resume.py", "--init_from=resume", "--max_iters=3", cwd=tmp_path)
     # fused AdamW (device_type "cuda"): exp_avg, exp_avg_sq and a device `step` per parameter,
     # loaded from the checkpoint (`torch.load(map_location=device)`)
     assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes),
@@ -183,7 +183,7 @@ AMP_DATA = 4 * AMP_BATCH
 @pytest.mark.slow
 def test_amp_recipe_non_reentrant_checkpointing_keeps_fewer_activations():
     params = ex.device_bytes(_amp_recipe_shapes(), ex.FP32)
-    runs = {mode: estimate("r8_amp_recipe_checkpoint_jit.py", "--dtype", "bfloat16",
+    runs = {mode: estimate_here("r8_amp_recipe_checkpoint_jit.py", "--dtype", "bfloat16",
                            "--checkpoint", mode) for mode in ("none", "non-reentrant")}
     for est in runs.values():
         # SGD without momentum: no state; bfloat16 autocast: the scaler disabled
@@ -203,7 +203,7 @@ def test_amp_recipe_non_reentrant_checkpointing_keeps_fewer_activations():
 def test_amp_recipe_reentrant_checkpoint_and_torchscript(flags):
     shapes = _amp_recipe_shapes()
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("r8_amp_recipe_checkpoint_jit.py", *flags)
+    est = estimate_here("r8_amp_recipe_checkpoint_jit.py", *flags)
     assert est.data["mode"] == "fake", est.data["mode_reason"]
     if "--jit" in flags:
         assert_training(est, params=params, optimizer_state=0, extra_lower=AMP_DATA)
@@ -300,7 +300,7 @@ def test_sophia_g_with_hessian_updates_between_steps(tmp_path):
     np.random.default_rng(0).integers(0, 512, 5000).astype(np.uint16).tofile(data)
     params = ex.device_bytes(ex.gpt2_shapes(vocab=512, positions=64, embd=64, layers=2),
                              ex.FP32)
-    est = estimate("r8_sophia_nanogpt.py", "--data", str(data))
+    est = estimate_here("r8_sophia_nanogpt.py", "--data", str(data))
     # exp_avg and hessian per parameter (SophiaG keeps `step` on the host unless capturable)
     assert_training(est, params=params, optimizer_state=2 * params)
     # the Hessian pass after step 2: Categorical(logits).sample(), a backward, update_hessian
@@ -363,7 +363,7 @@ def test_transformer_tutorial_train_evaluate_best_checkpoint(tmp_path, flags):
              *ex.linear(d_hid, d_model), *ex.linear(d_model, d_hid), *[(d_model,)] * 4]
     shapes = [(ntokens, d_model), *layer, *layer, *ex.linear(ntokens, d_model)]
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("r8_transformer_tutorial.py", "--data", str(text), *flags,
+    est = estimate_here("r8_transformer_tutorial.py", "--data", str(text), *flags,
                    flags=("--steps", "all"))
     # SGD without momentum: no optimizer state
     assert_training(est, params=params, optimizer_state=0)
