@@ -55,7 +55,7 @@ def test_char_rnn_gru_truncated_bptt_without_a_dataloader(tmp_path):
     gru = [(300, 100), (300, 100), (300,), (300,)] * 2  # nn.GRU(100, 100, 2): 3 gates
     params = ex.device_bytes([(100, 100), *gru, *ex.linear(100, 100)], ex.FP32)
     est = estimate_here("r2_char_rnn.py", "--cuda", "--chunk_len", "20", "--save",
-                   str(tmp_path / "char.pt"))
+                        str(tmp_path / "char.pt"))
     # decoder.zero_grad() sets the gradients to None before each chunk's forward, whose
     # 20 steps of activations are the peak: no gradient is live there
     assert_training(est, params=params, optimizer_state=2 * params, grads=0)

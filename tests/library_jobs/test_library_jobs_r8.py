@@ -184,7 +184,7 @@ AMP_DATA = 4 * AMP_BATCH
 def test_amp_recipe_non_reentrant_checkpointing_keeps_fewer_activations():
     params = ex.device_bytes(_amp_recipe_shapes(), ex.FP32)
     runs = {mode: estimate_here("r8_amp_recipe_checkpoint_jit.py", "--dtype", "bfloat16",
-                           "--checkpoint", mode) for mode in ("none", "non-reentrant")}
+                                "--checkpoint", mode) for mode in ("none", "non-reentrant")}
     for est in runs.values():
         # SGD without momentum: no state; bfloat16 autocast: the scaler disabled
         assert_training(est, params=params, optimizer_state=0, extra_lower=AMP_DATA)
@@ -364,7 +364,7 @@ def test_transformer_tutorial_train_evaluate_best_checkpoint(tmp_path, flags):
     shapes = [(ntokens, d_model), *layer, *layer, *ex.linear(ntokens, d_model)]
     params = ex.device_bytes(shapes, ex.FP32)
     est = estimate_here("r8_transformer_tutorial.py", "--data", str(text), *flags,
-                   flags=("--steps", "all"))
+                        flags=("--steps", "all"))
     # SGD without momentum: no optimizer state
     assert_training(est, params=params, optimizer_state=0)
     assert est.breakdown["buffer"] == ex.device_bytes([(5000, 1, d_model)], ex.FP32)  # pe
