@@ -70,7 +70,7 @@ def fused_steps(shapes: list) -> int:
 @needs("transformers")
 def test_transformers_plain_loop_gpt2_from_config():
     params = ex.device_bytes(ex.gpt2_shapes(**ex.TINY_GPT2), ex.FP32)
-    est = estimate("hf_causal_lm_loop.py", "--steps", "3")
+    est = estimate_here("hf_causal_lm_loop.py", "--steps", "3")
     assert_training(est, params=params, optimizer_state=2 * params)
 
 
@@ -93,7 +93,7 @@ def test_transformers_trainer_on_a_torch_dataset():
 @needs("transformers", "safetensors")
 def test_transformers_from_pretrained_local_bf16(llama_checkpoint):
     params = ex.device_bytes(ex.llama_shapes(**ex.TINY_LLAMA), ex.BF16)
-    est = estimate("hf_from_pretrained.py", str(llama_checkpoint), "--steps", "2")
+    est = estimate_here("hf_from_pretrained.py", str(llama_checkpoint), "--steps", "2")
     # bf16 weights: gradients and Adam moments are bf16 too (torch keeps the parameter's dtype)
     assert_training(est, params=params, optimizer_state=2 * params)
 
@@ -104,7 +104,7 @@ def test_transformers_from_pretrained_local_bf16(llama_checkpoint):
 def test_peft_lora_only_adapters_train():
     base = ex.device_bytes(ex.llama_shapes(**ex.TINY_LLAMA), ex.FP32)
     adapters = ex.device_bytes(ex.lora_shapes(8, **ex.TINY_LLAMA), ex.FP32)
-    est = estimate("peft_lora.py", "--steps", "2", "--rank", "8")
+    est = estimate_here("peft_lora.py", "--steps", "2", "--rank", "8")
     assert_training(est, params=base + adapters, grads=adapters, optimizer_state=2 * adapters)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import estimate, estimate_here
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
@@ -313,8 +313,8 @@ def test_dpo_hand_loop_policy_and_frozen_reference(llama_checkpoint, tmp_path):
     train = tmp_path / "preferences.jsonl"
     train.write_text("\n".join(json.dumps({"prompt": p[:40], "chosen": c[:50], "rejected": r[:50]})
                                for p, c, r in rows) + "\n")
-    est = estimate("hf_dpo_hand_loop.py", "--model_name_or_path", str(llama_checkpoint),
-                   "--train_file", str(train), "--max_steps", "3")
+    est = estimate_here("hf_dpo_hand_loop.py", "--model_name_or_path", str(llama_checkpoint),
+                        "--train_file", str(train), "--max_steps", "3")
     # two copies of the weights on the device (policy and reference), gradients and AdamW's two
     # moments for the policy only
     assert_training(est, params=2 * LLAMA_PARAMS, grads=LLAMA_PARAMS, optimizer_state=2 * LLAMA_PARAMS)

@@ -45,7 +45,7 @@ def test_timm_kron_optimizer_and_torchmetrics_r2score(opt):
     factors = [factor for shape in shapes for factor in kron_factor_shapes(shape)]
     # momentum_buffer (like the parameter) + the factors Q, a list in each parameter's state
     state = params + ex.device_bytes(factors, ex.FP32)
-    est = estimate("r8_timm_kron_r2score.py", "--opt", opt)
+    est = estimate_here("r8_timm_kron_r2score.py", "--opt", opt)
     assert_training(est, params=params, optimizer_state=state)
     # Kron's spectral-norm bound picks a row with `A[j]` (a 0-d device index) and R2Score's
     # compute writes `raw_scores[cond]` (a 0-d bool mask): both ran on fake tensors
@@ -76,7 +76,7 @@ def test_timm_muon_optimizer_with_adamw_fallback():
     state = sum(ex.device_bytes([shape], ex.FP32) * (1 if muon_suitable(shape) else 2)
                 for shape in shapes)
     assert [muon_suitable(shape) for shape in shapes] == [True, False, False, False]
-    est = estimate("r8_timm_kron_r2score.py", "--opt", "muon")
+    est = estimate_here("r8_timm_kron_r2score.py", "--opt", "muon")
     assert_training(est, params=params, optimizer_state=state)
     assert est.data["mode"] == "fake", est.data["mode_reason"]
 
