@@ -230,6 +230,23 @@ def test_pytorch_tutorial_hand_written_sgd_is_training():
     assert not any("never stepped" in note for note in est.data["notes"]), est.data["notes"]
 
 
+def test_an_estimate_in_this_process_is_the_one_the_cli_prints():
+    """harness.estimate_here, which most torch-only scripts here use, gives what `peakmem
+    estimate --json` prints for the same job: the same keys and the same figures; and the same
+    error object for a job that fails."""
+    here, child = estimate_here("pytorch_tutorial_manual_sgd.py"), estimate("pytorch_tutorial_manual_sgd.py")
+    assert here.returncode == child.returncode == 0, child.failure()
+    assert set(here.data) == set(child.data)
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_bytes", "breakdown", "steps",
+                "estimate_kind", "mode", "gpu", "phases_ran"):
+        assert here.data[key] == child.data[key], key
+    failed_here, failed_child = (run("examples_time_sequence_prediction.py", "--steps", "1",
+                                     "--length", "5", "--future", "2", flags=("--mode", "fake"))
+                                 for run in (estimate_here, estimate))
+    assert failed_here.returncode == failed_child.returncode == 3
+    assert failed_here.data["error"] == failed_child.data["error"]
+
+
 # pytorch/examples imagenet: the torch.cuda runtime as scripts call it ---------------------------
 
 def test_imagenet_style_cuda_runtime_calls():
