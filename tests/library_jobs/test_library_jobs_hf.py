@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,14 +89,26 @@ def bert_shapes(vocab: int, hidden: int, intermediate: int, layers: int, positio
 TINY_BERT = dict(vocab=VOCAB, hidden=64, intermediate=128, layers=2, positions=64)
 
 
+_CHECKPOINTS: dict[str, Path] = {}
+"""The checkpoint written for each config in this process (a pytest worker): the next test
+asking for the same config gets a copy of it instead of another python + transformers run."""
+
+
 def write_checkpoint(out: Path, config: dict) -> Path:
     """A tiny base model saved with save_pretrained, plus the tokenizer (hf_ex_make_checkpoint.py)."""
+    key = json.dumps(config, sort_keys=True)
+    shared = _CHECKPOINTS.get(key)
+    if shared is not None and (shared / "model.safetensors").is_file():
+        shutil.copytree(shared, out, dirs_exist_ok=True)
+        return write_tokenizer(out)
     config_file = write_config(out.with_name(out.name + "-config"), config) / "config.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, str(SCRIPTS / "hf_ex_make_checkpoint.py"), str(out), str(config_file)],
                    check=True, capture_output=True, env=env, timeout=120)
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    # a copy no test changes (r7's trl_files rewrites its config.json), beside the first test's
+    _CHECKPOINTS[key] = shutil.copytree(out, out.with_name(out.name + "-shared"))
     return write_tokenizer(out)
 
 
