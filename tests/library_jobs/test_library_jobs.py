@@ -2,8 +2,9 @@
 
 Each script under scripts/ imitates a well-known project's style (transformers, PEFT,
 accelerate, Lightning, timm, torchvision, nanoGPT, pytorch/examples, minGPT, litgpt) on a tiny
-model, and runs through the real CLI (`python -m peakmem estimate --json -- python SCRIPT`).
-The expected parameter and optimizer bytes are worked out from the scripts' configs
+model, and runs through the real CLI (`python -m peakmem estimate --json -- python SCRIPT`),
+or, where the test checks the capture and not the child process, through the same estimate in
+the test's process (harness.estimate_here: the same JSON object). The expected parameter and optimizer bytes are worked out from the scripts' configs
 (expected.py), not from peakmem's output. Each one failed before issue 12's fixes (tied weights
 through `.to`, device tensors that report `cuda`, the fake runtime's holes, host-built models,
 training without torch.optim); the suite keeps them fixed.
