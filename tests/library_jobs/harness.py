@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +67,47 @@ def estimate(script: str, *args: str, timeout: float = 120, flags: tuple[str, ..
         data = {}
     stderr, _, rss = done.stderr.rpartition(RSS_MARK)
     return JobEstimate(done.returncode, data, stderr, int(rss.strip() or 0) * 1024)
+
+
+def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """What Python prints for a warning when nothing records it (the child's behaviour)."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def estimate_here(script: str, *args: str, timeout: float = 120, flags: tuple[str, ...] = (),
+                  cwd: Path | None = None) -> JobEstimate:
+    """`estimate` in this process (``estimate_command(..., isolate=False)``): the same JSON
+    object as `peakmem estimate --json` prints, without starting python, torch and peakmem
+    again for the job. For jobs that need torch alone, whose child-process path the other
+    library-job tests cover; the job's Python-level output (stdout and stderr, as the CLI
+    passes it on) comes back in `stderr`. `flags`: `--gpu NAME`, `--mode MODE` and
+    `--steps N|all` only."""
+    from peakmem.estimate import estimate_command
+    from peakmem.estimate.api import DEFAULT_GPU, EstimateError
+    from peakmem.jobs.stop import parse_steps
+
+    options = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert set(options) <= {"--gpu", "--mode", "--steps"}, flags
+    job_stderr = io.StringIO()
+    here = Path.cwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(job_stderr), contextlib.redirect_stderr(job_stderr), \
+                warnings.catch_warnings():
+            warnings.showwarning = _print_warning  # to the job's stderr, not pytest's record
+            result = estimate_command(["python", str(SCRIPTS / script), *args],
+                                      gpu=options.get("--gpu", DEFAULT_GPU),
+                                      mode=options.get("--mode", "auto"), timeout=timeout,
+                                      steps=parse_steps(options.get("--steps")),  # the CLI default: None
+                                      isolate=False)
+        returncode, data = 0, result.to_json()
+    except EstimateError as exc:
+        returncode, data = exc.exit_code, exc.to_json()
+    finally:
+        os.chdir(here)
+    # the JSON text as the CLI prints it, read back (tuples become lists)
+    return JobEstimate(returncode, json.loads(json.dumps(data)), job_stderr.getvalue(), 0)
 
 
 def write_llama_checkpoint(out: Path) -> Path:

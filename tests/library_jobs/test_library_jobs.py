@@ -2,8 +2,9 @@
 
 Each script under scripts/ imitates a well-known project's style (transformers, PEFT,
 accelerate, Lightning, timm, torchvision, nanoGPT, pytorch/examples, minGPT, litgpt) on a tiny
-model, and runs through the real CLI (`python -m peakmem estimate --json -- python SCRIPT`).
-The expected parameter and optimizer bytes are worked out from the scripts' configs
+model, and runs through the real CLI (`python -m peakmem estimate --json -- python SCRIPT`),
+or, where the test checks the capture and not the child process, through the same estimate in
+the test's process (harness.estimate_here: the same JSON object). The expected parameter and optimizer bytes are worked out from the scripts' configs
 (expected.py), not from peakmem's output. Each one failed before issue 12's fixes (tied weights
 through `.to`, device tensors that report `cuda`, the fake runtime's holes, host-built models,
 training without torch.optim); the suite keeps them fixed.
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate
+from tests.library_jobs.harness import JobEstimate, estimate, estimate_here
 
 MiB = 2**20
 WORKSPACE_SLACK = 96 * MiB
@@ -70,7 +71,7 @@ def fused_steps(shapes: list) -> int:
 @needs("transformers")
 def test_transformers_plain_loop_gpt2_from_config():
     params = ex.device_bytes(ex.gpt2_shapes(**ex.TINY_GPT2), ex.FP32)
-    est = estimate("hf_causal_lm_loop.py", "--steps", "3")
+    est = estimate_here("hf_causal_lm_loop.py", "--steps", "3")
     assert_training(est, params=params, optimizer_state=2 * params)
 
 
@@ -93,7 +94,7 @@ def test_transformers_trainer_on_a_torch_dataset():
 @needs("transformers", "safetensors")
 def test_transformers_from_pretrained_local_bf16(llama_checkpoint):
     params = ex.device_bytes(ex.llama_shapes(**ex.TINY_LLAMA), ex.BF16)
-    est = estimate("hf_from_pretrained.py", str(llama_checkpoint), "--steps", "2")
+    est = estimate_here("hf_from_pretrained.py", str(llama_checkpoint), "--steps", "2")
     # bf16 weights: gradients and Adam moments are bf16 too (torch keeps the parameter's dtype)
     assert_training(est, params=params, optimizer_state=2 * params)
 
@@ -104,7 +105,7 @@ def test_transformers_from_pretrained_local_bf16(llama_checkpoint):
 def test_peft_lora_only_adapters_train():
     base = ex.device_bytes(ex.llama_shapes(**ex.TINY_LLAMA), ex.FP32)
     adapters = ex.device_bytes(ex.lora_shapes(8, **ex.TINY_LLAMA), ex.FP32)
-    est = estimate("peft_lora.py", "--steps", "2", "--rank", "8")
+    est = estimate_here("peft_lora.py", "--steps", "2", "--rank", "8")
     assert_training(est, params=base + adapters, grads=adapters, optimizer_state=2 * adapters)
 
 
@@ -178,8 +179,8 @@ def test_nanogpt_tied_compiled_memmap_fused_adamw(tmp_path):
     np.random.default_rng(0).integers(0, 512, size=10_000).astype(np.uint16).tofile(data)
     shapes = ex.gpt2_shapes(**ex.NANOGPT)  # tied: wte is lm_head, counted once
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("nanogpt_train.py", "--data", str(data), "--max-iters", "2",
-                   "--dtype", "float16")  # the GradScaler path
+    est = estimate_here("nanogpt_train.py", "--data", str(data), "--max-iters", "2",
+                        "--dtype", "float16")  # the GradScaler path
     # device_type == "cuda" -> fused AdamW -> a device `step` per parameter
     assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
     assert any("torch.compile" in note for note in est.data["notes"]), est.data["notes"]
@@ -193,7 +194,7 @@ def test_pytorch_examples_mnist_cnn_with_larger_test_batch():
     # test() under no_grad at batch 1000: relu(conv1) is still held by `x` while conv2's output
     # and relu(conv2) both exist
     test_peak = test_batch * ex.FP32 * (32 * 26 * 26 + 2 * 64 * 24 * 24)
-    est = estimate("pytorch_examples_mnist.py", "--test-batch-size", str(test_batch))
+    est = estimate_here("pytorch_examples_mnist.py", "--test-batch-size", str(test_batch))
     # Adadelta: square_avg and acc_delta per parameter
     assert_training(est, params=params, optimizer_state=2 * params, extra_upper=2 * test_peak)
     assert est.data["peak_allocated_bytes"] >= params + test_peak
@@ -207,7 +208,7 @@ def test_pytorch_examples_mnist_cnn_with_larger_test_batch():
 def test_mingpt_trainer_callbacks_clip_grad_norm():
     shapes = ex.gpt2_shapes(**ex.MINGPT, tied=False)
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("mingpt_trainer.py", "--max-iters", "3")
+    est = estimate_here("mingpt_trainer.py", "--max-iters", "3")
     assert_training(est, params=params, optimizer_state=2 * params)
     # the causal-mask buffer: 1 x 1 x block x block fp32 per layer
     assert est.breakdown.get("buffer") == 2 * ex.device_bytes([(1, 1, 32, 32)], ex.FP32)
@@ -217,7 +218,7 @@ def test_mingpt_trainer_callbacks_clip_grad_norm():
 def test_litgpt_style_meta_init_to_empty_bf16(how):
     params = ex.device_bytes(ex.litgpt_shapes(), ex.BF16)
     args = ["--steps", "2"] + (["--default-device"] if how == "set-default-device" else [])
-    est = estimate("litgpt_meta_init.py", *args)
+    est = estimate_here("litgpt_meta_init.py", *args)
     assert_training(est, params=params, optimizer_state=2 * params)
 
 
@@ -225,9 +226,26 @@ def test_litgpt_style_meta_init_to_empty_bf16(how):
 
 def test_pytorch_tutorial_hand_written_sgd_is_training():
     params = ex.device_bytes(ex.linear(256, 784) + ex.linear(10, 256), ex.FP32)
-    est = estimate("pytorch_tutorial_manual_sgd.py")
+    est = estimate_here("pytorch_tutorial_manual_sgd.py")
     assert_training(est, params=params, optimizer_state=0)
     assert not any("never stepped" in note for note in est.data["notes"]), est.data["notes"]
+
+
+def test_an_estimate_in_this_process_is_the_one_the_cli_prints():
+    """harness.estimate_here, which most torch-only scripts here use, gives what `peakmem
+    estimate --json` prints for the same job: the same keys and the same figures; and the same
+    error object for a job that fails."""
+    here, child = estimate_here("pytorch_tutorial_manual_sgd.py"), estimate("pytorch_tutorial_manual_sgd.py")
+    assert here.returncode == child.returncode == 0, child.failure()
+    assert set(here.data) == set(child.data)
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_bytes", "breakdown", "steps",
+                "estimate_kind", "mode", "gpu", "phases_ran"):
+        assert here.data[key] == child.data[key], key
+    failed_here, failed_child = (run("examples_time_sequence_prediction.py", "--steps", "1",
+                                     "--length", "5", "--future", "2", flags=("--mode", "fake"))
+                                 for run in (estimate_here, estimate))
+    assert failed_here.returncode == failed_child.returncode == 3
+    assert failed_here.data["error"] == failed_child.data["error"]
 
 
 # pytorch/examples imagenet: the torch.cuda runtime as scripts call it ---------------------------
@@ -239,7 +257,7 @@ def test_imagenet_style_cuda_runtime_calls():
         ex.FP32,
     )
     # peakmem stops the job at its 3rd optimizer step, before the end-of-run statistics
-    est = estimate("imagenet_style_cuda_calls.py", "--steps", "3", flags=("--gpu", "a100-40gb"))
+    est = estimate_here("imagenet_style_cuda_calls.py", "--steps", "3", flags=("--gpu", "a100-40gb"))
     assert_training(est, params=params, optimizer_state=params)  # SGD momentum
     # two BatchNorm2d: running_mean, running_var, num_batches_tracked
     assert est.breakdown.get("buffer") == 6 * ex.BLOCK
@@ -249,7 +267,7 @@ def test_imagenet_style_cuda_runtime_calls():
 
 
 def test_imagenet_style_job_that_ends_itself_reads_memory_summary():
-    est = estimate("imagenet_style_cuda_calls.py", "--steps", "1")
+    est = estimate_here("imagenet_style_cuda_calls.py", "--steps", "1")
     assert est.returncode == 0, est.failure()
     assert est.data["estimate_kind"] == "training"
     # the job's own report of the fake device's statistics, printed before it ended
@@ -286,7 +304,7 @@ def test_from_config_on_the_host_does_not_hold_the_weights_in_host_ram():
 
 def test_word_language_model_lstm_repackage_hidden_manual_sgd(tmp_path):
     params = ex.device_bytes(ex.word_lm_lstm_shapes(1000, 200, 200, 2), ex.FP32)
-    est = estimate("examples_word_language_model.py", "--cuda", "--save", str(tmp_path / "m.pt"))
+    est = estimate_here("examples_word_language_model.py", "--cuda", "--save", str(tmp_path / "m.pt"))
     # clip_grad_norm_ then `p.data.add_(p.grad, alpha=-lr)`: no optimizer state
     assert_training(est, params=params, optimizer_state=0)
     # a `for` over batchify'd tensor slices, no DataLoader: stopped after three updates
@@ -296,9 +314,9 @@ def test_word_language_model_lstm_repackage_hidden_manual_sgd(tmp_path):
 
 def test_word_language_model_transformer_replaced_decoder(tmp_path):
     params = ex.device_bytes(ex.word_lm_transformer_shapes(500, 64, 128, 2), ex.FP32)
-    est = estimate("examples_word_language_model.py", "--cuda", "--model", "Transformer",
-                   "--emsize", "64", "--nhid", "128", "--nlayers", "2", "--ntokens", "500",
-                   "--save", str(tmp_path / "m.pt"))
+    est = estimate_here("examples_word_language_model.py", "--cuda", "--model", "Transformer",
+                        "--emsize", "64", "--nhid", "128", "--nlayers", "2", "--ntokens", "500",
+                        "--save", str(tmp_path / "m.pt"))
     assert_training(est, params=params, optimizer_state=0)
     # PositionalEncoding's pe buffer: 5000 x 1 x d_model fp32
     assert est.breakdown.get("buffer") == ex.rounded(5000 * 64 * ex.FP32)
@@ -307,8 +325,8 @@ def test_word_language_model_transformer_replaced_decoder(tmp_path):
 def test_dcgan_two_models_two_adams(tmp_path):
     shapes, buffers = ex.dcgan_shapes(nz=100, ngf=16, ndf=16)
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("examples_dcgan.py", "--cuda", "--batchSize", "16", "--ngf", "16", "--ndf",
-                   "16", "--niter", "1", "--outf", str(tmp_path))
+    est = estimate_here("examples_dcgan.py", "--cuda", "--batchSize", "16", "--ngf", "16", "--ndf",
+                        "16", "--niter", "1", "--outf", str(tmp_path))
     assert_training(est, params=params, optimizer_state=2 * params)
     assert est.breakdown.get("buffer") == ex.device_bytes(buffers, ex.FP32)
     # the per-epoch torch.save of both state dicts went to the scratch directory
@@ -317,15 +335,15 @@ def test_dcgan_two_models_two_adams(tmp_path):
 
 def test_vae_sum_reduced_bce_then_test_and_sampling():
     params = ex.device_bytes(ex.vae_shapes(), ex.FP32)
-    est = estimate("examples_vae.py", "--epochs", "1")
+    est = estimate_here("examples_vae.py", "--epochs", "1")
     assert_training(est, params=params, optimizer_state=2 * params)
     assert any("evaluation phase" in note for note in est.data["notes"]), est.data["notes"]
 
 
 def test_super_resolution_pixel_shuffle():
     params = ex.device_bytes(ex.espcn_shapes(3), ex.FP32)
-    est = estimate("examples_super_resolution.py", "--upscale_factor", "3", "--cuda",
-                   "--batchSize", "8", "--crop", "96", "--samples", "32")
+    est = estimate_here("examples_super_resolution.py", "--upscale_factor", "3", "--cuda",
+                        "--batchSize", "8", "--crop", "96", "--samples", "32")
     assert_training(est, params=params, optimizer_state=2 * params)
     # the conv4 output before PixelShuffle and the 96 x 96 target: activations of a batch of 8
     assert est.data["peak_allocated_bytes"] >= params * 4 + 8 * 9 * 32 * 32 * ex.FP32
@@ -333,7 +351,7 @@ def test_super_resolution_pixel_shuffle():
 
 def test_regression_while_true_breaks_on_a_host_read_loss():
     params = ex.device_bytes(ex.linear(1, 4), ex.FP32)
-    est = estimate("examples_regression.py")
+    est = estimate_here("examples_regression.py")
     assert_training(est, params=params, optimizer_state=0)
     # `if loss < 1e-3: break` reads the fake loss (zero): the loop ends after its first update,
     # whose allocations every later batch repeats
@@ -354,8 +372,8 @@ def test_mnist_hogwild_workers_train_the_shared_model():
 
 
 def test_time_sequence_prediction_lbfgs_is_a_fake_mode_limit():
-    est = estimate("examples_time_sequence_prediction.py", "--steps", "1", "--length", "5",
-                   "--future", "2", flags=("--mode", "fake"))
+    est = estimate_here("examples_time_sequence_prediction.py", "--steps", "1", "--length", "5",
+                        "--future", "2", flags=("--mode", "fake"))
     assert est.returncode == 3
     assert est.data["error"]["reason"] == "fake_limit"
     assert "torch.optim.LBFGS" in est.data["error"]["message"]
@@ -365,8 +383,10 @@ def test_time_sequence_prediction_lbfgs_is_a_fake_mode_limit():
 @pytest.mark.slow
 def test_time_sequence_prediction_double_lstmcell_lbfgs_in_eager_mode():
     params = ex.device_bytes(ex.sine_lstm_shapes(), 8)  # seq.double()
-    est = estimate("examples_time_sequence_prediction.py", "--steps", "1", "--length", "5",
-                   "--future", "2")
+    # two LBFGS iterations (the script's default is 20): the eager rerun's closures are most
+    # of this test's time, and the second iteration already keeps a history pair
+    est = estimate_here("examples_time_sequence_prediction.py", "--steps", "1", "--length", "5",
+                        "--future", "2", "--max-iter", "2")
     assert est.returncode == 0, est.failure()
     assert est.data["mode"] == "eager"  # auto mode reran it for real values
     assert est.data["estimate_kind"] == "training"
@@ -377,7 +397,7 @@ def test_time_sequence_prediction_double_lstmcell_lbfgs_in_eager_mode():
 
 @pytest.mark.skipif(importlib.util.find_spec("gym") is not None, reason="gym is installed")
 def test_reinforce_without_gym_fails_in_one_line():
-    est = estimate("examples_reinforce.py")
+    est = estimate_here("examples_reinforce.py")
     assert est.returncode == 1
     assert est.data["error"]["message"] == "the job raised ModuleNotFoundError: No module named 'gym'"
 
@@ -387,7 +407,7 @@ def test_reinforce_without_gym_fails_in_one_line():
 def test_pytorch_unet_amp_grad_scaler_rmsprop_channels_last():
     shapes, buffers = ex.unet_shapes(base=8)
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("unet_train.py", "--amp", "--base", "8", "--batch-size", "2", "--epochs", "1")
+    est = estimate_here("unet_train.py", "--amp", "--base", "8", "--batch-size", "2", "--epochs", "1")
     # RMSprop with momentum: square_avg and momentum_buffer per parameter
     assert_training(est, params=params, optimizer_state=2 * params)
     assert est.breakdown.get("buffer") == ex.device_bytes(buffers, ex.FP32)
@@ -397,7 +417,7 @@ def test_pytorch_unet_amp_grad_scaler_rmsprop_channels_last():
 def test_ddpm_with_a_deepcopy_ema_model():
     params = ex.device_bytes(ex.ddpm_unet_shapes(16), ex.FP32)
     schedule = 5 * ex.rounded(1000 * ex.FP32)  # betas, alphas_cumprod, ... as fp32 buffers
-    est = estimate("ddpm_ema_train.py", "--dim", "16", "--batch-size", "4", "--image-size", "16")
+    est = estimate_here("ddpm_ema_train.py", "--dim", "16", "--batch-size", "4", "--image-size", "16")
     # the EMA copy's weights and buffers are on the device too (no gradients, no optimizer state)
     assert_training(est, params=params, optimizer_state=2 * params,
                     extra_lower=params + schedule)
@@ -412,8 +432,8 @@ def test_ddpm_with_a_deepcopy_ema_model():
 def test_mnist_forward_forward_layer_local_adams():
     layer0 = ex.device_bytes(ex.linear(500, 784), ex.FP32)
     layer1 = ex.device_bytes(ex.linear(500, 500), ex.FP32)
-    est = estimate("examples_mnist_forward_forward.py", "--epochs", "5", "--train_size", "2000",
-                   "--test_size", "500")
+    est = estimate_here("examples_mnist_forward_forward.py", "--epochs", "5", "--train_size", "2000",
+                        "--test_size", "500")
     assert est.returncode == 0, est.failure()
     assert est.data["estimate_kind"] == "training" and est.data["steps"] == 3
     # Layer.train calls self.forward directly (no module hook): the first layer's Adam steps
@@ -437,8 +457,8 @@ def test_fast_neural_style_pretrained_vgg_without_network(tmp_path):
 def test_cyclegan_two_generators_chained_adam_cpu_cuda_round_trip(tmp_path):
     params = ex.device_bytes(ex.cyclegan_shapes(ngf=8, ndf=8, n_blocks=2), ex.FP32)
     batch = 2 * ex.rounded(3 * 64 * 64 * ex.FP32)  # real_A, real_B
-    est = estimate("cyclegan_train.py", "--ngf", "8", "--ndf", "8", "--n_blocks", "2",
-                   "--crop_size", "64", "--checkpoints_dir", str(tmp_path))
+    est = estimate_here("cyclegan_train.py", "--ngf", "8", "--ndf", "8", "--n_blocks", "2",
+                        "--crop_size", "64", "--checkpoints_dir", str(tmp_path))
     assert est.returncode == 0, est.failure()
     assert est.data["estimate_kind"] == "training"
     assert est.breakdown.get("optimizer_state") == 2 * params  # both Adams, all four networks

@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import SCRIPTS, SRC, estimate
+from tests.library_jobs.harness import SCRIPTS, SRC, estimate, estimate_here
 from tests.library_jobs.test_library_jobs import assert_training, needs
 
 WORDS = [f"w{i}" for i in range(120)]
@@ -88,14 +89,26 @@ def bert_shapes(vocab: int, hidden: int, intermediate: int, layers: int, positio
 TINY_BERT = dict(vocab=VOCAB, hidden=64, intermediate=128, layers=2, positions=64)
 
 
+_CHECKPOINTS: dict[str, Path] = {}
+"""The checkpoint written for each config in this process (a pytest worker): the next test
+asking for the same config gets a copy of it instead of another python + transformers run."""
+
+
 def write_checkpoint(out: Path, config: dict) -> Path:
     """A tiny base model saved with save_pretrained, plus the tokenizer (hf_ex_make_checkpoint.py)."""
+    key = json.dumps(config, sort_keys=True)
+    shared = _CHECKPOINTS.get(key)
+    if shared is not None and (shared / "model.safetensors").is_file():
+        shutil.copytree(shared, out, dirs_exist_ok=True)
+        return write_tokenizer(out)
     config_file = write_config(out.with_name(out.name + "-config"), config) / "config.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, str(SCRIPTS / "hf_ex_make_checkpoint.py"), str(out), str(config_file)],
                    check=True, capture_output=True, env=env, timeout=120)
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    # a copy no test changes (r7's trl_files rewrites its config.json), beside the first test's
+    _CHECKPOINTS[key] = shutil.copytree(out, out.with_name(out.name + "-shared"))
     return write_tokenizer(out)
 
 
@@ -114,7 +127,7 @@ def clm_files(tmp_path) -> dict[str, Path]:
 @needs("transformers", "accelerate", "datasets")
 def test_run_clm_no_trainer_accumulates_and_evaluates(clm_files):
     params = ex.device_bytes(ex.gpt2_shapes(**ex.TINY_GPT2), ex.FP32)
-    est = estimate(
+    est = estimate_here(
         "hf_ex_run_clm_no_trainer.py",
         "--config_name", str(clm_files["model"]), "--tokenizer_name", str(clm_files["model"]),
         "--train_file", str(clm_files["train"]), "--validation_file", str(clm_files["valid"]),
@@ -133,7 +146,7 @@ def test_run_clm_no_trainer_accumulates_and_evaluates(clm_files):
 def test_run_clm_trainer_hf_argument_parser(clm_files):
     shapes = ex.gpt2_shapes(**ex.TINY_GPT2)
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate(
+    est = estimate_here(
         "hf_ex_run_clm.py",
         "--config_name", str(clm_files["model"]), "--tokenizer_name", str(clm_files["model"]),
         "--train_file", str(clm_files["train"]), "--validation_file", str(clm_files["valid"]),
@@ -170,7 +183,7 @@ def test_run_mlm_no_trainer_masking_collator(tmp_path, line_by_line):
             "--num_train_epochs", "1", "--seed", "0", "--output_dir", str(tmp_path / "out")]
     if line_by_line:
         args += ["--line_by_line", "True", "--pad_to_max_length"]
-    est = estimate("hf_ex_run_mlm_no_trainer.py", *args)
+    est = estimate_here("hf_ex_run_mlm_no_trainer.py", *args)
     assert_training(est, params=params, optimizer_state=2 * params)
     notes = est.data["notes"]
     assert any("accumulation window 2" in note for note in notes), notes
@@ -263,7 +276,7 @@ def test_run_image_classification_no_trainer_vit_image_folder(tmp_path):
     train = write_image_folder(tmp_path / "train", 12, seed=0)
     valid = write_image_folder(tmp_path / "valid", 4, seed=1)
     params = ex.device_bytes(vit_classifier_shapes(), ex.FP32)
-    est = estimate(
+    est = estimate_here(
         "hf_ex_run_image_classification_no_trainer.py", "--model_name_or_path", str(model),
         "--train_dir", str(train), "--validation_dir", str(valid), "--per_device_train_batch_size", "4",
         "--gradient_accumulation_steps", "2", "--num_train_epochs", "1", "--seed", "0",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import estimate, estimate_here
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
@@ -74,16 +74,19 @@ def clm_run(tmp_path_factory):
     return run
 
 
-def run_clm(files: dict[str, Path], *flags: str, env_flags: tuple[str, ...] = ()):
-    """`run_clm.py` with the Trainer, three optimizer steps then an evaluation."""
-    return estimate(
+def run_clm(files: dict[str, Path], *flags: str, env_flags: tuple[str, ...] = (),
+            in_child: bool = False):
+    """`run_clm.py` with the Trainer, three optimizer steps then an evaluation; in this process
+    (`estimate_here`) unless `in_child` or `env_flags` (CLI flags) are given."""
+    run = estimate if in_child or env_flags else estimate_here
+    return run(
         "hf_ex_run_clm.py",
         "--config_name", str(files["model"]), "--tokenizer_name", str(files["model"]),
         "--train_file", str(files["train"]), "--validation_file", str(files["valid"]),
         "--block_size", str(BLOCK_SIZE), "--per_device_train_batch_size", str(BATCH),
         "--per_device_eval_batch_size", str(BATCH), "--max_steps", "3", "--do_train", "--do_eval",
         "--report_to", "none", "--seed", "0", "--output_dir", str(files["out"]), *flags,
-        flags=env_flags,
+        **({"flags": env_flags} if env_flags else {}),
     )
 
 
@@ -216,7 +219,7 @@ def test_trainer_deepspeed_zero2_single_process(clm_files, tmp_path, monkeypatch
     config.write_text(json.dumps(ZERO2_CONFIG))
     for name, value in NOTEBOOK_WORLD.items():
         monkeypatch.setenv(name, value)
-    est = run_clm(clm_files, "--deepspeed", str(config))
+    est = run_clm(clm_files, "--deepspeed", str(config), in_child=True)  # DeepSpeed's world from the env
     # ZeRO-2 flattens the fp32 weights into one buffer (the model's parameters become views of
     # it) and keeps the optimizer's fp32 partition beside it (one rank: all of it); DeepSpeed's
     # FusedAdam keeps two moments of that partition; the gradients are reduced into a flat
@@ -241,7 +244,7 @@ def test_trainer_deepspeed_without_a_launcher_fails_in_one_line(clm_files, tmp_p
     config.write_text(json.dumps(ZERO2_CONFIG))
     for name in (*NOTEBOOK_WORLD, "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    est = run_clm(clm_files, "--deepspeed", str(config))
+    est = run_clm(clm_files, "--deepspeed", str(config), in_child=True)  # DeepSpeed's world from the env
     assert est.returncode != 0
     message = est.data["error"]["message"]
     assert "\n" not in message and "No module named 'mpi4py'" in message, message
@@ -257,7 +260,7 @@ LORA_ADAPTERS = ex.device_bytes(ex.lora_shapes(8, **ex.TINY_LLAMA), ex.FP32)
 
 def run_peft(checkpoint: Path, train: Path, out: Path, method: str, *flags: str):
     write_tokenizer(checkpoint)  # the fixture's tiny Llama, with the word-level tokenizer
-    return estimate(
+    return estimate_here(
         "hf_peft_qlora_trainer.py", "--model_name_or_path", str(checkpoint), "--train_file", str(train),
         "--method", method, "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
         "--max_steps", "3", "--max_train_samples", "40", "--report_to", "none", "--seed", "0",
@@ -313,8 +316,8 @@ def test_dpo_hand_loop_policy_and_frozen_reference(llama_checkpoint, tmp_path):
     train = tmp_path / "preferences.jsonl"
     train.write_text("\n".join(json.dumps({"prompt": p[:40], "chosen": c[:50], "rejected": r[:50]})
                                for p, c, r in rows) + "\n")
-    est = estimate("hf_dpo_hand_loop.py", "--model_name_or_path", str(llama_checkpoint),
-                   "--train_file", str(train), "--max_steps", "3")
+    est = estimate_here("hf_dpo_hand_loop.py", "--model_name_or_path", str(llama_checkpoint),
+                        "--train_file", str(train), "--max_steps", "3")
     # two copies of the weights on the device (policy and reference), gradients and AdamW's two
     # moments for the policy only
     assert_training(est, params=2 * LLAMA_PARAMS, grads=LLAMA_PARAMS, optimizer_state=2 * LLAMA_PARAMS)
@@ -333,7 +336,7 @@ def test_run_summarization_seq2seq_trainer_predict_with_generate(tmp_path):
         texts, summaries = sentences(n, seed), sentences(n, seed + 10)
         files[split].write_text("\n".join(json.dumps({"text": t, "summary": s[:40]})
                                           for t, s in zip(texts, summaries, strict=True)) + "\n")
-    est = estimate(
+    est = estimate_here(
         "hf_ex_run_summarization.py", "--config_name", str(model), "--tokenizer_name", str(model),
         "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
         "--source_prefix", "summarize: ", "--max_source_length", "32", "--max_target_length", "16",
@@ -365,7 +368,7 @@ def test_run_ner_no_trainer_token_classification(tmp_path):
         files[split].write_text("\n".join(
             json.dumps({"tokens": s.split(), "ner_tags": [rng.choice(NER_TAGS) for _ in s.split()]})
             for s in sentences(n, seed)) + "\n")
-    est = estimate(
+    est = estimate_here(
         "hf_ex_run_ner_no_trainer.py", "--config_name", str(model), "--tokenizer_name", str(model),
         "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
         "--max_length", "32", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
@@ -393,7 +396,7 @@ def test_run_swag_no_trainer_multiple_choice(tmp_path):
             writer = csv.writer(f)
             writer.writerow(["sent1", "sent2", "ending0", "ending1", "ending2", "ending3", "label"])
             writer.writerows([column[i][:50] for column in columns] + [i % 4] for i in range(n))
-    est = estimate(
+    est = estimate_here(
         "hf_ex_run_swag_no_trainer.py", "--config_name", str(model), "--tokenizer_name", str(model),
         "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
         "--max_seq_length", "48", "--per_device_train_batch_size", "4",
@@ -421,7 +424,7 @@ def test_run_image_classification_trainer_vit_image_folder(tmp_path):
     }))
     train = write_image_folder(tmp_path / "train", 12, seed=0)
     valid = write_image_folder(tmp_path / "valid", 4, seed=1)
-    est = estimate(
+    est = estimate_here(
         "hf_ex_run_image_classification.py", "--model_name_or_path", str(model),
         "--train_dir", str(train), "--validation_dir", str(valid), "--do_train", "--do_eval",
         "--remove_unused_columns", "False", "--per_device_train_batch_size", "4",
@@ -452,7 +455,7 @@ def test_run_qa_no_trainer_extractive_question_answering(tmp_path):
                                     "answers": {"text": [answer], "answer_start": [context.index(answer)]}}))
         files[split] = tmp_path / f"{split}.json"
         files[split].write_text("\n".join(rows) + "\n")
-    est = estimate(
+    est = estimate_here(
         "hf_ex_run_qa_no_trainer.py", "--config_name", str(model), "--tokenizer_name", str(model),
         "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
         "--max_seq_length", "48", "--doc_stride", "16", "--per_device_train_batch_size", "4",
@@ -480,7 +483,7 @@ def test_run_translation_no_trainer_t5_generates_in_evaluation(tmp_path):
         pairs = zip(sentences(n, seed), sentences(n, seed + 10), strict=True)
         files[split].write_text("\n".join(json.dumps({"translation": {"en": en, "ro": ro[:60]}})
                                           for en, ro in pairs) + "\n")
-    est = estimate(
+    est = estimate_here(
         "hf_ex_run_translation_no_trainer.py", "--config_name", str(model), "--tokenizer_name", str(model),
         "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
         "--source_lang", "en", "--target_lang", "ro", "--source_prefix", "translate English to Romanian: ",

@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import estimate, estimate_here
 from tests.library_jobs.test_library_jobs import assert_training, needs
 
 
@@ -22,7 +22,7 @@ def test_wgan_gp_double_backward_two_adams(tmp_path):
     generator = ex.linear(128, 64) + ex.linear(256, 128) + ex.linear(784, 256)
     critic = ex.linear(256, 784) + ex.linear(128, 256) + ex.linear(1, 128)
     params = ex.device_bytes(generator + critic, ex.FP32)
-    est = estimate("r2_wgan_gp.py", "--outf", str(tmp_path))
+    est = estimate_here("r2_wgan_gp.py", "--outf", str(tmp_path))
     # both Adams have stepped (the generator at i % n_critic == 0): two moments per parameter
     assert_training(est, params=params, optimizer_state=2 * params)
     # the gradient penalty's autograd.grad(create_graph=True) and the critic's backward through
@@ -36,7 +36,7 @@ def test_knowledge_distillation_teacher_then_student():
     teacher = (ex.conv(128, 3, 3) + ex.conv(64, 128, 3) + ex.conv(64, 64, 3) + ex.conv(32, 64, 3)
                + ex.linear(512, 2048) + ex.linear(10, 512))
     student = ex.conv(16, 3, 3) + ex.conv(16, 16, 3) + ex.linear(256, 1024) + ex.linear(10, 256)
-    est = estimate("r2_distillation.py")
+    est = estimate_here("r2_distillation.py")
     # the teacher's own training (Adam) is the peak; the student (a quarter of its size) trains
     # later against the teacher in eval() under no_grad, both evaluations run after each
     params = ex.device_bytes(teacher, ex.FP32)
@@ -54,8 +54,8 @@ def test_knowledge_distillation_teacher_then_student():
 def test_char_rnn_gru_truncated_bptt_without_a_dataloader(tmp_path):
     gru = [(300, 100), (300, 100), (300,), (300,)] * 2  # nn.GRU(100, 100, 2): 3 gates
     params = ex.device_bytes([(100, 100), *gru, *ex.linear(100, 100)], ex.FP32)
-    est = estimate("r2_char_rnn.py", "--cuda", "--chunk_len", "20", "--save",
-                   str(tmp_path / "char.pt"))
+    est = estimate_here("r2_char_rnn.py", "--cuda", "--chunk_len", "20", "--save",
+                        str(tmp_path / "char.pt"))
     # decoder.zero_grad() sets the gradients to None before each chunk's forward, whose
     # 20 steps of activations are the peak: no gradient is live there
     assert_training(est, params=params, optimizer_state=2 * params, grads=0)
@@ -67,7 +67,7 @@ def test_moco_momentum_encoder_and_queue_buffer(tmp_path):
     encoder = (ex.conv(32, 3, 3, bias=False) + ex.norm(32) + ex.conv(64, 32, 3, bias=False)
                + ex.norm(64) + ex.linear(64, 64) + ex.linear(128, 64))  # --mlp head
     one = ex.device_bytes(encoder, ex.FP32)
-    est = estimate("r2_moco.py", "--mlp", "--checkpoint-dir", str(tmp_path))
+    est = estimate_here("r2_moco.py", "--mlp", "--checkpoint-dir", str(tmp_path))
     # SGD momentum for the query encoder only (the key encoder's parameters have no grad);
     # the key encoder's weights, replaced by `param_k.data = ...` from the query encoder's in
     # each forward, are a copy kept in sync: `ema` (they were counted as activations, then as
@@ -88,7 +88,7 @@ def test_seq2seq_gru_attention_teacher_forcing_two_adams():
     decoder = [(words_out, hidden), *ex.linear(hidden, hidden), *ex.linear(hidden, hidden),
                *ex.linear(1, hidden), *gru_dec, *ex.linear(words_out, hidden)]
     params = ex.device_bytes(encoder + decoder, ex.FP32)
-    est = estimate("r2_seq2seq_gru.py")
+    est = estimate_here("r2_seq2seq_gru.py")
     # both zero_grad()s set the gradients to None: the peak is the decoder's 10 unrolled steps
     assert_training(est, params=params, optimizer_state=2 * params, grads=0)
     # the whole dataset was moved to the device before the DataLoader (TensorDataset on cuda)
@@ -99,7 +99,7 @@ def test_seq2seq_gru_attention_teacher_forcing_two_adams():
 def test_gcn_sparse_adjacency_full_batch():
     nodes, features, hidden, classes = 2708, 1433, 16, 7
     params = ex.device_bytes([(features, hidden), (hidden, classes)], ex.FP32)  # no bias
-    est = estimate("r2_gcn.py")
+    est = estimate_here("r2_gcn.py")
     # torch.spmm(adj, x @ W) on the fake device (it was "aten::mm has no meta kernel", and
     # eager mode refuses sparse CUDA tensors: no estimate at all)
     assert_training(est, params=params, optimizer_state=2 * params)
@@ -116,7 +116,7 @@ def test_siamese_pairs_adadelta_steplr_eval_sets_the_peak(tmp_path):
     shapes = (ex.conv(32, 1, 3) + ex.norm(32) + ex.conv(64, 32, 3) + ex.norm(64)
               + ex.linear(256, 128) + ex.linear(1, 256))
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("r2_siamese.py", "--epochs", "2", "--save-model")
+    est = estimate_here("r2_siamese.py", "--epochs", "2", "--save-model")
     assert est.returncode == 0, est.failure()
     assert est.breakdown["parameter"] == params
     assert est.breakdown["optimizer_state"] == 2 * params  # Adadelta: square_avg, acc_delta
@@ -130,7 +130,7 @@ def test_mnist_rnn_lstm_accelerator_api(tmp_path):
     shapes = ex.lstm_shapes(28, 64, 1) + ex.norm(64) + ex.linear(32, 64) + ex.linear(10, 32)
     params = ex.device_bytes(shapes, ex.FP32)
     # --accel: torch.accelerator.is_available() / current_accelerator() see the fake GPU
-    est = estimate("r2_mnist_rnn.py", "--accel", "--epochs", "2", "--save-model")
+    est = estimate_here("r2_mnist_rnn.py", "--accel", "--epochs", "2", "--save-model")
     assert est.returncode == 0, est.failure()
     assert est.breakdown["parameter"] == params
     assert est.breakdown["optimizer_state"] == 2 * params
@@ -199,7 +199,7 @@ def test_byol_lazy_projector_deepcopy_target_moving_average(tmp_path):
     online = encoder + mlp + mlp
     trained = ex.device_bytes(online, ex.FP32)
     target = ex.device_bytes(encoder + mlp, ex.FP32)
-    est = estimate("r2_byol.py", "--save", str(tmp_path / "encoder.pt"))
+    est = estimate_here("r2_byol.py", "--save", str(tmp_path / "encoder.pt"))
     # the projector is built on the first call by `MLP(...).to(hidden)` (it went to the meta
     # device before: no weights, gradients or Adam state); the target network (a deepcopy,
     # frozen, replaced by `.data =` from the online network after each step) is `ema`

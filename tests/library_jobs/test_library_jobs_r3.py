@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import estimate, estimate_here
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 
 LLMC_D2 = dict(vocab=512, positions=64, embd=64, layers=2)
@@ -99,7 +99,10 @@ LINEAR_20_1 = ex.device_bytes(ex.linear(1, 20), ex.FP32)
 
 
 def _ddp_tutorial(script: str, *args: str, flags=(), launcher=None, cwd=None):
-    est = estimate(script, "2", "1", *args, flags=flags, launcher=launcher, cwd=cwd)
+    if launcher is None and not flags:  # one process, torch alone: in this process
+        est = estimate_here(script, "2", "1", *args, cwd=cwd)
+    else:
+        est = estimate(script, "2", "1", *args, flags=flags, launcher=launcher, cwd=cwd)
     # plain SGD (no momentum): no optimizer state
     assert_training(est, params=LINEAR_20_1, optimizer_state=0)
     # 2048 samples in batches of 32 (per rank); the checkpoint of each epoch (save_every 1)

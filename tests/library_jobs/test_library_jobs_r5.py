@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import estimate, estimate_here
 from tests.library_jobs.test_library_jobs import MiB, assert_training, fused_steps, needs
 
 
@@ -56,8 +56,8 @@ def test_timm_optimizer_factory_scheduler_mixup_ema_native_scaler(tmp_path, opt,
     model = ex.device_bytes(shapes, ex.FP32)
     # 20 batches of 2 in one epoch: the capture stops after a few steps; Lookahead (k = 6)
     # holds a slow copy of the weights from its 6th step on, and the estimate must too
-    est = estimate("r5_timm_pieces.py", "--data-dir", str(_images(tmp_path / "img", 40)),
-                   "--opt", opt, "-b", "2", "--epochs", "1", *ema_flags)
+    est = estimate_here("r5_timm_pieces.py", "--data-dir", str(_images(tmp_path / "img", 40)),
+                        "--opt", opt, "-b", "2", "--epochs", "1", *ema_flags)
     assert_training(est, params=model, optimizer_state=(states * model,
                                                        states * model + fused_steps(shapes)),
                     extra_upper=256 * MiB)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import estimate, estimate_here
 from tests.library_jobs.test_library_jobs import (
     WORKSPACE_SLACK,
     MiB,
@@ -45,7 +45,7 @@ def test_timm_kron_optimizer_and_torchmetrics_r2score(opt):
     factors = [factor for shape in shapes for factor in kron_factor_shapes(shape)]
     # momentum_buffer (like the parameter) + the factors Q, a list in each parameter's state
     state = params + ex.device_bytes(factors, ex.FP32)
-    est = estimate("r8_timm_kron_r2score.py", "--opt", opt)
+    est = estimate_here("r8_timm_kron_r2score.py", "--opt", opt)
     assert_training(est, params=params, optimizer_state=state)
     # Kron's spectral-norm bound picks a row with `A[j]` (a 0-d device index) and R2Score's
     # compute writes `raw_scores[cond]` (a 0-d bool mask): both ran on fake tensors
@@ -76,7 +76,7 @@ def test_timm_muon_optimizer_with_adamw_fallback():
     state = sum(ex.device_bytes([shape], ex.FP32) * (1 if muon_suitable(shape) else 2)
                 for shape in shapes)
     assert [muon_suitable(shape) for shape in shapes] == [True, False, False, False]
-    est = estimate("r8_timm_kron_r2score.py", "--opt", "muon")
+    est = estimate_here("r8_timm_kron_r2score.py", "--opt", "muon")
     assert_training(est, params=params, optimizer_state=state)
     assert est.data["mode"] == "fake", est.data["mode_reason"]
 
@@ -155,7 +155,7 @@ def test_nanogpt_resume_from_checkpoint_with_gradient_accumulation(tmp_path):
     params = ex.device_bytes(shapes, ex.FP32)
     _nanogpt_data(tmp_path)
     _nanogpt_checkpoint(tmp_path)
-    est = estimate("r8_nanogpt_resume.py", "--init_from=resume", "--max_iters=3", cwd=tmp_path)
+    est = estimate_here("r8_nanogpt_resume.py", "--init_from=resume", "--max_iters=3", cwd=tmp_path)
     # fused AdamW (device_type "cuda"): exp_avg, exp_avg_sq and a device `step` per parameter,
     # loaded from the checkpoint (`torch.load(map_location=device)`)
     assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes),
@@ -183,8 +183,8 @@ AMP_DATA = 4 * AMP_BATCH
 @pytest.mark.slow
 def test_amp_recipe_non_reentrant_checkpointing_keeps_fewer_activations():
     params = ex.device_bytes(_amp_recipe_shapes(), ex.FP32)
-    runs = {mode: estimate("r8_amp_recipe_checkpoint_jit.py", "--dtype", "bfloat16",
-                           "--checkpoint", mode) for mode in ("none", "non-reentrant")}
+    runs = {mode: estimate_here("r8_amp_recipe_checkpoint_jit.py", "--dtype", "bfloat16",
+                                "--checkpoint", mode) for mode in ("none", "non-reentrant")}
     for est in runs.values():
         # SGD without momentum: no state; bfloat16 autocast: the scaler disabled
         assert_training(est, params=params, optimizer_state=0, extra_lower=AMP_DATA)
@@ -203,7 +203,7 @@ def test_amp_recipe_non_reentrant_checkpointing_keeps_fewer_activations():
 def test_amp_recipe_reentrant_checkpoint_and_torchscript(flags):
     shapes = _amp_recipe_shapes()
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("r8_amp_recipe_checkpoint_jit.py", *flags)
+    est = estimate_here("r8_amp_recipe_checkpoint_jit.py", *flags)
     assert est.data["mode"] == "fake", est.data["mode_reason"]
     if "--jit" in flags:
         assert_training(est, params=params, optimizer_state=0, extra_lower=AMP_DATA)
@@ -301,7 +301,7 @@ def test_sophia_g_with_hessian_updates_between_steps(tmp_path):
     np.random.default_rng(0).integers(0, 512, 5000).astype(np.uint16).tofile(data)
     params = ex.device_bytes(ex.gpt2_shapes(vocab=512, positions=64, embd=64, layers=2),
                              ex.FP32)
-    est = estimate("r8_sophia_nanogpt.py", "--data", str(data))
+    est = estimate_here("r8_sophia_nanogpt.py", "--data", str(data))
     # exp_avg and hessian per parameter (SophiaG keeps `step` on the host unless capturable)
     assert_training(est, params=params, optimizer_state=2 * params)
     # the Hessian pass after step 2: Categorical(logits).sample(), a backward, update_hessian
@@ -364,8 +364,8 @@ def test_transformer_tutorial_train_evaluate_best_checkpoint(tmp_path, flags):
              *ex.linear(d_hid, d_model), *ex.linear(d_model, d_hid), *[(d_model,)] * 4]
     shapes = [(ntokens, d_model), *layer, *layer, *ex.linear(ntokens, d_model)]
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("r8_transformer_tutorial.py", "--data", str(text), *flags,
-                   flags=("--steps", "all"))
+    est = estimate_here("r8_transformer_tutorial.py", "--data", str(text), *flags,
+                        flags=("--steps", "all"))
     # SGD without momentum: no optimizer state
     assert_training(est, params=params, optimizer_state=0)
     assert est.breakdown["buffer"] == ex.device_bytes([(5000, 1, d_model)], ex.FP32)  # pe

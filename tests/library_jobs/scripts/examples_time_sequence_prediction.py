@@ -43,6 +43,7 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=15, help="steps to run")
     parser.add_argument("--length", type=int, default=100, help="sequence length")
     parser.add_argument("--future", type=int, default=100)
+    parser.add_argument("--max-iter", type=int, default=20, help="LBFGS iterations per step")
     args = parser.parse_args()
     np.random.seed(0)
     torch.manual_seed(0)
@@ -60,7 +61,7 @@ if __name__ == "__main__":
     seq.double()
     seq.to(device)
     criterion = nn.MSELoss()
-    optimizer = optim.LBFGS(seq.parameters(), lr=0.8)
+    optimizer = optim.LBFGS(seq.parameters(), lr=0.8, max_iter=args.max_iter)
     for i in range(args.steps):
         print("STEP: ", i)
 
