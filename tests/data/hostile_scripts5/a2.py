@@ -1,0 +1,4 @@
+import threading, time
+from _train import train
+train()
+threading.Thread(target=time.sleep, args=(3600,)).start()

@@ -1,0 +1,23 @@
+# trains, then leaves a grandchild in its own session that stops itself (SIGSTOP) and whose
+# parent exits at once (an orphan); the job then ends normally
+import os
+import signal
+import sys
+
+from _train import train
+
+train()
+pid_file = sys.argv[1]
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        with open(pid_file, "w") as handle:
+            handle.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+        os._exit(0)
+    os._exit(0)
+os.wait()
+import time
+while not os.path.exists(pid_file) or not open(pid_file).read():
+    time.sleep(0.01)
+time.sleep(0.2)
