@@ -6,9 +6,11 @@ Each case names what went wrong before its fix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -144,3 +146,91 @@ def test_a_garbage_host_memory_setting_is_one_bad_input_line(tmp_path, monkeypat
     assert result.exit_code == 2, result.output
     error = json.loads(result.stdout)["error"]
     assert error["reason"] == "bad_input" and "PEAKMEM_MAX_HOST_MEMORY='lots'" in error["message"]
+
+
+# -- the warm job process (`peakmem warm`) ----------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed and waiting for its reaper, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        return False
+    return True
+
+
+def _read_pid(path: Path, seconds: float = 60) -> int:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"no pid in {path}")
+
+
+@pytest.fixture(scope="module")
+def warm_env(tmp_path_factory):
+    """A warm process (nothing preloaded) in a private runtime directory; the environment of
+    an estimate that uses it."""
+    from peakmem.jobs import zygote_client
+
+    directory = tmp_path_factory.mktemp("runtime5")
+    directory.chmod(0o700)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PEAKMEM_RUNTIME_DIR", str(directory))
+        patch.delenv("PEAKMEM_WARM", raising=False)
+        patch.setenv("PYTHONPATH", str(SRC))
+        info = zygote_client.start(idle_seconds=300)
+        env = {**os.environ}
+        env.pop("PEAKMEM_WARM", None)
+        yield env, info["pid"]
+        with contextlib.suppress(Exception):
+            zygote_client.stop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers are Linux's")
+def test_a_warm_jobs_stopped_orphan_grandchild_does_not_outlive_it(warm_env, tmp_path):
+    # the orphan was reparented to init: nobody ended it (stopped, it waited for ever)
+    env, _ = warm_env
+    shutil.copytree(CORPUS, tmp_path / "job")
+    pid_file = tmp_path / "grandchild.pid"
+    argv = [sys.executable, "-m", "peakmem", "estimate", "--json", "--timeout", "60", "--",
+            "python", "stopped_grandchild.py", str(pid_file)]
+    proc = subprocess.run(argv, cwd=tmp_path / "job", env=env, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert any("warm job process" in note for note in json.loads(proc.stdout)["notes"])
+    assert _gone_within(_read_pid(pid_file), 5), "the stopped grandchild outlived the job"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_warm_job_does_not_outlive_the_warm_process(warm_env, tmp_path):
+    # (after the test above: this one kills the warm process) the job forked by a warm process
+    # killed with kill -9 lived on while its requester could not end it
+    env, warm_pid = warm_env
+    shutil.copytree(CORPUS, tmp_path / "job")
+    pid_file = tmp_path / "job.pid"
+    argv = [sys.executable, "-m", "peakmem", "estimate", "--json", "--timeout", "90", "--",
+            "python", "pid_then_sleep.py", str(pid_file)]
+    with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+        requester = subprocess.Popen(argv, cwd=tmp_path / "job", env=env, stdout=out,
+                                     stderr=err, stdin=subprocess.DEVNULL)
+    try:
+        job = _read_pid(pid_file)
+        requester.send_signal(signal.SIGSTOP)  # it would end the job itself: out of the way
+        os.kill(warm_pid, signal.SIGKILL)
+        assert _gone_within(job, 5), "the warm process's job outlived it"
+    finally:
+        requester.kill()
+        requester.wait()
