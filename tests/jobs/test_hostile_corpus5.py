@@ -44,6 +44,7 @@ class Case:
     message: str | None = None
     timeout: float = 60
     env: tuple[tuple[str, str], ...] = ()
+    stderr: str | None = None
 
     @property
     def id(self) -> str:
@@ -58,6 +59,10 @@ CASES = [
     # default is a share of the machine's memory; PEAKMEM_MAX_HOST_MEMORY sets it, as here)
     Case("host_memory_hog.py", 1, "host_memory", message="went over",
          env=(("PEAKMEM_MAX_HOST_MEMORY", "600MB"),)),
+    # an atexit handler that never returns: the capture was over, peakmem waited until
+    # --timeout (exit 124; without one, for ever)
+    Case("atexit_hangs.py", 0, env=(("PEAKMEM_ATEXIT_SECONDS", "3"),),
+         stderr="never_returns at 0x"),
 ]
 
 
@@ -102,6 +107,8 @@ def test_hostile_job(case: Case, corpus_runs: dict[str, Run]):
     payload = json.loads(run.stdout)
     assert not [line for line in run.stderr.splitlines()
                 if line.strip().startswith("File ") and PEAKMEM_DIR in line], run.stderr[-3000:]
+    assert run.seconds < case.timeout, run.stderr[-3000:]
+    assert case.stderr is None or case.stderr in run.stderr, run.stderr[-3000:]
     if case.code == 0:
         assert payload["peak_allocated_bytes"] > 0 and "error" not in payload
     else:
