@@ -241,3 +241,27 @@ def test_a_warm_job_does_not_outlive_the_warm_process(warm_env, tmp_path):
     finally:
         requester.kill()
         requester.wait()
+
+
+# -- garbage in the variables peakmem reads ----------------------------------------------------
+
+VISIBLE_DEVICES = ["abc", "x,0", "0,0", "GPU-a,GPU-a", "", "-1", "0", "1gpu2,2ampere",
+                   "0,abc", "GPU-a,GPU-b", "MIG-x,abc", "+2", " 1 , 2 "]
+
+
+@pytest.mark.parametrize("value", VISIBLE_DEVICES)
+def test_visible_devices_are_read_as_torch_reads_them(value, monkeypatch):
+    # `CUDA_VISIBLE_DEVICES=abc python train.py` (and `x,0`, `0,0`: no GPU for torch either)
+    # was estimated as a GPU job: on the GPU machine it runs on the CPU or fails
+    import torch.cuda
+
+    from peakmem.jobs.launchers import LaunchError, parse_launch, visible_devices
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert visible_devices(value) == torch.cuda._parse_visible_devices()
+    argv = [f"CUDA_VISIBLE_DEVICES={value}", "python", "t.py"]
+    if visible_devices(value):
+        assert parse_launch(argv).env == {"CUDA_VISIBLE_DEVICES": value}
+    else:
+        with pytest.raises(LaunchError, match="hides every GPU"):
+            parse_launch(argv)
