@@ -265,3 +265,32 @@ def test_visible_devices_are_read_as_torch_reads_them(value, monkeypatch):
     else:
         with pytest.raises(LaunchError, match="hides every GPU"):
             parse_launch(argv)
+
+
+# -- command-line arguments: NUL bytes, names too long for the file system -------------------
+
+NUL = "x\0y"
+
+
+@pytest.mark.parametrize("args", [
+    ["estimate", "--json", "--job-log", NUL, "--", "python", "train.py"],
+    ["estimate", "--json", "--", "python", NUL],
+    ["estimate", "--json", "--", "python", "a" * 1_000_000],
+    ["estimate", "--json", "--", "python", "a/" * 100_000],
+    ["pack", "--gpus", "1xa100-40gb", "--json", NUL],
+    ["simulate", "--json", NUL],
+], ids=["job-log-nul", "script-nul", "script-1MB", "script-deep", "pack-nul", "simulate-nul"])
+def test_hostile_arguments_are_one_bad_input_line(args, tmp_path, monkeypatch):
+    # a NUL byte: ValueError from open() deep in the command (exit 70, a traceback); a 1 MB
+    # script name: OSError ENAMETOOLONG from Path.is_file (exit 70, the name in the traceback)
+    from click.testing import CliRunner
+
+    from peakmem.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args, env={"PEAKMEM_WARM": "0"})
+    assert result.exit_code == 2, result.output[-2000:]
+    assert "Traceback" not in result.output
+    error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+    assert error["kind"] == "bad_input" and len(error["message"]) <= 2000
+    assert "\n" not in error["message"] and error["traceback"] is None

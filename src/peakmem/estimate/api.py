@@ -754,7 +754,7 @@ def _capture_supervised(
             from peakmem.jobs.job_log import open_job_log
 
             log_fd = open_job_log(job_log)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
             raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None
 
     def run(run_mode: str) -> CaptureResult:

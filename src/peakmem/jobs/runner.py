@@ -127,8 +127,10 @@ def _dangling_link(path: str) -> str:
 
 def script_exists(path: str) -> bool:
     """What `python PATH` can run: a file, or a directory / zip file with a __main__.py."""
-    target = Path(path)
-    return target.is_file() or (target.is_dir() and (target / "__main__.py").is_file())
+    # os.path's tests, not Path's: a name too long for the file system (ENAMETOOLONG) or with
+    # a NUL byte is no script either, where Path.is_file raises
+    return os.path.isfile(path) or (os.path.isdir(path)
+                                    and os.path.isfile(os.path.join(path, "__main__.py")))
 
 
 def _runs_as_file(path: str) -> bool:
