@@ -294,3 +294,44 @@ def test_hostile_arguments_are_one_bad_input_line(args, tmp_path, monkeypatch):
     error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
     assert error["kind"] == "bad_input" and len(error["message"]) <= 2000
     assert "\n" not in error["message"] and error["traceback"] is None
+
+
+# -- `peakmem pack` with very many jobs ---------------------------------------------------------
+
+ESTIMATE = {"peak_bytes": 2**30, "peak_bytes_with_margin": 2**30, "fits": True,
+            "gpu": "a100-40gb", "torch_version": "2.13.0", "stack": "torch-2.11",
+            "margin_kind": "default", "safety_margin": 0.015}
+
+
+def test_pack_of_100k_jobs_is_bounded_in_time():
+    # each job looked at every bin in use: --what-if has as many bins as jobs, 100k jobs took
+    # ~30 min (first-fit and best-fit alike); now a bin is found in O(log bins)
+    from peakmem.schedule.jobs import job_from_estimate
+    from peakmem.schedule.pack import what_if
+
+    jobs = []
+    for index in range(100_000):
+        peak = (1 + index % 37) * 2**28
+        jobs.append(job_from_estimate(f"job{index}", {**ESTIMATE, "peak_bytes": peak,
+                                                      "peak_bytes_with_margin": peak + peak // 20}))
+    for policy in ("first-fit", "best-fit-decreasing"):
+        started = time.monotonic()
+        answer = what_if(jobs, ["a100-40gb"], policy)[0]
+        assert time.monotonic() - started < 30, policy
+        # 497 GiB per 1,000 jobs (+5%): at least 12,570 A100-40GBs (39.6 GiB each)
+        assert answer.count is not None and 12_570 <= answer.count < 14_000, answer.count
+    few = what_if(jobs[:74], ["a100-40gb"])[0]  # 369 GiB: 10 GPUs, best-fit-decreasing
+    assert few.count == 10 and not few.rejected
+
+
+def test_many_estimate_files_load_in_linear_time(tmp_path):
+    # each file's name was counted among all of them (list.count): 20k paths ~40 s, 100k ~17
+    # min before the first job was placed
+    from peakmem.schedule.jobs import load_estimate_files
+
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(ESTIMATE))
+    started = time.monotonic()
+    jobs = load_estimate_files([str(path)] * 20_000)
+    assert time.monotonic() - started < 15
+    assert len(jobs) == 20_000 and jobs[0].name == str(path)  # a shared name: the path
