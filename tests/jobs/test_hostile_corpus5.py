@@ -335,3 +335,39 @@ def test_many_estimate_files_load_in_linear_time(tmp_path):
     jobs = load_estimate_files([str(path)] * 20_000)
     assert time.monotonic() - started < 15
     assert len(jobs) == 20_000 and jobs[0].name == str(path)  # a shared name: the path
+
+
+# -- a job that floods its output ---------------------------------------------------------------
+
+
+def test_the_service_keeps_no_file_of_a_jobs_output(tmp_path):
+    # the service and batch workers sent the job's output to a job.log nobody reads: a job
+    # printing 10 GB filled the disk until its attempt ended
+    from peakmem.service.attempt import run_attempt
+    from peakmem.service.estimators import cli_estimator
+    from peakmem.service.jobs import EstimateJob
+
+    files = {name: (CORPUS / name).read_bytes() for name in ("_train.py", "stdout_flood.py")}
+    job = EstimateJob(command=("python", "stdout_flood.py"), files=files, gpu="a100-40gb",
+                      options={"timeout": 60})
+    result = run_attempt(job, cli_estimator, max_seconds=60, workdir_base=str(tmp_path))
+    assert result["peak_allocated_bytes"] > 0, result
+
+
+def test_fit_keeps_no_file_of_a_jobs_output(monkeypatch, tmp_path):
+    # `peakmem fit` without --job-log wrote every estimate's output to a scratch file in /tmp
+    from click.testing import CliRunner
+
+    from peakmem.cli.main import main
+
+    import importlib
+
+    seen = []
+    search = importlib.import_module("peakmem.estimate.fit_search")
+    monkeypatch.setattr(search, "fit_command",
+                        lambda *args, **kwargs: seen.append(kwargs["job_log"]) or [])
+    (tmp_path / "train.py").write_text("print(1)\n")
+    monkeypatch.chdir(tmp_path)
+    CliRunner().invoke(main, ["fit", "--json", "--gpu", "a100-40gb", "--arg", "bs=1..8",
+                              "--", "python", "train.py", "--bs", "{bs}"])
+    assert seen == [os.devnull]
