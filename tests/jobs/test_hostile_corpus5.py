@@ -63,6 +63,9 @@ CASES = [
     # --timeout (exit 124; without one, for ever)
     Case("atexit_hangs.py", 0, env=(("PEAKMEM_ATEXIT_SECONDS", "3"),),
          stderr="never_returns at 0x"),
+    # blocks peakmem's modules in sys.modules after training (harmless under python):
+    # peakmem's own imports after the job failed, no_result
+    Case("purge_peakmem_modules.py", 0, args=("block",)),
 ]
 
 
