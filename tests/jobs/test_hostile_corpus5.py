@@ -359,11 +359,11 @@ def test_the_service_keeps_no_file_of_a_jobs_output(tmp_path):
 
 def test_fit_keeps_no_file_of_a_jobs_output(monkeypatch, tmp_path):
     # `peakmem fit` without --job-log wrote every estimate's output to a scratch file in /tmp
+    import importlib
+
     from click.testing import CliRunner
 
     from peakmem.cli.main import main
-
-    import importlib
 
     seen = []
     search = importlib.import_module("peakmem.estimate.fit_search")

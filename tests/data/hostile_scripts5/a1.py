@@ -1,4 +1,0 @@
-import atexit, time
-from _train import train
-train()
-atexit.register(lambda: time.sleep(3600))
