@@ -374,3 +374,22 @@ def test_fit_keeps_no_file_of_a_jobs_output(monkeypatch, tmp_path):
     CliRunner().invoke(main, ["fit", "--json", "--gpu", "a100-40gb", "--arg", "bs=1..8",
                               "--", "python", "train.py", "--bs", "{bs}"])
     assert seen == [os.devnull]
+
+
+# -- `peakmem fit` ranges -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("bs=1.." + "9" * 100, "HIGH must be at most 9223372036854775807"),
+    ("bs=1..9223372036854775808", "HIGH must be at most"),
+    ("b" * 100_000 + "=1..2", "is not NAME=LOW..HIGH"),
+])
+def test_a_fit_range_no_job_can_take_is_refused_in_one_short_line(spec, says):
+    # HIGH = 10**100 was searched (hundreds of estimates of values no tensor dimension can
+    # take); a 100 kB --arg was echoed whole in the message
+    from peakmem.estimate.fit_search import FitSpecError, parse_arg_range
+
+    with pytest.raises(FitSpecError, match=says) as refused:
+        parse_arg_range(spec)
+    assert len(str(refused.value)) < 300 and "\n" not in str(refused.value)
+    assert parse_arg_range("bs=1..9223372036854775807").high == 2**63 - 1
