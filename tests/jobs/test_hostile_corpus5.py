@@ -66,6 +66,9 @@ CASES = [
     # blocks peakmem's modules in sys.modules after training (harmless under python):
     # peakmem's own imports after the job failed, no_result
     Case("purge_peakmem_modules.py", 0, args=("block",)),
+    # writes a line to every descriptor it has: peakmem's result file moved on, the result
+    # landed after the job's line: bad_result
+    Case("write_every_fd.py", 0),
 ]
 
 

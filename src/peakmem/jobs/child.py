@@ -81,9 +81,9 @@ class ResultWriter:
             if status.st_size >= len(data) > _file_size_limit(self._resource):
                 _write_mapped(fd, data)  # the job lowered RLIMIT_FSIZE for good
             else:
-                view = memoryview(data)
-                while view:
-                    view = view[_WRITE(fd, view):]
+                view, offset = memoryview(data), 0
+                while offset < len(data):  # at an offset: the job may have moved the file's
+                    offset += _PWRITE(fd, view[offset:], offset)  # (writing to every fd it has)
             _FTRUNCATE(fd, len(data))  # the room made before the job ran, given back
         except (OSError, ValueError):
             return False  # then written by name, as before
@@ -93,7 +93,7 @@ class ResultWriter:
         return True
 
 
-_FSTAT, _WRITE, _CLOSE, _OPEN_FD, _FTRUNCATE = os.fstat, os.write, os.close, os.open, os.ftruncate
+_FSTAT, _PWRITE, _CLOSE, _OPEN_FD, _FTRUNCATE = os.fstat, os.pwrite, os.close, os.open, os.ftruncate
 _MMAP = mmap.mmap
 RESULT_ROOM = 1 << 30
 """Bytes the result's file is extended to (sparse) before the job runs: a job may lower its hard
