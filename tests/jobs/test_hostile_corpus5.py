@@ -396,3 +396,25 @@ def test_a_fit_range_no_job_can_take_is_refused_in_one_short_line(spec, says):
         parse_arg_range(spec)
     assert len(str(refused.value)) < 300 and "\n" not in str(refused.value)
     assert parse_arg_range("bs=1..9223372036854775807").high == 2**63 - 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="rlimits and mmap as on Linux")
+@pytest.mark.parametrize("start_limit", ["unlimited", "1MiB"])
+def test_the_result_is_written_after_the_hard_file_size_limit_went_to_zero(tmp_path, start_limit):
+    # every write() to a file failed (EFBIG): no result. Under a small limit from the start, the
+    # room made before the job stays within it (no EFBIG there either)
+    code = f"""
+import os, resource, sys
+from peakmem.jobs.child import ResultWriter
+if {start_limit!r} != "unlimited":
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, resource.RLIM_INFINITY))
+writer = ResultWriter(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # the job, for good
+assert writer.write(b"r" * 100_000)
+"""
+    result = tmp_path / "result.bin"
+    done = subprocess.run([sys.executable, "-c", code, str(result)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert result.read_bytes() == b"r" * 100_000
+    assert [p.name for p in tmp_path.iterdir()] == ["result.bin"]

@@ -43,7 +43,7 @@ class ResultWriter:
         # opened now, before the job runs: a job may later forbid itself new files (an audit
         # hook that raises on "open", RLIMIT_NOFILE lowered for good); writing to an open
         # descriptor needs neither (os.write raises no audit event)
-        self._early = _open_early(self._temporary)
+        self._early = _open_early(self._temporary, self._resource)
 
     @property
     def in_original_process(self) -> bool:
@@ -126,7 +126,7 @@ def _write_mapped(fd: int, data: bytes) -> None:
         mapping.close()
 
 
-def _open_early(path: Path) -> tuple[int, tuple[int, int]] | None:
+def _open_early(path: Path, resource: Any = None) -> tuple[int, tuple[int, int]] | None:
     """`path` created and opened for writing (descriptor, (device, inode)); None where it
     cannot be (the result is then written by name)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)  # RDWR: mmap
@@ -140,8 +140,8 @@ def _open_early(path: Path) -> tuple[int, tuple[int, int]] | None:
         with contextlib.suppress(OSError):
             _CLOSE(fd)
         return None
-    with contextlib.suppress(OSError):
-        _FTRUNCATE(fd, RESULT_ROOM)  # sparse: no disk is taken (see RESULT_ROOM)
+    with contextlib.suppress(OSError, ValueError, OverflowError):  # sparse: takes no disk
+        _FTRUNCATE(fd, int(min(RESULT_ROOM, _file_size_limit(resource))))  # (see RESULT_ROOM)
     return fd, (status.st_dev, status.st_ino)
 
 
