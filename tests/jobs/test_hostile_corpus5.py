@@ -418,3 +418,19 @@ assert writer.write(b"r" * 100_000)
     assert done.returncode == 0, done.stderr[-2000:]
     assert result.read_bytes() == b"r" * 100_000
     assert [p.name for p in tmp_path.iterdir()] == ["result.bin"]
+
+
+# -- absurd sizes --------------------------------------------------------------------------------
+
+
+def test_an_allocation_past_ssize_t_is_the_jobs_overflow_error():
+    # torch.cuda.caching_allocator_alloc(2**70) (torch takes a C ssize_t: OverflowError on a
+    # GPU) was recorded; the job's result was then refused as malformed (bad_result)
+    from peakmem.trace.events import Trace
+
+    trace = Trace()
+    with pytest.raises(OverflowError, match="too large to convert to C ssize_t"):
+        trace.alloc(2**70)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        trace.alloc(-1)
+    assert trace.alloc(2**63 - 1) == 0 and len(trace) == 1  # the largest that CUDA could take
