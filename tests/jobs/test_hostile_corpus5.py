@@ -435,3 +435,25 @@ def test_an_allocation_past_ssize_t_is_the_jobs_overflow_error():
     with pytest.raises(ValueError, match="must be >= 0"):
         trace.alloc(-1)
     assert trace.alloc(2**63 - 1) == 0 and len(trace) == 1  # the largest that CUDA could take
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_the_warm_process_ends_only_its_own_descendants():
+    # a job's leftover is remembered by pid: one that ended and whose pid was reused by another
+    # user's process before the job ended must not be killed with the job
+    from peakmem.jobs.zygote_leftovers import Leftovers
+
+    out = subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True,
+                         text=True, timeout=30).stdout  # the sleep's parent exits: not ours
+    stranger = int(out.split()[0])
+    own = subprocess.Popen(["sleep", "30"])
+    try:
+        leftovers = Leftovers(owner={stranger: 4242, own.pid: 4242})
+        assert leftovers.end(4242, running=()) == [own.pid]
+        assert own.wait(timeout=10) == -signal.SIGKILL
+        assert _alive(stranger)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stranger, signal.SIGKILL)
+        own.kill()
+        own.wait()

@@ -91,8 +91,25 @@ class Leftovers:
         self.track({job, *running})
         ended = [pid for pid, owner in self.owner.items()
                  if owner == job or (owner == UNKNOWN_JOB and not running)]
+        mine = _descendants(os.getpid())  # a pid reused since the last scan is left alone
         for pid in ended:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+            if pid in mine:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
             del self.owner[pid]
-        return ended
+        return [pid for pid in ended if pid in mine]
+
+
+def _descendants(root: int) -> set[int]:
+    """Every process below `root` in the process tree (its orphans are reparented to it)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _pgid) in _proc_table().items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for kid in children.get(stack.pop(), ()):
+            if kid not in found:
+                found.add(kid)
+                stack.append(kid)
+    return found
