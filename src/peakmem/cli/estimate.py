@@ -183,7 +183,8 @@ def internal_error(exc: BaseException) -> Any:
     type=_Bytes(),
     default=None,
     metavar="BYTES",
-    help="Stop the job when its processes hold more host RAM than this (e.g. 8GiB, 500MB).",
+    help="Stop the job when its processes hold more host RAM than this (e.g. 8GiB, 500MB) "
+    "[default: 75% of the machine's memory; PEAKMEM_MAX_HOST_MEMORY=SIZE or off].",
 )
 @click.option(
     "--job-log",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -95,11 +94,8 @@ def _fit(gpus: str, arg_spec: str, torch_version: str | None, alloc_conf: str | 
     clobbered = clobbered_input(log_path, command) if log_path else None
     if clobbered:
         _bad(f"--job-log {log_path} would overwrite {clobbered}", as_json)
-    scratch = None
-    if log_path is None:
-        handle, scratch = tempfile.mkstemp(prefix="peakmem-fit-", suffix=".log")
-        os.close(handle)
-        log_path = scratch
+    if log_path is None:  # discarded (a scratch file kept it all: 10 GB printed, 10 GB of /tmp)
+        log_path = os.devnull
     console = Console(stderr=True)
     estimates = 0
     started = time.monotonic()
@@ -126,10 +122,6 @@ def _fit(gpus: str, arg_spec: str, torch_version: str | None, alloc_conf: str | 
         report(exc, as_json)
     except ProfileError as exc:
         _bad(str(exc), as_json)
-    finally:
-        if scratch is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(scratch)
     seconds = time.monotonic() - started
     if as_json:
         click.echo(json.dumps({

@@ -37,6 +37,18 @@ class LazyGroup(click.Group):
         module_name, attr = target.split(":")
         return getattr(importlib.import_module(module_name), attr)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """An argument with a NUL byte (from a program's execv-less call, a batch line, the
+        Python API) is refused at once: no path or value can hold one (open() raised
+        ValueError deep in a command: exit 70 with a traceback)."""
+        for index, arg in enumerate(args):
+            if isinstance(arg, str) and "\0" in arg:
+                from peakmem.cli.contract import report_error
+
+                report_error("bad_input", f"argument {index + 1} contains a NUL byte, which no "
+                             "file name or value can hold", 2, "--json" in args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> object:
         """An unexpected exception is peakmem's bug: "peakmem internal error: ..." with
         peakmem's frames on stderr, exit 70 (the contract's `internal`)."""

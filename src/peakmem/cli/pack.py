@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,7 +106,7 @@ def pack(
             )
             jobs += estimated
         names = [job.name for job in jobs] + [job.name for job, _ in failed]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = sorted(name for name, count in Counter(names).items() if count > 1)
         if dupes:
             raise BadInput(f"two jobs share the name {dupes[0]!r}; rename one")
         if what_if:

@@ -651,6 +651,8 @@ def estimate_command(
     if max_host_memory is not None and max_host_memory <= 0:
         raise EstimateError(f"--max-host-memory must be positive, got {max_host_memory}",
                             exit_code=2, reason="bad_input")
+    if max_host_memory is None and isolate:
+        max_host_memory = _default_max_host_memory()
     from peakmem.estimate.distributed import estimate_launch, launch_for
 
     launch = launch_for(argv, nproc_per_node, nnodes, ranks)
@@ -700,6 +702,17 @@ def estimate_command(
     return adopt_self_launch(result, capture, argv)  # Lightning's devices=N: rank 0 of N
 
 
+def _default_max_host_memory() -> int | None:
+    """The host-memory cap of a job given none (jobs.host_memory: a share of the machine's
+    memory, or PEAKMEM_MAX_HOST_MEMORY)."""
+    from peakmem.jobs.host_memory import HostMemorySettingError, default_max_host_memory
+
+    try:
+        return default_max_host_memory()
+    except HostMemorySettingError as exc:
+        raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None
+
+
 def _check_command(argv: Sequence[str]) -> None:
 
     from peakmem.jobs.runner import JobSpec, JobSpecError, missing_script, script_exists
@@ -746,7 +759,7 @@ def _capture_supervised(
             from peakmem.jobs.job_log import open_job_log
 
             log_fd = open_job_log(job_log)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
             raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None
 
     def run(run_mode: str) -> CaptureResult:

@@ -47,18 +47,25 @@ class ArgRange:
 
 def parse_arg_range(text: str) -> ArgRange:
     """'batch_size=1..4096' -> ArgRange; FitSpecError for anything else."""
-    match = _SPEC.match(text or "")
+    match = _SPEC.match(text or "") if len(text or "") <= 200 else None
+    shown = repr(text if len(text or "") <= 80 else text[:77] + "...")
     if match is None:
         raise FitSpecError(
-            f"--arg {text!r} is not NAME=LOW..HIGH (e.g. batch_size=1..4096; NAME is a Python "
+            f"--arg {shown} is not NAME=LOW..HIGH (e.g. batch_size=1..4096; NAME is a Python "
             "identifier, LOW and HIGH integers)"
         )
     name, low, high = match.group(1), int(match.group(2)), int(match.group(3))
     if low < 1:
-        raise FitSpecError(f"--arg {text!r}: LOW must be at least 1")
+        raise FitSpecError(f"--arg {shown}: LOW must be at least 1")
     if high < low:
-        raise FitSpecError(f"--arg {text!r}: HIGH ({high}) is below LOW ({low})")
+        raise FitSpecError(f"--arg {shown}: HIGH ({high}) is below LOW ({low})")
+    if high > MAX_HIGH:  # 10**100: hundreds of estimates of values no tensor can have
+        raise FitSpecError(f"--arg {shown}: HIGH must be at most {MAX_HIGH} (2**63 - 1, the "
+                           "largest tensor dimension)")
     return ArgRange(name, low, high)
+
+
+MAX_HIGH = 2**63 - 1
 
 
 @dataclass

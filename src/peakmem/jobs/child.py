@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import mmap
 import operator
 import os
 import sys
@@ -42,7 +43,7 @@ class ResultWriter:
         # opened now, before the job runs: a job may later forbid itself new files (an audit
         # hook that raises on "open", RLIMIT_NOFILE lowered for good); writing to an open
         # descriptor needs neither (os.write raises no audit event)
-        self._early = _open_early(self._temporary)
+        self._early = _open_early(self._temporary, self._resource)
 
     @property
     def in_original_process(self) -> bool:
@@ -77,10 +78,14 @@ class ResultWriter:
         if (status.st_dev, status.st_ino) != identity:
             return False
         try:
-            view = memoryview(data)
-            while view:
-                view = view[_WRITE(fd, view):]
-        except OSError:
+            if status.st_size >= len(data) > _file_size_limit(self._resource):
+                _write_mapped(fd, data)  # the job lowered RLIMIT_FSIZE for good
+            else:
+                view, offset = memoryview(data), 0
+                while offset < len(data):  # at an offset: the job may have moved the file's
+                    offset += _PWRITE(fd, view[offset:], offset)  # (writing to every fd it has)
+            _FTRUNCATE(fd, len(data))  # the room made before the job ran, given back
+        except (OSError, ValueError):
             return False  # then written by name, as before
         finally:
             with contextlib.suppress(OSError):
@@ -88,13 +93,43 @@ class ResultWriter:
         return True
 
 
-_FSTAT, _WRITE, _CLOSE, _OPEN_FD = os.fstat, os.write, os.close, os.open
+_FSTAT, _PWRITE, _CLOSE, _OPEN_FD, _FTRUNCATE = os.fstat, os.pwrite, os.close, os.open, os.ftruncate
+_MMAP = mmap.mmap
+RESULT_ROOM = 1 << 30
+"""Bytes the result's file is extended to (sparse) before the job runs: a job may lower its hard
+RLIMIT_FSIZE to 0 afterwards, which fails every write() to a file, while storing through a
+shared mapping of a file already that large is not limited (shrinking it to the result's size
+is allowed too). The supervisor reads at most this much (supervisor.RESULT_SIZE_CAP)."""
 
 
-def _open_early(path: Path) -> tuple[int, tuple[int, int]] | None:
+def _file_size_limit(resource: Any) -> float:
+    """The soft RLIMIT_FSIZE now (bytes; infinite where there is none)."""
+    if resource is None or not hasattr(resource, "RLIMIT_FSIZE"):
+        return float("inf")
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (OSError, ValueError):
+        return float("inf")
+    return float("inf") if soft == resource.RLIM_INFINITY else soft
+
+
+def _write_mapped(fd: int, data: bytes) -> None:
+    """`data` stored at the start of the file open on `fd` (at least that large) through a
+    shared mapping, and flushed to the file."""
+    if not data:
+        return
+    mapping = _MMAP(fd, len(data), mmap.MAP_SHARED, mmap.PROT_WRITE | mmap.PROT_READ)
+    try:
+        mapping[:] = data
+        mapping.flush()
+    finally:
+        mapping.close()
+
+
+def _open_early(path: Path, resource: Any = None) -> tuple[int, tuple[int, int]] | None:
     """`path` created and opened for writing (descriptor, (device, inode)); None where it
     cannot be (the result is then written by name)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)  # RDWR: mmap
     try:
         fd = _OPEN_FD(path, flags, 0o600)
     except OSError:
@@ -105,6 +140,8 @@ def _open_early(path: Path) -> tuple[int, tuple[int, int]] | None:
         with contextlib.suppress(OSError):
             _CLOSE(fd)
         return None
+    with contextlib.suppress(OSError, ValueError, OverflowError):  # sparse: takes no disk
+        _FTRUNCATE(fd, int(min(RESULT_ROOM, _file_size_limit(resource))))  # (see RESULT_ROOM)
     return fd, (status.st_dev, status.st_ino)
 
 

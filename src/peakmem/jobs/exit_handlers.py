@@ -43,23 +43,78 @@ class ExitHandlers:
         self.handlers = [entry for entry in self.handlers if entry[0] != func]
 
     def run(self) -> int:
-        """Run every handler, last registered first; the number run."""
+        """Run every handler, last registered first; the number run. One that runs past
+        :func:`handler_seconds` is stopped (python would wait for it for ever; the capture is
+        done by then): a line on stderr says so."""
         count = 0
+        limit = handler_seconds()
         while self.handlers:
             func, args, kwargs = self.handlers.pop()
             count += 1
             try:
-                func(*args, **kwargs)
+                with _time_limit(limit):
+                    func(*args, **kwargs)
+            except HandlerTimeout:
+                print(f"peakmem: the job's atexit callback {_name(func)} ran past {limit:g} s "
+                      f"and was stopped (python would wait for it; {HANDLER_SECONDS_ENV} sets "
+                      "the limit): the estimate covers what it ran until then", file=sys.stderr)
             except Exception as exc:  # noqa: BLE001 - the interpreter prints and goes on
                 from peakmem.jobs.runner import user_traceback  # the job's frames only
 
-                try:
-                    name = repr(func)
-                except Exception:  # noqa: BLE001 - a hostile __repr__
-                    name = f"<{type(func).__name__} object>"
-                print(f"Exception ignored in atexit callback: {name}\n{user_traceback(exc)}",
-                      end="", file=sys.stderr)
+                print(f"Exception ignored in atexit callback: {_name(func)}\n"
+                      f"{user_traceback(exc)}", end="", file=sys.stderr)
         return count
+
+
+HANDLER_SECONDS_ENV = "PEAKMEM_ATEXIT_SECONDS"
+DEFAULT_HANDLER_SECONDS = 120.0
+"""How long one of the job's atexit handlers may run (a final evaluation, a checkpoint)."""
+
+
+class HandlerTimeout(BaseException):  # noqa: N818 - a control-flow signal
+    """Raised in the handler that ran past the limit (a BaseException: the job's `except
+    Exception` does not swallow it; raised again each second for one that catches it)."""
+
+
+def handler_seconds(env: Any = None) -> float:
+    """PEAKMEM_ATEXIT_SECONDS (a positive number of seconds), else DEFAULT_HANDLER_SECONDS."""
+    text = (os.environ if env is None else env).get(HANDLER_SECONDS_ENV, "")
+    try:
+        seconds = float(text)
+    except ValueError:
+        return DEFAULT_HANDLER_SECONDS
+    return seconds if 0 < seconds < 1e6 else DEFAULT_HANDLER_SECONDS
+
+
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """HandlerTimeout in the main thread after `seconds`, again every second; nothing where
+    SIGALRM is not there or not ours to take (another thread; a time limit already running)."""
+    import signal
+    import threading
+
+    if (not hasattr(signal, "setitimer") or threading.current_thread()
+            is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0] > 0):
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise HandlerTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+
+
+def _name(func: Any) -> str:
+    try:
+        return repr(func)
+    except Exception:  # noqa: BLE001 - a hostile __repr__
+        return f"<{type(func).__name__} object>"
 
 
 

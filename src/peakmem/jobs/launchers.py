@@ -511,10 +511,44 @@ def _check_visible_devices(variables: Mapping[str, str]) -> None:
     value = variables.get("CUDA_VISIBLE_DEVICES")
     if value is None:
         return
-    first = value.split(",")[0].strip()
-    if not first or first.startswith("-"):
-        raise LaunchError(f"the command sets CUDA_VISIBLE_DEVICES={value!r}, which hides every "
+    if not visible_devices(value):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        raise LaunchError(f"the command sets CUDA_VISIBLE_DEVICES={shown!r}, which hides every "
                           "GPU: the job would run on the CPU and use no GPU memory")
+
+
+def visible_devices(value: str) -> list[int] | list[str]:
+    """The devices a CUDA_VISIBLE_DEVICES of `value` leaves visible, read as torch reads it
+    (`torch.cuda._parse_visible_devices`): GPU-/MIG- UUIDs up to the first other entry; else
+    ordinals as strtoul reads them (`1gpu` is 1) up to the first that is not one (`abc`, `-1`,
+    empty), none at all when one repeats (`0,0`)."""
+    for prefix in ("GPU-", "MIG-"):
+        if value.startswith(prefix):
+            uuids: list[str] = []
+            for entry in value.split(","):
+                if entry in uuids:
+                    return []
+                if not entry.startswith(prefix):
+                    break
+                uuids.append(entry)
+            return uuids
+    ordinals: list[int] = []
+    for entry in value.split(","):
+        ordinal = _leading_ordinal(entry.strip())
+        if ordinal in ordinals:
+            return []
+        if ordinal < 0:
+            break
+        ordinals.append(ordinal)
+    return ordinals
+
+
+def _leading_ordinal(text: str) -> int:
+    """The integer `text` starts with (a sign allowed first); -1 when it starts with none."""
+    sign = text[:1] if text[:1] in ("+", "-") else ""
+    body = text[len(sign):]
+    digits = len(body) - len(body.lstrip("0123456789"))
+    return int(sign + body[:digits]) if digits else -1
 
 
 def job_command(argv: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:

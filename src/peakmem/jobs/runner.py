@@ -127,8 +127,10 @@ def _dangling_link(path: str) -> str:
 
 def script_exists(path: str) -> bool:
     """What `python PATH` can run: a file, or a directory / zip file with a __main__.py."""
-    target = Path(path)
-    return target.is_file() or (target.is_dir() and (target / "__main__.py").is_file())
+    # os.path's tests, not Path's: a name too long for the file system (ENAMETOOLONG) or with
+    # a NUL byte is no script either, where Path.is_file raises
+    return os.path.isfile(path) or (os.path.isdir(path)
+                                    and os.path.isfile(os.path.join(path, "__main__.py")))
 
 
 def _runs_as_file(path: str) -> bool:
@@ -260,8 +262,9 @@ def _exit_code(exc: SystemExit) -> int:
 @contextmanager
 def script_environment(spec: JobSpec) -> Iterator[None]:
     """Set sys.argv and sys.path[0] as `python` would (and append the cwd where the launcher
-    did, APPEND_CWD_ENV); restore both afterwards."""
+    did, APPEND_CWD_ENV); restore both afterwards, and peakmem's own modules in sys.modules."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_modules = _own_modules()
     if spec.script is not None:
         sys.argv = [spec.script, *spec.args]
         if _runs_as_file(spec.script):  # a directory or zip: runpy puts it on sys.path itself
@@ -275,6 +278,26 @@ def script_environment(spec: JobSpec) -> Iterator[None]:
         yield
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        _restore_own_modules(saved_modules)
+
+
+def _own_modules() -> dict[str, types.ModuleType]:
+    return {name: module for name, module in list(sys.modules.items())
+            if (name == "peakmem" or name.startswith("peakmem."))
+            and isinstance(module, types.ModuleType)}
+
+
+def _restore_own_modules(saved: dict[str, types.ModuleType]) -> None:
+    """Put back peakmem's modules as they were before the job: a job that removed them from
+    sys.modules or blocked them (`sys.modules[name] = None`, harmless under python) made
+    peakmem's imports after the job fail (no result), or load second copies."""
+    for name in [name for name in list(sys.modules)
+                 if (name == "peakmem" or name.startswith("peakmem.")) and name not in saved
+                 and not isinstance(sys.modules.get(name), types.ModuleType)]:
+        sys.modules.pop(name, None)
+    for name, module in saved.items():
+        if sys.modules.get(name) is not module:
+            sys.modules[name] = module
 
 
 @contextmanager

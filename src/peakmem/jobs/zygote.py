@@ -200,13 +200,14 @@ def fork_job(argv: Sequence[str], cwd: str, env: Mapping[str, str], umask: int, 
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    parent = os.getpid()
     pid = os.fork()
     if pid:
         return pid
     code = 70
     try:
         _become_job_process(argv, cwd, with_changes(env, env_changes or {}), umask, output_fd,
-                            close_fds)
+                            close_fds, parent)
         from peakmem.capture.child import main as child_main
 
         child_main(argv[3:])  # ends the process itself
@@ -222,8 +223,11 @@ def fork_job(argv: Sequence[str], cwd: str, env: Mapping[str, str], umask: int, 
 
 
 def _become_job_process(argv: list[str], cwd: str, env: Mapping[str, str], umask: int,
-                        output_fd: int, close_fds: Sequence[int]) -> None:
+                        output_fd: int, close_fds: Sequence[int], parent: int) -> None:
+    from peakmem.jobs.zygote_leftovers import parent_death_signal
+
     os.setsid()
+    parent_death_signal(parent)  # the warm process killed (kill -9, OOM): the job ends with it
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)

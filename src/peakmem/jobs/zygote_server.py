@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from peakmem.jobs.zygote_leftovers import Leftovers, become_subreaper
+
 MAX_MESSAGE_BYTES = 1 << 20
 DEFAULT_IDLE_SECONDS = 1800.0
 
@@ -152,6 +154,8 @@ class _State:
     last_request: float = field(default_factory=time.monotonic)
     stopping: bool = False
     children: dict[int, _Connection] = field(default_factory=dict)
+    leftovers: Leftovers = field(default_factory=Leftovers)
+    """The jobs' descendants outside their groups, ended with their job."""
 
     def status(self, path: Path) -> dict[str, Any]:
         return {
@@ -173,6 +177,7 @@ def serve(listener: socket.socket, socket_path: Path, identity: dict[str, Any], 
     from peakmem.jobs.zygote import identity_difference, unfit_preloads
 
     state = _State(identity, preload, preload_errors, idle_seconds or None, nonce)
+    become_subreaper()  # a job's orphans come here, not to init: ended with their job
     inode = os.stat(socket_path).st_ino
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -255,6 +260,7 @@ def serve(listener: socket.socket, socket_path: Path, identity: dict[str, Any], 
                         close(conn)
             _take_stop_signals(state)
             _reap(state, close)
+            state.leftovers.track(state.children.keys())
             if _socket_gone(socket_path, inode):
                 state.stopping = True
             idle = time.monotonic() - state.last_request
@@ -348,8 +354,9 @@ def _sent_by_a_job(pid: int, state: _State) -> bool:
 
 
 def _reap(state: _State, close: Any) -> None:
-    """Collect ended children, kill what they left in their group, tell their requesters."""
-    while state.children:
+    """Collect ended children (and orphans of jobs reparented here), kill what they left in
+    their group and outside it, tell their requesters."""
+    while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
@@ -358,8 +365,11 @@ def _reap(state: _State, close: Any) -> None:
         if pid == 0:
             return
         conn = state.children.pop(pid, None)
+        if conn is None:  # an orphan of a job, reparented here (a subreaper)
+            continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+        state.leftovers.end(pid, state.children.keys())
         if conn is not None:
             conn.child = None
             try:

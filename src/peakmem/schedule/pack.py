@@ -112,29 +112,43 @@ def assign(
     load_free = list(load_capacities) if load_capacities is not None else None
     used: list[int] = []  # bins in use, in index order
     unused_by_index = list(range(len(capacities)))  # unused bins in index order
-    unused_by_room = sorted(range(len(capacities)), key=lambda b: (free[b], b))
-    unused_rooms = [free[b] for b in unused_by_room]
+    unused_by_room = sorted((free[b], b) for b in range(len(capacities)))  # (room, bin)
     placed: list[int | None] = [None] * len(sizes)
+    used_set: set[int] = set()
 
     def fits(b: int, j: int) -> bool:
         if free[b] < sizes[j]:
             return False
         return load_free is None or loads is None or load_free[b] + 1e-9 >= loads[j]
 
+    # memory alone decides (no second dimension): the bin is found in O(log bins), not by
+    # looking at every bin in use (100k jobs on --what-if's as many bins: hours)
+    by_memory_only = load_free is None or loads is None
+    first_with_room = _FirstWithRoom(free) if by_memory_only and not rule.best_fit else None
+    used_by_room: list[tuple[int, int]] = []  # (free, bin) of the bins in use, sorted
+
     for j in order:
         size = sizes[j]
         choice: int | None = None
-        if rule.best_fit:
+        if first_with_room is not None:
+            choice = first_with_room.find(size)
+        elif rule.best_fit and by_memory_only:
+            k = bisect.bisect_left(used_by_room, (size, -1))
+            if k < len(used_by_room):
+                choice = used_by_room[k][1]
+        elif rule.best_fit:
             fitting_used = [b for b in used if fits(b, j)]
             if fitting_used:
                 choice = min(fitting_used, key=lambda b: (free[b] - size, b))
         else:
             choice = next((b for b in used if fits(b, j)), None)
-        if rule.best_fit and choice is None:
-            start = bisect.bisect_left(unused_rooms, size)
+        if first_with_room is not None:
+            pass
+        elif rule.best_fit and choice is None:
+            start = bisect.bisect_left(unused_by_room, (size, -1))
             for k in range(start, len(unused_by_room)):
-                if fits(unused_by_room[k], j):
-                    choice = unused_by_room[k]
+                if fits(unused_by_room[k][1], j):
+                    choice = unused_by_room[k][1]
                     break
         elif not rule.best_fit:
             first_unused = next((b for b in unused_by_index if fits(b, j)), None)
@@ -142,16 +156,53 @@ def assign(
                 choice = first_unused
         if choice is None:
             continue
-        if choice not in used:
+        if first_with_room is not None:
+            pass
+        elif choice not in used_set:
+            used_set.add(choice)
             bisect.insort(used, choice)
-            unused_by_index.remove(choice)
-            k = unused_by_room.index(choice)
-            del unused_by_room[k], unused_rooms[k]
+            del unused_by_index[bisect.bisect_left(unused_by_index, choice)]
+            del unused_by_room[bisect.bisect_left(unused_by_room, (free[choice], choice))]
+        elif rule.best_fit and by_memory_only:
+            used_by_room.pop(bisect.bisect_left(used_by_room, (free[choice], choice)))
         free[choice] -= size
+        if first_with_room is not None:
+            first_with_room.update(choice, free[choice])
+        elif rule.best_fit and by_memory_only:
+            bisect.insort(used_by_room, (free[choice], choice))
         if load_free is not None and loads is not None:
             load_free[choice] -= loads[j]
         placed[j] = choice
     return placed
+
+
+class _FirstWithRoom:
+    """The first bin (lowest index) with at least some room, in O(log bins): a tree of the
+    largest room over ranges of bins."""
+
+    def __init__(self, rooms: Sequence[int]) -> None:
+        self.size = 1
+        while self.size < max(len(rooms), 1):
+            self.size *= 2
+        self.tree = [-1] * (2 * self.size)
+        self.tree[self.size:self.size + len(rooms)] = rooms
+        for node in range(self.size - 1, 0, -1):
+            self.tree[node] = max(self.tree[2 * node], self.tree[2 * node + 1])
+
+    def find(self, room: int) -> int | None:
+        if self.tree[1] < room:
+            return None
+        node = 1
+        while node < self.size:
+            node = 2 * node if self.tree[2 * node] >= room else 2 * node + 1
+        return node - self.size
+
+    def update(self, index: int, room: int) -> None:
+        node = index + self.size
+        self.tree[node] = room
+        while node > 1:
+            node //= 2
+            self.tree[node] = max(self.tree[2 * node], self.tree[2 * node + 1])
 
 
 @dataclass

@@ -3,6 +3,7 @@ the directory removed. Shared by the service's workers and the batch runner's Ra
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,7 +33,9 @@ def run_attempt(
             sandbox=sandbox,
             max_seconds=max_seconds,
             max_host_memory=max_host_memory,
-            log_path=Path(base) / "job.log",
+            # nothing reads the job's output: a file kept it all, a job printing 10 GB filled
+            # the disk of the service (or batch worker) until the attempt ended
+            log_path=Path(os.devnull),
             nice=nice,
         )
         return estimator(job, ctx)

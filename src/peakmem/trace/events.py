@@ -186,8 +186,12 @@ class Trace:
         """Record an allocation of `size` requested bytes; returns its id. `or_smaller`: the
         caller accepts a smaller block under memory pressure (EventKind.ALLOC_OR_SMALLER).
         `tag_id`: the tag's index, interned already (then `tag` and its fields are not read)."""
-        if size < 0:
-            raise ValueError(f"allocation size must be >= 0, got {size}")
+        if not 0 <= size <= MAX_SIZE:  # one test on the common path
+            if size < 0:
+                raise ValueError(f"allocation size must be >= 0, got {size}")
+            # what CUDA's allocator takes (ssize_t): torch.cuda.caching_allocator_alloc(2**70)
+            # was recorded, and its result refused as malformed (bad_result)
+            raise OverflowError("Python int too large to convert to C ssize_t")
         if tag_id is None and tag is None and (category or module or phase or op):
             tag = Tag(category, module, phase, op)
         if ident is None:

@@ -1,0 +1,4 @@
+# trains and ends normally
+from _train import train
+
+train()
