@@ -134,8 +134,10 @@ def outcome_capture(
     if outcome.status == OutcomeStatus.HOST_MEMORY:
         return _failure(
             mode, "host_memory",
-            f"the job went over --max-host-memory {_size(max_host_memory or 0)}: its processes "
-            f"held {_size(outcome.peak_rss_bytes)} resident; it was stopped",
+            f"the job went over the host-memory cap of {_size(max_host_memory or 0)} "
+            f"(--max-host-memory; by default a share of the machine's memory, "
+            f"PEAKMEM_MAX_HOST_MEMORY): its processes held {_size(outcome.peak_rss_bytes)} "
+            f"resident; it was stopped",
             seconds=outcome.seconds,
         )
     try:
