@@ -155,10 +155,12 @@ def test_timm_amp_channels_last_grad_checkpointing(ema):
     copies = 2 if ema else 1
     est = estimate("timm_train.py", "--model", "resnet18", "--steps", "2",
                    *([] if ema else ["--no-model-ema"]))
-    # The EMA is a deep copy on the device: its weights are Parameters too (requires_grad off).
+    # The EMA is a deep copy on the device kept in sync with the trained weights: its weights
+    # are `ema` (its buffers, copied from the model's buffers, stay buffers).
     # SGD with momentum: one buffer per parameter.
-    assert_training(est, params=copies * model, grads=model, optimizer_state=model,
-                    extra_lower=(1 - copies) * model, extra_upper=256 * MiB)
+    assert_training(est, params=model, grads=model, optimizer_state=model,
+                    extra_lower=(copies - 1) * model, extra_upper=256 * MiB)
+    assert est.breakdown.get("ema", 0) == (copies - 1) * model
     assert est.breakdown.get("buffer") == copies * buffers
 
 
