@@ -336,9 +336,14 @@ def test_dino_multicrop_student_teacher_weight_norm_head(tmp_path):
     student = ex.device_bytes(dino_vit_shapes() + mlp + weight_g + weight_v, ex.FP32)
     trainable = student - ex.device_bytes(weight_g, ex.FP32)  # norm_last_layer: g frozen
     est = estimate("r8_dino_main.py", "--data_path", "imgs", cwd=tmp_path)
-    # the teacher is a second full copy; from epoch 1 on the last layer has gradients (cancelled
-    # in epoch 0, --freeze_last_layer 1) and AdamW state
-    assert_training(est, params=2 * student, grads=trainable, optimizer_state=2 * trainable)
+    # the teacher is a second full copy kept in sync from the student's trained weights: `ema`
+    # (its copy of the frozen weight_g, synced from a weight no backward trains, stays a
+    # parameter); from epoch 1 on the last layer has gradients (cancelled in epoch 0,
+    # --freeze_last_layer 1) and AdamW state
+    g = ex.device_bytes(weight_g, ex.FP32)
+    assert_training(est, params=student + g, grads=trainable, optimizer_state=2 * trainable,
+                    extra_lower=trainable)
+    assert est.breakdown.get("ema") == trainable, est.breakdown
     assert "Will run the code on one GPU." in est.stderr
     # 8 images in batches of 4 (drop_last): 2 batches an epoch, both epochs
     assert "Epoch: [0] it 1" in est.stderr and "Epoch: [1] it 3" in est.stderr

@@ -45,8 +45,10 @@ from peakmem.trace.vocab import Category, Mark, Phase
 
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
 _STEPPED_PARAMS = (*_STEP_TEMPS, Category.INPUT.value)
-_STATE_SOURCES = _STEPPED_PARAMS
-"""What an optimizer's state may have been tracked as before its step kept it."""
+_STATE_SOURCES = (*_STEPPED_PARAMS, Category.EMA.value)
+"""What an optimizer's state may have been tracked as before its step kept it (`ema` too: a
+wrapper's slow weights synced from the trained ones after the inner optimizer's step, timm's
+Lookahead, are the optimizer's state)."""
 """What an optimizer's parameters may still be tagged when it steps: a host tensor moved to the
 device is an input until a module's forward claims it, and a module whose `forward` is called
 directly (`layer.forward(x)`, mnist_forward_forward) never is claimed."""
