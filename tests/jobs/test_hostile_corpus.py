@@ -34,7 +34,10 @@ class Case:
     reason: str | None = None
     args: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()
-    timeout: float = 20
+    # 40 s: read_stdin and signal_handlers (5 s alone) ran past 20 s beside other runs on a
+    # loaded 2-core machine; still under the 60 s that the children of fork_many_bounded and
+    # setsid_grandchild sleep (a peakmem waiting for them ends in a timeout, not in success)
+    timeout: float = 40
     job_exit_code: int | None = None
     signal: str | None = None
 

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,12 +42,15 @@ class Case:
     cwd: str = "."
     timeout: float = 20
     message: str | None = None
+    max_cpu_seconds: float | None = None  # peakmem's and its job's CPU time together
 
 
 CASES = [
-    # 26 s to format a million frames before: the job ran past its timeout
+    # 26 s (of CPU) to format a million frames before: the job ran past its timeout. The CPU
+    # time is the bound (a whole run takes ~4 s of it, the recursion ~2 s); the wall-clock
+    # timeout is left wide, as four runs at a time on a loaded machine took 21 s of it
     Case("deep_recursion", ("python", "deep_recursion.py"), 1, "raised",
-         message="RecursionError"),
+         message="RecursionError", timeout=60, max_cpu_seconds=15),
     # the child's result carried a 333-bit job_exit_code and was refused as malformed
     Case("exit_huge_int", ("python", "exit_huge_int.py"), 1, "exit", job_exit_code=-1),
     # os._exit(10**100) delivered a malformed result instead of raising OverflowError
@@ -68,6 +72,7 @@ class Run:
     stdout: str
     stderr: str
     seconds: float
+    cpu_seconds: float  # user + system, of peakmem and the descendants it waited for
 
 
 def _run_case(case: Case, root: Path) -> Run:
@@ -82,9 +87,20 @@ def _run_case(case: Case, root: Path) -> Run:
     if case.cwd != ".":
         argv[argv.index("--") + 1:argv.index("--") + 3] = [
             "python", str(workdir / case.cwd / case.command[1])]
-    proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True,
-                          errors="replace", timeout=case.timeout + 30, stdin=subprocess.DEVNULL)
-    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+    with open(workdir / ".out", "wb") as out, open(workdir / ".err", "wb") as err:
+        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL)
+        killer = threading.Timer(case.timeout + 30, proc.kill)
+        killer.start()
+        try:
+            # wait4: the process's rusage, its reaped children's included (Popen.wait has none)
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            killer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return Run(proc.returncode, (workdir / ".out").read_text(errors="replace"),
+               (workdir / ".err").read_text(errors="replace"), time.monotonic() - started,
+               usage.ru_utime + usage.ru_stime)
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +121,8 @@ def test_hostile_job(case: Case, corpus_runs: dict[str, Run]):
     run = corpus_runs[case.name]
     assert run.returncode == case.code, (run.stdout, run.stderr[-3000:])
     assert run.seconds < case.timeout + 25  # + start-up on a loaded machine
+    if case.max_cpu_seconds is not None:
+        assert run.cpu_seconds < case.max_cpu_seconds, run.cpu_seconds
     assert run.stdout.strip().count("\n") == 0
     payload = json.loads(run.stdout)
     assert not _peakmem_frames(run.stderr), run.stderr[-3000:]

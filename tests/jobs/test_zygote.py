@@ -62,6 +62,18 @@ def warm_dir(tmp_path_factory):
         zygote_client.stop()
 
 
+@pytest.fixture(scope="module")
+def cold_mlp(tmp_path_factory):
+    """The MLP's estimate started where no warm process runs (an empty private runtime
+    directory, the warm path on): the cold reference, made once for the tests that compare."""
+    directory = tmp_path_factory.mktemp("runtime_empty")
+    directory.chmod(0o700)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PEAKMEM_RUNTIME_DIR", str(directory))
+        patch.delenv("PEAKMEM_WARM", raising=False)
+        return estimate_command(MLP, gpu="a100-40gb")
+
+
 @pytest.fixture
 def warm(warm_dir, monkeypatch):
     monkeypatch.setenv("PEAKMEM_RUNTIME_DIR", str(warm_dir))
@@ -75,19 +87,19 @@ def cold(argv, monkeypatch, **kwargs):
         return estimate_command(argv, gpu="a100-40gb", **kwargs)
 
 
-def assert_warm_equals_cold(argv, monkeypatch):
+def assert_warm_equals_cold(argv, monkeypatch, reference=None):
     served = zygote_client.status()["served"]
     hot = estimate_command(argv, gpu="a100-40gb")
     assert zygote_client.WARM_NOTE in hot.notes
     assert zygote_client.status()["served"] == served + 1
-    reference = cold(argv, monkeypatch)
+    reference = cold(argv, monkeypatch) if reference is None else reference
     assert not any("warm job process" in note for note in reference.notes)
     assert hot.peak_bytes == reference.peak_bytes
     assert comparable(hot) == comparable(reference)
 
 
-def test_a_warm_start_gives_the_cold_estimate_to_the_byte(warm, monkeypatch):
-    assert_warm_equals_cold(MLP, monkeypatch)
+def test_a_warm_start_gives_the_cold_estimate_to_the_byte(warm, monkeypatch, cold_mlp):
+    assert_warm_equals_cold(MLP, monkeypatch, cold_mlp)
 
 
 def test_with_gpt2_preloaded_a_gpt2_job_is_the_same_and_others_run_cold(tmp_path, monkeypatch):
@@ -127,7 +139,7 @@ def test_the_warm_child_is_supervised_like_a_cold_one(warm, tmp_path):
     assert zygote_client.status()["running_jobs"] == 0
 
 
-def test_a_stale_socket_falls_back_to_a_cold_start(tmp_path, monkeypatch):
+def test_a_stale_socket_falls_back_to_a_cold_start(tmp_path, monkeypatch, cold_mlp):
     directory = tmp_path / "rt"
     directory.mkdir(mode=0o700)
     monkeypatch.setenv("PEAKMEM_RUNTIME_DIR", str(directory))
@@ -138,16 +150,18 @@ def test_a_stale_socket_falls_back_to_a_cold_start(tmp_path, monkeypatch):
     estimate = estimate_command(MLP, gpu="a100-40gb")
     notes = [n for n in estimate.notes if "warm job process" in n]
     assert len(notes) == 1 and "started cold" in notes[0]
-    assert comparable(estimate) == comparable(cold(MLP, monkeypatch))
+    assert comparable(estimate) == comparable(cold_mlp)
 
 
-def test_no_warm_process_is_a_plain_cold_start(tmp_path, monkeypatch):
+def test_no_warm_process_is_a_plain_cold_start(tmp_path, monkeypatch, cold_mlp):
     directory = tmp_path / "rt"
     directory.mkdir(mode=0o700)
     monkeypatch.setenv("PEAKMEM_RUNTIME_DIR", str(directory))
+    monkeypatch.delenv("PEAKMEM_WARM", raising=False)
     assert zygote_client.warm_starter() is None
-    estimate = estimate_command(MLP, gpu="a100-40gb")
-    assert not any("warm job process" in n for n in estimate.notes)
+    # cold_mlp ran in such a directory: a plain cold start, no note about a warm process
+    assert not any("warm job process" in n for n in cold_mlp.notes)
+    assert cold_mlp.peak_bytes > 0
 
 
 def test_a_different_startup_environment_is_refused_and_runs_cold(warm, monkeypatch):
