@@ -62,7 +62,7 @@ def _containers(children):
 _trees = st.recursive(_leaves, _containers, max_leaves=30)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)  # worked cases below: an op call, a foreach call
 @given(_trees)
 def test_same_tensors_in_the_same_order_as_a_pytree_flatten(tree):
     found = tensors_in(tree)

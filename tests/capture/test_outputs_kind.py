@@ -94,7 +94,7 @@ def _build(tree, kinds: dict, keep: list):
     return tree
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)  # worked cases: test_each_answer_is_reached
 @given(st.lists(_TREES, max_size=4), st.dictionaries(st.sampled_from(["out", "other"]), _TREES,
                                                      max_size=2), st.booleans())
 def test_the_early_exit_walk_answers_as_the_full_walk(args, kwargs, marked_elsewhere):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -177,7 +178,14 @@ def test_fit_matches_sweep(command: list[str], knob: ArgRange, max_probes: int,
 
 # --- the command ----------------------------------------------------------------------------
 
-def test_fit_cli_json_several_gpus() -> None:
+def test_fit_cli_json_several_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the probes in this process, the job's prints on stderr as the child's would be (what is
+    # checked is the command's search and JSON; a child process per probe: the next tests)
+    def in_this_process(argv: list[str], **kwargs: object) -> Estimate:
+        with contextlib.redirect_stdout(sys.stderr):
+            return estimate_command(argv, **{**kwargs, "isolate": False})  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api, "estimate_command", in_this_process)
     result = CliRunner().invoke(main, [
         "fit", "--gpu", "rtx4060-8gb,l4", "--arg", "blocks=1..60", "--json", "--",
         sys.executable, str(SCRIPTS / "tensor_knob.py"), "--blocks", "{blocks}"])
