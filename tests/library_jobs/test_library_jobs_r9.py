@@ -85,7 +85,7 @@ def test_lightning_hydra_template_train_with_overrides(tmp_path):
     # `test=False`: the template's `trainer.test(ckpt_path=best)` fails on torch >= 2.6 on a GPU
     # too (Lightning loads with weights_only and the checkpoint's hyperparameters hold `net`)
     est = estimate("r9_hydra_train.py", "trainer=gpu", "trainer.max_epochs=2",
-                   "data.train_val_test_split=[256,64,64]", "data.batch_size=32",
+                   "data.train_val_test_split=[64,32,32]", "data.batch_size=32",
                    "model.optimizer.lr=0.002", "logger=csv", "test=False", cwd=tmp_path)
     # Adam from the `_partial_` optimizer config: exp_avg and exp_avg_sq, host `step`s
     assert_training(est, params=params, optimizer_state=2 * params)
@@ -96,7 +96,9 @@ def test_lightning_hydra_template_train_with_overrides(tmp_path):
     # `save_hyperparameters` module (a fake device tensor pickles as on a GPU)
     assert est.data["mode"] == "eager"
     assert "Detected more unique values in `target`" in est.data["mode_reason"]
-    assert est.data["phases_ran"][:2] == ["training", "eval"]
+    # 2 batches an epoch: both epochs and their validations ran in the eager rerun
+    assert est.data["phases_ran"] == ["training", "eval", "training", "eval"], est.data["phases_ran"]
+    assert est.data["steps"] == 4
     runs = list((tmp_path / "logs" / "train" / "runs").glob("*/.hydra/overrides.yaml"))
     assert runs and "model.optimizer.lr=0.002" in runs[-1].read_text()
 
