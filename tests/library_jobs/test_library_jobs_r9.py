@@ -201,12 +201,14 @@ def test_pyg_gcn_example_on_planetoid(tmp_path):
     # GCNConv(48, 16) and GCNConv(16, 5): a bias-free Linear each, the bias kept by the conv
     shapes = [(16, CORA_LIKE["features"]), (16,), (CORA_LIKE["classes"], 16), (CORA_LIKE["classes"],)]
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate(str(tmp_path / "examples" / "gcn.py"), "--epochs", "5", cwd=tmp_path)
+    # `test()` divides by `int(mask.sum())`, zero on fake values: auto mode would run it fake,
+    # fail, then again for real (that fallback on host reads: the Hydra template's test above);
+    # asked for eager mode here, the job runs once
+    est = estimate(str(tmp_path / "examples" / "gcn.py"), "--epochs", "5", cwd=tmp_path,
+                   flags=("--mode", "eager"))
     # Adam over the two parameter groups (weight decay on conv1 only): every tensor once
     assert_training(est, params=params, optimizer_state=2 * params)
-    # `test()` divides by `int(mask.sum())`, zero on fake values: auto mode reran it for real
-    assert est.data["mode"] == "eager"
-    assert "ZeroDivisionError" in est.data["mode_reason"]
+    assert est.data["mode"] == "eager", est.data["mode_reason"]
     assert "Epoch: 001, Loss:" in est.stderr
     # the whole graph went to the device at once (`dataset[0].to(device)`): features, edges,
     # labels and the three masks
