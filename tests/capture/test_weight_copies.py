@@ -80,8 +80,10 @@ MODEL = 2 * (_block(256 * 256 * 4) + _block(256 * 4))
 def _breakdown(tmp_path: Path, monkeypatch, kind: str) -> dict[str, int]:
     (tmp_path / "ema_job.py").write_text(EMA_JOB)
     monkeypatch.chdir(tmp_path)
+    # in this process (isolate=False): a torch-only job; the supervised child path is what
+    # every tests/library_jobs estimate runs
     result = estimate_command(["python", "ema_job.py", kind], gpu="a100-40gb", mode="fake",
-                              timeout=120)
+                              timeout=120, isolate=False)
     return result.breakdown.by_category
 
 

@@ -14,6 +14,7 @@ import pytest
 from peakmem.profiles import load_gpu
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate
+from tests.library_jobs.shared_estimate import shared_estimate
 from tests.library_jobs.test_library_jobs import MiB, assert_training, needs
 
 GiB = 2**30
@@ -47,9 +48,10 @@ def sized_h100():
 
 
 @pytest.fixture(scope="module")
-def sized_a100_free():
-    return estimate("p_batch_from_memory.py", "--size-from", "mem_get_info",
-                    flags=("--gpu", "a100-40gb", "--steps", "all"))
+def sized_a100_free(tmp_path_factory):
+    return shared_estimate(tmp_path_factory, "sized-a100-free", lambda _: estimate(
+        "p_batch_from_memory.py", "--size-from", "mem_get_info",
+        flags=("--gpu", "a100-40gb", "--steps", "all")))[0]
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +122,8 @@ PREFETCH_SHAPES = [
 
 @pytest.fixture(scope="module")
 def prefetch_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("prefetch")
-    return estimate("p_prefetch_profile.py", cwd=workdir), workdir
+    return shared_estimate(tmp_path_factory, "prefetch",
+                           lambda workdir: estimate("p_prefetch_profile.py", cwd=workdir))
 
 
 @pytest.fixture(scope="module")
@@ -167,24 +169,28 @@ def resume_shapes() -> list[ex.Shape]:
     return [(RESUME_VOCAB, d), (RESUME_CONTEXT, d), *layer * RESUME_LAYERS, (RESUME_VOCAB, d)]
 
 
-@pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
-    """A checkpoint written by a real (CPU) run of 2 steps, then the estimate that resumes it."""
+def _resume_after_a_real_run(workdir):
     import os
+    import shutil
     import subprocess
     import sys
 
     from tests.library_jobs.harness import SCRIPTS, SRC
 
-    workdir = tmp_path_factory.mktemp("resume")
     env = dict(os.environ, PYTHONPATH=str(SRC))
     subprocess.run([sys.executable, str(SCRIPTS / "p_notebook_resume.py"), "--steps", "2"],
                    cwd=workdir, env=env, check=True, capture_output=True, timeout=120)
-    checkpoint = workdir / "checkpoints" / "last.pt"
-    before = checkpoint.read_bytes()
-    est = estimate("p_notebook_resume.py", "--preempt-at", "5", flags=("--steps", "all"),
-                   cwd=workdir)
-    return est, before, checkpoint.read_bytes()
+    shutil.copyfile(workdir / "checkpoints" / "last.pt", workdir / "before.pt")
+    return estimate("p_notebook_resume.py", "--preempt-at", "5", flags=("--steps", "all"),
+                    cwd=workdir)
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """A checkpoint written by a real (CPU) run of 2 steps, then the estimate that resumes it."""
+    est, workdir = shared_estimate(tmp_path_factory, "resume", _resume_after_a_real_run)
+    before = (workdir / "before.pt").read_bytes()
+    return est, before, (workdir / "checkpoints" / "last.pt").read_bytes()
 
 
 def test_resume_with_map_location_cuda_keeps_the_loaded_dict(resumed):
@@ -222,8 +228,9 @@ def torch_rng_state_bytes() -> int:
 # p_visible_devices_smi.py: CUDA_VISIBLE_DEVICES + cuda:0, --local_rank, nvidia-smi in a subprocess
 
 @pytest.fixture(scope="module")
-def smi_l4():
-    return estimate("p_visible_devices_smi.py", "--local_rank", "0", flags=("--gpu", "l4"))
+def smi_l4(tmp_path_factory):
+    return shared_estimate(tmp_path_factory, "smi-l4", lambda _: estimate(
+        "p_visible_devices_smi.py", "--local_rank", "0", flags=("--gpu", "l4")))[0]
 
 
 def test_batch_from_nvidia_smi_follows_the_gpu_and_its_cublas_default(smi_l4):

@@ -24,6 +24,7 @@ only); `--gradient_checkpointing[_kwargs]` are deprecated aliases of
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from math import prod
 from pathlib import Path
@@ -33,6 +34,7 @@ import pytest
 from tests.library_jobs import expected as ex
 from tests.library_jobs import test_library_jobs_hf2 as hf2
 from tests.library_jobs.harness import estimate
+from tests.library_jobs.shared_estimate import shared_estimate
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
@@ -57,13 +59,16 @@ def _notes(est) -> str:
 
 @pytest.fixture(scope="module")
 def clm_run(tmp_path_factory):
-    """`run_clm.py` once per set of flags in this module; each run keeps its files (`out`)."""
+    """`run_clm.py` once per set of flags in this session (pytest-xdist's workers included);
+    each run keeps its files (`out`)."""
     runs: dict[tuple[str, ...], tuple[object, dict[str, Path]]] = {}
 
     def run(*flags: str):
         if flags not in runs:
-            files = hf2.write_clm_files(tmp_path_factory.mktemp("clm"))
-            runs[flags] = (hf2.run_clm(files, *flags), files)
+            key = "clm-" + hashlib.sha1("\0".join(flags).encode()).hexdigest()[:12]
+            est, workdir = shared_estimate(
+                tmp_path_factory, key, lambda root: hf2.run_clm(hf2.write_clm_files(root), *flags))
+            runs[flags] = (est, {"out": workdir / "out"})  # the run's output_dir
         return runs[flags]
 
     return run
