@@ -29,6 +29,7 @@ import torch
 
 from peakmem.capture.library_patches import register_library_patch
 from peakmem.capture.on_import import patch_on_import
+from peakmem.capture.running_session import session_on_mode_stack
 from peakmem.capture.unsupported import Unsupported
 
 PAGED_NOTE = (
@@ -40,15 +41,7 @@ PAGED_NOTE = (
 
 def current_session() -> Any:
     """The running capture's session: the one the device-mapping torch-function mode holds."""
-    from torch.overrides import _get_current_function_mode_stack
-
-    from peakmem.capture.session import CaptureSession
-
-    for mode in reversed(_get_current_function_mode_stack()):
-        session = getattr(mode, "session", None)
-        if isinstance(session, CaptureSession):
-            return session
-    return None
+    return session_on_mode_stack()
 
 
 def _note_paged() -> None:

@@ -22,6 +22,7 @@ import torch
 
 from peakmem.capture.library_patches import register_library_patch
 from peakmem.capture.on_import import Undo, patch_on_import
+from peakmem.capture.running_session import session_on_mode_stack
 from peakmem.trace.vocab import Category
 
 KERAS_OPTIMIZER_MODULE = "keras.src.optimizers.base_optimizer"
@@ -32,15 +33,7 @@ backward, outside any torch.optim step)."""
 
 
 def _current_session() -> Any:
-    from torch.overrides import _get_current_function_mode_stack
-
-    from peakmem.capture.session import CaptureSession
-
-    for mode in reversed(_get_current_function_mode_stack()):
-        session = getattr(mode, "session", None)
-        if isinstance(session, CaptureSession):
-            return session
-    return None
+    return session_on_mode_stack()
 
 
 def classify_optimizer_variables(session: Any, optimizer: Any) -> None:

@@ -20,22 +20,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from peakmem.capture.environment import environment_set
 from peakmem.capture.library_patches import register_library_patch
 from peakmem.capture.on_import import Undo, patch_on_import
+from peakmem.capture.running_session import session_on_mode_stack
 
 RAY_TRAINER_MODULE = "ray.train.v2.api.data_parallel_trainer"
 
 
 def _current_session() -> Any:
-    from torch.overrides import _get_current_function_mode_stack
-
-    from peakmem.capture.session import CaptureSession
-
-    for mode in reversed(_get_current_function_mode_stack()):
-        session = getattr(mode, "session", None)
-        if isinstance(session, CaptureSession):
-            return session
-    return None
+    return session_on_mode_stack()
 
 
 TORCHRUN_RANK0 = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
@@ -60,16 +54,8 @@ def _torchrun_variables(workers: int) -> Iterator[None]:
     if workers <= 1 or any(name in os.environ for name in ("RANK", "WORLD_SIZE")):
         yield
         return
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(names)
-    try:
+    with environment_set(names):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _patch_fit(module: Any) -> Undo:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from peakmem.capture.environment import environment_set
 from peakmem.capture.result import CaptureResult
 from peakmem.estimate.api import (
     Estimate,
@@ -62,16 +63,8 @@ def traced_ranks(launch: Launch, ranks: str | None) -> list[int]:
 @contextlib.contextmanager
 def rank_environment(env: dict[str, str]) -> Iterator[None]:
     """`os.environ` updated with a rank's variables for the duration (in-process captures)."""
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
+    with environment_set(env):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def rank_row(rank: int, estimate: Estimate) -> dict[str, Any]:
