@@ -374,9 +374,12 @@ def all_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
 @contextmanager
 def fake_cuda_runtime(session: CaptureSession) -> Iterator[None]:
     from peakmem.capture import fake_tensors
+    from peakmem.capture.process_state import process_state_kept
 
     saved = []
     default_dtype = torch.get_default_dtype()
+    kept = process_state_kept()
+    kept.__enter__()
     try:
         for (obj, name), value in all_patches(session).items():
             own = not isinstance(obj, type) or name in vars(obj)  # else inherited: delete after
@@ -391,3 +394,4 @@ def fake_cuda_runtime(session: CaptureSession) -> Iterator[None]:
                 delattr(obj, name)
         fake_tensors.restore_default_device(session, torch.set_default_device)
         torch.set_default_dtype(default_dtype)  # a job's set_default_dtype / _tensor_type
+        kept.__exit__(None, None, None)  # precision flags, library singletons (process_state)

@@ -1,0 +1,87 @@
+"""Process-wide settings a job may change that outlive its capture when the capture runs in the
+caller's process (`estimate_command(..., isolate=False)`: the bench's workers, `peakmem fit`'s
+probes, tests): each is saved when the fake CUDA runtime starts and put back when it ends, so the
+next job in the process starts from the same state (registry: one saver per kind of state).
+
+- torch's float32 precision flags: a job that sets TF32 with the legacy API
+  (`torch.backends.cuda.matmul.allow_tf32 = True`, nanoGPT) and another that reads it with the new
+  one (`torch.get_float32_matmul_precision()`, Lightning) make torch raise "a mix of the legacy
+  and new APIs";
+- bitsandbytes' `GlobalOptimManager` singleton: the HF Trainer registers 32-bit overrides for
+  embedding weights keyed by `id(param)`; a later job's parameters that reuse those ids would get
+  32-bit optimizer states instead of 8-bit ones.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+Restore = Callable[[], None]
+SAVERS: list[Callable[[], Restore | None]] = []
+
+
+def _register(saver: Callable[[], Restore | None]) -> Callable[[], Restore | None]:
+    SAVERS.append(saver)
+    return saver
+
+
+def _precision_objects() -> list:
+    backends = torch.backends
+    objects = [backends, getattr(backends.cuda, "matmul", None), backends.cudnn,
+               getattr(backends.cudnn, "conv", None), getattr(backends.cudnn, "rnn", None),
+               backends.mkldnn]
+    objects += [getattr(backends.mkldnn, name, None) for name in ("matmul", "conv", "rnn")]
+    return [obj for obj in objects if obj is not None and hasattr(obj, "fp32_precision")]
+
+
+@_register
+def _float32_precision() -> Restore | None:
+    try:
+        legacy = torch.get_float32_matmul_precision()
+        values = [(obj, obj.fp32_precision) for obj in _precision_objects()]
+    except (RuntimeError, AttributeError):
+        return None  # already mixed before the job: nothing consistent to put back
+
+    def restore() -> None:
+        try:
+            torch.set_float32_matmul_precision(legacy)
+            for obj, value in values:
+                obj.fp32_precision = value
+        except (RuntimeError, AttributeError, ValueError):
+            pass
+
+    return restore
+
+
+@_register
+def _bitsandbytes_overrides() -> Restore | None:
+    module = sys.modules.get("bitsandbytes.optim.optimizer")
+    manager_type = getattr(module, "GlobalOptimManager", None) if module is not None else None
+
+    def restore() -> None:
+        loaded = sys.modules.get("bitsandbytes.optim.optimizer")
+        manager = getattr(loaded, "GlobalOptimManager", None) if loaded is not None else None
+        instance = getattr(manager, "_instance", None) if manager is not None else None
+        if instance is not None and hasattr(instance, "initialize"):
+            instance.initialize()  # what a fresh process has: no overrides
+
+    if manager_type is not None and getattr(manager_type, "_instance", None) is not None:
+        instance = manager_type._instance
+        if getattr(instance, "pid2config", None) or getattr(instance, "index2config", None):
+            return None  # the caller's own overrides, made before the job: left alone
+    return restore
+
+
+@contextmanager
+def process_state_kept() -> Iterator[None]:
+    """Every registered kind of process-wide state put back after the block."""
+    restores = [restore for saver in SAVERS if (restore := saver()) is not None]
+    try:
+        yield
+    finally:
+        for restore in reversed(restores):
+            restore()

@@ -1,0 +1,59 @@
+"""Process-wide state a job changes is put back after an in-process capture (capture.process_state):
+the next job in the same process (a bench worker, `peakmem fit`'s probes) starts from the same
+state. Both cases were seen as failures of later tests in one pytest worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from peakmem.estimate import estimate_command
+
+TF32_JOB = """\
+import torch
+torch.backends.cuda.matmul.allow_tf32 = True   # the legacy API (nanoGPT)
+torch.backends.cuda.matmul.fp32_precision = "tf32"   # and the new one, for one backend only
+torch.backends.cudnn.conv.fp32_precision = "ieee"
+torch.set_float32_matmul_precision("medium")
+model = torch.nn.Linear(64, 64).cuda()
+model(torch.randn(8, 64, device="cuda")).sum().backward()
+"""
+
+BNB_JOB = """\
+import torch
+import bitsandbytes as bnb
+model = torch.nn.Sequential(torch.nn.Embedding(512, 64), torch.nn.Linear(64, 64)).cuda()
+manager = bnb.optim.GlobalOptimManager.get_instance()
+manager.register_module_override(model[0], "weight", {"optim_bits": 32})  # as the HF Trainer does
+opt = bnb.optim.Adam8bit(model.parameters())
+model(torch.arange(8, device="cuda")).sum().backward()
+opt.step()
+"""
+
+
+def _estimate(tmp_path: Path, monkeypatch, text: str) -> None:
+    (tmp_path / "job.py").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    result = estimate_command(["python", "job.py"], gpu="a100-40gb", mode="fake", timeout=120,
+                              isolate=False)
+    assert result.estimate_kind, result
+
+
+def test_float32_precision_flags_are_put_back(tmp_path: Path, monkeypatch):
+    before = torch.get_float32_matmul_precision()
+    conv = torch.backends.cudnn.conv.fp32_precision
+    _estimate(tmp_path, monkeypatch, TF32_JOB)
+    # a mix of the legacy and new APIs left behind makes this read raise (Lightning reads it)
+    assert torch.get_float32_matmul_precision() == before
+    assert torch.backends.cudnn.conv.fp32_precision == conv
+
+
+def test_bitsandbytes_overrides_do_not_outlive_the_job(tmp_path: Path, monkeypatch):
+    bnb = pytest.importorskip("bitsandbytes")
+    _estimate(tmp_path, monkeypatch, BNB_JOB)
+    manager = bnb.optim.GlobalOptimManager.get_instance()
+    # overrides are keyed by id(param): a later job's parameters reusing those ids would get
+    # 32-bit states
+    assert manager.pid2config == {} and manager.index2config == {}
