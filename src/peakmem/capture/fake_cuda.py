@@ -378,20 +378,19 @@ def fake_cuda_runtime(session: CaptureSession) -> Iterator[None]:
 
     saved = []
     default_dtype = torch.get_default_dtype()
-    kept = process_state_kept()
-    kept.__enter__()
-    try:
-        for (obj, name), value in all_patches(session).items():
-            own = not isinstance(obj, type) or name in vars(obj)  # else inherited: delete after
-            saved.append((obj, name, getattr(obj, name), own))
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, original, own in reversed(saved):
-            if own:
-                setattr(obj, name, original)
-            else:
-                delattr(obj, name)
-        fake_tensors.restore_default_device(session, torch.set_default_device)
-        torch.set_default_dtype(default_dtype)  # a job's set_default_dtype / _tensor_type
-        kept.__exit__(None, None, None)  # precision flags, library singletons (process_state)
+    # precision flags, library singletons (capture.process_state): put back after the patches
+    with process_state_kept():
+        try:
+            for (obj, name), value in all_patches(session).items():
+                own = not isinstance(obj, type) or name in vars(obj)  # else inherited: delete after
+                saved.append((obj, name, getattr(obj, name), own))
+                setattr(obj, name, value)
+            yield
+        finally:
+            for obj, name, original, own in reversed(saved):
+                if own:
+                    setattr(obj, name, original)
+                else:
+                    delattr(obj, name)
+            fake_tensors.restore_default_device(session, torch.set_default_device)
+            torch.set_default_dtype(default_dtype)  # a job's set_default_dtype / _tensor_type

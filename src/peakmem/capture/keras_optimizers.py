@@ -32,10 +32,6 @@ _STATE_SOURCES = (Category.TEMPORARY.value, Category.OTHER.value, Category.INPUT
 backward, outside any torch.optim step)."""
 
 
-def _current_session() -> Any:
-    return session_on_mode_stack()
-
-
 def classify_optimizer_variables(session: Any, optimizer: Any) -> None:
     """Tag the tensors of `optimizer.variables` (Keras variables) as optimizer state."""
     for variable in getattr(optimizer, "variables", ()):
@@ -52,7 +48,7 @@ def _patch_apply(module: Any) -> Undo:
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
         result = original(self, grads, trainable_variables)
-        session = _current_session()
+        session = session_on_mode_stack()
         if session is not None:
             classify_optimizer_variables(session, self)
         return result

@@ -70,7 +70,7 @@ def _wrap(module: Any) -> Undo:
 
 
 def _add_hint() -> None:
-    from peakmem.capture.bitsandbytes_model import current_session
+    from peakmem.capture.running_session import session_on_mode_stack as current_session
 
     session = current_session()
     if session is not None and HINT not in session.failure_hints:

@@ -87,7 +87,7 @@ class _Adopted:
 
 def _adopt_rank_zero(launcher: Any, adopted: _Adopted) -> None:
     """Make this process rank 0 of the launch `launcher` would start."""
-    from peakmem.capture.bitsandbytes_model import current_session
+    from peakmem.capture.running_session import session_on_mode_stack as current_session
 
     nproc = max(1, int(getattr(launcher, "num_processes", 1) or 1))
     nnodes = max(1, int(getattr(launcher, "num_nodes", 1) or 1))

@@ -143,7 +143,7 @@ def fill_peers(objects: list[Any], frame: FrameType | None, mine: Any, rank: int
 
 def _note_unknown(frame: FrameType, exc: Exception) -> None:
     """Say that the peers' objects are copies of this rank's where they should differ."""
-    from peakmem.capture.bitsandbytes_model import current_session
+    from peakmem.capture.running_session import session_on_mode_stack as current_session
 
     session = current_session()
     if session is None:

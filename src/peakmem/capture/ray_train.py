@@ -28,10 +28,6 @@ from peakmem.capture.running_session import session_on_mode_stack
 RAY_TRAINER_MODULE = "ray.train.v2.api.data_parallel_trainer"
 
 
-def _current_session() -> Any:
-    return session_on_mode_stack()
-
-
 TORCHRUN_RANK0 = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                   "MASTER_PORT": "29500"}
 """With WORLD_SIZE and LOCAL_WORLD_SIZE: what `has_torchrun_env()` (ray/train/v2/_internal/
@@ -65,7 +61,7 @@ def _patch_fit(module: Any) -> Undo:
         return lambda: None
 
     def fit(self: Any) -> Any:
-        session = _current_session()
+        session = session_on_mode_stack()
         if session is None or self.running_in_local_mode:
             return original(self)
         scaling = self.scaling_config

@@ -98,7 +98,7 @@ def classify_partitions(optimizer: Any, buffers: Callable[[Any], Iterator[tuple[
 
 
 def _session() -> Any:
-    from peakmem.capture.bitsandbytes_model import current_session
+    from peakmem.capture.running_session import session_on_mode_stack as current_session
 
     session = current_session()
     return None if session is None or session.closed else session
