@@ -100,3 +100,50 @@ def test_stops_asking_for_processes_once_pid_is_hidden(nvml, monkeypatch):
     for _ in range(cp._PID_HIDDEN_AFTER + 20):
         assert probe.sample_used().source == "nvml-device-delta"
     assert calls["n"] == cp._PID_HIDDEN_AFTER
+
+
+def test_failed_listing_repeats_last_process_reading_not_device_delta(nvml, monkeypatch):
+    """Beside other processes, a listing that raises (a process started between NVML's count and
+    fill calls) must not fall back to the device-wide delta, which counts the others' growth."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    probe = CudaProbe(0)
+    probe.mark_baseline()
+    nvml["processes"] = [(os.getpid(), 700 * MiB), (4242, 1 * MiB)]
+    first = probe.sample_used()
+    assert (first.used_bytes, first.source) == (700 * MiB, "nvml-process")
+    nvml["device_used"] = 40_000 * MiB  # another process grew by ~39 GiB
+    nvml_mod = sys.modules["pynvml"]
+
+    def racing(handle):
+        raise RuntimeError("NVML_ERROR_INSUFFICIENT_SIZE")
+
+    monkeypatch.setattr(nvml_mod, "nvmlDeviceGetComputeRunningProcesses", racing)
+    sample = probe.sample_used()
+    assert (sample.used_bytes, sample.source) == (700 * MiB, "nvml-process")
+    monkeypatch.setattr(
+        nvml_mod, "nvmlDeviceGetComputeRunningProcesses",
+        lambda h: [SimpleNamespace(pid=4242, usedGpuMemory=39_000 * MiB)],
+    )  # fmt: skip
+    sample = probe.sample_used()
+    assert (sample.used_bytes, sample.source) == (700 * MiB, "nvml-process")
+
+
+def test_listing_retried_once_it_raises(nvml, monkeypatch):
+    probe = CudaProbe(0)
+    nvml_mod = sys.modules["pynvml"]
+    listing = nvml_mod.nvmlDeviceGetComputeRunningProcesses
+    calls = {"n": 0}
+
+    def flaky(handle):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("NVML_ERROR_INSUFFICIENT_SIZE")
+        return listing(handle)
+
+    monkeypatch.setattr(nvml_mod, "nvmlDeviceGetComputeRunningProcesses", flaky)
+    nvml["processes"] = [(os.getpid(), 321 * MiB)]
+    sample = probe.sample_used()
+    assert (sample.used_bytes, sample.source) == (321 * MiB, "nvml-process")
+    assert calls["n"] == 2

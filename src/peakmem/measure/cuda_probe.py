@@ -4,7 +4,12 @@ allocator's counters. Imported only on a machine that measures; never needed by 
 Used memory of this process, in order of preference:
 1. ``nvmlDeviceGetComputeRunningProcesses`` entry for ``os.getpid()`` ("nvml-process");
 2. NVML device used memory minus the used memory at the baseline ("nvml-device-delta"): for
-   containers whose PID namespace hides our pid from NVML; needs the GPU to ourselves;
+   containers whose PID namespace hides our pid from NVML; needs the GPU to ourselves.
+   Once NVML has listed this process, the probe never falls back to it: a listing that fails
+   (nvidia-ml-py raises NVML_ERROR_INSUFFICIENT_SIZE when a process starts between its count and
+   fill calls) or misses us repeats the last per-process reading. The device-wide delta would
+   count every other process's growth: on the first H200 lease, 27 of 168 sweep runs measured
+   beside the cuDNN probe read 1-44 GiB too high that way;
 3. without nvidia-ml-py: ``cudaMemGetInfo`` used minus the baseline ("cuda-meminfo-delta").
 """
 
@@ -53,6 +58,7 @@ class CudaProbe:
         self._baseline = 0
         self._lock = threading.Lock()
         self._misses = 0  # process lists that had entries but not this pid
+        self._last_process_used: int | None = None  # last per-process reading, once seen
 
     def _visible_nvml_index(self) -> int:
         """NVML ignores CUDA_VISIBLE_DEVICES: map torch's index to NVML's (numeric lists only)."""
@@ -104,17 +110,26 @@ class CudaProbe:
             if not self._torch.cuda.is_initialized():
                 return UsedSample(0, "cuda-meminfo-delta")
             return UsedSample(self._device_used() - self._baseline, "cuda-meminfo-delta")
-        if self._misses < _PID_HIDDEN_AFTER:
-            try:
-                processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-            except Exception:
-                processes = []
+        if self._misses < _PID_HIDDEN_AFTER or self._last_process_used is not None:
+            processes, listed = self._list_processes()
             for process in processes:
                 if process.pid == self._pid and process.usedGpuMemory is not None:
-                    return UsedSample(int(process.usedGpuMemory), "nvml-process")
-            if processes and self._torch.cuda.is_initialized():
+                    self._last_process_used = int(process.usedGpuMemory)
+                    return UsedSample(self._last_process_used, "nvml-process")
+            if self._last_process_used is not None:  # seen before: a failed or racy listing
+                return UsedSample(self._last_process_used, "nvml-process")
+            if listed and processes and self._torch.cuda.is_initialized():
                 self._misses += 1  # we run CUDA, others are listed, we are not: hidden PIDs?
         return UsedSample(max(self._device_used() - self._baseline, 0), "nvml-device-delta")
+
+    def _list_processes(self) -> tuple[list[Any], bool]:
+        """NVML's compute processes, retried: the list can change between its two calls."""
+        for _ in range(3):
+            try:
+                return list(self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)), True
+            except Exception:
+                continue
+        return [], False
 
     def synchronize(self) -> None:
         if self._torch.cuda.is_initialized():
