@@ -390,7 +390,8 @@ def load_groundtruth(
     _data_dir: Path | None, directory: Path = GROUNDTRUTH_DIR
 ) -> Iterator[BenchRow]:
     """This repo's own measurements (`peakmem measure`); rows with another status are skipped."""
-    files = sorted(directory.glob("*.csv")) if directory.is_dir() else []
+    # <gpu>.csv: the runs; <gpu>_<table>.csv beside them are probe tables (first use, cuDNN)
+    files = sorted(p for p in directory.glob("*.csv") if "_" not in p.stem) if directory.is_dir() else []
     if not files:
         raise DatasetUnavailable(
             f"no ground truth yet: {directory} has no *.csv (run `peakmem measure` on a GPU)"

@@ -89,6 +89,11 @@ class StackProfile:
     module loading brings in after the context is created, on the job's first kernel launches
     (torch's and cuBLAS's kernel images). A measurement whose baseline is taken right after
     the context was created (xMem's) contains this part and not the rest."""
+    first_use: dict[str, dict[str, Sourced]] = field(default_factory=dict)
+    """Per GPU profile name (no default): the measured first-use model of the memory outside the
+    allocator (`first_use_bytes`: `base`, the context and first kernel, and bytes per kernel
+    family, estimate/first_use.py). Where a GPU has one, its base is the context figure and the
+    families a job runs are charged as libraries."""
     saved_inputs: dict[str, Sourced] = field(default_factory=dict)
     """Per composite aten op ("softmax.int"): the stack's autograd saved the op's input for
     backward where the torch the capture runs does not (cuda_rules/saved_inputs.py)."""
@@ -111,11 +116,23 @@ class StackProfile:
         """The CUDA context for `gpu`: the stack's calibrated figure for it, else the context
         model (data/contexts/: by module-loading mode and architecture), else the stack's
         default."""
+        measured = self.first_use_table(gpu, environ).get("base")
+        if measured is not None:
+            return measured
         calibrated = self.context.get(gpu.name)
         if calibrated is not None:
             return calibrated
         modelled = context_model(self.module_loading(environ), gpu)
         return modelled if modelled is not None else self.context["default"]
+
+    def first_use_table(
+        self, gpu: GpuProfile, environ: Mapping[str, str] | None = None
+    ) -> dict[str, Sourced]:
+        """The GPU's first-use model (`first_use_bytes`; measured under lazy module loading, so
+        {} when the job loads modules eagerly) or {}."""
+        if self.module_loading(environ) != "lazy":
+            return {}
+        return self.first_use.get(gpu.name, {})
 
     def module_loading(self, environ: Mapping[str, str] | None = None) -> str:
         """"lazy" or "eager": lazy when the stack's CUDA has lazy loading (11.7+) and
@@ -146,8 +163,12 @@ class StackProfile:
         return found or Sourced(0.0, "assumed", f"no margin fitted for {kind} jobs on {gpu.name}")
 
     def library_bytes_for(self, gpu: GpuProfile, family: str) -> Sourced:
-        return _per_gpu(self.library, gpu, family) or Sourced(
-            0, "assumed", f"no figure for {family} in the {self.name} stack profile"
+        """A library's first-use memory (`library_bytes`), else a kernel family's of the GPU's
+        first-use model (`first_use_bytes`), else 0 (assumed)."""
+        return (
+            _per_gpu(self.library, gpu, family)
+            or self.first_use_table(gpu).get(family)
+            or Sourced(0, "assumed", f"no figure for {family} in the {self.name} stack profile")
         )
 
 
@@ -337,6 +358,13 @@ def _stacks() -> list[StackProfile]:
                 lazy_loaded={
                     key: _sourced(raw, f"{where} lazy_loaded_bytes.{key}")
                     for key, raw in table.get("lazy_loaded_bytes", {}).items()
+                },
+                first_use={
+                    key: {
+                        family: _sourced(entry, f"{where} first_use_bytes.{key}.{family}")
+                        for family, entry in families.items()
+                    }
+                    for key, families in table.get("first_use_bytes", {}).items()
                 },
                 saved_inputs={
                     key: _sourced(raw, f"{where} saved_inputs.{key}")

@@ -1,0 +1,97 @@
+"""The device memory outside PyTorch's caching allocator that a job's kernels bring in on first
+use (issue 6): a base (the CUDA context and the first kernel) plus, per kernel family the job
+runs, the bytes that family's first launch added in the measured first-use table
+(benchmarks/first_use_probe.py -> benchmarks/groundtruth/<gpu>_first_use.csv).
+
+The figures live in the stack profile, per GPU (`[first_use_bytes.<gpu>]`: `base` and one entry
+per family, each with its `source`); which aten ops belong to which family is the registry
+FIRST_USE_FAMILIES below. cuDNN's convolution kernels are not in it: the capture charges them
+through `library_bytes.<gpu>.cudnn_convolution` when it sees a convolution (cuda_rules/).
+
+Under lazy module loading (CUDA 11.7+, torch's default) the driver places kernel images in
+device memory in 2 MiB pages as they are first launched, so small families share pages and a
+family's delta depends on what ran before (see docs/context.md for the table and its findings);
+only the families whose first use measurably added memory have an entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from peakmem.profiles.loader import GpuProfile, StackProfile
+
+BASE = "base"
+"""The `[first_use_bytes.<gpu>]` key of the context and first kernel (before any family)."""
+
+
+@dataclass(frozen=True)
+class FirstUseFamily:
+    name: str
+    ops: frozenset[str] | None
+    """aten overload packets whose allocations in the trace show the family ran; None: every
+    job that launches kernels (the elementwise / reduction / optimizer kernels all jobs run)."""
+    description: str
+
+
+FIRST_USE_FAMILIES: dict[str, FirstUseFamily] = {}
+
+
+def register(name: str, ops: Iterable[str] | None, description: str) -> FirstUseFamily:
+    if name in FIRST_USE_FAMILIES or name == BASE:
+        raise ValueError(f"first-use family {name!r} registered twice")
+    family = FirstUseFamily(name, None if ops is None else frozenset(ops), description)
+    FIRST_USE_FAMILIES[name] = family
+    return family
+
+
+register(
+    "torch_kernels",
+    None,
+    "torch's own elementwise, reduction, loss and optimizer kernels every training job runs",
+)
+register(
+    "cublas_gemm",
+    ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "_addmm_activation", "matmul",
+     "linear", "_scaled_mm", "_int_mm"),  # fmt: skip
+    "cuBLAS / cuBLASLt GEMM kernels and handles (one per thread: forward and autograd's)",
+)
+register("batched_gemm", ("bmm", "baddbmm"), "cuBLAS batched GEMM kernels")
+register(
+    "sdpa_efficient",
+    ("_scaled_dot_product_efficient_attention", "_efficient_attention_forward"),
+    "memory-efficient SDPA kernels (fp32 attention, attention with a mask or bias)",
+)
+register(
+    "sdpa_flash",
+    ("_scaled_dot_product_flash_attention", "_flash_attention_forward"),
+    "flash-attention SDPA kernels (bf16 / fp16 attention)",
+)
+register("avg_pool", ("avg_pool2d", "avg_pool3d"), "average pooling kernels")
+
+
+def families_run(ops: Iterable[str]) -> tuple[str, ...]:
+    """The registered families a job with these aten ops (overload packets) runs, in registry
+    order."""
+    seen = frozenset(ops)
+    return tuple(
+        name
+        for name, family in FIRST_USE_FAMILIES.items()
+        if family.ops is None or not family.ops.isdisjoint(seen)
+    )
+
+
+def has_first_use_model(stack: StackProfile, gpu: GpuProfile) -> bool:
+    """True where the stack has a measured first-use table for this GPU."""
+    return BASE in stack.first_use_table(gpu)
+
+
+def first_use_bytes(stack: StackProfile, gpu: GpuProfile, ops: Iterable[str]) -> dict[str, int]:
+    """Per family the job runs: the bytes its first use adds outside the allocator on `gpu`
+    (families without an entry for the GPU add nothing); {} where the GPU has no table."""
+    table = stack.first_use_table(gpu)
+    if BASE not in table:
+        return {}
+    return {name: int(table[name].value) for name in families_run(ops) if name in table}
+
+
