@@ -18,6 +18,7 @@ kind of job (CNN / Transformer fp32 / bf16 / other) and for the declared calibra
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 from peakmem.bench.calibration import in_calibration_split
 from peakmem.datasets.loaders import load_rows
 from peakmem.datasets.rows import MiB
-from peakmem.estimate.first_use import first_use_bytes
+from peakmem.estimate.first_use import families_run, first_use_bytes, job_ops
 from peakmem.profiles import load_gpu, load_stack
 
 DEFAULT_OPS = Path("benchmarks/results/context_ops.json")
@@ -55,15 +56,35 @@ def capture_ops(row) -> dict:
     from peakmem.baselines.peakmem_estimator import PeakmemEstimator
 
     estimate = PeakmemEstimator().run(row)
-    return {"ops": sorted(estimate.ops), "libraries": sorted(estimate.capture.libraries)}
+    return {"ops": sorted(job_ops(estimate.capture)), "libraries": sorted(estimate.capture.libraries)}
 
 
-def predicted(row, seen: dict) -> int:
+def predicted(row, seen: dict, chosen: dict[str, int] | None = None) -> int:
+    """base + libraries + first-use families; `chosen` overrides (or adds) family figures."""
     gpu = load_gpu(row.gpu)
     stack = load_stack(row.torch_version)
     libraries = {name: int(stack.library_bytes_for(gpu, name).value) for name in seen["libraries"]}
     libraries.update(first_use_bytes(stack, gpu, seen["ops"]))
+    if chosen:
+        ran = set(families_run(seen["ops"]))
+        libraries.update({name: value for name, value in chosen.items() if name in ran})
     return int(stack.context_for(gpu).value) + sum(libraries.values())
+
+
+def choose(rows, cache: dict, families: list[str], *, top: int = 64) -> dict[str, int]:
+    """The family figures (0..top MiB in 2 MiB steps, NVML's granularity) that minimise the
+    largest miss, then the summed miss, over the given runs (the declared calibration split)."""
+    grid = range(0, top + 1, 2)
+    best: tuple[int, int] | None = None
+    chosen: dict[str, int] = {}
+    for values in itertools.product(grid, repeat=len(families)):
+        trial = {name: mib * MiB for name, mib in zip(families, values, strict=True)}
+        misses = [abs(predicted(r, cache[class_key(r)], trial) - int(r.features["context_bytes"]))
+                  for r in rows if "error" not in cache[class_key(r)]]  # fmt: skip
+        score = (max(misses), sum(misses))
+        if best is None or score < best:
+            best, chosen = score, trial
+    return chosen
 
 
 def summarise(label: str, misses: list[int]) -> str:
@@ -81,6 +102,8 @@ def main() -> None:
     parser.add_argument("--gpu", default="h200,h100-80gb")
     parser.add_argument("--ops", type=Path, default=DEFAULT_OPS)
     parser.add_argument("--classes-only", action="store_true", help="capture, do not score")
+    parser.add_argument("--choose", default="", help="families whose figures to choose on the "
+                        "calibration split of the first --gpu (comma-separated), then stop")
     args = parser.parse_args()
     gpus = args.gpu.split(",")
     rows = [r for r in load_rows("groundtruth") if r.gpu in gpus and r.features.get("context_bytes")]
@@ -99,6 +122,15 @@ def main() -> None:
             args.ops.parent.mkdir(parents=True, exist_ok=True)
             args.ops.write_text(json.dumps(cache, indent=1, sort_keys=True))
     if args.classes_only:
+        return
+    if args.choose:
+        split = [r for r in rows if r.gpu == gpus[0] and in_calibration_split(r)]
+        chosen = choose(split, cache, args.choose.split(","))
+        print(f"chosen on the {len(split)} {gpus[0]} split runs:",
+              {name: value for name, value in chosen.items()})  # fmt: skip
+        for line in (summarise("split with them", [predicted(r, cache[class_key(r)], chosen)
+                     - int(r.features["context_bytes"]) for r in split]),):  # fmt: skip
+            print(line)
         return
     by_kind: dict[tuple[str, str, bool], list[int]] = defaultdict(list)
     for key, members in sorted(classes.items()):

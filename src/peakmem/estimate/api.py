@@ -12,7 +12,7 @@ from typing import Any
 
 from peakmem.capture.result import DEFAULT_STEPS, CaptureResult
 from peakmem.estimate.breakdown import PeakBreakdown
-from peakmem.estimate.first_use import first_use_bytes
+from peakmem.estimate.first_use import first_use_bytes, job_ops
 from peakmem.estimate.margin_kinds import margin_kind as _kind_of
 from peakmem.estimate.margin_kinds import op_packets
 from peakmem.estimate.margin_reserve import margin_reserve_bytes as _margin_reserve
@@ -406,9 +406,7 @@ def estimate_capture(
     libraries = dict(capture.libraries)
     # kernel families' first-use memory outside the allocator, where the GPU has a measured
     # first-use model (estimate/first_use.py; its base is then the context figure)
-    libraries.update(
-        first_use_bytes(stack, gpu, op_packets(tag.op for tag in capture.trace.tags))
-    )
+    libraries.update(first_use_bytes(stack, gpu, job_ops(capture)))
     config = parse_alloc_conf(alloc_conf, torch_version)
     fraction = capture.trace.meta.get("memory_fraction")
     fraction = float(fraction) if isinstance(fraction, (int, float)) and 0 <= fraction <= 1 else None

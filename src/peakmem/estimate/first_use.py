@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from peakmem.profiles.loader import GpuProfile, StackProfile
 
@@ -29,18 +30,26 @@ BASE = "base"
 class FirstUseFamily:
     name: str
     ops: frozenset[str] | None
-    """aten overload packets whose allocations in the trace show the family ran; None: every
-    job that launches kernels (the elementwise / reduction / optimizer kernels all jobs run)."""
+    """aten overload packets whose allocations in the trace show the family ran ("mm"), or
+    packets at a dtype ("mm:bf16", from the capture's per-op cost record); None: every job that
+    launches kernels (the elementwise / reduction / optimizer kernels all jobs run)."""
     description: str
+    loaded_with: frozenset[str] = frozenset()
+    """ops whose presence means the family's pages are already there (a job that runs them
+    adds nothing for this family)."""
 
 
 FIRST_USE_FAMILIES: dict[str, FirstUseFamily] = {}
 
 
-def register(name: str, ops: Iterable[str] | None, description: str) -> FirstUseFamily:
+def register(
+    name: str, ops: Iterable[str] | None, description: str, loaded_with: Iterable[str] = ()
+) -> FirstUseFamily:
     if name in FIRST_USE_FAMILIES or name == BASE:
         raise ValueError(f"first-use family {name!r} registered twice")
-    family = FirstUseFamily(name, None if ops is None else frozenset(ops), description)
+    family = FirstUseFamily(
+        name, None if ops is None else frozenset(ops), description, frozenset(loaded_with)
+    )
     FIRST_USE_FAMILIES[name] = family
     return family
 
@@ -50,6 +59,8 @@ register(
     None,
     "torch's own elementwise, reduction, loss and optimizer kernels every training job runs",
 )
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "_addmm_activation")
+CONVOLUTION_OPS = ("convolution", "convolution_backward", "cudnn_convolution", "_convolution")
 register(
     "cublas_gemm",
     ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "_addmm_activation", "matmul",
@@ -68,6 +79,29 @@ register(
     "flash-attention SDPA kernels (bf16 / fp16 attention)",
 )
 register("avg_pool", ("avg_pool2d", "avg_pool3d"), "average pooling kernels")
+register(
+    "bf16_gemm",
+    [f"{op}:bf16" for op in GEMM_OPS],
+    "bf16 tensor-core GEMM kernels (not separable in the first-use table: chosen on the "
+    "calibration split; a job that convolves measured nothing more for them)",
+    loaded_with=CONVOLUTION_OPS,
+)
+
+
+def job_ops(capture: Any) -> frozenset[str]:
+    """What a capture ran, for the registry: the aten overload packets of its trace's
+    allocations ("addmm") and, from its per-op cost record of a training step, each op at its
+    dtype ("addmm:bf16")."""
+    from peakmem.estimate.margin_kinds import op_packets
+    from peakmem.utilization.kernel_families import META_KEY
+
+    ops = set(op_packets(tag.op for tag in capture.trace.tags))
+    record = capture.trace.meta.get(META_KEY)
+    if isinstance(record, dict) and isinstance(record.get("ops"), list):
+        for op in record["ops"]:
+            if isinstance(op, list) and len(op) > 5 and isinstance(op[0], str):
+                ops.update((op[0], f"{op[0]}:{op[5]}"))
+    return frozenset(ops)
 
 
 def families_run(ops: Iterable[str]) -> tuple[str, ...]:
@@ -77,7 +111,8 @@ def families_run(ops: Iterable[str]) -> tuple[str, ...]:
     return tuple(
         name
         for name, family in FIRST_USE_FAMILIES.items()
-        if family.ops is None or not family.ops.isdisjoint(seen)
+        if (family.ops is None or not family.ops.isdisjoint(seen))
+        and family.loaded_with.isdisjoint(seen)
     )
 
 

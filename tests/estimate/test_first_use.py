@@ -1,0 +1,138 @@
+"""The first-use model of the memory outside the allocator (estimate/first_use.py): its figures
+come from the measured H200 table, the op -> family registry, and what it adds to estimates."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from peakmem.estimate import estimate
+from peakmem.estimate.first_use import (
+    BASE,
+    FIRST_USE_FAMILIES,
+    families_run,
+    first_use_bytes,
+    register,
+)
+from peakmem.measure.cudnn_tables import read_first_use
+from peakmem.profiles import load_gpu, load_stack
+
+REPO = Path(__file__).resolve().parents[2]
+TABLE = REPO / "benchmarks" / "groundtruth" / "h200_first_use.csv"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def lazy() -> dict[int, int]:
+    """Sequence LAZY: order -> what the row added outside the allocator (NVML's per-process
+    figure - memory_reserved, against the row before)."""
+    table = read_first_use(TABLE)
+    rows = table[table["module_loading"] == "LAZY"].sort_values("order")
+    outside = (rows["nvml_process_after_bytes"] - rows["reserved_after_bytes"]).astype("int64")
+    added = outside.diff().fillna(outside).astype("int64")
+    return dict(zip(rows["order"].astype(int), added, strict=True))
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_stack("2.11.0"), load_gpu("h200")
+
+
+def test_the_h200_figures_are_the_table_rows_they_cite(lazy, h200):
+    stack, gpu = h200
+    table = stack.first_use_table(gpu, environ={})
+    assert table[BASE].value == lazy[0] == 610 * MiB
+    assert table["cublas_gemm"].value == lazy[245] + lazy[247] == 128 * MiB
+    assert table["batched_gemm"].value == lazy[280]
+    assert table["sdpa_efficient"].value == lazy[305]
+    assert table["avg_pool"].value == lazy[127]
+    assert stack.library_bytes_for(gpu, "cudnn_convolution").value == lazy[5] + lazy[7] == 20 * MiB
+    for name in ("base", "cublas_gemm", "batched_gemm", "sdpa_efficient", "avg_pool"):
+        assert "h200_first_use.csv" in table[name].source
+    # what the cited rows leave out added nothing: the families are the only rows that grew
+    cited = {0, 5, 7, 127, 245, 247, 280, 305}
+    assert {order for order, added in lazy.items() if added} == cited
+
+
+def test_the_table_is_not_additive_across_dtypes(lazy):
+    # bf16 / tf32 GEMMs after the fp32 ones and every SDPA backend after them load nothing
+    # more: a job's figure follows the families it runs, not one entry per dtype
+    assert all(lazy[order] == 0 for order in range(249, 259))  # mm_tf32, mm_bf16
+    assert all(lazy[order] == 0 for order in range(289, 304))  # sdpa default/flash/efficient bf16
+
+
+@pytest.mark.parametrize(
+    ("ops", "expected"),
+    [
+        (set(), {"torch_kernels"}),
+        ({"addmm", "mm"}, {"torch_kernels", "cublas_gemm"}),
+        ({"bmm"}, {"torch_kernels", "cublas_gemm", "batched_gemm"}),
+        ({"_scaled_dot_product_efficient_attention"}, {"torch_kernels", "sdpa_efficient"}),
+        ({"_scaled_dot_product_flash_attention"}, {"torch_kernels", "sdpa_flash"}),
+        ({"avg_pool2d", "max_pool2d"}, {"torch_kernels", "avg_pool"}),
+        ({"convolution", "relu"}, {"torch_kernels"}),  # cuDNN: the capture's library charge
+        ({"addmm", "addmm:bf16"}, {"torch_kernels", "cublas_gemm", "bf16_gemm"}),
+        ({"addmm", "addmm:f16"}, {"torch_kernels", "cublas_gemm"}),
+        ({"addmm", "addmm:bf16", "convolution"}, {"torch_kernels", "cublas_gemm"}),
+    ],
+)
+def test_ops_map_to_families(ops, expected):
+    assert set(families_run(ops)) == expected
+
+
+def test_a_family_registers_once():
+    with pytest.raises(ValueError, match="registered twice"):
+        register("cublas_gemm", ("mm",), "again")
+    with pytest.raises(ValueError, match="registered twice"):
+        register(BASE, None, "the base is not a family")
+    assert "cublas_gemm" in FIRST_USE_FAMILIES
+
+
+def test_only_gpus_with_a_table_and_lazy_loading_get_the_model(h200, monkeypatch):
+    stack, gpu = h200
+    assert first_use_bytes(stack, gpu, {"mm"})["cublas_gemm"] == 128 * MiB
+    assert first_use_bytes(stack, load_gpu("a100-40gb"), {"mm"}) == {}
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
+    assert first_use_bytes(stack, gpu, {"mm"}) == {}
+    assert stack.context_for(gpu).value != 610 * MiB
+
+
+def attention_job(precision: str) -> None:
+    model = torch.nn.ModuleDict({"qkv": torch.nn.Linear(64, 192), "out": torch.nn.Linear(64, 64)})
+    model = model.cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randn(2, 128, 64, device="cuda")
+    for _ in range(2):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            q, k, v = model["qkv"](x).view(2, 128, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            loss = model["out"](y.transpose(1, 2).reshape(2, 128, 64)).float().pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def outside_allocator(precision: str) -> int:
+    result = estimate(attention_job, precision, gpu="h200", torch_version="2.11.0", steps=2)
+    assert result.peak_bytes == result.context_bytes + result.library_bytes + result.peak_reserved_bytes
+    return result.context_bytes + result.library_bytes
+
+
+def measured_context(gpu: str, args: str) -> int:
+    import csv
+
+    with open(REPO / "benchmarks" / "groundtruth" / f"{gpu}.csv", newline="") as fh:
+        found = {int(r["context_bytes"]) for r in csv.DictReader(fh) if r["args"] == args}
+    assert len(found) == 1, found
+    return found.pop()
+
+
+def test_bf16_attention_job_differs_from_fp32_by_the_measured_amount():
+    fp32, bf16 = outside_allocator("fp32"), outside_allocator("bf16")
+    # GPT-2 with SDPA on the H200: the same job measured in fp32 and bf16 (autocast)
+    args = "--seq-len 512 --model gpt2 --precision {} --batch-size 32"
+    measured = measured_context("h200", args.format("bf16")) - measured_context(
+        "h200", args.format("fp32")
+    )
+    assert measured == 16 * MiB
+    assert bf16 - fp32 == measured
