@@ -111,7 +111,7 @@ def main() -> None:
     classes: dict[str, list] = defaultdict(list)
     for row in rows:
         classes[class_key(row)].append(row)
-    for key, members in sorted(classes.items()):
+    for key, members in sorted(classes.items()):  # one capture per class, whatever the GPU
         if key not in cache:
             smallest = min(members, key=batch_of)
             print(f"capturing {smallest.id} {key}", file=sys.stderr, flush=True)
@@ -133,7 +133,10 @@ def main() -> None:
             print(line)
         return
     by_kind: dict[tuple[str, str, bool], list[int]] = defaultdict(list)
-    for key, members in sorted(classes.items()):
+    per_gpu: dict[tuple[str, str], list] = defaultdict(list)
+    for row in rows:
+        per_gpu[(row.gpu, class_key(row))].append(row)
+    for (_gpu, key), members in sorted(per_gpu.items()):
         seen = cache[key]
         if "error" in seen:
             print(f"{key}: not captured ({seen['error']})")
