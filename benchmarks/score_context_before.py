@@ -40,8 +40,16 @@ def main() -> None:
             )
             key = f"groundtruth:{run.job} {run.args}".encode()
             split = int(hashlib.sha1(key).hexdigest(), 16) % GROUNDTRUTH_BUCKETS < GROUNDTRUTH_TAKEN
-            kind = "convolutions" if "cudnn_convolution" in seen["libraries"] else "no convolutions"
+            if "cudnn_convolution" in seen["libraries"]:
+                kind = "convolutions"
+            elif "transformers_lm" in run.job:
+                kind = "transformers bf16" if "bf16" in run.args else "transformers fp32"
+            else:
+                kind = "other (MLP, DLRM, GPUMemNet)"
             misses[(gpu_name, kind, split)].append(stated - int(run.context_bytes))
+    for gpu_name in ("h200", "h100-80gb"):
+        every = [m for (g, _k, split), ms in misses.items() if g == gpu_name and not split for m in ms]
+        misses[(gpu_name, "all", False)] = every
     for (gpu_name, kind, split), found in sorted(misses.items()):
         print(f"{gpu_name} {kind} {'split' if split else 'held-out'}: {len(found)} runs, exact "
               f"{sum(m == 0 for m in found)}, within 2 MiB {sum(abs(m) <= 2 * MiB for m in found)},"
