@@ -141,3 +141,21 @@ def test_bf16_attention_job_differs_from_fp32_by_the_measured_amount():
     )
     assert measured == 16 * MiB
     assert bf16 - fp32 == measured
+
+
+def free_before_and_after_a_matmul(readings: list[int]) -> None:
+    torch.cuda.init()
+    readings.append(torch.cuda.mem_get_info()[0])
+    a = torch.randn(64, 64, device="cuda")
+    (a @ a).sum()
+    readings.append(torch.cuda.mem_get_info()[0])
+
+
+def test_mem_get_info_in_a_capture_counts_the_families_run_so_far():
+    readings: list[int] = []
+    estimate(free_before_and_after_a_matmul, readings, gpu="h200", torch_version="2.11.0", steps=1)
+    before, after = readings
+    # the first GEMM: its 16 KiB output in a new 2 MiB segment, cuBLAS's 32 MiB workspace (from
+    # the allocator) and, outside the allocator, cuBLAS's 128 MiB of pages
+    workspace = load_stack("2.11.0").cublas_workspace_for((9, 0)).value
+    assert before - after == 2 * MiB + workspace + 128 * MiB

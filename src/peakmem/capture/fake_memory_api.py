@@ -94,12 +94,26 @@ def check_history_arguments(enabled: Any, args: tuple[Any, ...], kwargs: dict[st
 
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     """Builds the capture's allocator simulation (`session.memory`) and the functions reading it."""
+    from peakmem.estimate.first_use import first_use_bytes
+    from peakmem.estimate.margin_kinds import op_packets
+
     gpu, stack = session.gpu, session.stack
     context = int(stack.context_for(gpu).value)
+    # the first-use families of the ops run so far (estimate/first_use.py; GPUs with a table),
+    # recomputed when the trace has a new tag
+    families = {"tags": -1, "bytes": 0}
+
+    def outside_bytes() -> int:
+        tags = session.trace.tags
+        if len(tags) != families["tags"]:
+            found = first_use_bytes(stack, gpu, op_packets(tag.op for tag in tags))
+            families.update(tags=len(tags), bytes=sum(found.values()))
+        return context + sum(session.libraries.values()) + families["bytes"]
+
     memory = build(
         session.trace,
         total_bytes=gpu.total_memory_bytes,
-        outside_bytes=lambda: context + sum(session.libraries.values()),
+        outside_bytes=outside_bytes,
         default_version="{}.{}".format(*stack.torch_min),
         notes=session.notes,
     )
