@@ -159,3 +159,13 @@ def test_mem_get_info_in_a_capture_counts_the_families_run_so_far():
     # the allocator) and, outside the allocator, cuBLAS's 128 MiB of pages
     workspace = load_stack("2.11.0").cublas_workspace_for((9, 0)).value
     assert before - after == 2 * MiB + workspace + 128 * MiB
+
+
+def test_the_context_at_creation_counts_the_families_as_lazily_loaded():
+    from peakmem.baselines.peakmem_estimator import context_at_creation_bytes
+
+    result = estimate(attention_job, "fp32", gpu="h100-80gb", torch_version="2.11.0", steps=1)
+    # 742 MiB outside the allocator less the 224 MiB the H100 probe saw load after creation:
+    # the 518 MiB it read right after context creation (h100-80gb_context.json)
+    assert result.context_bytes + result.library_bytes == 742 * MiB
+    assert context_at_creation_bytes(result) == 518 * MiB

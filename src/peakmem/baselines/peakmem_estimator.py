@@ -223,8 +223,13 @@ def job_command(row: BenchRow) -> list[str]:
 def context_at_creation_bytes(estimate) -> int:
     """The part of the estimate's CUDA context present as soon as the context exists: the
     context figure less the kernel images lazy loading brings in later (never below 0)."""
+    from peakmem.estimate.first_use import FIRST_USE_FAMILIES
+
     lazy = int(estimate.stack.lazy_loaded_for(estimate.gpu).value)
-    return max(0, estimate.context_bytes - lazy)
+    # where the GPU has a first-use model, its kernel families are part of what loads lazily
+    libraries = getattr(estimate, "libraries", {})
+    kernels = sum(v for k, v in libraries.items() if k in FIRST_USE_FAMILIES)
+    return max(0, estimate.context_bytes + kernels - lazy)
 
 
 def after_context_creation_bytes(estimate) -> int:
