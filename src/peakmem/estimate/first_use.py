@@ -80,6 +80,16 @@ register(
 )
 register("avg_pool", ("avg_pool2d", "avg_pool3d"), "average pooling kernels")
 register(
+    "fused_optimizer",
+    ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_"),
+    "the optimizers' fused kernels (fused=True)",
+)
+register(
+    "grad_scaler",
+    ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_"),
+    "GradScaler's unscale / inf check and scale update kernels",
+)
+register(
     "bf16_gemm",
     [f"{op}:bf16" for op in GEMM_OPS],
     "bf16 tensor-core GEMM kernels (not separable in the first-use table: chosen on the "
