@@ -58,13 +58,14 @@ def test_fp32_list_ops_run_in_float32_under_autocast(a100, stack24):
             seen["promoted"] = (x + torch.pow(x, 3.0)).dtype
             seen["relu"] = torch.relu(x).dtype
             seen["in_place"] = x.clone().pow_(2).dtype
+            seen["out"] = torch.exp(x, out=torch.empty_like(x)).dtype
         seen["outside"] = torch.pow(x, 3.0).dtype
 
     result = capture_callable(job, gpu=a100, stack=stack24)
     assert result.error is None, result.error_text
     fp32 = ("pow", "**", "exp", "rsqrt", "softplus", "promoted")
     assert {k: seen[k] for k in fp32} == dict.fromkeys(fp32, torch.float32)
-    assert seen["relu"] == seen["in_place"] == seen["outside"] == torch.bfloat16
+    assert seen["relu"] == seen["in_place"] == seen["out"] == seen["outside"] == torch.bfloat16
 
 
 def test_gelu_new_saves_its_float32_tail_under_bf16_autocast(a100, stack24):

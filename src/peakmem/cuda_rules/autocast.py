@@ -174,8 +174,8 @@ _FP32_FUNCTIONS = [
 
 @register_function_rule(_FP32_FUNCTIONS)
 def full_precision_function(ctx: RuleContext, func, args: tuple, kwargs: dict) -> Any:
-    if active_dtype() is None:
-        return NotImplemented
+    if active_dtype() is None or kwargs.get("out") is not None:
+        return NotImplemented  # `out=` overloads are not on autocast's lists
     args, kwargs = cast_all(ctx, args, kwargs, torch.float32)
     with inside_autocast_op():
         return func(*args, **kwargs)
