@@ -10,8 +10,9 @@ through `library_bytes.<gpu>.cudnn_convolution` when it sees a convolution (cuda
 
 Under lazy module loading (CUDA 11.7+, torch's default) the driver places kernel images in
 device memory in 2 MiB pages as they are first launched, so small families share pages and a
-family's delta depends on what ran before (see docs/context.md for the table and its findings);
-only the families whose first use measurably added memory have an entry.
+family's delta depends on what ran before (see docs/context.md for the table and its findings).
+A family the table measured at nothing has an entry of 0 that says so; a family without an entry
+for the GPU adds nothing.
 """
 
 from __future__ import annotations
@@ -54,17 +55,17 @@ def register(
     return family
 
 
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "_addmm_activation")
+CONVOLUTION_OPS = ("convolution", "convolution_backward", "cudnn_convolution", "_convolution")
+
 register(
     "torch_kernels",
     None,
     "torch's own elementwise, reduction, loss and optimizer kernels every training job runs",
 )
-GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "_addmm_activation")
-CONVOLUTION_OPS = ("convolution", "convolution_backward", "cudnn_convolution", "_convolution")
 register(
     "cublas_gemm",
-    ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "_addmm_activation", "matmul",
-     "linear", "_scaled_mm", "_int_mm"),  # fmt: skip
+    (*GEMM_OPS, "matmul", "linear", "_scaled_mm", "_int_mm"),
     "cuBLAS / cuBLASLt GEMM kernels and handles (one per thread: forward and autograd's)",
 )
 register("batched_gemm", ("bmm", "baddbmm"), "cuBLAS batched GEMM kernels")
@@ -124,11 +125,6 @@ def families_run(ops: Iterable[str]) -> tuple[str, ...]:
         if (family.ops is None or not family.ops.isdisjoint(seen))
         and family.loaded_with.isdisjoint(seen)
     )
-
-
-def has_first_use_model(stack: StackProfile, gpu: GpuProfile) -> bool:
-    """True where the stack has a measured first-use table for this GPU."""
-    return BASE in stack.first_use_table(gpu)
 
 
 def first_use_bytes(stack: StackProfile, gpu: GpuProfile, ops: Iterable[str]) -> dict[str, int]:
