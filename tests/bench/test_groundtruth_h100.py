@@ -22,7 +22,7 @@ def test_rows_run_the_measured_command_for_its_steps(rows):
     command = job_command(transformer)
     assert command[1].endswith("benchmarks/zoo/gpumemnet.py") and command[2] == "--config"
     assert row_steps(transformer) == 6
-    assert {r.gpu for r in rows.values()} == {"h100-80gb"}
+    assert {r.gpu for r in rows.values()} == {"h100-80gb", "h200"}
 
 
 @pytest.mark.parametrize("job", ["-m peakmem.examples.mlp_train", "benchmarks/zoo/mlp.py"])
