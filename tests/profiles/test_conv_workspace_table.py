@@ -9,7 +9,13 @@ import torch
 
 from peakmem.capture import capture_callable
 from peakmem.profiles import load_gpu, load_stack
-from peakmem.profiles.conv_workspace_table import ConvShape, load_table, parse_table
+from peakmem.profiles.conv_workspace_table import (
+    TABLE_COLUMNS,
+    ConvShape,
+    channel_alignment,
+    load_table,
+    parse_table,
+)
 from tests.cuda_rules.test_convolution import workspaces
 
 TABLE = "cudnn_workspace/sm90_cudnn91900_torch-2.11.csv.gz"
@@ -56,10 +62,24 @@ def test_fallback_answers_a_held_out_shape_from_its_neighbours(table):
 
 
 def test_fallback_with_no_measured_case_is_zero():
-    empty = parse_table(",".join(("n,cin,h,w,cout,kernel,stride,padding,dilation,groups,dtype_mode,"
-                                  "layout,backend,forward,backward_data,backward_weight,"
-                                  "backward_bias").split(",")) + "\n")
+    empty = parse_table(",".join(TABLE_COLUMNS) + "\n")
     assert empty.lookup(shape(), "forward").bytes == 0
+
+
+def test_channel_alignment_counts_twos_up_to_eight():
+    assert [channel_alignment(c) for c in (3, 6, 12, 64, 63, 0)] == [0, 1, 2, 3, 0, 0]
+
+
+def test_fallback_follows_aligned_neighbours_for_an_aligned_layer(table):
+    """VGG-16's 64 -> 64 3x3 layer at 224x224, batch 32, TF32 (not in the grid): its nearest
+    measured cases with aligned channels take about x + y + w in every direction; the
+    unaligned GPUMemNet layers beside it (63 -> 71 channels) took up to 4x that for
+    backward-weight and are not its neighbours."""
+    vgg = shape(n=32, cin=64, hw=224, cout=64)
+    for direction in ("forward", "backward_data", "backward_weight"):
+        answer = table.lookup(vgg, direction)
+        assert answer.how == "nearest"
+        assert answer.bytes == pytest.approx(vgg.tensor_bytes, rel=0.05)
 
 
 def test_table_columns_are_checked():

@@ -9,9 +9,10 @@ is the grid row's `workspace_bytes`) and chosen per GPU by a stack profile's
 `lookup` answers a convolution exactly where the table has its shape, dtype mode and layout, and
 otherwise from its nearest measured neighbours: among the cases of the same direction, dtype mode,
 layout and kernel class, the `NEIGHBOURS` closest in log feature space (batch, channels, spatial
-size, kernel, stride, dilation), whose inverse-distance-weighted median workspace per byte of x + y + w is scaled to the
-call's x + y + w. The held-out accuracy of that fallback (grid shapes split by a hash of the
-shape) is printed by the script that makes the table and reported in docs/cnn.md.
+size, kernel, stride, dilation, and the channel counts' alignment), whose inverse-distance-
+weighted median workspace per byte of x + y + w is scaled to the call's x + y + w. The held-out
+accuracy of that fallback (grid shapes split by a hash of the shape) is printed by the script
+that makes the table and reported in docs/cnn.md.
 """
 
 from __future__ import annotations
@@ -89,7 +90,19 @@ class ConvShape:
         oh, ow = self.out_hw()
         return (math.log2(self.n), math.log2(self.cin / self.groups), math.log2(self.cout),
                 math.log2(self.h * self.w) / 2, math.log2(oh * ow) / 2, math.log2(self.kernel),
-                math.log2(self.stride), math.log2(self.dilation), math.log2(self.groups))
+                math.log2(self.stride), math.log2(self.dilation), math.log2(self.groups),
+                channel_alignment(self.cin // self.groups), channel_alignment(self.cout))
+
+
+def channel_alignment(channels: int, cap: int = 3) -> int:
+    """How many times 2 divides a channel count, up to `cap` (8 channels): cuDNN's tensor-core
+    engines load channels in aligned vectors, so a layer of 63 -> 71 channels picks other plans
+    (and workspaces) than one of 64 -> 64 with the same sizes."""
+    twos = 0
+    while channels and channels % 2 == 0 and twos < cap:
+        channels //= 2
+        twos += 1
+    return twos
 
 
 def shape_hash(shape: ConvShape) -> int:
