@@ -384,16 +384,13 @@ def load_xmem(data_dir: Path) -> Iterator[BenchRow]:
 
 
 _GROUNDTRUTH_STATUS = {"ok": "ok", "oom": "oom"}
-PROBE_TABLES = ("_first_use", "_workspaces", "_cudnn_grid")
-"""Name endings of the probes' tables kept beside the run CSVs (docs/MEASURE.md): not runs."""
 
 
 def load_groundtruth(
     _data_dir: Path | None, directory: Path = GROUNDTRUTH_DIR
 ) -> Iterator[BenchRow]:
     """This repo's own measurements (`peakmem measure`); rows with another status are skipped."""
-    files = sorted(path for path in directory.glob("*.csv") if not path.stem.endswith(PROBE_TABLES)) \
-        if directory.is_dir() else []
+    files = sorted(directory.glob("*.csv")) if directory.is_dir() else []
     if not files:
         raise DatasetUnavailable(
             f"no ground truth yet: {directory} has no *.csv (run `peakmem measure` on a GPU)"
