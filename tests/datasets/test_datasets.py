@@ -149,3 +149,13 @@ def test_data_dir_from_environment(tmp_path, monkeypatch):
     assert default_data_dir() == tmp_path
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "absent"))
     assert default_data_dir() is None
+
+
+def test_groundtruth_skips_probe_outputs_beside_the_runs(tmp_path):
+    (tmp_path / "h100-80gb.csv").write_text((GROUNDTRUTH / "sample.csv").read_text())
+    (tmp_path / "h200_first_use.csv").write_text("sequence,family,bytes\nLAZY,addmm,1\n")
+    rows = list(load_groundtruth(None, tmp_path))
+    assert [r.id for r in rows] == ["h100-80gb:00000", "h100-80gb:00001"]
+    (tmp_path / "h200.csv").write_text("sequence,family\nLAZY,addmm\n")
+    with pytest.raises(DatasetFormatError, match="missing columns"):
+        list(load_groundtruth(None, tmp_path))

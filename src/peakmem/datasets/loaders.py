@@ -386,11 +386,20 @@ def load_xmem(data_dir: Path) -> Iterator[BenchRow]:
 _GROUNDTRUTH_STATUS = {"ok": "ok", "oom": "oom"}
 
 
+def is_probe_output(path: Path) -> bool:
+    """`<gpu>_<probe>.csv` beside the run files (h200_first_use.csv: first_use_probe.py) holds a
+    probe's rows, not `peakmem measure` runs: the run files are named after the GPU alone."""
+    return "_" in path.stem
+
+
 def load_groundtruth(
     _data_dir: Path | None, directory: Path = GROUNDTRUTH_DIR
 ) -> Iterator[BenchRow]:
     """This repo's own measurements (`peakmem measure`); rows with another status are skipped."""
-    files = sorted(directory.glob("*.csv")) if directory.is_dir() else []
+    files = sorted(
+        path for path in (directory.glob("*.csv") if directory.is_dir() else ())
+        if not is_probe_output(path)
+    )
     if not files:
         raise DatasetUnavailable(
             f"no ground truth yet: {directory} has no *.csv (run `peakmem measure` on a GPU)"
