@@ -47,7 +47,7 @@ def test_torch_2_11_stack_carries_the_h100_measurements():
     from peakmem.datasets.loaders import load_rows
 
     stack, h100 = load_stack("2.11.0+cu130"), load_gpu("h100-80gb")
-    split = [r for r in load_rows("groundtruth") if in_calibration_split(r) and r.gpu == h100.name]
+    split = [r for r in load_rows("groundtruth") if in_calibration_split(r) and r.gpu == "h100-80gb"]
     conv_jobs = ("vision.py", "xmem_cnn.py", "unet.py", "detection.py")
     plain = {int(r.features["context_bytes"]) for r in split if not r.job["job"].endswith(conv_jobs)}
     assert plain == {stack.context_for(h100).value}
