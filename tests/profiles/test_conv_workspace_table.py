@@ -128,3 +128,17 @@ def test_gpu_without_table_keeps_the_factor_model():
     assert workspaces(with_table) != workspaces(without)
     forward = next(size for op, size, *_ in workspaces(without) if op.endswith("[forward]"))
     assert forward == int(0.5 * 1 * 64 * 56 * 56 * 4)  # [cudnn_conv_workspace.default] forward
+
+
+def test_transposed_and_3d_convolutions_are_not_looked_up():
+    from peakmem.cuda_rules.convolution import ConvCall
+
+    common = dict(direction="forward", input_bytes=4, weight_bytes=4, output_bytes=4,
+                  dtype=torch.float32, kernel=(3, 3), stride=(1, 1), groups=1,
+                  input_shape=(1, 64, 56, 56), weight_shape=(64, 64, 3, 3), padding=(1, 1),
+                  dilation=(1, 1))
+    assert ConvCall(**common).grid_shape() == shape()
+    assert ConvCall(**common, tf32=False).grid_shape() == shape(mode="fp32")
+    assert ConvCall(**common, transposed=True).grid_shape() is None
+    volume = dict(common, input_shape=(1, 64, 8, 56, 56), weight_shape=(64, 64, 3, 3, 3))
+    assert ConvCall(**volume).grid_shape() is None

@@ -64,6 +64,7 @@ class ConvCall:
     dilation: tuple[int, ...] = ()
     channels_last: bool = False  # cuDNN convolves in channels-last (cudnn_channels_last)
     tf32: bool = True  # torch.backends.cudnn.allow_tf32 when the call was made
+    transposed: bool = False
 
     @property
     def dtype_mode(self) -> str | None:
@@ -73,11 +74,11 @@ class ConvCall:
         return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype)
 
     def grid_shape(self) -> ConvShape | None:
-        """The call as a workspace table's shape: 2-D convolutions at a grid dtype mode; a
+        """The call as a workspace table's shape: 2-D, not transposed, at a grid dtype mode; a
         non-square kernel, stride, padding or dilation takes its largest (a "same" 1x7 with
         padding 0x3 keeps its output size as 7x7 with padding 3)."""
         mode = self.dtype_mode
-        if mode is None or len(self.input_shape) != 4 or len(self.weight_shape) != 4:
+        if mode is None or self.transposed or len(self.input_shape) != 4 or len(self.weight_shape) != 4:
             return None
         n, cin, h, w = self.input_shape
         return ConvShape(
@@ -245,7 +246,7 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 def _call(direction: str, x, weight, output_bytes: int, stride, groups: int,
-          padding=0, dilation=1) -> ConvCall:
+          padding=0, dilation=1, transposed: bool = False) -> ConvCall:
     dims = max(weight.dim() - 2, 1)
     return ConvCall(
         direction=direction,
@@ -262,6 +263,7 @@ def _call(direction: str, x, weight, output_bytes: int, stride, groups: int,
         dilation=_tuple(dilation, dims),
         channels_last=cudnn_channels_last(x, weight),
         tf32=bool(torch.backends.cudnn.allow_tf32),
+        transposed=transposed,
     )
 
 
@@ -277,8 +279,8 @@ def convolution(ctx: RuleContext, op, args, kwargs, out) -> None:
     groups = int(args[8] if len(args) > 8 else kwargs.get("groups", 1))
     if not uses_cudnn(x, weight, groups, transposed):
         return
-    _record(ctx, _call("forward", x, weight, _nbytes(out), stride, groups, padding, dilation),
-            _key(args))
+    _record(ctx, _call("forward", x, weight, _nbytes(out), stride, groups, padding, dilation,
+                       transposed), _key(args))
 
 
 @register_op_rule(aten.convolution_backward)
@@ -299,10 +301,10 @@ def convolution_backward(ctx: RuleContext, op, args, kwargs, out) -> None:
     key = _key(args[1:3] + args[4:])
     if mask[0]:
         _record(ctx, _call("backward_data", x, weight, out_bytes, stride, groups, padding,
-                           dilation), key)
+                           dilation, transposed), key)
     if mask[1]:
         _record(ctx, _call("backward_weight", x, weight, out_bytes, stride, groups, padding,
-                           dilation), key)
+                           dilation, transposed), key)
 
 
 @register_fused_kernel("convolution", layout_pure=True)
