@@ -9,7 +9,8 @@ torch chose and each direction's `workspace_bytes`, copied from the grid (a case
 and without a bias differs only in backward_bias: the bias-free row's sizes are kept, the biased
 one adds backward_bias). `--score` prints the held-out accuracy of the table's nearest-neighbour
 fallback: the shapes whose sha1 % 5 == 0 (peakmem.profiles.conv_workspace_table.shape_hash) are
-left out of the table and answered from the rest.
+left out of the table and answered from the rest; beside it, what the torch-2.11 stack's
+`[cudnn_conv_workspace.h100-80gb]` factor model gives for the same cases.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from pathlib import Path
 from peakmem.measure.cudnn_tables import read_conv_grid
 from peakmem.profiles.conv_workspace_table import (
     DIRECTIONS,
+    ELEMENT_BYTES,
     SHAPE_COLUMNS,
     TABLE_COLUMNS,
+    ConvShape,
     parse_table,
     shape_hash,
 )
@@ -60,28 +63,53 @@ def _quantiles(values: list[float]) -> str:
     return f"median {100 * statistics.median(ordered):.1f}%, p90 {100 * p90:.1f}% (n={len(ordered)})"
 
 
+def factor_bytes(model: dict[str, float], shape: ConvShape, direction: str) -> int:
+    """What a `[cudnn_conv_workspace.<gpu>]` factor model gives for the grid case."""
+    import torch
+
+    from peakmem.cuda_rules.convolution import ConvCall, classed_bytes
+
+    element = ELEMENT_BYTES[shape.dtype_mode]
+    oh, ow = shape.out_hw()
+    call = ConvCall(
+        direction=direction, input_bytes=shape.n * shape.cin * shape.h * shape.w * element,
+        weight_bytes=shape.cout * (shape.cin // shape.groups) * shape.kernel ** 2 * element,
+        output_bytes=shape.n * shape.cout * oh * ow * element,
+        dtype=torch.float32 if element == 4 else torch.bfloat16, kernel=(shape.kernel,) * 2,
+        stride=(shape.stride,) * 2, groups=shape.groups,
+        input_shape=(shape.n, shape.cin, shape.h, shape.w),
+        weight_shape=(shape.cout, shape.cin // shape.groups, shape.kernel, shape.kernel))
+    return classed_bytes(model, call)
+
+
 def score(text: str) -> list[str]:
     """Held-out accuracy of the fallback, per direction: |error| / measured workspace (cases
     with a workspace), and |error| / (x + y bytes) (the effect on the memory the call holds)."""
     table = parse_table(text)
     held = lambda case: shape_hash(case.shape) % HELD_OUT == 0  # noqa: E731
     trained = table.without(lambda case: not held(case))
+    from peakmem.profiles import load_gpu, load_stack
+
+    h100_factors = load_stack("2.11.0").conv_workspace_for(load_gpu("h100-80gb")).value
     lines = []
     for direction in DIRECTIONS[:3]:
-        rel, effect, zero_right, zeros = [], [], 0, 0
+        rel, effect, zero_right, zeros, factors = [], [], 0, 0, []
         for case in table.cases:
             if not held(case) or case.backend != "Cudnn" or direction not in case.bytes:
                 continue
             truth = case.bytes[direction]
             guess = trained.nearest(case.shape, direction)
             effect.append(abs(guess - truth) / case.shape.tensor_bytes)
+            factor = factor_bytes(h100_factors, case.shape, direction)
+            factors.append(abs(factor - truth) / case.shape.tensor_bytes)
             if truth:
                 rel.append(abs(guess - truth) / truth)
             else:
                 zeros += 1
                 zero_right += guess == 0
         lines.append(f"{direction:15s} workspace |error|: {_quantiles(rel)}; |error| / (x+y+w):"
-                     f" {_quantiles(effect)}; zero-workspace cases answered 0: {zero_right}/{zeros}")
+                     f" {_quantiles(effect)}; zero-workspace cases answered 0: {zero_right}/{zeros};"
+                     f" the h100-80gb factor model's |error| / (x+y+w): {_quantiles(factors)}")
     return lines
 
 

@@ -142,3 +142,19 @@ def test_transposed_and_3d_convolutions_are_not_looked_up():
     assert ConvCall(**common, transposed=True).grid_shape() is None
     volume = dict(common, input_shape=(1, 64, 8, 56, 56), weight_shape=(64, 64, 3, 3, 3))
     assert ConvCall(**volume).grid_shape() is None
+
+
+@pytest.mark.parametrize("dtype, channels_last, cudnn", [
+    (torch.bfloat16, False, False), (torch.float32, False, False), (torch.float16, False, True),
+    (torch.bfloat16, True, True), (torch.float32, True, True)])
+def test_depthwise_backend_as_the_grid_saw_it(dtype, channels_last, cudnn):
+    """The H200 grid ran every bf16 and fp32 NCHW depthwise case on CudaDepthwise2d (no
+    workspace) and every channels-last one on cuDNN; fp16 NCHW goes to cuDNN for the shapes
+    `use_cudnn_depthwise` accepts."""
+    from peakmem.cuda_rules.convolution import uses_cudnn
+
+    x = torch.empty(2, 32, 8, 8, dtype=dtype, device="meta")
+    weight = torch.empty(32, 1, 3, 3, dtype=dtype, device="meta")
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    assert uses_cudnn(x, weight, groups=32, transposed=False) is cudnn
