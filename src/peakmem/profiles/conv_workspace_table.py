@@ -134,9 +134,10 @@ class WorkspaceTable:
         for case in self.cases:
             if case.backend != "Cudnn":
                 continue
+            features, tensor_bytes = case.shape.features(), case.shape.tensor_bytes
             for direction, size in case.bytes.items():
                 self._groups.setdefault(self._group(case.shape, direction), []).append(
-                    (case.shape.features(), size / case.shape.tensor_bytes))
+                    (features, size / tensor_bytes))
         self._wide: dict[tuple, list[tuple[tuple[float, ...], float]]] = {}
         for (direction, mode, layout, _kind), members in self._groups.items():
             self._wide.setdefault((direction, mode, layout), []).extend(members)
