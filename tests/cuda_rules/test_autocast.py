@@ -40,3 +40,47 @@ def test_weight_cast_cache_is_cleared_when_autocast_exits(a100, stack24):
     result = capture_callable(job, gpu=a100, stack=stack24)
     weight_casts = [size for size, _ in allocations(result.trace, op="_to_copy") if size == 64 * 32 * 2]
     assert len(weight_casts) == 2
+
+
+def test_fp32_list_ops_run_in_float32_under_autocast(a100, stack24):
+    """autocast_mode.h AT_FORALL_FP32: pow, exp, log, rsqrt, ... cast to float32 under CUDA
+    autocast; in-place variants and code outside autocast keep the input's dtype."""
+    seen = {}
+
+    def job():
+        x = torch.randn(8, 64, device="cuda", dtype=torch.bfloat16)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            seen["pow"] = torch.pow(x, 3.0).dtype
+            seen["**"] = (x ** 2).dtype
+            seen["exp"] = x.exp().dtype
+            seen["rsqrt"] = torch.rsqrt(x).dtype
+            seen["softplus"] = torch.nn.functional.softplus(x).dtype
+            seen["promoted"] = (x + torch.pow(x, 3.0)).dtype
+            seen["relu"] = torch.relu(x).dtype
+            seen["in_place"] = x.clone().pow_(2).dtype
+            seen["out"] = torch.exp(x, out=torch.empty_like(x)).dtype
+        seen["outside"] = torch.pow(x, 3.0).dtype
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    fp32 = ("pow", "**", "exp", "rsqrt", "softplus", "promoted")
+    assert {k: seen[k] for k in fp32} == dict.fromkeys(fp32, torch.float32)
+    assert seen["relu"] == seen["in_place"] == seen["out"] == seen["outside"] == torch.bfloat16
+
+
+def test_gelu_new_saves_its_float32_tail_under_bf16_autocast(a100, stack24):
+    """transformers' gelu_new under bf16 autocast: torch.pow makes the tail float32, so tanh's
+    saved output is a float32 tensor (as on the H200 GPT-2 runs: the capture was 24 B per MLP
+    hidden element and token under before)."""
+    transformers_activations = __import__("transformers.activations", fromlist=["x"])
+
+    def job():
+        x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = transformers_activations.NewGELUActivation()(x)
+        out.float().sum().backward()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    tanh = [size for size, tag in allocations(result.trace, op="tanh") if tag.phase == "forward"]
+    assert tanh == [16 * 256 * 4]

@@ -149,3 +149,33 @@ def lower_precision_function(ctx: RuleContext, func, args: tuple, kwargs: dict) 
     if active_dtype() is None:
         return NotImplemented
     return run_lower_precision(ctx, func, args, kwargs)
+
+
+# ATen's fp32 list (autocast_mode.h AT_FORALL_FP32: acos, asin, cosh, erfinv, exp, expm1, log,
+# log10, log2, log1p, reciprocal, rsqrt, sinh, tan, pow (Tensor_Scalar, Tensor_Tensor, Scalar),
+# softplus, ...): under CUDA autocast their floating inputs are cast to float32, so their
+# outputs, and every op that promotes with them, are float32. transformers' `gelu_new`
+# (NewGELUActivation: 0.5 * x * (1 + tanh(c * (x + 0.044715 * torch.pow(x, 3.0))))) thus runs
+# its tail in float32 under bf16 autocast and saves float32 tensors for backward (tanh's output,
+# the final product's factor). The pointwise ops, as the job calls them; in-place variants are
+# not on the list (autocast leaves them alone).
+_FP32_POINTWISE_NAMES = [
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "sinh", "tan", "pow",
+]
+_FP32_FUNCTIONS = [
+    *(getattr(torch, name) for name in _FP32_POINTWISE_NAMES),
+    *(getattr(torch.Tensor, name) for name in _FP32_POINTWISE_NAMES),
+    torch.Tensor.__pow__,
+    torch.Tensor.__rpow__,
+    torch.nn.functional.softplus,
+]
+
+
+@register_function_rule(_FP32_FUNCTIONS)
+def full_precision_function(ctx: RuleContext, func, args: tuple, kwargs: dict) -> Any:
+    if active_dtype() is None or kwargs.get("out") is not None:
+        return NotImplemented  # `out=` overloads are not on autocast's lists
+    args, kwargs = cast_all(ctx, args, kwargs, torch.float32)
+    with inside_autocast_op():
+        return func(*args, **kwargs)
