@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from peakmem.cuda_rules.registry import RuleContext, register_fused_kernel, register_op_rule
+from peakmem.profiles.conv_workspace_table import ConvShape, load_table
 
 aten = torch.ops.aten
 
@@ -59,6 +60,33 @@ class ConvCall:
     groups: int
     input_shape: tuple[int, ...] = ()  # x's shape (N, C, *spatial)
     weight_shape: tuple[int, ...] = ()  # (C_out, C_in / groups, *kernel)
+    padding: tuple[int, ...] = ()
+    dilation: tuple[int, ...] = ()
+    channels_last: bool = False  # cuDNN convolves in channels-last (cudnn_channels_last)
+    tf32: bool = True  # torch.backends.cudnn.allow_tf32 when the call was made
+    transposed: bool = False
+
+    @property
+    def dtype_mode(self) -> str | None:
+        """The grid's dtype mode (fp32 with TF32 off, tf32, bf16, fp16), None for others."""
+        if self.dtype == torch.float32:
+            return "tf32" if self.tf32 else "fp32"
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype)
+
+    def grid_shape(self) -> ConvShape | None:
+        """The call as a workspace table's shape: 2-D, not transposed, at a grid dtype mode; a
+        non-square kernel, stride, padding or dilation takes its largest (a "same" 1x7 with
+        padding 0x3 keeps its output size as 7x7 with padding 3)."""
+        mode = self.dtype_mode
+        if mode is None or self.transposed or len(self.input_shape) != 4 or len(self.weight_shape) != 4:
+            return None
+        n, cin, h, w = self.input_shape
+        return ConvShape(
+            n=n, cin=cin, h=h, w=w, cout=self.weight_shape[0], kernel=max(self.kernel),
+            stride=max(self.stride), padding=max(self.padding or (0,)),
+            dilation=max(self.dilation or (1,)), groups=self.groups, dtype_mode=mode,
+            layout="channels_last" if self.channels_last else "nchw",
+        )
 
     @property
     def basis_bytes(self) -> int:
@@ -92,9 +120,11 @@ def uses_cudnn(x: torch.Tensor, weight: torch.Tensor, groups: int, transposed: b
         not transposed and groups > 1 and groups == in_channels and weight.shape[0] % in_channels == 0
     )
     # Depthwise: `use_cudnn_depthwise` takes cuDNN for every channels-last input or weight
-    # ("always use cudnn_depthwise for channels_last format", torch 2.4-2.6), else only for
-    # fp16/bf16 in the shapes it accepts; the native depthwise kernels allocate no workspace.
-    if depthwise and x.dtype == torch.float32:
+    # ("always use cudnn_depthwise for channels_last format", torch 2.4-2.11), else only for
+    # fp16 in the shapes it accepts (bf16 and fp32 NCHW depthwise ran on CudaDepthwise2d in
+    # every case of the H200 grid, benchmarks/groundtruth/h200_cudnn_grid.csv.gz); the native
+    # depthwise kernels allocate no workspace.
+    if depthwise and x.dtype != torch.float16:
         return cudnn_channels_last(x, weight)
     return True
 
@@ -151,7 +181,13 @@ def classed_bytes(model: dict[str, float], call: ConvCall) -> int:
 
 
 def workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
-    """The workspace cuDNN's chosen plan takes for `call`, from the stack profile's model."""
+    """The workspace cuDNN's chosen plan takes for `call`: the stack's measured per-shape table
+    for the GPU where it has one and the call is a 2-D convolution at a grid dtype mode (exact,
+    else the table's nearest neighbours), the stack profile's factor model otherwise."""
+    table = ctx.stack.conv_workspace_table_for(ctx.gpu)
+    shape = call.grid_shape() if table is not None else None
+    if table is not None and shape is not None:
+        return load_table(table.value).lookup(shape, call.direction).bytes
     return classed_bytes(ctx.stack.conv_workspace_for(ctx.gpu).value, call)
 
 
@@ -209,7 +245,8 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _call(direction: str, x, weight, output_bytes: int, stride, groups: int) -> ConvCall:
+def _call(direction: str, x, weight, output_bytes: int, stride, groups: int,
+          padding=0, dilation=1, transposed: bool = False) -> ConvCall:
     dims = max(weight.dim() - 2, 1)
     return ConvCall(
         direction=direction,
@@ -222,6 +259,11 @@ def _call(direction: str, x, weight, output_bytes: int, stride, groups: int) -> 
         groups=int(groups),
         input_shape=tuple(int(d) for d in x.shape),
         weight_shape=tuple(int(d) for d in weight.shape),
+        padding=_tuple(padding, dims),
+        dilation=_tuple(dilation, dims),
+        channels_last=cudnn_channels_last(x, weight),
+        tf32=bool(torch.backends.cudnn.allow_tf32),
+        transposed=transposed,
     )
 
 
@@ -231,11 +273,14 @@ def convolution(ctx: RuleContext, op, args, kwargs, out) -> None:
     groups): cudnn_convolution allocates the output, then the plan's workspace."""
     x, weight = args[0], args[1]
     stride = args[3] if len(args) > 3 else kwargs.get("stride", 1)
+    padding = args[4] if len(args) > 4 else kwargs.get("padding", 0)
+    dilation = args[5] if len(args) > 5 else kwargs.get("dilation", 1)
     transposed = bool(args[6] if len(args) > 6 else kwargs.get("transposed", False))
     groups = int(args[8] if len(args) > 8 else kwargs.get("groups", 1))
     if not uses_cudnn(x, weight, groups, transposed):
         return
-    _record(ctx, _call("forward", x, weight, _nbytes(out), stride, groups), _key(args))
+    _record(ctx, _call("forward", x, weight, _nbytes(out), stride, groups, padding, dilation,
+                       transposed), _key(args))
 
 
 @register_op_rule(aten.convolution_backward)
@@ -245,6 +290,8 @@ def convolution_backward(ctx: RuleContext, op, args, kwargs, out) -> None:
     backward-data (if grad_input is wanted) then backward-weight, each with its own workspace."""
     grad_output, x, weight = args[0], args[1], args[2]
     stride = args[4] if len(args) > 4 else kwargs.get("stride", 1)
+    padding = args[5] if len(args) > 5 else kwargs.get("padding", 0)
+    dilation = args[6] if len(args) > 6 else kwargs.get("dilation", 1)
     transposed = bool(args[7] if len(args) > 7 else kwargs.get("transposed", False))
     groups = int(args[9] if len(args) > 9 else kwargs.get("groups", 1))
     mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True, True, True))
@@ -253,9 +300,11 @@ def convolution_backward(ctx: RuleContext, op, args, kwargs, out) -> None:
     out_bytes = _nbytes(grad_output)
     key = _key(args[1:3] + args[4:])
     if mask[0]:
-        _record(ctx, _call("backward_data", x, weight, out_bytes, stride, groups), key)
+        _record(ctx, _call("backward_data", x, weight, out_bytes, stride, groups, padding,
+                           dilation, transposed), key)
     if mask[1]:
-        _record(ctx, _call("backward_weight", x, weight, out_bytes, stride, groups), key)
+        _record(ctx, _call("backward_weight", x, weight, out_bytes, stride, groups, padding,
+                           dilation, transposed), key)
 
 
 @register_fused_kernel("convolution", layout_pure=True)

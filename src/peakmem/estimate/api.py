@@ -287,7 +287,8 @@ def _assumptions(
         ("cuBLASLt per-call workspace", stack.cublaslt_transient),
     ]
     if libraries is not None and "cudnn_convolution" in libraries:
-        used.append(("cuDNN convolution workspace model", stack.conv_workspace_for(gpu)))
+        used.append(("cuDNN convolution workspace model",
+                     stack.conv_workspace_table_for(gpu) or stack.conv_workspace_for(gpu)))
     for family in sorted(libraries or {}):
         used.append((f"{family} library memory", stack.library_bytes_for(gpu, family)))
     used.append(("safety margin", stack.safety_margin_for(gpu, margin_kind(libraries or {}, ops))))

@@ -73,6 +73,9 @@ class StackProfile:
     conv_workspace: dict[str, Sourced] = field(default_factory=dict)
     """Per GPU profile name (or "default"): cuDNN convolution workspace model, a Sourced whose
     value maps a direction (forward / backward_data / backward_weight) to a factor."""
+    conv_workspace_table: dict[str, Sourced] = field(default_factory=dict)
+    """Per GPU profile name: a measured per-shape cuDNN workspace table (value: its file under
+    data/, profiles/conv_workspace_table.py), used before `conv_workspace` where it has one."""
     library: dict[str, dict[str, Sourced]] = field(default_factory=dict)
     """Per GPU profile name (or "default"): device memory a library loads outside the caching
     allocator on first use, by library/kernel family."""
@@ -153,6 +156,10 @@ class StackProfile:
         return self.conv_workspace.get(
             gpu.name, self.conv_workspace.get("default", _NO_CONV_WORKSPACE)
         )
+
+    def conv_workspace_table_for(self, gpu: GpuProfile) -> Sourced | None:
+        """The measured workspace table for `gpu` (`[cudnn_workspace_table.<gpu>]`), or None."""
+        return self.conv_workspace_table.get(gpu.name)
 
     def safety_margin_for(self, gpu: GpuProfile, kind: str) -> Sourced:
         """The margin fitted for `kind` jobs on `gpu` (else on any GPU of this stack); a kind
@@ -335,6 +342,10 @@ def _stacks() -> list[StackProfile]:
                 conv_workspace={
                     key: _conv_model(raw, f"{where} cudnn_conv_workspace.{key}")
                     for key, raw in table.get("cudnn_conv_workspace", {}).items()
+                },
+                conv_workspace_table={
+                    key: _sourced(raw, f"{where} cudnn_workspace_table.{key}")
+                    for key, raw in table.get("cudnn_workspace_table", {}).items()
                 },
                 library={
                     key: {
