@@ -57,3 +57,20 @@ def test_bitsandbytes_overrides_do_not_outlive_the_job(tmp_path: Path, monkeypat
     # overrides are keyed by id(param): a later job's parameters reusing those ids would get
     # 32-bit states
     assert manager.pid2config == {} and manager.index2config == {}
+
+
+CUDNN_JOB = """\
+import torch
+torch.backends.cudnn.benchmark = True
+torch.backends.cudnn.deterministic = True
+model = torch.nn.Conv2d(3, 8, 3).cuda()
+model(torch.randn(2, 3, 16, 16, device="cuda")).sum().backward()
+"""
+
+
+def test_cudnn_flags_are_put_back(tmp_path: Path, monkeypatch):
+    cudnn = torch.backends.cudnn
+    before = (cudnn.benchmark, cudnn.deterministic, cudnn.enabled)
+    assert before[:2] == (False, False)  # torch's defaults, what the job changes
+    _estimate(tmp_path, monkeypatch, CUDNN_JOB)
+    assert (cudnn.benchmark, cudnn.deterministic, cudnn.enabled) == before

@@ -35,6 +35,18 @@ def snapshot(events):
 # ------------------------------------------------------------------------------------ plan
 
 
+@pytest.fixture(autouse=True)
+def cudnn_flags_kept():
+    """The probe's loop sets cudnn.benchmark / allow_tf32 per case in this process: put them back,
+    or a later capture in the same pytest worker runs with benchmark on (search workspaces)."""
+    import torch
+
+    cudnn = torch.backends.cudnn
+    saved = (cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32)
+    yield
+    cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32 = saved
+
+
 def test_full_plan_holds_every_setting_and_the_gpumemnet_shapes():
     plan = cp.build_plan("full", [False, True])
     ids = [c.case_id for c in plan]
