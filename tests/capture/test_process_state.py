@@ -69,6 +69,7 @@ model(torch.randn(2, 3, 16, 16, device="cuda")).sum().backward()
 
 
 def test_cudnn_flags_are_put_back(tmp_path: Path, monkeypatch):
+    """Kept by capture/runner.py (the job's backend flags saved around its run)."""
     cudnn = torch.backends.cudnn
     before = (cudnn.benchmark, cudnn.deterministic, cudnn.enabled)
     assert before[:2] == (False, False)  # torch's defaults, what the job changes

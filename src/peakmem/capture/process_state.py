@@ -7,9 +7,6 @@ next job in the process starts from the same state (registry: one saver per kind
   (`torch.backends.cuda.matmul.allow_tf32 = True`, nanoGPT) and another that reads it with the new
   one (`torch.get_float32_matmul_precision()`, Lightning) make torch raise "a mix of the legacy
   and new APIs";
-- cuDNN's `benchmark`, `deterministic` and `enabled` flags: a job that turns `cudnn.benchmark` on
-  (common in vision scripts) would make the next job's convolutions take the search path
-  (a search workspace and an emptied cache per new shape);
 - bitsandbytes' `GlobalOptimManager` singleton: the HF Trainer registers 32-bit overrides for
   embedding weights keyed by `id(param)`; a later job's parameters that reuse those ids would get
   32-bit optimizer states instead of 8-bit ones.
@@ -56,17 +53,6 @@ def _float32_precision() -> Restore | None:
                 obj.fp32_precision = value
         except (RuntimeError, AttributeError, ValueError):
             pass
-
-    return restore
-
-
-@_register
-def _cudnn_flags() -> Restore | None:
-    cudnn = torch.backends.cudnn
-    saved = (cudnn.benchmark, cudnn.deterministic, cudnn.enabled)
-
-    def restore() -> None:
-        cudnn.benchmark, cudnn.deterministic, cudnn.enabled = saved
 
     return restore
 
