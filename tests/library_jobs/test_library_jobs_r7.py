@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import SCRIPTS, SRC, estimate
+from tests.library_jobs.harness import SCRIPTS, SRC, estimate, estimate_here
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
@@ -62,9 +62,10 @@ def trl_files(tmp_path_factory) -> dict[str, Path]:
 
 
 def run_trl(script: str, files: dict[str, Path], dataset: str, *flags: str):
-    """One of TRL's example scripts, three optimizer steps of four rows."""
+    """One of TRL's example scripts, three optimizer steps of four rows, in this process (the
+    child path: `test_trl_sft_under_accelerate_launch_two_processes`)."""
     out = files["root"] / "out" / script
-    return estimate(f"r7_trl_{script}.py", "--model_name_or_path", str(files["model"]),
+    return estimate_here(f"r7_trl_{script}.py", "--model_name_or_path", str(files["model"]),
                     "--dataset_name", str(files[dataset]), "--max_steps", "3",
                     "--per_device_train_batch_size", "4", "--max_length", "48",
                     "--report_to", "none", "--output_dir", str(out), *flags,
@@ -169,12 +170,12 @@ def test_trl_grpo_generates_with_the_policy_and_scores_with_a_reward_model(trl_f
         (reward_model / "config.json").write_text(json.dumps(config))
     prompts = _jsonl(root / "prompts" / "train.jsonl", [{"prompt": s[:30]} for s in sentences(4, 5)])
     out = root / "out" / "grpo"
-    est = estimate("r7_trl_grpo.py", "--model_name_or_path", str(trl_files["model"]),
-                   "--dataset_name", str(prompts.parent), "--reward_model_name_or_path",
-                   str(reward_model), "--reward_funcs", "get_soft_overlong_punishment",
-                   "--max_steps", "1", "--per_device_train_batch_size", "2",
-                   "--num_generations", "2", "--max_completion_length", "4", "--report_to", "none",
-                   "--output_dir", str(out), cwd=root)
+    est = estimate_here("r7_trl_grpo.py", "--model_name_or_path", str(trl_files["model"]),
+                        "--dataset_name", str(prompts.parent), "--reward_model_name_or_path",
+                        str(reward_model), "--reward_funcs", "get_soft_overlong_punishment",
+                        "--max_steps", "1", "--per_device_train_batch_size", "2",
+                        "--num_generations", "2", "--max_completion_length", "4",
+                        "--report_to", "none", "--output_dir", str(out), cwd=root)
     # the policy and the reward model on the device (beta = 0: no reference model); gradients
     # and AdamW's moments for the policy only
     reward_shapes = [*GPT2_SHAPES, (1, ex.TINY_GPT2["embd"])]
