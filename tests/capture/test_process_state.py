@@ -32,12 +32,23 @@ model(torch.arange(8, device="cuda")).sum().backward()
 opt.step()
 """
 
+ACCELERATE_JOB = """\
+import sys
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator(mixed_precision=sys.argv[1])
+model, opt = accelerator.prepare(torch.nn.Linear(64, 64), torch.optim.SGD([torch.zeros(1)]))
+with accelerator.autocast():
+    loss = model(torch.randn(8, 64, device=accelerator.device)).sum()
+accelerator.backward(loss)
+"""
 
-def _estimate(tmp_path: Path, monkeypatch, text: str) -> None:
+
+def _estimate(tmp_path: Path, monkeypatch, text: str, *args: str) -> None:
     (tmp_path / "job.py").write_text(text)
     monkeypatch.chdir(tmp_path)
-    result = estimate_command(["python", "job.py"], gpu="a100-40gb", mode="fake", timeout=120,
-                              isolate=False)
+    result = estimate_command(["python", "job.py", *args], gpu="a100-40gb", mode="fake",
+                              timeout=120, isolate=False)
     assert result.estimate_kind, result
 
 
@@ -57,3 +68,14 @@ def test_bitsandbytes_overrides_do_not_outlive_the_job(tmp_path: Path, monkeypat
     # overrides are keyed by id(param): a later job's parameters reusing those ids would get
     # 32-bit states
     assert manager.pid2config == {} and manager.index2config == {}
+
+
+def test_accelerate_shared_states_do_not_outlive_the_job(tmp_path: Path, monkeypatch):
+    state = pytest.importorskip("accelerate.state")
+    before = {name: dict(getattr(state, name)._shared_state)
+              for name in ("PartialState", "AcceleratorState", "GradientState")}
+    _estimate(tmp_path, monkeypatch, ACCELERATE_JOB, "no")
+    # AcceleratorState kept mixed_precision "no": the next job asking for bf16 raised
+    # "AcceleratorState has already been initialized and cannot be changed"
+    _estimate(tmp_path, monkeypatch, ACCELERATE_JOB, "bf16")
+    assert {name: getattr(state, name)._shared_state for name in before} == before

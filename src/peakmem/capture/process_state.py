@@ -9,7 +9,11 @@ next job in the process starts from the same state (registry: one saver per kind
   and new APIs";
 - bitsandbytes' `GlobalOptimManager` singleton: the HF Trainer registers 32-bit overrides for
   embedding weights keyed by `id(param)`; a later job's parameters that reuse those ids would get
-  32-bit optimizer states instead of 8-bit ones.
+  32-bit optimizer states instead of 8-bit ones;
+- accelerate's shared states (`PartialState`, `AcceleratorState`, `GradientState`: one dict per
+  class that every instance shares): a job's `Accelerator(mixed_precision="no")` left them
+  initialized, and the next job's `Accelerator(mixed_precision="bf16")` raised "AcceleratorState
+  has already been initialized and cannot be changed".
 """
 
 from __future__ import annotations
@@ -73,6 +77,26 @@ def _bitsandbytes_overrides() -> Restore | None:
         instance = manager_type._instance
         if getattr(instance, "pid2config", None) or getattr(instance, "index2config", None):
             return None  # the caller's own overrides, made before the job: left alone
+    return restore
+
+
+ACCELERATE_SHARED_STATES = ("PartialState", "AcceleratorState", "GradientState")
+
+
+@_register
+def _accelerate_shared_states() -> Restore:
+    module = sys.modules.get("accelerate.state")
+    saved = {name: dict(getattr(getattr(module, name, None), "_shared_state", None) or {})
+             for name in ACCELERATE_SHARED_STATES} if module is not None else {}
+
+    def restore() -> None:
+        loaded = sys.modules.get("accelerate.state")  # imported by the job, or before it
+        for name in ACCELERATE_SHARED_STATES:
+            shared = getattr(getattr(loaded, name, None), "_shared_state", None)
+            if isinstance(shared, dict):
+                shared.clear()
+                shared.update(saved.get(name, {}))  # empty where the job made the first
+
     return restore
 
 
