@@ -44,6 +44,16 @@ accelerator.backward(loss)
 """
 
 
+LOGGING_JOB = """\
+import logging
+import torch
+logging.basicConfig(level=logging.DEBUG, filename="job.log")  # as Hydra's job logging does
+logging.getLogger(__name__).info("training")
+model = torch.nn.Linear(64, 64).cuda()
+model(torch.randn(8, 64, device="cuda")).sum().backward()
+"""
+
+
 def _estimate(tmp_path: Path, monkeypatch, text: str, *args: str) -> None:
     (tmp_path / "job.py").write_text(text)
     monkeypatch.chdir(tmp_path)
@@ -79,3 +89,17 @@ def test_accelerate_shared_states_do_not_outlive_the_job(tmp_path: Path, monkeyp
     # "AcceleratorState has already been initialized and cannot be changed"
     _estimate(tmp_path, monkeypatch, ACCELERATE_JOB, "bf16")
     assert {name: getattr(state, name)._shared_state for name in before} == before
+
+
+def test_the_root_loggers_handlers_and_level_are_put_back(tmp_path: Path, monkeypatch):
+    import logging
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    monkeypatch.setattr(root, "handlers", [])  # basicConfig does nothing where handlers exist
+    _estimate(tmp_path, monkeypatch, LOGGING_JOB)
+    assert "training" in (tmp_path / "job.log").read_text()
+    # the job's file handler is gone (and closed), the level is the one before
+    assert root.handlers == [] and root.level == level
+    monkeypatch.undo()
+    assert root.handlers == handlers

@@ -13,11 +13,16 @@ next job in the process starts from the same state (registry: one saver per kind
 - accelerate's shared states (`PartialState`, `AcceleratorState`, `GradientState`: one dict per
   class that every instance shares): a job's `Accelerator(mixed_precision="no")` left them
   initialized, and the next job's `Accelerator(mixed_precision="bf16")` raised "AcceleratorState
-  has already been initialized and cannot be changed".
+  has already been initialized and cannot be changed";
+- the root logger's handlers and level: Hydra's `@hydra.main` (and `logging.basicConfig`)
+  configure them for the job, and later code in the process logged to the job's file and
+  console at the job's level.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,6 +101,24 @@ def _accelerate_shared_states() -> Restore:
             if isinstance(shared, dict):
                 shared.clear()
                 shared.update(saved.get(name, {}))  # empty where the job made the first
+
+    return restore
+
+
+@_register
+def _root_logger() -> Restore:
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+
+    def restore() -> None:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+            with contextlib.suppress(Exception):  # a job's handler may fail as it likes
+                handler.close()  # the job's log file, say
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
 
     return restore
 
