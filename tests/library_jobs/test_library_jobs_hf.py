@@ -210,7 +210,7 @@ def glue_args(files: dict[str, Path]) -> list[str]:
 @needs("transformers", "accelerate", "datasets")
 @pytest.mark.skipif(importlib.util.find_spec("evaluate") is not None, reason="evaluate is installed")
 def test_run_glue_no_trainer_without_evaluate_fails_in_one_line(glue_files):
-    est = estimate("hf_ex_run_glue_no_trainer.py", *glue_args(glue_files))
+    est = estimate_here("hf_ex_run_glue_no_trainer.py", *glue_args(glue_files))
     assert est.returncode != 0
     assert est.data["error"]["kind"] == "job_failed", est.data
     message = est.data["error"]["message"]
@@ -335,7 +335,8 @@ def summarization_args(files: dict[str, Path]) -> list[str]:
 @needs("transformers", "accelerate", "datasets")
 @pytest.mark.skipif(importlib.util.find_spec("evaluate") is not None, reason="evaluate is installed")
 def test_run_summarization_no_trainer_without_evaluate_fails_in_one_line(summarization_files):
-    est = estimate("hf_ex_run_summarization_no_trainer.py", *summarization_args(summarization_files))
+    est = estimate_here("hf_ex_run_summarization_no_trainer.py",
+                        *summarization_args(summarization_files))
     assert est.returncode != 0
     assert est.data["error"]["kind"] == "job_failed", est.data
     message = est.data["error"]["message"]
