@@ -32,12 +32,33 @@ model(torch.arange(8, device="cuda")).sum().backward()
 opt.step()
 """
 
+ACCELERATE_JOB = """\
+import sys
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator(mixed_precision=sys.argv[1])
+model, opt = accelerator.prepare(torch.nn.Linear(64, 64), torch.optim.SGD([torch.zeros(1)]))
+with accelerator.autocast():
+    loss = model(torch.randn(8, 64, device=accelerator.device)).sum()
+accelerator.backward(loss)
+"""
 
-def _estimate(tmp_path: Path, monkeypatch, text: str) -> None:
+
+LOGGING_JOB = """\
+import logging
+import torch
+logging.basicConfig(level=logging.DEBUG, filename="job.log")  # as Hydra's job logging does
+logging.getLogger(__name__).info("training")
+model = torch.nn.Linear(64, 64).cuda()
+model(torch.randn(8, 64, device="cuda")).sum().backward()
+"""
+
+
+def _estimate(tmp_path: Path, monkeypatch, text: str, *args: str) -> None:
     (tmp_path / "job.py").write_text(text)
     monkeypatch.chdir(tmp_path)
-    result = estimate_command(["python", "job.py"], gpu="a100-40gb", mode="fake", timeout=120,
-                              isolate=False)
+    result = estimate_command(["python", "job.py", *args], gpu="a100-40gb", mode="fake",
+                              timeout=120, isolate=False)
     assert result.estimate_kind, result
 
 
@@ -75,3 +96,26 @@ def test_cudnn_flags_are_put_back(tmp_path: Path, monkeypatch):
     assert before[:2] == (False, False)  # torch's defaults, what the job changes
     _estimate(tmp_path, monkeypatch, CUDNN_JOB)
     assert (cudnn.benchmark, cudnn.deterministic, cudnn.enabled) == before
+def test_accelerate_shared_states_do_not_outlive_the_job(tmp_path: Path, monkeypatch):
+    state = pytest.importorskip("accelerate.state")
+    before = {name: dict(getattr(state, name)._shared_state)
+              for name in ("PartialState", "AcceleratorState", "GradientState")}
+    _estimate(tmp_path, monkeypatch, ACCELERATE_JOB, "no")
+    # AcceleratorState kept mixed_precision "no": the next job asking for bf16 raised
+    # "AcceleratorState has already been initialized and cannot be changed"
+    _estimate(tmp_path, monkeypatch, ACCELERATE_JOB, "bf16")
+    assert {name: getattr(state, name)._shared_state for name in before} == before
+
+
+def test_the_root_loggers_handlers_and_level_are_put_back(tmp_path: Path, monkeypatch):
+    import logging
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    monkeypatch.setattr(root, "handlers", [])  # basicConfig does nothing where handlers exist
+    _estimate(tmp_path, monkeypatch, LOGGING_JOB)
+    assert "training" in (tmp_path / "job.log").read_text()
+    # the job's file handler is gone (and closed), the level is the one before
+    assert root.handlers == [] and root.level == level
+    monkeypatch.undo()
+    assert root.handlers == handlers

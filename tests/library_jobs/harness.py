@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import runpy
 import subprocess
 import sys
 import warnings
@@ -110,11 +111,24 @@ def estimate_here(script: str, *args: str, timeout: float = 120, flags: tuple[st
     return JobEstimate(returncode, json.loads(json.dumps(data)), job_stderr.getvalue(), 0)
 
 
+def run_script_here(script: str, *args: str) -> None:
+    """`python SCRIPT ARGS` for a helper script that writes the files a job reads (a tiny
+    checkpoint), in this process: the libraries it imports (transformers, diffusers) are
+    imported once per test process rather than once per file written. Torch's global random
+    state is put back afterwards (the scripts seed it); a failure raises."""
+    import torch
+
+    argv = sys.argv
+    try:
+        sys.argv = [str(SCRIPTS / script), *args]
+        with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(str(SCRIPTS / script), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
 def write_llama_checkpoint(out: Path) -> Path:
     """A tiny LlamaForCausalLM saved with save_pretrained (config.json + model.safetensors)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, str(SCRIPTS / "make_llama_checkpoint.py"), str(out)],
-                   check=True, capture_output=True, env=env, timeout=120)
+    run_script_here("make_llama_checkpoint.py", str(out))
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     return out

@@ -81,7 +81,7 @@ def test_transformers_plain_loop_gpt2_from_config():
 def test_transformers_trainer_on_a_torch_dataset():
     shapes = ex.gpt2_shapes(**ex.TINY_GPT2)
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("hf_trainer.py", "--max-steps", "3")
+    est = estimate_here("hf_trainer.py", "--max-steps", "3")  # the child path: run_clm's (r6, ds3)
     # Trainer's default optimizer is fused AdamW on recent transformers ("adamw_torch_fused"),
     # plain AdamW on older ones.
     assert_training(est, params=params,
@@ -115,7 +115,8 @@ def test_peft_lora_only_adapters_train():
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_accelerate_prepare_and_backward(precision):
     params = ex.device_bytes(ex.mlp3_shapes(), ex.FP32)
-    est = estimate("accelerate_loop.py", "--mixed-precision", precision)
+    # in this process, one after the other (accelerate's child path: test_library_jobs_r4.py, r6)
+    est = estimate_here("accelerate_loop.py", "--mixed-precision", precision)
     assert_training(est, params=params, optimizer_state=2 * params)
 
 
@@ -124,7 +125,7 @@ def test_accelerate_prepare_and_backward(precision):
 @needs("lightning")
 def test_lightning_fabric_bf16_mixed():
     params = ex.device_bytes(ex.mlp3_shapes(), ex.FP32)
-    est = estimate("fabric_loop.py", "--steps", "2")
+    est = estimate_here("fabric_loop.py", "--steps", "2")  # Lightning's child path: r4, r6
     assert_training(est, params=params, optimizer_state=2 * params)
 
 
@@ -133,7 +134,7 @@ def test_lightning_fabric_bf16_mixed():
 @needs("lightning")
 def test_lightning_trainer_one_gpu():
     params = ex.device_bytes(ex.mlp3_shapes(), ex.FP32)
-    est = estimate("lightning_trainer.py", "--max-steps", "2")
+    est = estimate_here("lightning_trainer.py", "--max-steps", "2")
     assert_training(est, params=params, optimizer_state=2 * params)
 
 

@@ -13,17 +13,14 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import os
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import SCRIPTS, SRC, estimate, estimate_here
+from tests.library_jobs.harness import estimate, estimate_here, run_script_here
 from tests.library_jobs.test_library_jobs import assert_training, needs
 
 WORDS = [f"w{i}" for i in range(120)]
@@ -102,10 +99,7 @@ def write_checkpoint(out: Path, config: dict) -> Path:
         shutil.copytree(shared, out, dirs_exist_ok=True)
         return write_tokenizer(out)
     config_file = write_config(out.with_name(out.name + "-config"), config) / "config.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, str(SCRIPTS / "hf_ex_make_checkpoint.py"), str(out), str(config_file)],
-                   check=True, capture_output=True, env=env, timeout=120)
+    run_script_here("hf_ex_make_checkpoint.py", str(out), str(config_file))
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     # a copy no test changes (r7's trl_files rewrites its config.json), beside the first test's
     _CHECKPOINTS[key] = shutil.copytree(out, out.with_name(out.name + "-shared"))
@@ -216,7 +210,7 @@ def glue_args(files: dict[str, Path]) -> list[str]:
 @needs("transformers", "accelerate", "datasets")
 @pytest.mark.skipif(importlib.util.find_spec("evaluate") is not None, reason="evaluate is installed")
 def test_run_glue_no_trainer_without_evaluate_fails_in_one_line(glue_files):
-    est = estimate("hf_ex_run_glue_no_trainer.py", *glue_args(glue_files))
+    est = estimate_here("hf_ex_run_glue_no_trainer.py", *glue_args(glue_files))
     assert est.returncode != 0
     assert est.data["error"]["kind"] == "job_failed", est.data
     message = est.data["error"]["message"]
@@ -341,7 +335,8 @@ def summarization_args(files: dict[str, Path]) -> list[str]:
 @needs("transformers", "accelerate", "datasets")
 @pytest.mark.skipif(importlib.util.find_spec("evaluate") is not None, reason="evaluate is installed")
 def test_run_summarization_no_trainer_without_evaluate_fails_in_one_line(summarization_files):
-    est = estimate("hf_ex_run_summarization_no_trainer.py", *summarization_args(summarization_files))
+    est = estimate_here("hf_ex_run_summarization_no_trainer.py",
+                        *summarization_args(summarization_files))
     assert est.returncode != 0
     assert est.data["error"]["kind"] == "job_failed", est.data
     message = est.data["error"]["message"]

@@ -33,7 +33,7 @@ import pytest
 
 from tests.library_jobs import expected as ex
 from tests.library_jobs import test_library_jobs_hf2 as hf2
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import estimate_here
 from tests.library_jobs.shared_estimate import shared_estimate
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
@@ -192,7 +192,7 @@ def custom_loss_run(tmp_path_factory):
             writer = csv.writer(f)
             writer.writerow(["text", "label"])
             writer.writerows([text, i % 3] for i, text in enumerate(sentences(n, seed)))
-    return estimate(
+    return estimate_here(  # in this process: the Trainer's child path is covered elsewhere
         "r10_hf_custom_loss_trainer.py", "--model_name_or_path", str(model),
         "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
         "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--max_steps", "3",
@@ -252,7 +252,7 @@ def test_seq2seq_trainer_beam_search_generation_stays_in_fake_mode(tmp_path):
         texts, summaries = sentences(n, seed), sentences(n, seed + 10)
         files[split].write_text("\n".join(json.dumps({"text": t, "summary": s[:40]})
                                           for t, s in zip(texts, summaries, strict=True)) + "\n")
-    est = estimate(
+    est = estimate_here(
         "hf_ex_run_summarization.py", "--config_name", str(model), "--tokenizer_name", str(model),
         "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
         "--source_prefix", "summarize: ", "--max_source_length", "32", "--max_target_length", "16",

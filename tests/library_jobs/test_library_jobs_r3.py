@@ -52,12 +52,13 @@ def test_llmc_train_gpt2_bf16_flash_accumulation_c_bridge(tmp_path):
     params = ex.device_bytes(shapes, ex.FP32)
     train = _llmc_shard(tmp_path / "train.bin", 4000, LLMC_D2["vocab"])
     val = _llmc_shard(tmp_path / "val.bin", 2000, LLMC_D2["vocab"])
-    est = estimate("r3_llmc_train_gpt2.py", "--model", "d2", "--input_bin", str(train),
-                   "--input_val_bin", str(val), "--val_loss_every", "2", "--val_max_steps", "2",
-                   "--sample_every", "3", "--num_iterations", "3", "--batch_size", "2",
-                   "--sequence_length", "32", "--total_batch_size", "256", "--dtype", "bfloat16",
-                   "--tensorcores", "1", "--flash", "1", "--output_dir", str(tmp_path / "log"),
-                   cwd=tmp_path)
+    # in this process (the torchrun run below is llm.c's child path)
+    est = estimate_here("r3_llmc_train_gpt2.py", "--model", "d2", "--input_bin", str(train),
+                        "--input_val_bin", str(val), "--val_loss_every", "2", "--val_max_steps",
+                        "2", "--sample_every", "3", "--num_iterations", "3", "--batch_size", "2",
+                        "--sequence_length", "32", "--total_batch_size", "256", "--dtype",
+                        "bfloat16", "--tensorcores", "1", "--flash", "1", "--output_dir",
+                        str(tmp_path / "log"), cwd=tmp_path)
     # device == "cuda": fused AdamW, a device `step` per tensor; lm_head is wte (counted once)
     assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
     assert est.breakdown["buffer"] == 2 * ex.device_bytes([(1, 1, 64, 64)], ex.FP32)  # the masks
@@ -159,7 +160,7 @@ def test_airbench94_muon_fused_sgd_half_channels_last_compiled(tmp_path):
               + ex.device_bytes(2 * norms, ex.FP32))
     trained = ex.device_bytes([(24,), *convs, (10, 256)], FP16) + ex.device_bytes(norms, ex.FP32)
     first_map = 2000 * 64 * 32 * 32 * FP16  # conv1's output for a batch of 2000
-    est = estimate("r3_airbench94_muon.py", cwd=tmp_path, timeout=200)
+    est = estimate_here("r3_airbench94_muon.py", cwd=tmp_path, timeout=200)  # torch alone
     # fused nesterov SGD (whitening bias, BatchNorm biases, head) and Muon (the convolutions)
     # each keep one momentum buffer per trained tensor. `SGD(fused=True)` has no meta kernel
     # in torch: fake mode stopped and auto mode computed the job for real on the CPU (minutes)
@@ -257,7 +258,7 @@ def _vit_pytorch_shapes(dim: int = 128, depth: int = 4, mlp: int = 256, patch_di
                          ids=["eager", "checkpointing_compiled"])
 def test_vit_pytorch_gradscaler_clip_ema_averaged_model(tmp_path, flags):
     model = ex.device_bytes(_vit_pytorch_shapes(), ex.FP32)
-    est = estimate("r3_lucidrains_vit_amp_ema.py", *flags, "--save", str(tmp_path / "ck.pt"))
+    est = estimate_here("r3_lucidrains_vit_amp_ema.py", *flags, "--save", str(tmp_path / "ck.pt"))
     # AveragedModel deep-copies the model on its device: a second set of weights (labelled
     # `ema`: kept in sync by update_parameters, even though its forward runs in the
     # evaluations); its n_averaged counter is made on the host (no device= given); AdamW
@@ -302,7 +303,7 @@ def test_torchtune_style_full_finetune_bf16_adamw8bit_checkpointing():
                    (hidden, dim), (dim,), (dim,)]
     shapes += [(dim,), (vocab, dim)]
     params = ex.device_bytes(shapes, ex.BF16)
-    est = estimate("r3_torchtune_style_bnb_adamw8bit.py", "--enable-activation-checkpointing")
+    est = estimate_here("r3_torchtune_style_bnb_adamw8bit.py", "--enable-activation-checkpointing")
     assert_training(est, params=params, optimizer_state=QMAPS + sum(map(_adam8bit_state, shapes)))
     assert "accumulation window 2" in _notes(est)
     # the recipe's memory log read the fake device's allocator statistics

@@ -24,6 +24,7 @@ def _notes(est) -> str:
 def test_torchmetrics_collection_tqdm_weighted_sampler_cuda_events():
     shapes = ex.linear(64, 32) + ex.linear(4, 64)
     params = ex.device_bytes(shapes, ex.FP32)
+    # in a child: the job's validation line goes through logging.basicConfig's root handler
     est = estimate("r5_torchmetrics_tqdm.py", "--epochs", "2")
     assert_training(est, params=params, optimizer_state=2 * params)
     # validation after each epoch (metrics computed and reset), traced as evaluation
@@ -102,10 +103,12 @@ def test_hf_datasets_local_files_tiktoken_blocks(tmp_path, fmt, device_format, n
     vocab = 257  # byte-level tiktoken Encoding: 256 ranks + <|endoftext|>
     shapes = [(vocab, 64), *ex.linear(128, 64), *ex.linear(vocab, 128)]
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("r5_hf_datasets_tiktoken.py", "--format", fmt,
-                   "--data-file", str(_corpus(tmp_path, fmt)),
-                   "--num-proc", str(num_proc), *(["--device-format"] if device_format else []),
-                   cwd=tmp_path)
+    # num_proc 2 forks datasets' map workers: in a child; one process: in this process
+    run = estimate if num_proc > 1 else estimate_here
+    est = run("r5_hf_datasets_tiktoken.py", "--format", fmt,
+              "--data-file", str(_corpus(tmp_path, fmt)),
+              "--num-proc", str(num_proc), *(["--device-format"] if device_format else []),
+              cwd=tmp_path)
     assert_training(est, params=params, optimizer_state=2 * params)
     # 60 lines of bytes + EOT each, grouped into blocks of 33 tokens; batches of 4
     tokens = sum(len(line.encode()) + 1 for line in TEXT_LINES)
@@ -132,7 +135,7 @@ def test_einops_vit_omegaconf_yaml_with_cli_dotlist():
     # r5_einops_vit.yaml's model, depth 3 from the command line
     shapes = _einops_vit_shapes(32, 8, 10, 64, 3, 4, 16, 128)
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("r5_einops_vit.py", "train.steps=2", "model.depth=3")
+    est = estimate_here("r5_einops_vit.py", "train.steps=2", "model.depth=3")
     assert_training(est, params=params, optimizer_state=2 * params)
     assert est.data["steps"] == 2
     assert "depth: 3" in est.stderr

@@ -8,15 +8,12 @@ hand from the configs (expected.py), not read from peakmem.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import SCRIPTS, SRC, estimate
+from tests.library_jobs.harness import estimate, estimate_here, run_script_here
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
@@ -62,9 +59,10 @@ def trl_files(tmp_path_factory) -> dict[str, Path]:
 
 
 def run_trl(script: str, files: dict[str, Path], dataset: str, *flags: str):
-    """One of TRL's example scripts, three optimizer steps of four rows."""
+    """One of TRL's example scripts, three optimizer steps of four rows, in this process (the
+    child path: `test_trl_sft_under_accelerate_launch_two_processes`)."""
     out = files["root"] / "out" / script
-    return estimate(f"r7_trl_{script}.py", "--model_name_or_path", str(files["model"]),
+    return estimate_here(f"r7_trl_{script}.py", "--model_name_or_path", str(files["model"]),
                     "--dataset_name", str(files[dataset]), "--max_steps", "3",
                     "--per_device_train_batch_size", "4", "--max_length", "48",
                     "--report_to", "none", "--output_dir", str(out), *flags,
@@ -169,12 +167,12 @@ def test_trl_grpo_generates_with_the_policy_and_scores_with_a_reward_model(trl_f
         (reward_model / "config.json").write_text(json.dumps(config))
     prompts = _jsonl(root / "prompts" / "train.jsonl", [{"prompt": s[:30]} for s in sentences(4, 5)])
     out = root / "out" / "grpo"
-    est = estimate("r7_trl_grpo.py", "--model_name_or_path", str(trl_files["model"]),
-                   "--dataset_name", str(prompts.parent), "--reward_model_name_or_path",
-                   str(reward_model), "--reward_funcs", "get_soft_overlong_punishment",
-                   "--max_steps", "1", "--per_device_train_batch_size", "2",
-                   "--num_generations", "2", "--max_completion_length", "4", "--report_to", "none",
-                   "--output_dir", str(out), cwd=root)
+    est = estimate_here("r7_trl_grpo.py", "--model_name_or_path", str(trl_files["model"]),
+                        "--dataset_name", str(prompts.parent), "--reward_model_name_or_path",
+                        str(reward_model), "--reward_funcs", "get_soft_overlong_punishment",
+                        "--max_steps", "1", "--per_device_train_batch_size", "2",
+                        "--num_generations", "2", "--max_completion_length", "4",
+                        "--report_to", "none", "--output_dir", str(out), cwd=root)
     # the policy and the reward model on the device (beta = 0: no reference model); gradients
     # and AdamW's moments for the policy only
     reward_shapes = [*GPT2_SHAPES, (1, ex.TINY_GPT2["embd"])]
@@ -220,10 +218,11 @@ ST_MOMENTS = 2 * ex.device_bytes(BERT_SHAPES, ex.FP32)
 @pytest.mark.slow
 @needs("sentence_transformers", "datasets")
 def test_sentence_transformers_trainer_mnrl_nli_with_sts_evaluator(st_files):
-    est = estimate("r7_st_nli_v2.py", str(st_files["model"]), "--train-file", str(st_files["nli"]),
-                   "--dev-file", str(st_files["nli"]), "--sts-file", str(st_files["sts"]),
-                   "--batch-size", "8", "--max-steps", "2", "--eval-steps", "1",
-                   "--max-seq-length", "32", cwd=st_files["root"])
+    # in this process; the legacy fit below keeps sentence-transformers' child path
+    est = estimate_here("r7_st_nli_v2.py", str(st_files["model"]), "--train-file",
+                        str(st_files["nli"]), "--dev-file", str(st_files["nli"]), "--sts-file",
+                        str(st_files["sts"]), "--batch-size", "8", "--max-steps", "2",
+                        "--eval-steps", "1", "--max-seq-length", "32", cwd=st_files["root"])
     # fp16 autocast keeps fp32 weights; the Trainer's fused AdamW: moments and a device `step`
     # for each of the 37 parameters that get a gradient
     assert_training(est, params=ST_PARAMS, grads=ex.device_bytes(BERT_SHAPES, ex.FP32),
@@ -339,10 +338,7 @@ def sd_files(tmp_path_factory) -> dict[str, Path]:
     AutoencoderKL, CLIP text encoder and tokenizer, DDPM scheduler) and an imagefolder of 8
     captioned 20 x 24 images (metadata.jsonl)."""
     root = tmp_path_factory.mktemp("sd")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, str(SCRIPTS / "r7_make_sd_checkpoint.py"), str(root / "sd")],
-                   check=True, capture_output=True, env=env, timeout=180)
+    run_script_here("r7_make_sd_checkpoint.py", str(root / "sd"))
     images = _png_folder(root / "images", 8)
     _jsonl(images / "metadata.jsonl", [{"file_name": f"{i}.png", "text": f"a photo of thing {i}"}
                                        for i in range(8)])
@@ -356,11 +352,13 @@ def _sd_shapes(sd_files: dict[str, Path]) -> dict[str, list[ex.Shape]]:
 
 
 def run_text_to_image(sd_files: dict[str, Path], *flags: str):
-    return estimate("r7_diffusers_train_text_to_image.py", "--pretrained_model_name_or_path",
-                    str(sd_files["model"]), "--train_data_dir", str(sd_files["images"]),
-                    "--resolution", "16", "--train_batch_size", "2", "--max_train_steps", "2",
-                    "--mixed_precision", "fp16", "--report_to", "none", "--lr_warmup_steps", "0",
-                    *flags, cwd=sd_files["root"])
+    """train_text_to_image.py in this process (diffusers' child path:
+    `test_diffusers_train_unconditional_unet_ddpm_ema`)."""
+    return estimate_here("r7_diffusers_train_text_to_image.py", "--pretrained_model_name_or_path",
+                         str(sd_files["model"]), "--train_data_dir", str(sd_files["images"]),
+                         "--resolution", "16", "--train_batch_size", "2", "--max_train_steps", "2",
+                         "--mixed_precision", "fp16", "--report_to", "none",
+                         "--lr_warmup_steps", "0", *flags, cwd=sd_files["root"])
 
 
 @pytest.mark.slow
@@ -417,14 +415,14 @@ def test_diffusers_dreambooth_lora_prior_preservation_generates_then_trains(sd_f
     # denoising steps on the device), which is then deleted
     instance = _png_folder(sd_files["root"] / "instance", 4)
     class_dir = sd_files["root"] / "class-images"
-    est = estimate("r7_diffusers_train_dreambooth_lora.py", "--pretrained_model_name_or_path",
-                   str(sd_files["model"]), "--instance_data_dir", str(instance),
-                   "--instance_prompt", "a photo of sks dog", "--with_prior_preservation",
-                   "--class_data_dir", str(class_dir), "--class_prompt", "a photo of dog",
-                   "--num_class_images", "2", "--sample_batch_size", "2", "--resolution", "16",
-                   "--train_batch_size", "2", "--max_train_steps", "2", "--mixed_precision", "fp16",
-                   "--report_to", "none", "--lr_warmup_steps", "0",
-                   "--output_dir", str(sd_files["root"] / "dreambooth"), cwd=sd_files["root"])
+    est = estimate_here("r7_diffusers_train_dreambooth_lora.py", "--pretrained_model_name_or_path",
+                        str(sd_files["model"]), "--instance_data_dir", str(instance),
+                        "--instance_prompt", "a photo of sks dog", "--with_prior_preservation",
+                        "--class_data_dir", str(class_dir), "--class_prompt", "a photo of dog",
+                        "--num_class_images", "2", "--sample_batch_size", "2", "--resolution", "16",
+                        "--train_batch_size", "2", "--max_train_steps", "2",
+                        "--mixed_precision", "fp16", "--report_to", "none", "--lr_warmup_steps", "0",
+                        "--output_dir", str(sd_files["root"] / "dreambooth"), cwd=sd_files["root"])
     shapes = _sd_shapes(sd_files)
     rank = 4
     lora = _unet_lora_shapes(rank, {32: 3, 64: 1}, cross_dim=32)  # no add_k_proj in SD's UNet

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import estimate, estimate_here
 from tests.library_jobs.test_library_jobs import assert_training, needs
 
 
@@ -34,8 +34,9 @@ CARTPOLE = dict(obs_dim=4, actions=2)
 def test_cleanrl_ppo_cartpole_rollout_buffers_and_adam(tmp_path):
     params = ex.device_bytes(cleanrl_agent_shapes(**CARTPOLE), ex.FP32)
     num_steps, num_envs = 32, 4
-    est = estimate("r9_cleanrl_ppo.py", "--total-timesteps", "256", "--num-steps", str(num_steps),
-                   "--num-envs", str(num_envs), cwd=tmp_path)
+    # in this process (cleanrl's child path: the DQN test below)
+    est = estimate_here("r9_cleanrl_ppo.py", "--total-timesteps", "256", "--num-steps",
+                        str(num_steps), "--num-envs", str(num_envs), cwd=tmp_path)
     # Adam(eps=1e-5), not fused: exp_avg and exp_avg_sq per parameter, `step` on the host
     assert_training(est, params=params, optimizer_state=2 * params)
     assert est.data["mode"] == "fake", est.data["mode_reason"]
@@ -84,9 +85,10 @@ def test_lightning_hydra_template_train_with_overrides(tmp_path):
     params = ex.device_bytes(shapes, ex.FP32)
     # `test=False`: the template's `trainer.test(ckpt_path=best)` fails on torch >= 2.6 on a GPU
     # too (Lightning loads with weights_only and the checkpoint's hyperparameters hold `net`)
-    est = estimate("r9_hydra_train.py", "trainer=gpu", "trainer.max_epochs=2",
-                   "data.train_val_test_split=[64,32,32]", "data.batch_size=32",
-                   "model.optimizer.lr=0.002", "logger=csv", "test=False", cwd=tmp_path)
+    # in this process (Lightning's child path: test_library_jobs_r4.py's)
+    est = estimate_here("r9_hydra_train.py", "trainer=gpu", "trainer.max_epochs=2",
+                        "data.train_val_test_split=[64,32,32]", "data.batch_size=32",
+                        "model.optimizer.lr=0.002", "logger=csv", "test=False", cwd=tmp_path)
     # Adam from the `_partial_` optimizer config: exp_avg and exp_avg_sq, host `step`s
     assert_training(est, params=params, optimizer_state=2 * params)
     assert est.breakdown["buffer"] == ex.device_bytes(buffers, ex.FP32)
@@ -131,7 +133,8 @@ def test_sb3_sac_mlp_policy_learn_on_cuda(tmp_path):
     actor, critic = sac_mlp_shapes(obs_dim=3, act_dim=1)  # Pendulum-v1
     trained = ex.device_bytes(actor + critic, ex.FP32)
     log_ent_coef = ex.BLOCK  # `th.log(th.ones(1, device=...)).requires_grad_(True)`, its own Adam
-    est = estimate("r9_sb3_quickstart.py", "--algo", "sac", "--timesteps", "48", cwd=tmp_path)
+    # in this process (SB3's child path: the PPO test above)
+    est = estimate_here("r9_sb3_quickstart.py", "--algo", "sac", "--timesteps", "48", cwd=tmp_path)
     # parameters: actor, critic and the frozen critic_target; Adam state for the actor, the
     # critic and log_ent_coef (three optimizers)
     assert_training(est, params=trained + ex.device_bytes(critic, ex.FP32) + log_ent_coef,
@@ -226,9 +229,9 @@ def test_lightning_cli_fit_subcommand_with_a_yaml_config(tmp_path):
     from tests.library_jobs.harness import SCRIPTS
 
     params = ex.device_bytes(ex.linear(96, 32), ex.FP32)  # DemoModel's l1, out_dim 96 (config)
-    est = estimate("r9_lightning_cli_main.py", "fit", "--config",
-                   str(SCRIPTS / "r9_lightning_cli_config.yaml"), "--trainer.max_epochs=2",
-                   cwd=tmp_path)
+    est = estimate_here("r9_lightning_cli_main.py", "fit", "--config",
+                        str(SCRIPTS / "r9_lightning_cli_config.yaml"), "--trainer.max_epochs=2",
+                        cwd=tmp_path)  # in this process
     # the config's `optimizer:` (SGD with momentum: one buffer per parameter) replaced
     # DemoModel.configure_optimizers' Adam (two)
     assert_training(est, params=params, optimizer_state=params)

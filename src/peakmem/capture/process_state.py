@@ -9,11 +9,20 @@ next job in the process starts from the same state (registry: one saver per kind
   and new APIs";
 - bitsandbytes' `GlobalOptimManager` singleton: the HF Trainer registers 32-bit overrides for
   embedding weights keyed by `id(param)`; a later job's parameters that reuse those ids would get
-  32-bit optimizer states instead of 8-bit ones.
+  32-bit optimizer states instead of 8-bit ones;
+- accelerate's shared states (`PartialState`, `AcceleratorState`, `GradientState`: one dict per
+  class that every instance shares): a job's `Accelerator(mixed_precision="no")` left them
+  initialized, and the next job's `Accelerator(mixed_precision="bf16")` raised "AcceleratorState
+  has already been initialized and cannot be changed";
+- the root logger's handlers and level: Hydra's `@hydra.main` (and `logging.basicConfig`)
+  configure them for the job, and later code in the process logged to the job's file and
+  console at the job's level.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -73,6 +82,44 @@ def _bitsandbytes_overrides() -> Restore | None:
         instance = manager_type._instance
         if getattr(instance, "pid2config", None) or getattr(instance, "index2config", None):
             return None  # the caller's own overrides, made before the job: left alone
+    return restore
+
+
+ACCELERATE_SHARED_STATES = ("PartialState", "AcceleratorState", "GradientState")
+
+
+@_register
+def _accelerate_shared_states() -> Restore:
+    module = sys.modules.get("accelerate.state")
+    saved = {name: dict(getattr(getattr(module, name, None), "_shared_state", None) or {})
+             for name in ACCELERATE_SHARED_STATES} if module is not None else {}
+
+    def restore() -> None:
+        loaded = sys.modules.get("accelerate.state")  # imported by the job, or before it
+        for name in ACCELERATE_SHARED_STATES:
+            shared = getattr(getattr(loaded, name, None), "_shared_state", None)
+            if isinstance(shared, dict):
+                shared.clear()
+                shared.update(saved.get(name, {}))  # empty where the job made the first
+
+    return restore
+
+
+@_register
+def _root_logger() -> Restore:
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+
+    def restore() -> None:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+            with contextlib.suppress(Exception):  # a job's handler may fail as it likes
+                handler.close()  # the job's log file, say
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+
     return restore
 
 
