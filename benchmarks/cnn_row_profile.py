@@ -7,8 +7,10 @@
 
 The rows are `--rows` of the held-out CNN set spread over it (`spread_subset` of rows + 1, the
 first a warm-up), estimated with `PeakmemEstimator` after the bench worker's own initializer
-(`_init_worker`: one intra-op thread, start-up objects frozen), so each row sees what it sees in
-`peakmem bench` (a warm meta cache from the rows before it).
+(`_init_worker`: one intra-op thread, start-up objects frozen) and through the worker's own
+per-row call (`_work`: the objects alive frozen again after the worker's 1st, 2nd, 4th, ...
+row), so each row sees what it sees in `peakmem bench` (a warm meta cache from the rows before
+it).
 
 Default: a CPU-time sampler (`ITIMER_PROF` every 0.5 ms; the kernel delivers at its own tick,
 ~4 ms here) records each sample's Python stack; printed are the share of samples inside each of
@@ -92,16 +94,16 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     from peakmem.baselines.peakmem_estimator import PeakmemEstimator
-    from peakmem.bench.runner import _init_worker, estimate_row
+    from peakmem.bench.runner import _init_worker, _work
 
     rows = _rows(args.rows)
     estimator = PeakmemEstimator()
     _init_worker({"peakmem": estimator})
-    estimate_row(estimator, rows[0])  # warm-up: imports, first calls
+    _work("peakmem", rows[0])  # warm-up: imports, first calls
 
     if args.plain:
         start = time.process_time()
-        results = [estimate_row(estimator, row) for row in rows[1:]]
+        results = [_work("peakmem", row)[1] for row in rows[1:]]
         cpu = time.process_time() - start
         fields = [[r.estimate_bytes, r.stated_margin, r.error] for r in results]
         digest = hashlib.sha256(json.dumps(fields, default=str).encode()).hexdigest()[:12]
@@ -112,7 +114,7 @@ def main() -> int:
         profile = cProfile.Profile(time.process_time)
         start = time.process_time()
         profile.enable()
-        results = [estimate_row(estimator, row) for row in rows[1:]]
+        results = [_work("peakmem", row)[1] for row in rows[1:]]
         profile.disable()
         print(f"{len(results)} rows, {time.process_time() - start:.2f} CPU s under cProfile")
         out = io.StringIO()
@@ -133,7 +135,7 @@ def main() -> int:
     start = time.process_time()
     signal.setitimer(signal.ITIMER_PROF, 0.0005, 0.0005)
     try:
-        results = [estimate_row(estimator, row) for row in rows[1:]]
+        results = [_work("peakmem", row)[1] for row in rows[1:]]
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
     cpu = time.process_time() - start

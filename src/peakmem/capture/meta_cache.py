@@ -64,6 +64,7 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                  torch.memory_format)
 _UNCACHEABLE = object()
+_INT_ONLY = frozenset((int,))  # `issuperset` of an iterator stops at the first miss
 _STRIDED = torch.strided
 _META = torch.device("meta")
 _DEVICE = torch.device
@@ -240,7 +241,7 @@ def _key(values: tuple | list, storages: dict[int, int], blind: bool = False) ->
         if kind in _PLAIN_TENSORS:
             append(_tensor_key(value, storages))
         elif kind is tuple or kind is list:
-            if all(type(item) is int for item in value):  # sizes, strides, dims
+            if _INT_ONLY.issuperset(map(type, value)):  # sizes, strides, dims (or empty)
                 append((kind, tuple(value)))
             else:
                 append((kind, _key(value, storages, blind), None))
@@ -254,6 +255,30 @@ def _key(values: tuple | list, storages: dict[int, int], blind: bool = False) ->
 
 
 def _tensor_key(value: torch.Tensor, storages: dict[int, int]) -> tuple:
+    """A meta tensor's part of a key, equal to `_tensor_key_plain`'s: the conjugate bit read only
+    for a complex dtype (torch sets it on no other). The shape is copied to a plain tuple: a key
+    of plain tuples of numbers, dtypes and bools is untracked by the garbage collector once it
+    has seen it (a `torch.Size` would keep the whole key tracked, and every full collection of a
+    bench worker would walk every key)."""
+    if value.layout is not _STRIDED or not value.is_meta:
+        raise _NotCacheable
+    dtype = value.dtype
+    share = storages.setdefault(id(value.untyped_storage()), len(storages))
+    return (
+        dtype,
+        tuple(value.shape),
+        value.stride(),
+        value.storage_offset(),
+        share,
+        value.requires_grad,
+        dtype.is_complex and value.is_conj(),
+        value.is_neg(),
+    )
+
+
+def _tensor_key_plain(value: torch.Tensor, storages: dict[int, int]) -> tuple:
+    """`_tensor_key` read the plain way, every attribute, the shape copied (the reference its
+    tests hold it to)."""
     if value.layout is not _STRIDED or not value.is_meta:
         raise _NotCacheable
     share = storages.setdefault(id(value.untyped_storage()), len(storages))
