@@ -1,6 +1,7 @@
 """The meta cache's key, read the cheaper way (`_tensor_key`: the conjugate bit only for complex
-dtypes; `_key`: an int-only list found by `frozenset.issuperset`), is the key read the plain way
-(`_tensor_key_plain`, `all(type(item) is int ...)`), and stays untracked by the collector."""
+dtypes; `_key`: an int-only list found by `frozenset.issuperset`; `_kwargs_key`: plain keyword
+values keyed inline), is the key read the plain way (`_tensor_key_plain`, `all(type(item) is
+int ...)`, `_key` of the (name, value) pairs), and stays untracked by the collector."""
 
 import gc
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from peakmem.capture import meta_cache
-from peakmem.capture.meta_cache import _key, _tensor_key, _tensor_key_plain
+from peakmem.capture.meta_cache import _key, _kwargs_key, _tensor_key, _tensor_key_plain
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool,
           torch.complex64, torch.complex128]
@@ -78,6 +79,20 @@ def test_the_key_is_the_plain_key(args, blind):
     plain = plain_key(args, plain_storages, blind)
     assert fast == plain
     assert hash(fast) == hash(plain)
+    assert fast_storages == plain_storages
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=arguments(), names=st.lists(st.sampled_from(
+    ["dtype", "device", "alpha", "out", "dim", "weight", "pin_memory", "memory_format"]),
+    unique=True, max_size=8), blind=st.booleans())
+def test_the_keyword_key_is_the_key_of_the_pairs(values, names, blind):
+    kwargs = dict(zip(names, values + (torch.device("meta"), torch.strided,
+                                       torch.contiguous_format, 0.5), strict=False))
+    fast_storages, plain_storages = {}, {}
+    fast = _kwargs_key(kwargs, fast_storages, blind)
+    plain = plain_key(tuple(kwargs.items()), plain_storages, blind)
+    assert fast == plain
     assert fast_storages == plain_storages
 
 

@@ -191,7 +191,7 @@ class MetaCache:
                 id(func),  # `_ops` keeps func alive: no other op takes its id
                 _global_state(),
                 _key(args, storages, blind),
-                _key(tuple(kwargs.items()), storages, blind) if kwargs else (),
+                _kwargs_key(kwargs, storages, blind) if kwargs else (),
                 torch._C._get_cudnn_enabled() if fused else None,  # read by cuda_rules' kernels
             )
         except _NotCacheable:
@@ -251,6 +251,24 @@ def _key(values: tuple | list, storages: dict[int, int], blind: bool = False) ->
             append((kind, value))
         else:
             raise _NotCacheable
+    return tuple(parts)
+
+
+def _kwargs_key(kwargs: dict, storages: dict[int, int], blind: bool = False) -> tuple:
+    """`_key(tuple(kwargs.items()), storages, blind)`, the same tuple, with a plain value (a
+    dtype, device, bool, ... : most keyword arguments) keyed here instead of through a call of
+    `_key` per (name, value) pair."""
+    parts = []
+    append = parts.append
+    for name, value in kwargs.items():
+        if type(name) is not str:  # not met from torch's dispatch: the generic way
+            return _key(tuple(kwargs.items()), storages, blind)
+        kind = type(value)
+        if kind in _PLAIN_VALUES and not (blind and kind is float):
+            part = (kind, value)
+        else:
+            part = _key((value,), storages, blind)[0]
+        append((tuple, ((str, name), part), None))
     return tuple(parts)
 
 
