@@ -353,8 +353,12 @@ def _recipe(out: Any, input_storages: dict[int, int]) -> tuple | None:
 
 def _rebuild(entry: tuple) -> Any:
     container, parts = entry
-    if not parts and container is None:
-        return None
+    if container is None:  # one output tensor, or nothing (an in-place foreach op)
+        if not parts:
+            return None
+        shape, stride, offset, dtype, group, nbytes, minimal = parts[0]
+        if minimal:  # most ops: a storage of exactly its bytes, no other output to share it
+            return torch.empty_strided(shape, stride, dtype=dtype, device=_META)
     storages: dict[int, Any] = {}
     made = []
     for part in parts:
