@@ -4,11 +4,14 @@
     python benchmarks/cnn_row_profile.py [--rows 15] [--top 25]            # sampled, CPU time
     python benchmarks/cnn_row_profile.py --rows 5 --cprofile [--top 25]    # cProfile, self time
     python benchmarks/cnn_row_profile.py --rows 15 --plain                  # CPU s, no profiler
+    python benchmarks/cnn_row_profile.py --rows 30 --gc                     # + garbage collections
 
 The rows are `--rows` of the held-out CNN set spread over it (`spread_subset` of rows + 1, the
 first a warm-up), estimated with `PeakmemEstimator` after the bench worker's own initializer
-(`_init_worker`: one intra-op thread, start-up objects frozen), so each row sees what it sees in
-`peakmem bench` (a warm meta cache from the rows before it).
+(`_init_worker`: one intra-op thread, start-up objects frozen) and through the worker's own
+per-row call (`_work`: the objects alive frozen again after the worker's 1st, 2nd, 4th, ...
+row), so each row sees what it sees in `peakmem bench` (a warm meta cache from the rows before
+it).
 
 Default: a CPU-time sampler (`ITIMER_PROF` every 0.5 ms; the kernel delivers at its own tick,
 ~4 ms here) records each sample's Python stack; printed are the share of samples inside each of
@@ -20,7 +23,8 @@ call instead: it slows the rows ~6x and inflates the functions called most often
 small helpers), so its self times rank the per-call Python, not the share of a row. `--plain`
 runs the rows with no profiler and prints their CPU seconds and a digest of their results
 (estimate bytes, stated margins, errors): run it with each source tree's `src` on PYTHONPATH,
-alternately, to compare two trees (the same digest: the same estimates).
+alternately, to compare two trees (the same digest: the same estimates). `--gc` is `--plain`
+plus, per generation, the collections the rows ran and their CPU seconds (`gc.callbacks`).
 """
 
 from __future__ import annotations
@@ -81,6 +85,25 @@ def _rows(count: int):
     return spread_subset(evaluation_rows(load_rows("gpumemnet-cnn", DATA)), count + 1)
 
 
+def _watch_collections() -> dict[int, list]:
+    """generation -> [collections, CPU seconds], filled from now on by a `gc.callbacks` entry."""
+    import gc
+
+    by_generation: dict[int, list] = collections.defaultdict(lambda: [0, 0.0])
+    started = [0.0]
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.process_time()
+        else:
+            entry = by_generation[info["generation"]]
+            entry[0] += 1
+            entry[1] += time.process_time() - started[0]
+
+    gc.callbacks.append(callback)
+    return by_generation
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=15)
@@ -88,31 +111,38 @@ def main() -> int:
     parser.add_argument("--cprofile", action="store_true", help="cProfile's self times instead")
     parser.add_argument("--plain", action="store_true",
                         help="no profiler: the rows' CPU seconds and a digest of their results")
+    parser.add_argument("--gc", action="store_true",
+                        help="--plain, and the garbage collections of the rows per generation")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     from peakmem.baselines.peakmem_estimator import PeakmemEstimator
-    from peakmem.bench.runner import _init_worker, estimate_row
+    from peakmem.bench.runner import _init_worker, _work
 
     rows = _rows(args.rows)
     estimator = PeakmemEstimator()
     _init_worker({"peakmem": estimator})
-    estimate_row(estimator, rows[0])  # warm-up: imports, first calls
+    _work("peakmem", rows[0])  # warm-up: imports, first calls
 
-    if args.plain:
+    if args.plain or args.gc:
+        collections_by_generation = _watch_collections() if args.gc else None
         start = time.process_time()
-        results = [estimate_row(estimator, row) for row in rows[1:]]
+        results = [_work("peakmem", row)[1] for row in rows[1:]]
         cpu = time.process_time() - start
         fields = [[r.estimate_bytes, r.stated_margin, r.error] for r in results]
         digest = hashlib.sha256(json.dumps(fields, default=str).encode()).hexdigest()[:12]
         print(f"{len(results)} rows, {cpu:.2f} CPU s, results {digest}")
+        if collections_by_generation is not None:
+            for generation, (count, seconds) in sorted(collections_by_generation.items()):
+                print(f"gen{generation}: {count} collections, {seconds:.3f} CPU s "
+                      f"({100 * seconds / cpu:.1f}% of the rows)")
         return 0
 
     if args.cprofile:
         profile = cProfile.Profile(time.process_time)
         start = time.process_time()
         profile.enable()
-        results = [estimate_row(estimator, row) for row in rows[1:]]
+        results = [_work("peakmem", row)[1] for row in rows[1:]]
         profile.disable()
         print(f"{len(results)} rows, {time.process_time() - start:.2f} CPU s under cProfile")
         out = io.StringIO()
@@ -133,7 +163,7 @@ def main() -> int:
     start = time.process_time()
     signal.setitimer(signal.ITIMER_PROF, 0.0005, 0.0005)
     try:
-        results = [estimate_row(estimator, row) for row in rows[1:]]
+        results = [_work("peakmem", row)[1] for row in rows[1:]]
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
     cpu = time.process_time() - start

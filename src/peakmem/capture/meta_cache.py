@@ -64,6 +64,7 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                  torch.memory_format)
 _UNCACHEABLE = object()
+_INT_ONLY = frozenset((int,))  # `issuperset` of an iterator stops at the first miss
 _STRIDED = torch.strided
 _META = torch.device("meta")
 _DEVICE = torch.device
@@ -190,7 +191,7 @@ class MetaCache:
                 id(func),  # `_ops` keeps func alive: no other op takes its id
                 _global_state(),
                 _key(args, storages, blind),
-                _key(tuple(kwargs.items()), storages, blind) if kwargs else (),
+                _kwargs_key(kwargs, storages, blind) if kwargs else (),
                 torch._C._get_cudnn_enabled() if fused else None,  # read by cuda_rules' kernels
             )
         except _NotCacheable:
@@ -240,7 +241,7 @@ def _key(values: tuple | list, storages: dict[int, int], blind: bool = False) ->
         if kind in _PLAIN_TENSORS:
             append(_tensor_key(value, storages))
         elif kind is tuple or kind is list:
-            if all(type(item) is int for item in value):  # sizes, strides, dims
+            if _INT_ONLY.issuperset(map(type, value)):  # sizes, strides, dims (or empty)
                 append((kind, tuple(value)))
             else:
                 append((kind, _key(value, storages, blind), None))
@@ -253,7 +254,49 @@ def _key(values: tuple | list, storages: dict[int, int], blind: bool = False) ->
     return tuple(parts)
 
 
+def _kwargs_key(kwargs: dict, storages: dict[int, int], blind: bool = False) -> tuple:
+    """`_key(tuple(kwargs.items()), storages, blind)`, the same tuple, with a plain value (a
+    dtype, device, bool, ... : most keyword arguments) keyed here instead of through a call of
+    `_key` per (name, value) pair."""
+    parts = []
+    append = parts.append
+    for name, value in kwargs.items():
+        if type(name) is not str:  # not met from torch's dispatch: the generic way
+            return _key(tuple(kwargs.items()), storages, blind)
+        kind = type(value)
+        if kind in _PLAIN_VALUES and not (blind and kind is float):
+            part = (kind, value)
+        else:
+            part = _key((value,), storages, blind)[0]
+        append((tuple, ((str, name), part), None))
+    return tuple(parts)
+
+
 def _tensor_key(value: torch.Tensor, storages: dict[int, int]) -> tuple:
+    """A meta tensor's part of a key, equal to `_tensor_key_plain`'s: the conjugate bit read only
+    for a complex dtype (torch sets it on no other). The shape is copied to a plain tuple: a key
+    of plain tuples of numbers, dtypes and bools is untracked by the garbage collector once it
+    has seen it (a `torch.Size` would keep the whole key tracked, and every full collection of a
+    bench worker would walk every key)."""
+    if value.layout is not _STRIDED or not value.is_meta:
+        raise _NotCacheable
+    dtype = value.dtype
+    share = storages.setdefault(id(value.untyped_storage()), len(storages))
+    return (
+        dtype,
+        tuple(value.shape),
+        value.stride(),
+        value.storage_offset(),
+        share,
+        value.requires_grad,
+        dtype.is_complex and value.is_conj(),
+        value.is_neg(),
+    )
+
+
+def _tensor_key_plain(value: torch.Tensor, storages: dict[int, int]) -> tuple:
+    """`_tensor_key` read the plain way, every attribute, the shape copied (the reference its
+    tests hold it to)."""
     if value.layout is not _STRIDED or not value.is_meta:
         raise _NotCacheable
     share = storages.setdefault(id(value.untyped_storage()), len(storages))
@@ -310,8 +353,12 @@ def _recipe(out: Any, input_storages: dict[int, int]) -> tuple | None:
 
 def _rebuild(entry: tuple) -> Any:
     container, parts = entry
-    if not parts and container is None:
-        return None
+    if container is None:  # one output tensor, or nothing (an in-place foreach op)
+        if not parts:
+            return None
+        shape, stride, offset, dtype, group, nbytes, minimal = parts[0]
+        if minimal:  # most ops: a storage of exactly its bytes, no other output to share it
+            return torch.empty_strided(shape, stride, dtype=dtype, device=_META)
     storages: dict[int, Any] = {}
     made = []
     for part in parts:
