@@ -28,6 +28,7 @@ from peakmem.capture.backward_view import job_view_in_backward, job_view_in_save
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
 from peakmem.capture.fake_tensors import mark_pinned
 from peakmem.capture.grad_accumulation import backward_roots, engine_marked
+from peakmem.capture.known_values import KNOWN_VALUE_OPS, call_carrying_values
 from peakmem.capture.phases import PhaseTracker
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
@@ -71,7 +72,7 @@ _FLAT_LEAVES = frozenset({Tensor, torch.nn.Parameter, str, int, float, bool, typ
 _BACKWARD_CALLS = {Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _OWN_BRANCHES = frozenset({
     *_HOST_READS, *_FROM_DATA, *_ALL_TRUE_CHECKS, *_BACKWARD_CALLS,
-    Tensor.to, Tensor.cuda, Tensor.cpu, Tensor.copy_,
+    Tensor.to, Tensor.cuda, Tensor.cpu, Tensor.copy_, *KNOWN_VALUE_OPS,
 })
 """The functions `CudaAsMeta.__torch_function__` has a branch of its own for (besides the
 registries `TENSOR_OVERRIDES` and `FUNCTION_RULES`, looked up on every call)."""
@@ -210,6 +211,15 @@ class CudaAsMeta(TorchFunctionMode):
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in KNOWN_VALUE_OPS and self.session.host_value is None:
+            # fake mode: known host values carried through cheap ops (capture.known_values)
+            kwargs = dict(kwargs or {})
+            return call_carrying_values(
+                func, args, kwargs, lambda call_args: self._dispatch(func, call_args, dict(kwargs))
+            )
+        return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func, args: tuple, kwargs: dict | None):
         if (func not in _OWN_BRANCHES and func not in TENSOR_OVERRIDES
                 and func not in FUNCTION_RULES):
             # the common call: no branch below applies unless a device or pinned memory is named
