@@ -25,6 +25,7 @@ from peakmem.capture import (  # noqa: F401  (their registrations)
 )
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
+from peakmem.capture.device_ordinals import check_device_spec
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
 from peakmem.capture.fake_tensors import mark_pinned
 from peakmem.capture.grad_accumulation import backward_roots, engine_marked
@@ -99,7 +100,9 @@ def gpu_index(value: Any) -> int | None:
 def note_other_gpu(session: CaptureSession, value: Any) -> None:
     """A tensor put on a GPU other than the process's current one (`cuda:1` beside `cuda:0`:
     model parallelism in one process): peakmem models one GPU per process, so the note says
-    that their allocations were counted together."""
+    that their allocations were counted together. An ordinal the job has no GPU of raises as
+    on CUDA (capture.device_ordinals)."""
+    check_device_spec(value)
     index = gpu_index(value)
     if index is None:
         return
