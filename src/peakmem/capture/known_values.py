@@ -80,8 +80,14 @@ IN_PLACE = _ops(
 FACTORIES = _ops("arange", "range", "zeros", "ones", "full", "linspace", "eye",
                  namespaces=(torch,))
 """Device factories: nothing to know."""
+INDEX_RESULTS = _ops("argmax", "argmin")
+"""Ops whose result holds indices along one dimension: at most that many distinct values."""
+UNIQUE = _ops("unique")
 KNOWN_VALUE_OPS = frozenset(ELEMENTWISE | REDUCTIONS | SHAPING | SIZED_BY_VALUES | IN_PLACE
                             | FACTORIES)
+_DISTINCT = "_peakmem_distinct_at_most"
+"""On a device tensor of unknown values: how many distinct values it holds at most (the indices
+`argmax(x, dim)` returns lie in `range(x.shape[dim])`)."""
 
 
 def carries(func: Any) -> bool:
@@ -155,7 +161,12 @@ def call_carrying_values(
     if host_call is None:
         if masked:  # the selection's size is known from a known mask, the values are not
             return run(_masks_as_indices(args, known, give))
-        return run(args)
+        if func in UNIQUE:
+            return run(_fewer_distinct(args, kwargs))
+        result = run(args)
+        if func in INDEX_RESULTS:
+            _note_distinct(args, kwargs, result)
+        return result
     if func in SIZED_BY_VALUES or masked:
         host_result = _on_host(func, *host_call)  # no larger than its inputs
         if host_result is None:
@@ -214,3 +225,30 @@ def _to_device(leaf: Any, give: Callable) -> Any:
     device = leaf.to("meta")
     give(device, leaf)
     return device
+
+
+def _note_distinct(args: tuple, kwargs: dict, result: Any) -> None:
+    """`argmax(x, dim)` / `argmin(x, dim)`: the result's values lie in `range(x.shape[dim])`."""
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    source = args[0] if args else kwargs.get("input")
+    if (isinstance(dim, int) and isinstance(source, Tensor) and isinstance(result, Tensor)
+            and is_meta(result) and source.dim() > 0):
+        setattr(result, _DISTINCT, source.shape[dim])
+
+
+def _fewer_distinct(args: tuple, kwargs: dict) -> tuple:
+    """`torch.unique(t)` of unknown values with at most `n` distinct ones (`_note_distinct`):
+    sized from the first `n` elements, as if all `n` occurred (the bound every element
+    distinct gives otherwise: torchmetrics checks `len(torch.unique(preds)) <= num_classes` of
+    `preds = logits.argmax(dim=1)`). Not with `return_inverse` (shaped like the input) or a
+    `dim`."""
+    tensor = args[0] if args else None
+    if not isinstance(tensor, Tensor) or len(args) > 2 or kwargs.get("return_inverse") \
+            or kwargs.get("dim") is not None:
+        return args
+    distinct = getattr(tensor, _DISTINCT, None)
+    if distinct is None and tensor._base is not None:
+        distinct = getattr(tensor._base, _DISTINCT, None)
+    if distinct is None or distinct >= tensor.numel() or not tensor.is_contiguous():
+        return args
+    return (tensor.reshape(-1)[:distinct], *args[1:])
