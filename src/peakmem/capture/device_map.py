@@ -147,6 +147,10 @@ def _known_host_data(tensor: Tensor) -> Tensor | None:
     if known is None or known[1] != _version(tensor):
         return None
     host = known[0]
+    if callable(host):  # a loaded tensor's values, read from its file when first needed
+        host = _read_lazily(base, known)
+        if host is None:
+            return None
     if base is tensor:
         return host.clone()
     if tensor.dtype != host.dtype:
@@ -165,6 +169,36 @@ def give_host_data(tensor: Tensor, host: Tensor) -> None:
     if is_meta(tensor) and tensor._base is None and host.numel() == tensor.numel() \
             and host.numel() <= HOST_DATA_MAX_ELEMENTS:
         setattr(tensor, _HOST_DATA, (host.reshape(tensor.shape).to(tensor.dtype), _version(tensor)))
+
+
+LOADED_VALUES_MAX_BYTES = 64 << 20
+"""A device tensor loaded from a checkpoint (torch.load, safetensors) with more elements than
+HOST_DATA_MAX_ELEMENTS keeps its values lazily, up to this many bytes: read from the file when
+the job first reads it on the host, then kept with the tensor (until an in-place write)."""
+
+
+def give_lazy_host_data(tensor: Tensor, read: Any) -> None:
+    """`tensor` (a device tensor, no view) holds the values `read()` returns (a host tensor of
+    its numel, read when first needed) until an in-place op writes to it: a large loaded
+    tensor (up to LOADED_VALUES_MAX_BYTES)."""
+    if is_meta(tensor) and tensor._base is None \
+            and tensor.numel() * tensor.element_size() <= LOADED_VALUES_MAX_BYTES:
+        setattr(tensor, _HOST_DATA, (read, _version(tensor)))
+
+
+def _read_lazily(base: Tensor, known: tuple) -> Tensor | None:
+    """The values a lazy reader gives (kept in its place: read once), or None when they cannot
+    be read or do not fit the tensor."""
+    try:
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            host = known[0]()
+            if host is None or host.numel() != base.numel():
+                return None
+            host = host.detach().reshape(base.shape).to(base.dtype, copy=True)
+    except Exception:  # noqa: BLE001 - an unreadable file: the values stay unknown
+        return None
+    setattr(base, _HOST_DATA, (host, known[1]))
+    return host
 
 
 def _version(tensor: Tensor) -> int | None:
