@@ -96,3 +96,20 @@ def test_a_broadcast_beyond_the_bound_is_not_computed_on_the_host(a100, stack24)
 
     run(job, a100, stack24)
     assert seen == {"shape": (60_000, 60_000), "value": False}
+
+
+def test_unique_of_argmax_indices_is_bounded_by_the_dimension(a100, stack24):
+    # torchmetrics' multiclass validation: `len(torch.unique(preds)) <= num_classes` of
+    # `preds = logits.argmax(dim=1)` (the model's logits: unknown values)
+    seen = {}
+
+    def job():
+        logits = torch.randn(32, 10, device="cuda")
+        preds = torch.argmax(logits, dim=1)
+        seen["unique"] = len(torch.unique(preds))
+        seen["method"] = len(preds.unique(sorted=True, return_counts=True)[1])
+        seen["flat"] = len(torch.unique(logits.argmax()))  # no dim: no bound below numel
+        seen["inverse"] = torch.unique(preds, return_inverse=True)[1].shape  # like the input
+
+    run(job, a100, stack24)
+    assert seen == {"unique": 10, "method": 10, "flat": 1, "inverse": torch.Size([32])}
