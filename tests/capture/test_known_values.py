@@ -113,3 +113,18 @@ def test_unique_of_argmax_indices_is_bounded_by_the_dimension(a100, stack24):
 
     run(job, a100, stack24)
     assert seen == {"unique": 10, "method": 10, "flat": 1, "inverse": torch.Size([32])}
+
+
+def test_isfinite_of_unknown_values_reads_true(a100, stack24):
+    # Lightning's EarlyStopping(check_finite=True) stops when `torch.isfinite(current)` is False:
+    # the 0-d placeholder (False) stopped every fake run after its first validation
+    seen = {}
+
+    def job():
+        metric = torch.randn(8, device="cuda").mean()  # unknown
+        seen["finite"] = bool(torch.isfinite(metric))
+        seen["all"] = bool(torch.isfinite(torch.randn(3, device="cuda")).all())
+        seen["nan"] = bool(torch.isnan(metric))  # a condition: the 0-d placeholder, False
+
+    run(job, a100, stack24)
+    assert seen == {"finite": True, "all": True, "nan": False}

@@ -159,8 +159,13 @@ def _known_host_data(tensor: Tensor) -> Tensor | None:
 
 
 def known_host_data(tensor: Tensor) -> Tensor | None:
-    """A device tensor's host values where they are known (see `_known_host_data`)."""
-    return _known_host_data(tensor) if is_meta(tensor) else None
+    """A device tensor's host values where they are known (see `_known_host_data`); a validity
+    check's result assumed to pass (`_ASSUMED_TRUE`) is known to be all True."""
+    if not is_meta(tensor):
+        return None
+    if getattr(tensor, _ASSUMED_TRUE, False):
+        return torch.ones(tensor.shape, dtype=tensor.dtype)
+    return _known_host_data(tensor)
 
 
 def give_host_data(tensor: Tensor, host: Tensor) -> None:

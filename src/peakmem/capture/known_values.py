@@ -83,6 +83,10 @@ FACTORIES = _ops("arange", "range", "zeros", "ones", "full", "linspace", "eye",
 INDEX_RESULTS = _ops("argmax", "argmin")
 """Ops whose result holds indices along one dimension: at most that many distinct values."""
 UNIQUE = _ops("unique")
+ASSUMED_FINITE = _ops("isfinite")
+"""`isfinite` of unknown values reads True, as a validity check does (`device_map`'s
+`_ASSUMED_TRUE`): Lightning's EarlyStopping stops the run when `torch.isfinite(metric)` is
+False, which the 0-d placeholder (False) said of every fake metric."""
 KNOWN_VALUE_OPS = frozenset(ELEMENTWISE | REDUCTIONS | SHAPING | SIZED_BY_VALUES | IN_PLACE
                             | FACTORIES)
 _DISTINCT = "_peakmem_distinct_at_most"
@@ -106,6 +110,12 @@ def _host_data():
     )
 
     return HOST_DATA_MAX_ELEMENTS, known_host_data, give_host_data
+
+
+def _assumed_true() -> str:
+    from peakmem.capture.device_map import _ASSUMED_TRUE
+
+    return _ASSUMED_TRUE
 
 
 def _host_arguments(args: tuple, kwargs: dict, bound: int, known: Callable) -> tuple | None:
@@ -166,6 +176,8 @@ def call_carrying_values(
         result = run(args)
         if func in INDEX_RESULTS:
             _note_distinct(args, kwargs, result)
+        elif func in ASSUMED_FINITE and isinstance(result, Tensor) and is_meta(result):
+            setattr(result, _assumed_true(), True)
         return result
     if func in SIZED_BY_VALUES or masked:
         host_result = _on_host(func, *host_call)  # no larger than its inputs
