@@ -102,14 +102,22 @@ class _Unknown(Exception):
     """An input's values are not known (or too large, or need grad): nothing is carried."""
 
 
-def _host_data():
-    from peakmem.capture.device_map import (
-        HOST_DATA_MAX_ELEMENTS,
-        give_host_data,
-        known_host_data,
-    )
+_HOST_DATA: tuple | None = None
 
-    return HOST_DATA_MAX_ELEMENTS, known_host_data, give_host_data
+
+def _host_data() -> tuple:
+    """(HOST_DATA_MAX_ELEMENTS, known_host_data, give_host_data) of capture.device_map (which
+    imports this module), looked up once."""
+    global _HOST_DATA
+    if _HOST_DATA is None:
+        from peakmem.capture.device_map import (
+            HOST_DATA_MAX_ELEMENTS,
+            give_host_data,
+            known_host_data,
+        )
+
+        _HOST_DATA = (HOST_DATA_MAX_ELEMENTS, known_host_data, give_host_data)
+    return _HOST_DATA
 
 
 def _assumed_true() -> str:
@@ -121,13 +129,13 @@ def _assumed_true() -> str:
 def _host_arguments(args: tuple, kwargs: dict, bound: int, known: Callable) -> tuple | None:
     """(args, kwargs) with each device tensor replaced by its known host values, a device
     named as the host; None when one is not known (or the call is no device op at all)."""
-    device_named = "device" in kwargs and is_cuda_spec(kwargs["device"], ints=True)
-    tensors = tensors_in((args, kwargs))
-    if not device_named and not any(is_meta(t) for t in tensors):
-        return None  # a host op: real values already
-    for tensor in tensors:
+    tensors = tensors_in((args, kwargs) if kwargs else args)
+    for tensor in tensors:  # first: the common training op (large, or needing grad) stops here
         if tensor.requires_grad or tensor.numel() > bound:
             return None
+    device_named = "device" in kwargs and is_cuda_spec(kwargs["device"], ints=True)
+    if not device_named and not any(is_meta(t) for t in tensors):
+        return None  # a host op: real values already
 
     def to_host(value: Any) -> Any:
         if isinstance(value, Tensor) and is_meta(value):
