@@ -139,6 +139,12 @@ def placeholder(tensor: Any) -> Any:
     return tensor
 
 
+def host_copy(known: Tensor) -> Tensor:
+    """A host copy of a device tensor's known values, as the job gets it (capture.side_effects
+    notes it, as it notes placeholders: a save of it holds device data and is diverted)."""
+    return known
+
+
 def _known_host_data(tensor: Tensor) -> Tensor | None:
     """The values of a device tensor built from host data (or of a view of one), while no
     in-place op has written to it (views share their base's version counter); else None."""
@@ -370,7 +376,7 @@ class CudaAsMeta(TorchFunctionMode):
             return torch.ones(value.shape, dtype=value.dtype)  # a validity check: it passed
         known = _known_host_data(value)
         if known is not None:
-            return known
+            return host_copy(known)
         self.session.host_reads += 1
         if self.session.state.forward_calls == 0:
             self.session.host_reads_before_forward += 1
