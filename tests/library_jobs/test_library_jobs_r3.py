@@ -160,7 +160,11 @@ def test_airbench94_muon_fused_sgd_half_channels_last_compiled(tmp_path):
               + ex.device_bytes(2 * norms, ex.FP32))
     trained = ex.device_bytes([(24,), *convs, (10, 256)], FP16) + ex.device_bytes(norms, ex.FP32)
     first_map = 2000 * 64 * 32 * 32 * FP16  # conv1's output for a batch of 2000
-    est = estimate_here("r3_airbench94_muon.py", cwd=tmp_path, timeout=200)  # torch alone
+    # a100-40gb: its cuDNN factor model keeps the peak in a later step, where the momentum
+    # buffers exist (with the sm_90 per-shape table of the default H100 the first step's
+    # channels-last workspaces set the peak, before any optimizer state)
+    est = estimate_here("r3_airbench94_muon.py", cwd=tmp_path, timeout=200,
+                        flags=("--gpu", "a100-40gb"))  # torch alone
     # fused nesterov SGD (whitening bias, BatchNorm biases, head) and Muon (the convolutions)
     # each keep one momentum buffer per trained tensor. `SGD(fused=True)` has no meta kernel
     # in torch: fake mode stopped and auto mode computed the job for real on the CPU (minutes)

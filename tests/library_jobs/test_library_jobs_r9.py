@@ -85,10 +85,13 @@ def test_lightning_hydra_template_train_with_overrides(tmp_path):
     params = ex.device_bytes(shapes, ex.FP32)
     # `test=False`: the template's `trainer.test(ckpt_path=best)` fails on torch >= 2.6 on a GPU
     # too (Lightning loads with weights_only and the checkpoint's hyperparameters hold `net`)
-    # in this process (Lightning's child path: test_library_jobs_r4.py's)
-    est = estimate_here("r9_hydra_train.py", "trainer=gpu", "trainer.max_epochs=2",
-                        "data.train_val_test_split=[64,32,32]", "data.batch_size=32",
-                        "model.optimizer.lr=0.002", "logger=csv", "test=False", cwd=tmp_path)
+    # in a child process: run in the test's process (fake mode to the end), the job left the
+    # pytest worker's capture closed and every later test in that worker failed with "I/O
+    # operation on closed file" (fresh-clone CI, 2026-11-27; cause not pinned down: Hydra's
+    # logging set-up is the suspect)
+    est = estimate("r9_hydra_train.py", "trainer=gpu", "trainer.max_epochs=2",
+                   "data.train_val_test_split=[64,32,32]", "data.batch_size=32",
+                   "model.optimizer.lr=0.002", "logger=csv", "test=False", cwd=tmp_path)
     # Adam from the `_partial_` optimizer config: exp_avg and exp_avg_sq, host `step`s
     assert_training(est, params=params, optimizer_state=2 * params)
     assert est.breakdown["buffer"] == ex.device_bytes(buffers, ex.FP32)
