@@ -99,15 +99,19 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
 
     gpu, stack = session.gpu, session.stack
     context = int(stack.context_for(gpu).value)
-    # the first-use families of the ops run so far (estimate/first_use.py; GPUs with a table),
-    # recomputed when the trace has a new tag
-    families = {"tags": -1, "bytes": 0}
+    # the first-use families of the ops run so far (estimate/first_use.py; GPUs with a table):
+    # the trace's new tags read once each, the families recomputed when a new op appears
+    ops: set[str] = set()
+    families = {"tags": 0, "bytes": sum(first_use_bytes(stack, gpu, ()).values())}
 
     def outside_bytes() -> int:
         tags = session.trace.tags
         if len(tags) != families["tags"]:
-            found = first_use_bytes(stack, gpu, op_packets(tag.op for tag in tags))
-            families.update(tags=len(tags), bytes=sum(found.values()))
+            new = set(op_packets(tag.op for tag in tags[families["tags"]:])) - ops
+            families["tags"] = len(tags)
+            if new:
+                ops.update(new)
+                families["bytes"] = sum(first_use_bytes(stack, gpu, ops).values())
         return context + sum(session.libraries.values()) + families["bytes"]
 
     memory = build(
