@@ -18,8 +18,8 @@ def test_the_worker_refreezes_after_rows_at_powers_of_two(monkeypatch):
             refrozen.append(runner.after_worker_row())
             if refrozen[-1]:
                 assert gc.get_freeze_count() >= before + 100  # this row's objects, at least
-            else:
-                assert gc.get_freeze_count() == before
+            else:  # nothing frozen (a frozen object freed meanwhile leaves the count lower)
+                assert gc.get_freeze_count() <= before
     finally:
         gc.unfreeze()
     assert refrozen == [True, True, False, True, False, False, False, True, False]
