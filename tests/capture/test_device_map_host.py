@@ -17,7 +17,7 @@ def test_a_tensor_built_from_device_scalars_lands_on_the_device(a100, stack24):
     seen = {}
 
     def job():
-        freqs = torch.arange(1, 9, device="cuda", dtype=torch.float32)
+        freqs = torch.empty(8, device="cuda", dtype=torch.float32)  # values not known
         scaled = torch.tensor([f / 2 for f in freqs], dtype=freqs.dtype, device=freqs.device)
         seen["device"], seen["shape"] = scaled.device, scaled.shape
         seen["host"] = torch.tensor([freqs[0], freqs[1]]).device  # no device: stays on the host
@@ -66,7 +66,7 @@ def test_a_device_to_host_copy_into_a_host_tensor_allocates_nothing_on_the_devic
     seen = {}
 
     def job():
-        device = torch.full((256,), 3.0, device="cuda")
+        device = torch.empty(256, device="cuda").fill_(3.0)  # unknown memory written: unknown
         host = torch.empty(256)
         returned = host.copy_(device, non_blocking=True)
         seen["same"], seen["device"] = returned is host, host.device
@@ -91,8 +91,8 @@ def test_a_device_tensor_built_from_host_data_reads_back_its_values_in_fake_mode
         seen["sizes"] = sizes.cpu().tolist()
         seen["max"] = max(s[1] for s in sizes.cpu())
         written = torch.tensor([1.0, 2.0], device="cuda")
-        written.mul_(3)
-        seen["written"] = written.tolist()  # changed on the device: no longer known
+        written.mul_(torch.randn(2, device="cuda"))
+        seen["written"] = written.tolist()  # changed by unknown values: no longer known
         seen["view"] = torch.tensor([5, 6], device="cuda")[1:].tolist()  # a view of known data
 
     result = run(job, a100, stack24)
@@ -118,7 +118,7 @@ def test_a_host_tensor_moved_to_the_device_reads_back_its_values_in_fake_mode(a1
         seen["ids"] = ids.cuda().tolist()
         seen["half"] = ids.to("cuda", dtype=torch.float16).cpu().tolist()
         moved = torch.ones(3).to("cuda")
-        moved.add_(1)  # written on the device: no longer known
+        moved.add_(torch.randn(3, device="cuda"))  # written with unknown values: unknown
         seen["written"] = moved.tolist()
         weight = torch.nn.Parameter(torch.ones(3))
         seen["parameter"] = weight.to("cuda").tolist()  # parameters keep no host copy

@@ -25,10 +25,13 @@ def test_checkpoint_values_loaded_onto_the_device_are_read_back(default_device, 
         seen["rng"] = torch.equal(torch.get_rng_state(), torch.load(path)["rng"])
         seen["best"] = ckpt["best"].item()
         seen["w"] = ckpt["w"][:3].tolist()
-        ckpt["w"].mul_(2)  # written on the device: its values are no longer the file's
+        ckpt["w"].mul_(2)  # a known write: followed (capture/known_values.py)
+        seen["doubled"] = ckpt["w"][:3].tolist()
+        ckpt["w"].mul_(torch.randn(5000, device="cuda"))  # written with unknown values
         seen["after_write"] = ckpt["w"][:3].tolist()
 
     result = capture_callable(job, gpu=a100, stack=stack24)
     assert result.error is None, result.error_text
     assert seen == {"device": "cuda", "rng": True, "best": 0.25, "w": [0.0, 1.0, 2.0],
+                    "doubled": [0.0, 2.0, 4.0],
                     "after_write": [0.0, 0.0, 0.0]}  # fake mode: unknown values read as zeros

@@ -31,7 +31,7 @@ def test_a_known_device_scalar_fills_a_tensor_in_fake_mode(a100, stack24):
 
 def test_an_unknown_device_scalar_still_stops_fake_mode(a100, stack24):
     def job():
-        computed = torch.ones(3, device="cuda").sum()  # a value fake mode does not have
+        computed = torch.randn(3, device="cuda").sum()  # a value fake mode does not have
         torch.full((2, 2), fill_value=computed, device="cuda")
 
     capture = capture_callable(job, gpu=a100, stack=stack24)

@@ -101,7 +101,8 @@ def test_device_all_gather_of_host_built_sizes_reads_back_every_ranks_sizes(monk
         listed = [torch.empty_like(size) for _ in range(2)]
         dist.all_gather(listed, size)
         seen["listed"] = [t.cpu().tolist() for t in listed]
-        written = torch.tensor([1, 2], device="cuda").mul_(2)  # unknown once written on the device
+        unknown = torch.randint(1, 3, (2,), device="cuda")
+        written = torch.tensor([1, 2], device="cuda").mul_(unknown)  # written with unknown values
         out = torch.empty(4, dtype=written.dtype, device="cuda")
         dist.all_gather_into_tensor(out, written)
         seen["written"] = out.cpu().tolist()

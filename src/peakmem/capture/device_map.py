@@ -25,9 +25,11 @@ from peakmem.capture import (  # noqa: F401  (their registrations)
 )
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
+from peakmem.capture.device_ordinals import check_device_spec
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
 from peakmem.capture.fake_tensors import mark_pinned
 from peakmem.capture.grad_accumulation import backward_roots, engine_marked
+from peakmem.capture.known_values import KNOWN_VALUE_OPS, call_carrying_values
 from peakmem.capture.phases import PhaseTracker
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
@@ -71,7 +73,7 @@ _FLAT_LEAVES = frozenset({Tensor, torch.nn.Parameter, str, int, float, bool, typ
 _BACKWARD_CALLS = {Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _OWN_BRANCHES = frozenset({
     *_HOST_READS, *_FROM_DATA, *_ALL_TRUE_CHECKS, *_BACKWARD_CALLS,
-    Tensor.to, Tensor.cuda, Tensor.cpu, Tensor.copy_,
+    Tensor.to, Tensor.cuda, Tensor.cpu, Tensor.copy_, *KNOWN_VALUE_OPS,
 })
 """The functions `CudaAsMeta.__torch_function__` has a branch of its own for (besides the
 registries `TENSOR_OVERRIDES` and `FUNCTION_RULES`, looked up on every call)."""
@@ -98,7 +100,9 @@ def gpu_index(value: Any) -> int | None:
 def note_other_gpu(session: CaptureSession, value: Any) -> None:
     """A tensor put on a GPU other than the process's current one (`cuda:1` beside `cuda:0`:
     model parallelism in one process): peakmem models one GPU per process, so the note says
-    that their allocations were counted together."""
+    that their allocations were counted together. An ordinal the job has no GPU of raises as
+    on CUDA (capture.device_ordinals)."""
+    check_device_spec(value)
     index = gpu_index(value)
     if index is None:
         return
@@ -135,6 +139,12 @@ def placeholder(tensor: Any) -> Any:
     return tensor
 
 
+def host_copy(known: Tensor) -> Tensor:
+    """A host copy of a device tensor's known values, as the job gets it (capture.side_effects
+    notes it, as it notes placeholders: a save of it holds device data and is diverted)."""
+    return known
+
+
 def _known_host_data(tensor: Tensor) -> Tensor | None:
     """The values of a device tensor built from host data (or of a view of one), while no
     in-place op has written to it (views share their base's version counter); else None."""
@@ -143,6 +153,10 @@ def _known_host_data(tensor: Tensor) -> Tensor | None:
     if known is None or known[1] != _version(tensor):
         return None
     host = known[0]
+    if callable(host):  # a loaded tensor's values, read from its file when first needed
+        host = _read_lazily(base, known)
+        if host is None:
+            return None
     if base is tensor:
         return host.clone()
     if tensor.dtype != host.dtype:
@@ -151,8 +165,13 @@ def _known_host_data(tensor: Tensor) -> Tensor | None:
 
 
 def known_host_data(tensor: Tensor) -> Tensor | None:
-    """A device tensor's host values where they are known (see `_known_host_data`)."""
-    return _known_host_data(tensor) if is_meta(tensor) else None
+    """A device tensor's host values where they are known (see `_known_host_data`); a validity
+    check's result assumed to pass (`_ASSUMED_TRUE`) is known to be all True."""
+    if not is_meta(tensor):
+        return None
+    if getattr(tensor, _ASSUMED_TRUE, False):
+        return torch.ones(tensor.shape, dtype=tensor.dtype)
+    return _known_host_data(tensor)
 
 
 def give_host_data(tensor: Tensor, host: Tensor) -> None:
@@ -161,6 +180,36 @@ def give_host_data(tensor: Tensor, host: Tensor) -> None:
     if is_meta(tensor) and tensor._base is None and host.numel() == tensor.numel() \
             and host.numel() <= HOST_DATA_MAX_ELEMENTS:
         setattr(tensor, _HOST_DATA, (host.reshape(tensor.shape).to(tensor.dtype), _version(tensor)))
+
+
+LOADED_VALUES_MAX_BYTES = 64 << 20
+"""A device tensor loaded from a checkpoint (torch.load, safetensors) with more elements than
+HOST_DATA_MAX_ELEMENTS keeps its values lazily, up to this many bytes: read from the file when
+the job first reads it on the host, then kept with the tensor (until an in-place write)."""
+
+
+def give_lazy_host_data(tensor: Tensor, read: Any) -> None:
+    """`tensor` (a device tensor, no view) holds the values `read()` returns (a host tensor of
+    its numel, read when first needed) until an in-place op writes to it: a large loaded
+    tensor (up to LOADED_VALUES_MAX_BYTES)."""
+    if is_meta(tensor) and tensor._base is None \
+            and tensor.numel() * tensor.element_size() <= LOADED_VALUES_MAX_BYTES:
+        setattr(tensor, _HOST_DATA, (read, _version(tensor)))
+
+
+def _read_lazily(base: Tensor, known: tuple) -> Tensor | None:
+    """The values a lazy reader gives (kept in its place: read once), or None when they cannot
+    be read or do not fit the tensor."""
+    try:
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            host = known[0]()
+            if host is None or host.numel() != base.numel():
+                return None
+            host = host.detach().reshape(base.shape).to(base.dtype, copy=True)
+    except Exception:  # noqa: BLE001 - an unreadable file: the values stay unknown
+        return None
+    setattr(base, _HOST_DATA, (host, known[1]))
+    return host
 
 
 def _version(tensor: Tensor) -> int | None:
@@ -210,6 +259,15 @@ class CudaAsMeta(TorchFunctionMode):
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in KNOWN_VALUE_OPS and self.session.host_value is None:
+            # fake mode: known host values carried through cheap ops (capture.known_values)
+            kwargs = dict(kwargs or {})
+            return call_carrying_values(
+                func, args, kwargs, lambda call_args: self._dispatch(func, call_args, dict(kwargs))
+            )
+        return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func, args: tuple, kwargs: dict | None):
         if (func not in _OWN_BRANCHES and func not in TENSOR_OVERRIDES
                 and func not in FUNCTION_RULES):
             # the common call: no branch below applies unless a device or pinned memory is named
@@ -318,7 +376,7 @@ class CudaAsMeta(TorchFunctionMode):
             return torch.ones(value.shape, dtype=value.dtype)  # a validity check: it passed
         known = _known_host_data(value)
         if known is not None:
-            return known
+            return host_copy(known)
         self.session.host_reads += 1
         if self.session.state.forward_calls == 0:
             self.session.host_reads_before_forward += 1

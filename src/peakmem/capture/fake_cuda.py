@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from peakmem.capture import compiled_code, memory_size_reads
+from peakmem.capture.device_ordinals import checked_set_device
 from peakmem.capture.session import CaptureSession
 
 
@@ -74,14 +75,22 @@ class FakeDeviceContext:
     """`torch.cuda.device(0)` / `device_of(tensor)`: selecting the only device."""
 
     def __init__(self, device: Any = None) -> None:
+        self.device = device
         self.idx = 0
         self.prev_idx = 0
 
     def __enter__(self) -> FakeDeviceContext:
+        if not isinstance(self.device, torch.Tensor):  # `device_of(tensor)`: its own device
+            checked_set_device(self.device)  # an ordinal the job has no GPU of raises, as on CUDA
         return self
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _set_device(device: Any) -> None:
+    """`torch.cuda.set_device`: the one GPU; an ordinal beyond it raises, as on CUDA."""
+    checked_set_device(device)
 
 
 class _NoOpContext:
@@ -281,7 +290,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (cuda, "_lazy_init"): lambda: None,
         (cuda, "device_count"): lambda: 1,
         (cuda, "current_device"): lambda: 0,
-        (cuda, "set_device"): lambda device: None,
+        (cuda, "set_device"): _set_device,
         (cuda, "get_device_name"): lambda device=None: gpu.device_name,
         (cuda, "get_device_properties"): lambda device=None: props,
         (cuda, "get_device_capability"): lambda device=None: (major, minor),
@@ -300,7 +309,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch.accelerator, "current_accelerator"): lambda check_available=False: torch.device("cuda"),
         (torch.accelerator, "device_count"): lambda: 1,
         (torch.accelerator, "current_device_index"): lambda: 0,
-        (torch.accelerator, "set_device_index"): lambda device: None,
+        (torch.accelerator, "set_device_index"): _set_device,
         (torch.accelerator, "synchronize"): lambda device=None: None,
         (torch.accelerator, "current_stream"): lambda device=None: default_stream,
         (cuda, "is_current_stream_capturing"): lambda: False,

@@ -518,10 +518,13 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         return current["device"]
 
     def set_device(device: Any) -> None:
+        from peakmem.capture.device_ordinals import check_ordinal
+
         index = getattr(device, "index", device)
         if isinstance(device, str):
             index = torch.device(device).index
         if isinstance(index, int) and index >= 0:
+            check_ordinal(index)  # beyond the node's GPUs: CUDA's invalid device ordinal
             current["device"] = index
 
     def set_device_index(device: Any) -> None:

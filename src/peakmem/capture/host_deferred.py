@@ -669,9 +669,16 @@ class HostDeferral(TorchFunctionMode):
 
     def move(self, tensor: Tensor, dtype: torch.dtype | None, non_blocking: bool = False,
              memory_format: Any = None, *, from_host: bool = True) -> Tensor:
-        """A host-deferred or meta tensor copied to the device: a tracked device allocation."""
+        """A host-deferred or meta tensor copied to the device: a tracked device allocation. A
+        loaded one (a checkpoint's tensor, or one computed from it) keeps its values for host
+        reads, read from the file when first needed (`device_map.give_lazy_host_data`)."""
         with self.make(DEVICE, moving=from_host):
-            return _to_copy(tensor, "cuda", dtype, non_blocking, memory_format)
+            moved = _to_copy(tensor, "cuda", dtype, non_blocking, memory_format)
+        if from_host and self.values.is_loaded(tensor):
+            from peakmem.capture.device_map import give_lazy_host_data
+
+            give_lazy_host_data(moved, lambda: self.values.materialize(tensor, count=False))
+        return moved
 
     def _cpu(self, func, args: tuple, kwargs: dict):
         return args[0] if self.kind(args[0]) == HOST else NotImplemented
@@ -956,11 +963,17 @@ def _keep_loaded_values(device_tensor: Tensor, loaded: Tensor) -> None:
     file's values for host reads until it is written: a checkpoint's RNG state read back with
     `.cpu()` for `torch.set_rng_state`, a step count, a best metric (fake mode otherwise reads
     zeros, and an all-zero RNG state is refused)."""
-    from peakmem.capture.device_map import HOST_DATA_MAX_ELEMENTS, give_host_data
+    from peakmem.capture.device_map import (
+        HOST_DATA_MAX_ELEMENTS,
+        give_host_data,
+        give_lazy_host_data,
+    )
 
     with _NO_MODES():
         if loaded.numel() <= HOST_DATA_MAX_ELEMENTS:
             give_host_data(device_tensor, loaded.detach())
+        else:  # a larger one (a mask, a table): read from the (memory-mapped) file if needed
+            give_lazy_host_data(device_tensor, loaded.detach)
 
 
 @contextmanager

@@ -151,6 +151,7 @@ from peakmem.capture import deepspeed_ops as _deepspeed_ops  # noqa: E402,F401
 from peakmem.capture import dtensor_state as _dtensor_state  # noqa: E402,F401
 from peakmem.capture import fake_nvml as _fake_nvml  # noqa: E402,F401
 from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  (registers them)
+from peakmem.capture import frozen_weights as _frozen_weights  # noqa: E402,F401
 from peakmem.capture import hf_generation as _hf_generation  # noqa: E402,F401
 from peakmem.capture import hf_masks as _hf_masks  # noqa: E402,F401
 from peakmem.capture import keras_optimizers as _keras_optimizers  # noqa: E402,F401

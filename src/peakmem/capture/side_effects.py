@@ -542,15 +542,20 @@ def divert_fake_saves(
         lambda module: patches.install(tuple(e for e in entries if e.module == module.__name__)),
     )
     saved_placeholder = device_map.placeholder
+    saved_host_copy = device_map.host_copy
     saved_host_value = session.host_value if session is not None else None
 
     def placeholder(tensor: Any) -> Any:
         return diverter.host_copies.add(saved_placeholder(tensor))
 
+    def host_copy(known: Any) -> Any:
+        return diverter.host_copies.add(saved_host_copy(known))
+
     _ACTIVE.append(diverter)
     patches.install(entries)
     sys.meta_path.insert(0, finder)
     device_map.placeholder = placeholder
+    device_map.host_copy = host_copy
     if saved_host_value is not None:
         session.host_value = lambda tensor: diverter.host_copies.add(saved_host_value(tensor))
     try:
@@ -559,6 +564,7 @@ def divert_fake_saves(
         if saved_host_value is not None:
             session.host_value = saved_host_value
         device_map.placeholder = saved_placeholder
+        device_map.host_copy = saved_host_copy
         if finder in sys.meta_path:
             sys.meta_path.remove(finder)
         patches.restore()
