@@ -174,8 +174,13 @@ def test_torchvision_classification_reference_ema_amp_mixup_cutmix(tmp_path):
                    "--val-crop-size", "64", "--train-crop-size", "64", "-j", "2",
                    "--output-dir", str(tmp_path))
     # the EMA (AveragedModel, a deepcopy on the device) holds a second copy of the weights and,
-    # with use_buffers=True, of the BatchNorm buffers, plus its n_averaged counter
-    assert_training(est, params=2 * params, optimizer_state=params, grads=params)
+    # with use_buffers=True, of the BatchNorm buffers, plus its n_averaged counter. Its weights
+    # keep requires_grad (deepcopy) but no optimizer steps them: its first update_parameters
+    # reads `bool(self.n_averaged == 0)` (a known 0: torch.tensor(0, device=...)) and copies
+    # the trained weights into them, as on a GPU, so they are `ema`, not `parameter`
+    assert_training(est, params=params, optimizer_state=params, grads=params,
+                    extra_lower=params)
+    assert est.breakdown["ema"] == params
     assert est.breakdown["buffer"] == 2 * ex.device_bytes(buffers, ex.FP32) + ex.BLOCK
     # SGD momentum over both set_weight_decay groups, every parameter once
     assert est.breakdown["optimizer_state"] == params
