@@ -128,3 +128,30 @@ def test_isfinite_of_unknown_values_reads_true(a100, stack24):
 
     run(job, a100, stack24)
     assert seen == {"finite": True, "all": True, "nan": False}
+
+
+def test_membership_reads_known_values_and_placeholders_without_leaving_fake_mode(a100, stack24):
+    """`value in t` is Python code (`(value == t).any().item()`) that runs below the capture's
+    mode: read on the host as a whole, as transformers' `pad_token_id in input_ids[:, [-1, 0]]`
+    (generate drops an all-ones attention mask, then GPT-2 checks for padding)."""
+    seen = {}
+
+    def job():
+        ids = torch.tensor([[5, 7, 9], [0, 7, 9]], device="cuda")
+        seen["known"] = (0 in ids[:, [-1, 0]], 9 in ids[:, [-1, 0]], 8 in ids)
+        unknown = torch.randint(1, 5, (4,), device="cuda")  # no host values: zeros are read
+        seen["placeholder"] = (0 in unknown, 3 in unknown)
+
+    result = run(job, a100, stack24)
+    assert seen == {"known": (True, True, False), "placeholder": (True, False)}
+    assert result.mode == "fake"
+
+
+def test_membership_reads_real_values_in_eager_mode(a100, stack24):
+    seen = {}
+
+    def job():
+        seen["eager"] = 3 in torch.tensor([1, 2, 3], device="cuda") * 1
+
+    run(job, a100, stack24, mode="eager")
+    assert seen == {"eager": True}

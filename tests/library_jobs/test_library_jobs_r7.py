@@ -183,7 +183,10 @@ def test_trl_grpo_generates_with_the_policy_and_scores_with_a_reward_model(trl_f
     # GRPOTrainer cuts each completion after its first EOS with a mask it reads on the host
     # (`c[m].tolist()`): fake mode reads a boolean mask as all True (every token kept, as it
     # sizes device-side selections), not zeros (empty completions, then `ids[-1]` failed and
-    # auto mode reran the job eagerly on the CPU)
+    # auto mode reran the job eagerly on the CPU). generate reads the left-padded prompt mask
+    # (known values: both copies of the one prompt have one length) as all ones and drops it,
+    # as on a GPU; GPT-2 then checks `pad_token_id in input_ids[:, [-1, 0]]`, Python code whose
+    # `.item()` runs below the capture's mode (read on the host as a whole: device_map)
     assert est.data["mode"] == "fake", est.data["mode_reason"]
 
 

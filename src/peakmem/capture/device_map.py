@@ -51,6 +51,10 @@ _HOST_READS = {
     Tensor.__complex__,
     Tensor.__format__,
     Tensor.__array__,
+    # `value in t` (Python code: `(value == t).any().item()`, run below the capture's mode, so
+    # its `.item()` would reach the meta kernel): read on the host as a whole, known values
+    # where the device tensor has them (transformers' `pad_token_id in input_ids[:, [-1, 0]]`)
+    Tensor.__contains__,
     # a bool on the host (torchmetrics' MetricCollection compares its metrics' states with
     # `torch.allclose` to merge compute groups)
     torch.allclose,
