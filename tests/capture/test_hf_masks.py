@@ -43,16 +43,45 @@ def test_own_positions_give_no_causal_mask_in_a_capture(a100, stack24, attention
     assert attention_calls == [(True, True), (True, True)]  # two layers, is_causal, no mask
 
 
-def test_without_the_patch_the_capture_masks_every_layer(a100, stack24, attention_calls,
-                                                         monkeypatch):
+def _without_the_patch(monkeypatch) -> None:
     from peakmem.capture import library_patches
 
     patches = dict(library_patches.LIBRARY_PATCHES)
     del patches["transformers_unpacked_positions"]
     monkeypatch.setattr(library_patches, "LIBRARY_PATCHES", patches)
-    result = capture_callable(gpt2_step({}), gpu=a100, stack=stack24, steps="all")
+
+
+def unknown_positions(ids):
+    """0..seq-1 in each row, computed from the random ids: values the capture does not have."""
+    return torch.arange(ids.shape[1], device="cuda")[None] + 0 * ids
+
+
+def test_without_the_patch_unknown_positions_mask_every_layer(a100, stack24, attention_calls,
+                                                              monkeypatch):
+    _without_the_patch(monkeypatch)
+    step = gpt2_step({"position_ids": unknown_positions})
+    result = capture_callable(step, gpu=a100, stack=stack24, steps="all")
     assert result.error is None, result.error_text
     assert attention_calls == [(False, False), (False, False)]  # the packed-sequence mask
+
+
+def test_with_the_patch_unknown_positions_give_no_causal_mask(a100, stack24, attention_calls):
+    step = gpt2_step({"position_ids": unknown_positions})
+    result = capture_callable(step, gpu=a100, stack=stack24, steps="all")
+    assert result.error is None, result.error_text
+    assert attention_calls == [(True, True), (True, True)]
+
+
+def test_without_the_patch_the_models_own_positions_are_known_values(a100, stack24,
+                                                                      attention_calls,
+                                                                      monkeypatch):
+    """GPT-2's own `torch.arange(seq, device=...)` positions (32 x 2 elements) are known values
+    (capture/known_values.py): transformers' check computes `all()` True from them and skips
+    the mask as on a GPU, with or without the patch."""
+    _without_the_patch(monkeypatch)
+    result = capture_callable(gpt2_step({}), gpu=a100, stack=stack24, steps="all")
+    assert result.error is None, result.error_text
+    assert attention_calls == [(True, True), (True, True)]
 
 
 def test_real_positions_keep_transformers_answer():

@@ -20,6 +20,11 @@ Here, when the mask's values are unknown (a capture's device tensor or a FakeTen
 check answers as for positions that never restart: None. A job that packs sequences and passes
 its own restarting `position_ids` without an attention mask is estimated without the packed
 mask (its values are not known in a capture either way).
+
+Since capture/known_values.py, a model's own `torch.arange` positions are known values while
+every tensor of the check has at most 65,536 elements, and the check computes the GPU's answer
+itself; this patch answers for the rest (larger batches, positions computed from unknown
+values: tests/capture/test_hf_masks.py).
 """
 
 from __future__ import annotations
