@@ -72,11 +72,14 @@ def test_job_errors_and_unknown_modes_are_estimate_errors():
         estimate(train, gpu="l4", mode="lazy")
 
 
-def train_sized_on_device(build_on="cuda", steps=3):
+def train_sized_on_device(build_on="cuda", steps=3, known=False):
     """Sizes computed on `build_on` and read back while the model is built (as torchvision's
-    RegNet does under `with torch.device("cuda")`): fake mode reads zeros on the device."""
+    RegNet does under `with torch.device("cuda")`): fake mode reads zeros on the device for
+    values it does not have (`randint`'s), the values of `arange` and the registry's ops on it
+    (capture/known_values.py)."""
     with torch.device(build_on):
-        widths = (torch.arange(1, 3) * 64).tolist()  # [64, 128] on a GPU
+        base = torch.full((2,), 64) if known else torch.randint(64, 65, (2,))  # 64s either way
+        widths = (torch.arange(1, 3) * base).tolist()  # [64, 128] on a GPU
         width = max(int(w) for w in widths) or 8
         model = torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.Linear(width, 4))
     model = model.cuda()
@@ -98,6 +101,15 @@ def test_host_reads_while_the_model_is_built_are_named_apart_from_the_loop():
     assert not any("before the first forward pass" in a for a in looped.assumptions)
     exact = estimate(train_sized_on_device, gpu="a100-40gb", torch_version="2.4.1", mode="eager")
     assert exact.breakdown.by_category["parameter"] > built.breakdown.by_category["parameter"]
+
+
+def test_sizes_computed_from_known_values_build_the_gpus_model_in_fake_mode():
+    known = estimate(train_sized_on_device, "cuda", 3, True, gpu="a100-40gb",
+                     torch_version="2.4.1", mode="fake")
+    assert not any("before the first forward pass" in a for a in known.assumptions)
+    exact = estimate(train_sized_on_device, "cuda", 3, True, gpu="a100-40gb",
+                     torch_version="2.4.1", mode="eager")
+    assert known.breakdown.by_category["parameter"] == exact.breakdown.by_category["parameter"]
 
 
 def test_a_job_that_fits_only_by_releasing_the_cache_is_capped_and_says_so():
