@@ -75,3 +75,63 @@ def test_gat_dense_attention_over_all_node_pairs(tmp_path):
     assert est.data["phases_ran"] == ["training", "eval"] * (epochs - 1) + ["training"]
     assert est.data["steps"] == epochs and "does not iterate a DataLoader" in _notes(est)
     assert "Dataset already downloaded..." in est.stderr
+
+
+# transformers examples/pytorch/language-modeling/run_plm.py: XLNet permutation LM, Trainer -------
+
+XLNET = dict(vocab=256, d_model=64, layers=2, heads=4, d_inner=128)
+"""`--config_overrides` on the script's `XLNetConfig()` (whose defaults are XLNet-large's).
+`update_from_string` sets only the keys given: d_head must be given too (d_model // n_head), or
+the checkpoint's `config.save_pretrained` fails its validation, on a GPU as here."""
+PLM_SEQ, PLM_BATCH = 32, 4
+
+
+def xlnet_lm_shapes(vocab: int, d_model: int, layers: int, heads: int, d_inner: int
+                    ) -> tuple[list[ex.Shape], list[ex.Shape]]:
+    """XLNetLMHeadModel: (all parameters, those no gradient reaches). The word embedding and
+    mask_emb (1, 1, d); per layer the relative attention's q / k / v / o / r projections
+    (d, heads, d_head) each, its r_r / r_s / r_w biases (heads, d_head) and seg_embed
+    (2, heads, d_head), its LayerNorm, the feed-forward LayerNorm, layer_1 and layer_2; lm_loss
+    is tied to the word embedding (only its bias is a tensor of its own). Without
+    token_type_ids, seg_embed and r_s_bias take no part in the loss: no gradient, so no
+    AdamW state either."""
+    d_head = d_model // heads
+    shapes: list[ex.Shape] = [(vocab, d_model), (1, 1, d_model)]
+    unused: list[ex.Shape] = []
+    for _ in range(layers):
+        shapes += 5 * [(d_model, heads, d_head)] + 3 * [(heads, d_head)] + [(2, heads, d_head)]
+        shapes += ex.norm(d_model) + ex.norm(d_model) + ex.linear(d_inner, d_model) + ex.linear(d_model, d_inner)
+        unused += [(heads, d_head), (2, heads, d_head)]  # r_s_bias, seg_embed
+    return shapes + [(vocab,)], unused
+
+
+def test_run_plm_xlnet_permutation_masks_with_the_trainer(tmp_path):
+    pytest.importorskip("datasets")
+    from tests.library_jobs.test_library_jobs_hf import sentences, write_tokenizer
+
+    tokenizer = write_tokenizer(tmp_path / "tokenizer")  # 126 words: no resize of the 256 rows
+    (tmp_path / "train.txt").write_text("\n".join(sentences(200)) + "\n")
+    (tmp_path / "valid.txt").write_text("\n".join(sentences(20, seed=1)) + "\n")
+    overrides = ("d_model={d_model},n_layer={layers},n_head={heads},d_head={d_head},"
+                 "d_inner={d_inner},vocab_size={vocab}")
+    est = estimate_here(
+        "r11_hf_ex_run_plm.py", "--config_overrides", overrides.format(**XLNET, d_head=XLNET["d_model"] // XLNET["heads"]),
+        "--tokenizer_name", str(tokenizer), "--train_file", "train.txt",
+        "--validation_file", "valid.txt", "--max_seq_length", str(PLM_SEQ),
+        "--per_device_train_batch_size", str(PLM_BATCH), "--per_device_eval_batch_size", str(PLM_BATCH),
+        "--max_steps", "3", "--do_train", "--do_eval", "--report_to", "none", "--seed", "0",
+        "--output_dir", "out", cwd=tmp_path)
+    shapes, unused = xlnet_lm_shapes(**XLNET)
+    params = ex.device_bytes(shapes, ex.FP32)
+    trained = params - ex.device_bytes(unused, ex.FP32)
+    # the Trainer's fused AdamW: two moments and a device `step` (0-d fp32, one block) for each
+    # parameter that got a gradient; none for seg_embed / r_s_bias
+    state = 2 * trained + ex.BLOCK * (len(shapes) - len(unused))
+    assert_training(est, params=params, grads=trained, optimizer_state=state)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["phases_ran"] == ["training", "eval"]
+    # the collator's batch: input_ids and labels (batch, seq) int64, perm_mask and
+    # target_mapping (batch, seq, seq) fp32
+    batch = 2 * ex.rounded(PLM_BATCH * PLM_SEQ * 8) + 2 * ex.rounded(PLM_BATCH * PLM_SEQ**2 * ex.FP32)
+    assert est.breakdown["input"] >= batch, est.breakdown
+    assert "perplexity" in est.stderr and (tmp_path / "out" / "eval_results.json").is_file()
