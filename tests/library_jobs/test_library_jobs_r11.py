@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate_here
-from tests.library_jobs.test_library_jobs import assert_training
+from tests.library_jobs.harness import estimate, estimate_here
+from tests.library_jobs.test_library_jobs import MiB, assert_training, needs
 
 KNOWN_VALUES = importlib.util.find_spec("peakmem.capture.known_values") is not None
 """Whether fake mode carries small known host values through device ops (`labels.max()` of
@@ -135,3 +135,92 @@ def test_run_plm_xlnet_permutation_masks_with_the_trainer(tmp_path):
     batch = 2 * ex.rounded(PLM_BATCH * PLM_SEQ * 8) + 2 * ex.rounded(PLM_BATCH * PLM_SEQ**2 * ex.FP32)
     assert est.breakdown["input"] >= batch, est.breakdown
     assert "perplexity" in est.stderr and (tmp_path / "out" / "eval_results.json").is_file()
+
+
+# lucidrains/denoising-diffusion-pytorch: the README's Unet + GaussianDiffusion + Trainer ---------
+
+def lucidrains_unet_shapes(dim: int, dim_mults: tuple[int, ...], channels: int = 3, heads: int = 4,
+                           dim_head: int = 32, mem_kv: int = 4) -> list[ex.Shape]:
+    """denoising_diffusion_pytorch's `Unet` (no self-conditioning, fixed sinusoidal time
+    embedding): init_conv 7x7; time_mlp Linear(dim, 4 dim), Linear(4 dim, 4 dim); per stage two
+    ResnetBlocks (a Linear(time, 2 out) scale-shift, two 3x3 Blocks each with an RMSNorm gain
+    (1, c, 1, 1), a 1x1 res_conv when the widths differ), LinearAttention (RMSNorm, mem_kv
+    (2, heads, dim_head, mem), a bias-free 1x1 to_qkv, to_out 1x1 + RMSNorm) or, on the last
+    stage, full Attention (mem_kv (2, heads, mem, dim_head), no norm after to_out), then a
+    Downsample (pixel-unshuffle + 1x1 of 4x the channels) or, last, a 3x3; the middle
+    ResnetBlock / Attention / ResnetBlock; the up path mirrored on the skip-concatenated widths
+    with Upsample (nearest + 3x3) or a 3x3; a final ResnetBlock on 2 dim and a 1x1 out conv."""
+    time_dim, hidden = 4 * dim, heads * dim_head
+
+    def gain(d: int) -> list[ex.Shape]:
+        return [(1, d, 1, 1)]
+
+    def resnet(d_in: int, d_out: int) -> list[ex.Shape]:
+        shapes = ex.linear(2 * d_out, time_dim) + ex.conv(d_out, d_in, 3) + gain(d_out)
+        shapes += ex.conv(d_out, d_out, 3) + gain(d_out)
+        return shapes + (ex.conv(d_out, d_in, 1) if d_in != d_out else [])
+
+    def attention(d: int, full: bool) -> list[ex.Shape]:
+        memory = (2, heads, mem_kv, dim_head) if full else (2, heads, dim_head, mem_kv)
+        shapes = gain(d) + [memory, (3 * hidden, d, 1, 1)] + ex.conv(d, hidden, 1)
+        return shapes if full else shapes + gain(d)
+
+    dims = [dim, *(dim * m for m in dim_mults)]
+    in_out = list(zip(dims[:-1], dims[1:], strict=True))
+    shapes = ex.conv(dim, channels, 7) + ex.linear(time_dim, dim) + ex.linear(time_dim, time_dim)
+    for index, (d_in, d_out) in enumerate(in_out):
+        last = index == len(in_out) - 1
+        shapes += resnet(d_in, d_in) + resnet(d_in, d_in) + attention(d_in, full=last)
+        shapes += ex.conv(d_out, d_in, 3) if last else ex.conv(d_out, 4 * d_in, 1)
+    shapes += resnet(dims[-1], dims[-1]) + attention(dims[-1], full=True) + resnet(dims[-1], dims[-1])
+    for index, (d_in, d_out) in enumerate(reversed(in_out)):
+        first = index == 0
+        shapes += resnet(d_out + d_in, d_out) + resnet(d_out + d_in, d_out) + attention(d_out, full=first)
+        shapes += ex.conv(d_in, d_out, 3)  # Upsample's conv, or the last stage's 3x3
+    return shapes + resnet(2 * dim, dim) + ex.conv(channels, dim, 1)
+
+
+DDPM_TIMESTEPS = 100
+DDPM_SCHEDULE_BUFFERS = 13
+"""GaussianDiffusion's fp32 (timesteps,) buffers: betas, alphas_cumprod(_prev), the six
+sqrt / log terms, the posterior variance, its clipped log and two mean coefficients, and
+loss_weight."""
+
+
+@needs("denoising_diffusion_pytorch", "ema_pytorch", "PIL")
+def test_lucidrains_ddpm_trainer_ema_copy_amp_and_ddim_samples(tmp_path):
+    from PIL import Image
+
+    rng = random.Random(0)
+    (tmp_path / "images").mkdir()
+    for index in range(100):  # the Trainer asserts at least 100 images
+        colour = tuple(rng.randrange(256) for _ in range(3))
+        Image.new("RGB", (40, 40), colour).save(tmp_path / "images" / f"{index:03d}.png")
+    est = estimate("r11_lucidrains_ddpm_trainer.py", "images", "--dim", "16", "--dim-mults", "1", "2",
+                   "--image-size", "32", "--timesteps", str(DDPM_TIMESTEPS), "--sampling-timesteps", "10",
+                   "--batch-size", "8", "--accumulate", "2", "--steps", "4", "--save-every", "2",
+                   "--num-samples", "4", "--no-fid", cwd=tmp_path)
+    params = ex.device_bytes(lucidrains_unet_shapes(16, (1, 2)), ex.FP32)
+    # Adam (not fused): exp_avg and exp_avg_sq, `step` on the host; fp16 autocast keeps the
+    # fp32 weights; the activations of a batch of 8 at 32 x 32 (~70 MB) go above twice the
+    # model state
+    assert_training(est, params=params, optimizer_state=2 * params, extra_upper=64 * MiB)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # ema-pytorch's deepcopy of the diffusion model, moved with `ema.to(device)` and synced with
+    # `_foreach_lerp_` after each step
+    assert est.breakdown["ema"] == params, est.breakdown
+    # the schedule's buffers twice (the model and its EMA copy) and the EMA wrapper's 0-d
+    # `initted` and `step`; the copy's were `input` before (its own forward never runs:
+    # sampling calls the Unet's): capture/module_apply.py moved_module_buffers
+    schedule = ex.device_bytes(DDPM_SCHEDULE_BUFFERS * [(DDPM_TIMESTEPS,)], ex.FP32)
+    assert est.breakdown["buffer"] == 2 * schedule + 2 * ex.BLOCK, est.breakdown
+    assert est.breakdown["input"] == ex.rounded(8 * 3 * 32 * 32 * ex.FP32)  # one batch, no buffers
+    # `save_and_sample_every=2`: DDIM samples from the EMA model under inference_mode after
+    # steps 2 and 4, each followed by a `torch.save` of the state (diverted: fake device data)
+    assert est.data["steps"] == 4
+    assert est.data["phases_ran"] == ["training", "eval", "training", "eval"], est.data["phases_ran"]
+    notes = _notes(est)
+    assert "accumulation window 2" in notes
+    assert "results/model-1.pt" in notes and "results/model-2.pt" in notes
+    assert (tmp_path / "results" / "sample-2.png").is_file()
+    assert "training complete" in est.stderr
