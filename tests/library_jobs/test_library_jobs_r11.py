@@ -224,3 +224,57 @@ def test_lucidrains_ddpm_trainer_ema_copy_amp_and_ddim_samples(tmp_path):
     assert "results/model-1.pt" in notes and "results/model-2.pt" in notes
     assert (tmp_path / "results" / "sample-2.png").is_file()
     assert "training complete" in est.stderr
+
+
+# Project-MONAI/tutorials 2d_segmentation/torch/unet_training_dict.py ---------------------------
+
+def monai_unet_shapes(in_channels: int, out_channels: int, channels: tuple[int, ...]) -> list[ex.Shape]:
+    """monai.networks.nets.UNet(spatial_dims=2, strides 2, num_res_units=2), built as its
+    `_create_block` recursion builds it: each level's down path a ResidualUnit of two 3x3
+    Convolutions (conv + bias, InstanceNorm without affine weights, a one-weight PReLU) and a
+    3x3 strided residual conv; the bottom a stride-1 ResidualUnit with a 1x1 residual; each
+    up path a transposed 3x3 Convolution (weight (in, out, 3, 3), PReLU) and a one-unit
+    ResidualUnit (identity residual) whose conv, on the top level, is conv-only (no PReLU)."""
+    prelu: list[ex.Shape] = [(1,)]
+    shapes: list[ex.Shape] = []
+
+    def unit(c_in: int, c_out: int, act: bool = True) -> list[ex.Shape]:
+        return ex.conv(c_out, c_in, 3) + (prelu if act else [])
+
+    def residual_unit(c_in: int, c_out: int, stride: int) -> list[ex.Shape]:
+        return unit(c_in, c_out) + unit(c_out, c_out) + ex.conv(c_out, c_in, 3 if stride != 1 else 1)
+
+    def level(c_in: int, c_out: int, widths: tuple[int, ...], top: bool) -> None:
+        width = widths[0]
+        if len(widths) > 2:
+            level(width, width, widths[1:], False)
+            up_in = 2 * width
+        else:
+            shapes.extend(residual_unit(width, widths[1], 1))  # the bottom layer
+            up_in = width + widths[1]
+        shapes.extend(residual_unit(c_in, width, 2))
+        shapes.extend([(up_in, c_out, 3, 3), (c_out,), *prelu, *unit(c_out, c_out, act=not top)])
+
+    level(in_channels, out_channels, channels, True)
+    return shapes
+
+
+@pytest.mark.slow
+@needs("monai", "tensorboard", "PIL")
+def test_monai_unet_dict_transforms_sliding_window_validation(tmp_path):
+    # the tutorial as written: 40 synthetic 128 x 128 pairs, ten epochs, a validation every two
+    est = estimate("r11_monai_unet_training_dict.py", cwd=tmp_path)
+    params = ex.device_bytes(monai_unet_shapes(1, 1, (16, 32, 64, 128, 256)), ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params,  # Adam, host `step`s
+                    extra_upper=32 * MiB)  # activations of 8 crops at 96 x 96
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["phases_ran"] == ["training", "eval"] * 5, est.data["phases_ran"]
+    # RandCropByPosNegLabeld(num_samples=4) on batches of 2 images: 8 crops of image and mask;
+    # `val_images` / `val_labels` (1, 1, 128, 128) stay alive after each validation (the
+    # tutorial keeps them for plot_2d_or_3d_image) and the peak comes in a later epoch
+    crops = ex.rounded(8 * 96 * 96 * ex.FP32)
+    val_image = ex.rounded(128 * 128 * ex.FP32)
+    assert est.breakdown["input"] == 2 * crops + 2 * val_image, est.breakdown
+    assert "best_metric_model_segmentation2d_dict.pth" in _notes(est)  # diverted: fake device data
+    assert list((tmp_path / "runs").glob("*/events.out.tfevents.*"))
+    assert "train completed" in est.stderr
