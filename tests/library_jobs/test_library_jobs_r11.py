@@ -278,3 +278,69 @@ def test_monai_unet_dict_transforms_sliding_window_validation(tmp_path):
     assert "best_metric_model_segmentation2d_dict.pth" in _notes(est)  # diverted: fake device data
     assert list((tmp_path / "runs").glob("*/events.out.tfevents.*"))
     assert "train completed" in est.stderr
+
+
+# transformers examples/pytorch/image-pretraining/run_mae.py: ViTMAE pre-training, Trainer -------
+
+VIT_MAE = dict(hidden=64, layers=2, heads=4, intermediate=128, image=32, patch=8,
+               decoder_hidden=32, decoder_layers=1, decoder_heads=4, decoder_intermediate=64)
+MAE_OVERRIDES = ("hidden_size={hidden},num_hidden_layers={layers},num_attention_heads={heads},"
+                 "intermediate_size={intermediate},image_size={image},patch_size={patch},"
+                 "decoder_hidden_size={decoder_hidden},decoder_num_hidden_layers={decoder_layers},"
+                 "decoder_num_attention_heads={decoder_heads},"
+                 "decoder_intermediate_size={decoder_intermediate}").format(**VIT_MAE)
+
+
+def vit_mae_shapes(hidden: int, layers: int, intermediate: int, image: int, patch: int,
+                   decoder_hidden: int, decoder_layers: int, decoder_intermediate: int, **_: int
+                   ) -> tuple[list[ex.Shape], list[ex.Shape]]:
+    """ViTMAEForPreTraining: (trained parameters, frozen ones). The encoder's CLS token, patch
+    projection (a conv with bias), pre-norm layers (LayerNorm, q / k / v / output Linear,
+    LayerNorm, intermediate and output Linear) and final LayerNorm; the decoder's embed Linear,
+    mask token, layers, norm and pixel prediction Linear (patch^2 x 3 outputs). The two
+    position embeddings (patches + 1 rows) are fixed sin-cos tables: Parameters with
+    requires_grad=False (no gradient, no AdamW state)."""
+    def layer(h: int, i: int) -> list[ex.Shape]:
+        return ex.norm(h) + 4 * ex.linear(h, h) + ex.norm(h) + ex.linear(i, h) + ex.linear(h, i)
+
+    patches = (image // patch) ** 2
+    trained = [(1, 1, hidden), *ex.conv(hidden, 3, patch)] + layers * layer(hidden, intermediate)
+    trained += ex.norm(hidden) + ex.linear(decoder_hidden, hidden) + [(1, 1, decoder_hidden)]
+    trained += decoder_layers * layer(decoder_hidden, decoder_intermediate) + ex.norm(decoder_hidden)
+    trained += ex.linear(patch * patch * 3, decoder_hidden)
+    return trained, [(1, patches + 1, hidden), (1, patches + 1, decoder_hidden)]
+
+
+@needs("datasets", "PIL", "torchvision")
+def test_run_mae_vit_mae_pretraining_with_frozen_position_tables(tmp_path):
+    import json
+
+    from tests.library_jobs.test_library_jobs_hf import write_image_folder
+
+    write_image_folder(tmp_path / "images", 12, seed=0)
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 32},
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_resize": True,
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+    }))
+    # the README's flags: the Trainer must keep the `image` column for set_transform, and the
+    # "labels" are the pixel values
+    est = estimate_here(
+        "r11_hf_ex_run_mae.py", "--dataset_name", "imagefolder", "--train_dir", "images/**",
+        "--image_processor_name", "proc", "--config_overrides", MAE_OVERRIDES,
+        "--remove_unused_columns", "False", "--label_names", "pixel_values",
+        "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--max_steps", "3",
+        "--do_train", "--do_eval", "--report_to", "none", "--seed", "0", "--output_dir", "out",
+        cwd=tmp_path)
+    trained, frozen = vit_mae_shapes(**VIT_MAE)
+    params = ex.device_bytes(trained + frozen, ex.FP32)
+    grads = ex.device_bytes(trained, ex.FP32)
+    # the Trainer's fused AdamW: moments and a device `step` for the trained parameters only
+    assert_training(est, params=params, grads=grads,
+                    optimizer_state=2 * grads + ex.BLOCK * len(trained))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["phases_ran"] == ["training", "eval"]
+    # 24 images, 15% split off for validation: 20 train images, 5 batches of 4
+    assert "DataLoader epoch of 5 batches" in _notes(est)
+    assert (tmp_path / "out" / "eval_results.json").is_file()
