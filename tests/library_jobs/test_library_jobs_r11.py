@@ -344,3 +344,42 @@ def test_run_mae_vit_mae_pretraining_with_frozen_position_tables(tmp_path):
     # 24 images, 15% split off for validation: 20 train images, 5 batches of 4
     assert "DataLoader epoch of 5 batches" in _notes(est)
     assert (tmp_path / "out" / "eval_results.json").is_file()
+
+
+# fastai nbs/examples/migrating_fastai.py: torchvision MNIST loaders in a fastai Learner ---------
+
+def write_mnist(raw: Path, train: int, test: int) -> None:
+    """torchvision's MNIST raw idx files (big-endian magic, counts, sizes, then uint8 pixels or
+    labels): with them in <root>/MNIST/raw, `MNIST(root, download=True)` downloads nothing."""
+    import struct
+
+    rng = random.Random(0)
+    raw.mkdir(parents=True)
+    for prefix, count in (("train", train), ("t10k", test)):
+        pixels = bytes(rng.randrange(256) for _ in range(count * 28 * 28))
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, count, 28, 28) + pixels)
+        labels = bytes(rng.randrange(10) for _ in range(count))
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, count) + labels)
+
+
+@needs("fastai", "torchvision")
+def test_fastai_learner_fit_one_cycle_with_its_own_adam_and_dataloader(tmp_path):
+    write_mnist(tmp_path / "data" / "MNIST" / "raw", train=1024, test=512)
+    (tmp_path / "work").mkdir()  # the example reads '../data'
+    # `--steps all`: the example's `DataLoader` is fastai's own (`from fastai.vision.all import
+    # *`), not torch's, so the capture cannot shorten its epochs; by default it stops after 3
+    # updates, before the validation whose batch of 512 sets the peak (noted)
+    est = estimate("r11_fastai_migrating.py", flags=("--steps", "all"), cwd=tmp_path / "work")
+    params = ex.device_bytes(ex.mnist_cnn_shapes(), ex.FP32)
+    # validation at batch 512: conv1's (512, 32, 26, 26) and conv2's (512, 64, 24, 24) outputs
+    evaluation = 512 * (32 * 26 * 26 + 64 * 24 * 24) * ex.FP32
+    # fastai's Adam (fastai.optimizer, not torch.optim): grad_avg and sqr_avg per parameter,
+    # `other` before capture/fastai_optimizers.py; its zero_grad zeroes the gradients in place
+    assert_training(est, params=params, optimizer_state=2 * params, extra_lower=evaluation,
+                    extra_upper=256 * MiB)  # cuDNN workspaces for the batch of 512
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 4  # 1024 images, batch 256, one epoch
+    assert est.data["phases_ran"] == ["training", "eval"]
+    assert "the peak was set by the evaluation after training" in _notes(est)
+    # the validation batch (512 images and labels) is what is live at the peak
+    assert est.breakdown["input"] == ex.rounded(512 * 28 * 28 * ex.FP32) + ex.rounded(512 * 8)
