@@ -40,7 +40,8 @@ RELEASE_VARIABLE = "PEAKMEM_TRANSFORMERS_RELEASE"
 
 def parse_release(text: str) -> tuple[int, ...]:
     """`5.17.0` -> (5, 17, 0); a suffix after the numbers (`5.17.0.dev0`, `5.17.0rc1`) is
-    dropped."""
+    dropped. Text that does not start with a number raises InputError (a ValueError) naming
+    the variable."""
     parts: list[int] = []
     for piece in text.strip().split("."):
         digits = ""
@@ -54,7 +55,10 @@ def parse_release(text: str) -> tuple[int, ...]:
         if len(digits) != len(piece):
             break
     if not parts:
-        raise ValueError(f"{RELEASE_VARIABLE}={text!r} is not a release number")
+        from peakmem.inputs import InputError, one_line
+
+        raise InputError(f"{RELEASE_VARIABLE}={one_line(repr(text), 60)} is not a release "
+                         "number (use e.g. 5.17.0)")
     return tuple(parts)
 
 
@@ -123,6 +127,7 @@ def _apply(behaviour: ReleaseBehaviour) -> Callable[[Any], Undo]:
 @register_library_patch("transformers_target_release")
 @contextmanager
 def transformers_target_release() -> Iterator[None]:
+    target_release()  # a malformed value fails here, before the job runs
     with ExitStack() as stack:
         for behaviour in BEHAVIOURS.values():
             stack.enter_context(patch_on_import(behaviour.module, _apply(behaviour)))
