@@ -91,3 +91,25 @@ def test_t5_self_attention_backend_follows_the_target_release(monkeypatch, backe
     # encoder self x2, then per decoder layer self and cross attention
     efficient = sdpa.SdpaBackend.EFFICIENT
     assert backends == [self_attention] * 2 + [self_attention, efficient] * 2
+
+
+def test_the_installed_function_is_back_after_the_capture(monkeypatch):
+    from peakmem.capture.library_patches import library_patches
+
+    installed = sdpa_attention.create_position_bias_mask
+    monkeypatch.setenv(RELEASE_VARIABLE, "5.17.0")
+    with library_patches():
+        assert sdpa_attention.create_position_bias_mask is not installed
+        bias = permuted_bias()
+        query = torch.randn(2, 4, 6, 8)
+        assert sdpa_attention.create_position_bias_mask(bias, None, False, query, query) is bias
+    assert sdpa_attention.create_position_bias_mask is installed
+
+
+def test_a_malformed_release_fails_before_the_job_runs(monkeypatch):
+    from peakmem.capture.hf_release import transformers_target_release
+    from peakmem.inputs import InputError
+
+    monkeypatch.setenv(RELEASE_VARIABLE, "main")
+    with pytest.raises(InputError, match=RELEASE_VARIABLE), transformers_target_release():
+        pass
