@@ -1,0 +1,108 @@
+"""Round 12: well-known multi-GPU training scripts, re-created from their repositories and run
+unmodified through the real CLI under their launchers; each rank's device bytes worked out by
+hand (not read from peakmem):
+
+- pytorch/examples distributed/tensor_parallelism/fsdp_tp_example.py (scripts/
+  r12_fsdp_tp_example.py) under `torchrun --nproc_per_node 4`: a 2 x 2 ("dp", "tp") mesh, the
+  Llama2 model tensor / sequence parallel over "tp", then FSDP1 (`use_orig_params=True`) over
+  "dp"; every rank traced (`--ranks all`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import JobEstimate, estimate
+from tests.library_jobs.shared_estimate import shared_estimate
+
+pytestmark = pytest.mark.slow
+
+
+def _ok(est: JobEstimate) -> JobEstimate:
+    assert est.returncode == 0, est.failure()
+    assert est.data["estimate_kind"] == "training" and est.data["mode"] == "fake"
+    return est
+
+
+def nccl_communicator_bytes(est: JobEstimate) -> int:
+    """The stack profile's assumed NCCL memory per communicator for this estimate's GPU."""
+    from peakmem.profiles import load_gpu, load_stack
+
+    stack = load_stack(est.data["torch_version"])
+    return int(stack.library_bytes_for(load_gpu(est.data["gpu"]), "nccl").value)
+
+
+def _rank_rows(est: JobEstimate) -> dict[int, dict]:
+    return {row["rank"]: row for row in est.data["ranks"]}
+
+
+# pytorch/examples distributed/tensor_parallelism/fsdp_tp_example.py: 2-D (FSDP + TP) ----------
+
+DIM, HIDDEN, VOCAB, LAYERS, TP, DP = 64, 192, 512, 2, 2, 2
+"""r12_fsdp_tp_example.py's ModelArgs(dim=64, n_layers=2, n_heads=4, vocab_size=512,
+multiple_of=64): FeedForward's hidden size is int(2 * 4 * 64 / 3) = 170, rounded up to 192."""
+
+
+def tp_local_shapes() -> list[ex.Shape]:
+    """One TP rank's parameters in `named_parameters` order: embedding Rowwise (rows split), the
+    attention and feed-forward projections Colwise / Rowwise (halved), RMSNorms replicated
+    (SequenceParallel), output Colwise (rows split)."""
+    block = [(DIM // TP, DIM)] * 3 + [(DIM, DIM // TP)]  # wq, wk, wv (rows); wo (columns)
+    block += [(HIDDEN // TP, DIM), (DIM, HIDDEN // TP), (HIDDEN // TP, DIM)]  # w1, w2, w3
+    block += [(DIM,), (DIM,)]  # attention_norm, ffn_norm
+    return [(VOCAB // TP, DIM), *LAYERS * block, (DIM,), (VOCAB // TP, DIM)]
+
+
+def fsdp_orig_param_parts(shapes: list[ex.Shape], world: int, rank: int) -> list[int]:
+    """FSDP1 with use_orig_params over one flat parameter: the numel of each original
+    parameter's view inside `rank`'s contiguous shard (no alignment padding: every numel here
+    is a multiple of 4 fp32 elements)."""
+    sizes = [ex.count([shape]) for shape in shapes]
+    shard = -(-sum(sizes) // world)
+    begin, end = rank * shard, (rank + 1) * shard
+    parts, offset = [], 0
+    for size in sizes:
+        parts.append(max(0, min(end, offset + size) - max(begin, offset)))
+        offset += size
+    return parts
+
+
+@pytest.fixture(scope="module")
+def fsdp_tp(tmp_path_factory) -> JobEstimate:
+    return shared_estimate(tmp_path_factory, "r12-fsdp-tp", lambda workdir: estimate(
+        "r12_fsdp_tp_example.py", "--iterations", "3", cwd=workdir, timeout=200,
+        flags=("--ranks", "all"), launcher=("torchrun", "--nproc_per_node", "4")))[0]
+
+
+def test_fsdp_tp_2d_mesh_shards_twice(fsdp_tp):
+    est = _ok(fsdp_tp)
+    assert est.data["world_size"] == 4 and est.data["traced_ranks"] == [0, 1, 2, 3]
+    local = tp_local_shapes()
+    assert ex.count(local) == 86_336  # of the model's 172,352 parameters
+    shard = ex.count(local) // DP
+    # the flat parameter's shard and its gradient; AdamW's two moments of every original
+    # parameter's view into it (zero-sized where the parameter lies in the other dp rank's half)
+    assert est.breakdown["parameter"] == ex.rounded(shard * ex.FP32)
+    assert est.breakdown["gradient"] == ex.rounded(shard * ex.FP32)
+    moments = sum(ex.rounded(n * ex.FP32) for n in fsdp_orig_param_parts(local, DP, 0) if n)
+    assert est.breakdown["optimizer_state"] == 2 * moments
+    assert "2D iter 1 complete" in est.stderr
+
+
+def test_fsdp_tp_every_rank_traced_and_the_largest_reported(fsdp_tp):
+    est = _ok(fsdp_tp)
+    rows = _rank_rows(est)
+    assert sorted(rows) == [0, 1, 2, 3]
+    # the dp ranks' moments differ in how their views round, not in size: every rank's peak is
+    # rank 0's here; the headline is the largest rank's
+    assert est.data["peak_bytes"] == max(row["peak_bytes"] for row in rows.values())
+    assert rows[est.data["largest_rank"]]["peak_bytes"] == est.data["peak_bytes"]
+    local = tp_local_shapes()
+    for rank in (0, 1):
+        parts = fsdp_orig_param_parts(local, DP, rank)
+        assert sum(parts) == ex.count(local) // DP
+    # two NCCL communicators on every rank (its "dp" and its "tp" group), each of the stack
+    # profile's assumed size
+    each = nccl_communicator_bytes(est)
+    assert {row["libraries"].get("nccl") for row in rows.values()} == {2 * each}
