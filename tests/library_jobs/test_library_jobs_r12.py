@@ -6,6 +6,11 @@ hand (not read from peakmem):
   r12_fsdp_tp_example.py) under `torchrun --nproc_per_node 4`: a 2 x 2 ("dp", "tp") mesh, the
   Llama2 model tensor / sequence parallel over "tp", then FSDP1 (`use_orig_params=True`) over
   "dp"; every rank traced (`--ranks all`).
+
+- pytorch/tutorials intermediate_source/pipelining_tutorial.rst (scripts/
+  r12_pipelining_tutorial.py) under `torchrun --nproc_per_node 2`: torch.distributed.pipelining
+  stages exchange shapes with `dist.recv_object_list`, which a fake process group cannot answer:
+  one clear line (exit 3, `unsupported`), neither the job's unpickling error nor an eager rerun.
 """
 
 from __future__ import annotations
@@ -106,3 +111,16 @@ def test_fsdp_tp_every_rank_traced_and_the_largest_reported(fsdp_tp):
     # profile's assumed size
     each = nccl_communicator_bytes(est)
     assert {row["libraries"].get("nccl") for row in rows.values()} == {2 * each}
+
+
+# pytorch/tutorials pipelining_tutorial.rst: torch.distributed.pipelining --------------------
+
+def test_pipelining_tutorial_is_refused_in_one_line(tmp_path):
+    est = estimate("r12_pipelining_tutorial.py", "--schedule", "1f1b", cwd=tmp_path,
+                   timeout=120, launcher=("torchrun", "--nproc_per_node", "2"))
+    assert est.returncode == 3, est.failure()
+    error = est.data["error"]
+    assert error["kind"] == "unsupported" and "\n" not in error["message"]
+    assert error["message"].startswith("rank 0: peakmem does not support pipeline parallelism")
+    assert "torch.distributed.pipelining" in error["message"]
+    assert "host RAM" not in error["message"]  # no eager rerun (it would wait the same way)
