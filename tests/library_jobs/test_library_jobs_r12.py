@@ -7,6 +7,10 @@ hand (not read from peakmem):
   Llama2 model tensor / sequence parallel over "tp", then FSDP1 (`use_orig_params=True`) over
   "dp"; every rank traced (`--ranks all`).
 
+- pytorch/examples distributed/tensor_parallelism/sequence_parallel_example.py (scripts/
+  r12_sequence_parallel_example.py) under `torchrun --nproc_per_node 2`: Colwise / Rowwise with
+  Shard(0) input and output layouts, the optimizer built after `parallelize_module`.
+
 - pytorch/tutorials intermediate_source/pipelining_tutorial.rst (scripts/
   r12_pipelining_tutorial.py) under `torchrun --nproc_per_node 2`: torch.distributed.pipelining
   stages exchange shapes with `dist.recv_object_list`, which a fake process group cannot answer:
@@ -111,6 +115,24 @@ def test_fsdp_tp_every_rank_traced_and_the_largest_reported(fsdp_tp):
     # profile's assumed size
     each = nccl_communicator_bytes(est)
     assert {row["libraries"].get("nccl") for row in rows.values()} == {2 * each}
+
+
+# pytorch/examples distributed/tensor_parallelism/sequence_parallel_example.py -----------------
+
+def test_sequence_parallel_example_keeps_only_the_shards(tmp_path):
+    est = _ok(estimate("r12_sequence_parallel_example.py", cwd=tmp_path, timeout=120,
+                       launcher=("torchrun", "--nproc_per_node", "2")))
+    assert est.data["world_size"] == 2
+    # in_proj Colwise: rows split; out_proj Rowwise: columns split, its bias replicated (the
+    # DTensor wraps the moved tensor). The whole weights moved to "cuda" first are freed once
+    # replaced (AdamW is built after parallelize_module: it holds the DTensors only)
+    shards = ex.device_bytes([(16, 10), (16,), (5, 16), (5,)], ex.FP32)
+    assert est.breakdown["parameter"] == shards
+    assert est.breakdown["gradient"] == shards
+    assert est.breakdown["optimizer_state"] == 2 * shards
+    # each rank's 20 input rows all-gathered to 40 before in_proj (Shard(0) -> Replicate)
+    assert est.breakdown["activation"] >= ex.rounded(40 * 10 * ex.FP32)
+    assert "Sequence Parallel iter 1 completed" in est.stderr
 
 
 # pytorch/tutorials pipelining_tutorial.rst: torch.distributed.pipelining --------------------
