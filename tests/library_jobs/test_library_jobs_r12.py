@@ -11,6 +11,11 @@ hand (not read from peakmem):
   r12_sequence_parallel_example.py) under `torchrun --nproc_per_node 2`: Colwise / Rowwise with
   Shard(0) input and output layouts, the optimizer built after `parallelize_module`.
 
+- pytorch/examples distributed/FSDP/T5_training.py (scripts/r12_fsdp_t5_training.py) under
+  `torchrun --nproc_per_node 2`: FSDP1 with `transformer_auto_wrap_policy` over T5Block, the
+  bfSixteen MixedPrecision policy, non-reentrant activation checkpointing of every T5Block,
+  DistributedSamplers, train + validation, a tiny local T5 checkpoint.
+
 - pytorch/tutorials intermediate_source/pipelining_tutorial.rst (scripts/
   r12_pipelining_tutorial.py) under `torchrun --nproc_per_node 2`: torch.distributed.pipelining
   stages exchange shapes with `dist.recv_object_list`, which a fake process group cannot answer:
@@ -19,10 +24,12 @@ hand (not read from peakmem):
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate
+from tests.library_jobs.harness import JobEstimate, estimate, run_script_here
 from tests.library_jobs.shared_estimate import shared_estimate
 
 pytestmark = pytest.mark.slow
@@ -47,6 +54,8 @@ def _rank_rows(est: JobEstimate) -> dict[int, dict]:
 
 
 # pytorch/examples distributed/tensor_parallelism/fsdp_tp_example.py: 2-D (FSDP + TP) ----------
+
+WORLD = 2
 
 DIM, HIDDEN, VOCAB, LAYERS, TP, DP = 64, 192, 512, 2, 2, 2
 """r12_fsdp_tp_example.py's ModelArgs(dim=64, n_layers=2, n_heads=4, vocab_size=512,
@@ -133,6 +142,59 @@ def test_sequence_parallel_example_keeps_only_the_shards(tmp_path):
     # each rank's 20 input rows all-gathered to 40 before in_proj (Shard(0) -> Replicate)
     assert est.breakdown["activation"] >= ex.rounded(40 * 10 * ex.FP32)
     assert "Sequence Parallel iter 1 completed" in est.stderr
+
+
+# pytorch/examples distributed/FSDP/T5_training.py: FSDP1 auto-wrap + bf16 + checkpointing -----
+
+def t5_fsdp_units() -> list[list[ex.Shape]]:
+    """TINY_T5_CONFIG's parameters by FSDP unit, in registration order: the root (the shared
+    embedding, also the tied lm_head, and each stack's final layer norm) and one unit per
+    T5Block (each stack's block 0 holds its relative attention bias)."""
+    from tests.library_jobs.test_library_jobs_hf import t5_shapes
+
+    shapes = t5_shapes()
+    encoder_block, decoder_block = 5 + 3, 5 + 5 + 3  # self-attention (+ cross) + feed-forward
+    units, at = [], 1
+    for block in (encoder_block, decoder_block):
+        first = shapes[at:at + 1 + block]  # the relative attention bias + block 0
+        second = shapes[at + 1 + block:at + 1 + 2 * block]
+        units += [first, second]
+        at += 1 + 2 * block + 1  # + the stack's final layer norm
+    root = [shapes[0], shapes[1 + 2 * encoder_block + 1], shapes[-1]]
+    assert at == len(shapes) and sum(map(len, units)) + len(root) == len(shapes)
+    return [root, *units]
+
+
+@pytest.fixture(scope="module")
+def fsdp_t5(tmp_path_factory) -> JobEstimate:
+    pytest.importorskip("transformers")
+    from tests.library_jobs.test_library_jobs_hf import TINY_T5_CONFIG
+
+    def run(workdir):
+        run_script_here("make_t5_checkpoint.py", str(workdir / "t5"), json.dumps(TINY_T5_CONFIG))
+        return estimate("r12_fsdp_t5_training.py", "--model_name_or_path", str(workdir / "t5"),
+                        "--input-length", "64", "--output-length", "16", "--train-samples", "32",
+                        "--val-samples", "16", "--epochs", "1", "--no-decoder-cache", cwd=workdir,
+                        timeout=240, launcher=("torchrun", "--nproc_per_node", "2"))
+
+    return shared_estimate(tmp_path_factory, "r12-fsdp-t5", run)[0]
+
+
+def test_fsdp_t5_auto_wrap_shards_each_unit_flat(fsdp_t5):
+    est = _ok(fsdp_t5)
+    assert est.data["world_size"] == 2 and est.data["phases_ran"][:2] == ["training", "eval"]
+    assert "bf16_ready True" in est.stderr and "Validation Loss" in est.stderr
+    # use_orig_params=False: each unit's parameters end to end in one fp32 flat parameter, padded
+    # to an even length and halved; AdamW holds the flat parameters, two moments of each shard
+    shards = [-(-ex.count(unit) // WORLD) for unit in t5_fsdp_units()]
+    assert len(shards) == 5
+    params = sum(ex.rounded(shard * ex.FP32) for shard in shards)
+    assert est.breakdown["parameter"] == params
+    assert est.breakdown["optimizer_state"] == 2 * params
+    # bfSixteen: a unit runs on its whole bf16 parameter (all-gathered); the largest one and
+    # the fp32 state are live together in the forward
+    largest = max(ex.count(unit) for unit in t5_fsdp_units())
+    assert est.data["peak_allocated_bytes"] >= 3 * params + ex.rounded(largest * ex.BF16)
 
 
 # pytorch/tutorials pipelining_tutorial.rst: torch.distributed.pipelining --------------------
