@@ -16,6 +16,10 @@ hand (not read from peakmem):
   bfSixteen MixedPrecision policy, non-reentrant activation checkpointing of every T5Block,
   DistributedSamplers, train + validation, a tiny local T5 checkpoint.
 
+- transformers' examples/pytorch/language-modeling/run_clm.py (scripts/hf_ex_run_clm.py: the
+  Trainer) under `torchrun --nproc_per_node 2` with `--fsdp "full_shard auto_wrap"` and an
+  `--fsdp_config` naming GPT2Block: accelerate shards each parameter (FSDP2's `fully_shard`).
+
 - pytorch/tutorials intermediate_source/pipelining_tutorial.rst (scripts/
   r12_pipelining_tutorial.py) under `torchrun --nproc_per_node 2`: torch.distributed.pipelining
   stages exchange shapes with `dist.recv_object_list`, which a fake process group cannot answer:
@@ -195,6 +199,50 @@ def test_fsdp_t5_auto_wrap_shards_each_unit_flat(fsdp_t5):
     # the fp32 state are live together in the forward
     largest = max(ex.count(unit) for unit in t5_fsdp_units())
     assert est.data["peak_allocated_bytes"] >= 3 * params + ex.rounded(largest * ex.BF16)
+
+
+# transformers run_clm.py (Trainer) under torchrun with --fsdp ---------------------------------
+
+@pytest.fixture(scope="module")
+def trainer_fsdp(tmp_path_factory) -> JobEstimate:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    pytest.importorskip("datasets")
+    from tests.library_jobs import test_library_jobs_hf2 as hf2
+
+    def run(workdir):
+        files = hf2.write_clm_files(workdir)
+        config = workdir / "fsdp_config.json"
+        config.write_text(json.dumps({"transformer_layer_cls_to_wrap": ["GPT2Block"]}))
+        return estimate(
+            "hf_ex_run_clm.py", "--config_name", str(files["model"]),
+            "--tokenizer_name", str(files["model"]), "--train_file", str(files["train"]),
+            "--validation_file", str(files["valid"]), "--block_size", str(hf2.BLOCK_SIZE),
+            "--per_device_train_batch_size", str(hf2.BATCH), "--per_device_eval_batch_size",
+            str(hf2.BATCH), "--max_steps", "3", "--do_train", "--do_eval", "--report_to", "none",
+            "--seed", "0", "--output_dir", str(files["out"]), "--fsdp", "full_shard auto_wrap",
+            "--fsdp_config", str(config), cwd=workdir, timeout=300,
+            launcher=("torchrun", "--nproc_per_node", "2"))
+
+    return shared_estimate(tmp_path_factory, "r12-trainer-fsdp", run)[0]
+
+
+def test_trainer_fsdp_full_shard_under_torchrun_shards_every_parameter(trainer_fsdp):
+    from tests.library_jobs.test_library_jobs import fused_steps
+
+    est = _ok(trainer_fsdp)
+    assert est.data["world_size"] == 2 and est.data["steps"] == 3
+    assert est.data["phases_ran"][-1] == "eval"
+    # fully_shard: each parameter's own padded shard of ceil(dim 0 / 2) rows (one allocation
+    # each); the Trainer's fused AdamW: two moments of each shard and a 0-d device step
+    shapes = ex.gpt2_shapes(**ex.TINY_GPT2)  # the tokenizer's 126 ids fit: no resize
+    params = sum(ex.rounded(-(-shape[0] // WORLD) * ex.count([shape[1:]]) * ex.FP32)
+                 for shape in shapes)
+    assert params < ex.device_bytes(shapes, ex.FP32) // WORLD + len(shapes) * ex.BLOCK
+    assert est.breakdown["parameter"] == params
+    assert est.breakdown["optimizer_state"] == 2 * params + fused_steps(shapes)
+    notes = "\n".join(est.data["notes"])
+    assert "pytorch_model_fsdp.bin" in notes  # the checkpoint's full state dict (diverted)
 
 
 # pytorch/tutorials pipelining_tutorial.rst: torch.distributed.pipelining --------------------
