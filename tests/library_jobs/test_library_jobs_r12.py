@@ -20,6 +20,11 @@ hand (not read from peakmem):
   Trainer) under `torchrun --nproc_per_node 2` with `--fsdp "full_shard auto_wrap"` and an
   `--fsdp_config` naming GPT2Block: accelerate shards each parameter (FSDP2's `fully_shard`).
 
+- torchtitan-style FSDP2 + torch.compile + float8 (scripts/r12_titan_fsdp2_float8.py) under
+  `torchrun --nproc_per_node 2`: meta-device init, torchao's `convert_to_float8_training` with
+  float8 all-gather, per-block `torch.compile` and `fully_shard` (bf16 params, fp32 reduce),
+  fused AdamW; against the same job with `--no-float8`.
+
 - pytorch/tutorials intermediate_source/pipelining_tutorial.rst (scripts/
   r12_pipelining_tutorial.py) under `torchrun --nproc_per_node 2`: torch.distributed.pipelining
   stages exchange shapes with `dist.recv_object_list`, which a fake process group cannot answer:
@@ -35,6 +40,7 @@ import pytest
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import JobEstimate, estimate, run_script_here
 from tests.library_jobs.shared_estimate import shared_estimate
+from tests.library_jobs.test_library_jobs import fused_steps
 
 pytestmark = pytest.mark.slow
 
@@ -228,8 +234,6 @@ def trainer_fsdp(tmp_path_factory) -> JobEstimate:
 
 
 def test_trainer_fsdp_full_shard_under_torchrun_shards_every_parameter(trainer_fsdp):
-    from tests.library_jobs.test_library_jobs import fused_steps
-
     est = _ok(trainer_fsdp)
     assert est.data["world_size"] == 2 and est.data["steps"] == 3
     assert est.data["phases_ran"][-1] == "eval"
@@ -243,6 +247,52 @@ def test_trainer_fsdp_full_shard_under_torchrun_shards_every_parameter(trainer_f
     assert est.breakdown["optimizer_state"] == 2 * params + fused_steps(shapes)
     notes = "\n".join(est.data["notes"])
     assert "pytorch_model_fsdp.bin" in notes  # the checkpoint's full state dict (diverted)
+
+
+# torchtitan-style FSDP2 + compile + float8 ------------------------------------------------------
+
+TITAN_DIM, TITAN_HIDDEN, TITAN_VOCAB, TITAN_LAYERS = 128, 256, 512, 2
+
+
+def titan_shapes() -> list[ex.Shape]:
+    block = [(TITAN_DIM, TITAN_DIM)] * 4  # wq, wk, wv, wo
+    block += [(TITAN_HIDDEN, TITAN_DIM), (TITAN_DIM, TITAN_HIDDEN), (TITAN_HIDDEN, TITAN_DIM)]
+    block += [(TITAN_DIM,), (TITAN_DIM,)]  # the two RMSNorms
+    return [(TITAN_VOCAB, TITAN_DIM), *TITAN_LAYERS * block, (TITAN_DIM,), (TITAN_VOCAB, TITAN_DIM)]
+
+
+@pytest.fixture(scope="module")
+def titan(tmp_path_factory) -> dict[str, JobEstimate]:
+    pytest.importorskip("torchao")
+
+    def run(*flags: str):
+        return lambda workdir: estimate(
+            "r12_titan_fsdp2_float8.py", "--steps", "4", *flags, cwd=workdir, timeout=200,
+            launcher=("torchrun", "--nproc_per_node", "2"))
+
+    return {name: shared_estimate(tmp_path_factory, f"r12-titan-{name}", run(*flags))[0]
+            for name, flags in (("float8", ()), ("bf16", ("--no-float8",)))}
+
+
+def test_titan_fsdp2_float8_shards_fp32_state(titan):
+    for est in map(_ok, titan.values()):
+        assert est.data["world_size"] == 2 and est.data["steps"] == 3
+        shapes = titan_shapes()
+        params = sum(ex.rounded(-(-shape[0] // WORLD) * ex.count([shape[1:]]) * ex.FP32)
+                     for shape in shapes)
+        assert est.breakdown["parameter"] == params
+        assert est.breakdown["optimizer_state"] == 2 * params + fused_steps(shapes)
+        assert "torch.compile" in "\n".join(est.data["notes"])
+
+
+def test_titan_float8_all_gather_gathers_one_byte_weights(titan):
+    float8, bf16 = _ok(titan["float8"]), _ok(titan["bf16"])
+    # with enable_fsdp_float8_all_gather a block's Linear weights are all-gathered as float8
+    # (1 byte) instead of bf16 (2 bytes): the activations at the peak, which hold one block's
+    # unsharded Linear weights, differ by one byte per weight element of a block
+    block_weights = 4 * TITAN_DIM * TITAN_DIM + 3 * TITAN_HIDDEN * TITAN_DIM
+    assert bf16.breakdown["activation"] - float8.breakdown["activation"] == block_weights
+    assert float8.data["peak_allocated_bytes"] < bf16.data["peak_allocated_bytes"]
 
 
 # pytorch/tutorials pipelining_tutorial.rst: torch.distributed.pipelining --------------------
