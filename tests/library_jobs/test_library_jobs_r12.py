@@ -25,6 +25,11 @@ hand (not read from peakmem):
   float8 all-gather, per-block `torch.compile` and `fully_shard` (bf16 params, fp32 reduce),
   fused AdamW; against the same job with `--no-float8`.
 
+- karpathy/nanoGPT train.py under `torchrun --standalone --nproc_per_node=2` (scripts/
+  r12_nanogpt_ddp.py): DDP with `require_backward_grad_sync` over accumulation micro-steps and
+  rank-0-only sections (`estimate_loss()`, the checkpoint); every rank traced: a rank-0
+  evaluation larger than the training step makes rank 0 the largest rank, and the estimate its.
+
 - pytorch/tutorials intermediate_source/pipelining_tutorial.rst (scripts/
   r12_pipelining_tutorial.py) under `torchrun --nproc_per_node 2`: torch.distributed.pipelining
   stages exchange shapes with `dist.recv_object_list`, which a fake process group cannot answer:
@@ -293,6 +298,42 @@ def test_titan_float8_all_gather_gathers_one_byte_weights(titan):
     block_weights = 4 * TITAN_DIM * TITAN_DIM + 3 * TITAN_HIDDEN * TITAN_DIM
     assert bf16.breakdown["activation"] - float8.breakdown["activation"] == block_weights
     assert float8.data["peak_allocated_bytes"] < bf16.data["peak_allocated_bytes"]
+
+
+# karpathy/nanoGPT train.py under torchrun: rank-0-only evaluation and checkpoint --------------
+
+NANOGPT = dict(vocab=512, positions=32, embd=64, layers=2)
+"""r12_nanogpt_ddp.py's defaults (r8_nanogpt_resume.py's: block_size 32, tied wte / lm_head)."""
+EVAL_ROWS, BLOCK_SIZE = 256, 32
+
+
+def test_nanogpt_ddp_rank0_evaluation_makes_rank0_the_largest(tmp_path):
+    from tests.library_jobs.test_library_jobs_r8 import _nanogpt_data
+
+    _nanogpt_data(tmp_path)
+    est = _ok(estimate("r12_nanogpt_ddp.py", "--max_iters=4", "--eval_interval=2",
+                       f"--eval_batch_size={EVAL_ROWS}", cwd=tmp_path, timeout=200,
+                       flags=("--ranks", "all"),
+                       launcher=("torchrun", "--standalone", "--nproc_per_node=2")))
+    assert est.data["world_size"] == 2 and est.data["traced_ranks"] == [0, 1]
+    rows = _rank_rows(est)
+    # only rank 0 (master_process) runs estimate_loss() on 256-row batches and saves ckpt.pt:
+    # its peak is set there, above rank 1's training-only peak; the headline (and `fits`) is
+    # rank 0's
+    assert rows[0]["peak_allocated_bytes"] > rows[1]["peak_allocated_bytes"]
+    assert est.data["largest_rank"] == 0 and est.data["peak_bytes"] == rows[0]["peak_bytes"]
+    assert est.data["fits"] == rows[0]["fits"]
+    notes = "\n".join(est.data["notes"])
+    assert "the peak was set by the evaluation" in notes and "out/ckpt.pt" in notes
+    # DDP keeps whole replicas: the fp32 weights and fused AdamW's state (two moments and a
+    # device step per parameter); rank 0's evaluation logits (bf16 autocast) on top
+    shapes = ex.gpt2_shapes(**NANOGPT)
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert est.breakdown["parameter"] == params
+    assert est.breakdown["optimizer_state"] == 2 * params + fused_steps(shapes)
+    logits = EVAL_ROWS * BLOCK_SIZE * NANOGPT["vocab"] * ex.BF16
+    assert rows[0]["peak_allocated_bytes"] >= 3 * params + logits
+    assert "saving checkpoint to out" in est.stderr  # rank 0's output
 
 
 # pytorch/tutorials pipelining_tutorial.rst: torch.distributed.pipelining --------------------
