@@ -30,10 +30,6 @@ hand (not read from peakmem):
   rank-0-only sections (`estimate_loss()`, the checkpoint); every rank traced: a rank-0
   evaluation larger than the training step makes rank 0 the largest rank, and the estimate its.
 
-- accelerate's examples/nlp_example.py loop (scripts/r4_accelerate_checkpointing.py, the tiny
-  BERT on MRPC of test_library_jobs_r4.py) under `accelerate launch --multi_gpu
-  --num_processes 2`: DDP, whole replicas per rank.
-
 - pytorch/tutorials intermediate_source/pipelining_tutorial.rst (scripts/
   r12_pipelining_tutorial.py) under `torchrun --nproc_per_node 2`: torch.distributed.pipelining
   stages exchange shapes with `dist.recv_object_list`, which a fake process group cannot answer:
@@ -339,29 +335,6 @@ def test_nanogpt_ddp_rank0_evaluation_makes_rank0_the_largest(tmp_path):
     assert rows[0]["peak_allocated_bytes"] >= 3 * params + logits
     assert "saving checkpoint to out" in est.stderr  # rank 0's output
 
-
-# accelerate nlp_example under accelerate launch --multi_gpu ------------------------------------
-
-def test_accelerate_multi_gpu_ddp_whole_replicas(tmp_path_factory):
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
-    pytest.importorskip("datasets")
-    from tests.library_jobs import test_library_jobs_r4 as r4
-
-    mrpc = r4.mrpc_dir.__wrapped__(tmp_path_factory.mktemp("mrpc"))
-    est = _ok(estimate("r4_hand_metric.py", "r4_accelerate_checkpointing.py", "--mixed_precision",
-                       "bf16", cwd=mrpc, timeout=240,
-                       launcher=("accelerate", "launch", "--multi_gpu", "--num_processes", "2")))
-    assert est.data["world_size"] == 2 and est.data["launcher"] == "accelerate"
-    shapes = r4.BERT_MRPC_SHAPES
-    params = ex.device_bytes(shapes, ex.FP32)
-    # DDP: whole replicas; AdamW (capturable) keeps two moments and a device step each
-    assert est.breakdown["parameter"] == params
-    assert est.breakdown["optimizer_state"] == 2 * params + fused_steps(shapes)
-    # the peak is in a forward after zero_grad(set_to_none=True): no .grad exists; DDP's
-    # buckets (fp32, every parameter's gradient end to end) do, and the peak holds them
-    buckets = ex.count(shapes) * ex.FP32
-    assert est.data["peak_allocated_bytes"] >= 3 * params + buckets
 
 # pytorch/tutorials pipelining_tutorial.rst: torch.distributed.pipelining --------------------
 
