@@ -154,6 +154,7 @@ from peakmem.capture import fastai_optimizers as _fastai_optimizers  # noqa: E40
 from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  (registers them)
 from peakmem.capture import hf_generation as _hf_generation  # noqa: E402,F401
 from peakmem.capture import hf_masks as _hf_masks  # noqa: E402,F401
+from peakmem.capture import hf_release as _hf_release  # noqa: E402,F401
 from peakmem.capture import keras_optimizers as _keras_optimizers  # noqa: E402,F401
 from peakmem.capture import lightning_fsdp_reload as _lightning_fsdp_reload  # noqa: E402,F401
 from peakmem.capture import lightning_launch as _lightning_launch  # noqa: E402,F401
