@@ -68,3 +68,68 @@ def test_pack_checks_every_jobs_file_entry_before_the_first_estimate(tmp_path):
     assert stderr_lines(proc) == [stderr_lines(proc)[0]]
     assert "job 'b'" in proc.stderr and "no-such-gpu" in proc.stderr
     assert "estimating" not in proc.stderr
+
+
+# -- jobs that break the interpreter for the code after them ----------------------------------
+
+TRAIN = """import torch
+model = torch.nn.Linear(16, 16).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    model(torch.randn(4, 16, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+BREAK_INTERPRETER = """
+import builtins, sys
+torch.cuda = None
+del sys.modules["torch"]
+def _no_imports(*args, **kwargs):
+    raise ImportError("imports are off")
+builtins.__import__ = _no_imports
+"""
+
+
+@pytest.mark.parametrize("ending, code, message", [
+    ("", 0, None),
+    ("raise ValueError('the job failed')\n", 1, "the job raised ValueError: the job failed"),
+])
+def test_a_job_that_breaks_imports_torch_cuda_and_sys_modules_is_still_reported(
+        tmp_path, ending, code, message):
+    """`builtins.__import__` rebound to a raising function, `torch.cuda = None` and `del
+    sys.modules["torch"]` after training (valid under python: the process ends next) each made
+    peakmem's own code after the job fail: exit 70, "peakmem internal error in the job's
+    process" and a 60-line peakmem traceback."""
+    (tmp_path / "train.py").write_text(TRAIN + BREAK_INTERPRETER + ending)
+    proc = peakmem("estimate", "--json", "train.py", cwd=tmp_path, timeout=120)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    if code == 0:
+        assert out["peak_bytes"] > 0
+    else:
+        assert out["error"]["kind"] == "job_failed" and out["error"]["message"] == message
+        assert "peakmem/capture" not in out["error"]["traceback"]
+    assert "internal error" not in proc.stderr
+
+
+def test_interpreter_state_restored_puts_back_what_the_job_removed_or_rebound():
+    import builtins
+
+    import torch
+
+    from peakmem.capture.interpreter_state import interpreter_state_restored
+
+    original_import, original_cuda, original_modules = builtins.__import__, torch.cuda, sys.modules
+    with interpreter_state_restored():
+        builtins.__import__ = None
+        builtins.k5_added = 1  # what the job adds stays
+        torch.cuda = None
+        del sys.modules["json"]
+        sys.modules = {}
+    try:
+        assert builtins.__import__ is original_import and torch.cuda is original_cuda
+        assert sys.modules is original_modules and "json" in sys.modules
+        assert builtins.k5_added == 1
+    finally:
+        del builtins.k5_added
