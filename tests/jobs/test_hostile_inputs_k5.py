@@ -133,3 +133,33 @@ def test_interpreter_state_restored_puts_back_what_the_job_removed_or_rebound():
         assert builtins.k5_added == 1
     finally:
         del builtins.k5_added
+
+
+# -- environment --------------------------------------------------------------------------------
+
+
+def test_workspace_config_bytes_reads_as_torch_does_and_refuses_what_stoi_cannot():
+    """CUBLAS_WORKSPACE_CONFIG=:9999999999999999999:8 made an OverflowError inside the job
+    (a job_failed with a peakmem traceback); :2147483647:2147483647 (2**72 bytes) the same."""
+    from peakmem.cuda_rules.blas import WorkspaceConfigError, workspace_config_bytes
+
+    assert workspace_config_bytes(":4096:8") == 4096 * 1024 * 8
+    assert workspace_config_bytes(":4096:2:16:8") == 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert workspace_config_bytes(":0004096:8") == 4096 * 1024 * 8  # stoi takes leading zeros
+    assert workspace_config_bytes("garbage") is None  # torch warns and keeps its default
+    assert workspace_config_bytes(":2147483647:2147483647") == 2**56  # capped: out of memory
+    for value in (":2147483648:1", ":1:9999999999999999999", ":" + "9" * 5000 + ":8"):
+        with pytest.raises(WorkspaceConfigError, match="over 2147483647"):
+            workspace_config_bytes(value)
+
+
+@pytest.mark.parametrize("args, env", [
+    (["train.py"], {"CUBLAS_WORKSPACE_CONFIG": ":9999999999999999999:8"}),
+    (["env", "CUBLAS_WORKSPACE_CONFIG=:2147483648:1", "python", "train.py"], {}),
+])
+def test_a_cublas_workspace_config_torch_cannot_read_is_bad_input(tmp_path, args, env):
+    (tmp_path / "train.py").write_text(TRAIN)
+    proc = peakmem("estimate", *args, cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert stderr_lines(proc) == [stderr_lines(proc)[0]]
+    assert "CUBLAS_WORKSPACE_CONFIG" in proc.stderr and "std::stoi" in proc.stderr
