@@ -163,3 +163,35 @@ def test_a_cublas_workspace_config_torch_cannot_read_is_bad_input(tmp_path, args
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert stderr_lines(proc) == [stderr_lines(proc)[0]]
     assert "CUBLAS_WORKSPACE_CONFIG" in proc.stderr and "std::stoi" in proc.stderr
+
+
+# -- --model CONFIG -------------------------------------------------------------------------------
+
+GPT2 = '{"model_type": "gpt2", "n_layer": 1, "n_head": 2, "vocab_size": 100, "n_embd": %s}'
+
+
+@pytest.mark.parametrize("value, words", [
+    ("NaN", "'n_embd' is nan, not a finite number"),
+    ("Infinity", "'n_embd' is inf, not a finite number"),
+    ("99999999999999999999", "'n_embd' is 99999999999999999999, out of any model's range"),
+    ('"big"', "transformers refuses the config: StrictDataclassFieldValidationError"),
+    ("[64]", "transformers refuses the config"),
+])
+def test_a_model_config_value_transformers_or_torch_cannot_use_is_bad_input(tmp_path, value, words):
+    """These values passed the config check, and the generated job failed on them: exit 1,
+    `the job raised ...` after a 30-line traceback, instead of one line naming the field."""
+    from peakmem.scriptgen import ConfigError, find_config
+
+    path = tmp_path / "config.json"
+    path.write_text(GPT2 % value)
+    with pytest.raises(ConfigError) as caught:
+        find_config(str(path))
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_usable_model_config_still_passes(tmp_path):
+    from peakmem.scriptgen import find_config
+
+    path = tmp_path / "config.json"
+    path.write_text(GPT2 % "64")
+    assert find_config(str(path))[0]["n_embd"] == 64
