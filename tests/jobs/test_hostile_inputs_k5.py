@@ -195,3 +195,30 @@ def test_a_usable_model_config_still_passes(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(GPT2 % "64")
     assert find_config(str(path))[0]["n_embd"] == 64
+
+
+# -- peakmem serve's files --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "directory"])
+def test_serve_refuses_a_token_file_that_is_not_a_regular_file_without_blocking(tmp_path, kind):
+    """`--token-file /dev/zero` read forever and a FIFO blocked forever: the server hung before
+    it started instead of refusing the flag."""
+    path = {"/dev/zero": "/dev/zero", "fifo": str(tmp_path / "fifo"), "directory": str(tmp_path)}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    proc = peakmem("serve", "--token-file", path, "--port", "0", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert stderr_lines(proc) == [stderr_lines(proc)[0]]
+    assert stderr_lines(proc)[0].startswith("peakmem: error: ") and "--token-file" in proc.stderr
+
+
+def test_serve_refuses_a_tls_pair_that_is_not_a_certificate_and_key(tmp_path):
+    """A certificate file that is not PEM was exit 70 (`peakmem internal error: SSLError`)."""
+    (tmp_path / "c.pem").write_text("not a certificate\n")
+    (tmp_path / "k.pem").write_text("not a key\n")
+    proc = peakmem("serve", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--port", "0",
+                   cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert stderr_lines(proc) == [stderr_lines(proc)[0]]
+    assert "not a usable certificate and key" in proc.stderr
