@@ -222,3 +222,28 @@ def test_serve_refuses_a_tls_pair_that_is_not_a_certificate_and_key(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert stderr_lines(proc) == [stderr_lines(proc)[0]]
     assert "not a usable certificate and key" in proc.stderr
+
+
+# -- measure / warm command lines -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, words", [
+    (["measure", "--steps", "0", "train.py"], "Invalid value for '--steps'"),
+    (["measure", "--out", ".", "train.py"], "is a directory"),
+    (["warm", "--status", "--stop"], "give --stop or --status, not both"),
+])
+def test_measure_and_warm_usage_errors_are_one_contract_line(tmp_path, args, words):
+    """click's own usage error: three lines (Usage, Try, Error) and, for warm, exit 1."""
+    proc = peakmem(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert stderr_lines(proc) == [stderr_lines(proc)[0]]
+    assert stderr_lines(proc)[0].startswith("peakmem: error: ") and words in proc.stderr
+
+
+def test_warm_status_with_an_unusable_runtime_dir_is_bad_input_not_no_process(tmp_path):
+    """PEAKMEM_RUNTIME_DIR=/dev/null gave exit 1, which `warm --status` uses for "no warm
+    process", with click's `Error:` line."""
+    proc = peakmem("warm", "--status", cwd=tmp_path, env={"PEAKMEM_RUNTIME_DIR": "/dev/null"})
+    assert proc.returncode == 2, proc.stderr
+    assert stderr_lines(proc) == ["peakmem: error: no private runtime directory: /dev/null is "
+                                  "not a directory owned by this user"]
