@@ -175,6 +175,7 @@ GPT2 = '{"model_type": "gpt2", "n_layer": 1, "n_head": 2, "vocab_size": 100, "n_
     ("Infinity", "'n_embd' is inf, not a finite number"),
     ("99999999999999999999", "'n_embd' is 99999999999999999999, out of any model's range"),
     ('"big"', "transformers refuses the config: StrictDataclassFieldValidationError"),
+    ("-8", "'n_embd' is -8: a size or count is not negative"),
     ("[64]", "transformers refuses the config"),
 ])
 def test_a_model_config_value_transformers_or_torch_cannot_use_is_bad_input(tmp_path, value, words):
@@ -193,7 +194,7 @@ def test_a_usable_model_config_still_passes(tmp_path):
     from peakmem.scriptgen import find_config
 
     path = tmp_path / "config.json"
-    path.write_text(GPT2 % "64")
+    path.write_text((GPT2 % "64")[:-1] + ', "pad_token_id": -1}')  # a token id may be -1
     assert find_config(str(path))[0]["n_embd"] == 64
 
 

@@ -94,6 +94,11 @@ _LARGEST_SIZE = 2**40
 larger one overflows torch's int64 shapes or the job's memory before any estimate."""
 
 
+_SIZE_KEY = re.compile(r"^(n|num)_|_(size|dim|layers|heads|embeddings|positions)$|^(d_model|n_embd)$")
+"""Config keys that size a tensor or count layers and heads (hidden_size, n_embd, num_layers,
+max_position_embeddings...); token ids and windows may be -1, these may not."""
+
+
 def _check_values(config: dict[str, Any], source: str) -> None:
     """The config as transformers builds it (AutoConfig.for_model, what the generated script
     calls first), and no integer field a tensor shape could not hold; ConfigError, one line,
@@ -105,6 +110,9 @@ def _check_values(config: dict[str, Any], source: str) -> None:
                               f"model's range (at most {_LARGEST_SIZE})")
         if type(value) is float and not math.isfinite(value):
             raise ConfigError(f"--model {source}: {key[:60]!r} is {value}, not a finite number")
+        if type(value) is int and value < 0 and _SIZE_KEY.search(key):
+            raise ConfigError(f"--model {source}: {key[:60]!r} is {value}: a size or count "
+                              "is not negative")
     from transformers import AutoConfig
 
     settings = dict(config)
