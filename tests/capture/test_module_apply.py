@@ -310,3 +310,26 @@ def test_module_to_a_device_tensor_moves_it_to_the_device(a100, stack24):
     assert seen["device"] == JOB_DEVICE
     weights = [size for size, tag in allocations(result.trace) if tag.category == "parameter"]
     assert sorted(weights) == [256 * 4, 256 * 64 * 4]
+
+
+class _Schedule(nn.Module):
+    """A wrapper holding buffers whose own forward never runs (denoising-diffusion's
+    GaussianDiffusion sampled through its inner network's forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(8, 8)
+        self.register_buffer("betas", torch.linspace(0, 1, 1000))
+        self.register_buffer("step", torch.tensor(0))
+
+
+def test_buffers_moved_with_their_module_are_buffers(a100, stack24):
+    def job():
+        model = _Schedule().to("cuda")
+        with torch.no_grad():
+            model.net(torch.randn(2, 8, device="cuda"))  # the wrapper's forward never runs
+
+    result = _run(job, a100, stack24, mode="fake")
+    buffers = [size for size, tag in allocations(result.trace) if tag.category == "buffer"]
+    # both were tagged `input` (host copies) before
+    assert sorted(buffers) == [8, 1000 * 4]

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from peakmem.capture import capture_callable
 from peakmem.cuda_rules.sdpa import SdpaBackend, choose_backend
-from peakmem.profiles import load_gpu
+from peakmem.profiles import load_gpu, load_stack
 from tests.capture.capture_helpers import allocations
 
 
@@ -136,3 +136,71 @@ def test_fp32_backward_allocates_its_workspace_after_delta(stack24):
     assert result.error is None, result.error_text
     workspace = [size for size, _ in allocations(result.trace, op="efficient_attention_backward[workspace]")]
     assert workspace == [2 * 4 * (2 * 1 * (4 + 64 * 64)) * 4]  # M=100, K=64: 64x64 kernel, 2 tiles
+
+
+# -- a mask (or query/key/value) whose last dimension is not contiguous: the math path ------------
+
+def t5_position_bias(heads: int, length: int) -> torch.Tensor:
+    """T5Attention.compute_bias's layout: embedding(buckets) is (q, k, heads), permuted to
+    (1, heads, q, k): the keys' stride is `heads`, the heads' stride 1."""
+    return torch.empty(length, length, heads, device="meta").permute([2, 0, 1]).unsqueeze(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_mask_whose_last_dimension_is_strided_sends_attention_to_math(dtype):
+    q, k, v = (torch.empty(2, 8, 512, 64, dtype=dtype, device="meta") for _ in range(3))
+    bias = t5_position_bias(8, 512).to(dtype)
+    assert bias.stride(-1) == 8
+    assert choose_backend((9, 0), q, k, v, bias) is SdpaBackend.MATH
+    assert choose_backend((9, 0), q, k, v, bias.contiguous()) is SdpaBackend.EFFICIENT
+
+
+def test_query_key_value_with_a_strided_last_dimension_take_no_fused_backend():
+    q = torch.empty(2, 8, 128, 64, dtype=torch.float16, device="meta")
+    strided = torch.empty(2, 8, 64, 128, dtype=torch.float16, device="meta").transpose(-2, -1)
+    assert choose_backend((9, 0), q, q, q, None) is SdpaBackend.FLASH
+    assert choose_backend((9, 0), q, strided, q, None) is SdpaBackend.MATH
+
+
+def t5_attention_job(dtype, contiguous_bias: bool, batch=2, heads=8, length=512, head_dim=64):
+    """One T5 attention call as transformers <= 5.19 makes it (the relative position bias as the
+    mask, learned, no scaling, dropout 0.1), or as 5.20 makes it (the bias made contiguous)."""
+    def job():
+        embedding = torch.nn.Embedding(32, heads).cuda()
+        buckets = torch.randint(0, 32, (length, length), device="cuda")
+        q, k, v = (torch.randn(batch, heads, length, head_dim, device="cuda", requires_grad=True)
+                   for _ in range(3))
+        bias = embedding(buckets).permute([2, 0, 1]).unsqueeze(0)
+        if contiguous_bias:
+            bias = bias.contiguous()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype is torch.bfloat16):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.1, scale=1.0)
+        out.float().sum().backward()
+
+    return job
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_t5_attention_with_its_strided_bias_saves_9_bytes_per_score(dtype):
+    """The worked bytes of one T5 attention call at seq 512 (batch 2, 8 heads) on the H200 with
+    transformers <= 5.19: the math path (bf16 autocast too: it computes in float32) keeps the
+    float32 softmax (4 B per score), the dropout mask (1 B) and the dropout output (4 B) for
+    backward: 9 B x 2 x 8 x 512 x 512 = 36 MiB per call, against none with the bias made
+    contiguous (memory-efficient attention: output and logsumexp only)."""
+    scores = 2 * 8 * 512 * 512
+    gpu, stack = load_gpu("h200"), load_stack("2.11")
+    result = capture_callable(t5_attention_job(dtype, contiguous_bias=False), gpu=gpu, stack=stack)
+    assert result.error is None, result.error_text
+    forward = allocations(result.trace, phase="forward")
+    softmax = [size for size, tag in forward if tag.op == "_safe_softmax.default"]
+    dropout = [size for size, tag in forward if tag.op == "native_dropout.default"]
+    assert softmax == [4 * scores]
+    assert sorted(dropout) == [scores, 4 * scores]  # the bool mask, the float32 output
+    assert sum(softmax + dropout) == 9 * scores == 36 * 2**20
+
+    result = capture_callable(t5_attention_job(dtype, contiguous_bias=True), gpu=gpu, stack=stack)
+    assert result.error is None, result.error_text
+    ops = {tag.op for _, tag in allocations(result.trace, phase="forward")}
+    assert "_scaled_dot_product_efficient_attention.default" in ops
+    bias_copy = 8 * 512 * 512 * 4  # the embedding's output and its contiguous copy, batch-free
+    assert max(size for size, _ in allocations(result.trace, phase="forward")) == bias_copy

@@ -149,6 +149,14 @@ def timm_command(row: BenchRow) -> list[str]:
             "--batch-size", str(row.job["batch_size"])]
 
 
+# The transformers release the device machines' image held when the ground-truth runs were
+# measured (the rows do not record it): 5.17.0 in a session's `pip list` of that image
+# (2026-11; the H100 and H200 leases of 2026-11-26/27 ran the same image), against 5.24 here.
+# The estimate runs the job with the installed release and puts back the older release's
+# behaviours that change allocations (capture/hf_release.py).
+GROUNDTRUTH_TRANSFORMERS_RELEASE: dict[str, str] = {"h100-80gb": "5.17.0", "h200": "5.17.0"}
+
+
 def groundtruth_command(row: BenchRow) -> list[str]:
     """The measured command: `python JOB ARGS` (JOB a repo-relative script) or `python -m MODULE
     ARGS` (JOB spelled `-m MODULE`)."""
@@ -158,6 +166,16 @@ def groundtruth_command(row: BenchRow) -> list[str]:
     path = REPO / job
     _require(path)
     return ["python", str(path), *args]
+
+
+def row_environment(row: BenchRow) -> dict[str, str]:
+    """Environment variables the row's estimate runs its job with: the transformers release the
+    measuring machine ran (`PEAKMEM_TRANSFORMERS_RELEASE`), where it is known."""
+    from peakmem.capture.hf_release import RELEASE_VARIABLE
+
+    release = (GROUNDTRUTH_TRANSFORMERS_RELEASE.get(row.gpu)
+               if row.dataset.startswith("groundtruth") else None)
+    return {RELEASE_VARIABLE: release} if release else {}
 
 
 def row_steps(row: BenchRow) -> int | None:
@@ -291,6 +309,7 @@ class PeakmemEstimator(Estimator):
                         stated_margin=stated_fraction(result, compared))
 
     def run(self, row: BenchRow):  # -> peakmem.estimate.Estimate
+        from peakmem.capture.environment import environment_set
         from peakmem.capture.step_repeat import repeating_steady_steps
         from peakmem.estimate import EstimateError, estimate_capture, estimate_command
         from peakmem.profiles import load_gpu, load_stack
@@ -303,7 +322,7 @@ class PeakmemEstimator(Estimator):
                 options = row_capture_options(row)
                 repeat = repeating_steady_steps() if options.pop("repeat_steady", False) else (
                     nullcontext())
-                with repeat:
+                with repeat, environment_set(row_environment(row)):
                     return estimate_command(argv, gpu=row.gpu, torch_version=row.torch_version,
                                             isolate=False, **options)
         except EstimateError as exc:

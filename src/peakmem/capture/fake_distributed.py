@@ -331,6 +331,35 @@ class FakeGroup(dist.ProcessGroup):
         return None
 
 
+PEER_OBJECT_USERS = {
+    "torch.distributed.pipelining": ("pipeline parallelism across ranks",
+                                     "torch.distributed.pipelining's stages send each other their "
+                                     "inputs' and gradients' shapes"),
+}
+"""Libraries known to receive objects from a peer rank, by module prefix: what the one-line
+message names (what the job needed, how it used the object), instead of the unpickling error
+the job would raise far from its cause."""
+
+
+def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
+                     device: Any = None, group_src: int | None = None,
+                     use_batch: bool = False) -> Any:
+    """`dist.recv_object_list` under the fake group: an object another rank sends cannot be
+    made up (its size, then its pickled bytes, would arrive from nowhere: the job unpickled the
+    receive buffer's zeros). The capture stops with one line naming what needed it."""
+    import sys
+
+    from peakmem.capture.unsupported import Unsupported
+
+    peer = src if src is not None else group_src
+    caller = sys._getframe(1).f_globals.get("__name__", "")
+    what, how = next((named for prefix, named in PEER_OBJECT_USERS.items()
+                      if caller == prefix or caller.startswith(prefix + ".")),
+                     ("receiving a Python object from another rank", "the job receives one"))
+    raise Unsupported(f"{what} ({how} with dist.recv_object_list, from rank {peer} here; "
+                      "under the fake process group no other rank runs to send it)")
+
+
 def _create(common: Any, options: Any = None) -> FakeGroup:
     """c10d's extended creator: `common` holds the group's rank and size."""
     return FakeGroup(common.group_rank, common.group_size, _STATE.backend_name)
@@ -543,6 +572,8 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         # build): the fake runtime's GPU
         (torch._C, "_get_accelerator"): lambda check=False: torch.device("cuda"),
         (dist, "is_nccl_available"): lambda: True,
+        (c10d, "recv_object_list"): recv_object_list,
+        (dist, "recv_object_list"): recv_object_list,
     }
     from torch.distributed import device_mesh
 

@@ -150,10 +150,12 @@ from peakmem.capture import bitsandbytes_model as _bitsandbytes_model  # noqa: E
 from peakmem.capture import deepspeed_ops as _deepspeed_ops  # noqa: E402,F401
 from peakmem.capture import dtensor_state as _dtensor_state  # noqa: E402,F401
 from peakmem.capture import fake_nvml as _fake_nvml  # noqa: E402,F401
+from peakmem.capture import fastai_optimizers as _fastai_optimizers  # noqa: E402,F401
 from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  (registers them)
 from peakmem.capture import frozen_weights as _frozen_weights  # noqa: E402,F401
 from peakmem.capture import hf_generation as _hf_generation  # noqa: E402,F401
 from peakmem.capture import hf_masks as _hf_masks  # noqa: E402,F401
+from peakmem.capture import hf_release as _hf_release  # noqa: E402,F401
 from peakmem.capture import keras_optimizers as _keras_optimizers  # noqa: E402,F401
 from peakmem.capture import lightning_fsdp_reload as _lightning_fsdp_reload  # noqa: E402,F401
 from peakmem.capture import lightning_launch as _lightning_launch  # noqa: E402,F401

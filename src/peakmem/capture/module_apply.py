@@ -237,3 +237,30 @@ def module_to_device_ordinal() -> Iterator[None]:
 
     with patched(torch._C._nn, "_parse_to", parse_to):
         yield
+
+
+@register_library_patch("moved_module_buffers")
+@contextmanager
+def moved_module_buffers() -> Iterator[None]:
+    """A module's buffers moved to the device with it (`module.to(device)`, `.cuda()`: `_apply`
+    replaces each, `self._buffers[key] = fn(buf)`, in every submodule) are tagged `buffer` from
+    then on, as the host copy's blocks were tagged `input`. Before, they became buffers only
+    when a forward of their root module ran, so a module whose own forward never runs kept them
+    as `input`: ema-pytorch's EMA copy of a denoising-diffusion GaussianDiffusion (sampling runs
+    only its Unet's forward; the diffusion schedule's buffers are the wrapper's), and the EMA
+    wrapper's own `initted` / `step`."""
+    from peakmem.capture.running_session import session_on_mode_stack
+
+    original = torch.nn.Module._apply
+
+    def _apply(self: torch.nn.Module, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, fn, *args, **kwargs)
+        session = session_on_mode_stack()
+        if session is not None:
+            for buffer in self._buffers.values():
+                if isinstance(buffer, Tensor):
+                    session.classify(buffer, Category.BUFFER.value, only_from=_MOVED)
+        return result
+
+    with patched(torch.nn.Module, "_apply", _apply):
+        yield

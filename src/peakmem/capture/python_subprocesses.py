@@ -21,6 +21,31 @@ from peakmem.capture.session import CaptureSession
 
 _REAL_INIT = subprocess.Popen.__init__
 
+HOST_HELPERS: dict[str, str] = {
+    "cpuinfo/cpuinfo.py": "py-cpuinfo's CPU probe (`cpuinfo.py --json`), which DeepSpeed's CPU "
+                          "Adam and accelerator detection start: it reads the CPU's flags",
+}
+"""Python scripts libraries start for host facts only (no torch, no GPU), by the end of their
+path: no note and no failure hint for them (the note would tell the user to estimate a CPU
+probe)."""
+
+
+def host_helper(args: Any) -> str | None:
+    """What a Popen command that runs one of HOST_HELPERS' scripts is, or None."""
+    if isinstance(args, (str, bytes, os.PathLike)) or not isinstance(args, list | tuple):
+        words = [args]
+    else:
+        words = list(args)
+    for word in words:
+        try:
+            path = Path(os.fsdecode(word)).as_posix()
+        except (TypeError, ValueError):
+            continue
+        for suffix, what in HOST_HELPERS.items():
+            if path == suffix or path.endswith("/" + suffix):
+                return what
+    return None
+
 
 def python_command(args: Any, shell: bool = False) -> str | None:
     """`python train.py ...` / `torchrun ...` for a Popen command that starts a Python job, or
@@ -52,7 +77,7 @@ def python_command(args: Any, shell: bool = False) -> str | None:
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     def popen_init(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
         command = python_command(args, bool(kwargs.get("shell", False)))
-        if command is not None:
+        if command is not None and host_helper(args) is None:
             _record(session, command)
         _REAL_INIT(self, args, *rest, **kwargs)
 

@@ -16,6 +16,7 @@ from peakmem.capture.capture_modes import capture_modes
 from peakmem.capture.compiled_code import precompiled_code_runs_eagerly
 from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
 from peakmem.capture.fake_cuda import fake_cuda_runtime
+from peakmem.capture.interpreter_state import interpreter_state_restored
 from peakmem.capture.library_patches import library_patches
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
@@ -199,6 +200,7 @@ def _run_captured(
                 if executor is not None:  # inside the recorder: it sees the meta outputs
                     modes.enter_context(executor)
                 modes.enter_context(AllocationRecorder(session))
+                modes.enter_context(interpreter_state_restored())  # exits first
                 phases.run(job)
         except StopJob:
             pass

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from peakmem.cli.contract import BadInput, ContractCommand
+from peakmem.inputs import one_line
 
 
 @click.command("batch", cls=ContractCommand)
@@ -90,20 +91,25 @@ def batch(jobs: str, output: str | None, ray_address: str | None, workers: int |
     task = progress.add_task("batch", total=None, failed=0)
     failed = 0
 
+    def on_start(total: int) -> None:  # the jobs file was read: a bad one prints no bar
+        progress.update(task, total=total)
+        progress.start()
+
     def on_result(line: dict) -> None:
         nonlocal failed
         failed += line["status"] != "done"
         progress.update(task, advance=1, failed=failed)
 
-    with progress:
-        try:
-            summary = run_batch(
-                jobs_path, output_path, settings, ray_address=ray_address, workers=workers,
-                in_process=in_process, retry_failed=retry_failed,
-                on_start=lambda n: progress.update(task, total=n), on_result=on_result,
-            )
-        except BatchInputError as exc:
-            raise BadInput(str(exc)) from None
+    try:
+        summary = run_batch(
+            jobs_path, output_path, settings, ray_address=ray_address, workers=workers,
+            in_process=in_process, retry_failed=retry_failed,
+            on_start=on_start, on_result=on_result,
+        )
+    except BatchInputError as exc:
+        raise BadInput(str(exc)) from None
+    finally:
+        progress.stop()
     if as_json:
         click.echo(json.dumps({"total": summary.total, "skipped": summary.skipped,
                                "done": summary.done, "failed": summary.failed,
@@ -111,5 +117,5 @@ def batch(jobs: str, output: str | None, ray_address: str | None, workers: int |
     else:
         console.print(f"{summary.done} done, {summary.failed} failed, {summary.skipped} already "
                       f"finished, in {summary.seconds:.1f} s; results in {output_path}")
-        for line in summary.failures[:10]:
-            console.print(f"  failed {line}")
+        for line in summary.failures[:10]:  # an id and a message the job file chose: plain
+            console.print(f"  failed {one_line(line)}", markup=False, highlight=False)

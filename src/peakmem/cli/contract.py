@@ -91,9 +91,10 @@ def _internal_message(exc: BaseException) -> tuple[str, str]:
     return text, "".join(traceback.format_exception(exc))
 
 
-class ContractCommand(click.Command):
-    """A click command whose every failure follows the contract (exit 2 / 70, one line, one
-    JSON object with `--json`)."""
+class ContractUsage(click.Command):
+    """A click command whose bad command line follows the contract (exit 2, one `peakmem:
+    error:` line, one JSON object with `--json`), for commands with exit statuses of their own
+    once running (`measure`, `warm`); click's own usage error is three lines."""
 
     def make_context(
         self,
@@ -109,6 +110,11 @@ class ContractCommand(click.Command):
             raise
         except click.ClickException as exc:
             report_error("bad_input", exc.format_message(), EXIT_BAD_INPUT, as_json)
+
+
+class ContractCommand(ContractUsage):
+    """A click command whose every failure follows the contract (exit 2 / 70, one line, one
+    JSON object with `--json`)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.params.get("as_json"))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from peakmem.cli.contract import ContractUsage
 from peakmem.jobs.runner import JobSpec, JobSpecError
 from peakmem.measure.probe import DeviceProbe
 from peakmem.measure.result import MeasureResult, MeasureStatus
@@ -26,6 +27,7 @@ def make_probe(index: int) -> DeviceProbe:
 
 @click.command(
     "measure",
+    cls=ContractUsage,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.option(

@@ -103,12 +103,9 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
             raise BadInput(f"--store: {store_dir} is not writable")
     token = os.environ.get("PEAKMEM_SERVICE_TOKEN") or None
     if token_file:
-        try:
-            token = open(token_file, encoding="utf-8").read().strip()  # noqa: SIM115
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BadInput(f"--token-file: cannot read {token_file}: {exc}") from None
-        if not token:
-            raise BadInput(f"--token-file: {token_file} is empty")
+        token = _read_token(token_file)
+    if tls_cert is not None and tls_key is not None:
+        _check_tls(tls_cert, tls_key)
     config = ServiceConfig(
         token=token, job_nice=job_nice,
         store_dir=os.path.abspath(store_dir) if store_dir else None,
@@ -136,6 +133,47 @@ def serve(host: str, port: int, workers: int, max_queue: int, max_seconds: float
     _check_listen(host, port)
     app = create_app(config, estimator=run_estimate, configmaps=reader)
     uvicorn.run(app, host=host, port=port, **options)
+
+
+_SMALL_FILE_BYTES = 1 << 20
+"""A token, certificate or key file is at most this large (a real one is a few KiB)."""
+
+
+def _read_token(token_file: str) -> str:
+    """The bearer token in `token_file`: a regular UTF-8 file under 1 MiB, opened without
+    blocking (a FIFO or /dev/zero given as --token-file hung the server before it started)."""
+    from peakmem.cli.contract import BadInput
+    from peakmem.inputs import InputError, open_regular_file, read_capped
+
+    try:
+        with open_regular_file(token_file, _SMALL_FILE_BYTES) as handle:
+            token = read_capped(handle, _SMALL_FILE_BYTES, token_file).decode("utf-8").strip()
+    except InputError as exc:
+        raise BadInput(f"--token-file: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"--token-file: cannot read {token_file}: {exc}") from None
+    if not token:
+        raise BadInput(f"--token-file: {token_file} is empty")
+    return token
+
+
+def _check_tls(cert: str, key: str) -> None:
+    """--tls-cert / --tls-key are regular files holding a certificate and its key, checked
+    before uvicorn loads them (a file that is not PEM was exit 70, an SSLError traceback)."""
+    import ssl
+
+    from peakmem.cli.contract import BadInput
+    from peakmem.inputs import InputError, open_regular_file
+
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            open_regular_file(path, _SMALL_FILE_BYTES).close()
+        except InputError as exc:
+            raise BadInput(f"{flag}: {exc}") from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise BadInput(f"--tls-cert / --tls-key: not a usable certificate and key ({exc})") from None
 
 
 def _serve_processes(make_app: Any, host: str, port: int, processes: int,

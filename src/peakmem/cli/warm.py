@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from peakmem.cli.contract import EXIT_BAD_INPUT, ContractUsage, report_error
+
 
 def _echo(info: dict[str, Any], as_json: bool, headline: str) -> None:
     if as_json:
@@ -29,7 +31,7 @@ def _echo(info: dict[str, Any], as_json: bool, headline: str) -> None:
         click.echo(f"  could not preload {error}", err=True)
 
 
-@click.command("warm")
+@click.command("warm", cls=ContractUsage)
 @click.option("--preload", "preload", multiple=True, metavar="MODULE",
               help="A module to import in the warm process (repeatable), e.g. "
                    "transformers.models.gpt2.modeling_gpt2 for GPT-2 jobs.")
@@ -52,13 +54,15 @@ def warm(preload: tuple[str, ...], idle: float | None, stop: bool, status: bool,
     from peakmem.jobs.zygote_server import DEFAULT_IDLE_SECONDS
 
     if stop and status:
-        raise click.UsageError("give --stop or --status, not both")
+        report_error("bad_input", "give --stop or --status, not both", EXIT_BAD_INPUT, as_json)
     if (stop or status) and (preload or idle is not None):
-        raise click.UsageError("--preload and --idle apply when starting")
+        report_error("bad_input", "--preload and --idle apply when starting", EXIT_BAD_INPUT,
+                     as_json)
     try:
         zygote_client.runtime_dir()
-    except OSError as exc:
-        raise click.ClickException(f"no private runtime directory: {exc}") from None
+    except OSError as exc:  # PEAKMEM_RUNTIME_DIR names a file, a device, a loop: bad input,
+        # not `--status`'s exit 1 (no warm process)
+        report_error("bad_input", f"no private runtime directory: {exc}", EXIT_BAD_INPUT, as_json)
     current = zygote_client.status()
     if status:
         _echo(current or {"running": False}, as_json,

@@ -102,7 +102,10 @@ _LOWER_PRECISION_COMPOSITES = [
     "einsum",
     "bilinear",
 ]
-_FP32_COMPOSITES = ["layer_norm", "group_norm", "cross_entropy_loss", "nll_loss"]
+# CUDA's fp32 list has no `cross_entropy_loss` (only the CPU's has): the composite runs as
+# called, its `log_softmax(x, 1, x.scalar_type())` keeps the input's dtype (an explicit dtype:
+# fp32_set_opt_dtype leaves it) and `nll_loss` casts the log-probabilities to float32.
+_FP32_COMPOSITES = ["layer_norm", "group_norm", "nll_loss"]
 _FP32_OPTIONAL_DTYPE = ["softmax.int", "log_softmax.int"]
 
 

@@ -30,8 +30,22 @@ class SdpaBackend(StrEnum):
     MATH = "math"
 
 
+def _last_dims_unit_stride(q, k, v, attn_mask, ignore_singleton_dim: bool) -> bool:
+    """sdp_utils_cpp.h `check_last_dim_stride_equals_1_dense`: every fused CUDA backend needs
+    stride 1 in the last dimension of query, key, value and (on the GPU, not the CPU) of the
+    mask; flash lets a head dim of 1 pass. Otherwise CUDA runs the math path. (A relative
+    position bias permuted from (q, k, heads), e.g. T5's `compute_bias`, has the heads' stride
+    there: transformers <= 5.17 passed it to SDPA as is.)"""
+    qkv_ok = q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+    if ignore_singleton_dim:
+        qkv_ok = qkv_ok or q.shape[-1] == 1
+    return qkv_ok and (attn_mask is None or attn_mask.stride(-1) == 1)
+
+
 def _flash_ok(capability: tuple[int, int], q, k, v, attn_mask, is_causal=False) -> bool:
     if not torch.backends.cuda.flash_sdp_enabled() or attn_mask is not None:
+        return False
+    if not _last_dims_unit_stride(q, k, v, None, ignore_singleton_dim=True):
         return False
     if capability < (8, 0) or q.dtype not in (torch.float16, torch.bfloat16):
         return False
@@ -53,6 +67,8 @@ def _efficient_ok(capability: tuple[int, int], q, k, v, attn_mask) -> bool:
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
     if q.dtype == torch.bfloat16 and capability < (8, 0):
+        return False
+    if not _last_dims_unit_stride(q, k, v, attn_mask, ignore_singleton_dim=False):
         return False
     alignment = 4 if q.dtype == torch.float32 else 8  # 16-byte aligned head dims
     same_heads = q.shape[-3] == k.shape[-3] == v.shape[-3]

@@ -547,13 +547,26 @@ def parse_alloc_conf(alloc_conf: str, torch_version: str) -> Any:
         raise EstimateError(f"bad allocator configuration {alloc_conf!r}: {exc}", exit_code=2) from None
 
 
-def _resolve(gpu: str | GpuProfile, torch_version: str | None, alloc_conf: str | None):
+def _resolve(gpu: str | GpuProfile, torch_version: str | None, alloc_conf: str | None,
+             job_env: dict[str, str] | None = None):
     gpu_profile = gpu if isinstance(gpu, GpuProfile) else load_gpu(gpu)
     version = torch_version or _installed_torch_version()
     conf = alloc_conf if alloc_conf is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     stack = load_stack(version)  # refuses a torch version without allocator rules, by name
     parse_alloc_conf(conf, version)  # reject a bad configuration before running the job
+    _check_cublas_workspace_config({**os.environ, **(job_env or {})})
     return gpu_profile, stack, version, conf
+
+
+def _check_cublas_workspace_config(environ: dict[str, str]) -> None:
+    """The job's CUBLAS_WORKSPACE_CONFIG as torch reads it; EstimateError (bad input) where
+    torch's first cuBLAS call would fail on it (was: an OverflowError inside the job)."""
+    from peakmem.cuda_rules.blas import WorkspaceConfigError, workspace_config_bytes
+
+    try:
+        workspace_config_bytes(environ.get("CUBLAS_WORKSPACE_CONFIG") or "")
+    except WorkspaceConfigError as exc:
+        raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None
 
 
 def _finish(capture: CaptureResult, **kwargs: Any) -> Estimate:
@@ -664,7 +677,7 @@ def estimate_command(
     prefix_env: dict[str, str] = dict(launch.env) if launch is not None else {}
     if alloc_conf is None and "PYTORCH_CUDA_ALLOC_CONF" in prefix_env:  # `env PYTORCH_...=x`
         alloc_conf = prefix_env["PYTORCH_CUDA_ALLOC_CONF"]
-    gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
+    gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf, prefix_env)
     launch_notes: tuple[str, ...] = ()
     launch_env: dict[str, str] = {}
     if launch is not None and not launch.distributed:  # one process (`tune run` on one

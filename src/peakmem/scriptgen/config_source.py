@@ -6,6 +6,7 @@ model type transformers knows (no `trust_remote_code`)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -85,3 +86,46 @@ def check_config(config: Any, source: str) -> None:
         raise ConfigError(
             f"--model {source}: model_type {model_type[:60]!r} is not one transformers knows "
             "(models that need trust_remote_code are not built)")
+    _check_values(config, source)
+
+
+_LARGEST_SIZE = 2**40
+"""No config field that sizes a tensor (hidden_size, vocab_size, n_layer...) is near this: a
+larger one overflows torch's int64 shapes or the job's memory before any estimate."""
+
+
+_SIZE_KEY = re.compile(r"^(n|num)_|_(size|dim|layers|heads|embeddings|positions)$|^(d_model|n_embd)$")
+"""Config keys that size a tensor or count layers and heads (hidden_size, n_embd, num_layers,
+max_position_embeddings...); token ids and windows may be -1, these may not."""
+
+
+def _check_values(config: dict[str, Any], source: str) -> None:
+    """The config as transformers builds it (AutoConfig.for_model, what the generated script
+    calls first), and no integer field a tensor shape could not hold; ConfigError, one line,
+    otherwise. Before, `"n_embd": NaN`, `"n_embd": "big"` or `"n_embd": 10**20` failed inside
+    the job, as a job failure with a 30-line traceback."""
+    for key, value in config.items():
+        if type(value) is int and not -_LARGEST_SIZE <= value <= _LARGEST_SIZE:
+            raise ConfigError(f"--model {source}: {key[:60]!r} is {_shown(value)}, out of any "
+                              f"model's range (at most {_LARGEST_SIZE})")
+        if type(value) is float and not math.isfinite(value):
+            raise ConfigError(f"--model {source}: {key[:60]!r} is {value}, not a finite number")
+        if type(value) is int and value < 0 and _SIZE_KEY.search(key):
+            raise ConfigError(f"--model {source}: {key[:60]!r} is {value}: a size or count "
+                              "is not negative")
+    from transformers import AutoConfig
+
+    settings = dict(config)
+    try:
+        AutoConfig.for_model(settings.pop("model_type"), **settings)
+    except ImportError:  # this process cannot import the model's module (a CPU-only torch
+        return  # without torchvision's ops, which the job's process declares): the job checks
+    except Exception as exc:  # noqa: BLE001 - transformers' validation errors have no common base
+        message = " ".join(str(exc).split())[:300]
+        raise ConfigError(f"--model {source}: transformers refuses the config: "
+                          f"{type(exc).__name__}: {message}") from None
+
+
+def _shown(value: int) -> str:
+    text = str(value) if value.bit_length() < 200 else f"a {value.bit_length()}-bit integer"
+    return text[:60]

@@ -114,6 +114,8 @@ def _parse_command(text: str) -> list[str]:
         words = json.loads(text) if text.startswith("[") else shlex.split(text)
     except ValueError as exc:
         raise AdmissionError(f"{PREFIX}command cannot be parsed: {exc}") from None
+    except RecursionError:
+        raise AdmissionError(f"{PREFIX}command cannot be parsed: JSON nested too deeply") from None
     if not words or not all(isinstance(word, str) for word in words):
         raise AdmissionError(f"{PREFIX}command must be a non-empty list of strings")
     return words
@@ -126,6 +128,8 @@ def _parse_options(text: str | None) -> dict[str, Any]:
         options = json.loads(text)
     except ValueError as exc:
         raise AdmissionError(f"{PREFIX}options is not JSON: {exc}") from None
+    except RecursionError:
+        raise AdmissionError(f"{PREFIX}options is not JSON: nested too deeply") from None
     if not isinstance(options, dict) or set(options) - set(OPTION_NAMES):
         raise AdmissionError(f"{PREFIX}options must be an object with keys among "
                              f"{', '.join(OPTION_NAMES)}")
@@ -138,11 +142,18 @@ def _escape(key: str) -> str:
 
 def build_patch(pod: Mapping[str, Any], container_index: int, request: Any,
                 extra_annotations: Mapping[str, str]) -> list[dict[str, Any]]:
-    """RFC 6902 operations adding `request` (a ContainerRequest) to the pod."""
+    """RFC 6902 operations adding `request` (a ContainerRequest) to the pod; AdmissionError
+    where a field the patch extends is not an object (`resources: []`) or list (`env: {}`)."""
     ops: list[dict[str, Any]] = []
     container = ((pod.get("spec") or {}).get("containers") or [])[container_index]
     base = f"/spec/containers/{container_index}"
     resources = container.get("resources")
+    _check_patchable(resources, dict, "resources")
+    for part in ("limits", "requests"):
+        _check_patchable((resources or {}).get(part), dict, f"resources.{part}")
+    _check_patchable(container.get("env"), list, "env")
+    _check_patchable((pod.get("metadata") or {}).get("annotations"), dict, "metadata.annotations")
+    _check_patchable((pod.get("spec") or {}).get("nodeSelector"), dict, "spec.nodeSelector")
     if resources is None:
         ops.append({"op": "add", "path": f"{base}/resources", "value": {}})
         resources = {}
@@ -177,6 +188,12 @@ def build_patch(pod: Mapping[str, Any], container_index: int, request: Any,
             ops += [{"op": "add", "path": f"/spec/nodeSelector/{_escape(k)}", "value": v}
                     for k, v in request.node_selector.items()]
     return ops
+
+
+def _check_patchable(value: Any, kind: type, where: str) -> None:
+    if value is not None and not isinstance(value, kind):
+        raise AdmissionError(f"the pod's {where} is a {type(value).__name__}, not "
+                             f"{'an object' if kind is dict else 'a list'}: it cannot be patched")
 
 
 def review(uid: str, allowed: bool, *, patch: list[dict[str, Any]] | None = None,

@@ -24,9 +24,9 @@ async def admit(request: dict[str, Any], policy: AdmissionConfig, queue: JobQueu
     pod = request.get("object")
     if not isinstance(pod, dict) or request.get("operation", "CREATE") != "CREATE":
         return review(uid, True)  # a running pod's resources cannot change
-    if (request.get("kind") or {}).get("kind", "Pod") != "Pod":
+    if _mapping(request.get("kind")).get("kind", "Pod") != "Pod":
         return review(uid, True)
-    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default"
+    namespace = request.get("namespace") or _mapping(pod.get("metadata")).get("namespace") or "default"
 
     def give_up(message: str) -> dict[str, Any]:
         if policy.failure_policy == "closed":
@@ -66,5 +66,14 @@ async def admit(request: dict[str, Any], policy: AdmissionConfig, queue: JobQueu
         return give_up(f"cannot emit the {policy.fmt} request: {type(exc).__name__}: {exc}")
     extra = {"peakmem.io/estimate-id": record.id,
              "peakmem.io/peak-bytes": str(record.result.get("peak_bytes"))}
-    patch = build_patch(pod, found.container_index, emitted, extra)
+    try:
+        patch = build_patch(pod, found.container_index, emitted, extra)
+    except AdmissionError as exc:
+        return give_up(str(exc))
     return review(uid, True, patch=patch)
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """`value` where it is a JSON object, else an empty one (a review's optional objects may
+    come as any JSON value: `"kind": "Pod"` instead of `{"kind": "Pod", ...}`)."""
+    return value if isinstance(value, dict) else {}

@@ -82,14 +82,15 @@ so step 5 (the next epoch's first batch) is a full steady step for any epoch len
 def capture_step(row: BenchRow) -> dict[str, Any] | str:
     """The row's steady-state step record, or a one-line reason it has none."""
     from peakmem.baselines.base import CannotEstimate
-    from peakmem.baselines.peakmem_estimator import job_command
+    from peakmem.baselines.peakmem_estimator import job_command, row_environment
+    from peakmem.capture.environment import environment_set
     from peakmem.estimate import EstimateError, estimate_command
     from peakmem.utilization.kernel_families import META_KEY
 
     sink = io.StringIO()
     try:
         argv = job_command(row)
-        with redirect_stdout(sink), redirect_stderr(sink):
+        with redirect_stdout(sink), redirect_stderr(sink), environment_set(row_environment(row)):
             estimate = estimate_command(argv, gpu=row.gpu, torch_version=row.torch_version,
                                         steps=CAPTURE_STEPS, isolate=False)
         capture = estimate.capture
