@@ -146,7 +146,15 @@ scalars = st.one_of(st.floats(-3, 3, allow_nan=False), st.integers(-3, 3), st.bo
 list_scalars = st.integers(0, 30).flatmap(
     lambda pick: scalars if pick == 15 else st.floats(-3, 3, allow_nan=False))
 positive = st.floats(0.01, 3)
-SETTINGS = settings(max_examples=120, deadline=None, derandomize=True,
+EXAMPLES = 120
+"""Examples per op (derandomized: the same ones every run) where a rule's case is drawn rarely."""
+FEWER_EXAMPLES = 60
+"""Examples per op of test_every_answer_is_the_meta_kernels where they meet the rule's case at
+least 20 times, twice the 10 it asserts (the ops not in FEW_ANSWERS). The file was among the
+suite's largest (~600 s of test time at 120 each); a rule's layout broken on purpose still
+fails the test (docs/DEVELOPMENT.md, "The test suite's time"). The strided-input test keeps 120:
+at 60 several ops' rules answer strided calls only twice, under the 3 it asserts."""
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
@@ -695,11 +703,22 @@ def builder(func):
 OPS = sorted(FAST_LAYOUTS, key=str)
 
 
+FEW_ANSWERS = frozenset(op for op in OPS if str(op).startswith("aten._foreach_")) | {
+    aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default,
+    aten._log_softmax_backward_data.default, aten.native_layer_norm_backward.default,
+    aten.native_batch_norm.default, aten.native_batch_norm_backward.default,
+    aten.convolution.default, aten.convolution_backward.default, aten.elu_backward.default,
+    aten.mm.default, aten.addmm.default, aten.add.Scalar, aten.sub.Scalar, aten.mean.dim,
+    aten.sum.dim_IntList, aten._prelu_kernel.default, aten._prelu_kernel_backward.default,
+    aten.clone.default, aten.nll_loss_backward.default}
+"""Ops whose rule answered fewer than 20 of FEWER_EXAMPLES examples: they keep EXAMPLES."""
+
+
 @pytest.mark.parametrize("func", OPS, ids=str)
 def test_every_answer_is_the_meta_kernels(func):
     answered = []
 
-    @SETTINGS
+    @settings(SETTINGS, max_examples=EXAMPLES if func in FEW_ANSWERS else FEWER_EXAMPLES)
     @given(st.data())
     def run(data):
         args, kwargs = data.draw(builder(func))
