@@ -219,3 +219,12 @@ def test_torch_1_10_parses_only_max_split_size_mb():
         AllocatorRules.for_version("1.9")
     assert load_stack("1.10.1").name == "torch-1.10"
     assert load_stack("1.10.1").module_loading({}) == "eager"  # CUDA 10.2 wheels
+
+
+@pytest.mark.parametrize("key", ["max_split_size_mb", "max_non_split_rounding_mb"])
+def test_a_size_past_64_bits_is_rejected_as_torchs_parser_rejects_it(key):
+    with pytest.raises(AllocatorConfigError, match="out of range"):
+        AllocatorConfig.parse(f"{key}:{2**64}")
+    # the largest value the parser reads is clamped, not refused
+    config = AllocatorConfig.parse(f"{key}:{2**64 - 1}")
+    assert config.max_split_size > 0

@@ -187,11 +187,22 @@ def _consume(tokens: list[str], i: int, expected: str, key: str) -> int:
     return i + 1
 
 
+_PARSED_INT_MAX = 2**64 - 1
+"""The largest integer PyTorch's option parser reads (std::stoi / std::stoull throw
+std::out_of_range above their type's range: no version reads more than an unsigned 64-bit)."""
+
+
 def _parse_int(tokens: list[str], i: int, key: str) -> int:
     try:
-        return int(tokens[i])
+        value = int(tokens[i])
     except (ValueError, IndexError):
         raise AllocatorConfigError(f"expected an integer for {key}") from None
+    if abs(value) > _PARSED_INT_MAX:
+        raise AllocatorConfigError(
+            f"{key}: {tokens[i][:40]} is out of range (PyTorch reads it as a C++ integer of at "
+            "most 64 bits and fails: std::out_of_range)"
+        )
+    return value
 
 
 def _parse_bool(tokens: list[str], i: int, key: str) -> bool:
