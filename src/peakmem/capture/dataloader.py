@@ -19,13 +19,21 @@ Every iteration of a `torch.utils.data.DataLoader` goes through `LoaderEpochs`:
 - worker processes: a loader with `num_workers > 0` loads its batches in the main process
   (GPU memory does not depend on where the host loads data, and only a main-process sampler can
   skip batches).
+
+Other loader classes (fastai's `DataLoader`: capture.fastai_dataloader) take part through
+`LoaderEpochs.adopt` (how the capture reads their length and whether they are map-style) and
+`LoaderEpochs.begin_epoch` / `shortened_length`, called from their own patched `__iter__` and
+`__len__`; their epoch iterator offers what the skipping reads of torch's: `_sampler_iter` (one
+`next()` skips one batch's indices) and `_num_yielded`, and may offer `end_epoch()` (called once
+when the epoch ends, early or not).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +43,29 @@ from peakmem.capture.accumulation import MAX_WAIT_BATCHES, STEADY_STEPS, window_
 from peakmem.capture.session import CaptureSession
 
 STEADY_BATCHES = 3
+
+
+@dataclass(frozen=True)
+class LoaderKind:
+    """How the capture reads one class of data loader."""
+
+    length: Callable[[Any], int]
+    """The class's own `__len__` (raising TypeError: the loader has no length)."""
+    map_style: Callable[[Any], bool]
+    """Whether the loader draws its batches from dataset indices (an epoch can skip batches)."""
+    workers: Callable[[Any], int]
+    """The worker processes the job asked the loader for."""
+
+
+def _torch_map_style(loader: Any) -> bool:
+    from torch.utils.data.dataloader import _DatasetKind
+
+    return getattr(loader, "_dataset_kind", None) == _DatasetKind.Map
+
+
+def _torch_workers(loader: Any) -> int:
+    workers = getattr(loader, "num_workers", 0)
+    return workers if isinstance(workers, int) else 0
 
 
 def _shapes(batch: Any) -> tuple:
@@ -51,11 +82,9 @@ class LoaderIteration:
         self._iterator = iterator
         self.loader = loader
         self.length = loaders.true_length(loader)
-        from torch.utils.data.dataloader import _DatasetKind
-
         self.can_skip = (
             self.length is not None
-            and getattr(loader, "_dataset_kind", None) == _DatasetKind.Map
+            and loaders.kind_of(loader).map_style(loader)
             and hasattr(iterator, "_sampler_iter")
         )
         self.window = loaders.window_of(loader)
@@ -168,14 +197,16 @@ class LoaderIteration:
 
     def _finish(self) -> None:
         self.finished = True
+        end_epoch = getattr(self._iterator, "end_epoch", None)
+        if callable(end_epoch):
+            end_epoch()
         self._loaders.finished(self)
         raise StopIteration
 
 
-def _note_loader(session: CaptureSession, loader: Any) -> None:
+def _note_loader(session: CaptureSession, loader: Any, workers: int) -> None:
     """The job's DataLoader workers and pinning, for the utilization model (trace metadata)."""
     meta = session.trace.meta
-    workers = getattr(loader, "num_workers", 0)
     if isinstance(workers, int) and workers > meta.get("loader_workers", 0):
         meta["loader_workers"] = workers
     if getattr(loader, "pin_memory", False) is True:
@@ -208,6 +239,9 @@ class LoaderEpochs:
         """The accumulation window seen: batches between two steps in one epoch."""
         self.first_epoch_steps: int | None = None
         """Steps fed by the first training epoch that waited for its steps, when it finished."""
+        self.active = False
+        """Inside `patched()`: epochs are tracked (and shortened when `shorten`)."""
+        self._kinds: dict[type, LoaderKind] = {}
 
     # -- read by the phase tracker -------------------------------------------------------------
     def step_taken(self) -> LoaderIteration | None:
@@ -314,7 +348,32 @@ class LoaderEpochs:
             return 0
         return iteration.yielded + (0 if iteration._short_done else 1)
 
+    # -- loader classes --------------------------------------------------------------------------
+    def adopt(self, loader_class: type, kind: LoaderKind) -> None:
+        """Read loaders of `loader_class` (and its subclasses) as `kind` says."""
+        self._kinds[loader_class] = kind
+
+    def kind_of(self, loader: Any) -> LoaderKind:
+        for cls in type(loader).__mro__:
+            kind = self._kinds.get(cls)
+            if kind is not None:
+                return kind
+        return self._kinds[torch.utils.data.DataLoader]
+
     # -- the patch -----------------------------------------------------------------------------
+    def note_main_process(self, workers: int) -> None:
+        """A loader with worker processes loads its batches in the main process (noted once)."""
+        if not self._workers_noted:
+            self._workers_noted = True
+            self.session.notes.append(
+                f"a DataLoader with num_workers={workers} loaded its batches in the main process "
+                "during the capture (GPU memory does not depend on it)"
+            )
+
+    def note_loader(self, loader: Any, workers: int) -> None:
+        """The loader's workers and pinning, for the utilization model."""
+        _note_loader(self.session, loader, workers)
+
     def _main_process_iterator(self, loader: Any) -> Any:
         """A single-process iterator for a loader with worker processes."""
         from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
@@ -327,30 +386,47 @@ class LoaderEpochs:
         finally:
             object.__setattr__(loader, "num_workers", workers)
             object.__setattr__(loader, "timeout", timeout)
-        if not self._workers_noted:
-            self._workers_noted = True
-            self.session.notes.append(
-                f"a DataLoader with num_workers={workers} loaded its batches in the main process "
-                "during the capture (GPU memory does not depend on it)"
-            )
+        self.note_main_process(workers)
         return iterator
 
     def true_length(self, loader: Any) -> int | None:
         """The loader's length as torch computes it (None: an IterableDataset without one)."""
         try:
-            return self._original_len(loader)
+            return self.kind_of(loader).length(loader)
         except TypeError:
             return None
 
     def _shortens(self, loader: Any, length: int | None, window: int | None) -> bool:
-        from torch.utils.data.dataloader import _DatasetKind
-
         return (
             self.shorten
             and length is not None
             and length > self.steady_batches(window) + 1
-            and getattr(loader, "_dataset_kind", None) == _DatasetKind.Map
+            and self.kind_of(loader).map_style(loader)
         )
+
+    def shortened_length(self, loader: Any, value: int) -> int:
+        """`len(loader)` during the capture: its true length `value`, or the shortened epoch's."""
+        if not self.shorten or value <= STEADY_BATCHES + 1:
+            return value
+        window = self.window_of(loader)
+        if not self._shortens(loader, value, window):
+            return value
+        return max(self.steady_batches(window) + 1, self._waited_length(loader))
+
+    def begin_epoch(self, loader: Any, iterator: Any) -> LoaderIteration:
+        """An epoch of `loader` begins: the LoaderIteration the job iterates, over `iterator`."""
+        if isinstance(iterator, LoaderIteration):  # a subclass calling super().__iter__
+            return iterator
+        iteration = LoaderIteration(self, loader, iterator)
+        self._current[id(loader)] = weakref.ref(iteration)
+        if (
+            self.session.state.loop_ended
+            and id(getattr(loader, "dataset", loader)) in self._trained
+            and torch.is_grad_enabled()
+        ):
+            iteration.end_after_this_batch()  # a later epoch of the ended loop: its last batch
+            self._later_epoch()
+        return iteration
 
     @contextmanager
     def patched(self) -> Iterator[LoaderEpochs]:
@@ -359,20 +435,15 @@ class LoaderEpochs:
         HF Trainer's steps per epoch, `if i == len(loader) - 1`) sees a consistent epoch."""
         loader_class = torch.utils.data.DataLoader
         original_iter = loader_class.__iter__
-        self._original_len = original_len = loader_class.__len__
+        original_len = loader_class.__len__
+        self.adopt(loader_class, LoaderKind(original_len, _torch_map_style, _torch_workers))
 
         def length(loader: Any) -> int:
-            value = original_len(loader)
-            if not self.shorten or value <= STEADY_BATCHES + 1:
-                return value
-            window = self.window_of(loader)
-            if not self._shortens(loader, value, window):
-                return value
-            return max(self.steady_batches(window) + 1, self._waited_length(loader))
+            return self.shortened_length(loader, original_len(loader))
 
         def iterate(loader: Any) -> Any:
             iterator = None
-            _note_loader(self.session, loader)
+            self.note_loader(loader, _torch_workers(loader))
             if getattr(loader, "num_workers", 0) > 0:
                 try:
                     iterator = self._main_process_iterator(loader)
@@ -380,23 +451,14 @@ class LoaderEpochs:
                     iterator = None
             if iterator is None:
                 iterator = original_iter(loader)
-            if isinstance(iterator, LoaderIteration):  # a subclass calling super().__iter__
-                return iterator
-            iteration = LoaderIteration(self, loader, iterator)
-            self._current[id(loader)] = weakref.ref(iteration)
-            if (
-                self.session.state.loop_ended
-                and id(getattr(loader, "dataset", loader)) in self._trained
-                and torch.is_grad_enabled()
-            ):
-                iteration.end_after_this_batch()  # a later epoch of the ended loop: its last batch
-                self._later_epoch()
-            return iteration
+            return self.begin_epoch(loader, iterator)
 
         loader_class.__iter__ = iterate
         loader_class.__len__ = length
+        self.active = True
         try:
             yield self
         finally:
+            self.active = False
             loader_class.__iter__ = original_iter
             loader_class.__len__ = original_len

@@ -150,6 +150,7 @@ from peakmem.capture import bitsandbytes_model as _bitsandbytes_model  # noqa: E
 from peakmem.capture import deepspeed_ops as _deepspeed_ops  # noqa: E402,F401
 from peakmem.capture import dtensor_state as _dtensor_state  # noqa: E402,F401
 from peakmem.capture import fake_nvml as _fake_nvml  # noqa: E402,F401
+from peakmem.capture import fastai_dataloader as _fastai_dataloader  # noqa: E402,F401
 from peakmem.capture import fastai_optimizers as _fastai_optimizers  # noqa: E402,F401
 from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  (registers them)
 from peakmem.capture import frozen_weights as _frozen_weights  # noqa: E402,F401
