@@ -364,11 +364,11 @@ def write_mnist(raw: Path, train: int, test: int) -> None:
 
 @needs("fastai", "torchvision")
 def test_fastai_learner_fit_one_cycle_with_its_own_adam_and_dataloader(tmp_path):
-    write_mnist(tmp_path / "data" / "MNIST" / "raw", train=1024, test=512)
+    write_mnist(tmp_path / "data" / "MNIST" / "raw", train=2560, test=512)
     (tmp_path / "work").mkdir()  # the example reads '../data'
-    # `--steps all`: the example's `DataLoader` is fastai's own (`from fastai.vision.all import
-    # *`), not torch's, so the capture cannot shorten its epochs; by default it stops after 3
-    # updates, before the validation whose batch of 512 sets the peak (noted)
+    # the example's `DataLoader` is fastai's own (`from fastai.vision.all import *`), not
+    # torch's: `--steps all` runs its 10 training batches, then the validation whose batch of
+    # 512 sets the peak
     est = estimate("r11_fastai_migrating.py", flags=("--steps", "all"), cwd=tmp_path / "work")
     params = ex.device_bytes(ex.mnist_cnn_shapes(), ex.FP32)
     # validation at batch 512: conv1's (512, 32, 26, 26) and conv2's (512, 64, 24, 24) outputs
@@ -378,8 +378,16 @@ def test_fastai_learner_fit_one_cycle_with_its_own_adam_and_dataloader(tmp_path)
     assert_training(est, params=params, optimizer_state=2 * params, extra_lower=evaluation,
                     extra_upper=256 * MiB)  # cuDNN workspaces for the batch of 512
     assert est.data["mode"] == "fake", est.data["mode_reason"]
-    assert est.data["steps"] == 4  # 1024 images, batch 256, one epoch
+    assert est.data["steps"] == 10  # 2560 images, batch 256, one epoch
     assert est.data["phases_ran"] == ["training", "eval"]
     assert "the peak was set by the evaluation after training" in _notes(est)
     # the validation batch (512 images and labels) is what is live at the peak
     assert est.breakdown["input"] == ex.rounded(512 * 28 * 28 * ex.FP32) + ex.rounded(512 * 8)
+    # by default (capture/fastai_dataloader.py) fastai's epoch is shortened as torch's is: 3
+    # full batches and the last, then the validation: the same peak as `--steps all`
+    default = estimate("r11_fastai_migrating.py", cwd=tmp_path / "work")
+    assert default.data["steps"] == 4 and default.data["phases_ran"] == ["training", "eval"]
+    assert abs(default.data["peak_bytes"] - est.data["peak_bytes"]) <= 2 * MiB
+    assert default.breakdown == est.breakdown
+    assert "DataLoader epoch of 10 batches: traced 3 full batches, then its last" in _notes(default)
+    assert "the peak was set by the evaluation after training" in _notes(default)
