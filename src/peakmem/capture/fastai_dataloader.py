@@ -13,8 +13,8 @@ During a capture the patched `__iter__` runs the same epoch as fastai's (`random
 `after_iter`), loading in the main process (as the capture does for torch's loaders with
 workers), over indices that can be skipped one batch at a time without loading their items;
 `__len__` says the shortened epoch's length (the Learner's `n_iter`, the schedulers' progress).
-With `--steps N` epochs are tracked and ended at the limit, not shortened; outside a capture and
-with `--steps all` fastai's methods run unchanged.
+With `--steps N` epochs are tracked, not shortened, and the job stops at the limit (as with torch's);
+outside a capture and with `--steps all` fastai's methods run unchanged.
 """
 
 from __future__ import annotations
