@@ -302,11 +302,14 @@ foreach_numbers = st.one_of(st.floats(-3, 3, allow_nan=False), st.integers(-3, 3
 
 @st.composite
 def foreach_case_args(draw, count, scalar_kind, alpha):
-    """Half the time foreach_args' general draw (odd layouts, lengths, scalars: mostly declined),
-    half the rule's case: lists of one length >= 1 of canonically contiguous, non-empty float
-    tensors, one shape and dtype per index, another list's tensor sometimes the same object, and
-    plain numbers. The case drawn directly, the ops need no more examples than the others."""
-    if draw(st.booleans()):
+    """A quarter of the time foreach_args' general draw (odd layouts, lengths, scalars: mostly
+    declined), otherwise the rule's case: lists of one length >= 1 of canonically contiguous,
+    non-empty float tensors, one shape and dtype per index, another list's tensor sometimes the
+    same object, and plain numbers; a third of those a near miss (one tensor of another list
+    drawn freely: mostly another shape or dtype, or an odd layout). The case drawn directly,
+    the ops need no more examples than the others."""
+    mode = draw(st.sampled_from(["general", "case", "case", "near_miss"]))
+    if mode == "general":
         return draw(foreach_args(count, scalar_kind, alpha))
     length = draw(st.integers(1, 4))
     lists = [[] for _ in range(count)]
@@ -317,6 +320,9 @@ def foreach_case_args(draw, count, scalar_kind, alpha):
         lists[0].append(first)
         for other in lists[1:]:
             other.append(first if rarely(draw, 5) else make(shape, dtype, "contiguous"))
+    if mode == "near_miss" and count > 1:
+        index = draw(st.integers(0, length - 1))
+        draw(st.sampled_from(lists[1:]))[index] = draw(tensors(dtypes=FLOAT_DTYPES))
     extras: list = []
     if scalar_kind == "Scalar":
         extras.append(draw(foreach_numbers))
