@@ -297,6 +297,43 @@ def foreach_args(draw, count, scalar_kind, alpha):
     return tuple([*lists, *extras]), kwargs
 
 
+foreach_numbers = st.one_of(st.floats(-3, 3, allow_nan=False), st.integers(-3, 3))
+
+
+@st.composite
+def foreach_case_args(draw, count, scalar_kind, alpha):
+    """A quarter of the time foreach_args' general draw (odd layouts, lengths, scalars: mostly
+    declined), otherwise the rule's case: lists of one length >= 1 of canonically contiguous,
+    non-empty float tensors, one shape and dtype per index, another list's tensor sometimes the
+    same object, and plain numbers; a third of those a near miss (one tensor of another list
+    drawn freely: mostly another shape or dtype, or an odd layout). The case drawn directly,
+    the ops need no more examples than the others."""
+    mode = draw(st.sampled_from(["general", "case", "case", "near_miss"]))
+    if mode == "general":
+        return draw(foreach_args(count, scalar_kind, alpha))
+    length = draw(st.integers(1, 4))
+    lists = [[] for _ in range(count)]
+    for _ in range(length):
+        shape = tuple(draw(st.lists(st.integers(1, 5), max_size=4)))
+        dtype = draw(st.sampled_from(FLOAT_DTYPES))
+        first = make(shape, dtype, "contiguous")
+        lists[0].append(first)
+        for other in lists[1:]:
+            other.append(first if rarely(draw, 5) else make(shape, dtype, "contiguous"))
+    if mode == "near_miss" and count > 1:
+        index = draw(st.integers(0, length - 1))
+        draw(st.sampled_from(lists[1:]))[index] = draw(tensors(dtypes=FLOAT_DTYPES))
+    extras: list = []
+    if scalar_kind == "Scalar":
+        extras.append(draw(foreach_numbers))
+    elif scalar_kind == "ScalarList":
+        extras.append(draw(st.lists(foreach_numbers, min_size=length, max_size=length)))
+    kwargs = {}
+    if alpha and draw(st.booleans()):
+        kwargs["alpha"] = draw(foreach_numbers)
+    return tuple([*lists, *extras]), kwargs
+
+
 @st.composite
 def batch_norm_input(draw):
     """An input, mostly of rank >= 2 with no empty dimension."""
@@ -659,7 +696,7 @@ def builder(func):
         if overload == "List" and count == 3:  # lerp_.List: weights are the third list
             kind = "none"
         alpha = any(arg.name == "alpha" for arg in func._schema.arguments)
-        return foreach_args(count, kind, alpha)
+        return foreach_case_args(count, kind, alpha)
     special = {
         aten.elu_backward.default: elu_backward_args,
         aten.leaky_relu_backward.default: leaky_relu_backward_args,
@@ -703,7 +740,7 @@ def builder(func):
 OPS = sorted(FAST_LAYOUTS, key=str)
 
 
-FEW_ANSWERS = frozenset(op for op in OPS if str(op).startswith("aten._foreach_")) | {
+FEW_ANSWERS = {
     aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default,
     aten._log_softmax_backward_data.default, aten.native_layer_norm_backward.default,
     aten.native_batch_norm.default, aten.native_batch_norm_backward.default,
