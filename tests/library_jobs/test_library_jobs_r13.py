@@ -1,0 +1,83 @@
+"""Round 13: well-known repositories' training scripts, re-created from their own source and
+run unmodified through the capture; device bytes worked out by hand (not read from peakmem):
+
+- karpathy/build-nanogpt train_gpt2.py (scripts/r13_build_nanogpt_train_gpt2.py): DDP
+  detection from `RANK` (off: one process), the fused-AdamW check through
+  `inspect.signature(torch.optim.AdamW)` on `device_type == "cuda"`, bf16 autocast, gradient
+  accumulation, the validation loss, sampling with a `torch.Generator(device="cuda")` and the
+  master process's `log/model_NNNNN.pt` checkpoint; local `.npy` token shards. In process
+  (karpathy/nanoGPT's DDP run has its child-process test in test_library_jobs_r12.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import JobEstimate, estimate_here
+from tests.library_jobs.test_library_jobs import assert_training, fused_steps
+
+pytestmark = pytest.mark.slow
+
+
+def _notes(est: JobEstimate) -> str:
+    return "\n".join(est.data.get("notes", []))
+
+
+# karpathy/build-nanogpt train_gpt2.py ---------------------------------------------------------
+
+BUILD_NANOGPT = dict(vocab=512, positions=64, embd=64, layers=2)
+"""r13_build_nanogpt_train_gpt2.py's GPTConfig(block_size=64, vocab_size=512, n_layer=2,
+n_head=4, n_embd=64): biases on, lm_head tied to wte."""
+
+
+def _fineweb_shards(folder: Path) -> None:
+    """edu_fineweb10B/edufineweb_{train,val}_NNNNNN.npy as fineweb.py writes them (uint16)."""
+    import numpy as np
+
+    root = folder / "edu_fineweb10B"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for split, tokens in (("train", 2000), ("val", 600)):
+        for shard in range(2):
+            np.save(root / f"edufineweb_{split}_{shard:06d}.npy",
+                    rng.integers(0, 512, tokens).astype(np.uint16))
+
+
+@pytest.fixture(scope="module")
+def build_nanogpt(tmp_path_factory) -> JobEstimate:
+    workdir = tmp_path_factory.mktemp("r13-build-nanogpt")
+    _fineweb_shards(workdir)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MAX_STEPS", "4")
+        patch.setenv("EVAL_EVERY", "2")
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+            patch.delenv(name, raising=False)
+        return estimate_here("r13_build_nanogpt_train_gpt2.py", cwd=workdir,
+                             flags=("--gpu", "a100-40gb", "--steps", "all"))
+
+
+def test_build_nanogpt_fused_adamw_and_tied_weights(build_nanogpt):
+    est = build_nanogpt
+    shapes = ex.gpt2_shapes(**BUILD_NANOGPT)  # the tied lm_head / wte counted once
+    params = ex.device_bytes(shapes, ex.FP32)
+    # `inspect.signature` finds `fused` and device_type is "cuda": fused AdamW, two moments and
+    # a device `step` per parameter
+    assert "using fused AdamW: True" in est.stderr
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 4
+    # 4 micro-steps of 4 x 32 tokens: 512 tokens a step; the loop ran to its end
+    assert "=> calculated gradient accumulation steps: 4" in est.stderr
+    assert "step     3 |" in est.stderr
+
+
+def test_build_nanogpt_checkpoint_and_sampling_run(build_nanogpt):
+    est = build_nanogpt
+    # the last step's checkpoint (master process) is redirected, and says so
+    assert "log/model_00003.pt" in _notes(est)
+    # sampling with a device Generator at steps 2 and 3: 4 sequences each
+    assert est.stderr.count("rank 0 sample 3:") == 2
+    assert est.stderr.count("validation loss:") == 3  # steps 0, 2 and 3
