@@ -7,6 +7,15 @@ run unmodified through the capture; device bytes worked out by hand (not read fr
   accumulation, the validation loss, sampling with a `torch.Generator(device="cuda")` and the
   master process's `log/model_NNNNN.pt` checkpoint; local `.npy` token shards. In process
   (karpathy/nanoGPT's DDP run has its child-process test in test_library_jobs_r12.py).
+
+- pytorch/tutorials intermediate_source/torch_compile_tutorial.py (scripts/
+  r13_torch_compile_tutorial.py): eval timed eager against `torch.compile(model,
+  mode="reduce-overhead")`, then `train` eager and the whole `train` function compiled, each
+  ending in `assert speedup > 1` on CUDA-event medians. Compiled code runs eagerly under the
+  capture and both timed alike, so the job failed about half of the time, before training, with
+  no estimate: compiled regions' host time now counts at half in an elapsed time
+  (capture/compiled_timing.py, tests/capture/test_compiled_timing.py), and the module called
+  directly after `torch.compile(model)` stays eager (`compiled_code.compiled_view`).
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import pytest
 
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import JobEstimate, estimate_here
-from tests.library_jobs.test_library_jobs import assert_training, fused_steps
+from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 
 pytestmark = pytest.mark.slow
 
@@ -81,3 +90,48 @@ def test_build_nanogpt_checkpoint_and_sampling_run(build_nanogpt):
     # sampling with a device Generator at steps 2 and 3: 4 sequences each
     assert est.stderr.count("rank 0 sample 3:") == 2
     assert est.stderr.count("validation loss:") == 3  # steps 0, 2 and 3
+
+
+# pytorch/tutorials torch_compile_tutorial.py --------------------------------------------------
+
+COMPILE_ITERS = 3
+
+
+@pytest.fixture(scope="module")
+def compile_tutorial(tmp_path_factory) -> JobEstimate:
+    workdir = tmp_path_factory.mktemp("r13-compile-tutorial")
+    return estimate_here("r13_torch_compile_tutorial.py", "--model", "resnet18", "--iters",
+                         str(COMPILE_ITERS), cwd=workdir,
+                         flags=("--gpu", "a100-40gb", "--steps", "all"))
+
+
+@needs("timm")
+def test_compile_tutorial_speedup_assertions_hold(compile_tutorial):
+    est = compile_tutorial
+    assert est.returncode == 0, est.failure()
+    # both `assert speedup > 1` passed: the eval one (before any training) and the train one
+    assert "(eval) eager median" in est.stderr and "(train) eager median" in est.stderr
+    notes = _notes(est)
+    assert "counted at 0.5 of itself" in notes  # the timings are the host's, and said so
+    assert "mode='reduce-overhead' also records CUDA graphs" in notes
+    assert "torch.compile was not applied: ResNet, train ran eagerly" in notes
+    assert est.data["estimate_kind"] == "training" and est.data["mode"] == "fake"
+    # each Adam (the eager run's, then the compiled run's) took N_ITERS steps; `steps` counts
+    # the most-stepped optimizer's
+    assert est.data["steps"] == COMPILE_ITERS
+    assert f"compile train time {COMPILE_ITERS - 1}:" in est.stderr
+
+
+@needs("timm")
+def test_compile_tutorial_models_kept_alive(compile_tutorial):
+    est = compile_tutorial
+    assert est.returncode == 0, est.failure()
+    params, _ = ex.resnet18_shapes(1000)
+    model = ex.device_bytes(params, ex.FP32)
+    # `model_opt` (an OptimizedModule: `_orig_mod`) keeps the eval model for the whole script;
+    # the eager-trained model stays while its Adam (in a reference cycle: freed at the
+    # collector's next full pass) holds it: 2 or 3 models at the peak, each trained one with
+    # Adam's two fp32 moments (its `step` is a host tensor)
+    parameter = est.breakdown["parameter"]
+    assert parameter in (2 * model, 3 * model), (parameter, model)
+    assert est.breakdown["optimizer_state"] == 2 * (parameter - model)
