@@ -16,6 +16,12 @@ run unmodified through the capture; device bytes worked out by hand (not read fr
   no estimate: compiled regions' host time now counts at half in an elapsed time
   (capture/compiled_timing.py, tests/capture/test_compiled_timing.py), and the module called
   directly after `torch.compile(model)` stays eager (`compiled_code.compiled_view`).
+
+- huggingface/accelerate examples/cv_example.py (scripts/r13_accelerate_cv_example.py): a
+  timm ResNet (no pretrained weights) with its base frozen and only the classifier trained,
+  fp16 mixed precision, PIL images through 4-worker DataLoaders, OneCycleLR, per-epoch
+  evaluation with `gather_for_metrics`. In process (accelerate's child-process path is covered
+  by the earlier rounds).
 """
 
 from __future__ import annotations
@@ -135,3 +141,58 @@ def test_compile_tutorial_models_kept_alive(compile_tutorial):
     parameter = est.breakdown["parameter"]
     assert parameter in (2 * model, 3 * model), (parameter, model)
     assert est.breakdown["optimizer_state"] == 2 * (parameter - model)
+
+
+# huggingface/accelerate examples/cv_example.py ------------------------------------------------
+
+PET_CLASSES = ("Abyssinian", "beagle")
+
+
+def _pet_images(folder: Path, per_class: int = 5) -> Path:
+    """Oxford-IIIT Pet file names (`<breed>_<n>.jpg`): the example reads the label from them."""
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for label in PET_CLASSES:
+        for index in range(1, per_class + 1):
+            pixels = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{label}_{index}.jpg")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cv_example(tmp_path_factory) -> JobEstimate:
+    workdir = tmp_path_factory.mktemp("r13-cv-example")
+    images = _pet_images(workdir / "images")
+    return estimate_here("r13_accelerate_cv_example.py", "--data_dir", str(images),
+                         "--model_name", "resnet18", "--image_size", "64", "--batch_size", "4",
+                         "--mixed_precision", "fp16", cwd=workdir, flags=("--gpu", "a100-40gb"))
+
+
+@needs("timm", "torchvision", "PIL", "accelerate")
+def test_cv_example_frozen_base_trains_the_classifier_only(cv_example):
+    est = cv_example
+    assert est.returncode == 0, est.failure()
+    assert est.data["estimate_kind"] == "training" and est.data["mode"] == "fake"
+    params, buffers = ex.resnet18_shapes(len(PET_CLASSES))
+    assert est.breakdown["parameter"] == ex.device_bytes(params, ex.FP32)
+    assert est.breakdown["buffer"] == ex.device_bytes(buffers, ex.FP32)
+    # requires_grad False on the base: Adam's two moments (host `step`) and gradients for the
+    # classifier (fc: 2 x 512 and its bias) only
+    classifier = ex.device_bytes(ex.linear(len(PET_CLASSES), 512), ex.FP32)
+    assert est.breakdown["optimizer_state"] == 2 * classifier
+    assert est.breakdown.get("gradient", 0) <= classifier
+
+
+@needs("timm", "torchvision", "PIL", "accelerate")
+def test_cv_example_epochs_evaluate(cv_example):
+    est = cv_example
+    assert est.returncode == 0, est.failure()
+    # 8 training images in batches of 4 for 3 epochs (each later epoch shortened to its last
+    # batch), the 2 held-out images evaluated after each
+    assert "epoch 2:" in est.stderr
+    notes = _notes(est)
+    assert "num_workers=4" in notes and "evaluation phase" in notes
+    assert est.data["steps"] >= 3
