@@ -22,6 +22,11 @@ run unmodified through the capture; device bytes worked out by hand (not read fr
   fp16 mixed precision, PIL images through 4-worker DataLoaders, OneCycleLR, per-epoch
   evaluation with `gather_for_metrics`. In process (accelerate's child-process path is covered
   by the earlier rounds).
+
+- pytorch/examples vision_transformer/main.py (scripts/r13_examples_vision_transformer.py), as
+  it is: it has no option for local data and CIFAR10's `download=True` checks each batch
+  file's md5, so offline it reaches for www.cs.toronto.edu: one clear line naming the host and
+  what to do, not a training estimate of nothing.
 """
 
 from __future__ import annotations
@@ -196,3 +201,19 @@ def test_cv_example_epochs_evaluate(cv_example):
     notes = _notes(est)
     assert "num_workers=4" in notes and "evaluation phase" in notes
     assert est.data["steps"] >= 3
+
+
+# pytorch/examples vision_transformer/main.py --------------------------------------------------
+
+@needs("torchvision", "PIL")
+def test_vision_transformer_example_offline_says_where_it_reached(tmp_path):
+    est = estimate_here("r13_examples_vision_transformer.py", "--dry-run", "--latent-size", "64",
+                        "--num-heads", "4", "--num-encoders", "2", "--img-size", "32",
+                        "--epochs", "1", cwd=tmp_path, flags=("--gpu", "a100-40gb"))
+    assert est.returncode != 0
+    error = est.data["error"]
+    assert error["kind"] == "job_failed" and "\n" not in error["message"]
+    message = error["message"]
+    assert "it could not reach www.cs.toronto.edu" in message
+    assert "no network access here" in message and "the dataset's root folder" in message
+    assert not (tmp_path / "best-weights.pt").exists()  # nothing trained
