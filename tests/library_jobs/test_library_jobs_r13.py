@@ -27,6 +27,11 @@ run unmodified through the capture; device bytes worked out by hand (not read fr
   it is: it has no option for local data and CIFAR10's `download=True` checks each batch
   file's md5, so offline it reaches for www.cs.toronto.edu: one clear line naming the host and
   what to do, not a training estimate of nothing.
+
+- OpenCLIP's training main, `python -m open_clip_train.main` from the installed package
+  (open_clip_torch 3.3.0) as it is: a tab-separated CSV dataset (`--csv-img-key`,
+  `--csv-caption-key`), the ViT-S-32-alt CLIP config, AMP, AdamW, the cosine schedule and the
+  epoch checkpoint under `--logs`. In process, as `python -m` (new family).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate_here
+from tests.library_jobs.harness import JobEstimate, estimate_here, estimate_module_here
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 
 pytestmark = pytest.mark.slow
@@ -217,3 +222,71 @@ def test_vision_transformer_example_offline_says_where_it_reached(tmp_path):
     assert "it could not reach www.cs.toronto.edu" in message
     assert "no network access here" in message and "the dataset's root folder" in message
     assert not (tmp_path / "best-weights.pt").exists()  # nothing trained
+
+
+# OpenCLIP: python -m open_clip_train.main ------------------------------------------------------
+
+def _clip_block(width: int, mlp_ratio: int = 4) -> list[ex.Shape]:
+    """open_clip's ResidualAttentionBlock: ln_1, nn.MultiheadAttention (packed in_proj and
+    out_proj, biases on), ln_2, the c_fc / c_proj MLP."""
+    return [(width,), (width,), (3 * width, width), (3 * width,), *ex.linear(width, width),
+            (width,), (width,), *ex.linear(mlp_ratio * width, width),
+            *ex.linear(width, mlp_ratio * width)]
+
+
+def vit_s_32_alt_shapes() -> list[ex.Shape]:
+    """open_clip's model_configs/ViT-S-32-alt.json: embed_dim 256; vision 384 wide, 12 layers,
+    32-pixel patches of 224 (7 x 7 + the class token); text 256 wide, 10 layers, vocab 49408,
+    context 77; logit_scale (0-d)."""
+    width, grid, embed = 384, 224 // 32, 256
+    vision = [(width, 3, 32, 32), (width,), (grid * grid + 1, width), (width,), (width,)]
+    vision += 12 * _clip_block(width) + [(width,), (width,), (width, embed)]
+    text_width = 256
+    text = [(49408, text_width), (77, text_width)] + 10 * _clip_block(text_width)
+    text += [(text_width,), (text_width,), (text_width, embed)]
+    return vision + text + [()]
+
+
+@pytest.fixture(scope="module")
+def open_clip_main(tmp_path_factory) -> tuple[JobEstimate, Path]:
+    import numpy as np
+    from PIL import Image
+
+    workdir = tmp_path_factory.mktemp("r13-open-clip")
+    (workdir / "imgs").mkdir()
+    rng = np.random.default_rng(0)
+    rows = ["filepath\ttitle"]
+    for index in range(8):
+        path = f"imgs/{index}.jpg"
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(workdir / path)
+        rows.append(f"{path}\ta photo of thing {index}")
+    (workdir / "train.csv").write_text("\n".join(rows) + "\n")
+    est = estimate_module_here(
+        "open_clip_train.main", "--train-data", "train.csv", "--csv-img-key", "filepath",
+        "--csv-caption-key", "title", "--model", "ViT-S-32-alt", "--batch-size", "4",
+        "--epochs", "1", "--workers", "0", "--precision", "amp", "--report-to", "",
+        "--logs", "./logs", "--warmup", "1", cwd=workdir, flags=("--gpu", "a100-40gb"))
+    return est, workdir
+
+
+@needs("open_clip_train", "ftfy", "webdataset", "timm", "torchvision", "pandas")
+def test_open_clip_main_csv_training(open_clip_main):
+    est, _ = open_clip_main
+    assert est.returncode == 0, est.failure()
+    assert est.data["estimate_kind"] == "training" and est.data["mode"] == "fake"
+    params = ex.device_bytes(vit_s_32_alt_shapes(), ex.FP32)
+    # fp32 master weights under AMP, a gradient each, AdamW's two moments (host `step`)
+    assert est.breakdown["parameter"] == params
+    assert est.breakdown["gradient"] == params
+    assert est.breakdown["optimizer_state"] == 2 * params
+    assert est.data["steps"] == 2  # 8 rows in batches of 4: one epoch
+    assert est.data["peak_allocated_bytes"] >= 4 * params
+
+
+@needs("open_clip_train", "ftfy", "webdataset", "timm", "torchvision", "pandas")
+def test_open_clip_main_epoch_checkpoint_redirected(open_clip_main):
+    est, workdir = open_clip_main
+    assert est.returncode == 0, est.failure()
+    assert "checkpoints/epoch_1.pt" in _notes(est)  # fake device data, written elsewhere
+    assert not list((workdir / "logs").glob("*/checkpoints/epoch_1.pt"))
+    assert "Train Epoch: 0 [8/8 (100%)]" in est.stderr
