@@ -122,10 +122,12 @@ def compiled_view(module: torch.nn.Module) -> torch.nn.Module:
     hooks of its own. The compiled-region hooks go on the view, so the module called directly
     (the torch.compile tutorial times `model(x)` against `torch.compile(model)(x)`) stays an
     eager call, as with torch. `_orig_mod` is the module, as on an OptimizedModule."""
-    import copy
     from collections import OrderedDict
 
-    view = copy.copy(module)
+    # not copy.copy: a subclass's __getstate__ / __reduce__ (LightningModule drops its trainer)
+    # is for pickling, not for a view
+    view = object.__new__(type(module))
+    view.__dict__.update(module.__dict__)
     for table in MODULE_HOOK_DICTS:
         if table in module.__dict__:
             object.__setattr__(view, table, OrderedDict(module.__dict__[table]))
