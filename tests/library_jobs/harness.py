@@ -97,7 +97,8 @@ def estimate_here(script: str, *args: str, timeout: float = 120, flags: tuple[st
         with contextlib.redirect_stdout(job_stderr), contextlib.redirect_stderr(job_stderr), \
                 warnings.catch_warnings():
             warnings.showwarning = _print_warning  # to the job's stderr, not pytest's record
-            result = estimate_command(["python", str(SCRIPTS / script), *args],
+            target = [script] if script == "-m" else [str(SCRIPTS / script)]  # -m MODULE
+            result = estimate_command(["python", *target, *args],
                                       gpu=options.get("--gpu", DEFAULT_GPU),
                                       mode=options.get("--mode", "auto"), timeout=timeout,
                                       steps=parse_steps(options.get("--steps")),  # the CLI default: None
@@ -109,6 +110,13 @@ def estimate_here(script: str, *args: str, timeout: float = 120, flags: tuple[st
         os.chdir(here)
     # the JSON text as the CLI prints it, read back (tuples become lists)
     return JobEstimate(returncode, json.loads(json.dumps(data)), job_stderr.getvalue(), 0)
+
+
+def estimate_module_here(module: str, *args: str, timeout: float = 120,
+                         flags: tuple[str, ...] = (), cwd: Path | None = None) -> JobEstimate:
+    """`estimate_here` for `python -m MODULE ARGS` (a library's installed training entry
+    point, run as it is)."""
+    return estimate_here("-m", module, *args, timeout=timeout, flags=flags, cwd=cwd)
 
 
 def run_script_here(script: str, *args: str) -> None:

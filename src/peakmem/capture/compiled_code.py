@@ -109,6 +109,32 @@ def compiled_name(target: Any) -> str:
     return getattr(target, "__qualname__", None) or type(target).__name__
 
 
+MODULE_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                     "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+"""nn.Module's forward-hook tables: a compiled view gets copies of its module's."""
+
+
+def compiled_view(module: torch.nn.Module) -> torch.nn.Module:
+    """What `torch.compile(module)` returns under the capture, as torch returns an
+    OptimizedModule around the module: a shallow copy sharing the module's parameters,
+    buffers and submodules (its `_parameters` / `_buffers` / `_modules` tables, so moving or
+    loading either moves or loads both; the state_dict keys stay the module's), with forward
+    hooks of its own. The compiled-region hooks go on the view, so the module called directly
+    (the torch.compile tutorial times `model(x)` against `torch.compile(model)(x)`) stays an
+    eager call, as with torch. `_orig_mod` is the module, as on an OptimizedModule."""
+    from collections import OrderedDict
+
+    # not copy.copy: a subclass's __getstate__ / __reduce__ (LightningModule drops its trainer)
+    # is for pickling, not for a view
+    view = object.__new__(type(module))
+    view.__dict__.update(module.__dict__)
+    for table in MODULE_HOOK_DICTS:
+        if table in module.__dict__:
+            object.__setattr__(view, table, OrderedDict(module.__dict__[table]))
+    object.__setattr__(view, "_orig_mod", module)
+    return view
+
+
 def is_modelled_or_library(target: Any) -> bool:
     """Compiled code the capture models itself (flex_attention) or a library's host kernels:
     never noted as having run eagerly."""

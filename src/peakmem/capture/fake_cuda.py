@@ -10,7 +10,6 @@ order on one stream. docs/capture.md ("The fake CUDA runtime") lists what is sup
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 
 import torch
 
-from peakmem.capture import compiled_code, memory_size_reads
+from peakmem.capture import compiled_code, compiled_timing, memory_size_reads
 from peakmem.capture.device_ordinals import checked_set_device
 from peakmem.capture.session import CaptureSession
 
@@ -111,9 +110,10 @@ class FakeEvent:
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **kwargs: Any) -> None:
         self.enable_timing = enable_timing
         self.recorded_at: float | None = None
+        self.compiled_at = 0.0  # compiled_timing's clock when recorded
 
     def record(self, stream: Any = None) -> None:
-        self.recorded_at = time.perf_counter()
+        self.recorded_at, self.compiled_at = compiled_timing.reading()
 
     def wait(self, stream: Any = None) -> None:
         pass
@@ -125,9 +125,17 @@ class FakeEvent:
         pass
 
     def elapsed_time(self, end_event: FakeEvent) -> float:
-        start = self.recorded_at if self.recorded_at is not None else time.perf_counter()
-        end = getattr(end_event, "recorded_at", None) or time.perf_counter()
-        return max((end - start) * 1000.0, 1e-3)
+        """The host's milliseconds between the records, compiled code's time discounted
+        (capture/compiled_timing.py)."""
+        now = compiled_timing.reading()
+        start = (self.recorded_at, self.compiled_at) if self.recorded_at is not None else now
+        end_at = getattr(end_event, "recorded_at", None)
+        end = (end_at, getattr(end_event, "compiled_at", 0.0)) if end_at else now
+        elapsed, discounted = compiled_timing.elapsed_ms(start, end)
+        live = compiled_code.current_session()
+        if discounted and live is not None and compiled_timing.NOTE not in live.notes:
+            live.notes.append(compiled_timing.NOTE)
+        return elapsed
 
 
 class FakeStream(_NoOpContext):
@@ -243,6 +251,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                     runs.declare(name, mode)
                     runs.run(name)
                     live.mark(Mark.COMPILED.value)
+                    compiled_timing.CLOCK.enter()
                 return live
 
             if isinstance(target, torch.nn.Module):
@@ -251,13 +260,15 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                     live = compiled_code.current_session()
                     if live is not None:
                         live.mark(Mark.COMPILED_END.value)
+                        compiled_timing.CLOCK.leave()
 
                 def start_hook(*args: Any) -> None:  # a pre-hook's result replaces the input
                     start()
 
-                target.register_forward_pre_hook(start_hook)
-                target.register_forward_hook(end, always_call=True)
-                result = target
+                # OptimizedModule's stand-in: the module's own calls stay eager
+                result = compiled_code.compiled_view(target)
+                result.register_forward_pre_hook(start_hook)
+                result.register_forward_hook(end, always_call=True)
             else:
                 result = target
                 if callable(target):
@@ -274,6 +285,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                             return returned
                         finally:
                             live.mark(Mark.COMPILED_END.value)
+                            compiled_timing.CLOCK.leave()
 
             compiled_code.compiled_runs(session).declare(name, mode)
             return result
