@@ -141,7 +141,7 @@ def test_interpreter_state_restored_puts_back_what_the_job_removed_or_rebound():
 def test_workspace_config_bytes_reads_as_torch_does_and_refuses_what_stoi_cannot():
     """CUBLAS_WORKSPACE_CONFIG=:9999999999999999999:8 made an OverflowError inside the job
     (a job_failed with a peakmem traceback); :2147483647:2147483647 (2**72 bytes) the same."""
-    from peakmem.cuda_rules.blas import WorkspaceConfigError, workspace_config_bytes
+    from peakmem.cublas_workspace_config import WorkspaceConfigError, workspace_config_bytes
 
     assert workspace_config_bytes(":4096:8") == 4096 * 1024 * 8
     assert workspace_config_bytes(":4096:2:16:8") == 4096 * 1024 * 2 + 16 * 1024 * 8

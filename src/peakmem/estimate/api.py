@@ -561,7 +561,7 @@ def _resolve(gpu: str | GpuProfile, torch_version: str | None, alloc_conf: str |
 def _check_cublas_workspace_config(environ: dict[str, str]) -> None:
     """The job's CUBLAS_WORKSPACE_CONFIG as torch reads it; EstimateError (bad input) where
     torch's first cuBLAS call would fail on it (was: an OverflowError inside the job)."""
-    from peakmem.cuda_rules.blas import WorkspaceConfigError, workspace_config_bytes
+    from peakmem.cublas_workspace_config import WorkspaceConfigError, workspace_config_bytes
 
     try:
         workspace_config_bytes(environ.get("CUBLAS_WORKSPACE_CONFIG") or "")
