@@ -36,7 +36,6 @@ run unmodified through the capture; device bytes worked out by hand (not read fr
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -263,26 +262,12 @@ def open_clip_main(tmp_path_factory) -> tuple[JobEstimate, Path]:
         rows.append(f"{path}\ta photo of thing {index}")
     (workdir / "train.csv").write_text("\n".join(rows) + "\n")
     # open_clip_train's setup_logging gives the root logger handlers on the job's (redirected)
-    # stderr and sets every logger's level to INFO (torch's too, whose exit-time reports then
-    # write to pytest's closed capture): put them back for the rest of this test process
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    levels = {name: logger.level for name, logger in root.manager.loggerDict.items()
-              if isinstance(logger, logging.Logger)}
-    try:
-        est = estimate_module_here(
-            "open_clip_train.main", "--train-data", "train.csv", "--csv-img-key", "filepath",
-            "--csv-caption-key", "title", "--model", "ViT-S-32-alt", "--batch-size", "4",
-            "--epochs", "1", "--workers", "0", "--precision", "amp", "--report-to", "",
-            "--logs", "./logs", "--warmup", "1", cwd=workdir, flags=("--gpu", "a100-40gb"))
-    finally:
-        for handler in root.handlers[:]:
-            if handler not in handlers:
-                root.removeHandler(handler)
-        root.setLevel(level)
-        for name, logger in root.manager.loggerDict.items():
-            if isinstance(logger, logging.Logger):
-                logger.setLevel(levels.get(name, logging.NOTSET))
+    # stderr and sets every logger's level to INFO: the capture's process_state puts them back
+    est = estimate_module_here(
+        "open_clip_train.main", "--train-data", "train.csv", "--csv-img-key", "filepath",
+        "--csv-caption-key", "title", "--model", "ViT-S-32-alt", "--batch-size", "4",
+        "--epochs", "1", "--workers", "0", "--precision", "amp", "--report-to", "",
+        "--logs", "./logs", "--warmup", "1", cwd=workdir, flags=("--gpu", "a100-40gb"))
     return est, workdir
 
 

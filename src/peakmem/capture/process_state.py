@@ -14,7 +14,7 @@ next job in the process starts from the same state (registry: one saver per kind
   class that every instance shares): a job's `Accelerator(mixed_precision="no")` left them
   initialized, and the next job's `Accelerator(mixed_precision="bf16")` raised "AcceleratorState
   has already been initialized and cannot be changed";
-- the root logger's handlers and level: Hydra's `@hydra.main` (and `logging.basicConfig`)
+- the root logger's handlers and every logger's level: Hydra's `@hydra.main` (and `logging.basicConfig`)
   configure them for the job, and later code in the process logged to the job's file and
   console at the job's level.
 """
@@ -109,6 +109,8 @@ def _accelerate_shared_states() -> Restore:
 def _root_logger() -> Restore:
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
+    levels = {name: logger.level for name, logger in list(root.manager.loggerDict.items())
+              if isinstance(logger, logging.Logger)}  # open_clip_train sets every one to INFO
 
     def restore() -> None:
         for handler in [h for h in root.handlers if h not in handlers]:
@@ -119,6 +121,9 @@ def _root_logger() -> Restore:
             if handler not in root.handlers:
                 root.addHandler(handler)
         root.setLevel(level)
+        for name, logger in list(root.manager.loggerDict.items()):
+            if isinstance(logger, logging.Logger):
+                logger.setLevel(levels.get(name, logging.NOTSET))
 
     return restore
 
