@@ -36,9 +36,13 @@ TRANSFORMER_SPLIT_DESCRIPTION = (
     f"gpumemnet-transformer rows with sha1(Filename) % {TRANSFORMER_BUCKETS} < {TRANSFORMER_TAKEN}"
 )
 XMEM_SPLIT_DESCRIPTION = f"xmem runs with sha1('xmem:' + run_dir) % {XMEM_BUCKETS} < {XMEM_TAKEN}"
+GROUNDTRUTH_SPLIT_CLOSED_AT = "2026-11-27T16:00:00Z"
+"""The torch-2.11 stack's measured constants were fitted on the runs measured before this (the
+H100 runs of 2026-11-26, the first H200 lease of 2026-11-27): runs measured later are all held
+out, so that new rows never move a fitted constant."""
 GROUNDTRUTH_SPLIT_DESCRIPTION = (
     "groundtruth runs with sha1('groundtruth:' + job + ' ' + args) "
-    f"% {GROUNDTRUTH_BUCKETS} < {GROUNDTRUTH_TAKEN}"
+    f"% {GROUNDTRUTH_BUCKETS} < {GROUNDTRUTH_TAKEN}, measured before {GROUNDTRUTH_SPLIT_CLOSED_AT}"
 )
 MiB = 2**20
 
@@ -57,11 +61,16 @@ def in_calibration_split(row: BenchRow) -> bool:
     """True for the rows of a calibration dataset reserved for fitting constants: ~10% of the
     MLP step 1 rows (the stack's context constant), ~18% of the CNN rows (the cuDNN model),
     ~20% of the Transformer rows (margins), 19.8% of xMem's runs (the torch-2.6 consumer stack),
-    20% of this repo's own GPU runs (the torch-2.11 stack's measured H100 context)."""
+    20% of this repo's own GPU runs measured before GROUNDTRUTH_SPLIT_CLOSED_AT (the torch-2.11
+    stack's measured context)."""
     split = CALIBRATION_SPLITS.get(row.dataset)
     if split is None:
         return False
     buckets, taken = split
+    if row.dataset == "groundtruth" and (
+        row.features.get("measured_at") or GROUNDTRUTH_SPLIT_CLOSED_AT
+    ) >= GROUNDTRUTH_SPLIT_CLOSED_AT:
+        return False
     return int(hashlib.sha1(split_key(row).encode()).hexdigest(), 16) % buckets < taken
 
 
