@@ -15,12 +15,13 @@ Used memory of this process (``UsedSample.source``), in order of preference:
    - "nvml-device-delta": NVML's device used memory minus the used memory at the baseline, only
      while NVML lists no compute process at all, or lists us without a figure
      (``usedGpuMemory`` N/A, NVML_VALUE_NOT_AVAILABLE: always so under Windows WDDM) and no one
-     else. NVML not listing anyone includes containers where it hides every process;
+     else (a run alone on the GPU, between CUDA's initialisation and NVML listing it);
    - "not-listed-yet" (0): CUDA is initialised, NVML lists other processes and not us yet: our
      context is being created, or our pid is hidden;
-   - "nvml-host-pid": after ``_PID_HIDDEN_AFTER`` such listings, NVML reports host pids (a PID
-     namespace: the driver is not namespace-aware). When it then lists exactly one process that
-     was not listed at the baseline, that one is us: its figure is read;
+   - "nvml-host-pid": after ``_PID_HIDDEN_AFTER`` such listings, NVML is taken to report host
+     pids (a container's PID namespace: the driver returns host pids, NVIDIA/nvidia-docker#1483).
+     When it then lists exactly one process, one that was not listed at the baseline, that one
+     is us: its figure is read;
    - "unknown" (0): otherwise (other processes listed, or the listing failed). The run's peak
      is then unknown (``peak_source.resolve_peak``); the sweep records it as an error to
      measure again;
