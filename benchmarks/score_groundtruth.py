@@ -42,7 +42,7 @@ def score_row(estimator: PeakmemEstimator, row) -> dict:
     try:
         estimate = estimator.run(row)
     except CannotEstimate as exc:
-        return {"error": str(exc)}
+        return {"error": str(exc), "job": row.job["job"], "args": row.job["args"]}
     out: dict = {"seconds": round(time.perf_counter() - start, 2),
                  "job": row.job["job"], "args": row.job["args"]}
     for name, attribute, column in FIGURES:
