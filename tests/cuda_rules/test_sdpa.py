@@ -254,6 +254,16 @@ def test_cudnn_priority_per_release_and_gpu(release, capability, backend):
     assert choose_backend(capability, q, k, v, None) is SdpaBackend.FLASH  # the default order
 
 
+@pytest.mark.parametrize("release, variable, value", [
+    ("2.9.0", "TORCH_CUDNN_SDPA_PREFERRED", "0"),
+    ("2.11.0", "TORCH_CUDNN_SDPA_DEPRIORITIZED", "1"),
+])
+def test_the_environment_turns_the_preference_off(monkeypatch, release, variable, value):
+    q, k, v = qkv(torch.bfloat16, head_dim=64, length=128)
+    monkeypatch.setenv(variable, value)
+    assert choose_backend((9, 0), q, k, v, None, release=parse_release(release)) is SdpaBackend.FLASH
+
+
 @pytest.mark.parametrize("case, backend", [
     ("float32", SdpaBackend.EFFICIENT),  # cuDNN: fp16/bf16 only
     ("mask needing a gradient", SdpaBackend.EFFICIENT),  # cuDNN computes no dBias

@@ -9,6 +9,7 @@ attention matrix; memory-efficient pads the logsumexp's sequence dimension to a 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,9 @@ class CudnnPreference:
     since: tuple[int, int, int]
     prefers: Callable[[tuple[int, int]], bool]
     source: str
+    opt_out: tuple[str, str] | None = None
+    """(variable, value): the environment setting that turns the preference off (c10
+    `check_env`: "0" is false, "1" true)."""
 
 
 def _never(capability: tuple[int, int]) -> bool:
@@ -65,12 +69,13 @@ CUDNN_FIRST: tuple[CudnnPreference, ...] = (
     CudnnPreference((2, 5, 1), _never, "#138522 'Make CuDNN Attention Opt in' (cherry-picked to "
                     "release/2.5): priority_order returns the default order again"),
     CudnnPreference((2, 9, 0), lambda cap: cap in ((9, 0), (10, 0)), "#162073 (for 2.9): "
-                    "TORCH_CUDNN_SDPA_PREFERRED unset, CUDNN_VERSION >= 9.9, sm 9.0 / 10.0"),
+                    "CUDNN_VERSION >= 9.9, sm 9.0 / 10.0", ("TORCH_CUDNN_SDPA_PREFERRED", "0")),
     CudnnPreference((2, 10, 0), _never, "2.10: runtime cuDNN > 9.15.0 and sm 9.0 / 10.0 / 10.3 "
                     "(#169849, #171627); the cuDNN its wheels bundle is older"),
     CudnnPreference((2, 11, 0), lambda cap: cap in ((9, 0), (10, 0), (10, 3)), "2.11: the same "
                     "check; the wheels bundle cuDNN 9.19 (measured: benchmarks/groundtruth/"
-                    "h200_versions.json, h200_parallel_leases/t5_sdpa_choice.txt)"),
+                    "h200_versions.json, h200_parallel_leases/t5_sdpa_choice.txt)",
+                    ("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")),
 )
 
 _RELEASE_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
@@ -90,9 +95,11 @@ def priority_order(release: tuple[int, int, int] | None, capability: tuple[int, 
     for entry in CUDNN_FIRST:
         if release is not None and entry.since <= release:
             chosen = entry
-    if chosen is not None and chosen.prefers(capability):
-        return CUDNN_ORDER
-    return DEFAULT_ORDER
+    if chosen is None or not chosen.prefers(capability):
+        return DEFAULT_ORDER
+    if chosen.opt_out is not None and os.environ.get(chosen.opt_out[0]) == chosen.opt_out[1]:
+        return DEFAULT_ORDER
+    return CUDNN_ORDER
 
 
 def target_release(ctx: RuleContext) -> tuple[int, int, int]:
@@ -171,8 +178,9 @@ that do not put cuDNN first reach it only after math, i.e. with math disabled.""
 
 
 def _cudnn_head_dim_limit(capability: tuple[int, int], d_qk: int, d_v: int) -> int:
-    """`check_cudnn_tensor_shapes`: 128; 256 on sm 9.0 from cuDNN 9.10; (192, 128) on sm 10.0 from
-    cuDNN 9.11 (DeepSeek's head sizes)."""
+    """`check_cudnn_tensor_shapes`: 128; 256 on sm 9.0 from cuDNN 9.10 (#161210, 2.9); (192, 128)
+    on sm 10.x from cuDNN 9.11 (DeepSeek's head sizes, #172621). Later releases tie 256 to cuDNN
+    > 9.22 and check the backward's head sizes apart (not modelled)."""
     if CUDNN_SDPA_VERSION >= 91000 and capability == (9, 0):
         return 256
     if CUDNN_SDPA_VERSION >= 91100 and capability[0] == 10 and (d_qk, d_v) == (192, 128):
