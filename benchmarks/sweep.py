@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from peakmem.measure.groundtruth import done_keys, profile_name, read_rows
+from peakmem.measure.image_versions import collect_versions, write_versions
 from peakmem.measure.sweep_plan import SweepError, SweepPlan, load_plan
 from peakmem.measure.sweep_run import run_sweep, spawn_worker
 
@@ -53,6 +54,24 @@ def describe(plans: list[SweepPlan], csv_path: Path) -> None:
             f"{todo} not yet in {where}; per job: "
             + ", ".join(f"{job} {n}" for job, n in sorted(jobs.items()))
         )
+
+
+def record_versions(csv_path: Path) -> None:
+    """Write `<csv stem>_versions.json` next to the CSV: the workers' torch, torchvision,
+    transformers, timm, CUDA, cuDNN, the driver and the GPU (read in a child Python, so this
+    process initialises no CUDA before the runs)."""
+    try:
+        versions = collect_versions(sys.executable)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        console.print(f"[yellow]versions not recorded: {exc}[/]")
+        return
+    path, changed = write_versions(csv_path, versions)
+    console.print(f"versions -> {path}: torch {versions.get('torch')}, transformers "
+                  f"{versions.get('transformers')}, cudnn {versions.get('cudnn')}, driver "
+                  f"{versions.get('driver')}", highlight=False)  # fmt: skip
+    if changed:
+        console.print(f"[yellow]{', '.join(changed)} changed since the last sweep into {csv_path}: "
+                      "its earlier rows were measured with another image[/]")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -107,6 +126,7 @@ def main(sweeps, gpu, csv_path, budget_seconds, retry_errors, snapshot_dir, prei
     describe(plans, csv_path)
     if plan_only:
         return
+    record_versions(csv_path)
     total_runs = sum(len(p.runs) for p in plans)
     log_path = log_path or csv_path.with_suffix(".log")
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from torch import nn
 
 from peakmem.capture import capture_callable, capture_command
 from peakmem.estimate import EstimateError, estimate, estimate_capture
+from peakmem.profiles import load_gpu, load_stack
 from tests.capture.capture_helpers import allocations
 
 
@@ -99,6 +100,30 @@ def test_eager_values_are_real_through_fused_attention(a100, stack24):
 
     result = _capture(job, a100, stack24, "eager")
     assert allocations(result.trace, op="_scaled_dot_product_flash_attention")  # the fused path
+    assert torch.allclose(seen["device"], seen["host"], atol=2e-2)
+    assert torch.allclose(seen["grad"], seen["host_grad"], atol=5e-2)
+
+
+def test_eager_values_are_real_through_cudnn_attention():
+    """On the H200 with torch 2.11 a bf16 call with a mask takes cuDNN attention (cuda_rules/
+    sdpa.py): its shadows come from the math it stands for, forward and backward."""
+    seen = {}
+
+    def job():
+        q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+        mask = torch.randn(8, 8)
+        dq, dk, dv = (t.cuda().to(torch.bfloat16).requires_grad_() for t in (q, k, v))
+        out = nn.functional.scaled_dot_product_attention(dq, dk, dv, mask.cuda().bfloat16())
+        out.float().sum().backward()
+        seen["device"], seen["grad"] = out.float().cpu(), dq.grad.float().cpu()
+        ref = [t.to(torch.bfloat16).float().requires_grad_() for t in (q, k, v)]
+        expected = nn.functional.scaled_dot_product_attention(*ref, mask.bfloat16().float())
+        expected.sum().backward()
+        seen["host"], seen["host_grad"] = expected.detach(), ref[0].grad
+
+    result = _capture(job, load_gpu("h200"), load_stack("2.11"), "eager")
+    assert result.error is None, result.error_text
+    assert allocations(result.trace, op="_scaled_dot_product_cudnn_attention_backward")
     assert torch.allclose(seen["device"], seen["host"], atol=2e-2)
     assert torch.allclose(seen["grad"], seen["host_grad"], atol=5e-2)
 

@@ -29,9 +29,9 @@ def attention_calls(monkeypatch):
     calls = []
     choose = sdpa.choose_backend
 
-    def recorded(capability, q, k, v, mask, is_causal=False):
+    def recorded(capability, q, k, v, mask, is_causal=False, **kwargs):
         calls.append((mask is None, is_causal))
-        return choose(capability, q, k, v, mask, is_causal)
+        return choose(capability, q, k, v, mask, is_causal, **kwargs)
 
     monkeypatch.setattr(sdpa, "choose_backend", recorded)
     return calls

@@ -72,8 +72,8 @@ def backends(monkeypatch):
     chosen = []
     choose = sdpa.choose_backend
 
-    def recorded(capability, q, k, v, mask, is_causal=False):
-        backend = choose(capability, q, k, v, mask, is_causal)
+    def recorded(capability, q, k, v, mask, is_causal=False, **kwargs):
+        backend = choose(capability, q, k, v, mask, is_causal, **kwargs)
         chosen.append(backend)
         return backend
 

@@ -3,7 +3,12 @@ import torch
 import torch.nn.functional as F
 
 from peakmem.capture import capture_callable
-from peakmem.cuda_rules.sdpa import SdpaBackend, choose_backend
+from peakmem.cuda_rules.sdpa import (
+    SdpaBackend,
+    choose_backend,
+    cudnn_backward_workspace_bytes,
+    parse_release,
+)
 from peakmem.profiles import load_gpu, load_stack
 from tests.capture.capture_helpers import allocations
 
@@ -204,3 +209,123 @@ def test_t5_attention_with_its_strided_bias_saves_9_bytes_per_score(dtype):
     assert "_scaled_dot_product_efficient_attention.default" in ops
     bias_copy = 8 * 512 * 512 * 4  # the embedding's output and its contiguous copy, batch-free
     assert max(size for size, _ in allocations(result.trace, phase="forward")) == bias_copy
+
+
+# -- cuDNN attention: first on sm 9.0 from torch 2.11 (bundled cuDNN 9.19 > 9.15.0) ---------------
+
+TORCH_2_11 = parse_release("2.11.0+cu130")
+
+
+@pytest.mark.parametrize("contiguous, dtype, backend", [
+    (False, torch.float32, SdpaBackend.MATH),
+    (False, torch.bfloat16, SdpaBackend.MATH),
+    (True, torch.float32, SdpaBackend.EFFICIENT),
+    (True, torch.bfloat16, SdpaBackend.CUDNN),
+])
+def test_the_measured_h200_choice(contiguous, dtype, backend):
+    """benchmarks/groundtruth/h200_parallel_leases/t5_sdpa_choice.txt: torch 2.11.0+cu130, cuDNN
+    9.19, H200: `torch._fused_sdp_choice(q, k, v, mask, 0.1, False, scale=1.0)` with q, k, v of
+    shape (2, 8, 512, 64) and a float mask (1, 8, 512, 512): math for the mask permuted from (512,
+    512, 8), memory-efficient (fp32) and cuDNN (bf16) for the contiguous one."""
+    q, k, v = (torch.empty(2, 8, 512, 64, dtype=dtype, device="meta") for _ in range(3))
+    bias = t5_position_bias(8, 512).to(dtype)
+    mask = bias.contiguous() if contiguous else bias
+    chosen = choose_backend((9, 0), q, k, v, mask, False, dropout_p=0.1, release=TORCH_2_11)
+    assert chosen is backend
+
+
+@pytest.mark.parametrize("release, capability, backend", [
+    ("2.4.1", (9, 0), SdpaBackend.FLASH),
+    ("2.5.0", (9, 0), SdpaBackend.CUDNN),  # cuDNN first on sm >= 9.0
+    ("2.5.1", (9, 0), SdpaBackend.FLASH),  # made opt-in (#138522)
+    ("2.6.0", (9, 0), SdpaBackend.FLASH),
+    ("2.8.0", (9, 0), SdpaBackend.FLASH),
+    ("2.9.0", (9, 0), SdpaBackend.CUDNN),  # #162073: sm 9.0 / 10.0
+    ("2.9.1", (8, 0), SdpaBackend.FLASH),
+    ("2.10.0", (9, 0), SdpaBackend.FLASH),  # bundled cuDNN below 9.15.1
+    ("2.11.0+cu130", (9, 0), SdpaBackend.CUDNN),
+    ("2.11.0", (10, 0), SdpaBackend.CUDNN),
+    ("2.11.0", (8, 0), SdpaBackend.FLASH),
+    ("2.11.0", (8, 9), SdpaBackend.FLASH),
+])
+def test_cudnn_priority_per_release_and_gpu(release, capability, backend):
+    q, k, v = qkv(torch.bfloat16, head_dim=64, length=128)
+    assert choose_backend(capability, q, k, v, None, release=parse_release(release)) is backend
+    assert choose_backend(capability, q, k, v, None) is SdpaBackend.FLASH  # the default order
+
+
+@pytest.mark.parametrize("release, variable, value", [
+    ("2.9.0", "TORCH_CUDNN_SDPA_PREFERRED", "0"),
+    ("2.11.0", "TORCH_CUDNN_SDPA_DEPRIORITIZED", "1"),
+])
+def test_the_environment_turns_the_preference_off(monkeypatch, release, variable, value):
+    q, k, v = qkv(torch.bfloat16, head_dim=64, length=128)
+    monkeypatch.setenv(variable, value)
+    assert choose_backend((9, 0), q, k, v, None, release=parse_release(release)) is SdpaBackend.FLASH
+
+
+@pytest.mark.parametrize("case, backend", [
+    ("float32", SdpaBackend.EFFICIENT),  # cuDNN: fp16/bf16 only
+    ("mask needing a gradient", SdpaBackend.EFFICIENT),  # cuDNN computes no dBias
+    ("one key", SdpaBackend.FLASH),
+    ("head size 12", SdpaBackend.FLASH),  # cuDNN: a multiple of 8
+    ("head size 256", SdpaBackend.CUDNN),  # sm 9.0 with cuDNN >= 9.10
+    ("3-D mask", SdpaBackend.EFFICIENT),  # check_attn_mask_shape: 2-D or 4-D
+])
+def test_what_cudnn_attention_refuses(case, backend):
+    head_dim = {"head size 12": 12, "head size 256": 256}.get(case, 64)
+    dtype = torch.float32 if case == "float32" else torch.bfloat16
+    q = torch.empty(2, 4, 128, head_dim, dtype=dtype, device="meta")
+    kv = torch.empty(2, 4, 1 if case == "one key" else 128, head_dim, dtype=dtype, device="meta")
+    mask = None
+    if case == "mask needing a gradient":
+        mask = torch.zeros(128, 128, dtype=dtype, device="meta", requires_grad=True)
+    elif case == "3-D mask":
+        mask = torch.zeros(4, 128, 128, dtype=dtype, device="meta")
+    assert choose_backend((9, 0), q, kv, kv, mask, release=TORCH_2_11) is backend
+
+
+def cudnn_attention_job():
+    def job():
+        q, k, v = (torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
+        mask = torch.randn(1, 8, 512, 512, device="cuda", dtype=torch.bfloat16)
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1).sum().backward()
+
+    return job
+
+
+def test_cudnn_attention_forward_and_backward_bytes():
+    """The worked bytes of one bf16 call, batch 2, 8 heads, 512 queries and keys, head size 64 on
+    the H200 with torch 2.11 (attention.cu `_cudnn_attention_forward`, MHA.cpp):
+    forward: the output in the query's layout (2 x 8 x 512 x 64 x 2 B = 1 MiB), the logsumexp
+    (2, 8, 512, 1) float32 (32 KiB), the philox seed and offset (`at::empty({}, kLong)` on the
+    device, 8 B each); backward: dQ, dK, dV (1 MiB each), the gradient of `sum()` (expanded,
+    stride 0) copied into the output's layout (1 MiB), then the workspace: the float32 dQ
+    accumulator (2 MiB) and softmax_sum (2 x 8 x 512 x 4 B = 32 KiB)."""
+    result = capture_callable(cudnn_attention_job(), gpu=load_gpu("h200"), stack=load_stack("2.11"))
+    assert result.error is None, result.error_text
+    forward = [size for size, _ in allocations(result.trace, op="_scaled_dot_product_cudnn_attention.")]
+    assert forward == [2**20, 2 * 8 * 512 * 4, 8, 8]
+    backward = [size for size, _ in allocations(result.trace, op="_scaled_dot_product_cudnn_attention_backward")]
+    assert backward == [2**20] * 3
+    scratch = [size for size, _ in allocations(result.trace, op="cudnn_attention_backward")]
+    assert scratch == [2**20, 2 * 2**20 + 2 * 8 * 512 * 4]
+
+
+def test_the_target_release_decides_the_backend():
+    """The same job estimated for torch 2.6 (default order: the mask rules out flash) takes
+    memory-efficient attention and allocates nothing of cuDNN's."""
+    from peakmem.capture.fake_memory import allocator_target
+
+    with allocator_target(None, "2.6.3"):
+        result = capture_callable(cudnn_attention_job(), gpu=load_gpu("h200"), stack=load_stack("2.6"))
+    assert result.error is None, result.error_text
+    ops = {tag.op for _, tag in allocations(result.trace)}
+    assert "_scaled_dot_product_efficient_attention.default" in ops
+    assert not any("cudnn_attention" in (op or "") for op in ops)
+
+
+def test_cudnn_backward_workspace_bytes():
+    assert cudnn_backward_workspace_bytes(2, 8, 512, 64) == 2 * 8 * 512 * (64 + 1) * 4
+    assert cudnn_backward_workspace_bytes(2, 8, 512, 64, deterministic=True) == 2 * 8 * 512 * 4

@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import Any
 
 from peakmem.baselines.base import CannotEstimate, Estimate, Estimator, MissingPackage
+from peakmem.datasets.loaders import GROUNDTRUTH_DIR
 from peakmem.datasets.rows import BenchRow
 
 REPO = Path(__file__).resolve().parents[3]
@@ -149,12 +150,25 @@ def timm_command(row: BenchRow) -> list[str]:
             "--batch-size", str(row.job["batch_size"])]
 
 
-# The transformers release the device machines' image held when the ground-truth runs were
-# measured (the rows do not record it): 5.17.0 in a session's `pip list` of that image
-# (2026-11; the H100 and H200 leases of 2026-11-26/27 ran the same image), against 5.24 here.
-# The estimate runs the job with the installed release and puts back the older release's
-# behaviours that change allocations (capture/hf_release.py).
-GROUNDTRUTH_TRANSFORMERS_RELEASE: dict[str, str] = {"h100-80gb": "5.17.0", "h200": "5.17.0"}
+# Where a ground-truth CSV has no `<gpu>_versions.json` next to it (the sweeps before 2026-11-27
+# did not record one; benchmarks/sweep.py writes it now): ASSUMED, not read. h100-80gb's rows
+# (leases of 2026-11-26) are taken to have run the image the H200 lease of 2026-11-27 recorded
+# (benchmarks/groundtruth/h200_versions.json: transformers 5.17.0), the same image by the session
+# notes, against 5.24 installed here.
+ASSUMED_GROUNDTRUTH_TRANSFORMERS_RELEASE = "5.17.0"
+
+
+def groundtruth_transformers_release(gpu: str) -> str:
+    """The transformers release of the image the GPU's ground-truth rows were measured with:
+    `benchmarks/groundtruth/<gpu>_versions.json` (measure/image_versions.py), else the
+    documented assumption above. The estimate runs the job with the installed release and puts
+    back the older release's behaviours that change allocations (capture/hf_release.py)."""
+    from peakmem.measure.image_versions import read_versions
+
+    versions = read_versions(GROUNDTRUTH_DIR / f"{gpu}.csv")
+    if versions is not None and versions.get("transformers"):
+        return str(versions["transformers"])
+    return ASSUMED_GROUNDTRUTH_TRANSFORMERS_RELEASE
 
 
 def groundtruth_command(row: BenchRow) -> list[str]:
@@ -173,7 +187,7 @@ def row_environment(row: BenchRow) -> dict[str, str]:
     measuring machine ran (`PEAKMEM_TRANSFORMERS_RELEASE`), where it is known."""
     from peakmem.capture.hf_release import RELEASE_VARIABLE
 
-    release = (GROUNDTRUTH_TRANSFORMERS_RELEASE.get(row.gpu)
+    release = (groundtruth_transformers_release(row.gpu)
                if row.dataset.startswith("groundtruth") else None)
     return {RELEASE_VARIABLE: release} if release else {}
 
@@ -269,10 +283,12 @@ def compared_bytes(row: BenchRow, estimate) -> int:
 @cache
 def source_version() -> str:
     """A digest of everything a peakmem estimate depends on: the package's code and profile
-    data and the zoo's job scripts (the bench cache key; a change recomputes the rows)."""
+    data, the zoo's job scripts and the ground truth's recorded versions (the bench cache key;
+    a change recomputes the rows)."""
     digest = hashlib.sha1()
     package = Path(__file__).resolve().parents[1]
     files = sorted(package.rglob("*.py")) + sorted(package.rglob("*.toml")) + sorted(ZOO.glob("*.py"))
+    files += sorted(GROUNDTRUTH_DIR.glob("*_versions.json"))  # the releases the rows ran
     for path in files:
         if "__pycache__" in path.parts:
             continue

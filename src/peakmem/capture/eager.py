@@ -379,12 +379,27 @@ def _efficient_backward(meta_out, grad_out, q, k, v, bias, out, lse, seed, offse
     return real
 
 
+def _cudnn_forward(meta_out, q, k, v, bias, compute_lse, dropout_p=0.0, is_causal=False,
+                   return_debug_mask=False, *, scale=None):
+    _, out, lse, *_ = _attention(q, k, v, bias, is_causal, scale)
+    real = _zeros_like_meta(meta_out)
+    real[0], real[1] = out.to(q.dtype), lse.unsqueeze(-1)  # logsumexp (B, H, L, 1)
+    return real
+
+
+def _cudnn_backward(meta_out, grad_out, q, k, v, out, lse, seed, offset, bias, cum_q, cum_k,
+                    max_q, max_k, dropout_p, is_causal, *, scale=None):
+    return list(_attention_backward(grad_out, q, k, v, bias, is_causal, scale)[:3])
+
+
 _SUBSTITUTES: dict[Any, Callable[..., Any]] = {}
 for _name, _fn in (
     ("_scaled_dot_product_flash_attention", _flash_forward),
     ("_scaled_dot_product_flash_attention_backward", _flash_backward),
     ("_scaled_dot_product_efficient_attention", _efficient_forward),
     ("_scaled_dot_product_efficient_attention_backward", _efficient_backward),
+    ("_scaled_dot_product_cudnn_attention", _cudnn_forward),
+    ("_scaled_dot_product_cudnn_attention_backward", _cudnn_backward),
 ):
     if hasattr(aten, _name):
         _SUBSTITUTES[getattr(aten, _name).default] = _fn

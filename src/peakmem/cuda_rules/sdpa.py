@@ -1,12 +1,18 @@
 """`scaled_dot_product_attention` on CUDA picks a fused backend by GPU architecture, dtype, head
-size and mask (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp; priority flash >
-memory-efficient > math). The fused backends save the output and a logsumexp for backward
-instead of the math path's full attention matrix; memory-efficient pads the logsumexp's sequence
-dimension to a multiple of 32 (its meta kernel does the same).
-cuDNN attention is not chosen here: its priority changed between releases (not modelled yet)."""
+size, mask and torch release (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
+`select_sdp_backend`: the first backend of `priority_order` whose `can_use_*` accepts the call).
+The default order is flash > memory-efficient > math > cuDNN (cuDNN after math: never chosen);
+releases that prefer cuDNN attention on some GPUs put it first (`CUDNN_FIRST`, by release). The
+fused backends save the output and a logsumexp for backward instead of the math path's full
+attention matrix; memory-efficient pads the logsumexp's sequence dimension to a multiple of 32
+(its meta kernel does the same), cuDNN keeps it as (B, H, L, 1) float32."""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
@@ -28,6 +34,81 @@ class SdpaBackend(StrEnum):
     FLASH = "flash"
     EFFICIENT = "efficient"
     MATH = "math"
+    CUDNN = "cudnn"
+
+
+DEFAULT_ORDER = (SdpaBackend.FLASH, SdpaBackend.EFFICIENT, SdpaBackend.MATH, SdpaBackend.CUDNN)
+"""at::Context's default `sdp_priority_order` (torch._C._get_sdp_priority_order() == [1, 2, 0, 3,
+4]: flash, efficient, math, cudnn, overrideable)."""
+CUDNN_ORDER = (SdpaBackend.CUDNN, SdpaBackend.FLASH, SdpaBackend.EFFICIENT, SdpaBackend.MATH)
+"""`priority_order`'s `cudnn_order` where `check_prefer_cudnn_attention()` holds."""
+
+
+@dataclass(frozen=True)
+class CudnnPreference:
+    """From torch release `since` (major, minor, patch) on, cuDNN attention comes first on the GPUs
+    for which `prefers(capability)` holds (`check_prefer_cudnn_attention`), until the next entry."""
+
+    since: tuple[int, int, int]
+    prefers: Callable[[tuple[int, int]], bool]
+    source: str
+    opt_out: tuple[str, str] | None = None
+    """(variable, value): the environment setting that turns the preference off (c10
+    `check_env`: "0" is false, "1" true)."""
+
+
+def _never(capability: tuple[int, int]) -> bool:
+    return False
+
+
+CUDNN_FIRST: tuple[CudnnPreference, ...] = (
+    CudnnPreference((2, 4, 0), _never, "2.4: cuDNN after math; #125343 (cuDNN first on H100) was "
+                    "reverted on release/2.4 (#128539)"),
+    CudnnPreference((2, 5, 0), lambda cap: cap[0] >= 9, "2.5.0: check_prefer_cudnn_attention: "
+                    "CUDNN_VERSION >= 9.0 and major >= 9"),
+    CudnnPreference((2, 5, 1), _never, "#138522 'Make CuDNN Attention Opt in' (cherry-picked to "
+                    "release/2.5): priority_order returns the default order again"),
+    CudnnPreference((2, 9, 0), lambda cap: cap in ((9, 0), (10, 0)), "#162073 (for 2.9): "
+                    "CUDNN_VERSION >= 9.9, sm 9.0 / 10.0", ("TORCH_CUDNN_SDPA_PREFERRED", "0")),
+    CudnnPreference((2, 10, 0), _never, "2.10: runtime cuDNN > 9.15.0 and sm 9.0 / 10.0 / 10.3 "
+                    "(#169849, #171627); the cuDNN its wheels bundle is older"),
+    CudnnPreference((2, 11, 0), lambda cap: cap in ((9, 0), (10, 0), (10, 3)), "2.11: the same "
+                    "check; the wheels bundle cuDNN 9.19 (measured: benchmarks/groundtruth/"
+                    "h200_versions.json, h200_parallel_leases/t5_sdpa_choice.txt)",
+                    ("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")),
+)
+
+_RELEASE_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_release(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a torch version string ("2.11.0+cu130", "2.5", "2.5.1")."""
+    match = _RELEASE_RE.match(version)
+    if not match:
+        raise ValueError(f"not a torch version: {version!r}")
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def priority_order(release: tuple[int, int, int] | None, capability: tuple[int, int]):
+    """The backends in the order `select_sdp_backend` tries them (None: the default order)."""
+    chosen = None
+    for entry in CUDNN_FIRST:
+        if release is not None and entry.since <= release:
+            chosen = entry
+    if chosen is None or not chosen.prefers(capability):
+        return DEFAULT_ORDER
+    if chosen.opt_out is not None and os.environ.get(chosen.opt_out[0]) == chosen.opt_out[1]:
+        return DEFAULT_ORDER
+    return CUDNN_ORDER
+
+
+def target_release(ctx: RuleContext) -> tuple[int, int, int]:
+    """The torch release the capture simulates: the version the estimate was asked for, else the
+    stack profile's first release."""
+    from peakmem.capture.fake_memory import target_settings
+
+    _, version = target_settings("{}.{}".format(*ctx.stack.torch_min))
+    return parse_release(version)
 
 
 def _last_dims_unit_stride(q, k, v, attn_mask, ignore_singleton_dim: bool) -> bool:
@@ -75,27 +156,100 @@ def _efficient_ok(capability: tuple[int, int], q, k, v, attn_mask) -> bool:
     return same_heads and q.shape[-1] % alignment == 0 and v.shape[-1] % alignment == 0
 
 
+def _mask_shape_ok(q, k, attn_mask) -> bool:
+    """sdp_utils_cpp.h `check_attn_mask_shape` (cuDNN only): no gradient for the mask (cuDNN
+    computes no dBias), its last two sizes the queries' and keys' or 1, and 2-D or 4-D with batch
+    and heads each the query's or 1."""
+    if attn_mask is None:
+        return True
+    if attn_mask.requires_grad:
+        return False
+    if attn_mask.shape[-2] not in (q.shape[-2], 1) or attn_mask.shape[-1] not in (k.shape[-2], 1):
+        return False
+    if attn_mask.dim() == 2:
+        return True
+    return attn_mask.dim() == 4 and attn_mask.shape[0] in (1, q.shape[0]) and \
+        attn_mask.shape[1] in (1, q.shape[1])
+
+
+CUDNN_SDPA_VERSION = 91900
+"""The runtime cuDNN the head-size limits below are read for (torch 2.11 wheels: 9.19). Releases
+that do not put cuDNN first reach it only after math, i.e. with math disabled."""
+
+
+def _cudnn_head_dim_limit(capability: tuple[int, int], d_qk: int, d_v: int) -> int:
+    """`check_cudnn_tensor_shapes`: 128; 256 on sm 9.0 from cuDNN 9.10 (#161210, 2.9); (192, 128)
+    on sm 10.x from cuDNN 9.11 (DeepSeek's head sizes, #172621). Later releases tie 256 to cuDNN
+    > 9.22 and check the backward's head sizes apart (not modelled)."""
+    if CUDNN_SDPA_VERSION >= 91000 and capability == (9, 0):
+        return 256
+    if CUDNN_SDPA_VERSION >= 91100 and capability[0] == 10 and (d_qk, d_v) == (192, 128):
+        return 192
+    return 128
+
+
+def _cudnn_ok(capability: tuple[int, int], q, k, v, attn_mask, dropout_p: float) -> bool:
+    """sdp_utils.cpp `can_use_cudnn_attention` for dense 4-D inputs (torch 2.10/2.11)."""
+    if not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    if torch.are_deterministic_algorithms_enabled() and \
+            not torch.is_deterministic_algorithms_warn_only_enabled():
+        return False  # check_cudnn_deterministic
+    if not (8, 0) <= capability <= (12, 1):
+        return False  # check_cudnn_hardware_support
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return False  # check_dtypes_low_precision
+    if not _mask_shape_ok(q, k, attn_mask):
+        return False
+    if min(q.shape[-2], k.shape[-2]) == 0:
+        return False  # check_nonzero_sequence_lengths_dense
+    if not _last_dims_unit_stride(q, k, v, attn_mask, ignore_singleton_dim=True):
+        return False
+    if not q.shape[0] == k.shape[0] == v.shape[0]:
+        return False
+    if q.shape[-3] % k.shape[-3] or k.shape[-3] != v.shape[-3]:
+        return False  # check_batch_size_and_num_heads_dense<gqa, not same heads>
+    s_q, s_k, d_qk, d_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    limit = _cudnn_head_dim_limit(capability, d_qk, d_v)
+    if d_qk > limit or d_v > limit or d_qk % 8 or d_v % 8:
+        return False  # check_cudnn_tensor_shapes
+    return s_k != 1 and not (s_q == 1 and dropout_p != 0.0)
+
+
 def choose_backend(
-    capability: tuple[int, int], q, k, v, attn_mask, is_causal: bool = False
+    capability: tuple[int, int], q, k, v, attn_mask, is_causal: bool = False, *,
+    dropout_p: float = 0.0, release: tuple[int, int, int] | None = None,
 ) -> SdpaBackend:
-    """The backend CUDA would pick for these inputs (4-D, no nested tensors)."""
+    """The backend CUDA would pick for these inputs (4-D, no nested tensors) in torch `release`
+    (None: a release with the default order)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return SdpaBackend.MATH
-    if _flash_ok(capability, q, k, v, attn_mask, is_causal):
-        return SdpaBackend.FLASH
-    if _efficient_ok(capability, q, k, v, attn_mask):
-        return SdpaBackend.EFFICIENT
+    accepts = {
+        SdpaBackend.CUDNN: lambda: _cudnn_ok(capability, q, k, v, attn_mask, dropout_p),
+        SdpaBackend.FLASH: lambda: _flash_ok(capability, q, k, v, attn_mask, is_causal),
+        SdpaBackend.EFFICIENT: lambda: _efficient_ok(capability, q, k, v, attn_mask),
+        SdpaBackend.MATH: lambda: True,
+    }
+    for backend in priority_order(release, capability):
+        if accepts[backend]():
+            return backend
     return SdpaBackend.MATH
+
+
+def _float_mask(attn_mask, q):
+    """attention.cpp `convert_boolean_attn_mask`: a boolean mask becomes an additive one in the
+    query's dtype (a new tensor); other masks pass as they are."""
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    return torch.where(attn_mask.logical_not(), float("-inf"), 0.0).to(q.dtype)
 
 
 def _attn_bias(attn_mask, q):
     """Memory-efficient attention takes an additive bias: boolean masks are converted
     (a new tensor), and a last dimension not a multiple of 16 is padded (another one)."""
-    if attn_mask is None:
+    bias = _float_mask(attn_mask, q)
+    if bias is None:
         return None
-    bias = attn_mask
-    if bias.dtype == torch.bool:
-        bias = torch.where(bias.logical_not(), float("-inf"), 0.0).to(q.dtype)
     last = bias.shape[-1]
     if last % 16:
         padded = F.pad(bias, (0, 16 - last % 16))
@@ -123,13 +277,18 @@ def scaled_dot_product_attention(
         if not enable_gqa and q.dim() == 4 and q.shape[-3] != k.shape[-3]:
             backend = SdpaBackend.MATH  # mismatched heads without enable_gqa: an error on CUDA
         else:
-            backend = choose_backend(ctx.gpu.capability, q, k, v, mask, is_causal)
+            backend = choose_backend(ctx.gpu.capability, q, k, v, mask, is_causal,
+                                     dropout_p=dropout_p, release=target_release(ctx))
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if backend is SdpaBackend.CUDNN:
+            return aten._scaled_dot_product_cudnn_attention(
+                q, k, v, _float_mask(mask, q), needs_grad, dropout_p, is_causal, False, scale=scale
+            )[0]
         if backend is SdpaBackend.FLASH:
             return aten._scaled_dot_product_flash_attention(
                 q, k, v, dropout_p, is_causal, False, scale=scale
             )[0]
         if backend is SdpaBackend.EFFICIENT:
-            needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
             return aten._scaled_dot_product_efficient_attention(
                 q, k, v, _attn_bias(mask, q), needs_grad, dropout_p, is_causal, scale=scale
             )[0]
@@ -263,5 +422,44 @@ def efficient_attention_backward_scratch(ctx: RuleContext, op, args: tuple, kwar
     ctx.release(delta)
     if workspace is not None:
         ctx.release(workspace)
+    if grad_out_copy is not None:
+        ctx.release(grad_out_copy)
+
+
+def cudnn_backward_workspace_bytes(
+    batch: int, heads: int, queries: int, head_dim: int, deterministic: bool = False
+) -> int:
+    """Bytes of the workspace the cuDNN backward takes from the caching allocator (MHA.cpp
+    `run_cudnn_SDP_bprop`: `CUDACachingAllocator::get()->allocate(mha_graph.get_workspace_size())`,
+    freed when the op returns). The cuDNN frontend's part (cudnn_frontend SDPA backward node,
+    `get_fe_workspace_size_node`): the float32 dQ accumulator, `b * h_q * s_q * d_qk * 4` bytes,
+    unless the dP-workspace variant runs (deterministic algorithms or a bias gradient; the size
+    heuristic is gone from cuDNN 9.0), and the float32 `softmax_sum` (dO . O per row), `b * h_q *
+    s_q * 4` bytes. The engine's own workspace is not known without a GPU (taken as 0); for
+    grouped-query attention newer frontends add full-head dK/dV buffers (not modelled)."""
+    accumulator = 0 if deterministic else batch * heads * queries * head_dim * 4
+    return accumulator + batch * heads * queries * 4
+
+
+@register_op_rule(aten._scaled_dot_product_cudnn_attention_backward)
+def cudnn_attention_backward_scratch(ctx: RuleContext, op, args: tuple, kwargs: dict):
+    """Besides dQ, dK, dV (the op's outputs, laid out as query, key, value): a copy of the
+    incoming gradient in the output's layout when its last dimension is not contiguous (MHA.cpp
+    `permute_to_matching_layout(o, dO_)`, cuDNN >= 9.5.1; e.g. the expanded gradient of
+    `out.sum()`), then the cuDNN workspace (`cudnn_backward_workspace_bytes`); both are freed
+    when the op returns."""
+    grad_out, query = args[0], args[1]
+    yield  # grad_q, grad_k, grad_v
+    grad_out_copy = None
+    if grad_out.stride(-1) != 1:
+        grad_out_copy = ctx.scratch(grad_out.numel() * grad_out.element_size(),
+                                    category="temporary", op="cudnn_attention_backward[scratch]")
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    batch, heads, queries, head_dim = query.shape
+    workspace = ctx.scratch(
+        cudnn_backward_workspace_bytes(batch, heads, queries, head_dim, deterministic),
+        category="workspace", op="cudnn_attention_backward[workspace]",
+    )
+    ctx.release(workspace)
     if grad_out_copy is not None:
         ctx.release(grad_out_copy)

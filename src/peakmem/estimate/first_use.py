@@ -79,6 +79,12 @@ register(
     ("_scaled_dot_product_flash_attention", "_flash_attention_forward"),
     "flash-attention SDPA kernels (bf16 / fp16 attention)",
 )
+register(
+    "sdpa_cudnn",
+    ("_scaled_dot_product_cudnn_attention", "_cudnn_attention_forward"),
+    "cuDNN attention (bf16 / fp16 attention where the torch release prefers it: sm 9.0 / 10.x "
+    "with torch 2.11, cuda_rules/sdpa.py)",
+)
 register("avg_pool", ("avg_pool2d", "avg_pool3d"), "average pooling kernels")
 register(
     "fused_optimizer",
