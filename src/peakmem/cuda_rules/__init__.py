@@ -15,6 +15,7 @@ from peakmem.cuda_rules import (  # noqa: F401  (imported for their registration
     norms,
     optimizers,
     reductions,
+    safe_softmax,
     saved_inputs,
     sdpa,
     sparse,

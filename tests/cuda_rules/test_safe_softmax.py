@@ -1,0 +1,40 @@
+"""SDPA's math path on CUDA: `_safe_softmax` allocates an `eq(-inf)` mask the size of its input,
+a per-row `all` and a 0-dim fill value right after its output, freed before it returns (measured
+on an H200, torch 2.11: benchmarks/snapshots/h200_t5_small_bf16_b8.digest.json.gz)."""
+
+import torch
+import torch.nn.functional as F
+
+from peakmem.capture import capture_callable
+from tests.capture.capture_helpers import allocations
+
+
+def test_safe_softmax_masks_follow_the_output(a100, stack24):
+    b, h, q, k = 2, 4, 64, 96
+
+    def job():
+        scores = torch.randn(b, h, q, k, device="cuda")
+        torch.ops.aten._safe_softmax(scores, -1)
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    sizes = [(size, tag.op) for size, tag in allocations(result.trace)]
+    output_at = [op for _, op in sizes].index("_safe_softmax.default")
+    assert sizes[output_at][0] == b * h * q * k * 4
+    after = [size for size, op in sizes[output_at + 1:] if op == "_safe_softmax[masked_rows]"]
+    # bool mask of the input, one bool per (b, h, q) row, a float32 0-dim fill value
+    assert after == [b * h * q * k, b * h * q, 4]
+
+
+def test_math_sdpa_with_a_permuted_mask_runs_the_safe_softmax_rule(a100, stack24):
+    b, h, s, d = 2, 4, 64, 16
+
+    def job():
+        qkv = [torch.randn(b, h, s, d, device="cuda", requires_grad=True) for _ in range(3)]
+        bias = torch.randn(s, s, h, device="cuda").permute(2, 0, 1)[None]  # last dim stride h
+        F.scaled_dot_product_attention(*qkv, attn_mask=bias, dropout_p=0.1)
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    masks = [size for size, tag in allocations(result.trace, op="_safe_softmax[masked_rows]")]
+    assert masks == [b * h * s * s, b * h * s, 4]
