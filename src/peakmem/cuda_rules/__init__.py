@@ -15,9 +15,9 @@ from peakmem.cuda_rules import (  # noqa: F401  (imported for their registration
     norms,
     optimizers,
     reductions,
-    safe_softmax,
     saved_inputs,
     sdpa,
+    softmax,
     sparse,
 )
 from peakmem.cuda_rules.registry import (

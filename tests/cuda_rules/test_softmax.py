@@ -38,3 +38,33 @@ def test_math_sdpa_with_a_permuted_mask_runs_the_safe_softmax_rule(a100, stack24
     assert result.error is None, result.error_text
     masks = [size for size, tag in allocations(result.trace, op="_safe_softmax[masked_rows]")]
     assert masks == [b * h * s * s, b * h * s, 4]
+
+
+def backward_allocations(a100, stack24, job):
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    return [(size, tag.op) for size, tag in allocations(result.trace, phase="backward")]
+
+
+def test_softmax_backward_allocates_grad_times_output_after_its_gradient(a100, stack24):
+    shape = (4, 8, 64, 96)
+
+    def job():
+        x = torch.randn(shape, device="cuda", requires_grad=True)
+        torch.softmax(x, -1).sum().backward()
+
+    backward = backward_allocations(a100, stack24, job)
+    ops = [op for _, op in backward]
+    at = ops.index("_softmax_backward_data.default")
+    # SoftMax.cu softmax_backward_cuda_out: grad_input, then `tmp = grad * output` (float32)
+    assert backward[at + 1] == (4 * 8 * 64 * 96 * 4, "_softmax_backward_data[grad*output]")
+
+
+def test_log_softmax_backward_has_no_product(a100, stack24):
+    def job():
+        x = torch.randn(16, 1000, device="cuda", requires_grad=True)
+        torch.log_softmax(x, -1).sum().backward()
+
+    ops = [op for _, op in backward_allocations(a100, stack24, job)]
+    assert "_log_softmax_backward_data.default" in ops
+    assert not any(op.startswith("_softmax_backward_data") for op in ops)
