@@ -6,17 +6,20 @@ import torch
 import torch.nn.functional as F
 
 from peakmem.capture import capture_callable
+from peakmem.profiles import load_stack
 from tests.capture.capture_helpers import allocations
 
+STACK_2_11 = load_stack("2.11.0")
 
-def test_safe_softmax_masks_follow_the_output(a100, stack24):
+
+def test_safe_softmax_masks_follow_the_output(a100):
     b, h, q, k = 2, 4, 64, 96
 
     def job():
         scores = torch.randn(b, h, q, k, device="cuda")
         torch.ops.aten._safe_softmax(scores, -1)
 
-    result = capture_callable(job, gpu=a100, stack=stack24)
+    result = capture_callable(job, gpu=a100, stack=STACK_2_11)
     assert result.error is None, result.error_text
     sizes = [(size, tag.op) for size, tag in allocations(result.trace)]
     output_at = [op for _, op in sizes].index("_safe_softmax.default")
@@ -26,7 +29,7 @@ def test_safe_softmax_masks_follow_the_output(a100, stack24):
     assert after == [b * h * q * k, b * h * q, 4]
 
 
-def test_math_sdpa_with_a_permuted_mask_runs_the_safe_softmax_rule(a100, stack24):
+def test_math_sdpa_with_a_permuted_mask_runs_the_safe_softmax_rule(a100):
     b, h, s, d = 2, 4, 64, 16
 
     def job():
@@ -34,7 +37,7 @@ def test_math_sdpa_with_a_permuted_mask_runs_the_safe_softmax_rule(a100, stack24
         bias = torch.randn(s, s, h, device="cuda").permute(2, 0, 1)[None]  # last dim stride h
         F.scaled_dot_product_attention(*qkv, attn_mask=bias, dropout_p=0.1)
 
-    result = capture_callable(job, gpu=a100, stack=stack24)
+    result = capture_callable(job, gpu=a100, stack=STACK_2_11)
     assert result.error is None, result.error_text
     masks = [size for size, tag in allocations(result.trace, op="_safe_softmax[masked_rows]")]
     assert masks == [b * h * s * s, b * h * s, 4]
@@ -68,3 +71,12 @@ def test_log_softmax_backward_has_no_product(a100, stack24):
     ops = [op for _, op in backward_allocations(a100, stack24, job)]
     assert "_log_softmax_backward_data.default" in ops
     assert not any(op.startswith("_softmax_backward_data") for op in ops)
+
+
+def test_torch_2_4_math_path_has_no_safe_softmax_masks(a100, stack24):
+    def job():
+        torch.ops.aten._safe_softmax(torch.randn(2, 4, 64, 96, device="cuda"), -1)
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert allocations(result.trace, op="_safe_softmax[masked_rows]") == []

@@ -7,6 +7,8 @@
   (`self.eq(-inf)`), one boolean per row (`all(masked, dim, keepdim=True)`) and a 0-dim tensor
   of the output's dtype (the `0.0` fill value), and frees them in the reverse order before it
   returns. The capture's CPU/meta `_safe_softmax` is one kernel that only allocates the output.
+  Torch 2.4's math path called `softmax` (`_safe_softmax` came with 2.5, pytorch/pytorch#131060):
+  for a stack older than 2.5 the call allocates its output only.
 - `_softmax_backward_data`: CUDA's `softmax_backward_cuda_out` (aten/src/ATen/native/cuda/
   SoftMax.cu) computes `Tensor tmp = grad * output;` after the structured kernel's grad_input
   was allocated, and passes `tmp` to `host_softmax_backward`: one more tensor of the gradient's
@@ -24,11 +26,14 @@ from peakmem.cuda_rules.registry import RuleContext, register_op_rule
 
 aten = torch.ops.aten
 _OP = "_safe_softmax[masked_rows]"
+SAFE_SOFTMAX_SINCE = (2, 5)
 
 
 @register_op_rule(aten._safe_softmax)
 def safe_softmax(ctx: RuleContext, op, args: tuple, kwargs: dict):
     out = yield  # the softmax output comes first
+    if tuple(ctx.stack.torch_min) < SAFE_SOFTMAX_SINCE:
+        return
     self = args[0]
     dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
     numel = self.numel()
