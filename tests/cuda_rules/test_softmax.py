@@ -1,6 +1,8 @@
-"""SDPA's math path on CUDA: `_safe_softmax` allocates an `eq(-inf)` mask the size of its input,
-a per-row `all` and a 0-dim fill value right after its output, freed before it returns (measured
-on an H200, torch 2.11: benchmarks/snapshots/h200_t5_small_bf16_b8.digest.json.gz)."""
+"""Softmax on CUDA (cuda_rules/softmax.py). SDPA's math path: `_safe_softmax` allocates an
+`eq(-inf)` mask the size of its input, a per-row `all` and a 0-dim fill value right after its
+output, freed before it returns (measured on an H200, torch 2.11:
+benchmarks/snapshots/h200_t5_small_bf16_b8.digest.json.gz); `_softmax_backward_data` computes
+`grad * output` after its gradient (SoftMax.cu `softmax_backward_cuda_out`)."""
 
 import torch
 import torch.nn.functional as F
