@@ -17,6 +17,7 @@ from peakmem.cuda_rules import (  # noqa: F401  (imported for their registration
     reductions,
     saved_inputs,
     sdpa,
+    softmax,
     sparse,
 )
 from peakmem.cuda_rules.registry import (
