@@ -9,7 +9,8 @@
 #      (the GPU must be idle: before the sweeps): first_use/first_use.csv
 #   3. the NVML probe with two `peakmem measure` side by side: nvml/side_by_side.json
 #   4. the rest of the sweeps, four processes side by side (as gpu_parallel_sweep.sh, every CSV
-#      seeded with the committed rows so each resumes): sweeps/{a,b,c,d}.csv
+#      seeded with the committed rows so each resumes; packed every LEASE_PACK_EVERY=60 s while
+#      they run): sweeps/{a,b,c,d}.csv
 # plus device_memory.csv.gz (nvidia-smi, 5 Hz, the whole lease: merge_parallel_sweep.py's
 # --device-log), versions.json and run.log.
 # Usage (on the device machine, OUT set):
@@ -76,8 +77,13 @@ say "== 3. nvml side by side"
 if [ $DRY = 1 ]; then
   mkdir -p "$W/nvml"; echo '{"ok": null, "dry_run": true}' > "$W/nvml/side_by_side.json"
 else
-  timeout "$(box 60)" $PY benchmarks/nvml_side_by_side.py "$W/nvml" --gib 1,8 > "$W/nvml.out" 2>&1
-  say "nvml check rc=$?"; tail -1 "$W/nvml.out" | tee -a "$W/run.log"
+  NB=$(box 60)
+  if [ "$NB" -ge 20 ]; then  # timeout 0 would mean no limit
+    timeout "$NB" $PY benchmarks/nvml_side_by_side.py "$W/nvml" --gib 1,8 > "$W/nvml.out" 2>&1
+    say "nvml check rc=$?"; tail -1 "$W/nvml.out" | tee -a "$W/run.log"
+  else
+    say "no time left for the nvml check"
+  fi
 fi
 pack "nvml"
 
@@ -105,7 +111,8 @@ elif [ "$SB" -ge 60 ]; then
       --budget-seconds "$SB" > "$W/sweeps/$1.out" 2>&1 < /dev/null &
     P="$P $!"
   done
-  ( while sleep 60; do pack "sweeps running"; done ) &   # a call cut short keeps the rows so far
+  # a call cut short keeps the rows so far; the trap ends the sleep too (no orphan holding stdout)
+  ( trap 'kill $S 2>/dev/null; exit 0' TERM; while true; do sleep "${LEASE_PACK_EVERY:-60}" & S=$!; wait $S; pack "sweeps running"; done ) &
   PACKER=$!
   for p in $P; do wait "$p"; done
   kill "$PACKER" 2>/dev/null; wait "$PACKER" 2>/dev/null

@@ -27,7 +27,7 @@ def test_scripts_parse():
 
 
 def run_lease(tmp_path, *args, **env):
-    environ = dict(os.environ, PYTHON=sys.executable, LEASE_WORK=str(tmp_path / "work"), **env)
+    environ = {**os.environ, "PYTHON": sys.executable, "LEASE_WORK": str(tmp_path / "work"), **env}
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, env=environ, text=True,
                           capture_output=True, timeout=120)  # fmt: skip
 
@@ -83,3 +83,56 @@ def test_shapes_file_holds_resnet50_at_every_batch_and_precision():
              if (r.shape.cin, r.shape.h, r.shape.cout, r.shape.kernel, r.shape.stride) ==
              (3, 224, 64, 7, 2)}  # fmt: skip
     assert {(n, m) for n in (64, 128, 256) for m in ("tf32", "bf16", "fp16")} <= stems
+
+
+STUB_PYTHON = """#!/usr/bin/env bash
+# a stand-in interpreter: heredoc scripts run for real, -c prints versions, the rest is logged
+if [ "$1" = "-" ]; then exec {real} "$@"; fi
+if [ "$1" = "-c" ]; then echo '{{"gpu": "stub"}}'; exit 0; fi
+echo "$*" >> {log}
+case "$1" in *sweep.py) sleep 2.5 ;; esac
+"""
+STUB_SMI = """#!/usr/bin/env bash
+case "$*" in
+  *-lms*) while true; do echo "2026/11/27 22:00:00.000, 1024, 143771"; sleep 0.2; done ;;
+  *name,driver*) echo "NVIDIA H200, 570.00, 143771 MiB, 0 MiB" ;;
+  *) echo "NVIDIA H200" ;;
+esac
+"""
+
+
+def test_gpu_steps_in_order_with_stub_tools(tmp_path):
+    """The non-dry path with a stub interpreter and nvidia-smi: each step's command and time box,
+    the four sweeps seeded from the committed CSV, the device log in the archive."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    stub = bin_dir / "python-stub"
+    stub.write_text(STUB_PYTHON.format(real=sys.executable, log=calls))
+    (bin_dir / "nvidia-smi").write_text(STUB_SMI)
+    for path in (stub, bin_dir / "nvidia-smi"):
+        path.chmod(0o755)
+    out = tmp_path / "out"
+    done = run_lease(tmp_path, "400", OUT=str(out), PYTHON=str(stub), LEASE_PACK_EVERY="1",
+                     PATH=f"{bin_dir}:{os.environ['PATH']}")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    assert lines[0].startswith("benchmarks/cudnn_probe.py ") and "--shapes " in lines[0]
+    assert "--benchmark off,on --budget-s 120" in lines[0]  # 30 % of 400 s
+    assert lines[1].endswith("--modes  --isolate next --budget-s 100")  # 25 %
+    assert lines[2].startswith("benchmarks/nvml_side_by_side.py ") and "--gib 1,8" in lines[2]
+    sweeps = lines[3:]
+    assert len(sweeps) == 4 and all(s.startswith("benchmarks/sweep.py ") for s in sweeps)
+    assert {s.split()[1] for s in sweeps} == {"benchmarks/sweeps/h200.toml",
+                                              "benchmarks/sweeps/gpumemnet.toml",
+                                              "/tmp/h200_rev.toml", "/tmp/gpumemnet_rev.toml"}
+    committed = (REPO / "benchmarks" / "groundtruth" / "h200.csv").read_bytes()
+    work = tmp_path / "work"
+    for name in "abcd":
+        assert (work / "sweeps" / f"{name}.csv").read_bytes() == committed  # resumes
+    with tarfile.open(out / "lease.tgz") as archive:
+        names = {n.removeprefix("./") for n in archive.getnames()}
+        log = archive.extractfile("./run.log").read().decode()
+    assert {"device_memory.csv.gz", "versions.json", "sweeps/a.csv"} <= names
+    assert "device_memory.csv" not in names and "profile h200" in log
+    assert "packed" in log.split("== 4. sweeps")[1].split("sweep a rows")[0]  # while they ran
