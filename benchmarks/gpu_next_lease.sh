@@ -107,7 +107,7 @@ elif [ "$SB" -ge 60 ]; then
   for spec in "a benchmarks/sweeps/h200.toml" "c /tmp/h200_rev.toml" "b benchmarks/sweeps/gpumemnet.toml" "d /tmp/gpumemnet_rev.toml"; do
     set -- $spec
     [ -f "benchmarks/groundtruth/$G.csv" ] && cp "benchmarks/groundtruth/$G.csv" "$W/sweeps/$1.csv"
-    timeout $((SB + 30)) $PY benchmarks/sweep.py "$2" --gpu "$G" --csv "$W/sweeps/$1.csv" --log "/tmp/sweep_$1.log" \
+    timeout $((SB + 30)) $PY benchmarks/sweep.py "$2" --gpu "$G" --csv "$W/sweeps/$1.csv" --log "/tmp/sweep_$1.log" --snapshot-dir /tmp/snaps \
       --budget-seconds "$SB" > "$W/sweeps/$1.out" 2>&1 < /dev/null &
     P="$P $!"
   done
