@@ -37,6 +37,12 @@ resumes. An OOM or unsupported case is a row with `status` oom / unsupported; a 
 poisons the context ends the process (its case gets `error`) and a fresh one continues; a case
 that crashes the process gets `crashed`.
 
+`--shapes FILE` measures a list of shapes instead of the grid: the `--out` CSV of
+benchmarks/conv_table_coverage.py (the workspace table's shape columns, `dtype_mode`, `layout`,
+`directions`, `job`), each distinct shape in its own dtype mode and layout, the ones most jobs
+listed first, with every `--benchmark` setting as the grid (`read_shapes`; rows `source` =
+`shapes`). Same CSV columns, resume and budget as the grid.
+
 `--dry-run` (no GPU needed) writes the plan (OUTDIR/cudnn_grid_plan.csv: every case in priority
 order) and a header-only table.
 `--device cpu` runs the real loop on the CPU with a synthetic recorder (tests only).
@@ -252,6 +258,75 @@ def gpumemnet_shapes(path: Path = GPUMEMNET_SHAPES, limit: int | None = None) ->
     return out
 
 
+SHAPES_COLUMNS = ("n", "cin", "h", "w", "cout", "kernel", "stride", "padding", "dilation",
+                  "groups", "dtype_mode", "layout")  # fmt: skip
+"""What `--shapes FILE` needs of each row: benchmarks/conv_table_coverage.py's `--out` format (the
+workspace table's shape and setting columns; its `directions` and `job` columns are read when
+present, and an optional `bias` column)."""
+
+
+@dataclass(frozen=True)
+class ShapeRequest:
+    """One (shape, dtype mode, layout) of a shapes file and the jobs that listed it."""
+
+    shape: ConvShape
+    dtype_mode: str
+    layout: str
+    jobs: int
+
+
+def read_shapes(path: Path) -> list[ShapeRequest]:
+    """The distinct cases of a shapes file, the ones most jobs listed first (ties: file order).
+
+    A row's bias is its `bias` column where there is one, else 1 when `backward_bias` is among its
+    `directions` (the coverage tool lists only the directions the table answered by neighbours;
+    a layer without bias has no backward_bias), else 0. Rows of one shape and setting are merged:
+    bias if any row has it, jobs counted once each."""
+    modes = {mode for mode, _ in MODES}
+    layouts = {layout for _, layout in MODES}
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in SHAPES_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(missing)} (the coverage tool's "
+                             f"--out format: {', '.join(SHAPES_COLUMNS)}, directions, job)")  # fmt: skip
+        for line, row in enumerate(reader, start=2):
+            try:
+                dims = [int(row[c]) for c in SHAPES_COLUMNS[:10]]
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{line}: a shape column is not an integer") from exc
+            mode, layout = row["dtype_mode"].strip(), row["layout"].strip()
+            if mode not in modes or layout not in layouts:
+                raise ValueError(f"{path}:{line}: setting {mode}/{layout} is not one of "
+                                 f"{sorted(modes)} x {sorted(layouts)}")  # fmt: skip
+            if (row.get("bias") or "").strip():
+                bias = int(row["bias"])
+            else:
+                bias = int("backward_bias" in (row.get("directions") or "").split())
+            key = (*dims, mode, layout)
+            entry = merged.setdefault(key, {"bias": 0, "jobs": set(), "first": line})
+            entry["bias"] = max(entry["bias"], bias)
+            entry["jobs"].add((row.get("job") or "").strip() or f"line {line}")
+    out = []
+    for key, entry in sorted(merged.items(), key=lambda kv: (-len(kv[1]["jobs"]), kv[1]["first"])):
+        n, cin, h, w, cout, kernel, stride, padding, dilation, groups, mode, layout = key
+        shape = ConvShape(n, cin, h, w, cout, kernel, stride, padding, dilation, groups,
+                          entry["bias"])  # fmt: skip
+        if not shape.valid():
+            raise ValueError(f"{path}:{entry['first']}: not a valid convolution: {shape}")
+        out.append(ShapeRequest(shape, mode, layout, len(entry["jobs"])))
+    return out
+
+
+def shapes_plan(path: Path, benchmarks: Iterable[bool]) -> list[Case]:
+    """The cases of a shapes file (`read_shapes`' order), in their own dtype mode and layout,
+    for every benchmark setting (source `shapes`)."""
+    requests = read_shapes(path)
+    return [Case(r.shape, r.dtype_mode, r.layout, benchmark, "shapes")
+            for benchmark in benchmarks for r in requests]  # fmt: skip
+
+
 def _dedupe(shapes: Iterable[tuple[str, ConvShape]]) -> list[tuple[str, ConvShape]]:
     seen: set[ConvShape] = set()
     out = []
@@ -263,11 +338,14 @@ def _dedupe(shapes: Iterable[tuple[str, ConvShape]]) -> list[tuple[str, ConvShap
 
 
 def build_plan(grid: str, benchmarks: Iterable[bool], *, random_count: int = 400,
-               gpumemnet_limit: int | None = None) -> list[Case]:  # fmt: skip
+               gpumemnet_limit: int | None = None, shapes: Path | None = None) -> list[Case]:  # fmt: skip
     """All cases in priority order: per benchmark setting, the generic shapes (anchors, one-axis
     variations around a base layer, random shapes) in every dtype mode x layout, interleaved (with
     benchmark off) with GPUMemNet CNN shapes in their own setting (fp32 with TF32 on, NCHW), one
-    generic shape for every len(MODES) GPUMemNet cases."""
+    generic shape for every len(MODES) GPUMemNet cases. With `shapes` (a file), that file's
+    cases instead of the grid (`shapes_plan`)."""
+    if shapes is not None:
+        return shapes_plan(shapes, benchmarks)
     if grid == "small":
         generic = _dedupe([("small", s) for s in (ANCHORS[2], ANCHORS[0], ANCHORS[20],
                                                    ANCHORS[30], S(2, 16, 14, 16, 1, b=1))])  # fmt: skip
@@ -820,7 +898,7 @@ def child(args: argparse.Namespace) -> int:
     table = Table(args.outdir / TABLE)
     done = table.done()
     cases = [c for c in build_plan(args.grid, [benchmark], random_count=args.random,
-                                   gpumemnet_limit=args.gpumemnet)
+                                   gpumemnet_limit=args.gpumemnet, shapes=args.shapes)
              if c.case_id not in done]  # fmt: skip
     if args.max_cases is not None:
         cases = cases[: args.max_cases]
@@ -855,7 +933,7 @@ def parent(args: argparse.Namespace) -> int:
     if not set(settings) <= {"off", "on"}:
         raise SystemExit("--benchmark takes off, on or off,on")
     plan = build_plan(args.grid, [s == "on" for s in settings], random_count=args.random,
-                      gpumemnet_limit=args.gpumemnet)  # fmt: skip
+                      gpumemnet_limit=args.gpumemnet, shapes=args.shapes)  # fmt: skip
     args.outdir.mkdir(parents=True, exist_ok=True)
     counts = {s: sum(1 for c in plan if c.benchmark == (s == "on")) for s in settings}
     print(f"plan: {len(plan)} cases ({', '.join(f'{s}: {n}' for s, n in counts.items())}); "
@@ -877,7 +955,8 @@ def parent(args: argparse.Namespace) -> int:
         return 0
     start = time.time()
     end = start + args.budget_s
-    meta: dict[str, Any] = {"grid": args.grid, "budget_s": args.budget_s, "plan": counts,
+    meta: dict[str, Any] = {"grid": str(args.shapes) if args.shapes else args.grid,
+                            "budget_s": args.budget_s, "plan": counts,
                             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "processes": []}  # fmt: skip
     for position, setting in enumerate(settings):
         deadline = (
@@ -892,6 +971,8 @@ def parent(args: argparse.Namespace) -> int:
                    args.grid, "--deadline", str(deadline), "--random", str(args.random)]  # fmt: skip
             if args.gpumemnet is not None:
                 cmd += ["--gpumemnet", str(args.gpumemnet)]
+            if args.shapes is not None:
+                cmd += ["--shapes", str(args.shapes)]
             if args.max_cases is not None:
                 cmd += ["--max-cases", str(args.max_cases)]
             began = time.time()
@@ -937,6 +1018,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--random", type=int, default=400, help="random shapes in the full grid")
     parser.add_argument("--gpumemnet", type=int, default=None, help="GPUMemNet shapes (all)")
+    parser.add_argument("--shapes", type=Path, default=None,
+                        help="measure this file's cases instead of the grid (the --out CSV of "
+                             "benchmarks/conv_table_coverage.py)")  # fmt: skip
     parser.add_argument("--max-cases", type=int, default=None)
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])

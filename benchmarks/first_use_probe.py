@@ -3,7 +3,7 @@
 cuDNN engines.
 
     PYTHONPATH=src python benchmarks/first_use_probe.py OUTDIR [--budget-s 240]
-        [--modes LAZY,EAGER] [--isolate default|all|none|fam1,fam2] [--dry-run]
+        [--modes LAZY,EAGER] [--isolate default|next|all|none|fam1,fam2] [--dry-run]
 
 Writes OUTDIR/first_use.csv (schema: peakmem.measure.cudnn_tables.FIRST_USE_SCHEMA, see
 docs/MEASURE.md) and OUTDIR/first_use.json (versions, the environment, the processes run).
@@ -59,6 +59,17 @@ Stage = Callable[[], Any]
 # `setup` stage (it makes the inputs)
 Builder = Callable[[Any, str, bool], list[tuple[str, Stage]]]
 FAMILIES: dict[str, Builder] = {}
+
+NEXT_LEASE_ISOLATE = [
+    "addmm_bf16", "mm_bf16", "mm_tf32", "bmm_bf16", "mlp_autocast_bf16", "mlp_autocast_fp32",
+    "transformer_block_autocast_bf16", "transformer_block_autocast_fp32", "sdpa_flash_bf16",
+    "sdpa_efficient_fp32", "dropout_bf16", "layer_norm_bf16", "conv_stem_nograd_tf32",
+    "conv_stem_nograd_bf16", "conv_tf32", "conv_bf16",
+]  # fmt: skip
+"""`--isolate next` (docs/context.md "The 28 misses"): which of a bf16 Transformer's ops loads the
+16 MiB that bf16 MLPs / DLRMs do not (bf16 GEMMs alone, a whole block, flash attention, dropout,
+bf16 layer norm), and what a patch stem whose input needs no gradient loads beside a
+full convolution."""
 
 DEFAULT_ISOLATE = [
     "conv_tf32", "conv_bf16", "batch_norm_fp32", "relu_fp32", "gelu_fp32", "mish_fp32",
@@ -246,6 +257,84 @@ def _sdpa(backend: str, dtype_mode: str) -> Builder:
 for _backend, _mode in (("default", "bf16"), ("flash", "bf16"), ("efficient", "bf16"),
                         ("efficient", "fp32"), ("math", "bf16"), ("cudnn", "bf16")):  # fmt: skip
     family(f"sdpa_{_backend}_{_mode}")(_sdpa(_backend, _mode))
+
+
+def _conv_stem_nograd(dtype_mode: str) -> Builder:
+    """A ViT / Swin patch-embedding stem: a stride-16 16x16 convolution of the image, whose input
+    needs no gradient, so autograd's convolution backward computes grad_weight (and grad_bias)
+    only, no backward-data (the `conv_*` families' input requires grad)."""
+
+    def build(torch, dev, small):
+        torch.backends.cudnn.allow_tf32 = dtype_mode != "fp32"
+        dtype = _dtype(torch, dtype_mode)
+        n, hw, dim = (2, 32, 8) if small else (16, 224, 768)
+        x = torch.randn(n, 3, hw, hw, device=dev, dtype=dtype)  # no requires_grad: the image
+        w = torch.randn(dim, 3, 16, 16, device=dev, dtype=dtype, requires_grad=True)
+        b = torch.randn(dim, device=dev, dtype=dtype, requires_grad=True)
+        conv = torch.nn.functional.conv2d
+        return fwd_bwd(torch, lambda: conv(x, w, b, stride=16), [w, b])
+
+    return build
+
+
+for _mode in ("tf32", "bf16"):
+    family(f"conv_stem_nograd_{_mode}")(_conv_stem_nograd(_mode))
+
+
+def _autocast(torch: Any, dev: str, dtype_mode: str) -> Any:
+    """The zoo's `--precision bf16`: fp32 parameters, the forward under autocast."""
+    if dtype_mode == "fp32":
+        import contextlib
+
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=dev, dtype=_dtype(torch, dtype_mode))
+
+
+def _transformer_block(dtype_mode: str) -> Builder:
+    """One pre-norm Transformer encoder block (BERT-base sizes: 768 wide, 12 heads, GELU FFN of
+    3072, dropout 0.1, training mode: attention through SDPA), as the zoo runs it (fp32 weights,
+    autocast for bf16): what a bf16 Transformer runs that a bf16 MLP (`mlp_autocast_*`) does not."""
+
+    def build(torch, dev, small):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        d, heads, ff, shape = (16, 2, 32, (2, 8, 16)) if small else (768, 12, 3072, (8, 512, 768))
+        block = torch.nn.TransformerEncoderLayer(d, heads, ff, dropout=0.1, activation="gelu",
+                                                 batch_first=True, norm_first=True,
+                                                 device=dev)  # fmt: skip
+        block.train()
+        x = torch.randn(*shape, device=dev, requires_grad=True)
+
+        def forward():
+            with _autocast(torch, dev, dtype_mode):
+                return block(x).float()
+
+        return fwd_bwd(torch, forward, [x, *block.parameters()])
+
+    return build
+
+
+def _mlp(dtype_mode: str) -> Builder:
+    """Linear -> GELU -> Linear (4096 wide) under the zoo's precision: GEMMs without attention."""
+
+    def build(torch, dev, small):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        d, n = (16, 8) if small else (4096, 2048)
+        mlp = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(),
+                                  torch.nn.Linear(d, d)).to(dev)  # fmt: skip
+        x = torch.randn(n, d, device=dev, requires_grad=True)
+
+        def forward():
+            with _autocast(torch, dev, dtype_mode):
+                return mlp(x).float()
+
+        return fwd_bwd(torch, forward, [x, *mlp.parameters()])
+
+    return build
+
+
+for _mode in ("fp32", "bf16"):
+    family(f"transformer_block_autocast_{_mode}")(_transformer_block(_mode))
+    family(f"mlp_autocast_{_mode}")(_mlp(_mode))
 
 
 @family("embedding_fp32")
@@ -529,6 +618,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
         isolate = order
     elif args.isolate == "default":
         isolate = DEFAULT_ISOLATE
+    elif args.isolate == "next":
+        isolate = NEXT_LEASE_ISOLATE
     elif args.isolate == "none":
         isolate = []
     else:
@@ -545,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--modes", default="LAZY,EAGER", help="CUDA_MODULE_LOADING per sequence")
-    parser.add_argument("--isolate", default="default", help="default, all, none or a list")
+    parser.add_argument("--isolate", default="default", help="default, next, all, none or a list")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--small", action="store_true", help="tiny inputs (CPU tests)")

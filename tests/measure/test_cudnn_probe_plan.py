@@ -323,3 +323,78 @@ def test_crash_marker_becomes_a_row(tmp_path):
     cp.record_crash(tmp_path, table, {"gpu": "g", "torch": "", "cuda": "", "cudnn": ""})
     grid = read_conv_grid(table.path)
     assert list(grid["status"]) == ["crashed"] and not (tmp_path / cp.MARKER).exists()
+
+
+# --------------------------------------------------------------------------- --shapes FILE
+
+COVERAGE_HEADER = "n,cin,h,w,cout,kernel,stride,padding,dilation,groups,dtype_mode,layout,directions,job"
+
+
+def write_shapes(path, lines):
+    path.write_text("\n".join([COVERAGE_HEADER, *lines]) + "\n")
+    return path
+
+
+def test_shapes_file_from_the_coverage_tool_becomes_cases(tmp_path):
+    # two jobs list the ResNet stem (bf16), one the 1x1 head with a bias; the stem comes first
+    shapes = write_shapes(tmp_path / "missing.csv", [
+        "4,320,7,7,1280,1,1,0,1,1,bf16,nchw,backward_bias backward_weight,python a.py",
+        "2,3,32,32,8,7,2,3,1,1,bf16,channels_last,backward_weight forward,python a.py",
+        "2,3,32,32,8,7,2,3,1,1,bf16,channels_last,backward_data,python b.py",
+        "2,3,32,32,8,7,2,3,1,1,bf16,channels_last,forward,python b.py",  # same job again
+    ])  # fmt: skip
+    requests = cp.read_shapes(shapes)
+    assert [(r.shape.kernel, r.dtype_mode, r.layout, r.jobs) for r in requests] == [
+        (7, "bf16", "channels_last", 2), (1, "bf16", "nchw", 1)]
+    stem, head = requests[0].shape, requests[1].shape
+    assert (stem.n, stem.cin, stem.h, stem.w, stem.cout, stem.stride, stem.padding) == (
+        2, 3, 32, 32, 8, 2, 3)
+    assert stem.bias == 0 and head.bias == 1  # backward_bias listed: the layer has a bias
+    assert head.padding == 0  # the file's padding, not the probe's "same" default
+    plan = cp.build_plan("full", [False, True], shapes=shapes)
+    assert [(c.shape, c.dtype_mode, c.benchmark, c.source) for c in plan] == [
+        (stem, "bf16", False, "shapes"), (head, "bf16", False, "shapes"),
+        (stem, "bf16", True, "shapes"), (head, "bf16", True, "shapes")]
+    assert plan[0].case_id == "2x3x32x32-8-k7s2p3d1g1b0|bf16|channels_last|b0"
+    assert len({c.case_id for c in plan}) == 4
+
+
+def test_shapes_file_with_a_bias_column_and_bad_rows(tmp_path):
+    with_bias = tmp_path / "b.csv"
+    with_bias.write_text("n,cin,h,w,cout,kernel,stride,padding,dilation,groups,bias,dtype_mode,"
+                         "layout\n2,4,8,8,4,3,1,1,1,1,1,fp16,nchw\n")  # fmt: skip
+    (request,) = cp.read_shapes(with_bias)
+    assert request.shape.bias == 1 and request.jobs == 1
+    with pytest.raises(ValueError, match="no column layout"):
+        (tmp_path / "c.csv").write_text("n,cin,h,w,cout,kernel,stride,padding,dilation,groups,"
+                                        "dtype_mode\n")  # fmt: skip
+        cp.read_shapes(tmp_path / "c.csv")
+    with pytest.raises(ValueError, match=r"d.csv:2: setting fp8/nchw"):
+        cp.read_shapes(write_shapes(tmp_path / "d.csv", ["2,4,8,8,4,3,1,1,1,1,fp8,nchw,forward,j"]))
+    with pytest.raises(ValueError, match="not a valid convolution"):  # groups do not divide cin
+        cp.read_shapes(write_shapes(tmp_path / "e.csv", ["2,6,8,8,8,3,1,1,1,4,tf32,nchw,forward,j"]))
+
+
+def test_shapes_run_on_cpu_and_resume(tmp_path):
+    shapes = write_shapes(tmp_path / "missing.csv", [
+        "2,4,6,6,8,3,1,1,1,1,tf32,nchw,backward_bias forward,python a.py",
+        "2,4,6,6,8,1,1,0,1,1,bf16,channels_last,backward_weight,python a.py",
+    ])  # fmt: skip
+    out = tmp_path / "out"
+    args = [str(out), "--shapes", str(shapes), "--device", "cpu", "--budget-s", "60"]
+    assert cp.main([*args, "--benchmark", "off", "--max-cases", "1"]) == 0
+    grid = read_conv_grid(out / cp.TABLE)
+    assert set(grid["case_id"]) == {"2x4x6x6-8-k3s1p1d1g1b1|tf32|nchw|b0"}
+    assert list(grid["direction"]) == ["forward", "backward_data", "backward_weight",
+                                       "backward_bias"]  # fmt: skip
+    assert set(grid["source"]) == {"shapes"} and set(grid["status"]) == {"ok"}
+    assert cp.main([*args, "--benchmark", "off,on"]) == 0  # resumes: the first case is not rerun
+    grid = read_conv_grid(out / cp.TABLE)
+    per_case = grid.groupby("case_id").size().to_dict()
+    assert per_case == {"2x4x6x6-8-k3s1p1d1g1b1|tf32|nchw|b0": 4,
+                        "2x4x6x6-8-k1s1p0d1g1b0|bf16|channels_last|b0": 3,
+                        "2x4x6x6-8-k3s1p1d1g1b1|tf32|nchw|b1": 8,  # benchmark on: two calls
+                        "2x4x6x6-8-k1s1p0d1g1b0|bf16|channels_last|b1": 6}  # fmt: skip
+    assert cp.main([*args, "--dry-run"]) == 0
+    with (out / cp.PLAN).open() as handle:
+        assert [r["source"] for r in csv.DictReader(handle)] == ["shapes"] * 4

@@ -121,3 +121,57 @@ def test_measure_reads_outside_the_allocator():
         FakeReader(), lambda: (_ for _ in ()).throw(RuntimeError("No available kernel"))
     )
     assert failed["status"] == "unsupported"
+
+
+def test_next_lease_isolate_list():
+    assert set(fu.NEXT_LEASE_ISOLATE) <= set(fu.FAMILIES)
+    processes = fu.plan(fu.argparse.Namespace(modes="", isolate="next"))
+    assert [run for run, _, _ in processes] == ["isolated"] * len(fu.NEXT_LEASE_ISOLATE)
+    assert [fams for _, _, fams in processes][:2] == [["common", "addmm_bf16"],
+                                                      ["common", "mm_bf16"]]  # fmt: skip
+
+
+def _aten_calls(torch, stages):
+    """(op name, args) of every aten call the stages make, in order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append((func.overloadpacket.__name__, args))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        for _, stage in stages:
+            stage()
+    return calls
+
+
+def test_patch_stem_backward_computes_no_input_gradient():
+    import torch
+
+    stem = _aten_calls(torch, fu.FAMILIES["conv_stem_nograd_tf32"](torch, "cpu", True))
+    full = _aten_calls(torch, fu.FAMILIES["conv_tf32"](torch, "cpu", True))
+    torch.backends.cudnn.allow_tf32 = True
+    # convolution_backward's output_mask (grad_input, grad_weight, grad_bias)
+    (stem_mask,) = [args[-1] for op, args in stem if op == "convolution_backward"]
+    (full_mask,) = [args[-1] for op, args in full if op == "convolution_backward"]
+    assert list(stem_mask) == [False, True, True] and list(full_mask) == [True, True, True]
+    (stride,) = {tuple(args[3]) for op, args in stem if op == "convolution"}
+    assert stride == (16, 16)
+
+
+def test_autocast_families_run_their_gemms_in_bf16():
+    import torch
+
+    for name, attention in (("transformer_block_autocast_bf16", True),
+                            ("mlp_autocast_bf16", False)):  # fmt: skip
+        calls = _aten_calls(torch, fu.FAMILIES[name](torch, "cpu", True))
+        gemms = [args for op, args in calls if op in ("addmm", "mm", "linear")]
+        assert gemms and all(a.dtype == torch.bfloat16 for args in gemms for a in args
+                             if isinstance(a, torch.Tensor))  # fmt: skip
+        ops = {op for op, _ in calls}  # SDPA: the math backend's softmax on the CPU
+        assert any("softmax" in op or "attention" in op for op in ops) == attention, sorted(ops)
+    fp32 = _aten_calls(torch, fu.FAMILIES["mlp_autocast_fp32"](torch, "cpu", True))
+    assert {a.dtype for op, args in fp32 if op == "addmm" for a in args} == {torch.float32}

@@ -32,7 +32,7 @@ STATUSES = ("ok", "oom", "unsupported", "error", "crashed")
 # name -> type ("int", "str", "bool"): the CSV's columns, in order
 CONV_SCHEMA: dict[str, str] = {
     "case_id": "str",  # stable id of (shape, setting): resume key
-    "source": "str",  # which part of the grid: anchor | vary | random | gpumemnet | small
+    "source": "str",  # which part of the grid: anchor | vary | random | gpumemnet | small | shapes (--shapes FILE)
     **dict.fromkeys(SHAPE_COLUMNS, "int"),  # bias is 0/1
     "dtype_mode": "str",
     "layout": "str",
