@@ -78,9 +78,10 @@ def test_the_table_is_not_additive_across_dtypes(lazy):
         ({"convolution", "relu"}, {"torch_kernels"}),  # cuDNN: the capture's library charge
         ({"_fused_adamw_", "_foreach_add_"}, {"torch_kernels", "fused_optimizer"}),
         ({"_amp_update_scale_"}, {"torch_kernels", "grad_scaler"}),
-        ({"addmm", "addmm:bf16"}, {"torch_kernels", "cublas_gemm", "bf16_gemm"}),
-        ({"addmm", "addmm:f16"}, {"torch_kernels", "cublas_gemm"}),
-        ({"addmm", "addmm:bf16", "convolution"}, {"torch_kernels", "cublas_gemm"}),
+        ({"addmm", "addmm:bf16", "_to_copy:bf16", "relu:bf16"}, {"torch_kernels", "cublas_gemm"}),
+        ({"addmm", "addmm:bf16", "native_dropout:bf16"}, {"torch_kernels", "cublas_gemm", "bf16_dropout"}),
+        ({"addmm", "addmm:f16", "native_dropout:f16"}, {"torch_kernels", "cublas_gemm"}),
+        ({"native_dropout:bf16", "convolution"}, {"torch_kernels"}),
     ],
 )
 def test_ops_map_to_families(ops, expected):
@@ -111,7 +112,9 @@ def attention_job(precision: str) -> None:
     x = torch.randn(2, 128, 64, device="cuda")
     for _ in range(2):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            q, k, v = model["qkv"](x).view(2, 128, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            # GPT-2's residual dropout (resid_pdrop): bf16 under autocast
+            h = torch.nn.functional.dropout(model["qkv"](x), 0.1)
+            q, k, v = h.view(2, 128, 3, 4, 16).permute(2, 0, 3, 1, 4)
             # causal SDPA, as Hugging Face's GPT-2 runs it: memory-efficient in fp32, flash in bf16
             y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             loss = model["out"](y.transpose(1, 2).reshape(2, 128, 64)).float().pow(2).mean()
@@ -138,7 +141,7 @@ def measured_context(gpu: str, args: str) -> int:
 def test_bf16_attention_job_differs_from_fp32_by_the_measured_amount():
     (fp32, fp32_families), (bf16, bf16_families) = outside_allocator("fp32"), outside_allocator("bf16")
     assert set(fp32_families) == {"torch_kernels", "cublas_gemm", "sdpa_efficient"}
-    assert set(bf16_families) == {"torch_kernels", "cublas_gemm", "sdpa_flash", "bf16_gemm"}
+    assert set(bf16_families) == {"torch_kernels", "cublas_gemm", "sdpa_flash", "bf16_dropout"}
     assert fp32 == 742 * MiB  # what every fp32 GPT-2 / BERT run on the H200 measured
     # GPT-2 with SDPA on the H200: the same job measured in fp32 and bf16 (autocast)
     args = "--seq-len 512 --model gpt2 --precision {} --batch-size 32"
