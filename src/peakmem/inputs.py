@@ -49,6 +49,12 @@ class InputError(ValueError):
         return self._text()
 
 
+class JobInputError(InputError):
+    """Bad input found by peakmem's own code running in the job (the `--model` script's config
+    check, scriptgen.config_check): the capture reports it as `bad_input` (exit code 2, this
+    one line), not as the job's failure with a traceback."""
+
+
 def one_line(text: str, limit: int = _MESSAGE_CHARS) -> str:
     """`text` without line breaks or control characters, cut to `limit` characters."""
     cleaned = "".join(

@@ -57,6 +57,9 @@ def test_torchrun_all_ranks_reports_each_and_the_largest(tmp_path):
     assert peaks[1] - peaks[0] >= 64 * 2**20
     assert data["peak_bytes"] == max(row["peak_bytes"] for row in data["ranks"])
     assert data["libraries"]["nccl"] > 0  # the NCCL communicator, outside the allocator
+    # DDP's one gradient bucket (the Linear's weight and bias, 16,640 bytes in 512-byte blocks):
+    # `communication`, beside the gradients themselves
+    assert data["breakdown"]["communication"] == 33 * 512, data["breakdown"]
     for rank in range(4):
         assert f"rank {rank} local {rank} args ['--x', '1']" in result.stderr, result.stderr[-4000:]
 

@@ -180,9 +180,11 @@ def test_the_context_at_creation_counts_the_families_as_lazily_loaded():
     assert context_at_creation_bytes(result) == 518 * MiB
 
 
-def test_every_measured_h200_and_h100_run_is_within_nvml_step():
+def test_every_measured_h200_and_h100_run_against_the_model():
     """The check of docs/context.md on the committed captures of each class of job
-    (benchmarks/results/context_ops.json, written by benchmarks/score_context.py)."""
+    (benchmarks/results/context_ops.json, written by benchmarks/score_context.py). The H200 rows
+    of the 2026-11-27 21:31 lease (measured_at from 16:00Z, all held out) are not all within
+    NVML's 2 MiB step: the misses are stated here, not fitted."""
     import json
     import re
 
@@ -190,18 +192,40 @@ def test_every_measured_h200_and_h100_run_is_within_nvml_step():
 
     cache = json.loads((REPO / "benchmarks" / "results" / "context_ops.json").read_text())
     stack = load_stack("2.11.0")
-    misses: dict[str, list[int]] = {"h200": [], "h100-80gb": []}
+    misses: dict[str, dict[str, list[int]]] = {"h200": {}, "h100-80gb": {}}
+    later: list[int] = []  # the H200 rows measured from 16:00Z
     for name, found in misses.items():
         gpu = load_gpu(name)
         runs = pd.read_csv(REPO / "benchmarks" / "groundtruth" / f"{name}.csv").fillna({"args": ""})
         for run in runs[runs["status"] == "ok"].itertuples():
             args = " ".join(re.sub(r"--batch-size \d+", "", run.args).split())
-            seen = cache[f"{Path(run.job).name} {args}".strip()]
+            key = f"{Path(run.job).name} {args}".strip()
+            seen = cache[key]
             if "error" in seen:  # detection.py: torchvision's C ops do not load here
                 continue
             libraries = sum(stack.library_bytes_for(gpu, lib).value for lib in seen["libraries"])
             families = sum(first_use_bytes(stack, gpu, seen["ops"]).values())
-            found.append(stack.context_for(gpu).value + libraries + families - run.context_bytes)
-    assert len(misses["h200"]) == 141 and all(abs(m) <= 2 * MiB for m in misses["h200"])
-    assert len(misses["h100-80gb"]) == 64 and max(map(abs, misses["h100-80gb"])) == 4 * MiB
-    assert sum(abs(m) > 2 * MiB for m in misses["h100-80gb"]) == 2  # ViT-B/16, Swin-T at 64 px
+            miss = stack.context_for(gpu).value + libraries + families - run.context_bytes
+            found.setdefault(key, []).append(miss)
+            if name == "h200" and run.measured_at >= "2026-11-27T16":
+                later.append(miss)
+    h200 = [m for ms in misses["h200"].values() for m in ms]
+    assert len(h200) == 324 and len(later) == 183  # 330 rows less 6 of detection.py
+    assert sum(abs(m) <= 2 * MiB for m in h200) - sum(abs(m) <= 2 * MiB for m in later) == 141
+    assert sum(abs(m) <= 2 * MiB for m in later) == 155
+    over = {key: sorted(set(ms)) for key, ms in misses["h200"].items()
+            if any(abs(m) > 2 * MiB for m in ms)}  # fmt: skip
+    # bf16 GEMMs without attention: bf16_gemm (chosen on the split's bf16 Transformers) adds
+    # 18 MiB these jobs do not load; a conv stem + attention: 2-4 MiB under the model
+    assert over == {
+        "dlrm.py --embedding-dim 64 --rows 100000 --precision bf16": [18 * MiB],
+        "dlrm.py --embedding-dim 64 --rows 1000000 --precision bf16": [18 * MiB],
+        "mlp.py --depth 4 --hidden-size 1024 --precision bf16": [16 * MiB, 18 * MiB],
+        "mlp.py --depth 4 --hidden-size 4096 --precision bf16": [16 * MiB, 18 * MiB],
+        "mlp.py --depth 4 --hidden-size 8192 --precision bf16": [16 * MiB],
+        "vision.py --model swin_t --precision bf16": [4 * MiB],
+        "vision.py --model vit_b_16 --precision fp32": [4 * MiB],
+    }
+    h100 = [m for ms in misses["h100-80gb"].values() for m in ms]
+    assert len(h100) == 64 and max(map(abs, h100)) == 4 * MiB
+    assert sum(abs(m) > 2 * MiB for m in h100) == 2  # ViT-B/16, Swin-T at 64 px

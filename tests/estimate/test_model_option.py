@@ -159,7 +159,9 @@ def test_config_sources(tmp_path: Path, monkeypatch) -> None:
         ('{"model_type": "evil_remote_code_model"}', "not one transformers knows"),
     ],
 )
-def test_bad_configs(tmp_path: Path, content: str, match: str) -> None:
+def test_bad_configs(tmp_path: Path, content: str, match: str, in_process) -> None:
+    """The first three in the estimate's process; the model type in the job, where
+    transformers is imported (scriptgen.config_check): both bad input, exit 2."""
     path = tmp_path / "config.json"
     path.write_text(content)
     out = CliRunner().invoke(main, ["estimate", "--json", "--model", str(path)])
@@ -181,3 +183,33 @@ def test_bad_model_usage(args: list[str], match: str) -> None:
     out = CliRunner().invoke(main, ["estimate", "--json", *args])
     assert out.exit_code == 2
     assert match in json.loads(out.stdout)["error"]["message"]
+
+
+def test_the_estimated_script_checks_the_config_with_peakmem_and_the_printed_one_stands_alone(
+        configs) -> None:
+    """The script peakmem runs builds the config with `built_config` (transformers' check
+    reported as bad input, in the job); the printed one calls AutoConfig.for_model itself
+    and needs no peakmem. Both build the same config."""
+    from peakmem.scriptgen.config_check import built_config
+
+    printed = render_script(TrainingSpec(), LLAMA, str(configs["llama"]))
+    checked = render_script(TrainingSpec(), LLAMA, str(configs["llama"]), checked=True)
+    assert "peakmem" not in printed.split('"""', 2)[2]  # the docstring names it, no code does
+    assert 'config = AutoConfig.for_model(settings.pop("model_type"), **settings)' in printed
+    assert f"config = built_config(CONFIG, {str(configs['llama'])!r})" in checked
+    assert "AutoConfig.for_model" not in checked
+    from transformers import AutoConfig
+
+    settings = dict(LLAMA)
+    assert (built_config(LLAMA, "x").to_dict()
+            == AutoConfig.for_model(settings.pop("model_type"), **settings).to_dict())
+
+
+def test_print_script_checks_the_config_with_transformers(tmp_path: Path) -> None:
+    """No job runs for --print-script: transformers' check runs in peakmem's process."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(LLAMA, hidden_size="big")))
+    out = CliRunner().invoke(main, ["estimate", "--json", "--model", str(path), "--print-script"])
+    assert out.exit_code == 2, out.output
+    message = json.loads(out.stdout)["error"]["message"]
+    assert "transformers refuses the config" in message and "hidden_size" in message

@@ -30,3 +30,42 @@ def test_a_whole_estimate_leaves_torch_unimported_in_the_parent(tmp_path):
     assert result["peak_bytes"] > 0
     assert result["utilization"]["iteration_seconds"] > 0  # the record was read and modelled
     assert "TORCH-IN-PARENT=False" in done.stderr, done.stderr[-2000:]
+
+
+GPT2 = '{"model_type": "gpt2", "n_layer": 1, "n_head": 2, "vocab_size": 100, "n_positions": 64, "n_embd": %s}'
+
+
+def test_a_model_estimate_leaves_torch_and_transformers_unimported_in_the_parent(tmp_path):
+    """`--model CONFIG` checked the config with transformers' AutoConfig.for_model in the
+    parent (seconds of imports on every --model estimate); that check runs in the job now
+    (scriptgen.config_check), and a value it refuses is still one bad-input line, exit 2."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import atexit, sys\n"
+        "atexit.register(lambda: sys.stderr.write('IN-PARENT=%s,%s\\n' % (\n"
+        "    'torch' in sys.modules, 'transformers' in sys.modules)))\n"
+        "from peakmem.cli.main import main\n"
+        "sys.argv = ['peakmem'] + sys.argv[1:]\n"
+        "main()\n")
+    (tmp_path / "good.json").write_text(GPT2 % "16")
+    (tmp_path / "bad.json").write_text(GPT2 % '"big"')
+    env = dict(os.environ, PEAKMEM_WARM="0")
+
+    def estimate(config: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(probe), "estimate", "--gpu", "l4", "--json", "--steps", "1",
+             "--model", config, "--seq", "8"],
+            capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+
+    done = estimate("good.json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["peak_bytes"] > 0
+    assert "IN-PARENT=False,False" in done.stderr, done.stderr[-2000:]
+
+    done = estimate("bad.json")
+    assert done.returncode == 2, done.stderr[-2000:]
+    error = json.loads(done.stdout)["error"]
+    assert error["kind"] == "bad_input" and error["traceback"] is None
+    assert error["message"].startswith("--model bad.json: transformers refuses the config: ")
+    assert "field 'n_embd'" in error["message"] and "\n" not in error["message"]
+    assert "IN-PARENT=False,False" in done.stderr, done.stderr[-2000:]

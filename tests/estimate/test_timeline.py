@@ -113,3 +113,16 @@ def test_cli_bad_timeline_extension(tmp_path: Path) -> None:
                                     sys.executable, "-m", "peakmem.examples.mlp_train"])
     assert out.exit_code == 2
     assert "an .html or .png file" in out.stderr
+
+
+def test_every_category_has_a_stacking_place_and_a_colour_of_its_own() -> None:
+    from peakmem.estimate.timeline import CATEGORY_COLOURS
+    from peakmem.estimate.timeline_data import CATEGORY_ORDER
+    from peakmem.trace.vocab import Category
+
+    names = {category.value for category in Category}
+    assert set(CATEGORY_ORDER) == names and len(CATEGORY_ORDER) == len(names)
+    assert set(CATEGORY_COLOURS) == names
+    assert len(set(CATEGORY_COLOURS.values())) == len(names)
+    # collective buffers stack with the training state, below what a step makes and frees
+    assert CATEGORY_ORDER.index("communication") < CATEGORY_ORDER.index("activation")

@@ -174,13 +174,12 @@ GPT2 = '{"model_type": "gpt2", "n_layer": 1, "n_head": 2, "vocab_size": 100, "n_
     ("NaN", "'n_embd' is nan, not a finite number"),
     ("Infinity", "'n_embd' is inf, not a finite number"),
     ("99999999999999999999", "'n_embd' is 99999999999999999999, out of any model's range"),
-    ('"big"', "transformers refuses the config: StrictDataclassFieldValidationError"),
     ("-8", "'n_embd' is -8: a size or count is not negative"),
-    ("[64]", "transformers refuses the config"),
 ])
-def test_a_model_config_value_transformers_or_torch_cannot_use_is_bad_input(tmp_path, value, words):
+def test_a_model_config_value_no_tensor_shape_holds_is_bad_input(tmp_path, value, words):
     """These values passed the config check, and the generated job failed on them: exit 1,
-    `the job raised ...` after a 30-line traceback, instead of one line naming the field."""
+    `the job raised ...` after a 30-line traceback, instead of one line naming the field.
+    Checked in the estimate's own process (no transformers needed)."""
     from peakmem.scriptgen import ConfigError, find_config
 
     path = tmp_path / "config.json"
@@ -190,12 +189,38 @@ def test_a_model_config_value_transformers_or_torch_cannot_use_is_bad_input(tmp_
     assert words in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("value, words", [
+    ('"big"', "transformers refuses the config: StrictDataclassFieldValidationError: "
+              "Validation error for field 'n_embd'"),
+    ("[64]", "transformers refuses the config"),
+])
+def test_a_model_config_value_transformers_refuses_is_bad_input_in_the_job(tmp_path, value, words):
+    """transformers' own check runs in the job (scriptgen.config_check), whose process
+    imports it anyway: the estimate's parent passes the config on, the job's `built_config`
+    raises a ConfigError, which the capture reports as bad input (test_parent_imports runs
+    the whole estimate)."""
+    from peakmem.inputs import JobInputError
+    from peakmem.scriptgen import ConfigError, find_config
+    from peakmem.scriptgen.config_check import built_config
+
+    path = tmp_path / "config.json"
+    path.write_text(GPT2 % value)
+    config, _ = find_config(str(path))  # nothing the parent can see
+    with pytest.raises(ConfigError) as caught:
+        built_config(config, str(path))
+    assert isinstance(caught.value, JobInputError)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
 def test_a_usable_model_config_still_passes(tmp_path):
     from peakmem.scriptgen import find_config
 
     path = tmp_path / "config.json"
     path.write_text((GPT2 % "64")[:-1] + ', "pad_token_id": -1}')  # a token id may be -1
     assert find_config(str(path))[0]["n_embd"] == 64
+    from peakmem.scriptgen.config_check import built_config
+
+    assert built_config(find_config(str(path))[0], str(path)).n_embd == 64
 
 
 # -- peakmem serve's files --------------------------------------------------------------------------

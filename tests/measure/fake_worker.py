@@ -1,5 +1,6 @@
 """Speaks the worker protocol of peakmem.measure.worker without a GPU: the "peak" is the batch
-size in MiB; batch >= 64 runs out of memory; `--crash` exits without a result."""
+size in MiB; batch >= 64 runs out of memory; `--crash` exits without a result; `--unknown-peak`
+finishes without a per-process reading (peak_source `unknown`)."""
 
 import json
 import sys
@@ -31,5 +32,8 @@ result = {
     "steps": request["steps"],
     "steps_requested": request["steps"],
 }
+if "--unknown-peak" in argv:
+    result.update(peak_bytes=0, context_bytes=0, peak_source="unknown",
+                  peak_unknown="NVML listed other processes but never this one")
 with open(request["out"], "w") as handle:
     json.dump(result, handle)

@@ -5,3 +5,5 @@ from __future__ import annotations
 from peakmem.measure.fake_probe import FakeProbe
 
 PROBE: FakeProbe | None = None
+FIRST = ""  # sources the fake start-up job of test_peak_source.py reads with
+THEN = ""

@@ -203,6 +203,18 @@ def test_cli_table(cli):
     assert res.exit_code == 0 and "3,000.0 MiB" in res.stdout
 
 
+def test_cli_says_when_the_peak_is_unknown(cli):
+    probe, path = cli
+    probe.source = "unknown"  # NVML listed others, never this process
+    res = CliRunner().invoke(main, ["measure", "--json", "--", "python", str(path)])
+    data = json.loads(res.stdout.strip())
+    assert res.exit_code == 0 and data["status"] == "ok" and data["peak_source"] == "unknown"
+    assert data["peak_bytes"] == 0 and data["peak_unknown"].startswith("NVML listed other")
+    assert "the peak is unknown: NVML listed other" in res.stderr
+    table = CliRunner().invoke(main, ["measure", "--", str(path)])
+    assert "unknown" in table.stdout and "3,000.0 MiB" not in table.stdout
+
+
 def test_cli_no_gpu_one_line(monkeypatch, write_script):
     path = write_script("print(1)")
     monkeypatch.setattr(cli_measure, "make_probe", lambda index: FakeProbe(reason="no driver"))

@@ -153,6 +153,20 @@ def test_run_sweep_budget_and_crash(tmp_path):
     assert left.measured == 0 and left.left == 1
 
 
+def test_run_sweep_records_an_unknown_peak_as_an_error_and_measures_it_again(tmp_path):
+    plan = plan_from_dict({"run": [{"job": "j.py", "args": ["--unknown-peak"]}]})
+    path = tmp_path / "c.csv"
+    summary = run_sweep(plan, path, "fake", spawn=fake_spawn, budget_seconds=60,
+                        log=_log(tmp_path))  # fmt: skip
+    row = read_rows(path)[0]
+    assert summary.statuses == {"error": 1} and row["status"] == "error"
+    assert row["error"] == "peak unknown: NVML listed other processes but never this one"
+    assert row["measured_peak_bytes"] == "" and row["peak_source"] == "unknown"
+    again = run_sweep(plan, path, "fake", spawn=fake_spawn, budget_seconds=60,
+                      log=_log(tmp_path))  # fmt: skip
+    assert again.measured == 1 and again.skipped_done == 0  # without retry_errors
+
+
 def test_sweep_cli_plan(tmp_path):
     out = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "sweep.py"),

@@ -60,3 +60,13 @@ def test_headroom_decides_what_counts_as_full(tmp_path):
     parallel = [[row("--batch-size 2", "2026-11-27T21:39:30Z")]]
     assert len(merge_parallel_rows([], parallel, samples, headroom_mib=4096)[0]) == 0
     assert len(merge_parallel_rows([], parallel, samples, headroom_mib=2048)[0]) == 1
+
+
+def test_a_row_whose_peak_was_unknown_is_dropped_whatever_its_status(tmp_path):
+    samples = read_device_memory(device_log(tmp_path, [("2026/11/27 21:39:20.000", 50_000)]))
+    parallel = [[row("--batch-size 2", "2026-11-27T21:39:30Z", status="error", source="unknown"),
+                 row("--batch-size 3", "2026-11-27T21:39:30Z", status="error", source="")]]  # fmt: skip
+    kept, dropped = merge_parallel_rows([], parallel, samples)
+    assert [r["args"] for r in kept] == ["--batch-size 3"]  # the job's own error is a result
+    assert [d.row["args"] for d in dropped] == ["--batch-size 2"]
+    assert "measure it again" in dropped[0].reason

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from peakmem.capture.collective_buffers import communicating, made_during, tag_communication
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules.true_device import is_meta
 
@@ -122,6 +123,7 @@ def _flat_scratch(tensors: Sequence[torch.Tensor], count: int) -> None:
         return
     first = tensors[0]
     scratch = first.new_empty((count, *first.shape))
+    tag_communication(scratch, running_session())
     del scratch
 
 
@@ -382,6 +384,12 @@ class _State:
 _STATE = _State()
 
 
+def running_session() -> CaptureSession | None:
+    """The capture the fake process groups belong to (None outside one)."""
+    session = _STATE.session
+    return None if session is None or session.closed else session
+
+
 def _backend_name(backend: Any) -> str:
     """The backend the job asked for, as `dist.get_backend` reports it ("nccl" for device
     groups; "cpu:gloo,cuda:nccl" -> "nccl")."""
@@ -471,10 +479,17 @@ def _reducer_class() -> Any:
     base = dist.Reducer
 
     class Reducer(base):  # type: ignore[misc, valid-type]
-        """c10d's Reducer, whose bucket rebuild reads back the bucket order it broadcast."""
+        """c10d's Reducer, whose bucket rebuild reads back the bucket order it broadcast. The
+        buckets it makes (built with it, rebuilt at the first iteration) are `communication`
+        (capture.collective_buffers; `gradient` once the gradients are views of them, with
+        `gradient_as_bucket_view=True`)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            with made_during(session=running_session()):
+                super().__init__(*args, **kwargs)
 
         def _rebuild_buckets(self) -> bool:
-            with _HostRoundTrip():
+            with _HostRoundTrip(), made_during(session=running_session()):
                 return super()._rebuild_buckets()
 
     Reducer.__module__, Reducer.__qualname__ = base.__module__, base.__qualname__
@@ -533,11 +548,12 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     def verify_params(process_group: Any, tensors: Any, logger: Any = None) -> None:
         """DDP's check that every rank holds parameters of the same shapes: c10d broadcasts a
         tensor of their sizes and strides (int64) from the first parameter's device and reads
-        it back; here it is allocated and freed, and nothing is compared."""
+        it back; here it is allocated and freed (`communication`), and nothing is compared."""
         tensors = list(tensors)
         if tensors:
             count = 2 * sum(t.dim() for t in tensors)
             scratch = tensors[0].new_empty((count,), dtype=torch.int64)
+            tag_communication(scratch, session)
             del scratch
 
     def device_count() -> int:
@@ -567,6 +583,8 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (dist, "get_backend"): get_backend,
         (dist, "_verify_params_across_processes"): verify_params,
         (dist, "Reducer"): _reducer_class(),
+        # DDP's parameter and buffer sync from rank 0 flattens them into broadcast buffers
+        (dist, "_broadcast_coalesced"): communicating(dist._broadcast_coalesced),
         (c10d, "is_nccl_available"): lambda: True,
         # FSDP2's default mesh and DTensor ask the compiled-in accelerator (none on a CPU
         # build): the fake runtime's GPU

@@ -147,6 +147,7 @@ def meta_storage_addresses() -> Iterator[None]:
 # -- fine-tuning libraries (bitsandbytes, torchtune): capture/finetune_libs.py --------------------
 
 from peakmem.capture import bitsandbytes_model as _bitsandbytes_model  # noqa: E402,F401
+from peakmem.capture import collective_buffers as _collective_buffers  # noqa: E402,F401
 from peakmem.capture import deepspeed_ops as _deepspeed_ops  # noqa: E402,F401
 from peakmem.capture import dtensor_state as _dtensor_state  # noqa: E402,F401
 from peakmem.capture import fake_nvml as _fake_nvml  # noqa: E402,F401

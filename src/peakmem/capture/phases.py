@@ -44,6 +44,10 @@ from peakmem.jobs.stop import ALL_STEPS, Steps
 from peakmem.trace.vocab import Category, Mark, Phase
 
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
+_GRAD_SOURCES = (*_STEP_TEMPS, Category.COMMUNICATION.value)
+"""What a `.grad` may be tagged before it is classified: a gradient that is a view of a
+collective's buffer (DDP's `gradient_as_bucket_view=True`, FSDP2's reduce-scatter output) makes
+that buffer the gradient's storage (capture.collective_buffers)."""
 _STEPPED_PARAMS = (*_STEP_TEMPS, Category.INPUT.value)
 _STATE_SOURCES = (*_STEPPED_PARAMS, Category.EMA.value)
 """What an optimizer's state may have been tracked as before its step kept it (`ema` too: a
@@ -293,7 +297,7 @@ class PhaseTracker:
                 if storage is not None:
                     updated.add(storage)
                     watched.append((weakref.ref(param), storage))
-                self.session.classify(param.grad, Category.GRADIENT.value, only_from=_STEP_TEMPS)
+                self.session.classify(param.grad, Category.GRADIENT.value, only_from=_GRAD_SOURCES)
         self._updated_storages = updated
         self.weight_copies.add_trained(updated)
         self._watched = watched
@@ -317,7 +321,7 @@ class PhaseTracker:
             for param in group["params"]:
                 self.session.classify(param, Category.PARAMETER.value, only_from=_STEPPED_PARAMS)
                 self.session.classify(
-                    param.grad, Category.GRADIENT.value, only_from=_STEP_TEMPS
+                    param.grad, Category.GRADIENT.value, only_from=_GRAD_SOURCES
                 )
         self.session.state.phase = Phase.OPTIMIZER.value
         self.session.mark("optimizer")

@@ -27,7 +27,7 @@ from peakmem.capture.threads import traced_threads
 from peakmem.capture.unsupported import Unsupported
 from peakmem.capture.value_steered import value_steered_optimizers
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES, SPARSE_KERNELS
-from peakmem.inputs import describe
+from peakmem.inputs import JobInputError, describe
 from peakmem.jobs.exit_handlers import ended_normally, job_exit_handlers
 from peakmem.jobs.runner import (
     JobSpec,
@@ -217,9 +217,11 @@ def _run_captured(
             result.error, result.exit_code, result.reason = exc, 1, "raised"
             result.error_type = type(exc).__name__
             result.error_text = _safe_traceback(exc)
-            if session.fake_limit is None and not session.eager and _is_fake_limit(exc):
+            if isinstance(exc, JobInputError):  # peakmem's check in the job: one line
+                result.reason, result.error_text = "bad_input", safe_str(exc)
+            elif session.fake_limit is None and not session.eager and _is_fake_limit(exc):
                 session.fake_limit = f"{type(exc).__name__}: {first_line(exc)}"
-            if session.fake_limit is not None:
+            if session.fake_limit is not None and result.reason != "bad_input":
                 result.error_text = fake_limit_message(session.fake_limit, exc)
                 result.reason = "fake_limit"
             if isinstance(exc, Unsupported):
@@ -294,7 +296,8 @@ def _collect(
     """Fill `result` from the session once the job has ended."""
     result.seconds = _CLOCK() - start
     hint = phases.failure_hint()
-    if hint is not None and result.error_text and session.fake_limit is None:
+    if (hint is not None and result.error_text and session.fake_limit is None
+            and result.reason != "bad_input"):
         result.error_text = result.error_text.rstrip() + "\n" + hint
     result.steps = session.state.steps
     result.stopped = session.state.stopped

@@ -17,7 +17,7 @@ from peakmem.capture.oom_retry import near_capacity, retry_loop_on_stack
 from peakmem.capture.subclass_storages import inner_tensors, is_wrapper
 from peakmem.cuda_rules.true_device import is_meta
 from peakmem.profiles import GpuProfile, StackProfile
-from peakmem.trace.events import Tag, Trace
+from peakmem.trace.events import ALLOC_KINDS, Tag, Trace
 from peakmem.trace.vocab import Category, Phase
 
 # the enum values read on every op (an Enum member's `.value` is a Python descriptor call)
@@ -409,6 +409,20 @@ class CaptureSession:
                 trace.tag_ids[record.alloc_index] = trace.intern_fields(
                     category, old.module, old.phase, old.op
                 )
+
+    def reclassify_made_since(self, start: int, category: str, *, only_from: tuple[str, ...],
+                              skip_phases: tuple[str, ...] = ()) -> None:
+        """Re-tag every allocation made at or after trace event `start` (live or already freed)
+        whose category is in `only_from` and whose phase is not in `skip_phases`
+        (capture.collective_buffers: what a call allocated)."""
+        trace = self.trace
+        kinds, tag_ids = trace.kinds, trace.tag_ids
+        for index in range(start, len(trace)):
+            if kinds[index] not in ALLOC_KINDS:
+                continue
+            old = trace.tag_of(index)
+            if old is not None and old.category in only_from and old.phase not in skip_phases:
+                tag_ids[index] = trace.intern_fields(category, old.module, old.phase, old.op)
 
     def mark(self, label: str) -> None:
         if not self.closed:

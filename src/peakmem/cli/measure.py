@@ -133,6 +133,8 @@ def measure(
         click.echo(f"peakmem measure: no CUDA GPU to measure on: {exc}", err=True)
         sys.exit(2)
     data = result.to_json()
+    if result.peak_unknown:
+        click.echo(f"peakmem measure: the peak is unknown: {result.peak_unknown}", err=True)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(data, indent=1) + "\n")
@@ -154,7 +156,7 @@ def _print_table(result: MeasureResult) -> None:
     table = Table(title=f"peakmem measure: {result.job}", show_header=False)
     rows = [
         ("status", str(result.status) + (f" ({result.error})" if result.error else "")),
-        ("peak (device, NVML)", _mib(result.peak_bytes)),
+        ("peak (device, NVML)", _mib(result.peak_bytes) if not result.peak_unknown else "unknown"),
         ("max reserved", _mib(result.peak_reserved_bytes)),
         ("max allocated", _mib(result.peak_allocated_bytes)),
         ("context + libraries", _mib(result.context_bytes)),

@@ -55,7 +55,8 @@ def model_command(command: tuple[str, ...], settings: dict[str, Any]) -> tuple[s
     """The job's command: `command` itself, or with --model a generated script (written to a
     temporary directory removed at exit). `--print-script` prints the script and exits 0.
     Raises ValueError (one line: bad input) for --model with a command, neither, or a config
-    that cannot be used."""
+    that cannot be used (what only transformers can check is checked in the job, whose
+    process imports it: scriptgen.config_check; here with --print-script)."""
     from peakmem.scriptgen import ConfigError, TrainingSpec, find_config, render_script
 
     source = settings.get("model")
@@ -79,13 +80,21 @@ def model_command(command: tuple[str, ...], settings: dict[str, Any]) -> tuple[s
     )
     try:
         spec.check()
-        config, _where = find_config(source)
+        config, _where = find_config(source)  # transformers' own check runs in the job
+        if settings.get("print_script"):  # no job: transformers' check here
+            import contextlib
+
+            from peakmem.scriptgen.config_check import built_config
+
+            with contextlib.suppress(ImportError):  # a model module this process cannot
+                # import (a CPU-only torch without torchvision's ops, which a job's declares)
+                built_config(config, source)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
-    script = render_script(spec, config, source)
     if settings.get("print_script"):
-        click.echo(script, nl=False)
+        click.echo(render_script(spec, config, source), nl=False)
         sys.exit(0)
+    script = render_script(spec, config, source, checked=True)
     folder = Path(tempfile.mkdtemp(prefix="peakmem-model-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = folder / "train_model.py"

@@ -1,16 +1,32 @@
 """The real DeviceProbe: NVML (nvidia-ml-py) for device-level memory, torch.cuda for the
 allocator's counters. Imported only on a machine that measures; never needed by tests.
 
-Used memory of this process, in order of preference:
-1. ``nvmlDeviceGetComputeRunningProcesses`` entry for ``os.getpid()`` ("nvml-process");
-2. NVML device used memory minus the used memory at the baseline ("nvml-device-delta"): for
-   containers whose PID namespace hides our pid from NVML; needs the GPU to ourselves.
-   Once NVML has listed this process, the probe never falls back to it: a listing that fails
-   (nvidia-ml-py raises NVML_ERROR_INSUFFICIENT_SIZE when a process starts between its count and
-   fill calls) or misses us repeats the last per-process reading. The device-wide delta would
-   count every other process's growth: on the first H200 lease, 27 of 168 sweep runs measured
-   beside the cuDNN probe read 1-44 GiB too high that way;
-3. without nvidia-ml-py: ``cudaMemGetInfo`` used minus the baseline ("cuda-meminfo-delta").
+Used memory of this process (``UsedSample.source``), in order of preference:
+1. ``nvmlDeviceGetComputeRunningProcesses`` entry for ``os.getpid()`` ("nvml-process"). Once
+   NVML has listed this process, every later sample is "nvml-process": a listing that fails
+   (nvidia-ml-py's count-then-fill calls; it raises NVML_ERROR_INSUFFICIENT_SIZE when processes
+   start in between) or misses us repeats the last per-process reading;
+2. before that, readings that never count another process's memory:
+   - "no-context" (0): torch has not initialised CUDA and NVML does not list us. A process has no
+     device memory before its CUDA context exists. On the H200 lease of 2026-11-27 the probe
+     read the device-wide delta here instead: 9 of 280 runs measured beside three sweeps took
+     their peak from a neighbour's growth during their own start-up (a t5-small run read 69 GB,
+     its own peak was 7.3 GB);
+   - "nvml-device-delta": NVML's device used memory minus the used memory at the baseline, only
+     while NVML lists no compute process at all, or lists us without a figure
+     (``usedGpuMemory`` N/A, NVML_VALUE_NOT_AVAILABLE: always so under Windows WDDM) and no one
+     else (a run alone on the GPU, between CUDA's initialisation and NVML listing it);
+   - "not-listed-yet" (0): CUDA is initialised, NVML lists other processes and not us yet: our
+     context is being created, or our pid is hidden;
+   - "nvml-host-pid": after ``_PID_HIDDEN_AFTER`` such listings, NVML is taken to report host
+     pids (a container's PID namespace: the driver returns host pids, NVIDIA/nvidia-docker#1483).
+     When it then lists exactly one process, one that was not listed at the baseline, that one
+     is us: its figure is read;
+   - "unknown" (0): otherwise (other processes listed, or the listing failed). The run's peak
+     is then unknown (``peak_source.resolve_peak``); the sweep records it as an error to
+     measure again;
+3. without nvidia-ml-py: ``cudaMemGetInfo`` used minus the baseline ("cuda-meminfo-delta"):
+   device-wide, so it needs the GPU to ourselves.
 """
 
 from __future__ import annotations
@@ -21,9 +37,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from peakmem.measure.peak_source import (
+    DEVICE_DELTA,
+    HOST_PID,
+    MEMINFO_DELTA,
+    NO_CONTEXT,
+    PROCESS,
+    UNKNOWN,
+    UNLISTED,
+)
 from peakmem.measure.probe import DeviceInfo, UsedSample
 
-# after this many process lists without our pid, stop asking (each query costs sampling rate)
+# after this many process listings without our pid (CUDA initialised), NVML's pids are host pids
 _PID_HIDDEN_AFTER = 200
 
 
@@ -57,8 +82,9 @@ class CudaProbe:
         self._pid = os.getpid()
         self._baseline = 0
         self._lock = threading.Lock()
-        self._misses = 0  # process lists that had entries but not this pid
+        self._misses = 0  # listings (CUDA initialised) that had others or failed, not this pid
         self._last_process_used: int | None = None  # last per-process reading, once seen
+        self._baseline_pids: frozenset[int] = frozenset()  # processes listed before the job
 
     def _visible_nvml_index(self) -> int:
         """NVML ignores CUDA_VISIBLE_DEVICES: map torch's index to NVML's (numeric lists only)."""
@@ -102,25 +128,43 @@ class CudaProbe:
         return int(total - free)
 
     def mark_baseline(self) -> None:
-        self._baseline = self._device_used() if self._nvml is not None else 0
+        if self._nvml is None:
+            self._baseline = 0
+            return
+        self._baseline = self._device_used()
+        processes, _listed = self._list_processes()
+        self._baseline_pids = frozenset(p.pid for p in processes if p.pid != self._pid)
 
     def sample_used(self) -> UsedSample:
         if self._nvml is None:
             # cudaMemGetInfo needs a context: before the job made one, report nothing used
             if not self._torch.cuda.is_initialized():
-                return UsedSample(0, "cuda-meminfo-delta")
-            return UsedSample(self._device_used() - self._baseline, "cuda-meminfo-delta")
-        if self._misses < _PID_HIDDEN_AFTER or self._last_process_used is not None:
-            processes, listed = self._list_processes()
-            for process in processes:
-                if process.pid == self._pid and process.usedGpuMemory is not None:
-                    self._last_process_used = int(process.usedGpuMemory)
-                    return UsedSample(self._last_process_used, "nvml-process")
-            if self._last_process_used is not None:  # seen before: a failed or racy listing
-                return UsedSample(self._last_process_used, "nvml-process")
-            if listed and processes and self._torch.cuda.is_initialized():
-                self._misses += 1  # we run CUDA, others are listed, we are not: hidden PIDs?
-        return UsedSample(max(self._device_used() - self._baseline, 0), "nvml-device-delta")
+                return UsedSample(0, MEMINFO_DELTA)
+            return UsedSample(self._device_used() - self._baseline, MEMINFO_DELTA)
+        processes, listed = self._list_processes()
+        mine = [p for p in processes if p.pid == self._pid]
+        if mine and mine[0].usedGpuMemory is not None:
+            self._last_process_used = int(mine[0].usedGpuMemory)
+            return UsedSample(self._last_process_used, PROCESS)
+        if self._last_process_used is not None:  # seen before: a failed or racy listing
+            return UsedSample(self._last_process_used, PROCESS)
+        others = [p for p in processes if p.pid != self._pid]
+        if mine:  # listed without a figure (N/A): the device delta, if no one else is listed
+            return self._device_delta() if listed and not others else UsedSample(0, UNKNOWN)
+        if not self._torch.cuda.is_initialized():
+            return UsedSample(0, NO_CONTEXT)
+        if listed and not processes:  # NVML lists no compute process: none to count
+            return self._device_delta()
+        self._misses += 1
+        if self._misses <= _PID_HIDDEN_AFTER:
+            return UsedSample(0, UNLISTED)
+        new = [p for p in others if p.pid not in self._baseline_pids]
+        if listed and len(others) == 1 and len(new) == 1 and new[0].usedGpuMemory is not None:
+            return UsedSample(int(new[0].usedGpuMemory), HOST_PID)  # the only process: us
+        return UsedSample(0, UNKNOWN)
+
+    def _device_delta(self) -> UsedSample:
+        return UsedSample(max(self._device_used() - self._baseline, 0), DEVICE_DELTA)
 
     def _list_processes(self) -> tuple[list[Any], bool]:
         """NVML's compute processes, retried: the list can change between its two calls."""

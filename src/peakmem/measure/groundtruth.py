@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from peakmem.measure.peak_source import UNKNOWN
+
 COLUMNS = (
     "job",  # repo-relative script path
     "args",  # the script's arguments, shell-quoted
@@ -79,18 +81,32 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def done_keys(rows: Iterable[dict[str, str]], retry_errors: bool = False) -> set[RunKey]:
-    """Keys of runs that need no new measurement."""
+    """Keys of runs that need no new measurement. A run whose peak could not be read (an error
+    row with peak_source `unknown`: the probe's failure, not the job's) is always measured
+    again."""
     return {
         key_of_row(row)
         for row in rows
-        if row["status"] in FINAL_STATUSES or (row["status"] == "error" and not retry_errors)
+        if row["status"] in FINAL_STATUSES
+        or (row["status"] == "error" and not retry_errors and not peak_was_unknown(row))
     }
+
+
+def peak_was_unknown(row: dict[str, str]) -> bool:
+    return row.get("peak_source") == UNKNOWN
 
 
 def row_from_result(
     result: dict[str, Any], *, job: str, args: str, gpu: str, config: str, sweep: str
 ) -> dict[str, Any]:
-    """A CSV row from a `peakmem measure --json` object."""
+    """A CSV row from a `peakmem measure --json` object. A run that finished but whose peak
+    could not be read (peak_source `unknown`) becomes an `error` row with the reason."""
+    status = result.get("status", "error")
+    unknown = result.get("peak_source") == UNKNOWN
+    error = result.get("error") or ""
+    if unknown and status == "ok":
+        status = "error"
+        error = f"peak unknown: {result.get('peak_unknown') or 'no per-process reading'}"
     return {
         "job": job,
         "args": args,
@@ -98,11 +114,11 @@ def row_from_result(
         "torch": result.get("torch", ""),
         "cuda": result.get("cuda", ""),
         "driver": result.get("driver", ""),
-        "measured_peak_bytes": result.get("peak_bytes", ""),
+        "measured_peak_bytes": "" if unknown else result.get("peak_bytes", ""),
         "max_reserved_bytes": result.get("peak_reserved_bytes", ""),
         "max_allocated_bytes": result.get("peak_allocated_bytes", ""),
-        "context_bytes": result.get("context_bytes", ""),
-        "status": result.get("status", "error"),
+        "context_bytes": "" if unknown else result.get("context_bytes", ""),
+        "status": status,
         "seconds": result.get("seconds", ""),
         "steps": result.get("steps_requested") or result.get("steps", ""),
         "alloc_conf": result.get("alloc_conf", ""),
@@ -112,7 +128,7 @@ def row_from_result(
         "total_bytes": result.get("total_bytes", ""),
         "peak_source": result.get("peak_source", ""),
         "sample_hz": result.get("sample_hz", ""),
-        "error": (result.get("error") or "")[:300],
+        "error": error[:300],
         "measured_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 

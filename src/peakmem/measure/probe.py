@@ -22,7 +22,7 @@ class UsedSample:
     """One reading of the device memory this process uses."""
 
     used_bytes: int
-    source: str  # "nvml-process" | "nvml-device-delta" | "cuda-meminfo-delta"
+    source: str  # how it was read: one of peakmem.measure.peak_source
 
 
 @runtime_checkable

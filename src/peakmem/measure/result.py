@@ -50,7 +50,8 @@ class MeasureResult:
     steps: int
     # extra detail, after the shared keys
     steps_requested: int | None = None
-    peak_source: str = ""
+    peak_source: str = ""  # "unknown": peak_bytes and context_bytes are 0, see peak_unknown
+    peak_unknown: str = ""  # why the peak cannot be stated (peakmem.measure.peak_source)
     samples: int = 0
     sample_hz: float = 0.0
     total_bytes: int = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from peakmem.measure.probe import UsedSample
 
@@ -17,6 +17,7 @@ class SamplerStats:
     rate_hz: float  # achieved sampling rate
     sources: frozenset[str]
     peak_source: str  # how the peak sample was read
+    peak_by_source: dict[str, int] = field(default_factory=dict)  # the largest sample per source
 
 
 class PeakSampler:
@@ -38,6 +39,7 @@ class PeakSampler:
         self._samples = 0
         self._sources: set[str] = set()
         self._peak_source = ""
+        self._by_source: dict[str, int] = {}
         self._started = 0.0
         self._error: BaseException | None = None
 
@@ -48,6 +50,9 @@ class PeakSampler:
                 self._peak, self._peak_source = sample.used_bytes, sample.source
             self._samples += 1
             self._sources.add(sample.source)
+            best = self._by_source.get(sample.source)
+            if best is None or sample.used_bytes > best:
+                self._by_source[sample.source] = sample.used_bytes
 
     def _loop(self) -> None:
         next_due = time.perf_counter()
@@ -88,6 +93,7 @@ class PeakSampler:
                 self._samples / elapsed,
                 frozenset(self._sources),
                 self._peak_source,
+                dict(self._by_source),
             )
 
     def __enter__(self) -> PeakSampler:

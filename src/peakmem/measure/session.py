@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from peakmem.jobs.runner import JobOutcome, JobSpec, JobStatus, run_job
+from peakmem.measure.peak_source import UNKNOWN, resolve_peak
 from peakmem.measure.probe import DeviceProbe
 from peakmem.measure.result import MeasureResult, MeasureStatus, allocator_config
 from peakmem.measure.sampler import PeakSampler
@@ -81,12 +82,13 @@ def measure_job(spec: JobSpec, probe: DeviceProbe, options: MeasureOptions) -> M
     outcome.error = None  # drop the frames (and tensors) the exception holds
     gc.collect()
     end = probe.sample_used()
-    context = max(end.used_bytes - probe.reserved_bytes(), 0)
+    peak = resolve_peak(stats.peak_by_source, end.used_bytes, end.source)
+    context = max(end.used_bytes - probe.reserved_bytes(), 0) if peak.source != UNKNOWN else 0
     if options.snapshot is not None:
         probe.dump_history(options.snapshot)
     info = probe.info()
     return MeasureResult(
-        peak_bytes=max(stats.peak_bytes, end.used_bytes),
+        peak_bytes=peak.bytes,
         peak_reserved_bytes=probe.max_reserved_bytes(),
         peak_allocated_bytes=probe.max_allocated_bytes(),
         context_bytes=context,
@@ -99,7 +101,8 @@ def measure_job(spec: JobSpec, probe: DeviceProbe, options: MeasureOptions) -> M
         seconds=outcome.seconds,
         steps=outcome.steps,
         steps_requested=options.steps,
-        peak_source=stats.peak_source if stats.peak_bytes >= end.used_bytes else end.source,
+        peak_source=peak.source,
+        peak_unknown=peak.unknown_reason,
         samples=stats.samples,
         sample_hz=stats.rate_hz,
         total_bytes=info.total_bytes,

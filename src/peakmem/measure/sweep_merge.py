@@ -4,8 +4,9 @@ Several sweep processes on one large GPU multiply the rows a lease yields. Each 
 readings (NVML's per-process used memory, torch's max reserved / allocated) do not see a
 neighbour, with two exceptions, and a row hit by either is dropped:
 
-- the reading fell back to the device-wide delta (``peak_source`` other than ``nvml-process``):
-  that delta counts the neighbours' memory;
+- the peak was not read from NVML's entry for the process (``peak_source`` other than
+  ``nvml-process``): a device-wide delta counts the neighbours' memory, and ``unknown`` (the
+  probe could not read the process: an error row, measured again) has no peak;
 - the device was nearly full while the run ran (a device-wide memory log, nvidia-smi's
   ``timestamp,memory.used,memory.total`` in MiB): an allocation may have failed, the caching
   allocator then frees its cached blocks and retries (a lower reserved peak than alone) or the
@@ -28,8 +29,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from peakmem.measure.groundtruth import key_of_row
+from peakmem.measure.peak_source import PROCESS, UNKNOWN
 
-PER_PROCESS_SOURCE = "nvml-process"
+PER_PROCESS_SOURCE = PROCESS
 DEFAULT_HEADROOM_MIB = 4096
 DEFAULT_SLACK_S = 15.0
 
@@ -82,6 +84,8 @@ def drop_reason(
     row: dict[str, str], full_times: Sequence[datetime], slack_s: float
 ) -> str | None:
     """Why a row measured beside other runs cannot be kept, or None."""
+    if row.get("peak_source") == UNKNOWN:
+        return "peak unknown (no per-process reading beside other processes): measure it again"
     if row.get("status") == "ok" and row.get("peak_source") != PER_PROCESS_SOURCE:
         return f"peak read from {row.get('peak_source') or 'no source'} (counts the neighbours)"
     window = run_window(row, slack_s)

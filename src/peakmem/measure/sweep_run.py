@@ -174,11 +174,12 @@ def run_sweep(
                 writer.write(row)
                 summary.measured += 1
                 summary.run_seconds.append(wall)
-                summary.statuses[status] = summary.statuses.get(status, 0) + 1
+                recorded = str(row["status"])  # an ok run whose peak was unknown: error
+                summary.statuses[recorded] = summary.statuses.get(recorded, 0) + 1
                 if status == "oom" and run.scale is not None:
                     oom_floor[run.config] = min(oom_floor.get(run.config, run.scale), run.scale)
                 if on_run is not None:
-                    on_run(run, status, wall)
+                    on_run(run, recorded, wall)
     finally:
         for spare in spares:
             spare.stop()

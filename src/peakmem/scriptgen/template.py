@@ -68,9 +68,13 @@ class TrainingSpec:
         return ", ".join(parts)
 
 
-def render_script(spec: TrainingSpec, config: dict[str, Any], source: str) -> str:
+def render_script(spec: TrainingSpec, config: dict[str, Any], source: str,
+                  checked: bool = False) -> str:
     """The script's text. `config` and `source` are untrusted: they enter the script only as
-    string literals (repr), never as code."""
+    string literals (repr), never as code. `checked`: the script peakmem estimates, which
+    builds the config with peakmem's `built_config` (the same `AutoConfig.for_model` call,
+    with a bad value reported as bad input: scriptgen.config_check) instead of calling
+    `AutoConfig.for_model` itself as the printed script does."""
     spec.check()
     auto_class, peft_task = TASKS[spec.task]
     weights, autocast = PRECISIONS[spec.precision]
@@ -104,9 +108,18 @@ def render_script(spec: TrainingSpec, config: dict[str, Any], source: str) -> st
         "args = parser.parse_args()",
         "BATCH_SIZE, SEQ_LEN, STEPS = args.batch_size, args.seq_len, args.steps",
         "",
-        "settings = dict(CONFIG)",
-        'config = AutoConfig.for_model(settings.pop("model_type"), **settings)',
     ]
+    if checked:
+        lines += [
+            "from peakmem.scriptgen.config_check import built_config",
+            "",
+            f"config = built_config(CONFIG, {source!r})",
+        ]
+    else:
+        lines += [
+            "settings = dict(CONFIG)",
+            'config = AutoConfig.for_model(settings.pop("model_type"), **settings)',
+        ]
     if spec.task == "seq-cls":
         lines += [
             'if getattr(config, "pad_token_id", None) is None:',

@@ -22,6 +22,10 @@ class Category(StrEnum):
     """The input batch and targets copied to the device."""
     WORKSPACE = "workspace"
     """Library scratch (cuBLAS, cuBLASLt, cuDNN, SDPA kernels) taken from the caching allocator."""
+    COMMUNICATION = "communication"
+    """Buffers of collectives: DDP's gradient buckets (a second copy of the gradients with the
+    default `gradient_as_bucket_view=False`), FSDP's all-gather and reduce-scatter buffers, the
+    flattened buffers NCCL makes for list collectives (capture.collective_buffers)."""
     EMA = "ema"
     """Copies of the trained weights kept in sync with them and stepped by no optimizer (EMA /
     averaged models: diffusers' EMAModel, timm's ModelEma, swa_utils.AveragedModel, a
