@@ -38,18 +38,28 @@ class FirstUseFamily:
     loaded_with: frozenset[str] = frozenset()
     """ops whose presence means the family's pages are already there (a job that runs them
     adds nothing for this family)."""
+    requires: frozenset[str] = frozenset()
+    """ops of which the job must also run one for the family to count (empty: no condition)."""
 
 
 FIRST_USE_FAMILIES: dict[str, FirstUseFamily] = {}
 
 
 def register(
-    name: str, ops: Iterable[str] | None, description: str, loaded_with: Iterable[str] = ()
+    name: str,
+    ops: Iterable[str] | None,
+    description: str,
+    loaded_with: Iterable[str] = (),
+    requires: Iterable[str] = (),
 ) -> FirstUseFamily:
     if name in FIRST_USE_FAMILIES or name == BASE:
         raise ValueError(f"first-use family {name!r} registered twice")
     family = FirstUseFamily(
-        name, None if ops is None else frozenset(ops), description, frozenset(loaded_with)
+        name,
+        None if ops is None else frozenset(ops),
+        description,
+        frozenset(loaded_with),
+        frozenset(requires),
     )
     FIRST_USE_FAMILIES[name] = family
     return family
@@ -91,13 +101,14 @@ register(
     "GradScaler's unscale / inf check and scale update kernels",
 )
 register(
-    "bf16_dropout",
-    ("native_dropout:bf16", "native_dropout_backward:bf16"),
-    "bf16 dropout kernels (not separable in the first-use table: chosen on the calibration split; "
-    "of the bf16 jobs without convolutions, the Transformers, which drop out in bf16, measured 16 "
-    "MiB above fp32 and the MLPs / DLRMs, whose bf16 GEMMs, casts and activations are the "
-    "Transformers' less dropout, nothing; a job that convolves measured nothing more)",
+    "bf16_gemm",
+    [f"{op}:bf16" for op in GEMM_OPS],
+    "bf16 tensor-core GEMMs of a job that also looks up an embedding (not separable in the "
+    "first-use table: chosen on the calibration split; every bf16 Transformer LM measured 16 MiB "
+    "above fp32, the bf16 MLPs and DLRMs of 2026-11-27 21:31 nothing: the condition tells them "
+    "apart, the kernel behind the 16 MiB is not known; a job that convolves measured nothing more)",
     loaded_with=CONVOLUTION_OPS,
+    requires=("embedding",),
 )
 
 
@@ -126,6 +137,7 @@ def families_run(ops: Iterable[str]) -> tuple[str, ...]:
         for name, family in FIRST_USE_FAMILIES.items()
         if (family.ops is None or not family.ops.isdisjoint(seen))
         and family.loaded_with.isdisjoint(seen)
+        and (not family.requires or not family.requires.isdisjoint(seen))
     )
 
 
