@@ -85,14 +85,22 @@ def index_job():
     x[rows].sum().backward()
 
 
+def without_sort_scratch(ops: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The sort's scratch of index_put(accumulate=True) (tests/cuda_rules/test_indexing.py)."""
+    return [(op, size) for op, size in ops
+            if op != "index_put_accumulate[scratch]" and op != "cub_radix_sort_temp"]
+
+
 def test_index_backward_puts_into_its_zeros():
     # index_backward: _index_put_impl_(zeros_like_self, indices, grad, accumulate=true, unsafe=true)
-    assert backward_ops(capture(index_job)) == [("ones_like", 4), ("new_zeros", 1000 * 256 * 4)]
+    assert without_sort_scratch(backward_ops(capture(index_job))) == [
+        ("ones_like", 4), ("new_zeros", 1000 * 256 * 4),
+    ]
 
 
 def test_index_backward_out_of_place_without_the_rule(out_of_place):
     # the subclass branch: zeros_like_self.index_put(indices, grad, true)
-    assert backward_ops(capture(index_job)) == [
+    assert without_sort_scratch(backward_ops(capture(index_job))) == [
         ("ones_like", 4), ("new_zeros", 1000 * 256 * 4), ("index_put", 1000 * 256 * 4),
     ]
 

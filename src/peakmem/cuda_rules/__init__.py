@@ -11,6 +11,7 @@ from peakmem.cuda_rules import (  # noqa: F401  (imported for their registration
     data_dependent,
     dropout,
     embedding,
+    indexing,
     losses,
     norms,
     optimizers,

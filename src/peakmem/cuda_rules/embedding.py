@@ -14,7 +14,12 @@ around the output:
   (`embedding_backward_cuda_kernel`: S = max_segments = min(n, num_weights) and P =
   max_partial_segment = n / NROWS_PER_THREAD + max_segments with NROWS_PER_THREAD = 10: the
   sync-free upper bounds, torch 2.x.)
-The meta kernel allocates only grad_weight. cub's temp-storage sizes (sort, unique_by_key,
+`_embedding_bag_backward` (EmbeddingBag.cu `_embedding_bag_dense_backward_cuda`, modes sum and
+mean) runs the same sort and `embedding_backward_cuda_kernel` for any number of indices (it has no
+direct kernel), after `grad.contiguous()`: each bag table's slice of a stacked gradient is a
+strided view, copied first and freed when the op returns. Mode max scatters with atomics into the
+zeroed grad_weight (no scratch); sparse gradients take another path (not modelled here).
+The meta kernels allocate only grad_weight. cub's temp-storage sizes (sort, unique_by_key,
 exclusive_sum) are modelled as the sort's alternate key/value buffers (2 x n x index size); the
 small ones are left out (assumed, not measured).
 """
@@ -37,15 +42,63 @@ def embedding_dense_backward(ctx: RuleContext, op, args: tuple, kwargs: dict):
     bound = dict(zip(_SCHEMA, args, strict=False)) | kwargs
     grad, indices = bound["grad_output"], bound["indices"]
     scale_grad_by_freq = bool(bound["scale_grad_by_freq"])
-    n = indices.numel()
-    if n <= DIRECT_KERNEL_MAX_INDICES and not scale_grad_by_freq:
+    if indices.numel() <= DIRECT_KERNEL_MAX_INDICES and not scale_grad_by_freq:
         yield
         return
+    yield from sorted_segments_backward(
+        ctx, grad, indices, int(bound["num_weights"]), scale_grad_by_freq, _OP
+    )
+
+
+_BAG_OP = "_embedding_bag_backward[scratch]"
+_BAG_SCHEMA = (
+    "grad", "indices", "offsets", "offset2bag", "bag_size", "maximum_indices", "num_weights",
+    "scale_grad_by_freq", "mode", "sparse", "per_sample_weights", "padding_idx",
+)
+_DENSE_BAG_SCHEMA = (
+    "grad", "indices", "offset2bag", "bag_size", "maximum_indices", "num_weights",
+    "scale_grad_by_freq", "mode", "per_sample_weights", "padding_idx",
+)
+MODE_MAX = 2
+
+
+def _embedding_bag_backward(ctx: RuleContext, bound: dict):
+    grad, indices = bound["grad"], bound["indices"]
+    if bound.get("sparse") or int(bound["mode"]) == MODE_MAX or indices.numel() == 0:
+        yield
+        return
+    copy = None
+    if not grad.is_contiguous():  # `grad_.contiguous()` in _embedding_bag_dense_backward_cuda
+        copy = ctx.scratch(grad.numel() * grad.element_size(), category="temporary", op=_BAG_OP)
+    yield from sorted_segments_backward(
+        ctx, grad, indices, int(bound["num_weights"]), bool(bound["scale_grad_by_freq"]), _BAG_OP
+    )
+    if copy is not None:
+        ctx.release(copy)
+
+
+@register_op_rule(aten._embedding_bag_backward)
+def embedding_bag_backward(ctx: RuleContext, op, args: tuple, kwargs: dict):
+    yield from _embedding_bag_backward(ctx, dict(zip(_BAG_SCHEMA, args, strict=False)) | kwargs)
+
+
+@register_op_rule(aten._embedding_bag_dense_backward)
+def embedding_bag_dense_backward(ctx: RuleContext, op, args: tuple, kwargs: dict):
+    bound = dict(zip(_DENSE_BAG_SCHEMA, args, strict=False)) | kwargs
+    yield from _embedding_bag_backward(ctx, bound)
+
+
+def sorted_segments_backward(
+    ctx: RuleContext, grad, indices, num_weights: int, scale_grad_by_freq: bool, op: str
+):
+    """The radix sort of the indices and `embedding_backward_cuda_kernel`'s segment buffers
+    around grad_weight (the op's output, allocated at the `yield`)."""
+    n = indices.numel()
     index_bytes = n * indices.element_size()
     temp = "temporary"
 
     def scratch(nbytes: int) -> int:
-        return ctx.scratch(nbytes, category=temp, op=_OP)
+        return ctx.scratch(nbytes, category=temp, op=op)
 
     sorted_indices, orig_indices = scratch(index_bytes), scratch(index_bytes)
     arange = scratch(index_bytes)
@@ -59,7 +112,7 @@ def embedding_dense_backward(ctx: RuleContext, op, args: tuple, kwargs: dict):
     low_precision = grad.dtype in (torch.float16, torch.bfloat16)
     accumulator = 4 if low_precision else grad.element_size()
     index_size = indices.element_size()
-    max_segments = min(n, int(bound["num_weights"]))
+    max_segments = min(n, num_weights)
     max_partial_segments = n // NROWS_PER_THREAD + max_segments
     segment_buffers = [
         scratch(index_bytes),  # segment_offsets
