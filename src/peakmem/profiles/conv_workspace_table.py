@@ -154,7 +154,13 @@ class WorkspaceTable:
         case = self._exact.get(shape.key)
         return None if case is None else case.backend
 
-    def nearest(self, shape: ConvShape, direction: str) -> int:
+    def nearest(self, shape: ConvShape, direction: str, quantile: float = 0.5,
+                batch_exponent: float = 0.0) -> int:
+        """The fallback: the neighbours' inverse-distance-weighted median workspace per byte of
+        x + y + w, times the call's x + y + w (so linear in the batch, past the grid's largest
+        too). `quantile` and `batch_exponent` (each neighbour's ratio x (n / its n) ** exponent
+        where the call's batch is larger) are the alternatives the grid's batch split scores
+        (peakmem.profiles.conv_workspace_batch_split); the rule uses the defaults."""
         members = self._groups.get(self._group(shape, direction), [])
         if len(members) < NEIGHBOURS:
             members = self._wide.get((direction, shape.dtype_mode, shape.layout), [])
@@ -162,13 +168,16 @@ class WorkspaceTable:
             return 0
         here = shape.features()
         closest = heapq.nsmallest(NEIGHBOURS, members, key=lambda m: math.dist(m[0], here))
+        if batch_exponent:
+            closest = [(f, ratio * 2 ** (batch_exponent * max(0.0, here[0] - f[0])))
+                       for f, ratio in closest]
         weighted = sorted((ratio, 1 / (math.dist(f, here) + DISTANCE_FLOOR)) for f, ratio in closest)
-        half, seen = sum(w for _r, w in weighted) / 2, 0.0
-        for ratio, weight in weighted:  # the inverse-distance-weighted median ratio
+        cut, seen = sum(w for _r, w in weighted) * quantile, 0.0
+        for ratio, weight in weighted:  # the inverse-distance-weighted quantile of the ratios
             seen += weight
-            if seen >= half:
+            if seen >= cut:
                 return int(ratio * shape.tensor_bytes)
-        return 0
+        return int(weighted[-1][0] * shape.tensor_bytes)
 
     @lru_cache(maxsize=4096)  # noqa: B019 (tables live as long as the process: load_table caches)
     def lookup(self, shape: ConvShape, direction: str) -> Answer:
