@@ -9,6 +9,7 @@ from peakmem.profiles.conv_workspace_batch_split import (
     TEST_SPLIT,
     pair_exponents,
     score_split,
+    worst_under,
 )
 from peakmem.profiles.conv_workspace_table import ConvShape, Measured, WorkspaceTable, load_table
 
@@ -80,3 +81,13 @@ def test_candidates_trade_underestimates_for_a_worse_p90(grid, quantile, exponen
     removed = sum(s.under_bytes for s in fit_today) - sum(s.under_bytes for s in fit_other)
     added = sum(s.over_bytes for s in fit_other) - sum(s.over_bytes for s in fit_today)
     assert 0 < removed < added
+
+
+def test_the_bytes_under_are_a_few_large_engine_switches(grid):
+    """20 of the 1644 answers make 62% of the bytes under; the worst: a grouped 5x5 layer at
+    224x224 whose forward takes 2.67 x (x + y + w) at batch 64, answered 0.21 x."""
+    rows = worst_under(grid, TEST_SPLIT, 20)
+    assert sum(row[-1] for row in rows) == pytest.approx(0.62, abs=0.01)
+    _under, direction, shape, truth, guess, _share = rows[0]
+    assert (direction, shape.cin, shape.h, shape.kernel, shape.groups) == ("forward", 64, 224, 5, 32)
+    assert round(truth, 2) == 2.67 and round(guess, 2) == 0.21

@@ -66,6 +66,26 @@ def score_split(table: WorkspaceTable, split: tuple[int, int], quantile: float =
     return scores
 
 
+def worst_under(table: WorkspaceTable, split: tuple[int, int], count: int) -> list[tuple]:
+    """The `count` answers of the split furthest under (today's fallback): (bytes under,
+    direction, shape, measured / (x + y + w), answered / (x + y + w)), and the share of all the
+    bytes under they make."""
+    kept, asked = split
+    trained = table.without(lambda case: case.shape.n <= kept)
+    rows = []
+    for case in table.cases:
+        if case.shape.n != asked or case.backend != "Cudnn":
+            continue
+        for direction in SCORED:
+            if direction in case.bytes:
+                truth, guess = case.bytes[direction], trained.nearest(case.shape, direction)
+                rows.append((truth - guess, direction, case.shape, truth / case.shape.tensor_bytes,
+                             guess / case.shape.tensor_bytes))
+    rows.sort(key=lambda row: -row[0])
+    total = sum(max(0, row[0]) for row in rows)
+    return [(*row, row[0] / total) for row in rows[:count]]
+
+
 def pair_exponents(table: WorkspaceTable, largest: int = FIT_SPLIT[1]) -> dict[str, float]:
     """direction -> the median over same-layer pairs (n1 < n2 <= largest, both workspaces > 0)
     of log(ratio2 / ratio1) / log(n2 / n1), ratio = workspace / (x + y + w)."""
