@@ -105,3 +105,47 @@ def test_a_device_log_that_inflates_past_the_cap_is_refused_in_one_line(tmp_path
     broken.write_bytes(gzip.compress(b"2026/11/27 21:39:20.000, 1, 2\n" * 100)[:40])
     with pytest.raises(ValueError, match="not a readable gzip"):
         read_device_memory(broken)
+
+
+def _merge_script(tmp_path: Path, committed: bytes, new: bytes, log: bytes):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "c.csv").write_bytes(committed)
+    (tmp_path / "n.csv").write_bytes(new)
+    (tmp_path / "log").write_bytes(log)
+    return subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "merge_parallel_sweep.py"), "--committed",
+         "c.csv", "--device-log", "log", "--out", "o.csv", "n.csv"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(repo / "src")})
+
+
+def test_the_merge_script_refuses_files_it_cannot_read_in_one_line(tmp_path):
+    """A CSV that is not a ground-truth CSV, an empty or binary one, a broken gzip log ended the
+    merge in a traceback (ValueError, UnicodeDecodeError, EOFError); a log whose timestamps are
+    all in the future kept every new row unchecked."""
+    from peakmem.measure.groundtruth import ALL_COLUMNS
+
+    header = (",".join(ALL_COLUMNS) + "\n").encode()
+    fields = {c: "" for c in ALL_COLUMNS} | {
+        "job": "benchmarks/zoo/mlp.py", "args": "--batch-size 2", "status": "ok",
+        "peak_source": "nvml-process", "measured_at": "2026-11-27T21:39:30Z", "seconds": "3"}
+    new = header + (",".join(fields[c] for c in ALL_COLUMNS) + "\n").encode()
+    log = b"2026/11/27 21:39:00.000, 50000, 143771\n2026/11/27 21:40:00.000, 50000, 143771\n"
+    done = _merge_script(tmp_path, header, new, log)
+    assert done.returncode == 0 and "0 committed + 1 new rows (0 dropped)" in done.stdout, done
+    for committed, new_csv, device_log, words in [
+        (b"a,b\n1,2\n", new, log, "c.csv: not a ground-truth CSV"),
+        (b"", new, log, "c.csv: not a ground-truth CSV"),
+        (header, bytes(range(128, 256)), log, "n.csv: 'utf-8' codec can't decode"),
+        (header, new, gzip.compress(log)[:30], "log: not a readable gzip"),
+        (header, new, log.replace(b"2026/", b"2036/"),
+         "the device logs cover none of the 1 new rows' runs: the device log (2036-11-27"),
+    ]:
+        done = _merge_script(tmp_path, committed, new_csv, device_log)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 1 and len(lines) == 1, done.stderr
+        assert lines[0].startswith("Error: ") and words in lines[0], lines
