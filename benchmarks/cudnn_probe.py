@@ -116,6 +116,8 @@ class ConvShape:
                 (self.w + 2 * self.padding - span) // self.stride + 1)  # fmt: skip
 
     def valid(self) -> bool:
+        if min(self.kernel, self.stride, self.dilation, self.groups) < 1 or self.padding < 0:
+            return False  # (out_hw would divide by a zero stride)
         oh, ow = self.out_hw()
         return (min(self.n, self.cin, self.cout, self.h, self.w, oh, ow) >= 1
                 and self.cin % self.groups == 0 and self.cout % self.groups == 0)  # fmt: skip
@@ -275,48 +277,84 @@ class ShapeRequest:
     jobs: int
 
 
+class ShapesError(ValueError):
+    """A `--shapes` file the probe cannot read: one line naming the file (and the line), printed
+    by `main` as `cudnn_probe: error: ...`, exit 2, before any case runs."""
+
+
+MAX_SHAPE_DIM = 2**31 - 1
+"""cuDNN's tensor descriptors take int32 sizes: a larger dimension is no convolution it runs."""
+
+
 def read_shapes(path: Path) -> list[ShapeRequest]:
     """The distinct cases of a shapes file, the ones most jobs listed first (ties: file order).
 
     A row's bias is its `bias` column where there is one, else 1 when `backward_bias` is among its
     `directions` (the coverage tool lists only the directions the table answered by neighbours;
     a layer without bias has no backward_bias), else 0. Rows of one shape and setting are merged:
-    bias if any row has it, jobs counted once each."""
+    bias if any row has it, jobs counted once each. ShapesError (one line) for a file that is not
+    one: no header, a row that is not a convolution, binary, no rows."""
     modes = {mode for mode, _ in MODES}
     layouts = {layout for _, layout in MODES}
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in SHAPES_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: no column {', '.join(missing)} (the coverage tool's "
-                             f"--out format: {', '.join(SHAPES_COLUMNS)}, directions, job)")  # fmt: skip
-        for line, row in enumerate(reader, start=2):
-            try:
-                dims = [int(row[c]) for c in SHAPES_COLUMNS[:10]]
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{path}:{line}: a shape column is not an integer") from exc
-            mode, layout = row["dtype_mode"].strip(), row["layout"].strip()
-            if mode not in modes or layout not in layouts:
-                raise ValueError(f"{path}:{line}: setting {mode}/{layout} is not one of "
-                                 f"{sorted(modes)} x {sorted(layouts)}")  # fmt: skip
-            if (row.get("bias") or "").strip():
-                bias = int(row["bias"])
-            else:
-                bias = int("backward_bias" in (row.get("directions") or "").split())
-            key = (*dims, mode, layout)
-            entry = merged.setdefault(key, {"bias": 0, "jobs": set(), "first": line})
-            entry["bias"] = max(entry["bias"], bias)
-            entry["jobs"].add((row.get("job") or "").strip() or f"line {line}")
+    line = 1
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in SHAPES_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ShapesError(f"{path}: no column {', '.join(missing)} (the coverage tool's "
+                                  f"--out format: {', '.join(SHAPES_COLUMNS)}, directions, job)")  # fmt: skip
+            for line, row in enumerate(reader, start=2):
+                _add_shape_row(merged, row, path, line, modes, layouts)
+    except UnicodeDecodeError:
+        raise ShapesError(f"{path}:{line + 1}: not UTF-8 text (a binary file?)") from None
+    except csv.Error as exc:
+        raise ShapesError(f"{path}:{line + 1}: {exc}") from None
+    except OSError as exc:
+        raise ShapesError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if not merged:
+        raise ShapesError(f"{path}: no shapes (a header and no rows)")
     out = []
     for key, entry in sorted(merged.items(), key=lambda kv: (-len(kv[1]["jobs"]), kv[1]["first"])):
         n, cin, h, w, cout, kernel, stride, padding, dilation, groups, mode, layout = key
         shape = ConvShape(n, cin, h, w, cout, kernel, stride, padding, dilation, groups,
                           entry["bias"])  # fmt: skip
-        if not shape.valid():
-            raise ValueError(f"{path}:{entry['first']}: not a valid convolution: {shape}")
         out.append(ShapeRequest(shape, mode, layout, len(entry["jobs"])))
     return out
+
+
+def _shown(text: str) -> str:
+    """`text` as the error shows it: at most 20 characters, repr'd if not printable (a NUL)."""
+    return text[:20] if text.isprintable() else repr(text[:20])
+
+
+def _add_shape_row(merged: dict[tuple[Any, ...], dict[str, Any]], row: dict[str, Any], path: Path,
+                   line: int, modes: set[str], layouts: set[str]) -> None:  # fmt: skip
+    try:
+        dims = [int(row[c]) for c in SHAPES_COLUMNS[:10]]
+    except (TypeError, ValueError):
+        raise ShapesError(f"{path}:{line}: a shape column is not an integer") from None
+    if not all(0 <= d <= MAX_SHAPE_DIM for d in dims):
+        raise ShapesError(f"{path}:{line}: a shape column is out of range (0 to {MAX_SHAPE_DIM})")
+    mode, layout = (row["dtype_mode"] or "").strip(), (row["layout"] or "").strip()
+    if mode not in modes or layout not in layouts:
+        raise ShapesError(f"{path}:{line}: setting {_shown(mode)}/{_shown(layout)} is not one of "
+                          f"{sorted(modes)} x {sorted(layouts)}")  # fmt: skip
+    bias_text = (row.get("bias") or "").strip()
+    if bias_text:
+        if bias_text not in ("0", "1"):
+            raise ShapesError(f"{path}:{line}: bias {bias_text[:20]!r} is not 0 or 1")
+        bias = int(bias_text)
+    else:
+        bias = int("backward_bias" in (row.get("directions") or "").split())
+    shape = ConvShape(*dims, bias)
+    if not shape.valid():
+        raise ShapesError(f"{path}:{line}: not a valid convolution: {shape}")
+    key = (*dims, mode, layout)
+    entry = merged.setdefault(key, {"bias": 0, "jobs": set(), "first": line})
+    entry["bias"] = max(entry["bias"], bias)
+    entry["jobs"].add((row.get("job") or "").strip() or f"line {line}")
 
 
 def shapes_plan(path: Path, benchmarks: Iterable[bool]) -> list[Case]:
@@ -1031,9 +1069,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.child:
-        return child(args)
-    return parent(args)
+    try:
+        if args.child:
+            return child(args)
+        return parent(args)
+    except ShapesError as exc:  # before any case ran: one line, no traceback
+        print(f"cudnn_probe: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+
 TRAIN = """import torch
 model = torch.nn.Linear(16, 16).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -41,6 +43,10 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     job_traceback: bool = False  # the job's own traceback may appear
     timeout: float = 90
+    program: str = ""  # a repo script run instead of `python -m peakmem` (benchmarks/...)
+    prefix: str = "peakmem"  # how the program's own error line starts
+    bad_input_code: int = 2  # the exit status of a refused input: one error line, no more
+    job_stderr: bool = False  # the job's own stderr (libraries' import warnings) passes through
 
 
 def _case(name: str, surface: str, argv: list[str], codes: set[int] | int, **kw) -> Case:
@@ -57,8 +63,9 @@ ACCEPTED = {
     # reaches runs it to its end; a timeout too short to start is a timeout
     ("--gpu", "h100-80gb\n"): 0, ("--torch", ""): 0, ("--steps", "9" * 40): 0,
     ("--timeout", "1e-300"): 124,
-    # NOT fixed (see the k5 report): torch's std::stoi / std::stoull would throw on it
-    ("--alloc-conf", "max_split_size_mb:99999999999999999999999"): 0,
+    # refused since 8d39974 as torch's std::stoi / std::stoull refuse it (the sweep still
+    # expected the old acceptance: its own wrong expectation, corrected by p1)
+    ("--alloc-conf", "max_split_size_mb:99999999999999999999999"): 2,
 }
 
 
@@ -113,6 +120,25 @@ def cases() -> list[Case]:
     ]:
         out.append(_case(f"estimate --model config {label}", "--model config",
                          [*est, "--model", "cfg/config.json"], 2, files={"cfg/config.json": body}))
+    # refused in the job (scriptgen.config_check: built_config / built_model), not the parent:
+    # one bad_input line naming the field after the job's own import warnings
+    gpt2 = b'"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_positions": 16, '
+    for label, body in [
+        ("list dims", b'{' + gpt2 + b'"vocab_size": 100, "n_embd": [64]}'),
+        ("float dims", b'{' + gpt2 + b'"vocab_size": 100, "n_embd": 1e300}'),
+        ("bool dims", b'{' + gpt2 + b'"vocab_size": 100, "n_embd": true}'),
+        ("int64 overflow", b'{' + gpt2 + b'"vocab_size": 1099511627776, "n_embd": 1099511627776}'),
+        ("heads do not divide", b'{' + gpt2 + b'"vocab_size": 100, "n_embd": 63}'),
+        ("key cls", b'{' + gpt2 + b'"vocab_size": 100, "n_embd": 64, "cls": 1}'),
+        ("dtype unknown", b'{' + gpt2 + b'"vocab_size": 100, "n_embd": 64, "torch_dtype": "zzz"}'),
+    ]:
+        out.append(_case(f"estimate --model config {label}", "--model config",
+                         [*est, "--steps", "1", "--seq", "8", "--model", "cfg/config.json"], 2,
+                         files={"cfg/config.json": body}, job_stderr=True, timeout=180))
+    out.append(_case("estimate --model config string", "--model config",
+                     [*est, "--model", "cfg/config.json"], 2, files={"cfg/config.json": b'"gpt2"'}))
+    out.append(_case("estimate --model config 1 GB", "--model config",
+                     [*est, "--model", "cfg/config.json"], 2, files={"@sparse cfg/config.json": "1073741824"}))
     out.append(_case("estimate --model /dev/zero", "--model config", [*est, "--model", "/dev/zero"], 2))
     out.append(_case("estimate --model empty dir", "--model config",
                      [*est, "--model", "cfg"], 2, files={"cfg/.keep": ""}))
@@ -318,7 +344,66 @@ def cases() -> list[Case]:
         out.append(_case(f"warm --status runtime dir {label}", "warm", ["warm", "--status"], {1, 2},
                          files={"f": "x", "@symlink loop": "loop"},
                          env={"PEAKMEM_RUNTIME_DIR": value}, timeout=60))
+    out += merge_cases() + shapes_cases()
     return out
+
+
+def merge_cases() -> list[Case]:
+    """benchmarks/merge_parallel_sweep.py on files a user gives it: click's `Error: ...`, exit 1."""
+    import gzip
+
+    from peakmem.measure.groundtruth import ALL_COLUMNS
+
+    header = ",".join(ALL_COLUMNS) + "\n"
+    row = {c: "" for c in ALL_COLUMNS} | {"job": "benchmarks/zoo/mlp.py", "args": "--batch-size 2",
+                                          "status": "ok", "peak_source": "nvml-process",
+                                          "measured_at": "2026-11-27T21:39:30Z", "seconds": "3"}
+    gt = header + ",".join(row[c] for c in ALL_COLUMNS) + "\n"
+    log = "2026/11/27 21:39:00.000, 50000, 143771\n2026/11/27 21:40:00.000, 50000, 143771\n"
+    future = log.replace("2026/", "2036/")
+    cases = {
+        "committed not ground truth": ({"c.csv": "a,b\n1,2\n"}, {}),
+        "committed empty": ({"c.csv": ""}, {}),
+        "committed binary": ({"c.csv": bytes(range(128, 256)) * 30}, {}),
+        "new csv empty": ({}, {"n.csv": ""}),
+        "new csv binary": ({}, {"n.csv": bytes(range(128, 256)) * 30}),
+        "new csv huge field": ({}, {"n.csv": gt.replace("mlp.py", "m" * 200_000)}),
+        "log gzip bomb": ({}, {"log.gz": gzip.compress(b"\0" * (100 << 20))}),
+        "log gzip truncated": ({}, {"log.gz": gzip.compress(log.encode() * 50)[:30]}),
+        "log binary": ({}, {"log.gz": bytes(range(256)) * 40}),
+        "log empty": ({}, {"log.gz": ""}),
+        "log timestamps in the future": ({}, {"log.gz": future}),
+        "out in a missing dir": ({}, {}),
+    }
+    out = []
+    for label, (committed, other) in cases.items():
+        files = {"c.csv": header, "n.csv": gt, "log.gz": log} | committed | other
+        target = "missing/o.csv" if label == "out in a missing dir" else "o.csv"
+        out.append(_case(f"merge_parallel_sweep {label}", "merge_parallel_sweep",
+                         ["--committed", "c.csv", "--device-log", "log.gz", "--out", target,
+                          "n.csv"], 1, files=files, program="benchmarks/merge_parallel_sweep.py",
+                         prefix="Error: ", bad_input_code=1, timeout=60))
+    return out
+
+
+def shapes_cases() -> list[Case]:
+    """benchmarks/cudnn_probe.py --shapes FILE --dry-run on a malformed file: one
+    `cudnn_probe: error: FILE:LINE` line, exit 2, before any case."""
+    header = "n,cin,h,w,cout,kernel,stride,padding,dilation,groups,dtype_mode,layout\n"
+    good = "2,4,8,8,4,3,1,1,1,1,tf32,nchw\n"
+    bodies = {
+        "empty": "", "header only": header, "binary": bytes(range(128, 256)) * 30,
+        "not integer": header + good.replace("2,4", "2,x"), "bias x": header[:-1] + ",bias\n" + good[:-1] + ",x\n",
+        "stride 0": header + "2,4,8,8,4,3,0,1,1,1,tf32,nchw\n",
+        "groups 0": header + "2,4,8,8,4,3,1,1,1,0,tf32,nchw\n",
+        "int32 overflow": header + "99999999999,4,8,8,4,3,1,1,1,1,tf32,nchw\n",
+        "unknown mode": header + good.replace("tf32", "fp8"), "NUL": header + good.replace("nchw", "nchw\x00"),
+        "huge field": header[:-1] + ",job\n" + good[:-1] + "," + "j" * 200_000 + "\n",
+    }
+    return [_case(f"cudnn_probe --shapes {label}", "cudnn_probe --shapes",
+                  ["--shapes", "s.csv", "--dry-run", "out"], 2, files={"s.csv": body},
+                  program="benchmarks/cudnn_probe.py", prefix="cudnn_probe: error:", timeout=60)
+            for label, body in bodies.items()]
 
 
 def _materialise(case: Case, root: Path) -> None:
@@ -328,6 +413,12 @@ def _materialise(case: Case, root: Path) -> None:
             continue
         if name.startswith("@fifo "):
             os.mkfifo(root / name.split(" ", 1)[1])
+            continue
+        if name.startswith("@sparse "):  # a file of that size with no blocks written
+            path = root / name.split(" ", 1)[1]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("wb") as handle:
+                handle.truncate(int(body))
             continue
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -346,7 +437,8 @@ def run_case(case: Case) -> dict:
         for k, v in case.env.items():
             env[k.encode()] = _env_bytes(v)
         start = time.monotonic()
-        with subprocess.Popen([sys.executable, "-m", "peakmem", *case.argv], cwd=root, env=env,
+        program = [str(REPO / case.program)] if case.program else ["-m", "peakmem"]
+        with subprocess.Popen([sys.executable, *program, *case.argv], cwd=root, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               stdin=subprocess.DEVNULL, start_new_session=True) as proc:
             try:
@@ -361,7 +453,8 @@ def run_case(case: Case) -> dict:
         marker = root / "pwned_k5"  # a payload writes the pid of the process it ran in
         pwned = marker.exists() and marker.read_text().strip() == str(proc.pid)
     lines = [line for line in stderr.splitlines() if line.strip()]
-    peak_lines = [line for line in lines if line.startswith("peakmem")]
+    peak_lines = [line for line in lines if line.startswith(case.prefix)]
+    counted = peak_lines if case.job_stderr else lines
     traceback = "Traceback (most recent call last)" in stderr
     problems = []
     if code is None:
@@ -376,8 +469,8 @@ def run_case(case: Case) -> dict:
         problems.append("peakmem traceback")
     if code not in (0, None) and not peak_lines and code != 124:
         problems.append("no peakmem line")
-    if code == 2 and len(lines) > 1 and not case.job_traceback:
-        problems.append(f"{len(lines)} stderr lines")
+    if code == case.bad_input_code and len(counted) > 1 and not case.job_traceback:
+        problems.append(f"{len(counted)} stderr lines")
     if pwned:
         problems.append("payload ran in peakmem's own process")
     return {"name": case.name, "surface": case.surface, "exit": code, "lines": len(lines),

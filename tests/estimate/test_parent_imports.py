@@ -69,3 +69,35 @@ def test_a_model_estimate_leaves_torch_and_transformers_unimported_in_the_parent
     assert error["message"].startswith("--model bad.json: transformers refuses the config: ")
     assert "field 'n_embd'" in error["message"] and "\n" not in error["message"]
     assert "IN-PARENT=False,False" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_config_only_the_model_build_refuses_is_bad_input_with_nothing_imported_in_the_parent(
+        tmp_path):
+    """vocab_size x n_embd past int64 passes every check of the config (each field alone is in
+    range) and failed while the job built the model: exit 1 after a traceback (`the job raised
+    RuntimeError: numel: integer multiplication overflow`). Now one bad_input line naming the
+    fields, exit 2, still with neither torch nor transformers imported in the parent."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import atexit, sys\n"
+        "atexit.register(lambda: sys.stderr.write('IN-PARENT=%s,%s\\n' % (\n"
+        "    'torch' in sys.modules, 'transformers' in sys.modules)))\n"
+        "from peakmem.cli.main import main\n"
+        "sys.argv = ['peakmem'] + sys.argv[1:]\n"
+        "main()\n")
+    (tmp_path / "huge.json").write_text(
+        '{"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_positions": 16, '
+        '"vocab_size": 1099511627776, "n_embd": 1099511627776}')
+    done = subprocess.run(
+        [sys.executable, str(probe), "estimate", "--gpu", "l4", "--json", "--steps", "1",
+         "--model", "huge.json", "--seq", "8"],
+        capture_output=True, text=True, env=dict(os.environ, PEAKMEM_WARM="0"), timeout=300,
+        cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    error = json.loads(done.stdout)["error"]
+    assert error["kind"] == "bad_input" and error["traceback"] is None
+    assert error["message"].startswith("--model huge.json: the config's sizes make a tensor too "
+                                       "large for torch (largest: 'vocab_size' 1099511627776, "
+                                       "'n_embd' 1099511627776): ")
+    assert "IN-PARENT=False,False" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr

@@ -212,6 +212,66 @@ def test_a_model_config_value_transformers_refuses_is_bad_input_in_the_job(tmp_p
     assert words in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("sizes, words", [
+    ({"vocab_size": 2**40, "n_embd": 2**40},
+     "the config's sizes make a tensor too large for torch (largest: 'vocab_size' "
+     "1099511627776, 'n_embd' 1099511627776): "),  # then torch's words (CPU and fake differ)
+    ({"vocab_size": 100, "n_embd": 63},
+     "transformers refuses the config: ValueError: `embed_dim` must be divisible by num_heads"),
+])
+def test_a_config_only_the_model_construction_refuses_is_bad_input_in_the_job(tmp_path, sizes, words):
+    """Each field passes the range checks, but the model cannot be built: vocab_size x n_embd
+    overflows torch's int64 element count; gpt2's attention needs n_embd divisible by n_head.
+    Both were the job's failure (exit 1, `the job raised RuntimeError: numel: integer
+    multiplication overflow` after a 30-line traceback); the estimated script builds the model
+    with built_model, which reports them as bad input (one line naming the fields)."""
+    from peakmem.capture.vision_ops import declare_torchvision_ops
+
+    declare_torchvision_ops()  # as the capture does: transformers' models import torchvision
+    from transformers import AutoModelForCausalLM
+
+    from peakmem.inputs import JobInputError
+    from peakmem.scriptgen import ConfigError, find_config
+    from peakmem.scriptgen.config_check import built_config, built_model
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_head": 2, **sizes}))
+    config = built_config(find_config(str(path))[0], str(path))  # nothing found before
+    with pytest.raises(ConfigError) as caught:
+        built_model(AutoModelForCausalLM, config, "config.json")
+    assert isinstance(caught.value, JobInputError)
+    assert str(caught.value).startswith("--model config.json: ") and "\n" not in str(caught.value)
+    assert words in str(caught.value), str(caught.value)
+
+
+def test_built_model_leaves_other_failures_to_the_job():
+    """Only torch's size overflow and transformers' own ValueError are the config's: another
+    RuntimeError / ValueError (peakmem's, torch's) is still the job's error with its traceback."""
+    from peakmem.scriptgen.config_check import built_model
+
+    class Raises:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def from_config(self, config):
+            raise self.exc
+
+    for exc in (RuntimeError("CUDA error: boom"), ValueError("not transformers'")):
+        with pytest.raises(type(exc)):
+            built_model(Raises(exc), {"model_type": "gpt2"}, "c.json")
+
+
+def test_the_estimated_script_builds_the_model_with_built_model_the_printed_one_does_not():
+    from peakmem.scriptgen import TrainingSpec, render_script
+
+    config = {"model_type": "gpt2", "n_embd": 64}
+    checked = render_script(TrainingSpec(), config, "c.json", checked=True)
+    printed = render_script(TrainingSpec(), config, "c.json")
+    assert "model = built_model(AutoModelForCausalLM, config, 'c.json')" in checked
+    assert "model = AutoModelForCausalLM.from_config(config)" in printed
+    assert "peakmem" not in printed.split('"""')[-1]  # the printed script runs on its own
+
+
 def test_a_usable_model_config_still_passes(tmp_path):
     from peakmem.scriptgen import find_config
 

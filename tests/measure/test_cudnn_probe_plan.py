@@ -398,3 +398,36 @@ def test_shapes_run_on_cpu_and_resume(tmp_path):
     assert cp.main([*args, "--dry-run"]) == 0
     with (out / cp.PLAN).open() as handle:
         assert [r["source"] for r in csv.DictReader(handle)] == ["shapes"] * 4
+
+
+HEADER = "n,cin,h,w,cout,kernel,stride,padding,dilation,groups,dtype_mode,layout"
+GOOD_ROW = "2,4,8,8,4,3,1,1,1,1,tf32,nchw"
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"", "no column n, cin"),
+    (HEADER.encode() + b"\n", "no shapes (a header and no rows)"),
+    (bytes(range(128, 256)) * 20, ":2: not UTF-8 text"),
+    (f"{HEADER},bias\n{GOOD_ROW},x\n".encode(), ":2: bias 'x' is not 0 or 1"),
+    (f"{HEADER},job\n{GOOD_ROW},{'j' * 200_000}\n".encode(), ":2: field larger than field limit"),
+    (f"{HEADER}\n{GOOD_ROW}\n99999999999,4,8,8,4,3,1,1,1,1,tf32,nchw\n".encode(),
+     ":3: a shape column is out of range"),
+    (f"{HEADER}\n2,4,8,8,4,3,0,1,1,1,tf32,nchw\n".encode(), ":2: not a valid convolution"),  # stride 0
+    (f"{HEADER}\n2,4,8,8,4,3,1,1,1,0,tf32,nchw\n".encode(), ":2: not a valid convolution"),  # groups 0
+    (f"{HEADER}\n2,4,8,8,4,0,1,1,1,1,tf32,nchw\n".encode(), ":2: not a valid convolution"),  # kernel 0
+    (f"{HEADER}\n2,4,8,8,4,3,1,1,1,1,tf32\n".encode(), ":2: setting tf32/ is not one of"),
+    (f"{HEADER}\n{GOOD_ROW}\x00\n".encode(), r":2: setting tf32/'nchw\x00' is not one of"),
+])
+def test_a_malformed_shapes_file_is_one_error_line_before_any_case(tmp_path, capsys, body, words):
+    """n8's read_shapes named the line for a bad setting or a non-integer column, but the probe
+    printed it as a 20-line traceback; a bias that is not 0/1, a binary file, a huge field had
+    no line number (ValueError / UnicodeDecodeError / _csv.Error tracebacks); a header with no
+    rows ended in IndexError (--dry-run); stride 0 / groups 0 divided by zero; a kernel of 0 or
+    a 10**11 batch was planned as a case."""
+    path = tmp_path / "shapes.csv"
+    path.write_bytes(body)
+    assert cp.main(["--shapes", str(path), "--dry-run", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"cudnn_probe: error: {path}"), err
+    assert words in err, err
+    assert not (tmp_path / "out").exists()  # refused before the plan was written

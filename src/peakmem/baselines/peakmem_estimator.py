@@ -161,14 +161,26 @@ ASSUMED_GROUNDTRUTH_TRANSFORMERS_RELEASE = "5.17.0"
 def groundtruth_transformers_release(gpu: str) -> str:
     """The transformers release of the image the GPU's ground-truth rows were measured with:
     `benchmarks/groundtruth/<gpu>_versions.json` (measure/image_versions.py), else the
-    documented assumption above. The estimate runs the job with the installed release and puts
-    back the older release's behaviours that change allocations (capture/hf_release.py)."""
-    from peakmem.measure.image_versions import read_versions
+    documented assumption above. A versions file that is not readable JSON, not an object, or
+    whose transformers is not a release number is a ValueError naming it (the bench stops in
+    one line: cli/bench.py), never the assumption. The estimate runs the job with the installed
+    release and puts back the older release's behaviours that change allocations
+    (capture/hf_release.py)."""
+    from peakmem.capture.hf_release import parse_release
+    from peakmem.measure.image_versions import read_versions, versions_path
 
-    versions = read_versions(GROUNDTRUTH_DIR / f"{gpu}.csv")
-    if versions is not None and versions.get("transformers"):
-        return str(versions["transformers"])
-    return ASSUMED_GROUNDTRUTH_TRANSFORMERS_RELEASE
+    versions = read_versions(GROUNDTRUTH_DIR / f"{gpu}.csv")  # ValueError naming a bad file
+    release = versions.get("transformers") if versions is not None else None
+    if release is None:  # no file, or transformers was not installed there
+        return ASSUMED_GROUNDTRUTH_TRANSFORMERS_RELEASE
+    try:
+        if not isinstance(release, str) or len(release) > 64:
+            raise ValueError
+        parse_release(release)
+    except ValueError:
+        raise ValueError(f"{versions_path(GROUNDTRUTH_DIR / f'{gpu}.csv')}: transformers "
+                         f"{str(release)[:40]!r} is not a release number") from None
+    return release
 
 
 def groundtruth_command(row: BenchRow) -> list[str]:

@@ -150,6 +150,14 @@ def bench(
         _fail(str(exc))
     if not all_rows:
         _fail(f"dataset {dataset!r} has no rows")
+    if "peakmem" in names and any(row.dataset.startswith("groundtruth") for row in all_rows):
+        from peakmem.baselines.peakmem_estimator import groundtruth_transformers_release
+
+        for gpu in sorted({row.gpu for row in all_rows}):  # the rows' versions file, read once
+            try:
+                groundtruth_transformers_release(gpu)
+            except ValueError as exc:
+                _fail(str(exc))
     scored = evaluation_rows(all_rows)
     if len(scored) < len(all_rows):
         Console(stderr=True).print(

@@ -72,7 +72,10 @@ def write_versions(csv_path: Path, versions: dict) -> tuple[Path, list[str]]:
     release changed (the CSV's earlier rows were measured with another image)."""
     path = versions_path(csv_path)
     changed = []
-    previous = read_versions(csv_path)
+    try:
+        previous = read_versions(csv_path)
+    except ValueError:  # an unreadable earlier file is replaced: nothing to compare with
+        previous = None
     if previous is not None:
         changed = [key for key in ("torch", "transformers", "timm", "torchvision", "cudnn")
                    if key in previous and previous.get(key) != versions.get(key)]
@@ -81,12 +84,27 @@ def write_versions(csv_path: Path, versions: dict) -> tuple[Path, list[str]]:
     return path, changed
 
 
+MAX_VERSIONS_BYTES = 2**20
+"""The file is a dozen short fields (~300 bytes); a larger one is not this file."""
+
+
 def read_versions(csv_path: Path) -> dict | None:
-    """The versions recorded next to the CSV, or None where there is no file."""
+    """The versions recorded next to the CSV, or None where there is no file. ValueError (one
+    line naming the file) where it is larger than MAX_VERSIONS_BYTES, not UTF-8 JSON, or not an
+    object: the caller stops (the bench: one line, exit 2) rather than estimate the CSV's rows
+    with releases nobody recorded."""
     path = versions_path(csv_path)
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
+    try:
+        size = path.stat().st_size
+        if size > MAX_VERSIONS_BYTES:
+            raise ValueError(f"{size} bytes, more than a versions file ({MAX_VERSIONS_BYTES} at "
+                             "most)")
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # JSON and UTF-8 errors are ValueErrors
+        reason = " ".join(str(exc).split())[:160] or type(exc).__name__
+        raise ValueError(f"{path}: not a readable versions file ({reason})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a JSON object")
     return data

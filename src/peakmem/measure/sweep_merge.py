@@ -20,7 +20,6 @@ rows' ``measured_at`` is UTC); the run's window is ``measured_at - seconds - sla
 
 from __future__ import annotations
 
-import csv
 import gzip
 import io
 from collections.abc import Iterable, Sequence
@@ -49,14 +48,29 @@ class Dropped:
     reason: str
 
 
+MAX_DEVICE_LOG_BYTES = 64 * 2**20
+"""A device log is nvidia-smi's ~50 bytes per sample: 64 MiB is 37 hours of 10 Hz samples. A
+larger file, or a gzip that inflates past it (a gzip bomb), is refused before it fills memory."""
+
+
 def read_device_memory(path: Path) -> list[DeviceSample]:
     """nvidia-smi's ``--query-gpu=timestamp,memory.used,memory.total --format=csv,noheader,
-    nounits`` log (gzipped or plain); unreadable lines are skipped."""
-    raw = path.read_bytes()
+    nounits`` log (gzipped or plain); unreadable lines are skipped. ValueError (one line, naming
+    the file) for a log past MAX_DEVICE_LOG_BYTES, plain or inflated, or a broken gzip."""
+    with path.open("rb") as handle:
+        raw = handle.read(MAX_DEVICE_LOG_BYTES + 1)
     if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as inflated:
+                raw = inflated.read(MAX_DEVICE_LOG_BYTES + 1)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raise ValueError(f"{path}: not a readable gzip ({exc})") from None
+    if len(raw) > MAX_DEVICE_LOG_BYTES:
+        raise ValueError(f"{path}: more than {MAX_DEVICE_LOG_BYTES} bytes (inflated): not an "
+                         "nvidia-smi memory log")
     samples = []
-    for fields in csv.reader(io.StringIO(raw.decode("utf-8", "replace"))):
+    for line in raw.decode("utf-8", "replace").splitlines():  # nvidia-smi quotes nothing
+        fields = line.split(",")
         if len(fields) != 3:
             continue
         try:
@@ -81,7 +95,8 @@ def run_window(row: dict[str, str], slack_s: float) -> tuple[datetime, datetime]
 
 
 def drop_reason(
-    row: dict[str, str], full_times: Sequence[datetime], slack_s: float
+    row: dict[str, str], full_times: Sequence[datetime], slack_s: float,
+    span: tuple[datetime, datetime] | None = None,
 ) -> str | None:
     """Why a row measured beside other runs cannot be kept, or None."""
     if row.get("peak_source") == UNKNOWN:
@@ -92,6 +107,10 @@ def drop_reason(
     if window is None:
         return "no measured_at / seconds to place the run in the device log"
     start, end = window
+    if span is not None and not span[0] <= start + timedelta(seconds=slack_s) <= end <= \
+            span[1] + timedelta(seconds=1):
+        return (f"the device log ({span[0]:%Y-%m-%d %H:%M:%S} to {span[1]:%H:%M:%S} UTC) does not "
+                "cover the run: nothing says the device had room")
     if any(start <= at <= end for at in full_times):
         return "the device was nearly full during the run"
     return None
@@ -107,7 +126,10 @@ def merge_parallel_rows(
 ) -> tuple[list[dict[str, str]], list[Dropped]]:
     """The committed rows, then each new row of the parallel sweeps that passes `drop_reason`,
     first row per run key; and the dropped rows with their reasons."""
+    device_samples = list(device_samples)
     full_times = near_full_times(device_samples, headroom_mib)
+    times = [sample.at for sample in device_samples]
+    span = (min(times), max(times)) if times else None
     kept = list(committed)
     seen = {key_of_row(row) for row in committed}
     dropped: list[Dropped] = []
@@ -117,7 +139,7 @@ def merge_parallel_rows(
             key = key_of_row(row)
             if key in seen:
                 continue
-            reason = drop_reason(row, full_times, slack_s)
+            reason = drop_reason(row, full_times, slack_s, span)
             if reason is not None:
                 if key not in dropped_keys:  # the same row in two CSVs reported once
                     dropped_keys.add(key)

@@ -111,7 +111,7 @@ def render_script(spec: TrainingSpec, config: dict[str, Any], source: str,
     ]
     if checked:
         lines += [
-            "from peakmem.scriptgen.config_check import built_config",
+            "from peakmem.scriptgen.config_check import built_config, built_model",
             "",
             f"config = built_config(CONFIG, {source!r})",
         ]
@@ -125,9 +125,10 @@ def render_script(spec: TrainingSpec, config: dict[str, Any], source: str,
             'if getattr(config, "pad_token_id", None) is None:',
             "    config.pad_token_id = 0  # batches of more than one sequence need one",
         ]
-    lines += [
-        f"model = {auto_class}.from_config(config)",
-    ]
+    if checked:  # a refusal only building the model finds is bad input too
+        lines.append(f"model = built_model({auto_class}, config, {source!r})")
+    else:
+        lines.append(f"model = {auto_class}.from_config(config)")
     if weights != "float32":
         lines.append(f"model = model.to(torch.{weights})")
     if spec.gradient_checkpointing:
