@@ -109,135 +109,29 @@ def compiled_name(target: Any) -> str:
     return getattr(target, "__qualname__", None) or type(target).__name__
 
 
-CALL_HOOK_TABLES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
-                    "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                    "_backward_pre_hooks", "_backward_hooks")
-"""nn.Module's call-hook tables: a compiled view has empty ones of its own, as an
-OptimizedModule has (the module's own hooks run in its `__call__`, which the view calls)."""
-
-VIEW_OWN = frozenset({"_orig_mod", "_peakmem_compiled", "forward", "_compiled_call_impl",
-                      "_is_full_backward_hook", *CALL_HOOK_TABLES})
-"""What a compiled view holds itself (OptimizedModule's `_opt_mod_attributes` and its own
-hooks); every other attribute is read from and written to the module."""
+MODULE_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                     "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+"""nn.Module's forward-hook tables: a compiled view gets copies of its module's."""
 
 
-def region_start(name: str, mode: str | None) -> CaptureSession | None:
-    """Compiled `name` is called: noted, marked and timed in the capture running now (None
-    outside any)."""
-    from peakmem.capture import compiled_timing
+def compiled_view(module: torch.nn.Module) -> torch.nn.Module:
+    """What `torch.compile(module)` returns under the capture, as torch returns an
+    OptimizedModule around the module: a shallow copy sharing the module's parameters,
+    buffers and submodules (its `_parameters` / `_buffers` / `_modules` tables, so moving or
+    loading either moves or loads both; the state_dict keys stay the module's), with forward
+    hooks of its own. The compiled-region hooks go on the view, so the module called directly
+    (the torch.compile tutorial times `model(x)` against `torch.compile(model)(x)`) stays an
+    eager call, as with torch. `_orig_mod` is the module, as on an OptimizedModule."""
+    from collections import OrderedDict
 
-    live = current_session()
-    if live is not None:
-        runs = compiled_runs(live)
-        runs.declare(name, mode)
-        runs.run(name)
-        live.mark(Mark.COMPILED.value)
-        compiled_timing.CLOCK.enter()
-    return live
-
-
-def region_end(live: CaptureSession | None) -> None:
-    """The call `region_start` began (in `live`) returned or raised."""
-    from peakmem.capture import compiled_timing
-
-    if live is not None:
-        if not live.closed:
-            live.mark(Mark.COMPILED_END.value)
-        compiled_timing.CLOCK.leave()
-
-
-class _CompiledView:
-    """The members a compiled view has before its module's class (OptimizedModule's, in the
-    installed torch, 2.13): `training` is the module's (a property over `_orig_mod.training`;
-    2.4's OptimizedModule kept a flag of its own, pytorch/pytorch#132986, which only a read
-    of the wrapper's `.training` saw), attributes are read from and written to the
-    module, and `forward` calls the module itself, so its forward runs with the module as
-    `self` and its own hooks run, inside the compiled region."""
-
-    @property
-    def training(self) -> bool:
-        return self.__dict__["_orig_mod"].training
-
-    @training.setter
-    def training(self, value: bool) -> None:
-        self.__dict__["_orig_mod"].training = value
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        name, mode = self.__dict__["_peakmem_compiled"]
-        live = region_start(name, mode)
-        try:
-            return self.__dict__["_orig_mod"](*args, **kwargs)
-        finally:
-            region_end(live)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            module = self.__dict__["_orig_mod"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(module, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in VIEW_OWN:
-            object.__setattr__(self, name, value)
-        elif _on_optimized_module(name):  # `training` (its setter), `__class__`...
-            torch.nn.Module.__setattr__(self, name, value)  # type: ignore[arg-type]
-        else:
-            setattr(self.__dict__["_orig_mod"], name, value)
-
-    def __delattr__(self, name: str) -> None:
-        if name in VIEW_OWN or _on_optimized_module(name):
-            object.__delattr__(self, name)
-        else:
-            delattr(self.__dict__["_orig_mod"], name)
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(dir(self.__dict__["_orig_mod"])) | set(self.__dict__))
-
-    def __reduce__(self) -> tuple[Any, ...]:  # deepcopy / pickle: a compiled copy, as torch's
-        name, mode = self.__dict__["_peakmem_compiled"]
-        return (compiled_view, (self.__dict__["_orig_mod"], name, mode))
-
-
-def _on_optimized_module(name: str) -> bool:
-    """`name` is an attribute of OptimizedModule's class (nn.Module's and its own, here the
-    view's): set on the view itself, as OptimizedModule.__setattr__ does (`hasattr(type(self),
-    name)`); everything else is set on the module, a class attribute of the module's own class
-    included (OptimizedModule is not of that class)."""
-    return hasattr(_CompiledView, name) or hasattr(torch.nn.Module, name)
-
-
-def compiled_view(module: torch.nn.Module, name: str | None = None,
-                  mode: str | None = None) -> torch.nn.Module:
-    """What `torch.compile(module)` returns under the capture, standing in for the
-    OptimizedModule torch returns: an instance of a subclass of the module's class (so
-    `isinstance` checks of libraries that take the module hold) that holds nothing of the
-    module's but its `_orig_mod` and empty call hooks. Every other attribute is the module's:
-    its parameters, buffers and submodules (so moving or loading either moves or loads both;
-    the state_dict keys stay the module's), `training` (`.train()` / `.eval()` on either is
-    seen by both) and what a forward writes. Calling it calls the module, inside a "compiled
-    region" (noted, marked, timed as compiled); the module called directly (the torch.compile
-    tutorial times `model(x)` against `torch.compile(model)(x)`) stays an eager call, as with
-    torch. `name` (default: the class name) names it in the note; `mode` is torch.compile's."""
-    import types
-
-    base = type(module)
     # not copy.copy: a subclass's __getstate__ / __reduce__ (LightningModule drops its trainer)
     # is for pickling, not for a view
-    bases = (base,) if issubclass(base, _CompiledView) else (_CompiledView, base)  # a view
-    # compiled again wraps the view, as torch wraps an OptimizedModule in another
-    view_class = types.new_class(base.__name__, bases)
-    view_class.__module__, view_class.__qualname__ = base.__module__, base.__qualname__
-    view = object.__new__(view_class)
-    own = view.__dict__
-    own["_orig_mod"] = module
-    own["_peakmem_compiled"] = (name or compiled_name(module), mode)
-    for table in CALL_HOOK_TABLES:
+    view = object.__new__(type(module))
+    view.__dict__.update(module.__dict__)
+    for table in MODULE_HOOK_DICTS:
         if table in module.__dict__:
-            own[table] = type(module.__dict__[table])()
-    for flag in ("_is_full_backward_hook", "_compiled_call_impl"):
-        if flag in module.__dict__:
-            own[flag] = None
+            object.__setattr__(view, table, OrderedDict(module.__dict__[table]))
+    object.__setattr__(view, "_orig_mod", module)
     return view
 
 
