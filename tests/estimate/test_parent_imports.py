@@ -35,10 +35,9 @@ def test_a_whole_estimate_leaves_torch_unimported_in_the_parent(tmp_path):
 GPT2 = '{"model_type": "gpt2", "n_layer": 1, "n_head": 2, "vocab_size": 100, "n_positions": 64, "n_embd": %s}'
 
 
-def test_a_model_estimate_leaves_torch_and_transformers_unimported_in_the_parent(tmp_path):
-    """`--model CONFIG` checked the config with transformers' AutoConfig.for_model in the
-    parent (seconds of imports on every --model estimate); that check runs in the job now
-    (scriptgen.config_check), and a value it refuses is still one bad-input line, exit 2."""
+def model_estimate_reporting_parent_imports(tmp_path, config: str) -> subprocess.CompletedProcess:
+    """`peakmem estimate --model CONFIG` through a wrapper that prints, at exit, whether torch and
+    transformers were imported in the parent (`IN-PARENT=torch,transformers`)."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import atexit, sys\n"
@@ -47,22 +46,25 @@ def test_a_model_estimate_leaves_torch_and_transformers_unimported_in_the_parent
         "from peakmem.cli.main import main\n"
         "sys.argv = ['peakmem'] + sys.argv[1:]\n"
         "main()\n")
+    return subprocess.run(
+        [sys.executable, str(probe), "estimate", "--gpu", "l4", "--json", "--steps", "1",
+         "--model", config, "--seq", "8"],
+        capture_output=True, text=True, env=dict(os.environ, PEAKMEM_WARM="0"), timeout=300,
+        cwd=tmp_path)
+
+
+def test_a_model_estimate_leaves_torch_and_transformers_unimported_in_the_parent(tmp_path):
+    """`--model CONFIG` checked the config with transformers' AutoConfig.for_model in the
+    parent (seconds of imports on every --model estimate); that check runs in the job now
+    (scriptgen.config_check), and a value it refuses is still one bad-input line, exit 2."""
     (tmp_path / "good.json").write_text(GPT2 % "16")
     (tmp_path / "bad.json").write_text(GPT2 % '"big"')
-    env = dict(os.environ, PEAKMEM_WARM="0")
-
-    def estimate(config: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, str(probe), "estimate", "--gpu", "l4", "--json", "--steps", "1",
-             "--model", config, "--seq", "8"],
-            capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
-
-    done = estimate("good.json")
+    done = model_estimate_reporting_parent_imports(tmp_path, "good.json")
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["peak_bytes"] > 0
     assert "IN-PARENT=False,False" in done.stderr, done.stderr[-2000:]
 
-    done = estimate("bad.json")
+    done = model_estimate_reporting_parent_imports(tmp_path, "bad.json")
     assert done.returncode == 2, done.stderr[-2000:]
     error = json.loads(done.stdout)["error"]
     assert error["kind"] == "bad_input" and error["traceback"] is None
@@ -77,22 +79,10 @@ def test_a_config_only_the_model_build_refuses_is_bad_input_with_nothing_importe
     range) and failed while the job built the model: exit 1 after a traceback (`the job raised
     RuntimeError: numel: integer multiplication overflow`). Now one bad_input line naming the
     fields, exit 2, still with neither torch nor transformers imported in the parent."""
-    probe = tmp_path / "probe.py"
-    probe.write_text(
-        "import atexit, sys\n"
-        "atexit.register(lambda: sys.stderr.write('IN-PARENT=%s,%s\\n' % (\n"
-        "    'torch' in sys.modules, 'transformers' in sys.modules)))\n"
-        "from peakmem.cli.main import main\n"
-        "sys.argv = ['peakmem'] + sys.argv[1:]\n"
-        "main()\n")
     (tmp_path / "huge.json").write_text(
         '{"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_positions": 16, '
         '"vocab_size": 1099511627776, "n_embd": 1099511627776}')
-    done = subprocess.run(
-        [sys.executable, str(probe), "estimate", "--gpu", "l4", "--json", "--steps", "1",
-         "--model", "huge.json", "--seq", "8"],
-        capture_output=True, text=True, env=dict(os.environ, PEAKMEM_WARM="0"), timeout=300,
-        cwd=tmp_path)
+    done = model_estimate_reporting_parent_imports(tmp_path, "huge.json")
     assert done.returncode == 2, done.stderr[-2000:]
     error = json.loads(done.stdout)["error"]
     assert error["kind"] == "bad_input" and error["traceback"] is None
