@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from peakmem.measure.groundtruth import ALL_COLUMNS, read_rows
-from peakmem.measure.sweep_merge import merge_parallel_rows, read_device_memory
+from peakmem.measure.sweep_merge import NOT_COVERED, merge_parallel_rows, read_device_memory
 
 
 @click.command()
@@ -34,8 +34,8 @@ def main(csvs, committed, device_logs, out, headroom_mib) -> None:
     kept, dropped = merge_parallel_rows(
         base, [_read(read_rows, p) for p in csvs], samples, headroom_mib=headroom_mib
     )
-    uncovered = [item for item in dropped if "does not cover the run" in item.reason]
-    if uncovered and len(uncovered) == len(dropped) == len(kept) - len(base) + len(dropped):
+    uncovered = [item for item in dropped if NOT_COVERED in item.reason]
+    if uncovered and len(uncovered) == len(dropped) and len(kept) == len(base):
         raise click.ClickException(  # every new row: the wrong logs (another lease, a bad clock)
             f"the device logs cover none of the {len(uncovered)} new rows' runs: "
             f"{uncovered[0].reason.split(': ')[0]}")

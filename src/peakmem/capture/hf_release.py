@@ -34,6 +34,7 @@ import torch
 
 from peakmem.capture.library_patches import patched, register_library_patch
 from peakmem.capture.on_import import Undo, patch_on_import
+from peakmem.release_numbers import leading_numbers
 
 RELEASE_VARIABLE = "PEAKMEM_TRANSFORMERS_RELEASE"
 
@@ -42,24 +43,13 @@ def parse_release(text: str) -> tuple[int, ...]:
     """`5.17.0` -> (5, 17, 0); a suffix after the numbers (`5.17.0.dev0`, `5.17.0rc1`) is
     dropped. Text that does not start with a number raises InputError (a ValueError) naming
     the variable."""
-    parts: list[int] = []
-    for piece in text.strip().split("."):
-        digits = ""
-        for char in piece:
-            if not char.isdigit():
-                break
-            digits += char
-        if not digits:
-            break
-        parts.append(int(digits))
-        if len(digits) != len(piece):
-            break
+    parts = leading_numbers(text)
     if not parts:
         from peakmem.inputs import InputError, one_line
 
         raise InputError(f"{RELEASE_VARIABLE}={one_line(repr(text), 60)} is not a release "
                          "number (use e.g. 5.17.0)")
-    return tuple(parts)
+    return parts
 
 
 def target_release() -> tuple[int, ...] | None:

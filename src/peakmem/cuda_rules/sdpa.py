@@ -10,7 +10,6 @@ attention matrix; memory-efficient pads the logsumexp's sequence dimension to a 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +25,7 @@ from peakmem.cuda_rules.registry import (
     register_host_outputs,
     register_op_rule,
 )
+from peakmem.release_numbers import leading_numbers
 
 aten = torch.ops.aten
 
@@ -78,15 +78,12 @@ CUDNN_FIRST: tuple[CudnnPreference, ...] = (
                     ("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")),
 )
 
-_RELEASE_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
-
-
 def parse_release(version: str) -> tuple[int, int, int]:
     """(major, minor, patch) of a torch version string ("2.11.0+cu130", "2.5", "2.5.1")."""
-    match = _RELEASE_RE.match(version)
-    if not match:
+    numbers = leading_numbers(version)
+    if len(numbers) < 2:
         raise ValueError(f"not a torch version: {version!r}")
-    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+    return numbers[0], numbers[1], numbers[2] if len(numbers) > 2 else 0
 
 
 def priority_order(release: tuple[int, int, int] | None, capability: tuple[int, int]):

@@ -30,9 +30,10 @@ from pathlib import Path
 from peakmem.measure.groundtruth import key_of_row
 from peakmem.measure.peak_source import PROCESS, UNKNOWN
 
-PER_PROCESS_SOURCE = PROCESS
 DEFAULT_HEADROOM_MIB = 4096
 DEFAULT_SLACK_S = 15.0
+NOT_COVERED = "does not cover the run"
+"""In the reason of a row measured outside the device logs' time span."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def drop_reason(
     """Why a row measured beside other runs cannot be kept, or None."""
     if row.get("peak_source") == UNKNOWN:
         return "peak unknown (no per-process reading beside other processes): measure it again"
-    if row.get("status") == "ok" and row.get("peak_source") != PER_PROCESS_SOURCE:
+    if row.get("status") == "ok" and row.get("peak_source") != PROCESS:
         return f"peak read from {row.get('peak_source') or 'no source'} (counts the neighbours)"
     window = run_window(row, slack_s)
     if window is None:
@@ -109,8 +110,8 @@ def drop_reason(
     start, end = window
     if span is not None and not span[0] <= start + timedelta(seconds=slack_s) <= end <= \
             span[1] + timedelta(seconds=1):
-        return (f"the device log ({span[0]:%Y-%m-%d %H:%M:%S} to {span[1]:%H:%M:%S} UTC) does not "
-                "cover the run: nothing says the device had room")
+        return (f"the device log ({span[0]:%Y-%m-%d %H:%M:%S} to {span[1]:%H:%M:%S} UTC) "
+                f"{NOT_COVERED}: nothing says the device had room")
     if any(start <= at <= end for at in full_times):
         return "the device was nearly full during the run"
     return None
