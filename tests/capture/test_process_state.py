@@ -119,3 +119,42 @@ def test_the_root_loggers_handlers_and_level_are_put_back(tmp_path: Path, monkey
     assert root.handlers == [] and root.level == level
     monkeypatch.undo()
     assert root.handlers == handlers
+
+
+def test_logger_levels_put_back_with_one_cache_clear(monkeypatch):
+    """Every logger's level is put back (set by the job with `setLevel`, assigned directly, a
+    logger the job made), the level caches are valid afterwards, and they are cleared once, not
+    once per logger (each `setLevel` loops over every logger: quadratic in a bench worker)."""
+    import logging
+
+    from peakmem.capture.process_state import _root_logger
+
+    names = [f"peakmem_test_levels.l{i}" for i in range(50)]
+    for i, name in enumerate(names):
+        logging.getLogger(name).setLevel(logging.WARNING if i % 2 else logging.NOTSET)
+    parent = logging.getLogger("peakmem_test_levels")
+    parent.setLevel(logging.ERROR)
+    before = {name: logging.getLogger(name).level for name in names}
+    restore = _root_logger()
+
+    # the job: one level set properly, one assigned behind the cache's back, a new logger
+    logging.getLogger(names[0]).setLevel(logging.DEBUG)
+    assert logging.getLogger(names[0]).isEnabledFor(logging.DEBUG)  # cached: True
+    logging.getLogger(names[1]).level = logging.DEBUG
+    new = logging.getLogger("peakmem_test_levels.new")
+    new.setLevel(logging.INFO)
+    parent.level = logging.DEBUG  # assigned: the children's caches are not cleared
+    assert logging.getLogger(names[2]).isEnabledFor(logging.DEBUG)  # cached: True
+    parent.level = logging.ERROR  # put back by the job itself, still without a cache clear
+
+    clears = []
+    manager = logging.getLogger().manager
+    real_clear = manager._clear_cache
+    monkeypatch.setattr(manager, "_clear_cache", lambda: (clears.append(1), real_clear()))
+    restore()
+
+    assert {name: logging.getLogger(name).level for name in names} == before
+    assert new.level == logging.NOTSET and parent.level == logging.ERROR
+    assert not logging.getLogger(names[0]).isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger(names[2]).isEnabledFor(logging.DEBUG)  # stale cache cleared
+    assert 1 <= len(clears) <= 4  # the loggers that changed and one final clear, not 50

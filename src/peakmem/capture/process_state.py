@@ -120,10 +120,20 @@ def _root_logger() -> Restore:
         for handler in handlers:
             if handler not in root.handlers:
                 root.addHandler(handler)
-        root.setLevel(level)
+        # only a level that differs is set: `Logger.setLevel` clears every logger's level
+        # cache (a loop over all loggers), so setting each one was quadratic in the loggers
+        # (~180 in a bench worker: ~3% of a CNN row); the caches are cleared once at the end,
+        # as before (a job may have assigned `logger.level` without `setLevel`)
+        if root.level != level:
+            root.setLevel(level)
         for name, logger in list(root.manager.loggerDict.items()):
             if isinstance(logger, logging.Logger):
-                logger.setLevel(levels.get(name, logging.NOTSET))
+                wanted = levels.get(name, logging.NOTSET)
+                if logger.level != wanted:
+                    logger.setLevel(wanted)
+        clear_caches = getattr(root.manager, "_clear_cache", None)
+        if callable(clear_caches):
+            clear_caches()
 
     return restore
 
