@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import SUPPORTED_NODES, tree_flatten, tree_map
 
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.device_specs import is_cuda_spec
@@ -126,6 +126,47 @@ def _assumed_true() -> str:
     return _ASSUMED_TRUE
 
 
+_PLAIN_CONTAINERS = (tuple, list, dict)
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` nests only in plain tuples, lists and dicts (an op's arguments, as a
+    rule): no namedtuple, `torch.Size` or other registered pytree node anywhere."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return all(_plain(item) for item in value)
+    if kind is dict:
+        return all(_plain(item) for item in value.values())
+    return kind not in SUPPORTED_NODES and not isinstance(value, _PLAIN_CONTAINERS)
+
+
+def _plain_map(fn: Callable, value: Any) -> Any:
+    kind = type(value)
+    if kind is tuple:
+        return tuple([_plain_map(fn, item) for item in value])
+    if kind is list:
+        return [_plain_map(fn, item) for item in value]
+    if kind is dict:
+        return {key: _plain_map(fn, item) for key, item in value.items()}
+    return fn(value)
+
+
+def _fast_tree_map(fn: Callable, value: Any) -> Any:
+    """`tree_map(fn, value)`: for plain values (`_plain`) a walk without pytree's per-node
+    bookkeeping (the same leaves, in the same order, the same containers rebuilt), pytree's
+    own otherwise."""
+    if _plain(value):
+        return _plain_map(fn, value)
+    return tree_map(fn, value)
+
+
+def _fast_leaves(value: Any) -> list:
+    """`tree_flatten(value)[0]`; a tensor (most results) is its own only leaf."""
+    if type(value) is Tensor:
+        return [value]
+    return tree_flatten(value)[0]
+
+
 def _host_arguments(args: tuple, kwargs: dict, bound: int, known: Callable) -> tuple | None:
     """(args, kwargs) with each device tensor replaced by its known host values, a device
     named as the host; None when one is not known (or the call is no device op at all)."""
@@ -146,7 +187,7 @@ def _host_arguments(args: tuple, kwargs: dict, bound: int, known: Callable) -> t
         return value
 
     try:
-        host_args, host_kwargs = tree_map(to_host, (args, kwargs))
+        host_args, host_kwargs = _fast_tree_map(to_host, (args, kwargs))
     except _Unknown:
         return None
     if device_named:
@@ -193,7 +234,7 @@ def call_carrying_values(
             return run(args)
         return tree_map(lambda leaf: _to_device(leaf, give), host_result)
     result = run(args)
-    leaves = tree_flatten(result)[0]
+    leaves = _fast_leaves(result)
     if not _small(leaves, bound):  # a broadcast grew it (`a[:, None] == b`): not computed
         return result
     host_result = _on_host(func, *host_call)
@@ -204,7 +245,7 @@ def call_carrying_values(
         if isinstance(target, Tensor) and target._base is None and result is target:
             give(target, host_call[0][0])
         return result
-    host_leaves = tree_flatten(host_result)[0]
+    host_leaves = _fast_leaves(host_result)
     if len(leaves) == len(host_leaves):
         for leaf, host in zip(leaves, host_leaves, strict=True):
             if (isinstance(leaf, Tensor) and isinstance(host, Tensor) and is_meta(leaf)
