@@ -72,12 +72,6 @@ class NamespaceIndex:
     def namespaces_binding(self, wanted: Collection[int]) -> Iterator[dict]:
         """The loaded modules' namespaces holding a value whose id is in `wanted`, in
         `sys.modules`' order (each namespace once per module that has it)."""
-        for _module, namespace in self.modules_binding(wanted):
-            yield namespace
-
-    def modules_binding(self, wanted: Collection[int]) -> Iterator[tuple[Any, dict]]:
-        """(module, its namespace) for each loaded module whose namespace holds a value whose
-        id is in `wanted`, in `sys.modules`' order."""
         wanted_ids = frozenset(wanted)
         read_version = dict_version
         modules = list(sys.modules.values())
@@ -103,19 +97,19 @@ class NamespaceIndex:
                 seen[id(namespace)] = (version, ids)
                 binds = not wanted_ids.isdisjoint(ids)
             if binds:
-                yield module, namespace
+                yield namespace
         if len(seen) > 2 * len(modules):  # forget the namespaces of modules no longer loaded
             live = {id(getattr(module, "__dict__", None)) for module in modules}
             self._seen = {key: value for key, value in seen.items() if key in live}
 
 
-def _binding(modules: list[Any], wanted_ids: frozenset[int]) -> Iterator[tuple[Any, dict]]:
+def _binding(modules: list[Any], wanted_ids: frozenset[int]) -> Iterator[dict]:
     for module in modules:
         namespace = getattr(module, "__dict__", None)
         if isinstance(namespace, dict) and not wanted_ids.isdisjoint(
             map(id, list(namespace.values()))
         ):
-            yield module, namespace
+            yield namespace
 
 
 _INDEX = NamespaceIndex()
@@ -126,12 +120,6 @@ def namespaces_binding(wanted: Collection[int]) -> Iterator[dict]:
     return _INDEX.namespaces_binding(wanted)
 
 
-def modules_binding(wanted: Collection[int]) -> Iterator[tuple[Any, dict]]:
-    """`NamespaceIndex.modules_binding` with the process's one index."""
-    return _INDEX.modules_binding(wanted)
-
-
 def namespaces_binding_uncached(wanted: Collection[int]) -> Iterator[dict]:
     """The same namespaces, every one read now (the reference the tests compare with)."""
-    return (namespace for _module, namespace in _binding(list(sys.modules.values()),
-                                                          frozenset(wanted)))
+    return _binding(list(sys.modules.values()), frozenset(wanted))

@@ -21,6 +21,7 @@ Eager mode loads everything for real (only the GPU `map_location` of `torch.load
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,7 +30,6 @@ import torch
 
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
 from peakmem.capture.host_deferred import map_containers as _map_containers
-from peakmem.capture.namespace_index import modules_binding
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules.true_device import true_device
 
@@ -296,10 +296,9 @@ def weights_loading(session: CaptureSession, mode: Any) -> Iterator[None]:
     if safetensors is not None:
         original = safetensors.safe_open
         replacement = _deferred_safe_open(original)
-        # the modules binding it (the process's namespace index: only the namespaces changed
-        # since the last capture are read again), each tested by name as before
-        for module, namespace in list(modules_binding((id(original),))):
-            if namespace.get("safe_open") is original:
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if isinstance(namespace, dict) and namespace.get("safe_open") is original:
                 patch(module, "safe_open", replacement)
     patch(torch, "load", _deferred_load(torch.load))
     # transformers loads checkpoints in worker threads, where the capture's modes (thread-local)
