@@ -1,6 +1,7 @@
 """Loading weights during a capture reads only their metadata (capture.weights_loading)."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -306,3 +307,34 @@ def test_torch_load_with_a_map_location_that_keeps_storages_on_the_host(tmp_path
     result = capture_callable(job, gpu=a100, stack=stack24, steps=1)
     assert result.error is None, result.error_text
     assert seen == {"w": ("cpu", 8.0), "cuda": 0}
+
+
+def test_safe_open_bound_by_name_is_patched_in_each_capture(monkeypatch):
+    """Every module binding safetensors' `safe_open` by name has it replaced for the job's run
+    and put back after, found by a read of the loaded modules: a module that binds it
+    after two captures is patched in the third, one that drops
+    it is not."""
+    import types
+
+    import safetensors
+
+    from peakmem.capture.weights_loading import weights_loading
+
+    original = safetensors.safe_open
+    early = types.ModuleType("peakmem_test_wl_early")
+    early.safe_open = original
+    late = types.ModuleType("peakmem_test_wl_late")
+    late.other = 0
+    monkeypatch.setitem(sys.modules, early.__name__, early)
+    monkeypatch.setitem(sys.modules, late.__name__, late)
+    for _ in range(2):
+        with weights_loading(None, None):
+            assert early.safe_open is not original and safetensors.safe_open is not original
+            assert late.other == 0
+        assert early.safe_open is original and safetensors.safe_open is original
+    late.safe_open = original  # a new binding
+    del early.safe_open
+    with weights_loading(None, None):
+        assert late.safe_open is not original
+        assert "safe_open" not in vars(early)
+    assert late.safe_open is original and safetensors.safe_open is original
