@@ -121,6 +121,9 @@ def test_cli_batch_on_a_local_ray(tmp_path):
     assert (summary["done"], summary["failed"]) == (12, 0)
     results = lines(tmp_path / "jobs.results.jsonl")
     assert sorted(line["id"] for line in results) == sorted(f"job-{i}" for i in range(12))
+    # each line names the Ray node that ran it (one local node here: one id, Ray's 56-hex form)
+    nodes = {line["ray_node"] for line in results}
+    assert len(nodes) == 1 and len(nodes.pop()) == 56
 
 
 def test_an_unreachable_ray_cluster_is_one_line_exit_2(tmp_path, monkeypatch):

@@ -223,6 +223,17 @@ def run_one(job_id: str, raw: dict[str, Any], base: str, settings: BatchSettings
     return line
 
 
+def run_one_on_ray(job_id: str, raw: dict[str, Any], base: str,
+                   settings: BatchSettings) -> dict[str, Any]:
+    """`run_one` as a Ray task: its result line also names the Ray node that ran it
+    (`ray_node`, Ray's node id), so a multi-node run shows where each job went."""
+    import ray
+
+    line = run_one(job_id, raw, base, settings)
+    line["ray_node"] = ray.get_runtime_context().get_node_id()
+    return line
+
+
 class ResultWriter:
     """Appends result lines, flushed one by one (a crash loses at most the line being written)."""
 
@@ -292,7 +303,7 @@ def _on_ray(address: str | None, workers: int | None):
         from peakmem.service.ray_pool import ray_connect
 
         ray = ray_connect(address, workers)
-        remote = ray.remote(num_cpus=1, max_retries=2, retry_exceptions=False)(run_one)
+        remote = ray.remote(num_cpus=1, max_retries=2, retry_exceptions=False)(run_one_on_ray)
         pending = {remote.remote(job_id, raw, base, settings): job_id for job_id, raw in todo}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=None)
