@@ -294,8 +294,8 @@ def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     2 or more, ordered by stride, step through every element once (a size-1 dimension's stride
     is free)."""
     expected = 1
-    for size, stride in sorted((pair for pair in zip(shape, strides) if pair[0] != 1),
-                               key=lambda pair: pair[1]):
+    pairs = zip(shape, strides, strict=True)
+    for size, stride in sorted((pair for pair in pairs if pair[0] != 1), key=lambda pair: pair[1]):
         if stride != expected:
             return False
         expected *= size
