@@ -148,6 +148,9 @@ def test_view_calls_are_compiled_regions_and_the_module_called_directly_is_not(a
     trace = result.trace
     labels = [trace.tag_of(i).op for i, kind in enumerate(trace.kinds) if kind == EventKind.MARK]
     assert labels.count(Mark.COMPILED.value) == labels.count(Mark.COMPILED_END.value) == 2
+    # the model's modules are named as the model's own, without the wrapper's `_orig_mod`
+    modules = {tag.module for tag in trace.tags} - {None}
+    assert modules == {"Net", "Net.linear"}, modules
     assert [note for note in result.notes if note.startswith(compiled_code.EAGER_NOTE_START)
             ][0].startswith("torch.compile was not applied: Net ran eagerly")
 
