@@ -69,7 +69,9 @@ def test_module_called_directly_after_compile_stays_eager(a100, stack24):
         model_opt = torch.compile(model)
         seen["orig"] = model_opt._orig_mod is model
         seen["shared"] = model_opt.linear is model.linear
-        seen["keys"] = list(model_opt.state_dict()) == list(model.state_dict())
+        # OptimizedModule's keys: the module's under `_orig_mod.`
+        seen["keys"] = list(model_opt.state_dict()) == [f"_orig_mod.{key}"
+                                                        for key in model.state_dict()]
         x = torch.randn(4, 8, device="cuda")
         model(x).sum().backward()  # the module itself, not its compiled view
         seen["eager_ms"] = _timed(lambda: model(x))

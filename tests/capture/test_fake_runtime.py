@@ -118,7 +118,9 @@ def test_torch_compile_runs_eagerly_and_says_so(a100, stack24):
             return x * 2
 
         double(model(torch.randn(2, 8, device="cuda")))
-        assert isinstance(model, torch.nn.Linear)
+        # an OptimizedModule around the Linear, as torch.compile returns
+        assert isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+        assert isinstance(model._orig_mod, torch.nn.Linear)
 
     result = capture_callable(job, gpu=a100, stack=stack24)
     assert result.error is None, result.error_text

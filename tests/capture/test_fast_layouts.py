@@ -738,7 +738,7 @@ def builder(func):
         return made if isinstance(made, st.SearchStrategy) else made()
     if func in fast_layouts._BINARY:
         return binary_args(func)
-    assert func in fast_layouts._UNARY or name == "aten::clone", name
+    assert func in fast_layouts._UNARY or name in ("aten::clone", "aten::pow"), name
     return unary_args(func)
 
 
@@ -780,7 +780,8 @@ with empty shapes drawn too the lowest was threshold_backward's 3, and elu_backw
 exempted (now 7, and held to 3 like the others): docs/DEVELOPMENT.md, "The test suite's time"."""
 ELEMENTWISE = sorted({*fast_layouts._UNARY, *fast_layouts._BINARY, aten.elu_backward.default,
                       aten.leaky_relu_backward.default, aten.native_dropout_backward.default,
-                      aten._prelu_kernel.default, aten._prelu_kernel_backward.default}, key=str)
+                      aten._prelu_kernel.default, aten._prelu_kernel_backward.default,
+                      aten.pow.Tensor_Scalar}, key=str)
 
 
 @pytest.mark.parametrize("func", ELEMENTWISE, ids=str)
@@ -837,6 +838,26 @@ def test_densenet_like_and_mean_gradient_layouts_are_answered_as_the_kernels():
         memory_format=torch.channels_last), other), {}) is DECLINE
     assert fast_layout(aten.randn.default, ([4, 4],), {"device": torch.device("cpu")}) is DECLINE
     assert fast_layout(aten.empty.memory_format, ([4],), {}) is DECLINE  # a host tensor
+
+
+def test_pow_by_one_keeps_a_dense_inputs_strides_as_the_kernel():
+    """pow.Tensor_Scalar's meta kernel (torch._refs.pow) clones its input for exponent 1:
+    preserve_format keeps a dense input's strides, a size-1 dimension's odd stride included,
+    and lays out a non-dense one contiguously; exponent 2 is elementwise (contiguous)."""
+    pow_ = aten.pow.Tensor_Scalar
+    odd = torch.empty_strided((1, 1), (5, 1), device="meta")  # dense: size-1 strides are free
+    for exponent in (1, 1.0, True):
+        assert fast_layout(pow_, (odd, exponent), {}).stride() == (5, 1)
+        assert check(pow_, (odd, exponent), {})
+    assert fast_layout(pow_, (odd, 2), {}).stride() == (1, 1)
+    assert check(pow_, (odd, 2), {})
+    gapped = torch.empty_strided((2, 1), (5, 1), device="meta")  # ordered, not dense
+    assert fast_layout(pow_, (gapped, 1), {}).stride() == (1, 1)
+    assert check(pow_, (gapped, 1), {})
+    row = torch.empty_strided((1, 3), (7, 1), device="meta")  # a row of a (k, 7) matrix
+    assert fast_layout(pow_, (row, 1), {}).stride() == (7, 1)
+    assert fast_layout(pow_, (row, 0.5), {}).stride() == (3, 1)
+    assert check(pow_, (row, 1), {}) and check(pow_, (row, 0.5), {})
 
 
 def meta(*shape, dtype=torch.float32):

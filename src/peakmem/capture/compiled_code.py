@@ -109,30 +109,126 @@ def compiled_name(target: Any) -> str:
     return getattr(target, "__qualname__", None) or type(target).__name__
 
 
-MODULE_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
-                     "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
-"""nn.Module's forward-hook tables: a compiled view gets copies of its module's."""
+def region_start(name: str, mode: str | None) -> CaptureSession | None:
+    """Compiled `name` is called: noted, marked and timed in the capture running now (None
+    outside any)."""
+    from peakmem.capture import compiled_timing
+
+    live = current_session()
+    if live is not None:
+        runs = compiled_runs(live)
+        runs.declare(name, mode)
+        runs.run(name)
+        live.mark(Mark.COMPILED.value)
+        compiled_timing.CLOCK.enter()
+    return live
 
 
-def compiled_view(module: torch.nn.Module) -> torch.nn.Module:
-    """What `torch.compile(module)` returns under the capture, as torch returns an
-    OptimizedModule around the module: a shallow copy sharing the module's parameters,
-    buffers and submodules (its `_parameters` / `_buffers` / `_modules` tables, so moving or
-    loading either moves or loads both; the state_dict keys stay the module's), with forward
-    hooks of its own. The compiled-region hooks go on the view, so the module called directly
-    (the torch.compile tutorial times `model(x)` against `torch.compile(model)(x)`) stays an
-    eager call, as with torch. `_orig_mod` is the module, as on an OptimizedModule."""
-    from collections import OrderedDict
+def region_end(live: CaptureSession | None) -> None:
+    """The call `region_start` began (in `live`) returned or raised."""
+    from peakmem.capture import compiled_timing
 
-    # not copy.copy: a subclass's __getstate__ / __reduce__ (LightningModule drops its trainer)
-    # is for pickling, not for a view
-    view = object.__new__(type(module))
-    view.__dict__.update(module.__dict__)
-    for table in MODULE_HOOK_DICTS:
-        if table in module.__dict__:
-            object.__setattr__(view, table, OrderedDict(module.__dict__[table]))
-    object.__setattr__(view, "_orig_mod", module)
+    if live is not None:
+        if not live.closed:
+            live.mark(Mark.COMPILED_END.value)
+        compiled_timing.CLOCK.leave()
+
+
+class EagerRegion:
+    """The `dynamo_ctx` of a compiled view (`compiled_view`): where Dynamo's context wraps the
+    module's `__call__` in compiled code, this wraps it in a "compiled region" (noted, marked and
+    timed as compiled) that runs eagerly. Plain data, so a view deep-copies and pickles as an
+    OptimizedModule does (its `__reduce__` passes the context on)."""
+
+    def __init__(self, name: str, mode: str | None) -> None:
+        self.name = name
+        self.mode = mode
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        import functools
+
+        @functools.wraps(fn)
+        def compiled(*args: Any, **kwargs: Any) -> Any:
+            live = region_start(self.name, self.mode)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                region_end(live)
+
+        return compiled
+
+
+_VIEW_CLASS: list[type] = []
+
+
+def view_class() -> type:
+    """The compiled view's class: torch's own `OptimizedModule` (torch/_dynamo/eval_frame.py)
+    with two methods replaced. `__call__` leaves out the warning OptimizedModule gives when any
+    global module hook is registered (the capture's own are, for every job: torch would not
+    warn on the GPU) and keeps its "in an optimized module" flag. `_initialize` makes `forward`
+    the context around `_orig_mod.__call__` (what torch does for most modules; for a torch.nn
+    module it calls `external_utils.wrap_inline(_orig_mod)`, the same call here) without
+    consulting Dynamo's trace rules, and keeps the lazy-module check."""
+    if not _VIEW_CLASS:
+        import contextlib
+
+        from torch._dynamo import eval_frame
+
+        in_optimized_module = getattr(eval_frame, "_set_in_optimized_module",
+                                      contextlib.nullcontext)  # torch < 2.6 has none
+
+        class OptimizedModule(eval_frame.OptimizedModule):
+            __doc__ = eval_frame.OptimizedModule.__doc__
+
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                with in_optimized_module():
+                    return torch.nn.Module.__call__(self, *args, **kwargs)
+
+            def _initialize(self) -> None:
+                self.forward = self.dynamo_ctx(self._orig_mod.__call__)
+                if hasattr(self._orig_mod, "_initialize_hook"):
+                    self._forward = self.forward
+                    self.forward = self._call_lazy_check
+
+        OptimizedModule.__module__ = __name__
+        OptimizedModule.__qualname__ = "OptimizedModule"
+        _VIEW_CLASS.append(OptimizedModule)
+    return _VIEW_CLASS[0]
+
+
+def __getattr__(name: str) -> Any:
+    """`OptimizedModule` (the view's class, made on first use: importing torch._dynamo is
+    slow) for pickle, which finds a class by its module and name."""
+    if name == "OptimizedModule":
+        return view_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def compiled_view(module: torch.nn.Module, name: str | None = None,
+                  mode: str | None = None) -> torch.nn.Module:
+    """What `torch.compile(module)` returns under the capture: an instance of torch's
+    OptimizedModule (`view_class`, so `isinstance(model, OptimizedModule)` holds) around the
+    module, built as torch builds one, whose forward runs the module's `__call__` eagerly in a
+    "compiled region" (`EagerRegion`, named `name`, default the module's class name; `mode` is
+    torch.compile's). As with torch: `_orig_mod` is a submodule (state_dict keys get the
+    `_orig_mod.` prefix, and `load_state_dict` through the view wants it), every other attribute
+    is read from and written to the module (`model.config`, `model.generate`, what a forward
+    writes), `training` is the module's (`.train()` / `.eval()` on either is seen by both), the
+    view has call hooks of its own (FSDP2's `fully_shard` puts its hooks and class on the view,
+    as torchtitan's per-block compile does) and the module's hooks run inside its own call. The
+    module called directly (the torch.compile tutorial times `model(x)` against
+    `torch.compile(model)(x)`) stays an eager call, as with torch."""
+    view = view_class()(module, EagerRegion(name or compiled_name(module), mode))
+    # what torch._dynamo's context sets on the OptimizedModule it makes
+    view._torchdynamo_orig_callable = module.forward
+    view._torchdynamo_wrapper_id = id(view)
+    view.get_compiler_config = _no_compiler_config
     return view
+
+
+def _no_compiler_config() -> None:
+    """`OptimizedModule.get_compiler_config()`: no backend compiles here."""
+    return None
 
 
 def is_modelled_or_library(target: Any) -> bool:

@@ -231,7 +231,6 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         import functools
 
         from peakmem.capture import fused_updates
-        from peakmem.trace.vocab import Mark
 
         mode = compiled_code.graph_mode(kwargs.get("mode"), kwargs.get("options"))
 
@@ -244,38 +243,16 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                 # the capture records
             name = compiled_code.compiled_name(target)
 
-            def start(*args: Any) -> CaptureSession | None:
-                live = compiled_code.current_session()
-                if live is not None:
-                    runs = compiled_code.compiled_runs(live)
-                    runs.declare(name, mode)
-                    runs.run(name)
-                    live.mark(Mark.COMPILED.value)
-                    compiled_timing.CLOCK.enter()
-                return live
-
             if isinstance(target, torch.nn.Module):
-
-                def end(*args: Any) -> None:
-                    live = compiled_code.current_session()
-                    if live is not None:
-                        live.mark(Mark.COMPILED_END.value)
-                        compiled_timing.CLOCK.leave()
-
-                def start_hook(*args: Any) -> None:  # a pre-hook's result replaces the input
-                    start()
-
                 # OptimizedModule's stand-in: the module's own calls stay eager
-                result = compiled_code.compiled_view(target)
-                result.register_forward_pre_hook(start_hook)
-                result.register_forward_hook(end, always_call=True)
+                result = compiled_code.compiled_view(target, name, mode)
             else:
                 result = target
                 if callable(target):
 
                     @functools.wraps(target)
                     def result(*args: Any, **kw: Any) -> Any:
-                        live = start()
+                        live = compiled_code.region_start(name, mode)
                         if live is None:  # called outside any capture
                             return target(*args, **kw)
                         fused = fused_updates.begin(live, bool(kwargs.get("fullgraph")))
@@ -284,8 +261,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                             fused_updates.end(live, fused, returned)
                             return returned
                         finally:
-                            live.mark(Mark.COMPILED_END.value)
-                            compiled_timing.CLOCK.leave()
+                            compiled_code.region_end(live)
 
             compiled_code.compiled_runs(session).declare(name, mode)
             return result

@@ -259,7 +259,7 @@ _UNARY = (
     aten.hardswish.default, aten.hardsigmoid.default, aten.mish.default, aten.softplus.default,
     aten.neg.default, aten.abs.default, aten.exp.default, aten.sqrt.default, aten.rsqrt.default,
     aten.reciprocal.default,
-    aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar, aten.pow.Tensor_Scalar,
+    aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar,
 )
 _BINARY = (
     aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor,
@@ -273,6 +273,36 @@ _BINARY = (
 register(_UNARY, _pointwise())
 register(_BINARY, _pointwise(_two_tensors))
 register(aten.elu_backward.default, _pointwise(_elu_backward_guard))
+
+
+def _pow_tensor_scalar(args: tuple, kwargs: dict) -> Any:
+    """pow.Tensor_Scalar(self, exponent). Its meta kernel (torch._refs.pow) returns
+    `self.clone()` for an exponent equal to 1 (1, 1.0, True): preserve_format keeps the strides
+    of an input that is non-overlapping and dense, a size-1 dimension's stride included (a
+    (1, 1) tensor of strides (5, 1) keeps (5, 1)), and makes an ordered input that is not dense
+    contiguous; any other exponent is elementwise, contiguous out."""
+    first = _same_layout(args, kwargs)
+    if first is None:
+        return DECLINE
+    if _arg(args, kwargs, 1, "exponent") == 1 and _dense(tuple(first.shape), first.stride()):
+        return _new_like(first)
+    return _new(tuple(first.shape), first.dtype)
+
+
+def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Non-overlapping and dense (c10's `is_non_overlapping_and_dense`): the dimensions of size
+    2 or more, ordered by stride, step through every element once (a size-1 dimension's stride
+    is free)."""
+    expected = 1
+    pairs = zip(shape, strides, strict=True)
+    for size, stride in sorted((pair for pair in pairs if pair[0] != 1), key=lambda pair: pair[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+register(aten.pow.Tensor_Scalar, _pow_tensor_scalar)
 register(aten.leaky_relu_backward.default, _pointwise(_leaky_relu_backward_guard))
 
 

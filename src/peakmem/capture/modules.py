@@ -10,6 +10,7 @@ the innermost module wins when modules share an output node).
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -20,6 +21,34 @@ import torch
 from peakmem.capture.arg_tensors import tensors_in
 
 _METADATA_KEY = "peakmem_module"
+
+
+COMPILED_WRAPPER = "_orig_mod"
+"""The submodule an OptimizedModule (`torch.compile(module)`) wraps: left out of module names, so
+a compiled model's modules are named as the model's own (`GPT.transformer.h.0`, not
+`OptimizedModule._orig_mod.transformer.h.0`)."""
+
+
+def _compiled_module(module: torch.nn.Module) -> torch.nn.Module:
+    """The module a (possibly repeated) torch.compile wrapper wraps; `module` itself otherwise."""
+    while isinstance(module, _optimized_module_class()):
+        module = module.__dict__["_modules"][COMPILED_WRAPPER]
+    return module
+
+
+def _optimized_module_class() -> type:
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(dynamo, "OptimizedModule", _NoClass)
+
+
+class _NoClass:
+    """Nothing is an instance of it (Dynamo not imported: no OptimizedModule exists)."""
+
+
+def _without_compiled_wrappers(name: str) -> str:
+    if COMPILED_WRAPPER not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part != COMPILED_WRAPPER)
 
 
 class ModulePaths:
@@ -54,10 +83,11 @@ class ModulePaths:
     # -- hooks ---------------------------------------------------------------------------------
     def _register_root(self, module: torch.nn.Module) -> None:
         self.roots[id(module)] = module
-        prefix = type(module).__name__
+        prefix = type(_compiled_module(module)).__name__
         named = []
         for name, sub in module.named_modules():
             if id(sub) not in self.names:
+                name = _without_compiled_wrappers(name)
                 self.names[id(sub)] = f"{prefix}.{name}" if name else prefix
                 named.append(id(sub))
         # the job may delete the model (diffusers' DreamBooth: `del pipeline` after generating
