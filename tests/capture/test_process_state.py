@@ -158,3 +158,36 @@ def test_logger_levels_put_back_with_one_cache_clear(monkeypatch):
     assert not logging.getLogger(names[0]).isEnabledFor(logging.DEBUG)
     assert not logging.getLogger(names[2]).isEnabledFor(logging.DEBUG)  # stale cache cleared
     assert 1 <= len(clears) <= 4  # the loggers that changed and one final clear, not 50
+
+
+def test_loggers_levels_are_put_back_with_one_pass_over_the_loggers(monkeypatch):
+    """Every logger's level is put back, and the isEnabledFor caches emptied, with a bounded
+    number of passes over the loggers: a `setLevel` per logger (each one emptying every
+    logger's cache) made the restore quadratic, ~0.3 s a capture in a process that had imported
+    transformers, DeepSpeed and diffusers (docs/DEVELOPMENT.md, suite time)."""
+    import logging
+
+    from peakmem.capture import process_state
+
+    names = [f"peakmem-test-levels.{i}" for i in range(40)]
+    loggers = [logging.getLogger(name) for name in names]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+        restore = process_state._root_logger()
+        for logger in loggers:  # the job: every logger at DEBUG (open_clip_train sets INFO)
+            logger.setLevel(logging.DEBUG)
+            assert logger.isEnabledFor(logging.DEBUG)  # cached from now on
+        passes = []
+        clear = logging.Manager._clear_cache
+        monkeypatch.setattr(logging.Manager, "_clear_cache",
+                            lambda self: (passes.append(1), clear(self))[1])
+        restore()
+        assert [logger.level for logger in loggers] == [logging.WARNING] * len(loggers)
+        # the caches were emptied: the level put back is the one isEnabledFor answers by
+        assert not any(logger.isEnabledFor(logging.DEBUG) for logger in loggers)
+        assert len(passes) <= 2
+    finally:
+        for name in names:
+            logging.Logger.manager.loggerDict.pop(name, None)
+        logging.Logger.manager.loggerDict.pop("peakmem-test-levels", None)
