@@ -22,6 +22,10 @@ run unmodified through the capture; device bytes worked out by hand (not read fr
 - pytorch/tutorials beginner_source/basics/quickstart_tutorial.py (scripts/
   r14_quickstart_tutorial.py): FashionMNIST, `torch.accelerator`, the model saved and loaded
   back into a new model while the optimizer still holds the first.
+- pytorch/tutorials beginner_source/dcgan_faces_tutorial.py (scripts/r14_dcgan_faces_tutorial.py):
+  `torch.use_deterministic_algorithms(True)` without CUBLAS_WORKSPACE_CONFIG; fine on a GPU
+  for a convolution-only model, where a matmul raises (cuda_rules/blas.py, now checked:
+  tests/cuda_rules/test_blas.py).
 - pytorch/tutorials intermediate_source/optimizer_step_in_backward_tutorial.py (scripts/
   r14_optimizer_step_in_backward_tutorial.py): ViT-L/16 with Adam under
   `_record_memory_history`; the tutorial's own snapshot figures are the check.
@@ -246,6 +250,35 @@ def test_quickstart_reload_while_optimizer_holds_old_model(tmp_path):
     assert "the peak was set by the evaluation after training" in _notes(est)
     assert 'Predicted: "' in est.stderr
     assert est.data["peak_allocated_bytes"] <= 3 * params + est.breakdown["workspace"] + MiB
+
+
+# dcgan_faces_tutorial.py: use_deterministic_algorithms(True) -----------------------------------
+
+@needs("torchvision", "matplotlib")
+def test_dcgan_faces_deterministic_convolutions_only(tmp_path, monkeypatch):
+    import numpy as np
+    from PIL import Image
+
+    folder = tmp_path / "data" / "celeba" / "img_align_celeba"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(300):  # 3 batches of 128 (the last of 44) an epoch
+        Image.fromarray(rng.integers(0, 255, (88, 72, 3), dtype=np.uint8)).save(folder / f"{i:06d}.jpg")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    est = estimate_here("r14_dcgan_faces_tutorial.py", cwd=tmp_path,
+                        flags=("--gpu", "h100-80gb"), timeout=300)
+    params, _ = ex.dcgan_shapes(nz=100, ngf=64, ndf=64)
+    model = ex.device_bytes(params, ex.FP32)
+    # deterministic algorithms and no CUBLAS_WORKSPACE_CONFIG: fine, as on the GPU, because
+    # the DCGAN has convolutions only (no cuBLAS gemm); two Adams, two moments each
+    assert_training(est, params=model, optimizer_state=2 * model,
+                    extra_upper=est.breakdown.get("activation", 0))
+    # 128 x 3 x 64 x 64 fp32 images: the real batch and the fake one are activations of 6 MiB
+    assert est.breakdown["activation"] >= 2 * 128 * 3 * 64 * 64 * 4
+    assert "[4/5][0/3]" in est.stderr  # the 5 epochs ran (the later ones their last batch)
+    import torch
+    assert not torch.are_deterministic_algorithms_enabled()  # put back after the job
 
 
 # optimizer_step_in_backward_tutorial.py: ViT-L/16, the tutorial's own figures -----------------
