@@ -22,6 +22,9 @@ run unmodified through the capture; device bytes worked out by hand (not read fr
 - pytorch/tutorials beginner_source/basics/quickstart_tutorial.py (scripts/
   r14_quickstart_tutorial.py): FashionMNIST, `torch.accelerator`, the model saved and loaded
   back into a new model while the optimizer still holds the first.
+- pytorch/tutorials beginner_source/introyt/trainingyt.py (scripts/r14_introyt_trainingyt.py):
+  FashionMNIST, SummaryWriter, best-vloss saves; the model never leaves the CPU, and the
+  estimate says so.
 - pytorch/tutorials beginner_source/dcgan_faces_tutorial.py (scripts/r14_dcgan_faces_tutorial.py):
   `torch.use_deterministic_algorithms(True)` without CUBLAS_WORKSPACE_CONFIG; fine on a GPU
   for a convolution-only model, where a matmul raises (cuda_rules/blas.py, now checked:
@@ -250,6 +253,24 @@ def test_quickstart_reload_while_optimizer_holds_old_model(tmp_path):
     assert "the peak was set by the evaluation after training" in _notes(est)
     assert 'Predicted: "' in est.stderr
     assert est.data["peak_allocated_bytes"] <= 3 * params + est.breakdown["workspace"] + MiB
+
+
+# introyt/trainingyt.py: a tutorial that never uses the GPU -------------------------------------
+
+@needs("torchvision", "tensorboard")
+def test_trainingyt_cpu_only_job_is_said_so(tmp_path):
+    _write_mnist(tmp_path / "data" / "FashionMNIST" / "raw", train=40, test=20)
+    est = estimate_here("r14_introyt_trainingyt.py", cwd=tmp_path, flags=("--gpu", "h100-80gb"),
+                        timeout=300)
+    assert est.returncode == 0, est.failure()
+    # the model and batches stay on the host: no device bytes, the CUDA context alone, and a
+    # warning that says why
+    assert est.data["estimate_kind"] == "training" and est.data["steps"] >= 5
+    assert est.data["peak_allocated_bytes"] == 0 and est.breakdown == {}
+    assert "WARNING: the job made no device allocations: it never used the GPU" in _notes(est)
+    assert est.data["peak_bytes"] >= est.data["context_bytes"] > 0
+    assert est.stderr.count("LOSS train") == 5  # every epoch's validation ran
+    assert list(tmp_path.glob("runs/fashion_trainer_*/events.out.tfevents.*"))
 
 
 # dcgan_faces_tutorial.py: use_deterministic_algorithms(True) -----------------------------------
