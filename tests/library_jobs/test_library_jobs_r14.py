@@ -25,6 +25,9 @@ run unmodified through the capture; device bytes worked out by hand (not read fr
 - pytorch/tutorials beginner_source/introyt/trainingyt.py (scripts/r14_introyt_trainingyt.py):
   FashionMNIST, SummaryWriter, best-vloss saves; the model never leaves the CPU, and the
   estimate says so.
+- pytorch/tutorials intermediate_source/per_sample_grads.py (scripts/r14_per_sample_grads.py):
+  per-sample gradients by a loop of `autograd.grad` and by `torch.func.vmap(grad(...))`,
+  compared with `allclose`, each timed by `torch.utils.benchmark.Timer.timeit(100)`.
 - pytorch/tutorials beginner_source/dcgan_faces_tutorial.py (scripts/r14_dcgan_faces_tutorial.py):
   `torch.use_deterministic_algorithms(True)` without CUBLAS_WORKSPACE_CONFIG; fine on a GPU
   for a convolution-only model, where a matmul raises (cuda_rules/blas.py, now checked:
@@ -271,6 +274,28 @@ def test_trainingyt_cpu_only_job_is_said_so(tmp_path):
     assert est.data["peak_bytes"] >= est.data["context_bytes"] > 0
     assert est.stderr.count("LOSS train") == 5  # every epoch's validation ran
     assert list(tmp_path.glob("runs/fashion_trainer_*/events.out.tfevents.*"))
+
+
+# per_sample_grads.py: torch.func vmap(grad) against a loop of autograd.grad -----------------
+
+def test_per_sample_grads_loop_vmap_and_timer():
+    est = estimate_here("r14_per_sample_grads.py", flags=("--gpu", "h100-80gb"), timeout=600)
+    assert est.returncode == 0, est.failure()
+    shapes = ex.conv(32, 1, 3) + ex.conv(64, 32, 3) + ex.linear(128, 9216) + ex.linear(10, 128)
+    params = ex.device_bytes(shapes, ex.FP32)
+    stacked = ex.device_bytes([(64, *shape) for shape in shapes], ex.FP32)  # one set, stacked
+    unstacked = 64 * params  # 64 tuples of `autograd.grad` results, before `torch.stack`
+    inputs = ex.rounded(64 * 28 * 28 * 4) + ex.rounded(64 * 8)
+    assert est.breakdown["parameter"] == params
+    assert est.breakdown["gradient"] == params  # the mini-batch's `loss.backward()`
+    # the peak is in the Timer's loop run: the loop's and vmap's per-sample gradients (kept by
+    # the script's globals) and the batch, while the timed call holds its 64 tuples and stacks
+    # them
+    assert est.breakdown["other"] == 2 * stacked + inputs
+    assert est.breakdown["temporary"] == stacked + unstacked
+    assert est.data["estimate_kind"] == "training" and est.data["steps"] == 0
+    assert "training (no parameter update seen)" in _notes(est)
+    assert "improvement with vmap" in est.stderr  # both timings ran
 
 
 # dcgan_faces_tutorial.py: use_deterministic_algorithms(True) -----------------------------------
