@@ -28,6 +28,12 @@ run unmodified through the capture; device bytes worked out by hand (not read fr
 - pytorch/tutorials intermediate_source/per_sample_grads.py (scripts/r14_per_sample_grads.py):
   per-sample gradients by a loop of `autograd.grad` and by `torch.func.vmap(grad(...))`,
   compared with `allclose`, each timed by `torch.utils.benchmark.Timer.timeit(100)`.
+- Lightning-AI/pytorch-lightning examples/pytorch/domain_templates/computer_vision_fine_tuning.py
+  (scripts/r14_lightning_cv_fine_tuning.py): LightningCLI `fit`, a ResNet-50 backbone frozen, then
+  unfrozen at epochs 5 and 10 by a `BaseFinetuning` callback (new Adam parameter groups). The
+  job was stopped at epoch 5 before (Lightning did not validate in the epochs the capture ended
+  early, so they looked like bare repeats): capture/lightning_val_check.py,
+  tests/capture/test_lightning_val_check.py.
 - pytorch/tutorials beginner_source/dcgan_faces_tutorial.py (scripts/r14_dcgan_faces_tutorial.py):
   `torch.use_deterministic_algorithms(True)` without CUBLAS_WORKSPACE_CONFIG; fine on a GPU
   for a convolution-only model, where a matmul raises (cuda_rules/blas.py, now checked:
@@ -296,6 +302,52 @@ def test_per_sample_grads_loop_vmap_and_timer():
     assert est.data["estimate_kind"] == "training" and est.data["steps"] == 0
     assert "training (no parameter update seen)" in _notes(est)
     assert "improvement with vmap" in est.stderr  # both timings ran
+
+
+# Lightning computer_vision_fine_tuning.py: unfreezing at epoch milestones ----------------------
+
+@needs("lightning", "torchvision", "jsonargparse")
+def test_lightning_cv_fine_tuning_reaches_the_full_unfreeze(tmp_path, monkeypatch):
+    import io
+    import zipfile
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "data").mkdir()
+    # the archive `prepare_data` fetches, already downloaded (it is extracted, then removed):
+    # 16 training images (2 batches of 8 an epoch) and 4 validation images
+    with zipfile.ZipFile(tmp_path / "data" / "cats_and_dogs_filtered.zip", "w") as archive:
+        for split, count in (("train", 8), ("validation", 2)):
+            for label in ("cats", "dogs"):
+                for i in range(count):
+                    image = io.BytesIO()
+                    Image.fromarray(rng.integers(0, 255, (60, 50, 3), dtype=np.uint8)).save(image, "JPEG")
+                    archive.writestr(f"cats_and_dogs_filtered/{split}/{label}/{label}.{i}.jpg",
+                                     image.getvalue())
+    _hub_weights(tmp_path / "torch_home", "resnet50", "resnet50-11ad3fa6.pth")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    est = estimate_here("r14_lightning_cv_fine_tuning.py", "fit", cwd=tmp_path,
+                        flags=("--gpu", "h100-80gb"), timeout=600)
+    assert est.returncode == 0, est.failure()
+    with torch.device("meta"):
+        backbone = _torchvision().models.resnet50()
+    convs = [tuple(p.shape) for m in backbone.modules() if isinstance(m, torch.nn.Conv2d)
+             for p in m.parameters()]
+    norms = [tuple(p.shape) for m in backbone.modules() if isinstance(m, torch.nn.BatchNorm2d)
+             for p in m.parameters()]
+    head = ex.linear(256, 2048) + ex.linear(32, 256) + ex.linear(1, 32)
+    assert est.breakdown["parameter"] == ex.device_bytes(convs + norms + head, ex.FP32)
+    # at epoch 10 the callback adds the rest of the backbone to Adam (BatchNorm left out:
+    # `train_bn=False`): two moments of every convolution and of the head. Before the fix the
+    # job was stopped at epoch 5 with the head's moments alone
+    assert est.breakdown["optimizer_state"] == 2 * ex.device_bytes(convs + head, ex.FP32)
+    assert "Epoch 14/14" in est.stderr
+    # a batch of 8 images at 224 x 224 through the whole ResNet-50 with gradients: activations
+    # of hundreds of MiB
+    assert est.breakdown["activation"] > 300 * MiB
 
 
 # dcgan_faces_tutorial.py: use_deterministic_algorithms(True) -----------------------------------
