@@ -47,3 +47,47 @@ def test_default_device_cuda_host_reads_in_eager_mode(a100, stack24, tmp_path):
     assert result.error is None, result.error_text
     assert seen == {"host": ("cpu", torch.uint8, tuple(torch.get_rng_state().shape)),
                     "value": [0, 2, 4]}
+
+
+def _names_job(seen: dict) -> None:
+    """pytorch/tutorials char_rnn_classification_tutorial.py's idioms after
+    `set_default_device("cuda")`: labels from host data (`torch.tensor([i])`), one-hot rows
+    written in place, both printed, and a device Generator for `random_split`."""
+    torch.set_default_device("cuda")
+    label = torch.tensor([2], dtype=torch.long)
+    line = torch.zeros(3, 1, 5)
+    line[1][0][4] = 1
+    seen["text"] = f"{label} {line}"
+    seen["repr"] = repr((label, line))
+    seen["devices"] = (label.device.type, line.device.type)
+    seen["label"] = label.item()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    seen["split"] = [len(part) for part in torch.utils.data.random_split(range(10), [0.8, 0.2],
+                                                                         generator=generator)]
+
+
+def test_default_device_cuda_tensors_print_and_keep_their_data(a100, stack24):
+    """Printing a tensor made on the job's default device raised in fake mode (the capture's
+    placeholder zeros were made on the default device, meta, and `_tensor_str`'s
+    `masked_select` has no meta kernel); `torch.tensor(data)` went to the device out of the
+    capture's sight, so a host read of it gave zeros, not its data."""
+    seen = {}
+    result = capture_callable(lambda: _names_job(seen), gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert seen["devices"] == ("cuda", "cuda")
+    assert "device='cuda:0'" in seen["text"] and seen["repr"].startswith("(tensor([0], device='cuda:0')")
+    assert seen["label"] == 2  # the data it was made from, read back
+    assert seen["split"] == [8, 2]
+    sizes = [size for size, _ in allocations(result.trace)]
+    assert sizes[:2] == [8, 60]  # the label and the one-hot line: device allocations
+
+
+def test_default_device_cuda_tensors_print_real_values_in_eager_mode(a100, stack24):
+    """Eager mode: a tensor made from host data on the default device has a shadow with that
+    data (before: none, and making zeros for it on the default device raised)."""
+    seen = {}
+    result = capture_callable(lambda: _names_job(seen), gpu=a100, stack=stack24, mode="eager")
+    assert result.error is None, result.error_text
+    assert seen["repr"].startswith("(tensor([2], device='cuda:0'), tensor([[[0., 0., 0., 0., 0.]],")
+    assert "[[0., 0., 0., 0., 1.]]" in seen["repr"]
+    assert seen["label"] == 2

@@ -191,3 +191,19 @@ def test_loggers_levels_are_put_back_with_one_pass_over_the_loggers(monkeypatch)
         for name in names:
             logging.Logger.manager.loggerDict.pop(name, None)
         logging.Logger.manager.loggerDict.pop("peakmem-test-levels", None)
+
+
+DETERMINISTIC_JOB = """\
+import torch
+torch.use_deterministic_algorithms(True, warn_only=True)   # the DCGAN tutorial (without warn_only)
+model = torch.nn.Conv2d(3, 8, 3).cuda()
+model(torch.randn(2, 3, 16, 16, device="cuda")).sum().backward()
+"""
+
+
+def test_deterministic_algorithms_switch_is_put_back(tmp_path: Path, monkeypatch):
+    """Left on, the next in-process job's first matmul raised (no CUBLAS_WORKSPACE_CONFIG)."""
+    assert not torch.are_deterministic_algorithms_enabled()
+    _estimate(tmp_path, monkeypatch, DETERMINISTIC_JOB)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()

@@ -46,3 +46,46 @@ def test_cublas_workspace_config_overrides(a100, stack24, monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
     result = capture_callable(mlp_step, gpu=a100, stack=stack24)
     assert {size for size, _ in workspaces(result, "cublas_workspace")} == {16 * 1024 * 8}
+
+
+@pytest.fixture
+def deterministic():
+    """`torch.use_deterministic_algorithms(True)` for one test (this process's switch)."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    yield lambda warn_only=False: torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def _deterministic_step(switch, **kwargs):
+    def job():
+        switch(**kwargs)
+        mlp_step()
+    return job
+
+
+def test_deterministic_algorithms_without_cublas_config_raise_as_on_cuda(
+        a100, stack24, monkeypatch, deterministic):
+    """CUDA >= 10.2 refuses a cuBLAS gemm under deterministic algorithms unless
+    CUBLAS_WORKSPACE_CONFIG is :4096:8 or :16:8 (ATen Context::alertCuBLASConfigNotDeterministic);
+    the capture ran such a job to an estimate although it fails on the GPU."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    result = capture_callable(_deterministic_step(deterministic), gpu=a100, stack=stack24)
+    assert result.error is not None and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in result.error_text
+    assert "Deterministic behavior was enabled" in result.error_text
+    for config in (":4096:8", ":16:8"):
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", config)
+        result = capture_callable(_deterministic_step(deterministic), gpu=a100, stack=stack24)
+        assert result.error is None, result.error_text
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2")  # not a deterministic setting
+    result = capture_callable(_deterministic_step(deterministic), gpu=a100, stack=stack24)
+    assert result.error is not None
+
+
+def test_deterministic_warn_only_warns_and_runs(a100, stack24, monkeypatch, deterministic):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    with pytest.warns(UserWarning, match="it uses CuBLAS"):
+        result = capture_callable(_deterministic_step(deterministic, warn_only=True), gpu=a100,
+                                  stack=stack24)
+    assert result.error is None, result.error_text
+    assert workspaces(result, "cublas_workspace")  # it ran its gemms

@@ -27,7 +27,7 @@ from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.backward_view import job_view_in_backward, job_view_in_saved_tensor_hooks
 from peakmem.capture.device_ordinals import check_device_spec
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec
-from peakmem.capture.fake_tensors import mark_pinned
+from peakmem.capture.fake_tensors import job_default_is_device, mark_pinned
 from peakmem.capture.grad_accumulation import backward_roots, engine_marked
 from peakmem.capture.known_values import KNOWN_VALUE_OPS, call_carrying_values
 from peakmem.capture.phases import PhaseTracker
@@ -292,6 +292,8 @@ class CudaAsMeta(TorchFunctionMode):
             del kwargs["pin_memory"]
             return mark_pinned(func(*args, **kwargs))
 
+        if func in _FROM_DATA and "device" not in kwargs and job_default_is_device(self.session):
+            kwargs["device"] = CAPTURE_DEVICE  # `torch.set_default_device("cuda")`: data to the device
         if func in _FROM_DATA and (kwargs.get("device") == CAPTURE_DEVICE
                                    or _has_device_tensor(args, {})):
             return self._from_data(func, args, kwargs)
@@ -349,7 +351,7 @@ class CudaAsMeta(TorchFunctionMode):
             return func(*args, **kwargs)
         kwargs.pop("device")
         requires_grad = kwargs.pop("requires_grad", False)
-        host = func(*args, **kwargs)
+        host = func(*args, device="cpu", **kwargs)  # not the job's default device (meta)
         tensor = host.to(CAPTURE_DEVICE)
         if requires_grad:
             tensor.requires_grad_()
@@ -377,7 +379,7 @@ class CudaAsMeta(TorchFunctionMode):
         if self.session.host_value is not None:
             return self.session.host_value(value)
         if getattr(value, _ASSUMED_TRUE, False):
-            return torch.ones(value.shape, dtype=value.dtype)  # a validity check: it passed
+            return torch.ones(value.shape, dtype=value.dtype, device="cpu")  # a check: it passed
         known = _known_host_data(value)
         if known is not None:
             return host_copy(known)

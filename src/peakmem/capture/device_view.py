@@ -93,7 +93,7 @@ def _repr(mode, func, args: tuple, kwargs: dict) -> Any:
     ):
         return func(*args, **kwargs)
     if mode.session.host_value is None:  # fake mode: zeros that take no host memory
-        host = torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)
+        host = torch.zeros((), dtype=tensor.dtype, device="cpu").expand(tensor.shape)
     else:
         host = mode.session.host_value(tensor)
     contents = torch._tensor_str._tensor_str(host.detach(), len("tensor("))

@@ -146,7 +146,7 @@ class ShadowExecutor(TorchDispatchMode):
             storage = source.untyped_storage()
         else:
             self._reserve(nbytes)
-            storage = torch.zeros(nbytes, dtype=torch.uint8).untyped_storage()
+            storage = torch.zeros(nbytes, dtype=torch.uint8, device="cpu").untyped_storage()
             if source is not None and meta is not None:
                 view = torch.empty(0, dtype=meta.dtype, device="cpu")
                 view.set_(storage, meta.storage_offset(), meta.size(), meta.stride())

@@ -66,14 +66,10 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             original_set_default_device(device)
 
     def get_default_device() -> torch.device:
-        from torch.utils._device import DeviceContext
-
-        stack = torch.overrides._get_current_function_mode_stack()
-        innermost = next((m for m in reversed(stack) if isinstance(m, DeviceContext)), None)
+        innermost = _innermost_device_context()
         if innermost is not None and innermost.device.type == "cuda":  # `with torch.device("cuda")`
             return torch.device("cuda", innermost.device.index or 0)
-        job_default = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
-        if session.default_device_cuda and innermost is job_default:
+        if job_default_is_device(session):
             return torch.device("cuda", 0)
         return original_get_default_device()
 
@@ -100,6 +96,24 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch, "set_default_device"): set_default_device,
         (torch, "get_default_device"): get_default_device,
     }
+
+
+def _innermost_device_context() -> Any:
+    """The `torch.device` context mode nearest the top of the torch-function mode stack."""
+    from torch.utils._device import DeviceContext
+
+    stack = torch.overrides._get_current_function_mode_stack()
+    return next((m for m in reversed(stack) if isinstance(m, DeviceContext)), None)
+
+
+def job_default_is_device(session: CaptureSession) -> bool:
+    """Whether a tensor the job makes without naming a device is a device tensor: the job called
+    `torch.set_default_device("cuda")` (below the capture's modes, that default is the capture
+    device, meta) and no `with torch.device(...)` block of its own is nearer."""
+    if not session.default_device_cuda:
+        return False
+    job_default = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    return _innermost_device_context() is job_default
 
 
 def restore_default_device(session: CaptureSession, original_set_default_device: Any) -> None:

@@ -161,6 +161,7 @@ from peakmem.capture import hf_release as _hf_release  # noqa: E402,F401
 from peakmem.capture import keras_optimizers as _keras_optimizers  # noqa: E402,F401
 from peakmem.capture import lightning_fsdp_reload as _lightning_fsdp_reload  # noqa: E402,F401
 from peakmem.capture import lightning_launch as _lightning_launch  # noqa: E402,F401
+from peakmem.capture import lightning_val_check as _lightning_val_check  # noqa: E402,F401
 from peakmem.capture import periodic_optimizers as _periodic_optimizers  # noqa: E402,F401
 from peakmem.capture import ray_train as _ray_train  # noqa: E402,F401
 from peakmem.capture import tensor_pickling as _tensor_pickling  # noqa: E402,F401

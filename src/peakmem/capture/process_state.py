@@ -14,6 +14,7 @@ next job in the process starts from the same state (registry: one saver per kind
   class that every instance shares): a job's `Accelerator(mixed_precision="no")` left them
   initialized, and the next job's `Accelerator(mixed_precision="bf16")` raised "AcceleratorState
   has already been initialized and cannot be changed";
+- torch's deterministic-algorithms switch (and its `warn_only`);
 - the root logger's handlers and every logger's level: Hydra's `@hydra.main` (and `logging.basicConfig`)
   configure them for the job, and later code in the process logged to the job's file and
   console at the job's level.
@@ -62,6 +63,19 @@ def _float32_precision() -> Restore | None:
                 obj.fp32_precision = value
         except (RuntimeError, AttributeError, ValueError):
             pass
+
+    return restore
+
+
+@_register
+def _deterministic_algorithms() -> Restore | None:
+    """`torch.use_deterministic_algorithms(True)` (DCGAN tutorial): left on, the next job's
+    cuBLAS calls would raise for want of CUBLAS_WORKSPACE_CONFIG (cuda_rules/blas.py)."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+
+    def restore() -> None:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
     return restore
 

@@ -10,6 +10,10 @@
   H100: one per thread that ran an Lt `addmm`, none for threads that ran only `mm`).
 Sizes come from the software-stack profile; `CUBLAS_WORKSPACE_CONFIG` overrides them like it
 does on a GPU.
+- With `torch.use_deterministic_algorithms(True)` and no deterministic CUBLAS_WORKSPACE_CONFIG
+  (":4096:8" or ":16:8"), a cuBLAS gemm raises on CUDA (`warn_only=True`: warns), as
+  `Context::alertCuBLASConfigNotDeterministic` does (aten/src/ATen/Context.cpp, called from
+  CUDABlas.cpp's gemm family): `cublas_determinism_check`.
 """
 
 from __future__ import annotations
@@ -43,6 +47,35 @@ def cublas_workspace_bytes(ctx: RuleContext) -> int:
     return int(ctx.stack.cublas_workspace_for(ctx.gpu.capability).value)
 
 
+DETERMINISTIC_CONFIGS = (":4096:8", ":16:8")
+NOT_DETERMINISTIC = (
+    "Deterministic behavior was enabled with either `torch.use_deterministic_algorithms(True)` or "
+    "`at::Context::setDeterministicAlgorithms(true)`, but this operation is not deterministic "
+    "because it uses CuBLAS and you have CUDA >= 10.2. To enable deterministic behavior in this "
+    "case, you must set an environment variable before running your PyTorch application: "
+    "CUBLAS_WORKSPACE_CONFIG=:4096:8 or CUBLAS_WORKSPACE_CONFIG=:16:8. For more information, go "
+    "to https://docs.nvidia.com/cuda/cublas/index.html#results-reproducibility"
+)
+
+
+def cublas_determinism_check() -> None:
+    """What a cuBLAS gemm does first on CUDA >= 10.2 when the job asked for deterministic
+    algorithms: raise RuntimeError (warn with `warn_only=True`) unless CUBLAS_WORKSPACE_CONFIG
+    is one of the deterministic settings. Lightning's `Trainer(deterministic=True)` and HF's
+    `enable_full_determinism` set the variable themselves; a script that calls
+    `torch.use_deterministic_algorithms(True)` alone and runs a matmul fails on the GPU."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") in DETERMINISTIC_CONFIGS:
+        return
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        import warnings
+
+        warnings.warn(NOT_DETERMINISTIC, UserWarning, stacklevel=2)
+        return
+    raise RuntimeError(NOT_DETERMINISTIC)
+
+
 def use_cublas_handle(ctx: RuleContext) -> None:
     """The current thread's cuBLAS handle is used: allocate its workspace on first use."""
     thread = "autograd" if ctx.in_backward else "main"
@@ -62,6 +95,7 @@ def use_cublas_handle(ctx: RuleContext) -> None:
 )
 def cublas_gemm(ctx: RuleContext, op, args, kwargs, out) -> None:
     use_cublas_handle(ctx)
+    cublas_determinism_check()
 
 
 def takes_lt_path(args: tuple, kwargs: dict) -> bool:
@@ -104,6 +138,8 @@ def use_cublaslt_handle(ctx: RuleContext) -> None:
 @register_op_rule(aten.addmm)
 def addmm(ctx: RuleContext, op, args, kwargs, out) -> None:
     use_cublas_handle(ctx)
+    if not takes_lt_path(args, kwargs):
+        cublas_determinism_check()  # a plain gemm (the Lt epilogue path is `gemm_and_bias`)
     if takes_lt_path(args, kwargs):
         use_cublaslt_handle(ctx)
         transient = int(ctx.stack.cublaslt_transient.value)
