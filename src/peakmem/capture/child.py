@@ -159,23 +159,53 @@ def _missing_module(spec: Any) -> str | None:
     return None if found is not None else f"no module named {top!r} (python -m {spec.module})"
 
 
-SHADOW_CHECKED = ("torch",)
-"""Packages peakmem has imported before the job starts: a module of the same name in the job's
-own sys.path[0] is what `python train.py` would import instead, but the job here would get
-peakmem's copy and be estimated as a run that cannot happen."""
+SHADOW_CHECKED = (
+    "torch", "torchgen", "numpy", "typing_extensions", "sympy", "mpmath", "filelock", "fsspec",
+    "jinja2", "markupsafe", "networkx",
+)
+"""Frameworks peakmem (or torch's import) has loaded before the job starts: a module of the same
+name in the job's own sys.path[0] is what `python train.py` would import instead, but the job
+here would get peakmem's copy and be estimated as a run that cannot happen. The standard
+library's modules are checked the same way (`shadow_candidates`); peakmem's own dependencies
+(click, ...) are not: a plain run imports those only where the job does."""
+
+
+def shadow_candidates() -> list[str]:
+    """Top-level modules loaded in this process now that `python train.py` would look for on its
+    sys.path at run time: the frameworks (SHADOW_CHECKED) and the standard library's modules,
+    less those the interpreter had loaded at its start (peakmem.startup_modules: a plain run has
+    them before the script's directory joins sys.path) and the built-in and frozen ones (found
+    before any path entry)."""
+    from peakmem.startup_modules import MODULES
+
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    names = []
+    for name, module in list(sys.modules.items()):
+        if "." in name or name in MODULES or name.startswith("_") or module is None:
+            continue
+        if name not in SHADOW_CHECKED and name not in stdlib:
+            continue
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        if name in sys.builtin_module_names or origin in {"built-in", "frozen"}:
+            continue
+        names.append(name)
+    return sorted(names)
 
 
 def shadowed_frameworks(spec: Any) -> str | None:
     """A one-line reason when the job's sys.path[0] (the script's directory, or the cwd for
-    `-m`) holds a module that shadows one of SHADOW_CHECKED (a local torch.py or torch/)."""
+    `-m`) holds a module that shadows one peakmem has loaded (`shadow_candidates`: a local
+    torch.py or torch/, a local dataclasses.py, ...)."""
     import importlib.machinery
 
+    if sys.flags.safe_path:  # python -P / PYTHONSAFEPATH: no script directory on sys.path
+        return None
     if spec.script is not None:
         script = os.path.abspath(spec.script)
         first = os.path.dirname(script) if os.path.isfile(script) else script
     else:
         first = os.getcwd()
-    for name in SHADOW_CHECKED:
+    for name in shadow_candidates():
         loaded = sys.modules.get(name)
         try:
             local = importlib.machinery.PathFinder.find_spec(name, [first])
@@ -187,8 +217,9 @@ def shadowed_frameworks(spec: Any) -> str | None:
         # (a plain `torch/` folder), which python passes over for the installed package
         if where is None or _same_file(where, getattr(loaded, "__file__", None)):
             continue
-        return (f"{where} shadows the installed {name}: `python` would import it instead of "
-                f"{name} for this job (rename it)")
+        what = "the installed" if name in SHADOW_CHECKED else "the standard library's"
+        return (f"{where} shadows {what} {name}: `python` would import it instead of {name} "
+                f"for this job wherever the job or torch imports {name} (rename it)")
     return None
 
 

@@ -1,0 +1,90 @@
+"""The k6 adversarial sweep's regressions (benchmarks/hostile_sweep_k6.py runs the whole sweep):
+one test per class of hostile input that broke the contract before its fix. Each docstring says
+what went wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+TRAIN = """import torch
+model = torch.nn.Linear(16, 16).cuda()
+model(torch.randn(4, 16, device="cuda")).sum().backward()
+"""
+
+
+def run(*args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None,
+        ) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(SRC), "PEAKMEM_WARM": "0", **(env or {})}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+# -- a module next to the script that shadows one torch imports -------------------------------
+
+
+def _torch_import_not_at_startup() -> str:
+    """A standard-library module `import torch` loads that a plain python has not loaded at its
+    start (this machine's site and .pth files load some: json, typing, ... here)."""
+    probe = ("import sys, json; before = set(sys.modules); import torch; "
+             "print(json.dumps(sorted(set(sys.modules) - before)))")
+    loaded = json.loads(subprocess.check_output([sys.executable, "-c", probe], text=True))
+    for name in ("dataclasses", "inspect", "pickle", "ctypes", "numbers", "decimal"):
+        if name in loaded:
+            return name
+    pytest.skip("import torch loads none of the probed standard-library modules")
+
+
+def test_a_local_standard_library_name_that_torch_imports_is_refused_as_python_would_fail(tmp_path):
+    """job/dataclasses.py next to the script: `python job/train.py` imports it in place of the
+    standard library's from inside `import torch` and fails; peakmem's job got the copy peakmem
+    had loaded and was estimated (exit 0) as a run that cannot happen. Only a local torch.py
+    was checked."""
+    name = _torch_import_not_at_startup()
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(TRAIN)
+    (job / f"{name}.py").write_text("X = 1\n")
+    plain = run("job/train.py", cwd=tmp_path)
+    assert plain.returncode != 0 and "job/" in plain.stderr  # what python itself does
+    proc = run("-m", "peakmem", "estimate", "--json", "job/train.py", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error = json.loads(proc.stdout)["error"]
+    assert error["reason"] == "bad_input"
+    assert f"job/{name}.py shadows the standard library's {name}" in error["message"]
+    assert "\n" not in error["message"] and "Traceback" not in proc.stderr
+
+
+def test_a_local_name_loaded_at_python_startup_or_only_by_peakmem_is_not_refused(tmp_path):
+    """No false alarm: a local module of a name python had loaded before the script's directory
+    joined sys.path (peakmem.startup_modules), a built-in one, and a dependency of peakmem's
+    alone (click) are what `python train.py` imports too."""
+    from peakmem.capture.child import shadow_candidates, shadowed_frameworks
+    from peakmem.jobs.runner import JobSpec
+    from peakmem.startup_modules import MODULES
+
+    import torch  # noqa: F401 - loaded, as in the job's child
+
+    candidates = shadow_candidates()
+    assert "torch" in candidates and "click" not in candidates and "sys" not in candidates
+    assert not set(candidates) & MODULES
+    assert "peakmem" not in candidates
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(TRAIN)
+    for name in ["click", "sys", "peakmem", *sorted(MODULES)[:3]]:
+        (job / f"{name.split('.')[0]}.py").write_text("X = 1\n")
+    assert shadowed_frameworks(JobSpec(script=str(job / "train.py"))) is None
+    (job / "torch.py").write_text("X = 1\n")
+    found = shadowed_frameworks(JobSpec(script=str(job / "train.py")))
+    assert found is not None and "torch.py shadows the installed torch" in found
