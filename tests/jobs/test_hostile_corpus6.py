@@ -69,11 +69,11 @@ def test_a_local_name_loaded_at_python_startup_or_only_by_peakmem_is_not_refused
     """No false alarm: a local module of a name python had loaded before the script's directory
     joined sys.path (peakmem.startup_modules), a built-in one, and a dependency of peakmem's
     alone (click) are what `python train.py` imports too."""
+    import torch  # noqa: F401 - loaded, as in the job's child
+
     from peakmem.capture.child import shadow_candidates, shadowed_frameworks
     from peakmem.jobs.runner import JobSpec
     from peakmem.startup_modules import MODULES
-
-    import torch  # noqa: F401 - loaded, as in the job's child
 
     candidates = shadow_candidates()
     assert "torch" in candidates and "click" not in candidates and "sys" not in candidates
@@ -88,3 +88,51 @@ def test_a_local_name_loaded_at_python_startup_or_only_by_peakmem_is_not_refused
     (job / "torch.py").write_text("X = 1\n")
     found = shadowed_frameworks(JobSpec(script=str(job / "train.py")))
     assert found is not None and "torch.py shadows the installed torch" in found
+
+
+# -- output flags --------------------------------------------------------------------------------
+
+
+def test_measure_refuses_an_output_over_its_script_in_one_line_and_one_json_object(tmp_path):
+    """`measure --out train.py`: the check raised click's UsageError from the command's body,
+    which click printed as three lines (usage, hint, `Error: ...`) and, with --json, no JSON
+    object."""
+    (tmp_path / "train.py").write_text(TRAIN)
+    proc = run("-m", "peakmem", "measure", "--out", "train.py", "train.py", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert stderr_lines(proc) == ["peakmem: error: --out train.py would overwrite a Python "
+                                  "source file"]
+    proc = run("-m", "peakmem", "measure", "--json", "--out", "train.py", "train.py", cwd=tmp_path)
+    assert proc.returncode == 2 and len(stderr_lines(proc)) == 1
+    assert json.loads(proc.stdout)["error"]["kind"] == "bad_input"
+    assert (tmp_path / "train.py").read_text() == TRAIN
+
+
+@pytest.mark.parametrize("argv, flags", [
+    (["estimate", "--json", "--job-log", "out.bin", "--snapshot", "out.bin", "train.py"],
+     "--job-log and --snapshot"),
+    (["estimate", "--json", "--job-log", "link.bin", "--snapshot", "out.bin", "train.py"],
+     "--job-log and --snapshot"),
+    (["measure", "--json", "--out", "out.bin", "--snapshot", "out.bin", "train.py"],
+     "--out and --snapshot"),
+])
+def test_two_output_flags_naming_one_file_are_refused_before_the_job(tmp_path, argv, flags):
+    """`--job-log x --snapshot x` (or a link to x): the snapshot replaced the job's log after the
+    estimate, exit 0, and the command said it had written both."""
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "link.bin").symlink_to("out.bin")
+    proc = run("-m", "peakmem", *argv, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    message = json.loads(proc.stdout)["error"]["message"]
+    assert message.startswith(f"{flags} name the same file")
+    assert len(stderr_lines(proc)) <= 1 and not (tmp_path / "out.bin").exists()
+
+
+def test_shared_output_tells_apart_distinct_files(tmp_path):
+    from peakmem.cli.output_paths import shared_output
+
+    (tmp_path / "a").write_text("x")
+    os.link(tmp_path / "a", tmp_path / "hard")
+    assert shared_output({"--x": str(tmp_path / "a"), "--y": str(tmp_path / "b"), "--z": None}) is None
+    found = shared_output({"--x": str(tmp_path / "a"), "--y": str(tmp_path / "hard")})
+    assert found is not None and found.startswith("--x and --y name the same file")
