@@ -285,7 +285,7 @@ def cases() -> list:
     for var, value in [("PEAKMEM_TRANSFORMERS_RELEASE", "nan"), ("PEAKMEM_TRANSFORMERS_RELEASE", "9" * 5000),
                        ("PEAKMEM_DIR", "/dev/null"), ("PEAKMEM_DATASETS", "/dev/null"),
                        ("PEAKMEM_FAKE_ESTIMATE_SECONDS", "nan"), ("PEAKMEM_SERVICE_TOKEN", "\x01"),
-                       ("PYTHONWARNINGS", "error"), ("PYTHONSAFEPATH", "1"), ("PYTHONHASHSEED", "x"),
+                       ("PYTHONWARNINGS", "error"), ("PYTHONSAFEPATH", "1"),
                        ("TMPDIR", "/nonexistent/k6"), ("TMPDIR", "/dev/null"), ("HOME", "/nonexistent"),
                        ("PATH", ""), ("COLUMNS", "-5"), ("COLUMNS", "9" * 30), ("LANG", "C"),
                        ("PYTHONIOENCODING", "ascii:strict"), ("TERM", "\x1b")]:

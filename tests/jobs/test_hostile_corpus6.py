@@ -136,3 +136,37 @@ def test_shared_output_tells_apart_distinct_files(tmp_path):
     assert shared_output({"--x": str(tmp_path / "a"), "--y": str(tmp_path / "b"), "--z": None}) is None
     found = shared_output({"--x": str(tmp_path / "a"), "--y": str(tmp_path / "hard")})
     assert found is not None and found.startswith("--x and --y name the same file")
+
+
+# -- settings read in the job's process, and the terminal's encoding -----------------------------
+
+
+@pytest.mark.parametrize("value, where", [("nan", "environment"), ("9" * 5000, "env prefix")])
+def test_a_bad_transformers_release_setting_is_bad_input_not_internal(tmp_path, value, where):
+    """PEAKMEM_TRANSFORMERS_RELEASE=nan is read in the job's process: its InputError there was
+    reported as a peakmem internal error (exit 70, a traceback); 5000 digits raised int()'s
+    ValueError (more digits than sys.get_int_max_str_digits())."""
+    (tmp_path / "train.py").write_text(TRAIN)
+    variable = f"PEAKMEM_TRANSFORMERS_RELEASE={value}"
+    if where == "env prefix":
+        proc = run("-m", "peakmem", "estimate", "--json", "--", "env", variable, "python",
+                   "train.py", cwd=tmp_path)
+    else:
+        proc = run("-m", "peakmem", "estimate", "--json", "train.py", cwd=tmp_path,
+                   env={"PEAKMEM_TRANSFORMERS_RELEASE": value})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error = json.loads(proc.stdout)["error"]
+    assert error["kind"] == "bad_input" and error["traceback"] is None
+    assert error["message"].startswith("PEAKMEM_TRANSFORMERS_RELEASE=")
+    assert "is not a release number" in error["message"] and len(error["message"]) < 200
+
+
+def test_an_ascii_only_terminal_gets_the_report_with_escapes_not_an_internal_error(tmp_path):
+    """PYTHONIOENCODING=ascii:strict (a C locale's terminal): the report's `…` raised
+    UnicodeEncodeError after the estimate had succeeded, exit 70 with a traceback."""
+    (tmp_path / "train.py").write_text(TRAIN)
+    proc = run("-m", "peakmem", "estimate", "train.py", cwd=tmp_path,
+               env={"PYTHONIOENCODING": "ascii:strict"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Peak reserved" in proc.stdout and "Traceback" not in proc.stderr
+    assert proc.stdout.isascii()

@@ -77,7 +77,7 @@ def main(args: list[str]) -> None:
 
 def _run(request: dict[str, Any], writer: Any) -> Any:
     from peakmem.capture.result_io import encode
-    from peakmem.capture.runner import CaptureResult, capture_command, capture_in_progress
+    from peakmem.capture.runner import capture_command, capture_in_progress
     from peakmem.jobs.child import os_exit_hook
     from peakmem.jobs.runner import JobSpec
     from peakmem.profiles import load_gpu, load_stack
@@ -94,11 +94,7 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     spec = JobSpec.parse(argv)
     missing = _missing_module(spec) or shadowed_frameworks(spec)
     if missing is not None:
-        return CaptureResult(
-            trace=_empty_trace(), steps=0, stopped=False, forward_calls=0, seconds=0,
-            mode=request["mode"], error=ModuleNotFoundError(missing), error_text=missing,
-            exit_code=1, reason="bad_input",
-        )
+        return _bad_input(ModuleNotFoundError(missing), request["mode"])
 
     def on_exit(code: int) -> None:
         snapshot = capture_in_progress()
@@ -116,12 +112,28 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
 
         install(request["job_files"], exempt=[Path(request["result"]).parent])
         native_writes = journal_native_writes()
-    with os_exit_hook(writer, on_exit), native_writes, allocator_target(
-        request.get("alloc_conf"), request["torch_version"]
-    ):
-        return capture_command(
-            argv, gpu=gpu, stack=stack, steps=request["steps"], mode=request["mode"]
-        )
+    from peakmem.inputs import InputError
+
+    try:
+        with os_exit_hook(writer, on_exit), native_writes, allocator_target(
+            request.get("alloc_conf"), request["torch_version"]
+        ):
+            return capture_command(
+                argv, gpu=gpu, stack=stack, steps=request["steps"], mode=request["mode"]
+            )
+    except InputError as exc:  # a setting read in the job's process (an `env NAME=VALUE`
+        # prefix's PEAKMEM_TRANSFORMERS_RELEASE) refused before the job ran: was internal (70)
+        return _bad_input(exc, request["mode"])
+
+
+def _bad_input(error: Exception, mode: str) -> Any:
+    """The result of a job refused before it ran: one line naming the input, exit 2."""
+    from peakmem.capture.runner import CaptureResult
+
+    return CaptureResult(
+        trace=_empty_trace(), steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode,
+        error=error, error_text=str(error), exit_code=1, reason="bad_input",
+    )
 
 
 def mark_os_exit(result: Any, code: Any) -> None:
