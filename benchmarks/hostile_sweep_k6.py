@@ -82,9 +82,12 @@ def check(case: Case, root: Path, stdout: bytes, stderr: str) -> list[str]:
 
 
 def torch_imports_after_startup() -> set[str]:
-    """Top-level modules `import torch` loads that this python had not loaded at its start."""
+    """Top-level modules `import torch` loads from a path that this python had not loaded at
+    its start (built-in and frozen ones, `runpy`, are found before any path entry)."""
     probe = ("import sys; before = {m.split('.')[0] for m in sys.modules}; import torch; "
-             "print(' '.join({m.split('.')[0] for m in sys.modules} - before))")
+             "print(' '.join(m for m in {m.split('.')[0] for m in sys.modules} - before "
+             "if getattr(getattr(sys.modules[m], '__spec__', None), 'origin', None) "
+             "not in ('built-in', 'frozen')))")
     return set(subprocess.check_output([sys.executable, "-c", probe], text=True).split())
 
 
