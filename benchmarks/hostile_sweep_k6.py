@@ -41,7 +41,10 @@ def materialise(case: Case, root: Path) -> None:
     plain = {}
     for name, body in case.files.items():
         kind, _, rest = name.partition(" ")
-        if kind == "@pyc":  # a __pycache__ entry with a valid header and garbage code
+        if kind in {"@fifo", "@symlink"}:  # k5 makes them, in a folder that must exist
+            (root / rest).parent.mkdir(parents=True, exist_ok=True)
+            plain[name] = body
+        elif kind == "@pyc":  # a __pycache__ entry with a valid header and garbage code
             import importlib.util
             cache = Path(importlib.util.cache_from_source(str(root / f"{rest}.py")))
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -297,6 +300,16 @@ def cases() -> list:
     return out
 
 
+def run_one(case: Case) -> dict:
+    """`run_case`, where the sweep's own failure to set a case up is that case's row."""
+    try:
+        return run_case(case, materialise, check)
+    except Exception as exc:  # noqa: BLE001 - one broken case must not end the sweep
+        return {"name": case.name, "surface": case.surface, "exit": None, "lines": 0,
+                "traceback": False, "seconds": 0, "problems": [f"sweep error {exc!r}"],
+                "last": "", "stdout_bytes": 0}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="")
@@ -305,7 +318,7 @@ def main() -> int:
     args = parser.parse_args()
     selected = [c for c in cases() if args.only in c.name or args.only in c.surface]
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda case: run_case(case, materialise, check), selected))
+        rows = list(pool.map(run_one, selected))
     if args.json:
         print(json.dumps(rows, indent=1))
     print("| surface | case | exit | stderr lines | traceback | s | verdict |")
