@@ -90,6 +90,28 @@ def test_a_local_name_loaded_at_python_startup_or_only_by_peakmem_is_not_refused
     assert found is not None and "torch.py shadows the installed torch" in found
 
 
+def test_a_local_name_only_peakmem_loads_is_not_refused_and_the_job_runs(tmp_path):
+    """job/profile.py, statistics.py, secrets.py, tomllib.py next to the script: `import torch`
+    loads none of them, so `python job/train.py` runs with them there; peakmem's own modules
+    load some (cProfile's profile, ...), and the check counts only what torch's import loaded
+    (peakmem.torch_import_modules, recorded in the child before the capture's imports)."""
+    probe = ("import sys; before = set(sys.modules); import torch; "
+             "print(' '.join(sorted(set(sys.modules) - before)))")
+    by_torch = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                  check=True).stdout.split())
+    names = [name for name in ("profile", "statistics", "secrets", "tomllib", "sysconfig",
+                               "decimal", "getpass") if name not in by_torch]
+    assert names, "torch's import loads every probed name"
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(TRAIN)
+    for name in names:
+        (job / f"{name}.py").write_text("X = 1\n")
+    proc = run("-m", "peakmem", "estimate", "--json", "job/train.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["peak_bytes"] > 0
+
+
 # -- output flags --------------------------------------------------------------------------------
 
 

@@ -48,6 +48,9 @@ def main(args: list[str]) -> None:
         request = json.loads(Path(args[0]).read_text(encoding="utf-8"))
         writer = ResultWriter(request["result"])
         del sys.path[0]  # peakmem's entry: the job's script directory goes there instead
+        from peakmem.torch_import_modules import record
+
+        record()  # before the capture's imports: what a plain run has loaded after `import torch`
         result = _run(request, writer)
     except BaseException:  # noqa: BLE001 - peakmem's own failure, reported as internal
         text = traceback.format_exc()
@@ -189,11 +192,18 @@ def shadow_candidates() -> list[str]:
     them before the script's directory joins sys.path) and the built-in and frozen ones (found
     before any path entry)."""
     from peakmem.startup_modules import MODULES
+    from peakmem.torch_import_modules import recorded
 
     stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    # where the child recorded them, only the modules loaded by torch's import count: those
+    # that peakmem's own modules load (cProfile, statistics, secrets, tomllib, ...) a plain run
+    # never looks for unless the job imports them itself
+    after_torch = recorded()
     names = []
     for name, module in list(sys.modules.items()):
         if "." in name or name in MODULES or name.startswith("_") or module is None:
+            continue
+        if after_torch is not None and name not in after_torch:
             continue
         if name not in SHADOW_CHECKED and name not in stdlib:
             continue
