@@ -429,10 +429,12 @@ def _env_bytes(value: str) -> bytes:
     return value.encode("utf-8", "surrogateescape")
 
 
-def run_case(case: Case) -> dict:
+def run_case(case: Case, materialise=None, check=None) -> dict:
+    """Run one case and judge it; `materialise(case, root)` writes its files (default
+    `_materialise`), `check(case, root, stdout, stderr)` returns more problems (the k6 sweep's)."""
     with tempfile.TemporaryDirectory(prefix="k5sweep-") as tmp:
         root = Path(tmp)
-        _materialise(case, root)
+        (materialise or _materialise)(case, root)
         env = {k.encode(): v.encode() for k, v in os.environ.items()}
         for k, v in case.env.items():
             env[k.encode()] = _env_bytes(v)
@@ -452,6 +454,7 @@ def run_case(case: Case) -> dict:
         seconds = time.monotonic() - start
         marker = root / "pwned_k5"  # a payload writes the pid of the process it ran in
         pwned = marker.exists() and marker.read_text().strip() == str(proc.pid)
+        extra = check(case, root, stdout, stderr) if check else []
     lines = [line for line in stderr.splitlines() if line.strip()]
     peak_lines = [line for line in lines if line.startswith(case.prefix)]
     counted = peak_lines if case.job_stderr else lines
@@ -473,6 +476,7 @@ def run_case(case: Case) -> dict:
         problems.append(f"{len(counted)} stderr lines")
     if pwned:
         problems.append("payload ran in peakmem's own process")
+    problems += extra
     return {"name": case.name, "surface": case.surface, "exit": code, "lines": len(lines),
             "traceback": traceback, "seconds": round(seconds, 1), "problems": problems,
             "last": (peak_lines[-1] if peak_lines else (lines[-1] if lines else ""))[:160],

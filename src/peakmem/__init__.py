@@ -3,8 +3,7 @@
 The data flows one way: job -> trace -> allocator simulation -> estimate.
 """
 
-from typing import Any
-
+from peakmem import startup_modules  # noqa: F401 - first: what python had loaded before peakmem
 from peakmem.allocator.config import AllocatorConfig
 from peakmem.allocator.simulate import SimulationResult, simulate
 from peakmem.trace.events import EventKind, Trace
@@ -15,7 +14,7 @@ __version__ = "0.1.0"
 _LAZY = {"estimate", "estimate_command", "Estimate", "EstimateError"}  # import torch only when asked for
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         from peakmem.estimate import api
 

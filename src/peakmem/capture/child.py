@@ -48,6 +48,9 @@ def main(args: list[str]) -> None:
         request = json.loads(Path(args[0]).read_text(encoding="utf-8"))
         writer = ResultWriter(request["result"])
         del sys.path[0]  # peakmem's entry: the job's script directory goes there instead
+        from peakmem.torch_import_modules import record
+
+        record()  # before the capture's imports: what a plain run has loaded after `import torch`
         result = _run(request, writer)
     except BaseException:  # noqa: BLE001 - peakmem's own failure, reported as internal
         text = traceback.format_exc()
@@ -77,7 +80,7 @@ def main(args: list[str]) -> None:
 
 def _run(request: dict[str, Any], writer: Any) -> Any:
     from peakmem.capture.result_io import encode
-    from peakmem.capture.runner import CaptureResult, capture_command, capture_in_progress
+    from peakmem.capture.runner import capture_command, capture_in_progress
     from peakmem.jobs.child import os_exit_hook
     from peakmem.jobs.runner import JobSpec
     from peakmem.profiles import load_gpu, load_stack
@@ -94,11 +97,7 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     spec = JobSpec.parse(argv)
     missing = _missing_module(spec) or shadowed_frameworks(spec)
     if missing is not None:
-        return CaptureResult(
-            trace=_empty_trace(), steps=0, stopped=False, forward_calls=0, seconds=0,
-            mode=request["mode"], error=ModuleNotFoundError(missing), error_text=missing,
-            exit_code=1, reason="bad_input",
-        )
+        return _bad_input(ModuleNotFoundError(missing), request["mode"])
 
     def on_exit(code: int) -> None:
         snapshot = capture_in_progress()
@@ -116,12 +115,28 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
 
         install(request["job_files"], exempt=[Path(request["result"]).parent])
         native_writes = journal_native_writes()
-    with os_exit_hook(writer, on_exit), native_writes, allocator_target(
-        request.get("alloc_conf"), request["torch_version"]
-    ):
-        return capture_command(
-            argv, gpu=gpu, stack=stack, steps=request["steps"], mode=request["mode"]
-        )
+    from peakmem.inputs import InputError
+
+    try:
+        with os_exit_hook(writer, on_exit), native_writes, allocator_target(
+            request.get("alloc_conf"), request["torch_version"]
+        ):
+            return capture_command(
+                argv, gpu=gpu, stack=stack, steps=request["steps"], mode=request["mode"]
+            )
+    except InputError as exc:  # a setting read in the job's process (an `env NAME=VALUE`
+        # prefix's PEAKMEM_TRANSFORMERS_RELEASE) refused before the job ran: was internal (70)
+        return _bad_input(exc, request["mode"])
+
+
+def _bad_input(error: Exception, mode: str) -> Any:
+    """The result of a job refused before it ran: one line naming the input, exit 2."""
+    from peakmem.capture.runner import CaptureResult
+
+    return CaptureResult(
+        trace=_empty_trace(), steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode,
+        error=error, error_text=str(error), exit_code=1, reason="bad_input",
+    )
 
 
 def mark_os_exit(result: Any, code: Any) -> None:
@@ -159,23 +174,60 @@ def _missing_module(spec: Any) -> str | None:
     return None if found is not None else f"no module named {top!r} (python -m {spec.module})"
 
 
-SHADOW_CHECKED = ("torch",)
-"""Packages peakmem has imported before the job starts: a module of the same name in the job's
-own sys.path[0] is what `python train.py` would import instead, but the job here would get
-peakmem's copy and be estimated as a run that cannot happen."""
+SHADOW_CHECKED = (
+    "torch", "torchgen", "numpy", "typing_extensions", "sympy", "mpmath", "filelock", "fsspec",
+    "jinja2", "markupsafe", "networkx",
+)
+"""Frameworks peakmem (or torch's import) has loaded before the job starts: a module of the same
+name in the job's own sys.path[0] is what `python train.py` would import instead, but the job
+here would get peakmem's copy and be estimated as a run that cannot happen. The standard
+library's modules are checked the same way (`shadow_candidates`); peakmem's own dependencies
+(click, ...) are not: a plain run imports those only where the job does."""
+
+
+def shadow_candidates() -> list[str]:
+    """Top-level modules loaded in this process now that `python train.py` would look for on its
+    sys.path at run time: the frameworks (SHADOW_CHECKED) and the standard library's modules,
+    less those the interpreter had loaded at its start (peakmem.startup_modules: a plain run has
+    them before the script's directory joins sys.path) and the built-in and frozen ones (found
+    before any path entry)."""
+    from peakmem.startup_modules import MODULES
+    from peakmem.torch_import_modules import recorded
+
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    # where the child recorded them, only the modules loaded by torch's import count: those
+    # that peakmem's own modules load (cProfile, statistics, secrets, tomllib, ...) a plain run
+    # never looks for unless the job imports them itself
+    after_torch = recorded()
+    names = []
+    for name, module in list(sys.modules.items()):
+        if "." in name or name in MODULES or name.startswith("_") or module is None:
+            continue
+        if after_torch is not None and name not in after_torch:
+            continue
+        if name not in SHADOW_CHECKED and name not in stdlib:
+            continue
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        if name in sys.builtin_module_names or origin in {"built-in", "frozen"}:
+            continue
+        names.append(name)
+    return sorted(names)
 
 
 def shadowed_frameworks(spec: Any) -> str | None:
     """A one-line reason when the job's sys.path[0] (the script's directory, or the cwd for
-    `-m`) holds a module that shadows one of SHADOW_CHECKED (a local torch.py or torch/)."""
+    `-m`) holds a module that shadows one peakmem has loaded (`shadow_candidates`: a local
+    torch.py or torch/, a local dataclasses.py, ...)."""
     import importlib.machinery
 
+    if sys.flags.safe_path:  # python -P / PYTHONSAFEPATH: no script directory on sys.path
+        return None
     if spec.script is not None:
         script = os.path.abspath(spec.script)
         first = os.path.dirname(script) if os.path.isfile(script) else script
     else:
         first = os.getcwd()
-    for name in SHADOW_CHECKED:
+    for name in shadow_candidates():
         loaded = sys.modules.get(name)
         try:
             local = importlib.machinery.PathFinder.find_spec(name, [first])
@@ -187,8 +239,9 @@ def shadowed_frameworks(spec: Any) -> str | None:
         # (a plain `torch/` folder), which python passes over for the installed package
         if where is None or _same_file(where, getattr(loaded, "__file__", None)):
             continue
-        return (f"{where} shadows the installed {name}: `python` would import it instead of "
-                f"{name} for this job (rename it)")
+        what = "the installed" if name in SHADOW_CHECKED else "the standard library's"
+        return (f"{where} shadows {what} {name}: `python` would import it instead of {name} "
+                f"for this job wherever the job or torch imports {name} (rename it)")
     return None
 
 

@@ -43,7 +43,10 @@ def parse_release(text: str) -> tuple[int, ...]:
     """`5.17.0` -> (5, 17, 0); a suffix after the numbers (`5.17.0.dev0`, `5.17.0rc1`) is
     dropped. Text that does not start with a number raises InputError (a ValueError) naming
     the variable."""
-    parts = leading_numbers(text)
+    try:  # 5000 digits: int() refuses more than sys.get_int_max_str_digits()
+        parts = leading_numbers(text) if len(text) <= 64 else ()
+    except ValueError:
+        parts = ()
     if not parts:
         from peakmem.inputs import InputError, one_line
 

@@ -111,6 +111,17 @@ class ContractUsage(click.Command):
         except click.ClickException as exc:
             report_error("bad_input", exc.format_message(), EXIT_BAD_INPUT, as_json)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """A usage error the command's own checks raise (`measure --out train.py`) as one
+        line too: click printed it as three (usage, hint, `Error: ...`) with no JSON object."""
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.Exit:
+            raise
+        except click.ClickException as exc:
+            report_error("bad_input", exc.format_message(), EXIT_BAD_INPUT,
+                         bool(ctx.params.get("as_json")))
+
 
 class ContractCommand(ContractUsage):
     """A click command whose every failure follows the contract (exit 2 / 70, one line, one

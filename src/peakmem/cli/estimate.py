@@ -310,6 +310,11 @@ def _estimate(
         if clobbered:
             report(EstimateError(f"{flag} {output} would overwrite {clobbered}", exit_code=2,
                                  reason="bad_input"), as_json)
+    from peakmem.cli.output_paths import shared_output
+
+    shared = shared_output({"--job-log": job_log, "--snapshot": snapshot, "--timeline": timeline})
+    if shared:
+        report(EstimateError(shared, exit_code=2, reason="bad_input"), as_json)
 
     from peakmem.jobs.sandbox import SandboxUnavailable, sandbox_for_cli
 

@@ -3,7 +3,9 @@ so `peakmem replay` never pays for importing the capture machinery."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
 
 import click
 
@@ -22,6 +24,17 @@ COMMANDS: dict[str, str] = {
     "simulate": "peakmem.cli.simulate:simulate_trace",
     "warm": "peakmem.cli.warm:warm",
 }
+
+
+def tolerant_output() -> None:
+    """Characters stdout or stderr cannot encode (`PYTHONIOENCODING=ascii`, a C locale: the
+    table's `…`, a job's non-ASCII id) are written escaped: printing one raised
+    UnicodeEncodeError, exit 70 after the estimate had succeeded."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            with contextlib.suppress(ValueError, OSError, AttributeError):
+                reconfigure(errors="backslashreplace")
 
 
 class LazyGroup(click.Group):
@@ -52,6 +65,7 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         """An unexpected exception is peakmem's bug: "peakmem internal error: ..." with
         peakmem's frames on stderr, exit 70 (the contract's `internal`)."""
+        tolerant_output()
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort,

@@ -113,6 +113,11 @@ def measure(
         clobbered = clobbered_input(os.path.abspath(output), command) if output else None
         if clobbered:
             raise click.UsageError(f"{flag} {output} would overwrite {clobbered}")
+    from peakmem.cli.output_paths import shared_output
+
+    shared = shared_output({"--out": out, "--snapshot": snapshot})
+    if shared:
+        raise click.UsageError(shared)
     if launch is not None:
         os.environ.update(launch.env)  # this process is the job's: set before CUDA starts
     options = MeasureOptions(

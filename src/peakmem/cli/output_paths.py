@@ -2,7 +2,10 @@
 the job's own inputs: the job's script, a file its command names, or any Python source file.
 
 `--job-log train.py` truncated the script before the job ran (the empty job then "fit" with a
-0-byte peak); `--snapshot train.py` wrote a pickle over it after the estimate."""
+0-byte peak); `--snapshot train.py` wrote a pickle over it after the estimate.
+
+Two output flags naming one file (`--job-log x --snapshot x`, `measure --out x --snapshot x`):
+the later write replaced the earlier one and the command said it had written both."""
 
 from __future__ import annotations
 
@@ -22,4 +25,24 @@ def clobbered_input(output: str, command: tuple[str, ...] | list[str]) -> str | 
                 return f"a file the job's command names ({word})"
         except (OSError, ValueError):
             continue
+    return None
+
+
+def shared_output(outputs: dict[str, str | None]) -> str | None:
+    """Why two of `outputs` (flag -> path, None where not given) cannot both be written: they
+    name one file (the same path, or two links to one file). None when they are all apart."""
+    seen: dict[str, str] = {}
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            return f"{seen[key]} and {flag} name the same file ({path}): give each its own"
+        for other_key, other_flag in seen.items():
+            try:
+                if os.path.samefile(other_key, key):
+                    return f"{other_flag} and {flag} name the same file ({path}): give each its own"
+            except (OSError, ValueError):
+                continue
+        seen[key] = flag
     return None

@@ -153,6 +153,9 @@ def cold_child_argv(request_path: str) -> list[str]:
 def warm_up(preload: Sequence[str]) -> list[str]:
     """Import what a cold job process imports, then the `preload` modules; the errors of those
     that could not be imported (one line each)."""
+    from peakmem.torch_import_modules import record
+
+    record()  # as a cold child does, before the capture's modules (the shadowing check)
     for name in CAPTURE_MODULES:
         importlib.import_module(name)
     from peakmem.capture import vision_ops
