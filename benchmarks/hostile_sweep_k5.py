@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -483,22 +484,26 @@ def run_case(case: Case, materialise=None, check=None) -> dict:
             "stdout_bytes": len(stdout)}
 
 
-def main() -> int:
+def main(all_cases: Callable[[], list[Case]] | None = None,
+         run: Callable[[Case], dict] | None = None) -> int:
+    """The sweep's command line over `all_cases()` (this sweep's own by default), each case run
+    by `run` (`run_case`); hostile_sweep_k6.py passes its own."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    selected = [c for c in cases() if args.only in c.name or args.only in c.surface]
+    selected = [c for c in (all_cases or cases)()
+                if args.only in c.name or args.only in c.surface]
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(run_case, selected))
+        rows = list(pool.map(run or run_case, selected))
     if args.json:
         print(json.dumps(rows, indent=1))
     print("| surface | case | exit | stderr lines | traceback | s | verdict |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         verdict = "ok" if not r["problems"] else "FAIL: " + "; ".join(r["problems"]) + " -- " + r["last"]
-        name = r["name"].replace("|", "\\|")
+        name = r["name"].replace("|", "\\|").replace("\n", "\\n")
         print(f"| {r['surface']} | {name} | {r['exit']} | {r['lines']} | {r['traceback']} | {r['seconds']} | {verdict} |")
     failures = sum(1 for r in rows if r["problems"])
     print(f"\n{len(rows)} cases, {failures} failures")

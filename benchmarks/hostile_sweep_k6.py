@@ -10,17 +10,16 @@ Extra checks of this sweep: `outside` (a file the case names must not exist afte
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hostile_sweep_k5 import TRAIN, Case, _materialise, _script, run_case  # noqa: E402
+from hostile_sweep_k5 import main as k5_main  # noqa: E402
 
 TRACE = '{"format": "peakmem-trace", "version": 1, "meta": {}, "tags": []}\n'
 
@@ -311,25 +310,7 @@ def run_one(case: Case) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--only", default="")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    selected = [c for c in cases() if args.only in c.name or args.only in c.surface]
-    with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(run_one, selected))
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    print("| surface | case | exit | stderr lines | traceback | s | verdict |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        verdict = "ok" if not r["problems"] else "FAIL: " + "; ".join(r["problems"]) + " -- " + r["last"]
-        name = r["name"].replace("|", "\\|").replace("\n", "\\n")
-        print(f"| {r['surface']} | {name} | {r['exit']} | {r['lines']} | {r['traceback']} | {r['seconds']} | {verdict} |")
-    failures = sum(1 for r in rows if r["problems"])
-    print(f"\n{len(rows)} cases, {failures} failures")
-    return 0
+    return k5_main(cases, run_one)  # k5's command line, table and count over these cases
 
 
 if __name__ == "__main__":

@@ -140,3 +140,20 @@ def write_llama_checkpoint(out: Path) -> Path:
     run_script_here("make_llama_checkpoint.py", str(out))
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     return out
+
+
+def write_mnist(raw: Path, train: int, test: int) -> None:
+    """torchvision's (Fashion)MNIST raw idx files (big-endian magic, counts, sizes, then uint8
+    pixels or labels, seeded random): with them in <root>/<Name>/raw, `download=True` downloads
+    nothing."""
+    import random
+    import struct
+
+    rng = random.Random(0)
+    raw.mkdir(parents=True)
+    for prefix, count in (("train", train), ("t10k", test)):
+        pixels = bytes(rng.randrange(256) for _ in range(count * 28 * 28))
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
+            struct.pack(">IIII", 2051, count, 28, 28) + pixels)
+        labels = bytes(rng.randrange(10) for _ in range(count))
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, count) + labels)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate, estimate_here
+from tests.library_jobs.harness import estimate, estimate_here, write_mnist
 from tests.library_jobs.test_library_jobs import MiB, assert_training, needs
 
 KNOWN_VALUES = importlib.util.find_spec("peakmem.capture.known_values") is not None
@@ -347,19 +347,6 @@ def test_run_mae_vit_mae_pretraining_with_frozen_position_tables(tmp_path):
 
 
 # fastai nbs/examples/migrating_fastai.py: torchvision MNIST loaders in a fastai Learner ---------
-
-def write_mnist(raw: Path, train: int, test: int) -> None:
-    """torchvision's MNIST raw idx files (big-endian magic, counts, sizes, then uint8 pixels or
-    labels): with them in <root>/MNIST/raw, `MNIST(root, download=True)` downloads nothing."""
-    import struct
-
-    rng = random.Random(0)
-    raw.mkdir(parents=True)
-    for prefix, count in (("train", train), ("t10k", test)):
-        pixels = bytes(rng.randrange(256) for _ in range(count * 28 * 28))
-        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, count, 28, 28) + pixels)
-        labels = bytes(rng.randrange(10) for _ in range(count))
-        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, count) + labels)
 
 
 @needs("fastai", "torchvision")

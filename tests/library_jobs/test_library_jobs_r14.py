@@ -46,13 +46,12 @@ run unmodified through the capture; device bytes worked out by hand (not read fr
 from __future__ import annotations
 
 import random
-import struct
 from pathlib import Path
 
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate_here
+from tests.library_jobs.harness import JobEstimate, estimate_here, write_mnist
 from tests.library_jobs.test_library_jobs import WORKSPACE_SLACK, assert_training, needs
 
 pytestmark = pytest.mark.slow
@@ -62,17 +61,6 @@ MiB = 2**20
 def _notes(est: JobEstimate) -> str:
     return "\n".join(est.data.get("notes", []))
 
-
-def _write_mnist(raw: Path, train: int, test: int) -> None:
-    """torchvision's (Fashion)MNIST raw idx files: with them in <root>/<Name>/raw,
-    `download=True` downloads nothing."""
-    rng = random.Random(0)
-    raw.mkdir(parents=True)
-    for prefix, count in (("train", train), ("t10k", test)):
-        pixels = bytes(rng.randrange(256) for _ in range(count * 28 * 28))
-        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, count, 28, 28) + pixels)
-        labels = bytes(rng.randrange(10) for _ in range(count))
-        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, count) + labels)
 
 
 def _torchvision():
@@ -159,7 +147,7 @@ def _gan_shapes() -> tuple[list, list]:
 @needs("lightning", "torchvision", "tensorboard")
 def test_lightning_gan_manual_optimization_two_adams(tmp_path):
     # MNISTDataModule's default validation split is 5000 images: 5200 leave 6 training batches
-    _write_mnist(tmp_path / "data" / "MNIST" / "raw", train=5200, test=64)
+    write_mnist(tmp_path / "data" / "MNIST" / "raw", train=5200, test=64)
     est = estimate_here("r14_lightning_gan.py", cwd=tmp_path, flags=("--gpu", "h100-80gb"),
                         timeout=300)
     generator, discriminator = _gan_shapes()
@@ -182,7 +170,7 @@ def _stn_shapes() -> list:
 
 @needs("torchvision", "matplotlib")
 def test_spatial_transformer_grid_sample_training(tmp_path, monkeypatch):
-    _write_mnist(tmp_path / "MNIST" / "raw", train=640, test=128)
+    write_mnist(tmp_path / "MNIST" / "raw", train=640, test=128)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     est = estimate_here("r14_spatial_transformer_tutorial.py", cwd=tmp_path,
                         flags=("--gpu", "h100-80gb"), timeout=300)
@@ -249,7 +237,7 @@ def test_dqn_cartpole_amsgrad_and_target_net(tmp_path, monkeypatch):
 
 @needs("torchvision")
 def test_quickstart_reload_while_optimizer_holds_old_model(tmp_path):
-    _write_mnist(tmp_path / "data" / "FashionMNIST" / "raw", train=640, test=320)
+    write_mnist(tmp_path / "data" / "FashionMNIST" / "raw", train=640, test=320)
     est = estimate_here("r14_quickstart_tutorial.py", cwd=tmp_path,
                         flags=("--gpu", "h100-80gb"), timeout=300)
     assert est.returncode == 0, est.failure()
@@ -268,7 +256,7 @@ def test_quickstart_reload_while_optimizer_holds_old_model(tmp_path):
 
 @needs("torchvision", "tensorboard")
 def test_trainingyt_cpu_only_job_is_said_so(tmp_path):
-    _write_mnist(tmp_path / "data" / "FashionMNIST" / "raw", train=40, test=20)
+    write_mnist(tmp_path / "data" / "FashionMNIST" / "raw", train=40, test=20)
     est = estimate_here("r14_introyt_trainingyt.py", cwd=tmp_path, flags=("--gpu", "h100-80gb"),
                         timeout=300)
     assert est.returncode == 0, est.failure()
