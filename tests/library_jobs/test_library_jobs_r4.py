@@ -53,6 +53,11 @@ def _notes(est) -> str:
 def mrpc_dir(tmp_path) -> Path:
     """A working directory with `bert-base-cased` (tiny BERT + word-level tokenizer) and
     `glue` (MRPC's columns: sentence1, sentence2, label, idx; 40 train, 12 validation rows)."""
+    return write_mrpc_dir(tmp_path)
+
+
+def write_mrpc_dir(tmp_path: Path) -> Path:
+    """`mrpc_dir`'s files under `tmp_path`."""
     write_checkpoint(tmp_path / "bert-base-cased", TINY_BERT_CONFIG)
     (tmp_path / "glue" / "mrpc").mkdir(parents=True)
     (tmp_path / "glue" / "README.md").write_text(MRPC_README)

@@ -121,7 +121,9 @@ class PhaseTracker:
         self.weight_copies = WeightCopies(session)
         self._stack = ExitStack()
         self._param_owner: dict[int, str] = {}
-        self._optimizers: dict[int, Any] = {}
+        # ids of the optimizers that stepped (never the optimizers: a job that makes a new one
+        # per fold / run frees the old one with its state, and so must the capture)
+        self._optimizers: set[int] = set()
         self._steps_by_optimizer: dict[int, int] = {}
         self._updated_storages: set[int] = set()  # parameters with a gradient after a backward
         self._watched: list[tuple[weakref.ref, int]] = []  # those parameters, their storages
@@ -315,7 +317,7 @@ class PhaseTracker:
                 return
 
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._optimizers[id(optimizer)] = optimizer
+        self._optimizers.add(id(optimizer))
         self._await_update = False
         for group in optimizer.param_groups:
             for param in group["params"]:

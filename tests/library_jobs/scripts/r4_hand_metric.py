@@ -20,7 +20,9 @@ class Accuracy:
         self.correct += int((predictions == references).sum())
         self.total += len(references)
 
-    def compute(self):
+    def compute(self, predictions=None, references=None):
+        if predictions is not None:  # evaluate's one-shot form: these batches alone
+            self.add_batch(predictions=predictions, references=references)
         accuracy = self.correct / max(self.total, 1)
         self.correct = self.total = 0
         return {"accuracy": accuracy}

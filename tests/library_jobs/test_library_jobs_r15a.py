@@ -1,0 +1,86 @@
+"""Round 15a: huggingface/accelerate's by_feature examples (scripts/r15a_*.py), re-created from
+their own source and run unmodified through the real CLI (`python -m peakmem estimate --json
+--gpu h100-80gb -- python SCRIPT ARGS`), in a directory holding a tiny `bert-base-cased` and a
+local `glue` dataset whose `mrpc` configuration is two CSV files (test_library_jobs_r4.py's
+`mrpc_dir`); `evaluate.load("glue", "mrpc")` is answered by r4_hand_metric.py. Parameter and
+optimizer bytes are worked out by hand from the tiny BERT's config (expected.py):
+
+- examples/by_feature/local_sgd.py (scripts/r15a_accelerate_local_sgd.py): `LocalSGD` around
+  each epoch, `Accelerator(gradient_accumulation_steps=2)` with `accelerator.accumulate(model)`.
+- examples/by_feature/early_stopping.py (scripts/r15a_accelerate_early_stopping.py): a callback
+  fed `loss.item()` each step, `accelerator.set_trigger()` / `check_trigger()`.
+- examples/by_feature/cross_validation.py (scripts/r15a_accelerate_cross_validation.py): three
+  StratifiedKFold folds, each a new model and AdamW, `accelerator.free_memory()` after each. The
+  capture kept every optimizer that had stepped (capture/phases.py), so the last fold's peak held
+  all three folds' weights and moments (tests/capture/test_stepped_optimizer_is_freed.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import JobEstimate, estimate
+from tests.library_jobs.test_library_jobs import assert_training, needs
+from tests.library_jobs.test_library_jobs_r4 import BERT_MRPC_SHAPES, write_mrpc_dir
+
+pytestmark = [pytest.mark.slow, needs("transformers", "accelerate", "datasets")]
+
+PARAMS = ex.device_bytes(BERT_MRPC_SHAPES, ex.FP32)
+"""The tiny BertForSequenceClassification's fp32 weights on the device."""
+
+
+def _notes(est: JobEstimate) -> str:
+    return "\n".join(est.data["notes"])
+
+
+def _run(workdir: Path, script: str, *args: str) -> JobEstimate:
+    return estimate("r4_hand_metric.py", script, *args, cwd=workdir, flags=("--gpu", "h100-80gb"),
+                    timeout=300)
+
+
+def test_local_sgd_with_gradient_accumulation(tmp_path):
+    est = _run(write_mrpc_dir(tmp_path), "r15a_accelerate_local_sgd.py",
+               "--gradient_accumulation_steps", "2", "--local_sgd_steps", "2")
+    # plain AdamW (not capturable): two moments per parameter, its `step` counters on the host
+    assert_training(est, params=PARAMS, optimizer_state=2 * PARAMS)
+    # accumulation: the second micro-batch's forward and backward run with the first one's
+    # gradients held, so the peak holds every parameter's gradient
+    assert est.breakdown["gradient"] == PARAMS
+    # 40 rows in batches of 16: three epochs of training, each with its evaluation
+    assert est.data["phases_ran"] == ["training", "eval"] * 3
+    assert [line for line in est.stderr.splitlines() if line.startswith("epoch ")] == [
+        f"epoch {epoch}: {{'accuracy': 0.0}}" for epoch in range(3)]
+    assert "training loop ended early" in _notes(est)
+
+
+def test_local_sgd_without_accumulation_frees_gradients_each_step(tmp_path):
+    est = _run(write_mrpc_dir(tmp_path), "r15a_accelerate_local_sgd.py")
+    assert_training(est, params=PARAMS, optimizer_state=2 * PARAMS)
+    # `optimizer.zero_grad()` (set_to_none) after every step: the peak, in a backward, holds the
+    # gradients made so far only
+    assert 0 < est.breakdown["gradient"] < PARAMS
+
+
+def test_early_stopping_trigger_read_each_step(tmp_path):
+    est = _run(write_mrpc_dir(tmp_path), "r15a_accelerate_early_stopping.py")
+    assert_training(est, params=PARAMS, optimizer_state=2 * PARAMS)
+    # `loss.item()` reads zero on fake tensors: the callback never fires (a zero loss is never
+    # worse than the lowest), `check_trigger()` all-reduces its flag and every epoch runs
+    assert est.data["phases_ran"] == ["training", "eval"] * 3
+    assert "host read(s) of device values" in "\n".join(est.data["assumptions"])
+    assert est.stderr.count("epoch 2:") == 1
+
+
+def test_cross_validation_frees_each_folds_model_and_optimizer(tmp_path):
+    est = _run(write_mrpc_dir(tmp_path), "r15a_accelerate_cross_validation.py")
+    # one fold's model and AdamW moments at the peak: each earlier fold's were freed (the
+    # capture held them before: three models' weights and moments)
+    assert_training(est, params=PARAMS, optimizer_state=2 * PARAMS)
+    # three folds of three epochs, each epoch evaluated; the test-set predictions of all folds
+    # averaged and scored once at the end
+    assert est.data["phases_ran"].count("training") == 9
+    assert est.stderr.count("epoch 2:") == 3
+    assert "Average test metrics from all folds:" in est.stderr
