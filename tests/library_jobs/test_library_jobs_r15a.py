@@ -9,6 +9,9 @@ optimizer bytes are worked out by hand from the tiny BERT's config (expected.py)
   each epoch, `Accelerator(gradient_accumulation_steps=2)` with `accelerator.accumulate(model)`.
 - examples/by_feature/early_stopping.py (scripts/r15a_accelerate_early_stopping.py): a callback
   fed `loss.item()` each step, `accelerator.set_trigger()` / `check_trigger()`.
+- examples/by_feature/profiler.py (scripts/r15a_accelerate_profiler.py): each epoch's loop in
+  `accelerator.profile()` (ProfileKwargs: profile_memory, record_shapes, a trace directory), the
+  profile's table printed after it.
 - examples/by_feature/cross_validation.py (scripts/r15a_accelerate_cross_validation.py): three
   StratifiedKFold folds, each a new model and AdamW, `accelerator.free_memory()` after each. The
   capture kept every optimizer that had stepped (capture/phases.py), so the last fold's peak held
@@ -84,3 +87,14 @@ def test_cross_validation_frees_each_folds_model_and_optimizer(tmp_path):
     assert est.data["phases_ran"].count("training") == 9
     assert est.stderr.count("epoch 2:") == 3
     assert "Average test metrics from all folds:" in est.stderr
+
+
+def test_profiler_each_epoch_in_accelerator_profile(tmp_path):
+    est = _run(write_mrpc_dir(tmp_path), "r15a_accelerate_profiler.py", "--profile_memory",
+               "--record_shapes", "--output_trace_dir", "traces")
+    assert_training(est, params=PARAMS, optimizer_state=2 * PARAMS)
+    # three profiled epochs: a key_averages table printed after each, the chrome trace written
+    # where the script said (one file a process, rewritten each epoch)
+    assert est.stderr.count("Self CPU %") == 3
+    assert est.data["phases_ran"] == ["training", "eval"] * 3
+    assert [path.name for path in (tmp_path / "traces").iterdir()] == ["profile_0.json"]
