@@ -12,6 +12,10 @@ optimizer bytes are worked out by hand from the tiny BERT's config (expected.py)
 - examples/by_feature/profiler.py (scripts/r15a_accelerate_profiler.py): each epoch's loop in
   `accelerator.profile()` (ProfileKwargs: profile_memory, record_shapes, a trace directory), the
   profile's table printed after it.
+- examples/by_feature/gradient_accumulation_for_autoregressive_models.py (scripts/
+  r15a_accelerate_grad_accum_autoregressive.py): a causal LM, `iter(train_dataloader)` read by
+  `next()` a whole update step's batches at a time, `num_items_in_batch` gathered and read by
+  `.item()`, `clip_grad_norm_`.
 - examples/by_feature/cross_validation.py (scripts/r15a_accelerate_cross_validation.py): three
   StratifiedKFold folds, each a new model and AdamW, `accelerator.free_memory()` after each. The
   capture kept every optimizer that had stepped (capture/phases.py), so the last fold's peak held
@@ -27,6 +31,7 @@ import pytest
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import JobEstimate, estimate
 from tests.library_jobs.test_library_jobs import assert_training, needs
+from tests.library_jobs.test_library_jobs_hf import TINY_GPT2_CONFIG, sentences, write_checkpoint
 from tests.library_jobs.test_library_jobs_r4 import BERT_MRPC_SHAPES, write_mrpc_dir
 
 pytestmark = [pytest.mark.slow, needs("transformers", "accelerate", "datasets")]
@@ -98,3 +103,52 @@ def test_profiler_each_epoch_in_accelerator_profile(tmp_path):
     assert est.stderr.count("Self CPU %") == 3
     assert est.data["phases_ran"] == ["training", "eval"] * 3
     assert [path.name for path in (tmp_path / "traces").iterdir()] == ["profile_0.json"]
+
+
+WIKITEXT_README = """---
+configs:
+- config_name: wikitext-2-v1
+  data_files:
+  - split: train
+    path: wikitext-2-v1/train.jsonl
+  - split: validation
+    path: wikitext-2-v1/validation.jsonl
+---
+"""
+"""A local `Salesforce/wikitext` dataset directory whose `wikitext-2-v1` configuration is two
+JSON-lines files of one `text` column."""
+
+
+def write_wikitext_dir(workdir: Path) -> Path:
+    """`HuggingFaceTB/SmolLM-360M` (the tiny GPT-2 and the word-level tokenizer) and
+    `Salesforce/wikitext` (wikitext-2-v1: 500 training rows, every third one empty as in
+    wikitext, and 8 validation rows) under `workdir`."""
+    import json
+
+    write_checkpoint(workdir / "HuggingFaceTB" / "SmolLM-360M", TINY_GPT2_CONFIG)
+    root = workdir / "Salesforce" / "wikitext"
+    (root / "wikitext-2-v1").mkdir(parents=True)
+    (root / "README.md").write_text(WIKITEXT_README)
+    for split, n in (("train", 500), ("validation", 8)):
+        texts = ["" if i % 3 == 0 else text for i, text in enumerate(sentences(n, seed=7))]
+        (root / "wikitext-2-v1" / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"text": text}) + "\n" for text in texts))
+    return workdir
+
+
+def test_grad_accumulation_autoregressive_preloaded_batches(tmp_path):
+    est = _run(write_wikitext_dir(tmp_path), "r15a_accelerate_grad_accum_autoregressive.py",
+               "--gradient_accumulation_steps", "4")
+    params = ex.device_bytes(ex.gpt2_shapes(**ex.TINY_GPT2), ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    # four micro-batches' backwards into the same gradients before each step: the peak holds all
+    # of them
+    assert est.breakdown["gradient"] == params
+    # 500 rows, a third empty and filtered out: 333 in batches of 2 (167 a DataLoader epoch);
+    # the capture shortened each epoch to 4 batches, one update step's worth, and every epoch's
+    # evaluation ran after it
+    assert "DataLoader epoch of 167 batches" in _notes(est)
+    assert est.data["phases_ran"] == ["training", "eval"] * 3
+    for epoch in range(3):
+        assert f"epoch {epoch} - update step 0::" in est.stderr
+        assert f"epoch {epoch}:: eval perplexity" in est.stderr
