@@ -1,0 +1,102 @@
+"""Round 15b: well-known non-Hugging-Face training scripts, re-created in their repositories'
+structure and run unmodified through the capture; device bytes worked out by hand (not read
+from peakmem):
+
+- vwxyzjn/cleanrl cleanrl/sac_continuous_action.py (scripts/r15b_cleanrl_sac_continuous.py):
+  Pendulum-v1, a squashed-Gaussian actor (`Normal.rsample`, registered `action_scale` /
+  `action_bias` buffers), two soft Q networks and their `load_state_dict` targets, three Adams
+  (one over a bare `log_alpha` leaf for entropy autotuning), Polyak updates via `.data.copy_`.
+- vwxyzjn/cleanrl cleanrl/td3_continuous_action.py (scripts/r15b_cleanrl_td3_continuous.py):
+  a deterministic actor with a target actor, exploration noise `torch.normal(0, buffer * c)`,
+  target policy smoothing with `randn_like(..., device=device)`, delayed actor updates, and
+  `--save-model` writing the three state_dicts as one tuple.
+
+Both worked as they are (no capture change).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import JobEstimate, estimate, estimate_here
+from tests.library_jobs.test_library_jobs import assert_training, needs
+
+pytestmark = pytest.mark.slow
+
+PENDULUM = dict(obs_dim=3, act_dim=1)
+"""Pendulum-v1: a 3-float observation, one continuous action in [-2, 2]."""
+
+HIDDEN = 256
+POLYAK_TEMPS = 3 * ex.rounded(HIDDEN * HIDDEN * ex.FP32)
+"""`tau * p.data + (1 - tau) * t.data` on the (256, 256) fc2 weight: both products and their
+sum are live together before `copy_` (nothing else is made after the optimizer step)."""
+
+RL_ARGS = ("--env-id", "Pendulum-v1", "--learning-starts", "100", "--batch-size", "32",
+           "--buffer-size", "200")
+
+
+def _notes(est: JobEstimate) -> str:
+    return "\n".join(est.data.get("notes", []))
+
+
+def q_network_shapes(obs_dim: int, act_dim: int) -> list[ex.Shape]:
+    """cleanrl's (Soft)QNetwork: Linear(obs + act, 256), Linear(256, 256), Linear(256, 1)."""
+    return ex.linear(HIDDEN, obs_dim + act_dim) + ex.linear(HIDDEN, HIDDEN) + ex.linear(1, HIDDEN)
+
+
+def actor_shapes(obs_dim: int, act_dim: int, heads: int) -> list[ex.Shape]:
+    """cleanrl's continuous Actor: Linear(obs, 256), Linear(256, 256) and `heads` heads of
+    Linear(256, act) (SAC: mean and log-std; TD3: mu)."""
+    return (ex.linear(HIDDEN, obs_dim) + ex.linear(HIDDEN, HIDDEN)
+            + heads * ex.linear(act_dim, HIDDEN))
+
+
+# cleanrl sac_continuous_action.py -----------------------------------------------------------------
+
+@needs("gymnasium", "tyro", "tensorboard", "stable_baselines3")
+def test_cleanrl_sac_continuous_two_q_targets_and_log_alpha(tmp_path):
+    actor = ex.device_bytes(actor_shapes(**PENDULUM, heads=2), ex.FP32)
+    q_net = ex.device_bytes(q_network_shapes(**PENDULUM), ex.FP32)
+    log_alpha = ex.BLOCK  # torch.zeros(1, requires_grad=True, device=device): its own Adam
+    trained = actor + 2 * q_net + log_alpha
+    # in this process (cleanrl's child path: the TD3 test below)
+    est = estimate_here("r15b_cleanrl_sac_continuous.py", *RL_ARGS, "--total-timesteps", "120",
+                        flags=("--gpu", "h100-80gb"), cwd=tmp_path)
+    assert_training(est, params=trained, optimizer_state=2 * trained,
+                    extra_lower=2 * q_net + POLYAK_TEMPS)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # the two targets: copies of qf1 / qf2 never trained, moved by the Polyak updates
+    assert est.breakdown["ema"] == 2 * q_net
+    assert est.breakdown["gradient"] == trained
+    assert est.breakdown["buffer"] == 2 * ex.BLOCK  # action_scale and action_bias, (1,) each
+    # the peak is the Polyak update of fc2 after the q step: gradients are still held
+    assert est.breakdown["other"] == POLYAK_TEMPS
+    # global steps 101.. train; the capture's default stop after a few steps (no DataLoader)
+    assert est.data["steps"] >= 3
+    assert "does not iterate a DataLoader" in _notes(est)
+    assert list((tmp_path / "runs").glob("Pendulum-v1__r15b_cleanrl_sac_continuous__1__*/events.*"))
+
+
+# cleanrl td3_continuous_action.py -----------------------------------------------------------------
+
+@needs("gymnasium", "tyro", "tensorboard", "stable_baselines3")
+def test_cleanrl_td3_continuous_target_actor_and_saved_tuple(tmp_path):
+    actor = ex.device_bytes(actor_shapes(**PENDULUM, heads=1), ex.FP32)
+    q_net = ex.device_bytes(q_network_shapes(**PENDULUM), ex.FP32)
+    trained = actor + 2 * q_net
+    est = estimate("r15b_cleanrl_td3_continuous.py", *RL_ARGS, "--total-timesteps", "110",
+                   "--save-model", flags=("--gpu", "h100-80gb", "--steps", "all"), cwd=tmp_path)
+    assert_training(est, params=trained, optimizer_state=2 * trained,
+                    extra_lower=trained + POLYAK_TEMPS)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # targets of the actor and both Q networks (load_state_dict copies, Polyak-updated)
+    assert est.breakdown["ema"] == trained
+    assert est.breakdown["gradient"] == trained
+    assert est.breakdown["buffer"] == 4 * ex.BLOCK  # scale and bias of actor and target_actor
+    assert est.breakdown["other"] == POLYAK_TEMPS
+    # the q optimizer stepped at global steps 101..109; the actor at the even ones
+    assert est.data["steps"] == 9
+    assert "model saved to runs/Pendulum-v1__r15b_cleanrl_td3_continuous__1__" in est.stderr
+    # the state_dict tuple held fake device data: written aside, not as the job's file
+    assert "r15b_cleanrl_td3_continuous.cleanrl_model" in _notes(est)
