@@ -10,6 +10,10 @@ from peakmem):
   a deterministic actor with a target actor, exploration noise `torch.normal(0, buffer * c)`,
   target policy smoothing with `randn_like(..., device=device)`, delayed actor updates, and
   `--save-model` writing the three state_dicts as one tuple.
+- eriklindernoren/PyTorch-GAN implementations/gan/gan.py (scripts/r15b_pytorch_gan_gan.py):
+  run from its own folder with MNIST under "../../data/mnist", `.cuda()` on the models and the
+  loss, the legacy `torch.cuda.FloatTensor` type as a constructor (sizes; a float64 numpy
+  array) and as a cast (`imgs.type(Tensor)`), `Variable`, 200 epochs, `save_image`.
 
 Both worked as they are (no capture change).
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate, estimate_here
+from tests.library_jobs.harness import JobEstimate, estimate, estimate_here, write_mnist
 from tests.library_jobs.test_library_jobs import assert_training, needs
 
 pytestmark = pytest.mark.slow
@@ -100,3 +104,43 @@ def test_cleanrl_td3_continuous_target_actor_and_saved_tuple(tmp_path):
     assert "model saved to runs/Pendulum-v1__r15b_cleanrl_td3_continuous__1__" in est.stderr
     # the state_dict tuple held fake device data: written aside, not as the job's file
     assert "r15b_cleanrl_td3_continuous.cleanrl_model" in _notes(est)
+
+
+# PyTorch-GAN implementations/gan/gan.py -----------------------------------------------------------
+
+def vanilla_gan_shapes(latent: int = 100, pixels: int = 784) -> tuple[list, list, list]:
+    """gan.py's Generator (Linear blocks 128-256-512-1024, BatchNorm1d on all but the first)
+    and Discriminator (784-512-256-1); the BatchNorms' running mean, var and
+    num_batches_tracked (int64, one element)."""
+    generator = (ex.linear(128, latent) + ex.linear(256, 128) + ex.norm(256)
+                 + ex.linear(512, 256) + ex.norm(512) + ex.linear(1024, 512) + ex.norm(1024)
+                 + ex.linear(pixels, 1024))
+    discriminator = ex.linear(512, pixels) + ex.linear(256, 512) + ex.linear(1, 256)
+    buffers = [shape for c in (256, 512, 1024) for shape in ((c,), (c,))]
+    return generator, discriminator, buffers
+
+
+@needs("torchvision")
+def test_pytorch_gan_legacy_cuda_float_tensor_constructors(tmp_path):
+    write_mnist(tmp_path / "data" / "mnist" / "MNIST" / "raw", train=256, test=16)
+    folder = tmp_path / "implementations" / "gan"
+    folder.mkdir(parents=True)
+    generator, discriminator, buffers = vanilla_gan_shapes()
+    params = ex.device_bytes(generator + discriminator, ex.FP32)
+    batch = 64
+    est = estimate_here("r15b_pytorch_gan_gan.py", "--batch_size", str(batch),
+                        "--sample_interval", "2", flags=("--gpu", "h100-80gb"), cwd=folder)
+    # both Adams step each batch: two moments per parameter
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.breakdown["buffer"] == ex.device_bytes(buffers, ex.FP32) + 3 * ex.BLOCK
+    # the batch on the device: `imgs.type(Tensor)` (64 x 1 x 28 x 28 fp32) and z, made by
+    # `Tensor(np.random.normal(0, 1, (64, 100)))` (float64 numpy to a float32 device tensor)
+    assert est.breakdown["input"] == (ex.rounded(batch * 784 * ex.FP32)
+                                      + ex.rounded(batch * 100 * ex.FP32))
+    # 4 batches an epoch: the first epoch whole, then the loop is cut short
+    assert "[Epoch 0/200] [Batch 3/4]" in est.stderr
+    assert "training loop early" in _notes(est)
+    assert est.data["steps"] >= 4
+    # save_image of the fake gen_imgs every 2 batches, into the job's images/
+    assert (folder / "images" / "0.png").exists() and (folder / "images" / "2.png").exists()
