@@ -14,6 +14,9 @@ from peakmem):
   run from its own folder with MNIST under "../../data/mnist", `.cuda()` on the models and the
   loss, the legacy `torch.cuda.FloatTensor` type as a constructor (sizes; a float64 numpy
   array) and as a cast (`imgs.type(Tensor)`), `Variable`, 200 epochs, `save_image`.
+- eriklindernoren/PyTorch-GAN implementations/cgan/cgan.py (scripts/r15b_pytorch_gan_cgan.py):
+  labels through `nn.Embedding`, `torch.cuda.LongTensor` from numpy int64 arrays and as a cast,
+  Dropout, MSELoss, a 10 x 10 sample grid generated with gradients enabled.
 
 Both worked as they are (no capture change).
 """
@@ -144,3 +147,29 @@ def test_pytorch_gan_legacy_cuda_float_tensor_constructors(tmp_path):
     assert est.data["steps"] >= 4
     # save_image of the fake gen_imgs every 2 batches, into the job's images/
     assert (folder / "images" / "0.png").exists() and (folder / "images" / "2.png").exists()
+
+
+@needs("torchvision")
+def test_pytorch_gan_cgan_long_tensor_labels_and_embeddings(tmp_path):
+    write_mnist(tmp_path / "data" / "mnist" / "MNIST" / "raw", train=256, test=16)
+    folder = tmp_path / "implementations" / "cgan"
+    folder.mkdir(parents=True)
+    classes, latent, pixels, batch = 10, 100, 32 * 32, 64
+    embedding = [(classes, classes)]
+    generator, _, buffers = vanilla_gan_shapes(latent=latent + classes, pixels=pixels)
+    discriminator = (ex.linear(512, pixels + classes) + ex.linear(512, 512) + ex.linear(512, 512)
+                     + ex.linear(1, 512))
+    params = ex.device_bytes(embedding + generator + embedding + discriminator, ex.FP32)
+    est = estimate_here("r15b_pytorch_gan_cgan.py", "--batch_size", str(batch),
+                        "--sample_interval", "2", flags=("--gpu", "h100-80gb"), cwd=folder)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.breakdown["buffer"] == ex.device_bytes(buffers, ex.FP32) + 3 * ex.BLOCK
+    # the batch: images (fp32, 32 x 32 after Resize) and labels cast to int64, z and the
+    # generator's labels from numpy (float64 -> float32; int64)
+    assert est.breakdown["input"] == (ex.rounded(batch * pixels * ex.FP32)
+                                      + 2 * ex.rounded(batch * 8)
+                                      + ex.rounded(batch * latent * ex.FP32))
+    assert "[Epoch 0/200] [Batch 3/4]" in est.stderr
+    assert est.data["steps"] >= 4
+    assert (folder / "images" / "0.png").exists()
