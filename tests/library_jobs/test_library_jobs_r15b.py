@@ -17,6 +17,9 @@ from peakmem):
 - eriklindernoren/PyTorch-GAN implementations/cgan/cgan.py (scripts/r15b_pytorch_gan_cgan.py):
   labels through `nn.Embedding`, `torch.cuda.LongTensor` from numpy int64 arrays and as a cast,
   Dropout, MSELoss, a 10 x 10 sample grid generated with gradients enabled.
+- eriklindernoren/PyTorch-GAN implementations/dcgan/dcgan.py (scripts/r15b_pytorch_gan_dcgan.py):
+  `weights_init_normal` by `Module.apply`, Upsample + Conv2d blocks, BatchNorm2d(c, 0.8),
+  strided convs with Dropout2d.
 
 Both worked as they are (no capture change).
 """
@@ -30,6 +33,7 @@ from tests.library_jobs.harness import JobEstimate, estimate, estimate_here, wri
 from tests.library_jobs.test_library_jobs import assert_training, needs
 
 pytestmark = pytest.mark.slow
+MiB = 2**20
 
 PENDULUM = dict(obs_dim=3, act_dim=1)
 """Pendulum-v1: a 3-float observation, one continuous action in [-2, 2]."""
@@ -172,4 +176,33 @@ def test_pytorch_gan_cgan_long_tensor_labels_and_embeddings(tmp_path):
                                       + ex.rounded(batch * latent * ex.FP32))
     assert "[Epoch 0/200] [Batch 3/4]" in est.stderr
     assert est.data["steps"] >= 4
+    assert (folder / "images" / "0.png").exists()
+
+
+@needs("torchvision")
+def test_pytorch_gan_dcgan_upsample_conv_generator(tmp_path):
+    write_mnist(tmp_path / "data" / "mnist" / "MNIST" / "raw", train=256, test=16)
+    folder = tmp_path / "implementations" / "dcgan"
+    folder.mkdir(parents=True)
+    batch = 64
+    generator = (ex.linear(128 * 8 * 8, 100) + ex.norm(128) + ex.conv(128, 128, 3) + ex.norm(128)
+                 + ex.conv(64, 128, 3) + ex.norm(64) + ex.conv(1, 64, 3))
+    discriminator = (ex.conv(16, 1, 3) + ex.conv(32, 16, 3) + ex.norm(32) + ex.conv(64, 32, 3)
+                     + ex.norm(64) + ex.conv(128, 64, 3) + ex.norm(128) + ex.linear(1, 128 * 2 * 2))
+    norms = (128, 128, 64, 32, 64, 128)  # running mean and var (fp32), num_batches_tracked
+    params = ex.device_bytes(generator + discriminator, ex.FP32)
+    est = estimate_here("r15b_pytorch_gan_dcgan.py", "--batch_size", str(batch),
+                        "--sample_interval", "2", flags=("--gpu", "h100-80gb"), cwd=folder)
+    # cuDNN's convolution workspaces come on top of the tiny model's state
+    assert_training(est, params=params, optimizer_state=2 * params,
+                    extra_upper=est.breakdown["workspace"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.breakdown["buffer"] == (ex.device_bytes([(c,) for c in norms for _ in "mv"],
+                                                       ex.FP32) + len(norms) * ex.BLOCK)
+    # the generator's 128 x 32 x 32 upsampled maps of 64 images (32 MiB) are saved for the
+    # backward; all its forward outputs together stay under 128 MiB
+    assert 32 * MiB <= est.breakdown["activation"] <= 128 * MiB
+    assert est.breakdown["input"] == (ex.rounded(batch * 32 * 32 * ex.FP32)
+                                      + ex.rounded(batch * 100 * ex.FP32))
+    assert "[Epoch 0/200] [Batch 3/4]" in est.stderr
     assert (folder / "images" / "0.png").exists()
