@@ -20,6 +20,9 @@ from peakmem):
 - eriklindernoren/PyTorch-GAN implementations/dcgan/dcgan.py (scripts/r15b_pytorch_gan_dcgan.py):
   `weights_init_normal` by `Module.apply`, Upsample + Conv2d blocks, BatchNorm2d(c, 0.8),
   strided convs with Dropout2d.
+- eriklindernoren/PyTorch-GAN implementations/infogan/infogan.py (scripts/
+  r15b_pytorch_gan_infogan.py): a third Adam over `itertools.chain` of both networks, numpy
+  one-hot codes, three discriminator heads, three sample grids generated with gradients on.
 
 Both worked as they are (no capture change).
 """
@@ -179,16 +182,26 @@ def test_pytorch_gan_cgan_long_tensor_labels_and_embeddings(tmp_path):
     assert (folder / "images" / "0.png").exists()
 
 
+def _dcgan_generator(inputs: int) -> list[ex.Shape]:
+    """PyTorch-GAN's DCGAN-style generator at 32 x 32: Linear to 128 x 8 x 8, BatchNorm2d,
+    two Upsample + Conv2d + BatchNorm2d blocks, a Conv2d to one channel."""
+    return (ex.linear(128 * 8 * 8, inputs) + ex.norm(128) + ex.conv(128, 128, 3) + ex.norm(128)
+            + ex.conv(64, 128, 3) + ex.norm(64) + ex.conv(1, 64, 3))
+
+
+def _dcgan_discriminator_body() -> list[ex.Shape]:
+    return (ex.conv(16, 1, 3) + ex.conv(32, 16, 3) + ex.norm(32) + ex.conv(64, 32, 3)
+            + ex.norm(64) + ex.conv(128, 64, 3) + ex.norm(128))
+
+
 @needs("torchvision")
 def test_pytorch_gan_dcgan_upsample_conv_generator(tmp_path):
     write_mnist(tmp_path / "data" / "mnist" / "MNIST" / "raw", train=256, test=16)
     folder = tmp_path / "implementations" / "dcgan"
     folder.mkdir(parents=True)
     batch = 64
-    generator = (ex.linear(128 * 8 * 8, 100) + ex.norm(128) + ex.conv(128, 128, 3) + ex.norm(128)
-                 + ex.conv(64, 128, 3) + ex.norm(64) + ex.conv(1, 64, 3))
-    discriminator = (ex.conv(16, 1, 3) + ex.conv(32, 16, 3) + ex.norm(32) + ex.conv(64, 32, 3)
-                     + ex.norm(64) + ex.conv(128, 64, 3) + ex.norm(128) + ex.linear(1, 128 * 2 * 2))
+    generator = _dcgan_generator(100)
+    discriminator = _dcgan_discriminator_body() + ex.linear(1, 128 * 2 * 2)
     norms = (128, 128, 64, 32, 64, 128)  # running mean and var (fp32), num_batches_tracked
     params = ex.device_bytes(generator + discriminator, ex.FP32)
     est = estimate_here("r15b_pytorch_gan_dcgan.py", "--batch_size", str(batch),
@@ -206,3 +219,33 @@ def test_pytorch_gan_dcgan_upsample_conv_generator(tmp_path):
                                       + ex.rounded(batch * 100 * ex.FP32))
     assert "[Epoch 0/200] [Batch 3/4]" in est.stderr
     assert (folder / "images" / "0.png").exists()
+
+
+@needs("torchvision")
+def test_pytorch_gan_infogan_chained_adam_and_sample_graphs(tmp_path):
+    write_mnist(tmp_path / "data" / "mnist" / "MNIST" / "raw", train=256, test=16)
+    folder = tmp_path / "implementations" / "infogan"
+    folder.mkdir(parents=True)
+    latent, classes, code = 62, 10, 2
+    generator = ex.device_bytes(_dcgan_generator(latent + classes + code), ex.FP32)
+    adv, aux, lat = (ex.device_bytes(ex.linear(n, 512), ex.FP32) for n in (1, classes, code))
+    discriminator = ex.device_bytes(_dcgan_discriminator_body(), ex.FP32) + adv + aux + lat
+    params = generator + discriminator
+    # Adam keeps moments only for parameters that had a gradient when it stepped: optimizer_D
+    # never sees aux / latent heads' gradients (its zero_grad drops the info step's), and
+    # optimizer_info (both networks, chained) never sees adv_layer's
+    optimizer = 2 * generator + 2 * (discriminator - aux - lat) + 2 * (params - adv)
+    est = estimate_here("r15b_pytorch_gan_infogan.py", "--batch_size", "64",
+                        "--sample_interval", "2", flags=("--gpu", "h100-80gb"), cwd=folder)
+    assert_training(est, params=params, optimizer_state=optimizer,
+                    extra_upper=est.breakdown["workspace"] + est.breakdown["temporary"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # the info step's zero_grad dropped adv_layer's gradient; its backward never reached it
+    assert est.breakdown["gradient"] == params - adv
+    # the peak is sample_image: three 100-image generator graphs kept (static_sample, sample1,
+    # sample2 are locals; no no_grad), each holding a 128 x 32 x 32 upsampled map per image,
+    # never backpropagated: temporaries; each graph's saved outputs are ~152 MB
+    upsampled = ex.rounded(100 * 128 * 32 * 32 * ex.FP32)
+    assert 3 * upsampled <= est.breakdown["temporary"] <= 3 * 160 * MiB
+    for grid in ("static", "varying_c1", "varying_c2"):
+        assert (folder / "images" / grid / "0.png").exists()
