@@ -10,6 +10,9 @@ from peakmem):
   a deterministic actor with a target actor, exploration noise `torch.normal(0, buffer * c)`,
   target policy smoothing with `randn_like(..., device=device)`, delayed actor updates, and
   `--save-model` writing the three state_dicts as one tuple.
+- vwxyzjn/cleanrl cleanrl/c51.py (scripts/r15b_cleanrl_c51.py): a categorical DQN on
+  CartPole-v1, a `torch.linspace` atoms buffer, `pmfs[torch.arange(n), action]`, the target
+  projected by a per-row `index_add_` loop, `--save-model` of a dict with `vars(args)`.
 - eriklindernoren/PyTorch-GAN implementations/gan/gan.py (scripts/r15b_pytorch_gan_gan.py):
   run from its own folder with MNIST under "../../data/mnist", `.cuda()` on the models and the
   loss, the legacy `torch.cuda.FloatTensor` type as a constructor (sizes; a float64 numpy
@@ -115,6 +118,28 @@ def test_cleanrl_td3_continuous_target_actor_and_saved_tuple(tmp_path):
     # the state_dict tuple held fake device data: written aside, not as the job's file
     assert "r15b_cleanrl_td3_continuous.cleanrl_model" in _notes(est)
 
+
+# cleanrl c51.py -----------------------------------------------------------------------------------
+
+@needs("gymnasium", "tyro", "tensorboard", "stable_baselines3")
+def test_cleanrl_c51_projection_loop_and_saved_dict(tmp_path):
+    atoms, actions = 101, 2  # CartPole-v1: 4 observations, 2 actions
+    shapes = ex.linear(120, 4) + ex.linear(84, 120) + ex.linear(actions * atoms, 84)
+    q_net = ex.device_bytes(shapes, ex.FP32)
+    est = estimate_here("r15b_cleanrl_c51.py", "--total-timesteps", "200", "--learning-starts",
+                        "100", "--train-frequency", "20", "--target-network-frequency", "50",
+                        "--batch-size", "32", "--buffer-size", "500", "--save-model",
+                        flags=("--gpu", "h100-80gb", "--steps", "all"), cwd=tmp_path)
+    assert_training(est, params=q_net, optimizer_state=2 * q_net, extra_lower=2 * q_net)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 4  # global steps 120, 140, 160 and 180 train
+    assert est.breakdown["ema"] == q_net  # the target network: load_state_dict copies only
+    # the atoms (101 fp32) of both networks
+    assert est.breakdown["buffer"] == 2 * ex.rounded(atoms * ex.FP32)
+    # the peak is Adam's step: foreach Adam's sqrt of the second moments, one per parameter
+    assert est.breakdown["temporary"] == q_net
+    assert "model saved to runs/CartPole-v1__r15b_cleanrl_c51__1__" in est.stderr
+    assert "r15b_cleanrl_c51.cleanrl_model" in _notes(est)
 
 # PyTorch-GAN implementations/gan/gan.py -----------------------------------------------------------
 
