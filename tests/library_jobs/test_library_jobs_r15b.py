@@ -26,6 +26,9 @@ from peakmem):
 - eriklindernoren/PyTorch-GAN implementations/infogan/infogan.py (scripts/
   r15b_pytorch_gan_infogan.py): a third Adam over `itertools.chain` of both networks, numpy
   one-hot codes, three discriminator heads, three sample grids generated with gradients on.
+- eriklindernoren/PyTorch-GAN implementations/sgan/sgan.py (scripts/r15b_pytorch_gan_sgan.py):
+  `LongTensor(batch_size).fill_(num_classes)`, an accuracy through `.data.cpu().numpy()`, and a
+  generator Embedding its forward never uses.
 
 Both worked as they are (no capture change).
 """
@@ -274,3 +277,29 @@ def test_pytorch_gan_infogan_chained_adam_and_sample_graphs(tmp_path):
     assert 3 * upsampled <= est.breakdown["temporary"] <= 3 * 160 * MiB
     for grid in ("static", "varying_c1", "varying_c2"):
         assert (folder / "images" / grid / "0.png").exists()
+
+
+@needs("torchvision")
+def test_pytorch_gan_sgan_unused_embedding_has_no_adam_state(tmp_path):
+    write_mnist(tmp_path / "data" / "mnist" / "MNIST" / "raw", train=256, test=16)
+    folder = tmp_path / "implementations" / "sgan"
+    folder.mkdir(parents=True)
+    classes, latent, batch = 10, 100, 64
+    label_emb = ex.device_bytes([(classes, latent)], ex.FP32)
+    generator = ex.device_bytes(_dcgan_generator(latent), ex.FP32) + label_emb
+    discriminator = ex.device_bytes(_dcgan_discriminator_body() + ex.linear(1, 512)
+                                    + ex.linear(classes + 1, 512), ex.FP32)
+    params = generator + discriminator
+    est = estimate_here("r15b_pytorch_gan_sgan.py", "--batch_size", str(batch),
+                        "--sample_interval", "2", flags=("--gpu", "h100-80gb"), cwd=folder)
+    # label_emb never gets a gradient: Adam keeps no moments for it
+    assert_training(est, params=params, optimizer_state=2 * (params - label_emb),
+                    extra_upper=est.breakdown["workspace"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # the batch: images, their int64 labels and z (fake_aux_gt, (64,) int64, is made on the
+    # device by `LongTensor(64).fill_`, as valid / fake are)
+    assert est.breakdown["input"] == (ex.rounded(batch * 32 * 32 * ex.FP32) + ex.rounded(batch * 8)
+                                      + ex.rounded(batch * latent * ex.FP32))
+    # the accuracy read the device predictions back each batch
+    assert "[Epoch 0/200] [Batch 3/4] [D loss: 0.000000, acc:" in est.stderr
+    assert (folder / "images" / "0.png").exists()
