@@ -29,6 +29,9 @@ from peakmem):
 - eriklindernoren/PyTorch-GAN implementations/sgan/sgan.py (scripts/r15b_pytorch_gan_sgan.py):
   `LongTensor(batch_size).fill_(num_classes)`, an accuracy through `.data.cpu().numpy()`, and a
   generator Embedding its forward never uses.
+- eriklindernoren/PyTorch-GAN implementations/wgan/wgan.py (scripts/r15b_pytorch_gan_wgan.py):
+  RMSprop, the critic's weights clipped by `p.data.clamp_` after each step, the generator
+  trained every `n_critic` batches.
 
 Both worked as they are (no capture change).
 """
@@ -303,3 +306,26 @@ def test_pytorch_gan_sgan_unused_embedding_has_no_adam_state(tmp_path):
     # the accuracy read the device predictions back each batch
     assert "[Epoch 0/200] [Batch 3/4] [D loss: 0.000000, acc:" in est.stderr
     assert (folder / "images" / "0.png").exists()
+
+
+@needs("torchvision")
+def test_pytorch_gan_wgan_rmsprop_and_weight_clipping(tmp_path):
+    write_mnist(tmp_path / "data" / "mnist" / "MNIST" / "raw", train=256, test=16)
+    folder = tmp_path / "implementations" / "wgan"
+    folder.mkdir(parents=True)
+    generator, discriminator, _ = vanilla_gan_shapes()  # the critic: gan.py's, no Sigmoid
+    params = ex.device_bytes(generator + discriminator, ex.FP32)
+    batch = 32
+    est = estimate_here("r15b_pytorch_gan_wgan.py", "--batch_size", str(batch), "--n_critic", "2",
+                        "--sample_interval", "4", flags=("--gpu", "h100-80gb"), cwd=folder)
+    # RMSprop (no momentum, not centered): one square_avg per parameter
+    assert_training(est, params=params, optimizer_state=params)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.breakdown["input"] == (ex.rounded(batch * 784 * ex.FP32)
+                                      + ex.rounded(batch * 100 * ex.FP32))
+    # 8 batches an epoch, shortened by the capture to 3 and the last (len() says 4); the
+    # generator steps at i = 0 and 2 of each: critic steps outnumber the generator's
+    assert "[Epoch 0/200] [Batch 2/4]" in est.stderr
+    assert "[Epoch 0/200] [Batch 1/4]" not in est.stderr
+    assert est.data["steps"] >= 4
+    assert (folder / "images" / "0.png").exists() and (folder / "images" / "4.png").exists()
