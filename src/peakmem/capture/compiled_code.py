@@ -181,8 +181,20 @@ def view_class() -> type:
             __doc__ = eval_frame.OptimizedModule.__doc__
 
             def __call__(self, *args: Any, **kwargs: Any) -> Any:
-                with in_optimized_module():
-                    return torch.nn.Module.__call__(self, *args, **kwargs)
+                # the whole call is timed as compiled code (its hooks too: the capture's own
+                # module hooks on the view are host time a GPU run does not have), the marks
+                # stay around `_orig_mod`'s call (EagerRegion)
+                from peakmem.capture import compiled_timing
+
+                timed = current_session() is not None
+                if timed:
+                    compiled_timing.CLOCK.enter()
+                try:
+                    with in_optimized_module():
+                        return torch.nn.Module.__call__(self, *args, **kwargs)
+                finally:
+                    if timed:
+                        compiled_timing.CLOCK.leave()
 
             def _initialize(self) -> None:
                 self.forward = self.dynamo_ctx(self._orig_mod.__call__)
