@@ -104,8 +104,8 @@ class _NoOpContext:
 
 
 class FakeEvent:
-    """A CUDA event; timing events measure the host's wall clock between records (a job's
-    throughput arithmetic then sees a positive time)."""
+    """A CUDA event; timing events measure the process's CPU time between records (a job's
+    throughput arithmetic then sees a positive time; capture/compiled_timing.py)."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **kwargs: Any) -> None:
         self.enable_timing = enable_timing
@@ -125,7 +125,7 @@ class FakeEvent:
         pass
 
     def elapsed_time(self, end_event: FakeEvent) -> float:
-        """The host's milliseconds between the records, compiled code's time discounted
+        """The process's CPU milliseconds between the records, compiled code's time discounted
         (capture/compiled_timing.py)."""
         now = compiled_timing.reading()
         start = (self.recorded_at, self.compiled_at) if self.recorded_at is not None else now
