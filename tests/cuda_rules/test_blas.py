@@ -82,6 +82,79 @@ def test_deterministic_algorithms_without_cublas_config_raise_as_on_cuda(
     assert result.error is not None
 
 
+def _matmul():
+    a = torch.randn(8, 16, device="cuda")
+    return a @ torch.randn(16, 4, device="cuda")  # aten.mm: a cuBLAS gemm
+
+
+def test_cublas_config_set_after_the_first_matmul_is_not_read(
+        a100, stack24, monkeypatch, deterministic):
+    """ATen reads CUBLAS_WORKSPACE_CONFIG for the determinism check once per process, at the
+    first gemm, with deterministic algorithms on or off (aten/src/ATen/Context.cpp):
+
+        void Context::alertCuBLASConfigNotDeterministic() const {
+          static bool cublas_config_deterministic = checkCuBLASConfigDeterministic();
+          if (C10_LIKELY(!deterministicAlgorithms() || cublas_config_deterministic)) {
+            return;
+          }
+
+    with `checkCuBLASConfigDeterministic` doing `std::getenv(cublas_config_var_name)`. A job that
+    sets the variable after a matmul still fails its next gemm under deterministic algorithms."""
+    import os
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    reached = []
+
+    def job():
+        _matmul()  # the static is set here: unset, not deterministic
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        deterministic()
+        reached.append("deterministic")
+        _matmul()
+        reached.append("second matmul")
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert reached == ["deterministic"]
+    assert result.error is not None and "Deterministic behavior was enabled" in result.error_text
+
+    def job_setting_it_first():  # the same lines with the variable set before any gemm: fine
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        _matmul()
+        deterministic()
+        _matmul()
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    result = capture_callable(job_setting_it_first, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+
+
+def test_cublas_config_unset_after_the_first_matmul_still_counts(
+        a100, stack24, monkeypatch, deterministic):
+    """The reverse (same ATen lines): the variable read at the first gemm was deterministic, so
+    unsetting it later leaves the gemms under deterministic algorithms allowed."""
+    import os
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+
+    def job():
+        _matmul()
+        del os.environ["CUBLAS_WORKSPACE_CONFIG"]
+        deterministic()
+        _matmul()
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+
+    def job_without_it():
+        deterministic()
+        _matmul()
+
+    # the next capture in this process is a new process to the job: the variable is read anew
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    result = capture_callable(job_without_it, gpu=a100, stack=stack24)
+    assert result.error is not None and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in result.error_text
+
+
 def test_deterministic_warn_only_warns_and_runs(a100, stack24, monkeypatch, deterministic):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     with pytest.warns(UserWarning, match="it uses CuBLAS"):

@@ -295,9 +295,9 @@ except RefusedPickle as exc:
 
 
 def test_the_probe_refuses_a_memory_bomb():
-    # in a fresh interpreter: the probe caps the forked child's address space at what it maps
-    # plus the budget, and a long-lived process (an xdist worker after many tests) may hold
-    # enough freed-but-mapped heap for the bomb's dicts to fit under the cap (seen once in CI)
+    # in a fresh interpreter (kept from when the probe forked the caller, whose freed-but-mapped
+    # heap let the bomb fit under the cap in an xdist worker once in CI; the next test covers
+    # a long-lived caller)
     import subprocess
     import sys
 
@@ -305,6 +305,93 @@ def test_the_probe_refuses_a_memory_bomb():
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "needs more than 67108864 bytes of memory" in proc.stdout, proc.stdout
+
+
+PROBE_AFTER_A_FREED_HEAP = """
+import pickle
+import peakmem.trace.safe_pickle as safe
+from peakmem.trace.safe_pickle import RefusedPickle, loads_plain
+safe.memory_budget = lambda size: 64 * 2**20
+
+def mapped():
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[0]) * 4096
+
+before = mapped()
+heap = [bytearray(100_000) for _ in range(5000)]  # 500 MB from glibc's heap (under mmap's threshold)
+pin = bytearray(100_000)  # above them: the heap's top cannot be trimmed
+del heap  # freed, still mapped (no malloc_trim)
+print("freed but mapped", mapped() - before)
+bomb = b"\\x80\\x04](" + b"}" * 3_000_000 + b"e."  # ~200 MB of dicts from 3 MB
+try:
+    loads_plain(bomb)
+    print("bomb accepted")
+except RefusedPickle as exc:
+    print(exc)
+snap = {"device_traces": [[{"action": "alloc", "addr": 512 * i, "size": 512, "stream": 0}
+                           for i in range(3000)]]}
+assert loads_plain(pickle.dumps(snap)) == snap
+print("snapshot accepted")
+"""
+
+
+def test_the_probe_refuses_a_memory_bomb_after_a_freed_heap():
+    # a long-lived process (an xdist worker, a bench worker) maps heap it has freed: a fork of
+    # it reused that heap for the bomb's objects without growing its address space, so the
+    # fork's cap (what the process maps + the budget) let ~200 MB of dicts through a 64 MiB
+    # budget; the fresh-interpreter child's cap does not depend on the caller's history
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", PROBE_AFTER_A_FREED_HEAP], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert int(lines[0].split()[-1]) >= 400 * 10**6, lines  # the heap stayed mapped
+    assert "needs more than 67108864 bytes of memory" in lines[1], lines
+    assert lines[2] == "snapshot accepted", lines
+
+
+PROBE_IN_A_SMALL_THREAD = """
+import threading
+from peakmem.trace.safe_pickle import RefusedPickle, loads_plain, probe_stack_bytes
+
+nested = b"\\x80\\x04}N" + b"\\x85" * 40_000 + b"Ns."  # a dict key nested 40000 tuples deep
+assert len(loads_plain(nested)) == 1  # hashed in the main thread's 8 MiB: fine
+print("main thread accepted")
+
+def small():
+    print("probe stack", probe_stack_bytes())
+    try:
+        loads_plain(nested)  # hashing it here would overflow this thread's 1 MiB
+        print("small thread accepted")
+    except RefusedPickle as exc:
+        print(exc)
+
+threading.stack_size(2**20)
+thread = threading.Thread(target=small)
+thread.start()
+thread.join()
+"""
+
+
+def test_the_probe_has_the_calling_threads_stack():
+    # ~70 bytes of C stack per level of tuple hash: 40000 levels overflow a 1 MiB thread stack
+    # (a segfault of the caller) but not the main thread's 8 MiB; the child gets half of the
+    # caller's stack, so the nesting is refused in the small thread before it can crash it
+    import resource
+    import subprocess
+    import sys
+
+    soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if soft != resource.RLIM_INFINITY and soft < 8 * 2**20:
+        pytest.skip(f"RLIMIT_STACK {soft} < 8 MiB: the main thread would crash too")
+    proc = subprocess.run([sys.executable, "-c", PROBE_IN_A_SMALL_THREAD], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["main thread accepted", f"probe stack {2**19}"], lines
+    assert "crashed the unpickler (signal 11)" in lines[2], lines
 
 
 def test_the_probe_refuses_a_hash_that_would_overflow_the_stack():

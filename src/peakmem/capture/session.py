@@ -86,6 +86,8 @@ class CaptureSession:
     autocast_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """Autocast's weight-cast cache: id(leaf) -> (leaf, cast copy)."""
     _persistent: set[Any] = field(default_factory=set)
+    _once: dict[Any, Any] = field(default_factory=dict)
+    """`read_once`'s values, by key."""
     _scratch_sizes: dict[int, int] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False
@@ -167,6 +169,12 @@ class CaptureSession:
             return False
         self._persistent.add(key)
         return True
+
+    def read_once(self, key: Any, read: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key not in self._once:
+                self._once[key] = read()
+            return self._once[key]
 
     def load_library(self, family: str) -> None:
         if family in self.libraries or self.closed:

@@ -13,7 +13,9 @@ does on a GPU.
 - With `torch.use_deterministic_algorithms(True)` and no deterministic CUBLAS_WORKSPACE_CONFIG
   (":4096:8" or ":16:8"), a cuBLAS gemm raises on CUDA (`warn_only=True`: warns), as
   `Context::alertCuBLASConfigNotDeterministic` does (aten/src/ATen/Context.cpp, called from
-  CUDABlas.cpp's gemm family): `cublas_determinism_check`.
+  CUDABlas.cpp's gemm family): `cublas_determinism_check`. ATen reads the variable for this
+  check once, at the process's first gemm (peakmem reads it for the workspace size at each
+  handle's first use).
 """
 
 from __future__ import annotations
@@ -58,15 +60,30 @@ NOT_DETERMINISTIC = (
 )
 
 
-def cublas_determinism_check() -> None:
-    """What a cuBLAS gemm does first on CUDA >= 10.2 when the job asked for deterministic
-    algorithms: raise RuntimeError (warn with `warn_only=True`) unless CUBLAS_WORKSPACE_CONFIG
-    is one of the deterministic settings. Lightning's `Trainer(deterministic=True)` and HF's
+def cublas_config_deterministic() -> bool:
+    """ATen's `Context::checkCuBLASConfigDeterministic`: CUBLAS_WORKSPACE_CONFIG (`std::getenv`)
+    is one of `DETERMINISTIC_CONFIGS` (CUDA >= 10.2, every stack peakmem has a profile for)."""
+    return os.environ.get("CUBLAS_WORKSPACE_CONFIG") in DETERMINISTIC_CONFIGS
+
+
+def cublas_determinism_check(ctx: RuleContext) -> None:
+    """What a cuBLAS gemm does first, `Context::alertCuBLASConfigNotDeterministic`
+    (aten/src/ATen/Context.cpp, the same in every torch release since the check came):
+
+        static bool cublas_config_deterministic = checkCuBLASConfigDeterministic();
+        if (C10_LIKELY(!deterministicAlgorithms() || cublas_config_deterministic)) {
+          return;
+        }
+
+    The variable is read once per process, at the first gemm, whether or not deterministic
+    algorithms are on then (the static is set before the test): a job that sets or unsets it
+    after its first matmul changes nothing. Later, under `torch.use_deterministic_algorithms(
+    True)` and a value read that was not deterministic, the gemm raises RuntimeError (warns with
+    `warn_only=True`). Lightning's `Trainer(deterministic=True)` and HF's
     `enable_full_determinism` set the variable themselves; a script that calls
     `torch.use_deterministic_algorithms(True)` alone and runs a matmul fails on the GPU."""
-    if not torch.are_deterministic_algorithms_enabled():
-        return
-    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") in DETERMINISTIC_CONFIGS:
+    deterministic_config = ctx.read_once("cublas_config_deterministic", cublas_config_deterministic)
+    if not torch.are_deterministic_algorithms_enabled() or deterministic_config:
         return
     if torch.is_deterministic_algorithms_warn_only_enabled():
         import warnings
@@ -95,7 +112,7 @@ def use_cublas_handle(ctx: RuleContext) -> None:
 )
 def cublas_gemm(ctx: RuleContext, op, args, kwargs, out) -> None:
     use_cublas_handle(ctx)
-    cublas_determinism_check()
+    cublas_determinism_check(ctx)
 
 
 def takes_lt_path(args: tuple, kwargs: dict) -> bool:
@@ -139,7 +156,7 @@ def use_cublaslt_handle(ctx: RuleContext) -> None:
 def addmm(ctx: RuleContext, op, args, kwargs, out) -> None:
     use_cublas_handle(ctx)
     if not takes_lt_path(args, kwargs):
-        cublas_determinism_check()  # a plain gemm (the Lt epilogue path is `gemm_and_bias`)
+        cublas_determinism_check(ctx)  # a plain gemm (the Lt epilogue path is `gemm_and_bias`)
     if takes_lt_path(args, kwargs):
         use_cublaslt_handle(ctx)
         transient = int(ctx.stack.cublaslt_transient.value)

@@ -46,6 +46,10 @@ class RuleContext(Protocol):
     def first_time(self, key: Any) -> bool:
         """True the first time `key` is seen in this capture (a library's per-shape cache)."""
 
+    def read_once(self, key: Any, read: Callable[[], Any]) -> Any:
+        """`read()` the first time `key` is asked for in this capture, that value ever after: a
+        C++ function-local static, e.g. an environment variable ATen reads once per process."""
+
     def load_library(self, family: str) -> None:
         """A library/kernel family is used: its device memory outside the caching allocator
         (handles, lazily loaded kernel images; stack profile `library_bytes`) counts from now."""

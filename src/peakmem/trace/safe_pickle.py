@@ -15,20 +15,28 @@ length larger than the file cannot make the unpickler allocate it.
 
 Plain data can still hurt the C unpickler: a key made of a tuple nested some 10**5 deep makes
 `hash()` overflow the C stack (a segfault, 2 bytes of pickle per level), and one-byte opcodes
-such as EMPTY_DICT make ~64 bytes of objects each. Where `os.fork` exists, a pickle of more than
-`PROBE_MIN_BYTES` is first unpickled in a child process limited to `memory_budget(len(data))`
-bytes of address space: a child that crashes or runs out of memory refuses the file, and the
-parent, unpickling the same bytes the same way, is then known to survive it.
+such as EMPTY_DICT make ~64 bytes of objects each. A pickle of more than `PROBE_MIN_BYTES` is
+therefore first unpickled in a fresh interpreter (trace/pickle_probe_child.py, fed the bytes on
+stdin) limited to `memory_budget(len(data))` bytes of address space beyond the interpreter and
+the data, and to half the calling thread's stack: a child that crashes or runs out of memory
+refuses the file, and the parent, unpickling the same bytes the same way, is then known to
+survive it. Not a fork of the caller: a long-lived caller (an xdist worker, a bench worker) holds
+heap it freed but still maps, which a fork's unpickler reuses without growing the address space,
+so a fork's cap let a bomb of the budget plus that heap through.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 from peakmem.inputs import InputError, one_line
+from peakmem.trace.pickle_probe_child import MEMORY_EXIT as _MEMORY_EXIT
 
 ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset()
 """(module, name) pairs a snapshot may name. None: the snapshot format needs no global."""
@@ -36,7 +44,9 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset()
 _PLAIN_ONLY = "a memory snapshot holds only plain data"
 PROBE_MIN_BYTES = 4 * 1024
 """Smaller pickles cannot nest deeply enough to overflow the C stack, nor grow large."""
-_MEMORY_EXIT = 3
+_CHILD = Path(__file__).with_name("pickle_probe_child.py")
+_GLIBC_UNLIMITED_THREAD_STACK = 2 * 2**20
+"""A new thread's stack where RLIMIT_STACK is unlimited (glibc's ARCH_STACK_DEFAULT_SIZE, x86_64)."""
 
 
 class RefusedPickle(InputError):
@@ -94,56 +104,71 @@ def memory_budget(size: int) -> int:
 
 
 def _probe_in_child(data: bytes) -> None:
-    """Unpickle `data` in a forked child under a memory limit; refuse it if the child crashes
-    or runs out of memory."""
-    if len(data) < PROBE_MIN_BYTES or not hasattr(os, "fork"):
+    """Unpickle `data` in a fresh interpreter (trace/pickle_probe_child.py) under a memory limit
+    of `memory_budget(len(data))` and a stack of half the calling thread's; refuse it if the
+    child crashes or runs out of memory."""
+    if len(data) < PROBE_MIN_BYTES or not sys.executable:
         return
     budget = memory_budget(len(data))
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 0
-        try:
-            _quiet_child(budget)
-            PlainDataUnpickler(io.BytesIO(data)).load()
-        except MemoryError:
-            code = _MEMORY_EXIT
-        except BaseException:  # noqa: BLE001 - the parent reports ordinary errors itself
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
+    command = [sys.executable, "-I", "-S", str(_CHILD), str(len(data)), str(budget),
+               str(probe_stack_bytes())]
+    try:
+        proc = subprocess.run(command, input=data, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, check=False)
+    except OSError as exc:
+        raise InputError(
+            f"cannot run the unpickling probe ({one_line(exc.strerror or str(exc), 80)})"
+        ) from None
+    if proc.returncode < 0:
         raise RefusedPickle(
-            f"refused: unpickling it crashed the unpickler (signal {os.WTERMSIG(status)}): "
+            f"refused: unpickling it crashed the unpickler (signal {-proc.returncode}): "
             "nested too deeply or out of memory; " + _PLAIN_ONLY
         )
-    if os.WEXITSTATUS(status) == _MEMORY_EXIT:
+    if proc.returncode == _MEMORY_EXIT:
         raise RefusedPickle(
             f"refused: unpickling it needs more than {budget} bytes of memory "
             f"(16 x the file + 1 GiB); " + _PLAIN_ONLY
         )
+    if proc.returncode != 0:
+        raise InputError(f"the unpickling probe failed (exit code {proc.returncode})")
 
 
-def _quiet_child(budget: int) -> None:  # pragma: no cover - runs in the child
-    """No fault handler output and no stdio from the probe; address space capped at what the
-    process already maps plus `budget`."""
-    import faulthandler
-
-    faulthandler.disable()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
+def probe_stack_bytes() -> int:
+    """The probe child's stack: half of what the calling thread has, a margin for the frames the
+    caller is already in. The main thread: the RLIMIT_STACK soft limit (0 where it is unlimited:
+    the child inherits the same); another thread: its own stack's size (pthread_getattr_np),
+    else glibc's default for new threads (that limit, or 2 MiB where it is unlimited)."""
     try:
         import resource
+    except ImportError:  # pragma: no cover - POSIX has it
+        return 0
+    soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    unlimited = soft == resource.RLIM_INFINITY
+    if threading.current_thread() is threading.main_thread():
+        size = 0 if unlimited else soft
+    else:
+        size = _thread_stack_size() or (_GLIBC_UNLIMITED_THREAD_STACK if unlimited else soft)
+    return size // 2
 
-        with open("/proc/self/statm") as handle:
-            mapped = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file from a crash
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = mapped + budget
-        if hard != resource.RLIM_INFINITY:
-            limit = min(limit, hard)
-        if soft == resource.RLIM_INFINITY or limit < soft:
-            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    except (ImportError, OSError, ValueError):
-        pass
+
+def _thread_stack_size() -> int:
+    """The calling thread's stack size from the C library (0 where it cannot say). Not
+    `threading.stack_size()`: that is the size of threads created from now on, and calling it
+    without an argument sets that to the default."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        get_attr, get_stack = libc.pthread_getattr_np, libc.pthread_attr_getstack
+        libc.pthread_self.restype = ctypes.c_ulong
+    except (OSError, AttributeError):  # pragma: no cover - not glibc/musl
+        return 0
+    attr = ctypes.create_string_buffer(256)  # pthread_attr_t: 56 bytes on x86_64, 64 on arm64
+    if get_attr(ctypes.c_ulong(libc.pthread_self()), attr) != 0:
+        return 0
+    address, size = ctypes.c_void_p(), ctypes.c_size_t()
+    try:
+        found = get_stack(attr, ctypes.byref(address), ctypes.byref(size)) == 0
+    finally:
+        libc.pthread_attr_destroy(attr)
+    return size.value if found else 0
