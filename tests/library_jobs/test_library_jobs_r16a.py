@@ -1,0 +1,159 @@
+"""Round 16a: Hugging Face example scripts not covered before, re-created in their upstream
+structure (scripts/r16a_hf_ex_*.py; each docstring names the upstream commit it follows) and
+run unmodified on tiny local data and configs written here (no network). Parameter and
+optimizer bytes are worked out from the configs (expected.py), not read from peakmem.
+
+- text-classification/run_classification.py (Trainer): two text columns joined, a renamed
+  string label column, label maps from every split, `do_predict` written to a file.
+- language-modeling/run_fim_no_trainer.py (accelerate): FIM tokens added to the tokenizer and
+  `resize_token_embeddings(len(tokenizer))` (it shrinks a larger embedding), PSM / SPM
+  transformations by `datasets.map`, accumulation.
+- image-pretraining/run_mim.py (Trainer): SimMIM on ViT from `--model_type vit` and
+  `--config_overrides`, a numpy mask generator, `bool_masked_pos` batches.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import JobEstimate, estimate_here
+from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
+from tests.library_jobs.test_library_jobs_hf import (
+    TINY_BERT,
+    TINY_BERT_CONFIG,
+    TINY_GPT2_CONFIG,
+    WORDS,
+    bert_shapes,
+    sentences,
+    write_checkpoint,
+    write_config,
+    write_image_folder,
+    write_tokenizer,
+)
+
+pytestmark = pytest.mark.slow
+
+TOKENIZER_SIZE = 6 + len(WORDS)
+"""test_library_jobs_hf's word-level tokenizer: its special tokens and words (126 entries)."""
+
+
+def _notes(est: JobEstimate) -> str:
+    return "\n".join(est.data.get("notes", []))
+
+
+# text-classification/run_classification.py -------------------------------------------------------
+
+TOPICS = ["arts", "politics", "science", "sports"]
+
+
+@needs("transformers", "accelerate", "datasets")
+def test_run_classification_joined_columns_string_labels_and_predict(tmp_path):
+    model = write_checkpoint(tmp_path / "bert", TINY_BERT_CONFIG)
+    # "science" appears only in the validation split: the script adds it to the label list
+    for split, n, seed, topics in (("train", 24, 2, TOPICS[:2] + TOPICS[3:]), ("validation", 8, 3, TOPICS),
+                                   ("test", 6, 4, TOPICS)):
+        rng = random.Random(seed)
+        rows = [{"title": s[:30], "body": s, "topic": topics[i % len(topics)] if i < len(topics) else rng.choice(topics)}
+                for i, s in enumerate(sentences(n, seed))]
+        (tmp_path / f"{split}.json").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    est = estimate_here(
+        "r16a_hf_ex_run_classification.py", "--model_name_or_path", str(model),
+        "--train_file", "train.json", "--validation_file", "validation.json", "--test_file", "test.json",
+        "--text_column_names", "title,body", "--label_column_name", "topic", "--max_seq_length", "32",
+        "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--max_steps", "3",
+        "--do_train", "--do_eval", "--do_predict", "--report_to", "none", "--seed", "0",
+        "--output_dir", "out", cwd=tmp_path)
+    # BertForSequenceClassification: the pooler and a Linear head over the 4 labels
+    shapes = bert_shapes(**TINY_BERT) + ex.linear(64, 64) + ex.linear(len(TOPICS), 64)
+    params = ex.device_bytes(shapes, ex.FP32)
+    # the Trainer's fused AdamW: two moments and a 0-d fp32 device `step` per parameter
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 3
+    # evaluate() and predict() run after training: forward passes without gradients
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    # the padded batch: input_ids, token_type_ids, attention_mask (4, 32) int64 and the labels
+    assert est.breakdown["input"] >= 3 * ex.rounded(4 * 32 * 8), est.breakdown
+    predictions = (tmp_path / "out" / "predict_results.txt").read_text().splitlines()
+    assert predictions[0] == "index\tprediction" and len(predictions) == 1 + 6
+    assert {line.split("\t")[1] for line in predictions[1:]} <= set(TOPICS)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["id2label"] == {
+        str(i): topic for i, topic in enumerate(TOPICS)}
+
+
+# language-modeling/run_fim_no_trainer.py -----------------------------------------------------------
+
+@needs("transformers", "accelerate", "datasets")
+def test_run_fim_no_trainer_resizes_to_the_tokenizer_with_fim_tokens(tmp_path):
+    model = write_tokenizer(write_config(tmp_path / "gpt2", TINY_GPT2_CONFIG))
+    (tmp_path / "train.txt").write_text("\n".join(sentences(200)) + "\n")
+    (tmp_path / "valid.txt").write_text("\n".join(sentences(20, seed=1)) + "\n")
+    est = estimate_here(
+        "r16a_hf_ex_run_fim_no_trainer.py", "--config_name", str(model), "--tokenizer_name", str(model),
+        "--train_file", "train.txt", "--validation_file", "valid.txt", "--block_size", "32",
+        "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+        "--num_train_epochs", "1", "--seed", "0", "--output_dir", "out", cwd=tmp_path)
+    # the config's 256 rows become the tokenizer's size with the four FIM tokens: 130 (the
+    # tied LM head with them)
+    vocab = TOKENIZER_SIZE + 4
+    params = ex.device_bytes(ex.gpt2_shapes(**{**ex.TINY_GPT2, "vocab": vocab}), ex.FP32)
+    assert params < ex.device_bytes(ex.gpt2_shapes(**ex.TINY_GPT2), ex.FP32)
+    # torch.optim.AdamW (not fused: host `step` counters)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert "accumulation window 2" in _notes(est)
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["vocab_size"] == vocab
+    assert "perplexity" in json.loads((tmp_path / "out" / "all_results.json").read_text())
+
+
+# image-pretraining/run_mim.py ---------------------------------------------------------------------------
+
+MIM_OVERRIDES = "hidden_size=64,num_hidden_layers=2,num_attention_heads=4,intermediate_size=128"
+
+
+def vit_simmim_shapes(hidden: int = 64, intermediate: int = 128, layers: int = 2, image: int = 32,
+                      patch: int = 4, stride: int = 4) -> list[ex.Shape]:
+    """ViTForMaskedImageModeling: ViTModel without a pooler, with a mask token (CLS token, mask
+    token, position embeddings (patches + 1), the patch conv, pre-norm layers, the final
+    LayerNorm), then the SimMIM decoder: a 1x1 conv to stride^2 x 3 channels (PixelShuffle has
+    no weights)."""
+    patches = (image // patch) ** 2
+    shapes: list[ex.Shape] = [(1, 1, hidden), (1, 1, hidden), (1, patches + 1, hidden), *ex.conv(hidden, 3, patch)]
+    for _ in range(layers):
+        shapes += ex.norm(hidden) + 4 * ex.linear(hidden, hidden) + ex.norm(hidden)
+        shapes += ex.linear(intermediate, hidden) + ex.linear(hidden, intermediate)
+    return shapes + ex.norm(hidden) + ex.conv(stride * stride * 3, hidden, 1)
+
+
+@needs("transformers", "accelerate", "datasets", "PIL", "torchvision")
+def test_run_mim_simmim_vit_from_model_type_and_overrides(tmp_path):
+    write_image_folder(tmp_path / "images", 12, seed=0)
+    # upstream builds the processor as `IMAGE_PROCESSOR_MAPPING[...][-1]()` when none is named:
+    # transformers 5's mapping values are not tuples (KeyError: -1, without peakmem too), so the
+    # test names one through the script's own flag
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 32},
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}))
+    est = estimate_here(
+        "r16a_hf_ex_run_mim.py", "--model_type", "vit", "--dataset_name", "imagefolder",
+        "--train_dir", "images/**", "--image_processor_name", "proc", "--config_overrides", MIM_OVERRIDES,
+        "--image_size", "32", "--patch_size", "4", "--encoder_stride", "4", "--mask_patch_size", "8",
+        "--remove_unused_columns", "False", "--label_names", "bool_masked_pos",
+        "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--max_steps", "3",
+        "--do_train", "--do_eval", "--report_to", "none", "--seed", "0", "--output_dir", "out", cwd=tmp_path)
+    shapes = vit_simmim_shapes()
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 3
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    # each batch: pixel_values (4, 3, 32, 32) fp32 and bool_masked_pos (4, 64) int64
+    assert est.breakdown["input"] >= ex.rounded(4 * 3 * 32 * 32 * 4) + ex.rounded(4 * 64 * 8), est.breakdown
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["encoder_stride"] == 4
