@@ -10,17 +10,22 @@ optimizer bytes are worked out from the configs (expected.py), not read from pea
   transformations by `datasets.map`, accumulation.
 - image-pretraining/run_mim.py (Trainer): SimMIM on ViT from `--model_type vit` and
   `--config_overrides`, a numpy mask generator, `bool_masked_pos` batches.
+- contrastive-image-text/run_clip.py (Trainer): a saved VisionTextDualEncoder (ViT + BERT),
+  a `torch.jit.script`ed torchvision transform, images read by `torchvision.io.read_image`
+  (failed before: torchvision's image extension cannot load with a CPU-only torch;
+  capture/vision_image_ops.py decodes through Pillow, tests/capture/test_vision_image_ops.py).
 """
 
 from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate_here
+from tests.library_jobs.harness import JobEstimate, estimate_here, run_script_here
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
@@ -157,3 +162,79 @@ def test_run_mim_simmim_vit_from_model_type_and_overrides(tmp_path):
     # each batch: pixel_values (4, 3, 32, 32) fp32 and bool_masked_pos (4, 64) int64
     assert est.breakdown["input"] >= ex.rounded(4 * 3 * 32 * 32 * 4) + ex.rounded(4 * 64 * 8), est.breakdown
     assert json.loads((tmp_path / "out" / "config.json").read_text())["encoder_stride"] == 4
+
+
+# contrastive-image-text/run_clip.py -------------------------------------------------------------------
+
+CLIP_VIT_CONFIG = {
+    "model_type": "vit", "image_size": 32, "patch_size": 8, "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 128,
+}
+PROJECTION = 32
+"""r16a_make_dual_encoder_checkpoint.py's `projection_dim`."""
+
+
+def dual_encoder_shapes() -> list[ex.Shape]:
+    """VisionTextDualEncoderModel: ViTModel (CLS token, position embeddings, patch conv, the
+    layers, final LayerNorm and a pooler, whose output is the image embedding), BertModel with
+    its pooler (the text embedding), two bias-free projections and the scalar logit_scale."""
+    vit = [(1, 1, 64), (1, 17, 64), *ex.conv(64, 3, 8)]
+    for _ in range(2):
+        vit += ex.norm(64) + 4 * ex.linear(64, 64) + ex.norm(64) + ex.linear(128, 64) + ex.linear(64, 128)
+    vit += ex.norm(64) + ex.linear(64, 64)
+    text = bert_shapes(**TINY_BERT) + ex.linear(64, 64)
+    return vit + text + ex.linear(PROJECTION, 64, bias=False) + ex.linear(PROJECTION, 64, bias=False) + [()]
+
+
+def write_clip_files(root: Path) -> None:
+    """The dual encoder (with a tokenizer and a preprocessor_config.json) and JSON files of image
+    paths and captions; one path in train.json is not an image (the script's filter drops it)."""
+    from PIL import Image
+
+    (root / "vit.json").write_text(json.dumps(CLIP_VIT_CONFIG))
+    (root / "bert.json").write_text(json.dumps(TINY_BERT_CONFIG))
+    run_script_here("r16a_make_dual_encoder_checkpoint.py", str(root / "dual"), str(root / "vit.json"),
+                    str(root / "bert.json"))
+    write_tokenizer(root / "dual")
+    (root / "dual" / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 32},
+        "image_mean": [0.48, 0.45, 0.40], "image_std": [0.26, 0.26, 0.27]}))
+    rng = random.Random(0)
+    (root / "images").mkdir()
+    (root / "images" / "broken.jpg").write_text("not an image")
+    for split, n, seed in (("train", 16, 0), ("validation", 4, 1)):
+        rows = []
+        for i, caption in enumerate(sentences(n, seed)):
+            path = root / "images" / f"{split}{i}.jpg"
+            Image.new("RGB", (48, 40), tuple(rng.randrange(256) for _ in range(3))).save(path)
+            rows.append({"image_path": str(path), "caption": caption})
+        if split == "train":
+            rows.append({"image_path": str(root / "images" / "broken.jpg"), "caption": "w1 w2"})
+        (root / f"{split}.json").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+
+
+@needs("transformers", "accelerate", "datasets", "PIL", "torchvision")
+def test_run_clip_dual_encoder_scripted_transform_read_image(tmp_path):
+    write_clip_files(tmp_path)
+    est = estimate_here(
+        "r16a_hf_ex_run_clip.py", "--model_name_or_path", "dual", "--train_file", "train.json",
+        "--validation_file", "validation.json", "--image_column", "image_path", "--caption_column", "caption",
+        "--max_seq_length", "16", "--remove_unused_columns", "False", "--per_device_train_batch_size", "4",
+        "--per_device_eval_batch_size", "4", "--max_steps", "3", "--do_train", "--do_eval",
+        "--report_to", "none", "--seed", "0", "--output_dir", "out", cwd=tmp_path)
+    shapes = dual_encoder_shapes()
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 3
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    assert "decoded the job's read_image" in _notes(est)
+    # each batch: pixel_values (4, 3, 32, 32) fp32 from the scripted transform, input_ids and
+    # attention_mask (4, 16) int64
+    assert est.breakdown["input"] >= ex.rounded(4 * 3 * 32 * 32 * 4) + 2 * ex.rounded(4 * 16 * 8), est.breakdown
+    # the broken image was filtered out (decoding it raises, as torchvision's decoder does)
+    from peakmem.capture import vision_image_ops
+
+    with pytest.raises(Exception):  # noqa: B017, PT011 - Pillow's UnidentifiedImageError
+        vision_image_ops.decode(vision_image_ops.read_file(str(tmp_path / "images" / "broken.jpg")), 3)
+    assert (tmp_path / "out" / "preprocessor_config.json").is_file()
