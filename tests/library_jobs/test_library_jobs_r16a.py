@@ -14,10 +14,13 @@ optimizer bytes are worked out from the configs (expected.py), not read from pea
   a `torch.jit.script`ed torchvision transform, images read by `torchvision.io.read_image`
   (failed before: torchvision's image extension cannot load with a CPU-only torch;
   capture/vision_image_ops.py decodes through Pillow, tests/capture/test_vision_image_ops.py).
+- multiple-choice/run_swag.py (Trainer): four (context, ending) pairs per example flattened,
+  tokenized and regrouped, `DataCollatorForMultipleChoice` padding each batch to its longest.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 from pathlib import Path
@@ -238,3 +241,37 @@ def test_run_clip_dual_encoder_scripted_transform_read_image(tmp_path):
     with pytest.raises(Exception):  # noqa: B017, PT011 - Pillow's UnidentifiedImageError
         vision_image_ops.decode(vision_image_ops.read_file(str(tmp_path / "images" / "broken.jpg")), 3)
     assert (tmp_path / "out" / "preprocessor_config.json").is_file()
+
+
+# multiple-choice/run_swag.py --------------------------------------------------------------------------
+
+SWAG_COLUMNS = ["sent1", "sent2", "ending0", "ending1", "ending2", "ending3", "label"]
+
+
+@needs("transformers", "accelerate", "datasets")
+def test_run_swag_trainer_multiple_choice_dynamic_padding(tmp_path):
+    model = write_checkpoint(tmp_path / "bert", TINY_BERT_CONFIG)
+    for split, n, seed in (("train", 24, 2), ("validation", 8, 3)):
+        columns = [sentences(n, seed + k) for k in range(6)]
+        with (tmp_path / f"{split}.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(SWAG_COLUMNS)
+            writer.writerows([column[i][:50] for column in columns] + [i % 4] for i in range(n))
+    est = estimate_here(
+        "r16a_hf_ex_run_swag.py", "--model_name_or_path", str(model), "--train_file", "train.csv",
+        "--validation_file", "validation.csv", "--max_seq_length", "48", "--per_device_train_batch_size", "4",
+        "--per_device_eval_batch_size", "4", "--gradient_accumulation_steps", "2", "--max_steps", "2",
+        "--do_train", "--do_eval", "--report_to", "none", "--seed", "0", "--output_dir", "out", cwd=tmp_path)
+    # BertForMultipleChoice: the pooler and a one-logit Linear head scoring each choice
+    shapes = bert_shapes(**TINY_BERT) + ex.linear(64, 64) + ex.linear(1, 64)
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 2 and "accumulation window 2" in _notes(est)
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    # a batch is (4 examples, 4 choices, its longest pair <= 48) of input_ids, token_type_ids and
+    # attention_mask, int64, and 4 labels; the Trainer fetches an accumulation window's two
+    # batches before the first forward: above two 16-row sequences of 16 tokens, below 2 x 3 of 48
+    batch_at_most = 3 * ex.rounded(16 * 48 * 8) + ex.BLOCK
+    assert 2 * ex.rounded(16 * 16 * 8) <= est.breakdown["input"] <= 2 * batch_at_most, est.breakdown
+    assert "eval_accuracy" in json.loads((tmp_path / "out" / "eval_results.json").read_text())
