@@ -16,6 +16,9 @@ optimizer bytes are worked out from the configs (expected.py), not read from pea
   capture/vision_image_ops.py decodes through Pillow, tests/capture/test_vision_image_ops.py).
 - multiple-choice/run_swag.py (Trainer): four (context, ending) pairs per example flattened,
   tokenized and regrouped, `DataCollatorForMultipleChoice` padding each batch to its longest.
+- token-classification/run_ner.py (Trainer): word lists tokenized with `is_split_into_words`,
+  labels aligned by `word_ids()` (`--label_all_tokens`), `DataCollatorForTokenClassification`,
+  `predict()` written to predictions.txt.
 """
 
 from __future__ import annotations
@@ -275,3 +278,38 @@ def test_run_swag_trainer_multiple_choice_dynamic_padding(tmp_path):
     batch_at_most = 3 * ex.rounded(16 * 48 * 8) + ex.BLOCK
     assert 2 * ex.rounded(16 * 16 * 8) <= est.breakdown["input"] <= 2 * batch_at_most, est.breakdown
     assert "eval_accuracy" in json.loads((tmp_path / "out" / "eval_results.json").read_text())
+
+
+# token-classification/run_ner.py ------------------------------------------------------------------------
+
+NER_TAGS = ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]
+"""Sorted, as the script orders string tags read from the training file."""
+
+
+@needs("transformers", "accelerate", "datasets")
+def test_run_ner_trainer_word_ids_alignment_and_predict(tmp_path):
+    model = write_checkpoint(tmp_path / "bert", TINY_BERT_CONFIG)
+    for split, n, seed in (("train", 24, 2), ("validation", 8, 3), ("test", 4, 4)):
+        rng = random.Random(seed)
+        rows = [{"tokens": s.split(), "ner_tags": [rng.choice(NER_TAGS) for _ in s.split()]} for s in sentences(n, seed)]
+        (tmp_path / f"{split}.json").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    est = estimate_here(
+        "r16a_hf_ex_run_ner.py", "--model_name_or_path", str(model), "--train_file", "train.json",
+        "--validation_file", "validation.json", "--test_file", "test.json", "--max_seq_length", "32",
+        "--label_all_tokens", "True", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
+        "--max_steps", "3", "--do_train", "--do_eval", "--do_predict", "--report_to", "none", "--seed", "0",
+        "--output_dir", "out", cwd=tmp_path)
+    # BertForTokenClassification: no pooler, a Linear head over the 5 tags read from the data
+    shapes = bert_shapes(**TINY_BERT) + ex.linear(len(NER_TAGS), 64)
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 3
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    # the collator pads labels with -100 to the batch's longest sentence: (4, <= 22) int64, with
+    # input_ids, token_type_ids and attention_mask of the same shape
+    assert 4 * ex.rounded(4 * 10 * 8) <= est.breakdown["input"] <= 4 * ex.rounded(4 * 32 * 8), est.breakdown
+    predictions = (tmp_path / "out" / "predictions.txt").read_text().splitlines()
+    assert len(predictions) == 4 and all(set(line.split()) <= set(NER_TAGS) for line in predictions)
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["id2label"] == {str(i): tag for i, tag in enumerate(NER_TAGS)}
