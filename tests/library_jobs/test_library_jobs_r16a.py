@@ -10,6 +10,9 @@ optimizer bytes are worked out from the configs (expected.py), not read from pea
   transformations by `datasets.map`, accumulation.
 - image-pretraining/run_mim.py (Trainer): SimMIM on ViT from `--model_type vit` and
   `--config_overrides`, a numpy mask generator, `bool_masked_pos` batches.
+- image-pretraining/run_mim_no_trainer.py (accelerate): the same SimMIM pipeline in an
+  accelerate loop, from a saved ViT (`--model_type` from scratch fails on transformers 5 without
+  peakmem too: upstream passes `token=` to `from_config`, which the model's __init__ rejects).
 - contrastive-image-text/run_clip.py (Trainer): a saved VisionTextDualEncoder (ViT + BERT),
   a `torch.jit.script`ed torchvision transform, images read by `torchvision.io.read_image`
   (failed before: torchvision's image extension cannot load with a CPU-only torch;
@@ -142,16 +145,20 @@ def vit_simmim_shapes(hidden: int = 64, intermediate: int = 128, layers: int = 2
     return shapes + ex.norm(hidden) + ex.conv(stride * stride * 3, hidden, 1)
 
 
+def _write_mim_processor(root: Path) -> None:
+    (root / "proc").mkdir()
+    (root / "proc" / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 32},
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}))
+
+
 @needs("transformers", "accelerate", "datasets", "PIL", "torchvision")
 def test_run_mim_simmim_vit_from_model_type_and_overrides(tmp_path):
     write_image_folder(tmp_path / "images", 12, seed=0)
     # upstream builds the processor as `IMAGE_PROCESSOR_MAPPING[...][-1]()` when none is named:
     # transformers 5's mapping values are not tuples (KeyError: -1, without peakmem too), so the
     # test names one through the script's own flag
-    (tmp_path / "proc").mkdir()
-    (tmp_path / "proc" / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 32},
-        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}))
+    _write_mim_processor(tmp_path)
     est = estimate_here(
         "r16a_hf_ex_run_mim.py", "--model_type", "vit", "--dataset_name", "imagefolder",
         "--train_dir", "images/**", "--image_processor_name", "proc", "--config_overrides", MIM_OVERRIDES,
@@ -168,6 +175,30 @@ def test_run_mim_simmim_vit_from_model_type_and_overrides(tmp_path):
     # each batch: pixel_values (4, 3, 32, 32) fp32 and bool_masked_pos (4, 64) int64
     assert est.breakdown["input"] >= ex.rounded(4 * 3 * 32 * 32 * 4) + ex.rounded(4 * 64 * 8), est.breakdown
     assert json.loads((tmp_path / "out" / "config.json").read_text())["encoder_stride"] == 4
+
+
+@needs("transformers", "accelerate", "datasets", "PIL", "torchvision")
+def test_run_mim_no_trainer_accelerate_loop_from_a_saved_vit(tmp_path):
+    write_image_folder(tmp_path / "images", 12, seed=0)
+    _write_mim_processor(tmp_path)
+    write_checkpoint(tmp_path / "vit", {
+        "model_type": "vit", "image_size": 32, "patch_size": 4, "encoder_stride": 4, "hidden_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128})
+    est = estimate_here(
+        "r16a_hf_ex_run_mim_no_trainer.py", "--model_name_or_path", "vit", "--dataset_name", "imagefolder",
+        "--train_dir", "images/**", "--image_processor_name", "proc", "--mask_patch_size", "8",
+        "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
+        "--gradient_accumulation_steps", "2", "--num_train_epochs", "1", "--checkpointing_steps", "epoch",
+        "--seed", "0", "--output_dir", "out", cwd=tmp_path)
+    # the saved ViTModel's weights plus the newly initialised mask token and SimMIM decoder (the
+    # saved pooler is not used); torch.optim.AdamW: host `step` counters
+    params = ex.device_bytes(vit_simmim_shapes(), ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 2 and "accumulation window 2" in _notes(est)
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    assert "out/epoch_0/optimizer.bin" in _notes(est)  # accelerator.save_state, diverted
+    assert (tmp_path / "out" / "preprocessor_config.json").is_file()
 
 
 # contrastive-image-text/run_clip.py -------------------------------------------------------------------
