@@ -165,6 +165,7 @@ from peakmem.capture import lightning_val_check as _lightning_val_check  # noqa:
 from peakmem.capture import periodic_optimizers as _periodic_optimizers  # noqa: E402,F401
 from peakmem.capture import ray_train as _ray_train  # noqa: E402,F401
 from peakmem.capture import tensor_pickling as _tensor_pickling  # noqa: E402,F401
+from peakmem.capture import vision_image_ops as _vision_image_ops  # noqa: E402,F401
 from peakmem.capture import zero_partitions as _zero_partitions  # noqa: E402,F401
 
 # -- torch.distributed ---------------------------------------------------------------------------

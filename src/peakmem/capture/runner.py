@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from peakmem.capture import vision_ops
+from peakmem.capture import vision_image_ops, vision_ops
 from peakmem.capture.capture_modes import capture_modes
 from peakmem.capture.compiled_code import precompiled_code_runs_eagerly
 from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
@@ -167,6 +167,7 @@ def _run_captured(
     session.op_observer = op_costs.observe
     session.module_source = phases.current_module
     vision_ops.declare_torchvision_ops()  # a CPU-only torch cannot load torchvision's compiled ops
+    vision_image_ops.declare_image_ops()  # nor its image extension (read_image / decode_image)
     result = CaptureResult(
         trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode
     )
@@ -306,6 +307,8 @@ def _collect(
     result.failure_hint = "; ".join(session.failure_hints) or None
     if vision_ops.declared() and "torchvision" in sys.modules:
         result.notes.append(vision_ops.NOTE)
+    if vision_image_ops.used():
+        result.notes.append(vision_image_ops.NOTE)
     result.libraries = dict(session.libraries)
     result.fake_limit = session.fake_limit
     result.host_reads = session.host_reads
