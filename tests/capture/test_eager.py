@@ -330,5 +330,6 @@ def test_cli_says_which_mode_ran_and_why(tmp_path, monkeypatch):
     payload = json.loads(auto.stdout)
     assert payload["mode"] == "eager" and "cli_op" in payload["mode_reason"]
     human = run()
+    assert human.exit_code == 0, human.output  # 70 where the CLI called with other arguments
     assert len(estimates) == 1
     assert "mode eager" in human.stdout and "fake mode could not run" in human.stdout.replace("\n", " ")
