@@ -281,11 +281,13 @@ def test_eager_never_runs_past_host_ram(monkeypatch, a100, stack24):
     assert eager.error_text.startswith("peakmem: eager mode needs more than")
 
 
-def test_cli_says_which_mode_ran_and_why(tmp_path):
+def test_cli_says_which_mode_ran_and_why(tmp_path, monkeypatch):
+    import copy
     import json
 
     from click.testing import CliRunner
 
+    import peakmem.estimate
     from peakmem.cli.main import main
 
     script = tmp_path / "train.py"
@@ -311,9 +313,23 @@ def test_cli_says_which_mode_ran_and_why(tmp_path):
         "meta/fake kernel, called at train.py:9; rerun with --mode eager (or --mode auto) to run "
         "it for real on the CPU"
     ]
+    # the JSON and the human runs render one auto-mode estimate (its fake and eager child
+    # processes run once): the second CLI call gets a copy of the first's result, for the same
+    # arguments
+    real, estimates = peakmem.estimate.estimate_command, []
+
+    def estimate_once(command, **options):
+        if not estimates:
+            estimates.append(((command, repr(options)), real(command, **options)))
+        assert estimates[0][0] == (command, repr(options))
+        return copy.deepcopy(estimates[0][1])
+
+    monkeypatch.setattr(peakmem.estimate, "estimate_command", estimate_once)
     auto = run("--json")
     assert auto.exit_code == 0, auto.output
     payload = json.loads(auto.stdout)
     assert payload["mode"] == "eager" and "cli_op" in payload["mode_reason"]
     human = run()
+    assert human.exit_code == 0, human.output  # 70 where the CLI called with other arguments
+    assert len(estimates) == 1
     assert "mode eager" in human.stdout and "fake mode could not run" in human.stdout.replace("\n", " ")

@@ -18,14 +18,20 @@ from filelock import FileLock  # a dependency of torch
 
 from tests.library_jobs.harness import JobEstimate
 
+_IN_PROCESS: dict[str, tuple[JobEstimate, Path]] = {}
+"""Without xdist: the estimates made in this pytest process, by key (tests of several modules
+may share one)."""
+
 
 def shared_estimate(tmp_path_factory: pytest.TempPathFactory, key: str,
                     run: Callable[[Path], JobEstimate]) -> tuple[JobEstimate, Path]:
     """`run(workdir)` once per session for `key`: its estimate and `workdir` (the files the job
     wrote there stay for every worker's assertions)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: a module fixture suffices
-        workdir = tmp_path_factory.mktemp(key)
-        return run(workdir), workdir
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: once per key
+        if key not in _IN_PROCESS:
+            workdir = tmp_path_factory.mktemp(key)
+            _IN_PROCESS[key] = run(workdir), workdir
+        return _IN_PROCESS[key]
     root = tmp_path_factory.getbasetemp().parent / "shared-estimates"
     root.mkdir(exist_ok=True)
     workdir, saved = root / key, root / f"{key}.json"

@@ -154,8 +154,10 @@ def test_timm_amp_channels_last_grad_checkpointing(ema):
     model = ex.device_bytes(shapes, ex.FP32)
     buffers = ex.device_bytes(buffer_shapes, ex.FP32)
     copies = 2 if ema else 1
-    est = estimate("timm_train.py", "--model", "resnet18", "--steps", "2",
-                   *([] if ema else ["--no-model-ema"]))
+    # in the test's process (torch + timm, no DataLoader workers): timm's child-process runs
+    # are r5's loader, r8's kron and r2's MAE
+    est = estimate_here("timm_train.py", "--model", "resnet18", "--steps", "2",
+                        *([] if ema else ["--no-model-ema"]))
     # The EMA is a deep copy on the device kept in sync with the trained weights: its weights
     # are `ema` (its buffers, copied from the model's buffers, stay buffers).
     # SGD with momentum: one buffer per parameter.
@@ -171,7 +173,7 @@ def test_timm_amp_channels_last_grad_checkpointing(ema):
 def test_torchvision_resnet18_dataparallel_one_device():
     shapes, _ = ex.resnet18_shapes(classes=10)
     params = ex.device_bytes(shapes, ex.FP32)
-    est = estimate("torchvision_dataparallel.py", "--steps", "2")
+    est = estimate_here("torchvision_dataparallel.py", "--steps", "2")  # torch + torchvision
     assert_training(est, params=params, optimizer_state=params, extra_upper=256 * MiB)
 
 

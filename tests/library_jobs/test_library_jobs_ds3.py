@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate
+from tests.library_jobs.harness import JobEstimate, estimate
+from tests.library_jobs.shared_estimate import shared_estimate
 from tests.library_jobs.test_library_jobs import needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_GPT2_CONFIG,
@@ -190,13 +191,28 @@ def _zero_init_config(offload: bool) -> dict:
             "zero_optimization": zero}
 
 
+def zero_init_two_ranks(tmp_path_factory: pytest.TempPathFactory, offload: bool) -> JobEstimate:
+    """ds3_zero_init.py under `deepspeed --num_gpus 2`, estimated once per session for each
+    config (this file's test and test_library_jobs_gaps.py's on-GPU one assert on it)."""
+
+    def run(workdir: Path) -> JobEstimate:
+        path = workdir / "ds_config.json"
+        path.write_text(json.dumps(_zero_init_config(offload)))
+        return estimate("ds3_zero_init.py", "--deepspeed_config", str(path), cwd=workdir,
+                        timeout=240, launcher=("deepspeed", "--num_gpus", "2"))
+
+    return shared_estimate(tmp_path_factory, f"ds3-zero-init-{offload}", run)[0]
+
+
+ZERO_INIT_GROUP = pytest.mark.xdist_group("ds3-zero-init")
+"""One xdist worker for the tests sharing `zero_init_two_ranks`: the other would wait on its lock."""
+
+
+@ZERO_INIT_GROUP
 @pytest.mark.parametrize("offload", [False, True], ids=["on_gpu", "offload"])
-def test_zero_init_builds_partitioned_two_ranks(tmp_path, offload):
+def test_zero_init_builds_partitioned_two_ranks(tmp_path_factory, offload):
     world = 2
-    path = tmp_path / "ds_config.json"
-    path.write_text(json.dumps(_zero_init_config(offload)))
-    est = estimate("ds3_zero_init.py", "--deepspeed_config", str(path), cwd=tmp_path, timeout=240,
-                   launcher=("deepspeed", "--num_gpus", str(world)))
+    est = zero_init_two_ranks(tmp_path_factory, offload)
     # zero.Init's Tensor.__new__ wrapper made torch._dynamo's first import fail (capture/
     # deepspeed_ops.py imports it before)
     assert est.returncode == 0, est.failure()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.library_jobs import expected as ex
@@ -29,13 +27,12 @@ def test_lightning_fsdp_validate_best_after_fit_names_the_lightning_bug(tmp_path
 
 @pytest.mark.slow
 @needs("deepspeed")
-def test_zero3_step_temporaries_are_not_other(tmp_path):
-    from tests.library_jobs.test_library_jobs_ds3 import _zero_init_config
+@pytest.mark.xdist_group("ds3-zero-init")  # test_library_jobs_ds3.ZERO_INIT_GROUP
+def test_zero3_step_temporaries_are_not_other(tmp_path_factory):
+    from tests.library_jobs.test_library_jobs_ds3 import zero_init_two_ranks
 
-    path = tmp_path / "ds_config.json"
-    path.write_text(json.dumps(_zero_init_config(offload=False)))
-    est = estimate("ds3_zero_init.py", "--deepspeed_config", str(path), cwd=tmp_path, timeout=240,
-                   launcher=("deepspeed", "--num_gpus", "2"))
+    # the estimate test_zero_init_builds_partitioned_two_ranks[on_gpu] asserts on (run once)
+    est = zero_init_two_ranks(tmp_path_factory, offload=False)
     assert est.returncode == 0, est.failure()
     assert est.data["mode"] == "fake", est.data["mode_reason"]
     # what ZeRO's step makes around the inner AdamW step (gradient norms, overflow checks, the

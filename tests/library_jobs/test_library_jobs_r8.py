@@ -444,8 +444,10 @@ def test_torchvision_segmentation_reference_fcn_aux_amp_confusion_matrix(tmp_pat
     # running_mean and running_var per BatchNorm, and its int64 num_batches_tracked
     buffers = ex.device_bytes([(c,) for c in norms for _ in range(2)], ex.FP32)
     buffers += ex.BLOCK * len(norms)
-    est = estimate("r8_segmentation_train.py", "--data-path", str(tmp_path), "--aux-loss",
-                   "--amp", "--epochs", "1", flags=("--steps", "all"))
+    # in the test's process: torch and torchvision alone, no DataLoader workers (-j 0), no
+    # process group, its log by print (the reference's child-process runs: r2, r3)
+    est = estimate_here("r8_segmentation_train.py", "--data-path", str(tmp_path), "--aux-loss",
+                        "--amp", "--epochs", "1", flags=("--steps", "all"))
     # SGD with momentum: one buffer per parameter
     assert_training(est, params=params, optimizer_state=params, extra_upper=256 * MiB)
     assert est.breakdown["buffer"] == buffers
