@@ -75,3 +75,13 @@ def test_the_patch_is_undone_after_the_capture(image_io, tmp_path):
     with LIBRARY_PATCHES["torchvision_image_ops"]():
         assert module._has_image_ops()
     assert not module._has_image_ops()
+
+
+def test_used_answers_for_the_current_capture_only(image_io, tmp_path):
+    """A warm process runs many captures: the note belongs to the one that decoded an image."""
+    _rgba(tmp_path / "a.png")
+    with LIBRARY_PATCHES["torchvision_image_ops"]():
+        image_io.read_image(str(tmp_path / "a.png"))
+    assert vision_image_ops.used()
+    vision_image_ops.declare_image_ops()  # what the next capture's start calls
+    assert not vision_image_ops.used()

@@ -124,8 +124,10 @@ _KERNELS = {"read_file": read_file, "decode_image": decode, "decode_png": decode
 def declare_image_ops(package_dir: Path | None = None) -> bool:
     """Define torchvision's image operators with the Pillow kernels above if its `image`
     extension is installed but cannot load and nothing defined them yet. True if this call
-    defined any."""
-    global _library
+    defined any. Called at each capture's start: `used()` then answers for this capture only
+    (a warm process runs many)."""
+    global _library, _used
+    _used = False
     if _defined("decode_image"):
         return False
     library = image_library(package_dir)
