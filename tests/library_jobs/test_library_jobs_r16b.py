@@ -1,0 +1,96 @@
+"""Round 16b: well-known non-Hugging-Face training scripts, re-created in their repositories'
+structure and run unmodified through the capture; device bytes worked out by hand (not read
+from peakmem):
+
+- karpathy/makemore makemore.py (scripts/r16b_makemore.py): a names file, `--device cuda`
+  as a string, `--type transformer|gru|...`, an `InfiniteDataLoader` over
+  `RandomSampler(replacement=True, num_samples=int(1e10))` read with `next()` and a
+  StopIteration reset, a `while True` loop ended by `--max-steps`, AdamW. Found: the capture
+  hung skipping that epoch's 312,500,000 batches index by index (capture/dataloader.py
+  MAX_SKIPPED_SAMPLES; tests/capture/test_stopping.py).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import JobEstimate, estimate_here
+from tests.library_jobs.test_library_jobs import assert_training
+
+pytestmark = pytest.mark.slow
+
+
+def _notes(est: JobEstimate) -> str:
+    return "\n".join(est.data.get("notes", []))
+
+
+# karpathy/makemore makemore.py ---------------------------------------------------------------------
+
+NAMES, LONGEST = 400, 15
+
+
+def write_names(path) -> None:
+    """A names.txt of lowercase words, 3 to 15 letters, every letter used: vocab 27 (26 + the
+    <STOP>/<START> token 0), block size 16 (<START> + the longest word)."""
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = [letters[:LONGEST], letters[LONGEST:]]
+    words += ["".join(rng.choice(letters) for _ in range(rng.randint(3, LONGEST)))
+              for _ in range(NAMES - 2)]
+    path.write_text("\n".join(words) + "\n")
+
+
+VOCAB, BLOCK = 27, LONGEST + 1
+MAKEMORE_ARGS = ("-i", "names.txt", "-o", "out", "--device", "cuda", "--num-workers", "0",
+                 "--batch-size", "32", "--max-steps", "5")
+
+
+def makemore_transformer_shapes(layers: int, embd: int) -> list[ex.Shape]:
+    """makemore's Transformer: wte, wpe, per block ln_1, c_attn (3 x embd), c_proj, ln_2, the
+    4x MLP, then ln_f and an lm_head without bias."""
+    block = (ex.norm(embd) + ex.linear(3 * embd, embd) + ex.linear(embd, embd) + ex.norm(embd)
+             + ex.linear(4 * embd, embd) + ex.linear(embd, 4 * embd))
+    return ([(VOCAB, embd), (BLOCK, embd)] + layers * block + ex.norm(embd)
+            + ex.linear(VOCAB, embd, bias=False))
+
+
+def test_makemore_transformer_infinite_loader_ends_at_max_steps(tmp_path):
+    write_names(tmp_path / "names.txt")
+    layers, embd, batch = 2, 32, 32
+    params = ex.device_bytes(makemore_transformer_shapes(layers, embd), ex.FP32)
+    est = estimate_here("r16b_makemore.py", *MAKEMORE_ARGS, "--n-layer", str(layers),
+                        "--n-embd", str(embd), "--n-head", "4", flags=("--gpu", "h100-80gb"),
+                        cwd=tmp_path)
+    assert_training(est, params=params, optimizer_state=2 * params)  # AdamW: two moments
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert "step 0 | loss" in est.stderr and f"vocab_size={VOCAB}, block_size={BLOCK}" in est.stderr
+    # the causal mask: tril(ones(16, 16)) viewed (1, 1, 16, 16), fp32, one per block
+    assert est.breakdown["buffer"] == layers * ex.rounded(BLOCK * BLOCK * ex.FP32)
+    # X and Y: (32, 16) int64 each
+    assert est.breakdown["input"] == 2 * ex.rounded(batch * BLOCK * 8)
+    # the endless epoch (1e10 / 32 batches) is not skipped through; the loop is ended at step
+    # 3, each re-iteration after it yields one batch, and --max-steps 5 ends the job itself
+    assert f"a DataLoader epoch of {10**10 // batch} batches is too long" in _notes(est)
+    assert est.data["steps"] == 5 and not est.data["stopped"]
+
+
+def test_makemore_gru_cell_loop_keeps_every_hidden_state(tmp_path):
+    write_names(tmp_path / "names.txt")
+    embd, embd2, batch = 32, 64, 32
+    cell = 3 * ex.linear(embd2, embd + embd2)  # xh_to_z, xh_to_r, xh_to_hbar
+    params = ex.device_bytes([(1, embd2), (VOCAB, embd)] + cell + ex.linear(VOCAB, embd2),
+                             ex.FP32)
+    est = estimate_here("r16b_makemore.py", *MAKEMORE_ARGS, "--type", "gru", "--n-embd",
+                        str(embd), "--n-embd2", str(embd2), flags=("--gpu", "h100-80gb"),
+                        cwd=tmp_path)
+    # the 16-step recurrence saves, per step and sample, the concatenations and gates the
+    # backward needs: at least the 16 hidden states and their stack (2 x 32 x 16 x 64 fp32)
+    hidden = ex.rounded(batch * embd2 * ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params,
+                    extra_upper=est.breakdown["activation"])
+    assert est.breakdown["activation"] >= 2 * BLOCK * hidden
+    assert "buffer" not in est.breakdown or est.breakdown["buffer"] == 0
+    assert est.data["steps"] == 5
