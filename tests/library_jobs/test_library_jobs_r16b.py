@@ -8,6 +8,10 @@ from peakmem):
   StopIteration reset, a `while True` loop ended by `--max-steps`, AdamW. Found: the capture
   hung skipping that epoch's 312,500,000 batches index by index (capture/dataloader.py
   MAX_SKIPPED_SAMPLES; tests/capture/test_stopping.py).
+- yunjey/pytorch-tutorial tutorials/02-intermediate/language_model (scripts/
+  r16b_yunjey_language_model/main.py + data_utils.py): module constants, an LSTM language model
+  with truncated BPTT (states detached and carried), `clip_grad_norm_`, a loop over tensor
+  slices (no DataLoader), 1000 words sampled after training. Worked as it is.
 """
 
 from __future__ import annotations
@@ -94,3 +98,31 @@ def test_makemore_gru_cell_loop_keeps_every_hidden_state(tmp_path):
     assert est.breakdown["activation"] >= 2 * BLOCK * hidden
     assert "buffer" not in est.breakdown or est.breakdown["buffer"] == 0
     assert est.data["steps"] == 5
+
+
+# yunjey/pytorch-tutorial language_model/main.py --------------------------------------------------
+
+def test_yunjey_language_model_truncated_bptt_lstm(tmp_path):
+    (tmp_path / "data").mkdir()
+    vocab = [f"w{i}" for i in range(499)]  # + <eos>: 500 words
+    rng = random.Random(0)
+    lines = [" ".join(vocab[:250]), " ".join(vocab[250:])]
+    lines += [" ".join(rng.choice(vocab) for _ in range(rng.randint(5, 20))) for _ in range(298)]
+    (tmp_path / "data" / "train.txt").write_text("\n".join(lines) + "\n")
+    words, embed, hidden, batch, seq = 500, 128, 1024, 20, 30  # the script's constants
+    decoder = ex.device_bytes(ex.linear(words, hidden), ex.FP32)
+    params = ex.device_bytes([(words, embed), *ex.lstm_shapes(embed, hidden, 1)], ex.FP32) + decoder
+    est = estimate_here("r16b_yunjey_language_model/main.py", flags=("--gpu", "h100-80gb"),
+                        cwd=tmp_path)
+    assert_training(est, params=params, optimizer_state=2 * params,
+                    extra_upper=est.breakdown["workspace"] + est.breakdown["temporary"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # inputs and targets: (20, 30) int64 slices moved to the device each batch
+    assert est.breakdown["input"] == 2 * ex.rounded(batch * seq * 8)
+    # the peak is inside the LSTM's backward: the decoder's gradients exist (zero_grad set
+    # them to None), the LSTM's and the embedding's are not made yet
+    assert est.breakdown["gradient"] == decoder
+    # a loop over tensor slices cannot be ended: stopped after 3 steps, nothing sampled
+    assert est.data["steps"] == 3 and est.data["stopped"]
+    assert "does not iterate a DataLoader" in _notes(est)
+    assert "Epoch [1/5], Step[0/7]" in est.stderr and not (tmp_path / "model.ckpt").exists()
