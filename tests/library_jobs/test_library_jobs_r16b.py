@@ -12,6 +12,10 @@ from peakmem):
   r16b_yunjey_language_model/main.py + data_utils.py): module constants, an LSTM language model
   with truncated BPTT (states detached and carried), `clip_grad_norm_`, a loop over tensor
   slices (no DataLoader), 1000 words sampled after training. Worked as it is.
+- yunjey/pytorch-tutorial tutorials/03-advanced/variational_autoencoder/main.py
+  (scripts/r16b_yunjey_vae.py): the legacy `F.binary_cross_entropy(..., size_average=False)`,
+  15 epochs each followed by no_grad sampling and a reconstruction of the epoch's last batch.
+  Worked as it is.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import random
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate_here
-from tests.library_jobs.test_library_jobs import assert_training
+from tests.library_jobs.harness import JobEstimate, estimate_here, write_mnist
+from tests.library_jobs.test_library_jobs import assert_training, needs
 
 pytestmark = pytest.mark.slow
 
@@ -126,3 +130,31 @@ def test_yunjey_language_model_truncated_bptt_lstm(tmp_path):
     assert est.data["steps"] == 3 and est.data["stopped"]
     assert "does not iterate a DataLoader" in _notes(est)
     assert "Epoch [1/5], Step[0/7]" in est.stderr and not (tmp_path / "model.ckpt").exists()
+
+
+# yunjey/pytorch-tutorial variational_autoencoder/main.py ------------------------------------------
+
+@needs("torchvision")
+def test_yunjey_vae_legacy_size_average_and_per_epoch_samples(tmp_path):
+    # 700 images: batches of 128, the last of 60
+    write_mnist(tmp_path / "tutorials" / "data" / "MNIST" / "raw", train=700, test=16)
+    folder = tmp_path / "tutorials" / "03-advanced" / "variational_autoencoder"
+    folder.mkdir(parents=True)
+    shapes = (ex.linear(400, 784) + ex.linear(20, 400) + ex.linear(20, 400) + ex.linear(400, 20)
+              + ex.linear(784, 400))
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate_here("r16b_yunjey_vae.py", flags=("--gpu", "h100-80gb"), cwd=folder)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # the first epoch: 3 full batches and its last (4 steps); the loop is ended in the second
+    # after 2 more steps (the first epoch plus 2), which then runs its last batch; each later
+    # epoch its last batch only, each followed by its no_grad samples (an evaluation between
+    # epochs keeps them running: all 15)
+    assert est.data["steps"] == 4 + 3 + 13 and not est.data["stopped"]
+    # the peak is in the second epoch: a full batch (128 x 784 fp32) and the global `z`
+    # (128 x 20, `torch.randn(...).to(device)`) the first epoch's sampling left alive
+    assert est.breakdown["input"] == (ex.rounded(128 * 784 * ex.FP32)
+                                      + ex.rounded(128 * 20 * ex.FP32))
+    assert "Epoch[1/15]" not in est.stderr  # printed every 10 batches: never reached
+    assert (folder / "samples" / "sampled-15.png").exists()
+    assert (folder / "samples" / "reconst-15.png").exists()
