@@ -16,6 +16,10 @@ from peakmem):
   (scripts/r16b_yunjey_vae.py): the legacy `F.binary_cross_entropy(..., size_average=False)`,
   15 epochs each followed by no_grad sampling and a reconstruction of the epoch's last batch.
   Worked as it is.
+- vwxyzjn/cleanrl cleanrl/pqn.py (scripts/r16b_cleanrl_pqn.py): RAdam, LayerNorm, rollout
+  storage made on the device up front, `torch.where` epsilon-greedy on the device, Q(lambda)
+  returns under no_grad, numpy minibatch indices, a device loss handed to `add_scalar`. Worked
+  as it is.
 """
 
 from __future__ import annotations
@@ -158,3 +162,27 @@ def test_yunjey_vae_legacy_size_average_and_per_epoch_samples(tmp_path):
     assert "Epoch[1/15]" not in est.stderr  # printed every 10 batches: never reached
     assert (folder / "samples" / "sampled-15.png").exists()
     assert (folder / "samples" / "reconst-15.png").exists()
+
+
+# cleanrl pqn.py ----------------------------------------------------------------------------------
+
+@needs("gymnasium", "tyro", "tensorboard")
+def test_cleanrl_pqn_device_rollout_storage_and_radam(tmp_path):
+    shapes = (ex.linear(120, 4) + ex.norm(120) + ex.linear(84, 120) + ex.norm(84)
+              + ex.linear(2, 84))  # CartPole-v1: 4 observations, 2 actions
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate_here("r16b_cleanrl_pqn.py", "--num-envs", "2", "--num-steps", "16",
+                        "--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps",
+                        "128", flags=("--gpu", "h100-80gb"), cwd=tmp_path)
+    # RAdam: exp_avg and exp_avg_sq per parameter (its `step` stays on the host)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # copied from the host and alive while it trains: the five (16, 2[, 4]) storage buffers
+    # (`torch.zeros(...).to(device)`), next_obs, next_done and random_actions, 512 B or less
+    # each (`returns` is made on the device by zeros_like)
+    assert est.breakdown["input"] == 8 * ex.BLOCK
+    # 2 minibatch steps per iteration: the third (iteration 2) stops the job, after iteration
+    # 1's `add_scalar("losses/td_loss", loss, ...)` read the device loss
+    assert est.data["steps"] == 3 and est.data["stopped"]
+    assert "SPS:" in est.stderr
+    assert list((tmp_path / "runs").glob("CartPole-v1__r16b_cleanrl_pqn__1__*/events.*"))
