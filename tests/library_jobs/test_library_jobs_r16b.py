@@ -7,7 +7,8 @@ from peakmem):
   `RandomSampler(replacement=True, num_samples=int(1e10))` read with `next()` and a
   StopIteration reset, a `while True` loop ended by `--max-steps`, AdamW. Found: the capture
   hung skipping that epoch's 312,500,000 batches index by index (capture/dataloader.py
-  MAX_SKIPPED_SAMPLES; tests/capture/test_stopping.py).
+  MAX_SKIPPED_SAMPLES; tests/capture/test_stopping.py). minGPT's Trainer builds the same
+  sampler (scripts/mingpt_trainer.py past its step limit hung as well).
 - yunjey/pytorch-tutorial tutorials/02-intermediate/language_model (scripts/
   r16b_yunjey_language_model/main.py + data_utils.py): module constants, an LSTM language model
   with truncated BPTT (states detached and carried), `clip_grad_norm_`, a loop over tensor
@@ -106,6 +107,18 @@ def test_makemore_gru_cell_loop_keeps_every_hidden_state(tmp_path):
     assert est.breakdown["activation"] >= 2 * BLOCK * hidden
     assert "buffer" not in est.breakdown or est.breakdown["buffer"] == 0
     assert est.data["steps"] == 5
+
+
+def test_mingpt_trainer_past_the_step_limit_is_stopped_not_hung():
+    """minGPT's Trainer draws from the same endless sampler (scripts/mingpt_trainer.py): with
+    more iterations than the capture's step limit, the ended loop re-iterated into a skip of
+    1e10 / 8 batches and hung (the older test stops at --max-iters 3, before any skip)."""
+    params = ex.device_bytes(ex.gpt2_shapes(**ex.MINGPT, tied=False), ex.FP32)
+    est = estimate_here("mingpt_trainer.py", "--max-iters", "200")
+    assert_training(est, params=params, optimizer_state=2 * params)
+    assert "is too long to skip through" in _notes(est)
+    # ended at step 3; each re-iteration yields one batch; the 4th bare one in a row stops it
+    assert est.data["steps"] == 7 and est.data["stopped"]
 
 
 # yunjey/pytorch-tutorial language_model/main.py --------------------------------------------------
