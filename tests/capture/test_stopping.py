@@ -662,3 +662,47 @@ def test_a_no_grad_teacher_forward_on_the_training_batch_is_training(tmp_path):
     assert result.capture.trace.meta["phases_ran"] == ["training", "eval"]
     assert TRAIN_PEAK in result.notes and EVAL_PEAK not in result.notes
     assert marks(result.capture.trace).count("eval") == 1
+
+
+def test_an_epoch_too_long_to_skip_through_is_ended_where_it_is(a100, stack24):
+    """karpathy/makemore's InfiniteDataLoader: a RandomSampler drawing 1e10 indices with
+    replacement, read by `next()` with a StopIteration reset. Skipping to its last batch would
+    draw 1e10 indices from the sampler (hours): the epoch is neither shortened nor skipped."""
+    from peakmem.capture.dataloader import MAX_SKIPPED_SAMPLES
+
+    batches = int(1e10) // 8
+    assert (batches - 1) * 8 > MAX_SKIPPED_SAMPLES
+    lengths = []
+
+    def job():
+        model = torch.nn.Linear(8, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.randn(80, 8)
+        sampler = torch.utils.data.RandomSampler(data, replacement=True, num_samples=int(1e10))
+        loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
+        lengths.append(len(loader))
+        batches = iter(loader)
+        for _step in range(100):
+            try:
+                x = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                x = next(batches)
+            model(x.cuda()).sum().backward()
+            optimizer.step()
+        with torch.no_grad():  # after the loop: not reached when the loop is stopped
+            model(torch.randn(4096, 8).cuda())
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert lengths == [batches]  # its true length: not shortened
+    assert (
+        f"a DataLoader epoch of {batches} batches is too long to skip through (its sampler draws "
+        "every skipped batch's indices): not shortened; an ended training loop stops at the "
+        "batch it is on"
+    ) in result.notes
+    # the loop was ended at step 3 (the epoch stopped at its 4th batch); each re-iteration gives
+    # one batch, until the (MAX_BARE_EPOCHS + 1)th bare repeat in a row stops the job
+    assert result.trace.meta["loop_ended"] and result.stopped
+    assert result.steps == 3 + MAX_BARE_EPOCHS + 1 == 7
+    assert input_rows(result.trace, 8) == [8] * result.steps

@@ -18,7 +18,10 @@ Every iteration of a `torch.utils.data.DataLoader` goes through `LoaderEpochs`:
   evaluation: shortened, not ended);
 - worker processes: a loader with `num_workers > 0` loads its batches in the main process
   (GPU memory does not depend on where the host loads data, and only a main-process sampler can
-  skip batches).
+  skip batches);
+- an epoch too long to skip through (skipping draws every skipped batch's indices from the job's
+  sampler: more than MAX_SKIPPED_SAMPLES of them) is neither shortened nor skipped to its last
+  batch: when the loop ends, it ends at the batch it was on.
 
 Other loader classes (fastai's `DataLoader`: capture.fastai_dataloader) take part through
 `LoaderEpochs.adopt` (how the capture reads their length and whether they are map-style) and
@@ -43,6 +46,20 @@ from peakmem.capture.accumulation import MAX_WAIT_BATCHES, STEADY_STEPS, window_
 from peakmem.capture.session import CaptureSession
 
 STEADY_BATCHES = 3
+
+MAX_SKIPPED_SAMPLES = 10_000_000
+"""The most sample indices a skip may draw from a sampler (one `next()` of the batch sampler per
+skipped batch, a few microseconds per index). karpathy/makemore's `InfiniteDataLoader` stands an
+endless loader on `RandomSampler(dataset, replacement=True, num_samples=int(1e10))`: its epoch
+of 1e10 / batch_size batches cannot be skipped through (drawing them took hours)."""
+
+
+def skip_affordable(loader: Any, length: int) -> bool:
+    """Whether skipping to the last of `length` batches draws at most MAX_SKIPPED_SAMPLES
+    indices (a loader without an integer batch size counts one index a batch)."""
+    per_batch = getattr(loader, "batch_size", None)
+    per_batch = per_batch if isinstance(per_batch, int) and per_batch > 0 else 1
+    return (length - 1) * per_batch <= MAX_SKIPPED_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -86,6 +103,7 @@ class LoaderIteration:
             self.length is not None
             and loaders.kind_of(loader).map_style(loader)
             and hasattr(iterator, "_sampler_iter")
+            and loaders.affordable_skip(loader, self.length)
         )
         self.window = loaders.window_of(loader)
         """The accumulation window a framework declared for this loader (None: not known)."""
@@ -402,7 +420,20 @@ class LoaderEpochs:
             and length is not None
             and length > self.steady_batches(window) + 1
             and self.kind_of(loader).map_style(loader)
+            and self.affordable_skip(loader, length)
         )
+
+    def affordable_skip(self, loader: Any, length: int) -> bool:
+        """`skip_affordable`, with a note (once per length) when it is not."""
+        if skip_affordable(loader, length):
+            return True
+        self._note_once(
+            ("unskippable", length),
+            f"a DataLoader epoch of {length} batches is too long to skip through (its sampler "
+            "draws every skipped batch's indices): not shortened; an ended training loop "
+            "stops at the batch it is on",
+        )
+        return False
 
     def shortened_length(self, loader: Any, value: int) -> int:
         """`len(loader)` during the capture: its true length `value`, or the shortened epoch's."""
