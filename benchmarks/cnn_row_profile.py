@@ -109,6 +109,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=15)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--cprofile", action="store_true", help="cProfile's self times instead")
+    parser.add_argument("--dump", metavar="FILE",
+                        help="with --cprofile: also write the profile's stats to FILE (pstats)")
     parser.add_argument("--plain", action="store_true",
                         help="no profiler: the rows' CPU seconds and a digest of their results")
     parser.add_argument("--gc", action="store_true",
@@ -147,6 +149,8 @@ def main() -> int:
         print(f"{len(results)} rows, {time.process_time() - start:.2f} CPU s under cProfile")
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
+        if args.dump:
+            profile.dump_stats(args.dump)
         print(out.getvalue())
         return 0
 
