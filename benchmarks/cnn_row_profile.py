@@ -3,6 +3,7 @@
 
     python benchmarks/cnn_row_profile.py [--rows 15] [--top 25]            # sampled, CPU time
     python benchmarks/cnn_row_profile.py --rows 5 --cprofile [--top 25]    # cProfile, self time
+    python benchmarks/cnn_row_profile.py --rows 8 --cprofile --dump FILE   # + pstats file
     python benchmarks/cnn_row_profile.py --rows 15 --plain                  # CPU s, no profiler
     python benchmarks/cnn_row_profile.py --rows 30 --gc                     # + garbage collections
 
