@@ -3,6 +3,7 @@
 
     python benchmarks/cnn_row_profile.py [--rows 15] [--top 25]            # sampled, CPU time
     python benchmarks/cnn_row_profile.py --rows 5 --cprofile [--top 25]    # cProfile, self time
+    python benchmarks/cnn_row_profile.py --rows 8 --cprofile --dump FILE   # + pstats file
     python benchmarks/cnn_row_profile.py --rows 15 --plain                  # CPU s, no profiler
     python benchmarks/cnn_row_profile.py --rows 30 --gc                     # + garbage collections
 
@@ -109,6 +110,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=15)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--cprofile", action="store_true", help="cProfile's self times instead")
+    parser.add_argument("--dump", metavar="FILE",
+                        help="with --cprofile: also write the profile's stats to FILE (pstats)")
     parser.add_argument("--plain", action="store_true",
                         help="no profiler: the rows' CPU seconds and a digest of their results")
     parser.add_argument("--gc", action="store_true",
@@ -147,6 +150,8 @@ def main() -> int:
         print(f"{len(results)} rows, {time.process_time() - start:.2f} CPU s under cProfile")
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
+        if args.dump:
+            profile.dump_stats(args.dump)
         print(out.getvalue())
         return 0
 

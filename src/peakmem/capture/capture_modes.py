@@ -34,7 +34,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from peakmem.capture import device_map as device_map_module
-from peakmem.capture.arg_tensors import tensors_in
+from peakmem.capture.arg_tensors import LEAF_TYPES, tensors_in
 from peakmem.capture.device_map import CudaAsMeta
 from peakmem.capture.device_specs import is_meta_spec
 from peakmem.capture.host_deferred import (
@@ -109,6 +109,21 @@ class CaptureModes(TorchFunctionMode):
                     return False
                 key = id(tensor.untyped_storage())
             return key in self._kinds or key in self.deferral.collated
+        if not kwargs:  # positional arguments only (most calls): one flat pass, no list made
+            kinds, collated = self._kinds, self.deferral.collated
+            with _NO_MODES():
+                for value in args:
+                    kind = type(value)
+                    if kind in _PLAIN_TENSORS:
+                        if value.is_meta and value.layout == torch.strided:
+                            key = id(value.untyped_storage())
+                            if key in kinds or key in collated:
+                                return True
+                    elif kind not in LEAF_TYPES:  # a container, a subclass, another node
+                        break
+                else:
+                    return False
+            # (whether any tensor is marked does not depend on the order: the full walk again)
         tensors = tensors_in(args) if not kwargs else tensors_in((args, kwargs))
         return bool(tensors) and self.deferral._any_marked(tensors)
 

@@ -124,6 +124,11 @@ for _op in (aten.sub.Tensor, aten.mul.Tensor):
 register_branch(SDPA_MATH, aten.add.Tensor, always, "_scaled_dot_product_attention_math")
 
 
+def has_in_place_branch(func: Any) -> bool:
+    """Whether a branch is registered for `func` (else `in_place_branch` answers None)."""
+    return func in _OPS
+
+
 def in_place_branch(func: Any, args: tuple, kwargs: dict, out: Any) -> InPlaceBranch | None:
     """The branch whose out-of-place op `func` just made `out` from `args[0]`, where CUDA writes
     into `args[0]` (same layout as the result, and the rest of the C++ condition holds)."""

@@ -153,10 +153,11 @@ class MetaCache:
 
     def __init__(self) -> None:
         self._entries: dict[tuple, CacheEntry] = {}
-        self._ops: dict[Any, tuple[tuple[str, str] | bool, bool]] = {}
-        """op -> (its fused-kernel names, or False where not cacheable; whether its float
-        arguments are keyed by type only). Holds every op it has seen, so an op's `id` in a
-        cache key stays its own."""
+        self._ops: dict[int, tuple[tuple[str, str] | bool, bool, Any]] = {}
+        """id(op) -> (its fused-kernel names, or False where not cacheable; whether its float
+        arguments are keyed by type only; the op). Holds every op it has seen, so an op's `id`
+        (here and in a cache key) stays its own; an int key, as an OpOverload's `__hash__` is
+        Python."""
         self.hits = 0
         self.misses = 0
         self.fast = 0  # misses answered by capture/fast_layouts.py's rules
@@ -169,11 +170,11 @@ class MetaCache:
         or stored in, and its tensor arguments' storage ids (`id(untyped_storage())`, every
         one). Every call of the same key gets the same entry, so what is a function of the key
         alone may be kept in its `memo` (the utilization observer's cost of the op)."""
-        facts = self._ops.get(func)
+        facts = self._ops.get(id(func))
         if facts is None:
             names = _fused_names(func) if _op_cacheable(func) else False
-            facts = self._ops[func] = (names, names is not False and _value_blind(func))
-        names, blind = facts
+            facts = self._ops[id(func)] = (names, names is not False and _value_blind(func), func)
+        names, blind, _ = facts
         fused = False
         if names is not False:
             fused = names[0] in FUSED_KERNELS or names[1] in FUSED_KERNELS
@@ -189,7 +190,8 @@ class MetaCache:
         try:
             key = (
                 id(func),  # `_ops` keeps func alive: no other op takes its id
-                _global_state(),
+                (_get_default_dtype(), _is_grad_enabled(), _is_inference_mode_enabled(),
+                 _are_deterministic_algorithms_enabled()),  # `_global_state()`, inline
                 _key(args, storages, blind),
                 _kwargs_key(kwargs, storages, blind) if kwargs else (),
                 torch._C._get_cudnn_enabled() if fused else None,  # read by cuda_rules' kernels
@@ -222,6 +224,12 @@ def _layout_pure(names: tuple[str, str]) -> bool:
     return name in LAYOUT_PURE_FUSED_KERNELS
 
 
+_get_default_dtype = torch.get_default_dtype
+_is_grad_enabled = torch.is_grad_enabled
+_is_inference_mode_enabled = torch.is_inference_mode_enabled
+_are_deterministic_algorithms_enabled = torch.are_deterministic_algorithms_enabled
+
+
 def _global_state() -> tuple:
     return (
         torch.get_default_dtype(),
@@ -238,8 +246,20 @@ def _key(values: tuple | list, storages: dict[int, int], blind: bool = False) ->
     append = parts.append
     for value in values:
         kind = type(value)
-        if kind in _PLAIN_TENSORS:
-            append(_tensor_key(value, storages))
+        if kind in _PLAIN_TENSORS:  # `_tensor_key(value, storages)`, inline
+            if value.layout is not _STRIDED or not value.is_meta:
+                raise _NotCacheable
+            dtype = value.dtype
+            append((
+                dtype,
+                tuple(value.shape),
+                value.stride(),
+                value.storage_offset(),
+                storages.setdefault(id(value.untyped_storage()), len(storages)),
+                value.requires_grad,
+                dtype.is_complex and value.is_conj(),
+                value.is_neg(),
+            ))
         elif kind is tuple or kind is list:
             if _INT_ONLY.issuperset(map(type, value)):  # sizes, strides, dims (or empty)
                 append((kind, tuple(value)))

@@ -16,8 +16,8 @@ from torch.utils._pytree import tree_flatten
 from peakmem.capture.eager import op_name
 from peakmem.capture.flex_attention import register_hop_handlers
 from peakmem.capture.grad_accumulation import engine_frame
-from peakmem.capture.host_deferred import claim, outputs_kind
-from peakmem.capture.in_place_branches import in_place_branch
+from peakmem.capture.host_deferred import DEVICE, claim, outputs_kind
+from peakmem.capture.in_place_branches import has_in_place_branch, in_place_branch
 from peakmem.capture.meta_cache import SHARED_CACHE
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.subclass_storages import storage_tensors
@@ -25,6 +25,7 @@ from peakmem.cuda_rules import host_outputs_for, op_rule_for, output_order_for
 from peakmem.cuda_rules.true_device import is_meta, true_device
 from peakmem.trace.vocab import Category
 
+_DISABLE_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _HOST_COPY_OPS = {"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"}
 
 
@@ -35,10 +36,11 @@ def _op_name(func) -> str:
 class _OpInfo:
     """What the recorder needs to know of one op overload (looked up once per capture)."""
 
-    __slots__ = ("rule", "around", "host_outputs", "name", "host_copy", "dynamic_shape",
-                 "output_order")
+    __slots__ = ("func", "rule", "around", "host_outputs", "name", "host_copy", "dynamic_shape",
+                 "output_order", "accumulates", "branches")
 
     def __init__(self, func) -> None:
+        self.func = func  # kept alive: the recorder's table is keyed by its id
         self.rule = op_rule_for(func)
         self.around = self.rule is not None and inspect.isgeneratorfunction(self.rule)
         self.host_outputs = host_outputs_for(func)
@@ -46,6 +48,8 @@ class _OpInfo:
         self.host_copy = func.overloadpacket.__name__ in _HOST_COPY_OPS
         self.dynamic_shape = torch.Tag.dynamic_output_shape in getattr(func, "tags", ())
         self.output_order = output_order_for(func)
+        self.accumulates = func is _ADD  # autograd's gradient accumulation (`_is_accumulation`)
+        self.branches = has_in_place_branch(func)  # registered in capture/in_place_branches.py
 
 
 class AllocationRecorder(TorchDispatchMode):
@@ -66,8 +70,10 @@ class AllocationRecorder(TorchDispatchMode):
             # a Dynamo frame callback is set (compiled code runs): Dynamo must not trace the
             # recorder's frames, as the base class's `torch._disable_dynamo` wrapper ensures
             return _dispatch_without_dynamo(self, func, types, args, kwargs)
-        # Without a callback that wrapper sets none and restores none: the call is the same.
-        return self._guarded_dispatch(func, types, args, kwargs)
+        # Without a callback that wrapper sets none and restores none: the call is the same
+        # (`_guarded_dispatch`'s body, one frame less per op).
+        with _DISABLE_TORCH_FUNCTION():
+            return self._dispatch(func, args, kwargs or {})
 
     def _guarded_dispatch(self, func, types, args=(), kwargs=None):
         # kernels written in Python (meta kernels, decompositions) and the rules must see the
@@ -77,9 +83,9 @@ class AllocationRecorder(TorchDispatchMode):
 
     def _dispatch(self, func, args, kwargs):
         session = self.session
-        info = self._ops.get(func)
+        info = self._ops.get(id(func))  # an int key: an OpOverload's `__hash__` is Python
         if info is None:
-            info = self._ops[func] = _OpInfo(func)
+            info = self._ops[id(func)] = _OpInfo(func)
         kind, kind_category = outputs_kind(session, args, kwargs)
         # a host-deferred or the job's own meta tensor: no CUDA kernel runs
         rule = None if session.closed or kind != "device" else info.rule
@@ -111,21 +117,28 @@ class AllocationRecorder(TorchDispatchMode):
             # back (`save_on_cpu`, activation offloading): the backward's own, not an input
             category = Category.INPUT.value
         category = kind_category or category
-        leaves = _leaves(out)
-        if info.output_order is not None and len(leaves) >= len(info.output_order):
-            # the order the CUDA kernel allocates them in (cuda_rules OUTPUT_ORDER)
-            leaves = [leaves[i] for i in info.output_order] + leaves[len(info.output_order):]
-        for tensor in storage_tensors(leaves):  # a wrapper subclass: its inner storages
+        if type(out) is Tensor:  # one plain tensor (most ops): its own leaf, no inner storages
+            tensors = (out,)
+        else:
+            tensors = _leaves(out)
+            if info.output_order is not None and len(tensors) >= len(info.output_order):
+                # the order the CUDA kernel allocates them in (cuda_rules OUTPUT_ORDER)
+                tensors = ([tensors[i] for i in info.output_order]
+                           + tensors[len(info.output_order):])
+            tensors = storage_tensors(tensors)  # a wrapper subclass: its inner storages
+        # `claim` answers False without a look while no storage is host-deferred or meta
+        unclaimed = not session.storage_kinds and kind == DEVICE
+        for tensor in tensors:
             if (
                 isinstance(tensor, Tensor)
                 and tensor.is_meta
                 and id(tensor) not in skip
-                and not claim(session, tensor, kind)
+                and (unclaimed or not claim(session, tensor, kind))
             ):
                 session.track(tensor, op, category)
-        if func is _ADD and session.in_backward and _is_accumulation(args, kwargs, out):
+        if info.accumulates and session.in_backward and _is_accumulation(args, kwargs, out):
             session.expect_accumulation(args[0], out)
-        else:
+        elif info.branches:
             branch = in_place_branch(func, args, kwargs, out)
             if branch is not None:
                 session.expect_in_place(args[0], out, branch.name)

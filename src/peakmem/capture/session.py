@@ -223,6 +223,26 @@ class CaptureSession:
             if self.closed:
                 return
             old = self.live.get(key)
+            if old is None:  # the common call (every op's new output): `_alloc`'s body inline
+                nbytes = storage.nbytes()
+                if nbytes <= 0:
+                    return
+                self._pending_accumulation = None
+                self._max_before_last_alloc = self.max_allocated_bytes
+                trace = self.trace
+                if category is None:  # `default_category`
+                    category = _OTHER if self.state.phase == _OTHER_PHASE else _TEMPORARY
+                ident = trace.alloc_tagged(nbytes, self.stream, trace.intern_fields(
+                    category, self.module_source(), self.state.phase, op))
+                memory = self.memory
+                if memory is not None and (memory.strict or self._oom_retry_near(memory, nbytes)):
+                    memory.sync(raise_oom=True)  # raises the job's OutOfMemoryError
+                allocated = self.allocated_bytes = self.allocated_bytes + nbytes
+                if allocated > self.max_allocated_bytes:
+                    self.max_allocated_bytes = allocated
+                record = self.live[key] = LiveStorage(len(trace) - 1, ident, nbytes)
+                record.watch = weakref.ref(storage, lambda _ref, key=key: self._storage_died(key))
+                return
             if old is not None:
                 if storage.nbytes() <= old.nbytes:
                     return
@@ -309,7 +329,13 @@ class CaptureSession:
                 return
             record = self.live.pop(key, None)
             if record is not None and not self.closed:
-                self._free(record.ident, record.nbytes)
+                # `_free`'s body inline (the lock is held; no accumulation is pending now)
+                ident = record.ident
+                self.trace.free(ident)
+                self.allocated_bytes -= record.nbytes
+                if ident in self._recorded:
+                    self._recorded.discard(ident)
+                    self._deferred.append(ident)
 
     def _alloc(self, nbytes: int, category: str, op: str, *, or_smaller: bool = False) -> int:
         with self._lock:

@@ -76,6 +76,7 @@ class EventKind(IntEnum):
     deleted); at zero its wholly free segments are cudaFreed by the next EMPTY_CACHE."""
 
 
+_ALLOC, _FREE = EventKind.ALLOC, EventKind.FREE
 ALLOC_KINDS = frozenset({EventKind.ALLOC, EventKind.ALLOC_OR_SMALLER})
 POOL_KINDS = frozenset({EventKind.POOL_BEGIN, EventKind.POOL_END, EventKind.POOL_RELEASE})
 ALL_POOLS = -1
@@ -203,8 +204,25 @@ class Trace:
         self._append(kind, ident, size, stream, self.intern(tag) if tag_id is None else tag_id)
         return ident
 
+    def alloc_tagged(self, size: int, stream: int, tag_id: int) -> int:
+        """`alloc(size, stream, tag_id=tag_id)`: the capture's per-op call, one frame."""
+        if not 0 <= size <= MAX_SIZE:
+            return self.alloc(size, stream, tag_id=tag_id)  # raises as it does
+        ident = self._next_id
+        self._next_id = ident + 1
+        self.kinds.append(_ALLOC)
+        self.ids.append(ident)
+        self.sizes.append(size)
+        self.streams.append(stream)
+        self.tag_ids.append(tag_id)
+        return ident
+
     def free(self, ident: int) -> None:
-        self._append(EventKind.FREE, ident, 0, 0, NO_TAG)
+        self.kinds.append(_FREE)  # `_append`'s body: once per freed storage
+        self.ids.append(ident)
+        self.sizes.append(0)
+        self.streams.append(0)
+        self.tag_ids.append(NO_TAG)
 
     def retract_last_alloc(self, ident: int) -> bool:
         """Withdraw the last event if it is the allocation of `ident` (an allocation the

@@ -134,6 +134,24 @@ class OpCostObserver:
         if self.failed:
             return
         try:
+            if cached is not None and kind == "device":
+                memo = cached[0].memo
+                if memo is not None:
+                    session = self.session
+                    deferral = session.host_deferral
+                    if (deferral is None or not deferral.collated
+                            or self._all_on_device(cached[1], out)):
+                        # `_observe`'s answer from the entry's memo, one frame less per op
+                        if session.state.steps != self._step:
+                            self._roll()
+                        record = self.current
+                        reads = session.host_reads
+                        syncs, self._reads = max(reads - self._reads, 0), reads
+                        if memo is _NO_TENSORS:
+                            record.trailing_syncs += syncs
+                        else:
+                            self._append(record, memo[0], syncs)
+                        return
             self._observe(func, args, kwargs, out, kind, cached)
         except Exception as exc:  # noqa: BLE001 - never let the utilization model break a capture
             self.failed = f"{type(exc).__name__} on {getattr(func, '__name__', func)}"
