@@ -75,6 +75,17 @@ def test_default_without_the_job_setting(tmp_path):
     assert not any("itself" in note for note in result.notes)
 
 
+def test_memory_fraction_initialises_cuda_first(tmp_path):
+    # set_per_process_memory_fraction initialises CUDA (torch reads the configuration then): a
+    # setting made after it is ignored even before the first tensor
+    script = _script(tmp_path, before='import torch\n'
+                                      'torch.cuda.set_per_process_memory_fraction(0.5)\n'
+                                      'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = '
+                                      '"expandable_segments:True"')
+    result, in_job = _estimate(script, tmp_path)
+    assert (result.peak_reserved_bytes, in_job, result.alloc_conf) == (NATIVE, NATIVE, "")
+
+
 def test_setting_after_the_first_cuda_tensor_is_ignored(tmp_path):
     script = _script(tmp_path, after='os.environ["PYTORCH_CUDA_ALLOC_CONF"] = '
                                      '"expandable_segments:True"')
