@@ -36,6 +36,10 @@ class AllocatorConfigError(ValueError):
     """An allocator configuration string PyTorch would reject."""
 
 
+class BackendNotSimulated(AllocatorConfigError):
+    """A valid PyTorch setting peakmem does not simulate (`backend:cudaMallocAsync`)."""
+
+
 def _is_power_of_2(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
@@ -125,7 +129,7 @@ class AllocatorConfig:
                         f"Unknown allocator backend, options are native and cudaMallocAsync, got {backend!r}"
                     )
                 if backend not in SIMULATED_BACKENDS:
-                    raise AllocatorConfigError(
+                    raise BackendNotSimulated(
                         f"allocator backend {backend} is not simulated: peakmem simulates only the "
                         "native caching allocator (drop backend:cudaMallocAsync to estimate with it)"
                     )

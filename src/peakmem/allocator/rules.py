@@ -75,6 +75,13 @@ class AllocatorRules:
     `alloc_block` skipped expandable segments for a pool with `owner_PrivatePool` ("our
     checkpointing logic for private pools doesn't support the expandable_segments_ structure
     yet") and cudaMalloc'd plain segments for it."""
+    conf_variables: tuple[str, ...] = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    """The environment variables torch reads its allocator configuration from, the first one set
+    wins (the value of an empty one included). `PYTORCH_ALLOC_CONF`, the device-generic name, came
+    with AcceleratorAllocatorConfig (c10/core/AllocatorConfig.cpp; taken to be 2.10, the rules'
+    boundary for that parser; medium confidence, it may be 2.9); CUDAAllocatorConfig::instance()
+    (2.13) reads `PYTORCH_CUDA_ALLOC_CONF` first and `PYTORCH_ALLOC_CONF` only when it is unset.
+    Before, `getenv("PYTORCH_CUDA_ALLOC_CONF")` alone."""
     config_options: frozenset[str] | None = None
     """The `PYTORCH_CUDA_ALLOC_CONF` options the version's parser knows (None: all peakmem
     parses); any other is rejected as PyTorch did ("Unrecognized CachingAllocator option")."""
@@ -121,6 +128,7 @@ _RULES_2_4 = AllocatorRules(
     list_divisions_may_be_zero=False,
     split_size_minimum_inclusive=False,
     private_pools_use_expandable_segments=False,
+    conf_variables=("PYTORCH_CUDA_ALLOC_CONF",),
 )
 
 _VERSION_RULES: list[AllocatorRules] = [
@@ -136,12 +144,14 @@ _VERSION_RULES: list[AllocatorRules] = [
         large_segment_size_configurable=False,
         roundup_gt_fills_from_next_interval=False,
         split_size_minimum_inclusive=False,
+        conf_variables=("PYTORCH_CUDA_ALLOC_CONF",),
     ),
     AllocatorRules(
         version=(2, 6),
         large_segment_size_configurable=False,
         roundup_gt_fills_from_next_interval=False,
         split_size_minimum_inclusive=False,
+        conf_variables=("PYTORCH_CUDA_ALLOC_CONF",),
     ),
     AllocatorRules(version=(2, 10), large_segment_size_configurable=False),
     AllocatorRules(version=(2, 12)),

@@ -107,6 +107,7 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
         writer.write(encode(snapshot, writer.pid))
 
     from peakmem.capture.fake_memory import allocator_target
+    from peakmem.capture.job_alloc_conf import job_environment
 
     native_writes: Any = contextlib.nullcontext()
     if request.get("job_files"):  # journal what the job writes: peakmem puts it back afterwards
@@ -118,9 +119,9 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     from peakmem.inputs import InputError
 
     try:
-        with os_exit_hook(writer, on_exit), native_writes, allocator_target(
+        with os_exit_hook(writer, on_exit), native_writes, job_environment(
             request.get("alloc_conf"), request["torch_version"]
-        ):
+        ), allocator_target(request.get("alloc_conf"), request["torch_version"]):
             return capture_command(
                 argv, gpu=gpu, stack=stack, steps=request["steps"], mode=request["mode"]
             )

@@ -274,7 +274,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     patches: dict[tuple[Any, str], Any] = {
         (cuda, "is_available"): lambda: True,
         (cuda, "is_initialized"): lambda: True,
-        (cuda, "init"): lambda: None,
+        (cuda, "init"): lambda: session.memory.settle() if session.memory is not None else None,
         (cuda, "_lazy_init"): lambda: None,
         (cuda, "device_count"): lambda: 1,
         (cuda, "current_device"): lambda: 0,

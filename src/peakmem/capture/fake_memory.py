@@ -8,6 +8,10 @@ stopped, only when a reading is asked: free when nobody asks, one simulation of 
 when the job reads at every step. After `set_per_process_memory_fraction` the simulation follows
 every allocation as it is recorded, and an allocation the capped allocator cannot satisfy raises
 `torch.OutOfMemoryError` in the job at that point, as on the GPU (capture.fake_oom).
+
+The configuration is settled at the job's first CUDA allocator use (`SimulatedMemory.settle`):
+where the job set `PYTORCH_CUDA_ALLOC_CONF` itself before it, torch reads the job's value
+(capture.job_alloc_conf).
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from peakmem.allocator.caching import (
     DeviceLimits,
     OutOfMemory,
 )
-from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError
+from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError, BackendNotSimulated
 from peakmem.allocator.private_pools import apply_pool_event
 from peakmem.allocator.rules import AllocatorRules
+from peakmem.capture import job_alloc_conf
 from peakmem.trace.events import POOL_KINDS, EventKind, Trace
 
 POOLS = ("all", "small_pool", "large_pool")
@@ -46,16 +51,18 @@ ARRAY_STATS = (
 )
 SIZE_MAX = 2**64 - 1
 
-_TARGET: ContextVar[tuple[str | None, str | None]] = ContextVar(
-    "peakmem_allocator_target", default=(None, None)
+_TARGET: ContextVar[tuple[str | None, str | None, dict[str, str | None] | None]] = ContextVar(
+    "peakmem_allocator_target", default=(None, None, None)
 )
 
 
 @contextmanager
 def allocator_target(alloc_conf: str | None, torch_version: str | None) -> Iterator[None]:
     """The allocator configuration and torch version the job's memory readings simulate, for
-    captures run inside this block (default: `PYTORCH_CUDA_ALLOC_CONF` and the stack's torch)."""
-    token = _TARGET.set((alloc_conf, torch_version))
+    captures run inside this block (default: the environment's configuration and the stack's
+    torch). The environment's allocator variables are taken as the job's starting point here:
+    a change the job makes to them later (every pass of the block) is the job's own setting."""
+    token = _TARGET.set((alloc_conf, torch_version, job_alloc_conf.snapshot()))
     try:
         yield
     finally:
@@ -63,10 +70,17 @@ def allocator_target(alloc_conf: str | None, torch_version: str | None) -> Itera
 
 
 def target_settings(default_version: str) -> tuple[str, str]:
-    conf, version = _TARGET.get()
+    conf, version, _ = _TARGET.get()
+    version = version or default_version
     if conf is None:
-        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    return conf, version or default_version
+        conf = job_alloc_conf.environ_conf(os.environ, version) or ""
+    return conf, version
+
+
+def target_start() -> dict[str, str | None]:
+    """The allocator variables of the job's environment at its start (see allocator_target)."""
+    start = _TARGET.get()[2]
+    return job_alloc_conf.snapshot() if start is None else start
 
 
 class Stat:
@@ -112,9 +126,13 @@ class SimulatedMemory:
         self.total_bytes = total_bytes
         self.outside_bytes = outside_bytes
         self.config = config
+        self.rules = rules
         self.allocator = CachingAllocator(
             config, rules, DeviceLimits(None, None, total_bytes), DeviceAddressSpace()
         )
+        self.settle_config: Callable[[], AllocatorConfig | None] | None = None
+        """Called once, at the job's first CUDA allocator use: the configuration the job set
+        itself by then (None: the one given stands; raises the job's error for a bad one)."""
         self.position = 0
         self.live: dict[int, Block] = {}
         self.awaiting: dict[int, Block] = {}
@@ -129,6 +147,24 @@ class SimulatedMemory:
     def strict(self) -> bool:
         """A per-process memory fraction is set: allocations beyond it fail in the job."""
         return self.fraction is not None
+
+    def settle(self) -> None:
+        """The job's first CUDA allocator use: torch reads its allocator configuration now
+        (capture.job_alloc_conf). Nothing has been replayed yet, so the allocator starts anew
+        under the job's configuration where it set one."""
+        resolve, self.settle_config = self.settle_config, None
+        if resolve is None:
+            return
+        config = resolve()
+        if config is None:
+            return
+        self.config = config
+        self.allocator = CachingAllocator(
+            config, self.rules, DeviceLimits(None, None, self.total_bytes), DeviceAddressSpace()
+        )
+        self.position = 0
+        self.live.clear()
+        self.awaiting.clear()
 
     # -- replay ---------------------------------------------------------------------------------
     def sync(self, raise_oom: bool = False) -> None:
@@ -269,6 +305,7 @@ class SimulatedMemory:
         self.allocator.num_device_alloc = self.allocator.num_device_free = 0
 
     def set_fraction(self, fraction: float) -> None:
+        self.settle()  # torch.cuda.set_per_process_memory_fraction initialises CUDA
         self.sync()
         self.fraction = fraction
         self.allocator.set_memory_fraction(fraction, self.total_bytes)
@@ -389,6 +426,7 @@ def build(
     """The simulation for a capture; a configuration the target torch rejects is noted and the
     default configuration used (the estimate itself reports the bad configuration)."""
     conf, version = target_settings(default_version)
+    start = target_start()
     try:
         rules = AllocatorRules.for_version(version)
     except ValueError:
@@ -402,4 +440,22 @@ def build(
             f"memory readings during the capture used the default allocator settings "
             f"(PYTORCH_CUDA_ALLOC_CONF={conf!r} was rejected)"
         )
-    return SimulatedMemory(trace, config, rules, total_bytes, outside_bytes)
+    memory = SimulatedMemory(trace, config, rules, total_bytes, outside_bytes)
+
+    def settle() -> AllocatorConfig | None:
+        job = job_alloc_conf.job_conf(start, version)
+        if job is None:
+            return None
+        try:
+            parsed = AllocatorConfig.parse(job, version)
+        except BackendNotSimulated as exc:
+            from peakmem.capture.unsupported import Unsupported
+
+            raise Unsupported(f"the job's own allocator setting ({exc})") from None
+        except AllocatorConfigError as exc:  # torch raises this at the first CUDA use
+            raise RuntimeError(str(exc)) from None
+        trace.meta[job_alloc_conf.META_KEY] = job
+        return parsed
+
+    memory.settle_config = settle
+    return memory

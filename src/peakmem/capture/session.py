@@ -341,6 +341,9 @@ class CaptureSession:
         with self._lock:
             self._pending_accumulation = None
             self._max_before_last_alloc = self.max_allocated_bytes
+            if self.memory is not None and self.memory.settle_config is not None:
+                self.memory.settle()  # the first CUDA allocation: torch reads its allocator
+                # configuration now (capture.job_alloc_conf); a bad one the job set raises here
             trace = self.trace
             ident = trace.alloc(
                 nbytes,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from peakmem.capture.job_alloc_conf import META_KEY as JOB_ALLOC_CONF
 from peakmem.capture.result import DEFAULT_STEPS, CaptureResult
 from peakmem.estimate.breakdown import PeakBreakdown
 from peakmem.estimate.first_use import first_use_bytes, job_ops
@@ -408,6 +409,9 @@ def estimate_capture(
     # kernel families' first-use memory outside the allocator, where the GPU has a measured
     # first-use model (estimate/first_use.py; its base is then the context figure)
     libraries.update(first_use_bytes(stack, gpu, job_ops(capture)))
+    job_conf = capture.trace.meta.get(JOB_ALLOC_CONF)
+    if isinstance(job_conf, str):  # the job set its own before torch read it: torch's choice
+        alloc_conf = job_conf
     config = parse_alloc_conf(alloc_conf, torch_version)
     fraction = capture.trace.meta.get("memory_fraction")
     fraction = float(fraction) if isinstance(fraction, (int, float)) and 0 <= fraction <= 1 else None
@@ -436,6 +440,8 @@ def estimate_capture(
     if peak_index is None or peak_index < 0:
         peak_index = len(capture.trace) - 1
     notes = list(capture.notes)
+    if isinstance(job_conf, str):
+        notes.append(job_alloc_conf_note(job_conf))
     for note in (
         eval_peak_note(capture.trace, result.peak_reserved_index),
         compile_bound_note(capture.trace, peak_index, int(result.peak_allocated_bytes)),
@@ -491,6 +497,16 @@ def estimate_capture(
         simulation=result,
         libraries=libraries,
         utilization=utilization,
+    )
+
+
+def job_alloc_conf_note(conf: str) -> str:
+    """The job chose its allocator configuration itself (capture.job_alloc_conf)."""
+    return (
+        f"the job set its allocator configuration itself before its first CUDA use "
+        f"(PYTORCH_CUDA_ALLOC_CONF={conf!r} in its own process): torch reads that one, so the "
+        "estimate simulates it (--alloc-conf and the caller's environment give only the starting "
+        "point)"
     )
 
 
@@ -551,8 +567,12 @@ def _resolve(gpu: str | GpuProfile, torch_version: str | None, alloc_conf: str |
              job_env: dict[str, str] | None = None):
     gpu_profile = gpu if isinstance(gpu, GpuProfile) else load_gpu(gpu)
     version = torch_version or _installed_torch_version()
-    conf = alloc_conf if alloc_conf is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     stack = load_stack(version)  # refuses a torch version without allocator rules, by name
+    if alloc_conf is None:  # what torch reads in the job's environment at its start
+        from peakmem.capture.job_alloc_conf import environ_conf
+
+        alloc_conf = environ_conf({**os.environ, **(job_env or {})}, version)
+    conf = alloc_conf or ""
     parse_alloc_conf(conf, version)  # reject a bad configuration before running the job
     _check_cublas_workspace_config({**os.environ, **(job_env or {})})
     return gpu_profile, stack, version, conf
@@ -613,12 +633,13 @@ def estimate(
     job to its end, nothing shortened."""
     from peakmem.capture import capture_callable
     from peakmem.capture.fake_memory import allocator_target
+    from peakmem.capture.job_alloc_conf import job_environment
 
     _check_mode(mode)
     steps = _check_steps(steps)
     timeout = check_timeout(timeout)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
-    with allocator_target(conf, version):
+    with job_environment(conf, version), allocator_target(conf, version):
         capture = _capture_with_mode(
             lambda run_mode: capture_callable(
                 fn, *args, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
@@ -696,8 +717,9 @@ def estimate_command(
         if not isolate:
             from peakmem.capture import capture_command
             from peakmem.capture.fake_memory import allocator_target
+            from peakmem.capture.job_alloc_conf import job_environment
 
-            with allocator_target(conf, version):
+            with job_environment(conf, version), allocator_target(conf, version):
                 capture = _capture_with_mode(
                     lambda run_mode: capture_command(
                         argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,

@@ -163,8 +163,10 @@ def _capture_in_process(launch: Launch, rank: int, gpu: GpuProfile, stack: Stack
                         timeout: float | None) -> CaptureResult:
     from peakmem.capture import capture_command
     from peakmem.capture.fake_memory import allocator_target
+    from peakmem.capture.job_alloc_conf import job_environment
 
-    with rank_environment(launch.rank_env(rank)), allocator_target(conf, version):
+    with rank_environment(launch.rank_env(rank)), job_environment(conf, version), \
+            allocator_target(conf, version):
         return _capture_with_mode(
             lambda run_mode: capture_command(launch.rank_command(rank), gpu=gpu, stack=stack,
                                              steps=steps, timeout=timeout, mode=run_mode),

@@ -51,6 +51,9 @@ child forked from the zygote keeps what the zygote read, so these must match the
 NOT_STARTUP_ENV = frozenset({
     "PEAKMEM_WARM", "PEAKMEM_RUNTIME_DIR",  # whether / where to find a warm process
     "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",  # read when used (torch._inductor's cache_dir)
+    # the allocator configuration: read by the capture in the job's process, at the job's first
+    # CUDA allocation (capture.job_alloc_conf), never by the warm process's imports
+    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
 })
 """Variables of those prefixes that are not part of the identity: the child reads them from the
 requester's environment, which it is given."""

@@ -118,7 +118,8 @@ def kill_running() -> None:
 
 def _worker_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # the job's alloc_conf is an option, not ours
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # the job's alloc_conf is
+        env.pop(name, None)  # an option, not ours (capture.job_alloc_conf.VARIABLES)
     return env
 
 
