@@ -229,12 +229,14 @@ class CaptureSession:
                     return
                 self._pending_accumulation = None
                 self._max_before_last_alloc = self.max_allocated_bytes
+                memory = self.memory
+                if memory is not None and memory.settle_config is not None:
+                    memory.settle()  # as in `_alloc`: the job's first CUDA allocation
                 trace = self.trace
                 if category is None:  # `default_category`
                     category = _OTHER if self.state.phase == _OTHER_PHASE else _TEMPORARY
                 ident = trace.alloc_tagged(nbytes, self.stream, trace.intern_fields(
                     category, self.module_source(), self.state.phase, op))
-                memory = self.memory
                 if memory is not None and (memory.strict or self._oom_retry_near(memory, nbytes)):
                     memory.sync(raise_oom=True)  # raises the job's OutOfMemoryError
                 allocated = self.allocated_bytes = self.allocated_bytes + nbytes
