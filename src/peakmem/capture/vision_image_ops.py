@@ -28,7 +28,7 @@ import torch
 
 from peakmem.capture.library_patches import register_library_patch
 from peakmem.capture.on_import import patch_on_import
-from peakmem.capture.vision_ops import _loads
+from peakmem.capture.vision_ops import _loads, extension_file
 
 IMAGE_SCHEMAS: dict[str, str] = {
     "read_file": "read_file(str filename) -> Tensor",
@@ -53,15 +53,7 @@ _used = False
 
 def image_library(package_dir: Path | None = None) -> Path | None:
     """torchvision's `image` extension file, or None if torchvision is not installed."""
-    if package_dir is None:
-        import importlib.util
-
-        spec = importlib.util.find_spec("torchvision")
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        package_dir = Path(next(iter(spec.submodule_search_locations)))
-    candidates = sorted(package_dir.glob("image.*so")) + sorted(package_dir.glob("image.*pyd"))
-    return candidates[0] if candidates else None
+    return extension_file("image", package_dir)
 
 
 def _defined(name: str) -> bool:

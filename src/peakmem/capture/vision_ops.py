@@ -68,15 +68,21 @@ NOTE = (
 _library: torch.library.Library | None = None  # kept alive: dropping it undefines the ops
 
 
-def compiled_library(package_dir: Path | None = None) -> Path | None:
-    """torchvision's `_C` extension file, or None if torchvision is not installed."""
+def extension_file(stem: str, package_dir: Path | None = None) -> Path | None:
+    """torchvision's compiled extension `stem` (`_C`, `image`), or None if torchvision (or that
+    file) is not installed."""
     if package_dir is None:
         spec = importlib.util.find_spec("torchvision")
         if spec is None or not spec.submodule_search_locations:
             return None
         package_dir = Path(next(iter(spec.submodule_search_locations)))
-    candidates = sorted(package_dir.glob("_C.*so")) + sorted(package_dir.glob("_C.*pyd"))
+    candidates = sorted(package_dir.glob(f"{stem}.*so")) + sorted(package_dir.glob(f"{stem}.*pyd"))
     return candidates[0] if candidates else None
+
+
+def compiled_library(package_dir: Path | None = None) -> Path | None:
+    """torchvision's `_C` extension file, or None if torchvision is not installed."""
+    return extension_file("_C", package_dir)
 
 
 def compiled_library_loads(package_dir: Path | None = None) -> bool:
