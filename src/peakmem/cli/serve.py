@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from peakmem.cli.contract import ContractCommand
+from peakmem.cli.finite import FiniteFloatRange
 
 
 @click.command("serve", cls=ContractCommand)
@@ -19,7 +20,7 @@ from peakmem.cli.contract import ContractCommand
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(1, 100000),
               help="Jobs that may wait for a worker; past it, 429.")
 @click.option("--max-seconds", default=600.0, show_default=True,
-              type=click.FloatRange(0, 86400, min_open=True),
+              type=FiniteFloatRange(0, 86400, min_open=True),
               help="Wall-clock limit of one estimate (a request may only lower it).")
 @click.option("--max-host-memory", default="16GiB", show_default=True, metavar="BYTES",
               help="Host RAM one job may hold (a request may only lower it).")
@@ -30,7 +31,7 @@ from peakmem.cli.contract import ContractCommand
 @click.option("--emit", "fmt", default="hami", show_default=True,
               help="Scheduler format of the webhook's patch (the --emit formats).")
 @click.option("--admission-budget", default=8.0, show_default=True,
-              type=click.FloatRange(0, 30, min_open=True),
+              type=FiniteFloatRange(0, 30, min_open=True),
               help="Seconds the webhook waits for an estimate.")
 @click.option("--failure-policy", type=click.Choice(["open", "closed"]), default="open",
               show_default=True,
