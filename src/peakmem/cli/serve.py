@@ -12,6 +12,14 @@ from peakmem.cli.contract import ContractCommand
 from peakmem.cli.finite import FiniteFloatRange
 
 
+def _directory(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """click.Path(file_okay=False) refuses only regular files: /dev/null or a FIFO passed, and
+    the server started with a working directory no job can run in."""
+    if value is not None and not os.path.isdir(value):
+        raise click.BadParameter(f"{value!r} is not a directory", ctx, param)
+    return value
+
+
 @click.command("serve", cls=ContractCommand)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
@@ -38,6 +46,7 @@ from peakmem.cli.finite import FiniteFloatRange
               help="Webhook without an estimate in time (or a failed one): open admits the pod "
               "unchanged with a warning, closed refuses it.")
 @click.option("--admission-workdir", type=click.Path(exists=True, file_okay=False), default=None,
+              callback=lambda ctx, param, value: _directory(ctx, param, value),
               help="Directory where a pod's peakmem.io/command runs when no ConfigMap sends its "
               "files (e.g. a shared code volume).")
 @click.option("--configmaps/--no-configmaps", default=False, show_default=True,
