@@ -37,6 +37,8 @@ class Case7(Case):
     absent: tuple[str, ...] = ()
     peak_at_least: int = 0
     lines_of: tuple[str, int] | None = None
+    request: dict | None = None  # service cases: requests.post kwargs, argv[0] the route
+    expect_text: str = ""  # service cases: a text the answer must hold
 
 
 def _case(name: str, surface: str, argv: list[str], codes: set[int] | int, **kw) -> Case7:
@@ -253,12 +255,118 @@ def option_cases() -> list[Case7]:
     return out
 
 
+def service_cases() -> list[Case7]:
+    """The service and its webhook, in process (as hostile_service_k5.py), on bodies k5's service
+    sweep does not send. A case fails on a 5xx, an exception, over 20 s, or an answer without
+    its `expect_text`."""
+    def pod(annotations: dict) -> dict:
+        return {"metadata": {"annotations": annotations, "namespace": "ns"},
+                "spec": {"containers": [{"name": "c", "image": "i"}]}}
+
+    def review(request: dict, version: str = "admission.k8s.io/v1") -> dict:
+        return {"apiVersion": version, "kind": "AdmissionReview", "request": request}
+
+    cmd = {"peakmem.io/command": "python -m json.tool"}
+    job = {"files": {"train.py": "print('hi')\n"}, "command": ["python", "train.py"]}
+    raw = {"content-type": "application/json"}
+    zipped = __import__("hostile_service_k5")._zip({"train.py": b"x"})
+    rows = [
+        ("annotation command one 5 MB word", "/v1/admission",
+         {"json": review({"uid": "u", "object": pod({"peakmem.io/command": "python " + "x" * 5_000_000})})},
+         "characters long"),
+        ("annotation command 100 kB word", "/v1/admission",
+         {"json": review({"uid": "u", "object": pod({"peakmem.io/command": "python " + "x" * 100_000})})}, ""),
+        ("archive command one 1 MB word", "/v1/estimate-archives",
+         {"files": {"archive": ("a.zip", zipped)}, "data": {"command": "python " + "x" * 1_000_000}},
+         "characters long"),
+        ("AdmissionReview v1beta1", "/v1/admission",
+         {"json": review({"uid": "u", "object": pod(cmd)}, "admission.k8s.io/v1beta1")},
+         '"apiVersion":"admission.k8s.io/v1beta1"'),
+        ("AdmissionReview apiVersion int", "/v1/admission",
+         {"json": {"apiVersion": 5, "kind": "AdmissionReview", "request": {"uid": "u", "object": pod(cmd)}}},
+         '"apiVersion":"admission.k8s.io/v1"'),
+        ("annotation options steps negative", "/v1/admission",
+         {"json": review({"uid": "u", "object": pod(cmd | {"peakmem.io/options": '{"steps": -1}'})})},
+         "peakmem.io/options: steps"),
+        ("annotation options timeout 1e300", "/v1/admission",
+         {"json": review({"uid": "u", "object": pod(cmd | {"peakmem.io/options": '{"timeout": 1e300}'})})},
+         "peakmem.io/options: timeout"),
+        ("annotation options duplicate key", "/v1/admission",
+         {"json": review({"uid": "u", "object": pod(cmd | {"peakmem.io/options": '{"steps": 1, "steps": 2}'})})},
+         "appears twice"),
+        ("annotation options mode unknown", "/v1/admission",
+         {"json": review({"uid": "u", "object": pod(cmd | {"peakmem.io/options": '{"mode": "zzz"}'})})},
+         "peakmem.io/options: mode"),
+        ("uid 2 MB", "/v1/admission", {"json": review({"uid": "u" * 2_000_000, "object": pod(cmd)})}, ""),
+        ("annotations 200000", "/v1/admission",
+         {"json": review({"uid": "u", "object": pod({f"a{i}": "x" for i in range(200000)} | cmd)})}, ""),
+        ("annotation value null", "/v1/admission", {"json": review({"uid": "u", "object": pod({"peakmem.io/command": None})})}, ""),
+        ("initContainers only", "/v1/admission",
+         {"json": review({"uid": "u", "object": {"metadata": {"annotations": cmd}, "spec": {"initContainers": [{"name": "c"}]}}})},
+         "no containers"),
+        ("admission content-type yaml", "/v1/admission",
+         {"content": json.dumps(review({"uid": "u", "object": pod(cmd)})).encode(), "headers": {"content-type": "application/yaml"}}, ""),
+        ("admission content-encoding gzip, plain body", "/v1/admission",
+         {"content": json.dumps(review({"uid": "u", "object": pod(cmd)})).encode(), "headers": {**raw, "content-encoding": "gzip"}}, ""),
+        ("admission body utf-16", "/v1/admission",
+         {"content": json.dumps(review({"uid": "u", "object": pod(cmd)})).encode("utf-16"), "headers": raw}, ""),
+        ("admission body a string", "/v1/admission", {"content": b'"x"', "headers": raw}, ""),
+        ("estimates command 1M words", "/v1/estimates", {"json": {**job, "command": ["python", "train.py"] + ["x"] * 1_000_000}}, ""),
+        ("estimates file 60 MB", "/v1/estimates", {"json": {**job, "files": {"train.py": "x" * 60_000_000}}}, ""),
+    ]
+    return [_case(f"service {label}", "service", [route], {0}, request=request, expect_text=text)
+            for label, route, request, text in rows]
+
+
+_CLIENT: list = []
+_CLIENT_LOCK = __import__("threading").Lock()
+
+
+def run_service_case(case: Case7) -> dict:
+    """One service case on an app with the fake estimator (made once, used under a lock)."""
+    import time
+
+    with _CLIENT_LOCK:
+        if not _CLIENT:
+            from fastapi.testclient import TestClient
+
+            from peakmem.service.admission import AdmissionConfig
+            from peakmem.service.app import ServiceConfig, create_app
+            from peakmem.service.estimators import fake_estimator
+
+            app = create_app(ServiceConfig(sandbox="off", workers=1,
+                                           admission=AdmissionConfig(budget_seconds=2)),
+                             estimator=fake_estimator)
+            client = TestClient(app, raise_server_exceptions=False)
+            client.__enter__()
+            _CLIENT.append(client)
+        start = time.monotonic()
+        try:
+            response = _CLIENT[0].post(case.argv[0], **case.request)
+            status, text = response.status_code, response.text
+        except Exception as exc:  # noqa: BLE001 - the sweep records it
+            status, text = None, f"{type(exc).__name__}: {exc}"
+        seconds = time.monotonic() - start
+    problems = []
+    if status is None or status >= 500:
+        problems.append(f"status {status}")
+    if seconds > 20:
+        problems.append(f"{seconds:.0f} s")
+    if case.expect_text and case.expect_text not in text:
+        problems.append(f"answer lacks {case.expect_text!r}")
+    return {"name": case.name, "surface": case.surface, "exit": status, "lines": 0,
+            "traceback": False, "seconds": round(seconds, 1), "problems": problems,
+            "last": " ".join(text.split())[:160], "stdout_bytes": len(text)}
+
+
 def cases() -> list:
-    return job_cases() + batch_cases() + option_cases()
+    return job_cases() + batch_cases() + option_cases() + service_cases()
 
 
 def run_one(case: Case) -> dict:
     """`run_case`, where the sweep's own failure to set a case up is that case's row."""
+    if getattr(case, "request", None) is not None:
+        return run_service_case(case)
     try:
         row = run_case(case, materialise, check)
         if case.name in JSON_ERRORS and row["exit"] not in (0, None):
