@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from peakmem.capture.session import CaptureSession
+from peakmem.shell_words import shell_words
 
 _REAL_INIT = subprocess.Popen.__init__
 
@@ -56,7 +57,7 @@ def python_command(args: Any, shell: bool = False) -> str | None:
     try:
         if isinstance(args, (str, bytes, os.PathLike)):
             text = os.fsdecode(args)
-            words = shlex.split(text) if shell else [text]
+            words = shell_words(text) if shell else [text]
         else:
             words = [os.fsdecode(word) for word in args]
     except (TypeError, ValueError):

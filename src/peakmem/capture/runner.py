@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
@@ -23,7 +25,7 @@ from peakmem.capture.recorder import AllocationRecorder
 from peakmem.capture.result import DEFAULT_STEPS, CaptureResult, first_line, safe_str
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.side_effects import divert_fake_saves
-from peakmem.capture.threads import traced_threads
+from peakmem.capture.threads import join_job_threads, threads_note, traced_threads
 from peakmem.capture.unsupported import Unsupported
 from peakmem.capture.value_steered import value_steered_optimizers
 from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES, SPARSE_KERNELS
@@ -384,14 +386,43 @@ def capture_command(
     if spec.script is not None and not script_exists(spec.script):
         raise JobSpecError(f"script not found: {spec.script}")
 
+    still_running: list[str] = []
+    conf_set: list[str] = []
+
     def job() -> None:
+        before = set(threading.enumerate())
         with script_environment(spec), job_exit_handlers() as exit_handlers:
+            conf = os.environ.get(ALLOC_CONF_VARIABLE)
             try:
-                execute(spec)
+                try:
+                    execute(spec)
+                finally:
+                    if os.environ.get(ALLOC_CONF_VARIABLE) != conf:
+                        conf_set.append(os.environ.get(ALLOC_CONF_VARIABLE) or "")
             except SystemExit as exc:
-                if ended_normally(exc):  # `sys.exit(0)`: its atexit handlers run, then it ends
+                if ended_normally(exc):  # `sys.exit(0)`: its threads are waited for, its
+                    still_running.extend(join_job_threads(before))  # atexit handlers run
                     exit_handlers.run()
                 raise
+            still_running.extend(join_job_threads(before))  # as python's shutdown does
             exit_handlers.run()
 
-    return _run_captured(job, gpu, stack, steps, timeout, mode)
+    result = _run_captured(job, gpu, stack, steps, timeout, mode)
+    if still_running:
+        result.notes.append(threads_note(still_running))
+    if conf_set:
+        result.notes.append(alloc_conf_note(conf_set[0]))
+    return result
+
+
+ALLOC_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def alloc_conf_note(value: str) -> str:
+    """The job set PYTORCH_CUDA_ALLOC_CONF itself (`os.environ[...] = ...` before its first CUDA
+    call, which torch reads then): the estimate simulates the configuration peakmem was given
+    (--alloc-conf or its own environment), not that one."""
+    shown = value if len(value) <= 200 else value[:200] + "..."
+    return (f"WARNING: the job set {ALLOC_CONF_VARIABLE}={shown!r} itself while it ran; the "
+            "estimate simulates the allocator configuration peakmem was given, not this one "
+            f"(pass --alloc-conf {shown!r} to estimate the job's)")

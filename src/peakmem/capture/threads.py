@@ -14,6 +14,7 @@ by then, so nothing more is recorded.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -72,3 +73,30 @@ def traced_threads() -> Iterator[None]:
     finally:
         thread_class.start = original_start  # type: ignore[method-assign]
         thread_class._bootstrap_inner = original_bootstrap  # type: ignore[attr-defined]
+
+
+JOB_THREAD_GRACE_SECONDS = 5.0
+"""How long the end of a job waits for the non-daemon threads it started, as python's own
+shutdown does (threading._shutdown, before the atexit handlers), before the estimate ends."""
+
+
+def join_job_threads(before: set[threading.Thread],
+                     grace: float = JOB_THREAD_GRACE_SECONDS) -> list[str]:
+    """Wait (at most `grace` seconds in all) for the non-daemon threads started since `before`
+    was taken; the names of those still running after it. `python train.py` waits for them
+    before it exits, so what they allocate after the main thread's last line is part of the
+    run's peak: the estimate ended at that line and left it out."""
+    deadline = time.monotonic() + grace
+    current = threading.current_thread()
+    waiting = [thread for thread in threading.enumerate()
+               if thread not in before and thread is not current and not thread.daemon]
+    for thread in waiting:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [thread.name for thread in waiting if thread.is_alive()]
+
+
+def threads_note(names: list[str], grace: float = JOB_THREAD_GRACE_SECONDS) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"{len(names)} non-daemon thread(s) of the job ({shown}) still ran {grace:g} s after "
+            "its main thread ended: python would wait for them; what they allocate later is "
+            "not in the estimate")

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from peakmem.cli.contract import BadInput, ContractCommand
+from peakmem.cli.finite import FiniteFloatRange
 from peakmem.inputs import one_line
 
 
@@ -24,7 +25,7 @@ from peakmem.inputs import one_line
 @click.option("--retry-failed", is_flag=True,
               help="Rerun jobs that failed in an earlier run (default: only those not final).")
 @click.option("--sandbox", is_flag=True, help="Run each job in peakmem's sandbox (SECURITY.md).")
-@click.option("--max-seconds", type=click.FloatRange(0, 86400, min_open=True), default=None,
+@click.option("--max-seconds", type=FiniteFloatRange(0, 86400, min_open=True), default=None,
               help="Wall-clock limit of one estimate.")
 @click.option("--max-host-memory", default=None, metavar="BYTES",
               help="Host RAM one job may hold (e.g. 8GiB).")
@@ -54,6 +55,10 @@ def batch(jobs: str, output: str | None, ray_address: str | None, workers: int |
                        f"'peakmem[service]'): {exc}") from None
 
     jobs_path = Path(jobs)
+    from peakmem.cli.output_paths import empty_output
+
+    if empty := empty_output({"-o/--output": output}):  # '' was taken for the default file
+        raise BadInput(empty)
     if not jobs_path.is_file():
         raise BadInput(f"no such jobs file: {jobs}")
     output_path = Path(output) if output else jobs_path.with_name(

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from peakmem.cli.common import row_progress
 from peakmem.cli.contract import BadInput, ContractCommand
+from peakmem.cli.finite import FiniteFloatRange
 
 DEFAULT_ESTIMATORS = "peakmem,horus,faketensor,gpumemnet,accelerate,deepspeed"
 DEFAULT_MARGIN = 0.10
@@ -63,7 +64,7 @@ def _fail(message: str) -> None:
 )
 @click.option(
     "--margin",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=DEFAULT_MARGIN,
     show_default=True,
     help="Safety margin for the 'with margin' metrics (0.1 = +10%).",

@@ -289,6 +289,11 @@ def _estimate(
         report(EstimateError(str(exc), exit_code=2, reason="bad_input"), as_json)
     if emit_request is not None:
         _check_emit(emit_request, gpu_profile, as_json)
+    from peakmem.cli.output_paths import empty_output
+
+    empty = empty_output({"--job-log": job_log, "--snapshot": snapshot, "--timeline": timeline})
+    if empty:
+        report(EstimateError(empty, exit_code=2, reason="bad_input"), as_json)
     # paths the user gave are peakmem's, resolved before the job runs
     timeline = os.path.abspath(timeline) if timeline else None
     job_log = os.path.abspath(job_log) if job_log else None

@@ -88,8 +88,11 @@ def _fit(gpus: str, arg_spec: str, torch_version: str | None, alloc_conf: str | 
     except ProfileError as exc:
         _bad(str(exc), as_json)
 
+    from peakmem.cli.output_paths import clobbered_input, empty_output
+
+    if empty := empty_output({"--job-log": job_log}):
+        _bad(empty, as_json)
     log_path = os.path.abspath(job_log) if job_log else None
-    from peakmem.cli.output_paths import clobbered_input
 
     clobbered = clobbered_input(log_path, command) if log_path else None
     if clobbered:

@@ -10,10 +10,19 @@ from pathlib import Path
 import click
 
 from peakmem.cli.contract import ContractUsage
+from peakmem.cli.finite import FiniteFloatRange
 from peakmem.jobs.runner import JobSpec, JobSpecError
 from peakmem.measure.probe import DeviceProbe
 from peakmem.measure.result import MeasureResult, MeasureStatus
 from peakmem.measure.session import MeasureOptions, NoGPUError, measure_job
+
+
+def _output_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    """An output file option as a Path; '' refused (Path('') is the current directory)."""
+    from peakmem.cli.output_paths import refuse_empty
+
+    return None if value is None else Path(refuse_empty(ctx, param, value))
+
 
 _EXIT_CODES = {MeasureStatus.OK: 0, MeasureStatus.OOM: 0, MeasureStatus.TIMEOUT: 124}
 
@@ -45,12 +54,14 @@ def make_probe(index: int) -> DeviceProbe:
 )
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False),
+    callback=lambda ctx, param, value: _output_path(ctx, param, value),
     help="Also write the JSON object to this file.",
 )
 @click.option(
     "--snapshot",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False),
+    callback=lambda ctx, param, value: _output_path(ctx, param, value),
     help="Record the allocator's history and dump a memory snapshot (pickle) here.",
 )
 @click.option(
@@ -62,7 +73,7 @@ def make_probe(index: int) -> DeviceProbe:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     help="Stop the job after this many seconds (status timeout).",
 )
 @click.option(
@@ -70,7 +81,7 @@ def make_probe(index: int) -> DeviceProbe:
     "sample_hz",
     default=200.0,
     show_default=True,
-    type=click.FloatRange(min=100),
+    type=FiniteFloatRange(min=100),
     help="NVML sampling rate.",
 )
 @click.option(
@@ -135,6 +146,11 @@ def measure(
         finally:
             probe.close()
     except NoGPUError as exc:
+        if as_json:  # the contract's one JSON object, as for every other refusal
+            click.echo(json.dumps({"error": {
+                "kind": "bad_input", "message": f"no CUDA GPU to measure on: {exc}",
+                "exit_code": 2, "reason": "no_gpu", "job_exit_code": None, "signal": None,
+                "traceback": None}}))
         click.echo(f"peakmem measure: no CUDA GPU to measure on: {exc}", err=True)
         sys.exit(2)
     data = result.to_json()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+import click
+
 
 def clobbered_input(output: str, command: tuple[str, ...] | list[str]) -> str | None:
     """Why writing `output` would destroy one of the job's inputs, or None when it would not."""
@@ -26,6 +28,24 @@ def clobbered_input(output: str, command: tuple[str, ...] | list[str]) -> str | 
         except (OSError, ValueError):
             continue
     return None
+
+
+def empty_output(outputs: dict[str, str | None]) -> str | None:
+    """Why an output flag given an empty name (`--job-log ''`) cannot be written, or None. The
+    commands read `if path:`, so '' was taken for the flag left out: nothing was written and
+    nothing said so."""
+    for flag, path in outputs.items():
+        if path is not None and not path:
+            return f"{flag} '' is not a file name"
+    return None
+
+
+def refuse_empty(ctx, param, value):  # noqa: ANN001, ANN201 - a click option callback
+    """Click callback of an output path option: '' is refused before click.Path makes it
+    Path('') (the current directory), which is not what was given."""
+    if value is not None and not str(value):
+        raise click.BadParameter("'' is not a file name", ctx, param)
+    return value
 
 
 def shared_output(outputs: dict[str, str | None]) -> str | None:

@@ -9,6 +9,15 @@ from typing import Any
 import click
 
 from peakmem.cli.contract import ContractCommand
+from peakmem.cli.finite import FiniteFloatRange
+
+
+def _directory(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """click.Path(file_okay=False) refuses only regular files: /dev/null or a FIFO passed, and
+    the server started with a working directory no job can run in."""
+    if value is not None and not os.path.isdir(value):
+        raise click.BadParameter(f"{value!r} is not a directory", ctx, param)
+    return value
 
 
 @click.command("serve", cls=ContractCommand)
@@ -19,7 +28,7 @@ from peakmem.cli.contract import ContractCommand
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(1, 100000),
               help="Jobs that may wait for a worker; past it, 429.")
 @click.option("--max-seconds", default=600.0, show_default=True,
-              type=click.FloatRange(0, 86400, min_open=True),
+              type=FiniteFloatRange(0, 86400, min_open=True),
               help="Wall-clock limit of one estimate (a request may only lower it).")
 @click.option("--max-host-memory", default="16GiB", show_default=True, metavar="BYTES",
               help="Host RAM one job may hold (a request may only lower it).")
@@ -30,13 +39,14 @@ from peakmem.cli.contract import ContractCommand
 @click.option("--emit", "fmt", default="hami", show_default=True,
               help="Scheduler format of the webhook's patch (the --emit formats).")
 @click.option("--admission-budget", default=8.0, show_default=True,
-              type=click.FloatRange(0, 30, min_open=True),
+              type=FiniteFloatRange(0, 30, min_open=True),
               help="Seconds the webhook waits for an estimate.")
 @click.option("--failure-policy", type=click.Choice(["open", "closed"]), default="open",
               show_default=True,
               help="Webhook without an estimate in time (or a failed one): open admits the pod "
               "unchanged with a warning, closed refuses it.")
 @click.option("--admission-workdir", type=click.Path(exists=True, file_okay=False), default=None,
+              callback=lambda ctx, param, value: _directory(ctx, param, value),
               help="Directory where a pod's peakmem.io/command runs when no ConfigMap sends its "
               "files (e.g. a shared code volume).")
 @click.option("--configmaps/--no-configmaps", default=False, show_default=True,

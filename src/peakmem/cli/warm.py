@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from peakmem.cli.contract import EXIT_BAD_INPUT, ContractUsage, report_error
+from peakmem.cli.finite import FiniteFloatRange
 
 
 def _echo(info: dict[str, Any], as_json: bool, headline: str) -> None:
@@ -35,7 +36,7 @@ def _echo(info: dict[str, Any], as_json: bool, headline: str) -> None:
 @click.option("--preload", "preload", multiple=True, metavar="MODULE",
               help="A module to import in the warm process (repeatable), e.g. "
                    "transformers.models.gpt2.modeling_gpt2 for GPT-2 jobs.")
-@click.option("--idle", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+@click.option("--idle", type=FiniteFloatRange(min=0), default=None, metavar="SECONDS",
               help="Exit after this many seconds without a request (default 1800; 0: never).")
 @click.option("--stop", is_flag=True, help="Stop the warm process (after its running jobs).")
 @click.option("--status", is_flag=True,

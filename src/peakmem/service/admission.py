@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import base64
 import json
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from peakmem.service.jobs import DEFAULT_GPU, OPTION_NAMES, EstimateJob
+from peakmem.shell_words import shell_words
 
 PREFIX = "peakmem.io/"
 FAILURE_POLICIES = ("open", "closed")
@@ -111,7 +111,7 @@ def _container_index(containers: list[dict[str, Any]], name: str | None) -> int:
 def _parse_command(text: str) -> list[str]:
     text = text.strip()
     try:
-        words = json.loads(text) if text.startswith("[") else shlex.split(text)
+        words = json.loads(text) if text.startswith("[") else shell_words(text)
     except ValueError as exc:
         raise AdmissionError(f"{PREFIX}command cannot be parsed: {exc}") from None
     except RecursionError:
@@ -125,7 +125,7 @@ def _parse_options(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
     try:
-        options = json.loads(text)
+        options = json.loads(text, object_pairs_hook=_unique_keys)
     except ValueError as exc:
         raise AdmissionError(f"{PREFIX}options is not JSON: {exc}") from None
     except RecursionError:
@@ -133,7 +133,29 @@ def _parse_options(text: str | None) -> dict[str, Any]:
     if not isinstance(options, dict) or set(options) - set(OPTION_NAMES):
         raise AdmissionError(f"{PREFIX}options must be an object with keys among "
                              f"{', '.join(OPTION_NAMES)}")
-    return options
+    # the values as POST /v1/estimates checks them: `{"steps": -1}` was queued as it was, and
+    # failed (or, with an estimator that ignores it, passed) later without naming the field
+    from pydantic import ValidationError
+
+    from peakmem.service.models import EstimateOptions
+
+    try:
+        return EstimateOptions.model_validate(options).as_dict()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        raise AdmissionError(f"{PREFIX}options: {where}: {first.get('msg')}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An annotation's JSON object; a ValueError where a key comes twice (`{"steps": 1,
+    "steps": 2}`: json keeps the last silently, another reader the first)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"the key {key!r} appears twice")
+        found[key] = value
+    return found
 
 
 def _escape(key: str) -> str:
@@ -196,10 +218,15 @@ def _check_patchable(value: Any, kind: type, where: str) -> None:
                              f"{'an object' if kind is dict else 'a list'}: it cannot be patched")
 
 
+REVIEW_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+"""The AdmissionReview versions answered; the response has the request's version (the API
+server refuses another one), v1 where the request's is none of these."""
+
+
 def review(uid: str, allowed: bool, *, patch: list[dict[str, Any]] | None = None,
            warnings: list[str] | None = None, message: str | None = None,
-           code: int | None = None) -> dict[str, Any]:
-    """An AdmissionReview v1 response."""
+           code: int | None = None, api_version: Any = None) -> dict[str, Any]:
+    """An AdmissionReview response, of the request's `api_version` (v1 by default)."""
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if patch:
         response["patchType"] = "JSONPatch"
@@ -208,7 +235,8 @@ def review(uid: str, allowed: bool, *, patch: list[dict[str, Any]] | None = None
         response["warnings"] = [w[:500] for w in warnings]
     if message is not None or code is not None:
         response["status"] = {"code": code or (200 if allowed else 403), "message": message or ""}
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    version = api_version if api_version in REVIEW_VERSIONS else REVIEW_VERSIONS[0]
+    return {"apiVersion": version, "kind": "AdmissionReview", "response": response}
 
 
 def kubernetes_configmaps() -> ConfigMapReader:

@@ -10,7 +10,6 @@ import asyncio
 import hmac
 import json
 import logging
-import shlex
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from peakmem import __version__
-from peakmem.service.admission import AdmissionConfig, ConfigMapReader
+from peakmem.service.admission import AdmissionConfig, ConfigMapReader, review
 from peakmem.service.body_limit import ARCHIVE_ROUTE, BodyLimit, BodyTooLarge, too_large
 from peakmem.service.fast_path import FastPath
 from peakmem.service.files import (
@@ -45,6 +44,7 @@ from peakmem.service.models import (
 from peakmem.service.queue import JobQueue, QueueFull, SandboxChoice, choose_sandbox
 from peakmem.service.store import ResultStore
 from peakmem.service.webhook import admit
+from peakmem.shell_words import shell_words
 
 log = logging.getLogger("peakmem.service")
 
@@ -215,7 +215,8 @@ def create_app(
             return _bad_input("the archive is larger than the service accepts")
         try:
             files = await asyncio.to_thread(extract_archive, data, config.file_limits)
-            words = json.loads(command) if command.strip().startswith("[") else shlex.split(command)
+            words = (json.loads(command) if command.strip().startswith("[")
+                     else shell_words(command))
             parsed = EstimateRequest.model_validate(
                 {"command": words, "gpu": gpu, "options": json.loads(options or "{}")})
         except FilesError as exc:
@@ -258,6 +259,9 @@ def create_app(
         if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
             return _bad_input("not an AdmissionReview with a request uid")
         answer = await admit(request, config.admission, queue, configmaps)
+        # v1beta1 in, v1beta1 out: the API server refuses an answer of another version
+        answer["apiVersion"] = review(request["uid"], True,
+                                      api_version=review_body.get("apiVersion"))["apiVersion"]
         metrics.admission.labels(
             "patched" if answer["response"].get("patch") else
             "allowed" if answer["response"]["allowed"] else "denied").inc()

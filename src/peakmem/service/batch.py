@@ -140,26 +140,65 @@ def check_not_the_jobs_file(output: Path, jobs_path: Path) -> None:
                               "results are appended to it; name another with -o")
 
 
+MAX_RESULT_LINE_BYTES = 64 << 20
+"""The longest results line read back (a result is a few KiB); a longer one is not one of ours
+and is passed over in chunks, never held whole (a crash's NUL-filled or sparse tail has none)."""
+
+
+def _result_lines(handle) -> Iterator[bytes]:
+    """The lines of a results file opened in binary, each at most MAX_RESULT_LINE_BYTES; a
+    longer line is skipped without being held in memory. Read in 1 MiB blocks: readline() with
+    a limit took 50 s over a 2 GB line."""
+    pending = bytearray()
+    skipping = False  # inside a line already too long
+    while block := handle.read(1 << 20):
+        start = 0
+        while (end := block.find(b"\n", start)) != -1:
+            if not skipping and len(pending) + end + 1 - start <= MAX_RESULT_LINE_BYTES:
+                pending += block[start:end + 1]
+                yield bytes(pending)
+            pending.clear()
+            skipping, start = False, end + 1
+        if not skipping:
+            pending += block[start:]
+            if len(pending) > MAX_RESULT_LINE_BYTES:
+                pending.clear()
+                skipping = True
+    if pending and not skipping:
+        yield bytes(pending)
+
+
+def _final(entry: dict[str, Any], retry_failed: bool) -> bool:
+    """Whether a results line is a final one of ours: done with its result object, or failed
+    (not retryable) with its error object. A line saying `done` with no result is not final:
+    the job is run again rather than counted as estimated."""
+    if entry.get("status") == "done":
+        return isinstance(entry.get("result"), dict)
+    return (entry.get("status") == "failed" and isinstance(entry.get("error"), dict)
+            and not retry_failed and entry.get("retryable") is not True)
+
+
 def finished_ids(output: Path, retry_failed: bool = False) -> set[str]:
     """Ids whose last line in `output` is final (a rerun skips them)."""
     last: dict[str, dict[str, Any]] = {}
     check_output(output)
     try:
-        with output.open(encoding="utf-8", errors="replace", newline="\n") as fh:
-            for line in fh:
+        with output.open("rb") as fh:
+            for number, raw in enumerate(_result_lines(fh)):
+                text = raw.decode("utf-8", errors="replace")
+                if number == 0:
+                    text = text.removeprefix("\ufeff")  # saved by an editor with a BOM
                 try:
-                    entry = json.loads(line)
+                    entry = json.loads(text)
                 except (ValueError, RecursionError):
                     continue  # a line cut short by a crash, or not one of ours
                 if isinstance(entry, dict) and isinstance(entry.get("id"), str):
                     last[entry["id"]] = entry
     except FileNotFoundError:
         return set()
-    return {
-        job_id for job_id, entry in last.items()
-        if entry.get("status") == "done"
-        or (entry.get("status") == "failed" and not retry_failed and not entry.get("retryable"))
-    }
+    except OSError as exc:
+        raise BatchInputError(f"cannot read the results file {output}: {exc.strerror}") from None
+    return {job_id for job_id, entry in last.items() if _final(entry, retry_failed)}
 
 
 def to_job(raw: dict[str, Any], base: Path) -> EstimateJob:
@@ -238,14 +277,23 @@ class ResultWriter:
     """Appends result lines, flushed one by one (a crash loses at most the line being written)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        needs_newline = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
-        self.fh = path.open("a", encoding="utf-8")
-        if needs_newline:
-            self.fh.write("\n")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.fh = path.open("a+b")
+            # a torn last line (a crash mid-write) must not glue to the first new one; only
+            # the last byte is read (the file may be huge)
+            size = self.fh.seek(0, os.SEEK_END)
+            if size:
+                self.fh.seek(size - 1)
+                if self.fh.read(1) != b"\n":
+                    self.fh.write(b"\n")
+        except OSError as exc:
+            where = f" (a symlink to {os.readlink(path)!r})" if path.is_symlink() else ""
+            raise BatchInputError(f"cannot write the results file {path}{where}: "
+                                  f"{exc.strerror or exc}") from None
 
     def write(self, line: dict[str, Any]) -> None:
-        self.fh.write(json.dumps(line, sort_keys=True) + "\n")
+        self.fh.write((json.dumps(line, sort_keys=True) + "\n").encode("utf-8"))
         self.fh.flush()
         os.fsync(self.fh.fileno())
 
@@ -271,11 +319,11 @@ def run_batch(
     finished = finished_ids(output, retry_failed)
     todo = [(job_id, raw) for job_id, raw in jobs if job_id not in finished]
     summary = BatchSummary(total=len(jobs), skipped=len(jobs) - len(todo))
+    writer = ResultWriter(output)  # a results file that cannot be written: before the bar
     if on_start:
         on_start(len(todo))
     base = str(jobs_path.resolve().parent)
     started = time.monotonic()
-    writer = ResultWriter(output)
     try:
         runner = _in_process if in_process else _on_ray(ray_address, workers)
         for line in runner(todo, base, settings):
