@@ -242,9 +242,32 @@ def test_a_thread_allocating_after_the_main_thread_ended_counts_and_a_set_alloc_
     result = json.loads(proc.stdout)
     assert result["peak_allocated_bytes"] >= 1 << 30
     notes = [note for note in result["notes"] if "PYTORCH_CUDA_ALLOC_CONF" in note]
-    assert len(notes) == 1 and "'expandable_segments:True'" in notes[0]
-    assert "--alloc-conf 'expandable_segments:True'" in notes[0]
+    # set before its first CUDA use: torch reads it, and the estimate simulates it (s7)
+    assert len(notes) == 1 and "'expandable_segments:True'" in notes[0], notes
+    assert "the estimate simulates it" in notes[0]
+    assert result["alloc_conf"] == "expandable_segments:True"
     assert not any("non-daemon" in note for note in result["notes"])
+
+
+LATE_CONF = """import os
+import torch
+x = torch.ones(4, device="cuda")  # torch reads its allocator configuration here
+os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+model = torch.nn.Linear(16, 16).cuda()
+model(torch.randn(4, 16, device="cuda")).sum().backward()
+"""
+
+
+def test_an_alloc_conf_set_after_the_first_cuda_use_is_ignored_and_said(tmp_path):
+    """Set after torch read it: ignored by torch and by the estimate, with a warning that says
+    so (the job's author likely meant it to count)."""
+    (tmp_path / "train.py").write_text(LATE_CONF)
+    proc = run("-m", "peakmem", "estimate", "--json", "train.py", cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    notes = [note for note in result["notes"] if "PYTORCH_CUDA_ALLOC_CONF" in note]
+    assert len(notes) == 1 and "after its first CUDA use" in notes[0], notes
+    assert result["alloc_conf"] == ""
 
 
 # -- the service and its webhook ----------------------------------------------------------------

@@ -19,6 +19,7 @@ from peakmem.capture.compiled_code import precompiled_code_runs_eagerly
 from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
 from peakmem.capture.fake_cuda import fake_cuda_runtime
 from peakmem.capture.interpreter_state import interpreter_state_restored
+from peakmem.capture.job_alloc_conf import META_KEY as JOB_ALLOC_CONF
 from peakmem.capture.library_patches import library_patches
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
@@ -410,7 +411,9 @@ def capture_command(
     result = _run_captured(job, gpu, stack, steps, timeout, mode)
     if still_running:
         result.notes.append(threads_note(still_running))
-    if conf_set:
+    if conf_set and JOB_ALLOC_CONF not in result.trace.meta:
+        # set, but not before torch read it (the job's first CUDA use): where it was in time,
+        # the estimate simulates it and says so (capture.job_alloc_conf, estimate/api.py)
         result.notes.append(alloc_conf_note(conf_set[0]))
     return result
 
@@ -419,10 +422,11 @@ ALLOC_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def alloc_conf_note(value: str) -> str:
-    """The job set PYTORCH_CUDA_ALLOC_CONF itself (`os.environ[...] = ...` before its first CUDA
-    call, which torch reads then): the estimate simulates the configuration peakmem was given
-    (--alloc-conf or its own environment), not that one."""
+    """The job set PYTORCH_CUDA_ALLOC_CONF itself, but after torch read it (at the job's first
+    CUDA use: capture.job_alloc_conf): torch keeps the configuration it started with, and so
+    does the estimate."""
     shown = value if len(value) <= 200 else value[:200] + "..."
-    return (f"WARNING: the job set {ALLOC_CONF_VARIABLE}={shown!r} itself while it ran; the "
-            "estimate simulates the allocator configuration peakmem was given, not this one "
-            f"(pass --alloc-conf {shown!r} to estimate the job's)")
+    return (f"WARNING: the job set {ALLOC_CONF_VARIABLE}={shown!r} itself after its first CUDA "
+            "use, when torch had already read its allocator configuration: torch ignores it, and "
+            "the estimate does too (set it before the first CUDA call, or pass --alloc-conf "
+            f"{shown!r}, to run with it)")
