@@ -82,6 +82,7 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     from peakmem.capture.result_io import encode
     from peakmem.capture.runner import capture_command, capture_in_progress
     from peakmem.jobs.child import os_exit_hook
+    from peakmem.jobs.own_session import own_session_calls
     from peakmem.jobs.runner import JobSpec
     from peakmem.profiles import load_gpu, load_stack
 
@@ -119,7 +120,7 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     from peakmem.inputs import InputError
 
     try:
-        with os_exit_hook(writer, on_exit), native_writes, job_environment(
+        with os_exit_hook(writer, on_exit), own_session_calls(), native_writes, job_environment(
             request.get("alloc_conf"), request["torch_version"]
         ), allocator_target(request.get("alloc_conf"), request["torch_version"]):
             return capture_command(
