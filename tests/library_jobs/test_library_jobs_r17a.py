@@ -12,7 +12,11 @@ tokenizer and JSON datasets: tests/capture/torchtune_assets.py), 3 steps, no net
   `python -m torchtune._cli.tune run ...` (the `tune` console script's module).
 - lora_finetune_single_device, `llama3_2/1B_qlora_single_device` (QLoRA: NF4 base weights; torchao
   quantizes in blocks of 64 with scalers in blocks of 256, so each weight needs a multiple of
-  16384 elements: its own, larger tiny model).
+  16384 elements: its own, larger tiny model). Failed before: loading the checkpoint into the
+  NF4 weights (`NF4Tensor.copy_` of a host bf16 tensor) raised "PyTorch is not linked with
+  support for cuda devices": torchao made the NF4 wrapper on the device its bf16 source reported
+  (`cuda`), and CPU-only torch refuses `copy_` into a cuda tensor (capture/library_patches.py:
+  wrappers made for the device are meta; tests/capture/test_subclass_storages.py).
 - knowledge_distillation_single_device, `llama3_2/8B_to_1B_KD_lora_single_device`: a LoRA
   student and a frozen teacher from their own checkpointers.
 - lora_dpo_single_device, `llama3_1/8B_lora_dpo_single_device`: a JSON preference dataset
