@@ -401,6 +401,37 @@ def test_a_job_reads_back_what_it_saved(a100, stack24, real_file, tmp_path):
     assert "saved 4 file(s)" in _diverted_note(result)
 
 
+def test_the_size_of_a_diverted_save_is_its_copys(a100, stack24, real_file, tmp_path):
+    """A job that logs the size of the checkpoint it has just saved (torchtune's checkpointers:
+    `os.path.getsize(output_path)` after `save_file`) reads the diverted copy's size: a new
+    path does not exist, a real file keeps its own; other paths are answered as they are."""
+    existing = real_file("old.safetensors")
+    new = tmp_path / "epoch_0" / "model.safetensors"
+    seen = {}
+
+    def job():
+        from safetensors.torch import save_file
+
+        model = _model().cuda()
+        new.parent.mkdir()
+        seen["before"] = os.path.getsize(existing)
+        save_file(model.state_dict(), str(new))
+        save_file(model.state_dict(), str(existing))
+        seen["new"] = os.path.getsize(new)
+        seen["existing"] = os.path.getsize(str(existing))
+        with pytest.raises(FileNotFoundError):
+            os.path.getsize(tmp_path / "never_saved.safetensors")
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert not new.exists() and existing.read_bytes() == REAL
+    assert seen["before"] == len(REAL)
+    # the header (names, dtypes, shapes) and the data section: 4 * (8*4 + 4 + 4*2 + 2) fp32
+    assert seen["new"] == seen["existing"] > 4 * (32 + 4 + 8 + 2)
+    scratch = _scratch_of(_diverted_note(result))
+    assert seen["new"] == os.path.getsize(os.path.join(scratch, "epoch_0", "model.safetensors"))
+
+
 def test_accelerate_save_and_trainer_save_model(a100, stack24, real_file, tmp_path):
     acc_pt = real_file("acc.pt")
     acc_st = real_file("acc.safetensors")

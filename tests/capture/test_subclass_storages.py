@@ -74,6 +74,42 @@ def test_nf4_weights_are_their_packed_storages(a100, stack24):
     assert N * N * 2 not in live  # the bf16 source is gone; the NF4 tensor claims no bf16 copy
 
 
+def test_a_checkpoint_loads_into_nf4_weights_on_the_device(a100, stack24):
+    """QLoRA's load (torchtune): `load_state_dict` of host bf16 weights into a module whose
+    weights are NF4 made on the device copies each one in (`NF4Tensor.copy_`: the host tensor
+    moved to the weight's device, quantized, its packed parts copied in). The NF4 tensor was
+    made for the device the weight reported (`cuda`); a wrapper made on `cuda` in a CPU-only
+    torch refused `copy_` (a CUDA device guard) and its dispatch's `.to(original.device)`.
+    Wrappers made for the device are now meta, as device tensors are (library_patches)."""
+    try:
+        from torchao.dtypes.nf4tensor import to_nf4
+    except ImportError:
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    seen = {}
+
+    def job():
+        weight = torch.randn(N, N, dtype=torch.bfloat16, device="cuda")
+        layer = torch.nn.Linear(N, N, bias=False)
+        layer.weight = torch.nn.Parameter(to_nf4(weight), requires_grad=False)
+        del weight
+        seen["before"] = (layer.weight.device, layer.weight.is_cuda)
+        layer.load_state_dict({"weight": torch.randn(N, N, dtype=torch.bfloat16)})
+        seen["after"] = (layer.weight.device, type(layer.weight).__name__)
+        kept.append(layer)
+
+    kept = []
+    result = capture_callable(job, gpu=a100, stack=stack24, steps="all")
+    assert result.error is None, result.error_text
+    assert seen == {"before": (torch.device("cuda", 0), True),
+                    "after": (torch.device("cuda", 0), "NF4Tensor")}, seen
+    sizes = [size for size, _ in allocations(result.trace)]
+    # the host weight moved to the device for quantizing: one bf16 copy, freed again
+    assert N * N * 2 in sizes
+    live = live_at_end(result.trace)
+    assert N * N // 2 in live and N * N * 2 not in live
+
+
 def test_float8_tensors_are_their_fp8_data_and_scale(a100, stack24):
     from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
 

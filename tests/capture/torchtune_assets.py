@@ -34,7 +34,7 @@ class TinyLlama:
     full_config: Path
 
 
-def _tokenizer(root: Path) -> tuple[Path, Path]:
+def write_tokenizer(root: Path) -> tuple[Path, Path]:
     model = root / "tokenizer.model"  # tiktoken's format: base64 token, rank
     model.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n"
                              for b in range(256)))
@@ -44,45 +44,69 @@ def _tokenizer(root: Path) -> tuple[Path, Path]:
     return model, special
 
 
-def _checkpoint(root: Path) -> Path:
+@dataclass(frozen=True)
+class Dims:
+    """A Llama 3.2's sizes, as torchtune's `llama3_2` / `lora_llama3_2` builders take them."""
+
+    vocab_size: int = VOCAB
+    num_layers: int = LAYERS
+    num_heads: int = HEADS
+    num_kv_heads: int = KV_HEADS
+    embed_dim: int = EMBED
+    intermediate_dim: int = HIDDEN
+    max_seq_len: int = SEQ * 4
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    def overrides(self, node: str) -> list[str]:
+        """`tune run` key=value overrides giving the config node `node` these sizes."""
+        return [f"{node}.{name}={value}" for name, value in vars(self).items()]
+
+
+def write_checkpoint(root: Path, dims: Dims = Dims(), name: str = "checkpoint") -> Path:
     """A Hugging Face Llama checkpoint: model.safetensors (bf16, HF key names, tied output)
     and config.json (what torchtune's FullModelHFCheckpointer reads)."""
     import torch
     from safetensors.torch import save_file
 
-    directory = root / "checkpoint"
+    directory = root / name
     directory.mkdir()
-    head_dim, generator = EMBED // HEADS, torch.Generator().manual_seed(0)
+    head_dim, generator = dims.head_dim, torch.Generator().manual_seed(0)
+    embed, hidden = dims.embed_dim, dims.intermediate_dim
+    heads, kv_heads = dims.num_heads, dims.num_kv_heads
 
     def weight(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=generator) * 0.02).to(torch.bfloat16)
 
-    tensors = {"model.embed_tokens.weight": weight(VOCAB, EMBED),
-               "model.norm.weight": torch.ones(EMBED, dtype=torch.bfloat16)}
-    for layer in range(LAYERS):
+    tensors = {"model.embed_tokens.weight": weight(dims.vocab_size, embed),
+               "model.norm.weight": torch.ones(embed, dtype=torch.bfloat16)}
+    for layer in range(dims.num_layers):
         prefix = f"model.layers.{layer}."
         tensors.update({
-            prefix + "self_attn.q_proj.weight": weight(HEADS * head_dim, EMBED),
-            prefix + "self_attn.k_proj.weight": weight(KV_HEADS * head_dim, EMBED),
-            prefix + "self_attn.v_proj.weight": weight(KV_HEADS * head_dim, EMBED),
-            prefix + "self_attn.o_proj.weight": weight(EMBED, HEADS * head_dim),
-            prefix + "mlp.gate_proj.weight": weight(HIDDEN, EMBED),
-            prefix + "mlp.up_proj.weight": weight(HIDDEN, EMBED),
-            prefix + "mlp.down_proj.weight": weight(EMBED, HIDDEN),
-            prefix + "input_layernorm.weight": torch.ones(EMBED, dtype=torch.bfloat16),
-            prefix + "post_attention_layernorm.weight": torch.ones(EMBED, dtype=torch.bfloat16),
+            prefix + "self_attn.q_proj.weight": weight(heads * head_dim, embed),
+            prefix + "self_attn.k_proj.weight": weight(kv_heads * head_dim, embed),
+            prefix + "self_attn.v_proj.weight": weight(kv_heads * head_dim, embed),
+            prefix + "self_attn.o_proj.weight": weight(embed, heads * head_dim),
+            prefix + "mlp.gate_proj.weight": weight(hidden, embed),
+            prefix + "mlp.up_proj.weight": weight(hidden, embed),
+            prefix + "mlp.down_proj.weight": weight(embed, hidden),
+            prefix + "input_layernorm.weight": torch.ones(embed, dtype=torch.bfloat16),
+            prefix + "post_attention_layernorm.weight": torch.ones(embed, dtype=torch.bfloat16),
         })
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
-        "hidden_size": EMBED, "intermediate_size": HIDDEN, "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": head_dim,
-        "max_position_embeddings": SEQ * 4, "tie_word_embeddings": True,
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": dims.vocab_size, "hidden_size": embed, "intermediate_size": hidden,
+        "num_hidden_layers": dims.num_layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "max_position_embeddings": dims.max_seq_len, "tie_word_embeddings": True,
         "torch_dtype": "bfloat16"}))
     return directory
 
 
-def _dataset(root: Path, rows: int) -> Path:
+def write_instruct_data(root: Path, rows: int) -> Path:
     path = root / "data.json"
     path.write_text(json.dumps([
         {"input": f"add {i} and {i + 1}, then say why " * 2, "output": f"{2 * i + 1} because"}
@@ -168,9 +192,9 @@ profiler:
 def tiny_llama(root: Path, *, batch_size: int = 4, steps: int = 3, rows: int = 32) -> TinyLlama:
     """Write the checkpoint, tokenizer, data and both recipe configs under `root`."""
     root.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tokenizer(root)
-    checkpoint = _checkpoint(root)
-    data = _dataset(root, rows)
+    tokenizer = write_tokenizer(root)
+    checkpoint = write_checkpoint(root)
+    data = write_instruct_data(root, rows)
     paths = {}
     for name, lora in (("lora", True), ("full", False)):
         paths[name] = root / f"{name}.yaml"

@@ -103,6 +103,36 @@ def torch_save_device_tensors() -> Iterator[None]:
         yield
 
 
+# -- wrapper subclasses made for the device ----------------------------------------------------------
+
+
+@register_library_patch("wrapper_subclasses_on_the_fake_device")
+@contextmanager
+def wrapper_subclasses_on_the_fake_device() -> Iterator[None]:
+    """A wrapper subclass made for the device (`_make_wrapper_subclass(..., device=cuda)`, from
+    the device a device tensor reports: torchao's `NF4Tensor.from_tensor` passes
+    `input_tensor.device`) is made on the meta device, as every device tensor of the capture is,
+    and reports `cuda:0` to the job through the device view. Made on `cuda` it broke the
+    CPU-only torch: `Tensor.copy_` into it (loading a checkpoint into QLoRA's NF4 weights)
+    opens a CUDA device guard, and the subclass's own dispatch code, which runs with the
+    capture's mode popped, moved tensors to its device (`copy_in.to(original.device)`)."""
+    original = torch.Tensor._make_wrapper_subclass
+
+    def make(cls: type, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device")
+        if device is not None:
+            try:
+                on_device = torch.device(device).type == "cuda"
+            except (RuntimeError, TypeError):
+                on_device = False
+            if on_device:
+                kwargs["device"] = torch.device("meta")
+        return original(cls, *args, **kwargs)
+
+    with patched(torch.Tensor, "_make_wrapper_subclass", staticmethod(make)):
+        yield
+
+
 # -- torch.backends.cudnn.is_acceptable ------------------------------------------------------------
 
 

@@ -192,6 +192,9 @@ LOAD_FUNCTIONS: tuple[LoadFunction, ...] = (
     # the full checkpoint lazily (`trainer.validate(ckpt_path="best")` after an FSDP fit)
     LoadFunction("lightning.fabric.strategies.fsdp", "_is_full_checkpoint", (0, "path")),
     LoadFunction("lightning.fabric.utilities.load", "_lazy_load", (0, "filename")),
+    # the size of a checkpoint the job has just saved (torchtune's checkpointers log
+    # `os.path.getsize(output_path)` right after `save_file`): the diverted copy's size
+    LoadFunction("genericpath", "getsize", (0, "filename")),
 )
 """A dotted name is a method, replaced on its class (args[0] is the instance)."""
 
