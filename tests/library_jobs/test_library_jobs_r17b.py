@@ -1,0 +1,150 @@
+"""Round 17b: diffusers example scripts not covered before, re-created in their upstream
+structure (scripts/r17b_diffusers_*.py; each docstring names the upstream version it follows)
+and run unmodified on a tiny Stable-Diffusion-layout pipeline (scripts/r7_make_sd_checkpoint.py
+with a 4-block VAE: SD's downsampling by 8) and tiny local image data (no network). Parameter,
+gradient and optimizer bytes are worked out from the models' shapes (shapes.json, written by
+the maker from the models it builds) and the scripts' rules, not read from peakmem.
+
+- textual_inversion/textual_inversion.py: placeholder tokens added to the tokenizer, the text
+  encoder's embedding resized; only the token embedding trains (dense gradient and AdamW
+  moments of the whole matrix), a device copy of the original embedding restores the other rows
+  after each step; the frozen UNet and VAE in fp16.
+- controlnet/train_controlnet.py: `ControlNetModel.from_unet` trains in fp32 under fp16
+  autocast; the UNet, VAE and text encoder frozen in fp16; the ControlNet's residuals added
+  into the frozen UNet; `clip_grad_norm_`, `zero_grad(set_to_none=True)`, a `save_state` hook.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import JobEstimate, estimate_here, run_script_here
+from tests.library_jobs.test_library_jobs import assert_training, needs
+
+pytestmark = pytest.mark.slow
+
+BYTE_VOCAB = 2 * 256 + 2
+"""r7_make_sd_checkpoint's CLIP tokenizer: 256 byte symbols, each also as a word end, and the
+start / end tokens."""
+TEXT_HIDDEN = 32
+
+
+def _notes(est: JobEstimate) -> str:
+    return "\n".join(est.data.get("notes", []))
+
+
+def _images(count: int, size: tuple[int, int], mode: str = "RGB", seed: int = 0) -> list:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    shape = (*size, 3) if mode == "RGB" else size
+    return [Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8)) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def sd8(tmp_path_factory) -> dict:
+    """The tiny pipeline with a 4-block VAE (64 x 64 images to 8 x 8 latents, as ControlNet's
+    conditioning embedding makes of its 64 x 64 conditioning image), and each component's
+    parameter shapes."""
+    root = tmp_path_factory.mktemp("sd8")
+    run_script_here("r7_make_sd_checkpoint.py", str(root / "sd"), "4")
+    shapes = json.loads((root / "sd" / "shapes.json").read_text())
+    return {"root": root, "model": root / "sd",
+            "shapes": {name: [tuple(s) for s in value] for name, value in shapes.items()}}
+
+
+# textual_inversion/textual_inversion.py -----------------------------------------------------------
+
+@needs("diffusers", "transformers", "accelerate", "torchvision", "PIL")
+def test_textual_inversion_trains_the_resized_token_embedding_only(sd8, tmp_path):
+    data = tmp_path / "cat"
+    data.mkdir()
+    for i, image in enumerate(_images(3, (40, 48))):
+        image.save(data / f"{i}.png")
+    vectors = 5
+    est = estimate_here(
+        "r17b_diffusers_textual_inversion.py", "--pretrained_model_name_or_path", str(sd8["model"]),
+        "--train_data_dir", str(data), "--placeholder_token", "<cat-toy>", "--initializer_token", "a",
+        "--num_vectors", str(vectors), "--resolution", "32", "--train_batch_size", "2", "--repeats", "2",
+        "--max_train_steps", "3", "--mixed_precision", "fp16", "--lr_warmup_steps", "0",
+        "--save_steps", "2", "--checkpointing_steps", "2", "--report_to", "none",
+        "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    shapes = sd8["shapes"]
+    # the embedding resized to the tokenizer with the 5 placeholder tokens (519 x 32 fp32:
+    # 66,432 bytes, one 512-byte block more than the 514 rows it had)
+    assert shapes["text_encoder"][0] == (BYTE_VOCAB, TEXT_HIDDEN)
+    embedding = ex.device_bytes([(BYTE_VOCAB + vectors, TEXT_HIDDEN)], ex.FP32)
+    assert embedding > ex.device_bytes([shapes["text_encoder"][0]], ex.FP32)
+    # the text encoder goes through accelerate.prepare in fp32; the UNet and VAE are cast to fp16
+    text_encoder = embedding + ex.device_bytes(shapes["text_encoder"][1:], ex.FP32)
+    frozen = ex.device_bytes(shapes["unet"], 2) + ex.device_bytes(shapes["vae"], 2)
+    # torch.optim.AdamW over get_input_embeddings().parameters(): two moments of the whole
+    # matrix (host `step`s), and its dense gradient
+    assert_training(est, params=text_encoder + frozen, grads=embedding, optimizer_state=2 * embedding,
+                    extra_lower=embedding)  # orig_embeds_params: a device clone of the embedding
+    # the clone is neither a parameter nor optimizer state
+    assert est.breakdown.get("other", 0) >= embedding, est.breakdown
+    assert est.data["steps"] == 3 and "trained 3 steps" in est.stderr
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    notes = _notes(est)
+    assert "learned_embeds-steps-2.safetensors" in notes and "checkpoint-2/optimizer.bin" in notes
+
+
+# controlnet/train_controlnet.py -------------------------------------------------------------------
+
+def controlnet_own_shapes() -> list[ex.Shape]:
+    """What ControlNetModel.from_unet adds to the copied UNet encoder (diffusers'
+    controlnet.py): the conditioning embedding (conv_in 3 -> 16, then 16 -> 16, 16 -> 32 (stride
+    2), 32 -> 32, 32 -> 96 (stride 2), 96 -> 96, 96 -> 256 (stride 2), conv_out 256 -> the UNet's
+    first width), and a zero 1 x 1 convolution per down-block residual (the UNet's conv_in, the
+    first block's resnet and downsampler, the second block's resnet) and for the mid block."""
+    widths = (16, 32, 96, 256)
+    shapes = ex.conv(widths[0], 3, 3)
+    for c_in, c_out in zip(widths[:-1], widths[1:], strict=True):
+        shapes += ex.conv(c_in, c_in, 3) + ex.conv(c_out, c_in, 3)
+    shapes += ex.conv(32, widths[-1], 3)
+    for channels in (32, 32, 32, 64, 64):
+        shapes += ex.conv(channels, channels, 1)
+    return shapes
+
+
+@needs("diffusers", "transformers", "accelerate", "datasets", "torchvision", "PIL")
+def test_train_controlnet_from_unet_fp32_under_fp16_frozen_unet(sd8, tmp_path):
+    from datasets import Dataset, Features, Image, Value
+
+    count = 6
+    Dataset.from_dict(
+        {"image": _images(count, (72, 80)), "text": [f"a photo of thing {i}" for i in range(count)],
+         "conditioning_image": _images(count, (72, 80), mode="L", seed=1)},
+        features=Features({"image": Image(), "text": Value("string"), "conditioning_image": Image()}),
+    ).to_parquet(str(tmp_path / "fill" / "data" / "train.parquet"))
+    est = estimate_here(
+        "r17b_diffusers_train_controlnet.py", "--pretrained_model_name_or_path", str(sd8["model"]),
+        "--train_data_dir", str(tmp_path / "fill"), "--resolution", "64", "--train_batch_size", "2",
+        "--max_train_steps", "3", "--mixed_precision", "fp16", "--lr_warmup_steps", "0",
+        "--checkpointing_steps", "2", "--set_grads_to_none", "--report_to", "none",
+        "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    shapes = sd8["shapes"]
+    # the ControlNet: the UNet's encoder and mid block copied, plus its own layers
+    own = Counter(controlnet_own_shapes())
+    copied = Counter(shapes["controlnet"]) - own
+    assert sum(Counter(shapes["controlnet"]).values()) - sum(copied.values()) == sum(own.values())
+    assert not copied - Counter(shapes["unet"]), copied - Counter(shapes["unet"])
+    controlnet = ex.device_bytes(shapes["controlnet"], ex.FP32)
+    frozen = sum(ex.device_bytes(shapes[name], 2) for name in ("unet", "vae", "text_encoder"))
+    # AdamW over the ControlNet only (torch.optim.AdamW: host `step`s)
+    assert_training(est, params=controlnet + frozen, grads=controlnet, optimizer_state=2 * controlnet)
+    assert est.data["steps"] == 3 and "trained 3 steps" in est.stderr
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # the save_state pre-hook writes the ControlNet as a diffusers folder; the final save too
+    notes = _notes(est)
+    assert "checkpoint-2/controlnet/diffusion_pytorch_model.safetensors" in notes, notes
+    assert "checkpoint-2/optimizer.bin" in notes
+    # the batch: two 3 x 64 x 64 fp32 images, two conditioning images and the (2, 16) ids
+    assert est.breakdown["input"] >= 2 * ex.rounded(2 * 3 * 64 * 64 * 4) + ex.rounded(2 * 16 * 8), est.breakdown
