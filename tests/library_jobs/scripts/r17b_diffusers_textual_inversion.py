@@ -1,4 +1,4 @@
-# ruff: noqa: B007  (the loop variables as the original names them)
+# ruff: noqa: B007, SIM201  (the loop variables and the test as the original writes them)
 """diffusers' `examples/textual_inversion/textual_inversion.py` (huggingface/diffusers, the
 version at 000280f5, diffusers 0.3x), re-created in its structure: written here, not copied.
 
