@@ -12,6 +12,10 @@ the maker from the models it builds) and the scripts' rules, not read from peakm
 - controlnet/train_controlnet.py: `ControlNetModel.from_unet` trains in fp32 under fp16
   autocast; the UNet, VAE and text encoder frozen in fp16; the ControlNet's residuals added
   into the frozen UNet; `clip_grad_norm_`, `zero_grad(set_to_none=True)`, a `save_state` hook.
+- dreambooth/train_dreambooth.py (full fine-tuning): class images generated first by the base
+  pipeline (50 denoising steps on the device) for prior preservation, then the UNet and the text
+  encoder both trained in fp32 under fp16 autocast (one AdamW over both), instance and class
+  examples in one batch, the pipeline saved with the trained models.
 """
 
 from __future__ import annotations
@@ -147,3 +151,37 @@ def test_train_controlnet_from_unet_fp32_under_fp16_frozen_unet(sd8, tmp_path):
     assert "checkpoint-2/optimizer.bin" in notes
     # the batch: two 3 x 64 x 64 fp32 images, two conditioning images and the (2, 16) ids
     assert est.breakdown["input"] >= 2 * ex.rounded(2 * 3 * 64 * 64 * 4) + ex.rounded(2 * 16 * 8), est.breakdown
+
+
+# dreambooth/train_dreambooth.py -------------------------------------------------------------------
+
+@needs("diffusers", "transformers", "accelerate", "torchvision", "PIL")
+def test_train_dreambooth_full_text_encoder_and_prior_preservation(sd8, tmp_path):
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    for i, image in enumerate(_images(3, (40, 48))):
+        image.save(instance / f"{i}.png")
+    class_dir = tmp_path / "class-images"
+    est = estimate_here(
+        "r17b_diffusers_train_dreambooth.py", "--pretrained_model_name_or_path", str(sd8["model"]),
+        "--instance_data_dir", str(instance), "--instance_prompt", "a photo of sks dog",
+        "--with_prior_preservation", "--class_data_dir", str(class_dir), "--class_prompt", "a photo of dog",
+        "--num_class_images", "2", "--sample_batch_size", "2", "--train_text_encoder", "--resolution", "32",
+        "--train_batch_size", "2", "--max_train_steps", "3", "--mixed_precision", "fp16",
+        "--lr_warmup_steps", "0", "--checkpointing_steps", "2", "--set_grads_to_none",
+        "--report_to", "none", "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    shapes = sd8["shapes"]
+    # the UNet and the text encoder train in fp32 (accelerate.prepare, autocast); the VAE is
+    # cast to fp16; the generation pipeline's fp16 copy was deleted before training
+    trained = ex.device_bytes(shapes["unet"], ex.FP32) + ex.device_bytes(shapes["text_encoder"], ex.FP32)
+    vae = ex.device_bytes(shapes["vae"], 2)
+    # torch.optim.AdamW over itertools.chain(unet, text_encoder): host `step`s
+    assert_training(est, params=trained + vae, grads=trained, optimizer_state=2 * trained)
+    assert "generated 2 class images" in est.stderr and "trained 3 steps" in est.stderr
+    assert sorted(path.name[:2] for path in class_dir.iterdir()) == ["0-", "1-"]
+    assert est.data["steps"] == 3 and est.data["mode"] == "fake", est.data["mode_reason"]
+    # collate_fn concatenates 2 instance and 2 class examples: four 3 x 32 x 32 fp32 images
+    assert est.breakdown["input"] >= ex.rounded(4 * 3 * 32 * 32 * 4), est.breakdown
+    notes = _notes(est)
+    assert "checkpoint-2/unet/diffusion_pytorch_model.safetensors" in notes, notes
+    assert "checkpoint-2/text_encoder/model.safetensors" in notes, notes
