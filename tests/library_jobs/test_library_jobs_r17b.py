@@ -16,6 +16,9 @@ the maker from the models it builds) and the scripts' rules, not read from peakm
   pipeline (50 denoising steps on the device) for prior preservation, then the UNet and the text
   encoder both trained in fp32 under fp16 autocast (one AdamW over both), instance and class
   examples in one batch, the pipeline saved with the trained models.
+- instruct_pix2pix/train_instruct_pix2pix.py: the UNet's conv_in swapped for an 8-channel one
+  under no_grad, an EMA of the new UNet, a CUDA `torch.Generator` for the conditioning-dropout
+  masks, an imagefolder with two image columns (`*_file_name` in metadata.jsonl).
 """
 
 from __future__ import annotations
@@ -185,3 +188,38 @@ def test_train_dreambooth_full_text_encoder_and_prior_preservation(sd8, tmp_path
     notes = _notes(est)
     assert "checkpoint-2/unet/diffusion_pytorch_model.safetensors" in notes, notes
     assert "checkpoint-2/text_encoder/model.safetensors" in notes, notes
+
+
+# instruct_pix2pix/train_instruct_pix2pix.py ---------------------------------------------------------
+
+@needs("diffusers", "transformers", "accelerate", "datasets", "torchvision", "PIL")
+def test_train_instruct_pix2pix_eight_channel_conv_in_ema_and_device_generator(sd8, tmp_path):
+    data = tmp_path / "edits"
+    data.mkdir()
+    originals, edited = _images(6, (40, 48)), _images(6, (40, 48), seed=1)
+    rows = []
+    for i in range(6):
+        originals[i].save(data / f"in{i}.png")
+        edited[i].save(data / f"out{i}.png")
+        rows.append({"input_image_file_name": f"in{i}.png", "edit_prompt": f"make it thing {i}",
+                     "edited_image_file_name": f"out{i}.png"})
+    (data / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    est = estimate_here(
+        "r17b_diffusers_train_instruct_pix2pix.py", "--pretrained_model_name_or_path", str(sd8["model"]),
+        "--train_data_dir", str(data), "--resolution", "32", "--random_flip", "--train_batch_size", "2",
+        "--max_train_steps", "3", "--conditioning_dropout_prob", "0.05", "--use_ema",
+        "--mixed_precision", "fp16", "--lr_warmup_steps", "0", "--checkpointing_steps", "2", "--seed", "0",
+        "--report_to", "none", "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    shapes = sd8["shapes"]
+    # conv_in 4 -> 32 becomes 8 -> 32 (the replaced conv is freed); the UNet trains in fp32
+    assert shapes["unet"][0] == (32, 4, 3, 3)
+    unet_shapes = [(32, 8, 3, 3), *shapes["unet"][1:]]
+    unet = ex.device_bytes(unet_shapes, ex.FP32)
+    assert unet > ex.device_bytes(shapes["unet"], ex.FP32)
+    frozen = ex.device_bytes(shapes["vae"], 2) + ex.device_bytes(shapes["text_encoder"], 2)
+    assert_training(est, params=unet + frozen, grads=unet, optimizer_state=2 * unet, extra_lower=unet)
+    # the EMA's shadow copy is of the 8-channel UNet, on the device
+    assert est.breakdown.get("ema") == unet, est.breakdown
+    assert est.data["steps"] == 3 and "trained 3 steps" in est.stderr
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert "checkpoint-2/unet_ema/diffusion_pytorch_model.safetensors" in _notes(est)
