@@ -19,6 +19,10 @@ the maker from the models it builds) and the scripts' rules, not read from peakm
 - instruct_pix2pix/train_instruct_pix2pix.py: the UNet's conv_in swapped for an 8-channel one
   under no_grad, an EMA of the new UNet, a CUDA `torch.Generator` for the conditioning-dropout
   masks, an imagefolder with two image columns (`*_file_name` in metadata.jsonl).
+- transformers question-answering/run_seq2seq_qa.py with its trainer_seq2seq_qa.py (one folder,
+  as upstream: the script imports the trainer module beside it): a T5 trained on "question: Q
+  context: C" inputs, overflowing validation features mapped back to their examples after
+  `generate`, scored in `evaluate` and `predict`.
 """
 
 from __future__ import annotations
@@ -223,3 +227,46 @@ def test_train_instruct_pix2pix_eight_channel_conv_in_ema_and_device_generator(s
     assert est.data["steps"] == 3 and "trained 3 steps" in est.stderr
     assert est.data["mode"] == "fake", est.data["mode_reason"]
     assert "checkpoint-2/unet_ema/diffusion_pytorch_model.safetensors" in _notes(est)
+
+
+# question-answering/run_seq2seq_qa.py + trainer_seq2seq_qa.py ---------------------------------------
+
+@needs("transformers", "accelerate", "datasets")
+def test_run_seq2seq_qa_t5_question_answering_seq2seq_trainer(tmp_path):
+    from tests.library_jobs.test_library_jobs_hf import (
+        TINY_T5_CONFIG,
+        sentences,
+        t5_shapes,
+        write_config,
+        write_tokenizer,
+    )
+
+    model = write_tokenizer(write_config(tmp_path / "t5", TINY_T5_CONFIG))
+    files = {}
+    for split, n, seed in (("train", 24, 1), ("validation", 6, 2), ("test", 4, 3)):
+        rows = []
+        for i, context in enumerate(sentences(n, seed)):
+            answer = context.split()[1]
+            rows.append({"id": f"{split}-{i}", "question": " ".join(context.split()[:3]), "context": context,
+                         "answers": {"text": [answer], "answer_start": [context.index(answer)]}})
+        files[split] = tmp_path / f"{split}.json"
+        files[split].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    est = estimate_here(
+        "r17b_hf_ex_seq2seq_qa/run_seq2seq_qa.py", "--config_name", str(model), "--tokenizer_name", str(model),
+        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+        "--test_file", str(files["test"]), "--max_seq_length", "32", "--max_answer_length", "8",
+        "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--max_steps", "3",
+        "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--report_to", "none",
+        "--seed", "0", "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    shapes = t5_shapes()
+    params = ex.device_bytes(shapes, ex.FP32)
+    # the Trainer's fused AdamW: two moments and a 0-d device `step` per parameter
+    assert_training(est, params=params, optimizer_state=2 * params + ex.BLOCK * len(shapes))
+    assert est.data["steps"] == 3 and est.data["mode"] == "fake", est.data["mode_reason"]
+    # evaluate() and predict() generate after training
+    assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]
+    # the post-processed predictions were scored: one answer per example (predict() prefixes "test_")
+    eval_results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert {"eval_exact_match", "eval_f1", "eval_samples"} <= set(eval_results), eval_results
+    assert eval_results["eval_samples"] == 6
+    assert "test_f1" in json.loads((tmp_path / "out" / "predict_results.json").read_text())
