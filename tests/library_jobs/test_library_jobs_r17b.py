@@ -8,7 +8,8 @@ the maker from the models it builds) and the scripts' rules, not read from peakm
 - textual_inversion/textual_inversion.py: placeholder tokens added to the tokenizer, the text
   encoder's embedding resized; only the token embedding trains (dense gradient and AdamW
   moments of the whole matrix), a device copy of the original embedding restores the other rows
-  after each step; the frozen UNet and VAE in fp16.
+  after each step; the frozen UNet and VAE in fp16. Under `accelerate launch --mixed_precision
+  fp16` as the README runs it, the script's own `--mixed_precision` default "no" wins: all fp32.
 - controlnet/train_controlnet.py: `ControlNetModel.from_unet` trains in fp32 under fp16
   autocast; the UNet, VAE and text encoder frozen in fp16; the ControlNet's residuals added
   into the frozen UNet; `clip_grad_norm_`, `zero_grad(set_to_none=True)`, a `save_state` hook.
@@ -29,11 +30,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate_here, run_script_here
+from tests.library_jobs.harness import JobEstimate, estimate, estimate_here, run_script_here
 from tests.library_jobs.test_library_jobs import assert_training, needs
 
 pytestmark = pytest.mark.slow
@@ -73,10 +75,7 @@ def sd8(tmp_path_factory) -> dict:
 
 @needs("diffusers", "transformers", "accelerate", "torchvision", "PIL")
 def test_textual_inversion_trains_the_resized_token_embedding_only(sd8, tmp_path):
-    data = tmp_path / "cat"
-    data.mkdir()
-    for i, image in enumerate(_images(3, (40, 48))):
-        image.save(data / f"{i}.png")
+    data = _textual_inversion_data(tmp_path)
     vectors = 5
     est = estimate_here(
         "r17b_diffusers_textual_inversion.py", "--pretrained_model_name_or_path", str(sd8["model"]),
@@ -104,6 +103,36 @@ def test_textual_inversion_trains_the_resized_token_embedding_only(sd8, tmp_path
     assert est.data["mode"] == "fake", est.data["mode_reason"]
     notes = _notes(est)
     assert "learned_embeds-steps-2.safetensors" in notes and "checkpoint-2/optimizer.bin" in notes
+
+
+def _textual_inversion_data(tmp_path: Path) -> Path:
+    data = tmp_path / "cat"
+    data.mkdir()
+    for i, image in enumerate(_images(3, (40, 48))):
+        image.save(data / f"{i}.png")
+    return data
+
+
+@needs("diffusers", "transformers", "accelerate", "torchvision", "PIL")
+def test_textual_inversion_under_accelerate_launch_fp16_keeps_its_own_no(sd8, tmp_path):
+    """As the README runs it: `accelerate launch --mixed_precision fp16 textual_inversion.py`
+    without the script's own flag. Its `--mixed_precision` defaults to "no" and is passed to
+    Accelerator(...), which takes it over the launcher's ACCELERATE_MIXED_PRECISION: no
+    autocast, and the UNet and VAE stay fp32 on the device (on a GPU too)."""
+    data = _textual_inversion_data(tmp_path)
+    est = estimate(
+        "r17b_diffusers_textual_inversion.py", "--pretrained_model_name_or_path", str(sd8["model"]),
+        "--train_data_dir", str(data), "--placeholder_token", "<cat-toy>", "--initializer_token", "a",
+        "--resolution", "32", "--train_batch_size", "2", "--repeats", "2", "--max_train_steps", "3",
+        "--lr_warmup_steps", "0", "--report_to", "none", "--output_dir", str(tmp_path / "out"),
+        cwd=tmp_path, launcher=("accelerate", "launch", "--mixed_precision", "fp16"))
+    shapes = sd8["shapes"]
+    embedding = ex.device_bytes([(BYTE_VOCAB + 1, TEXT_HIDDEN)], ex.FP32)
+    every_model = ex.device_bytes(shapes["text_encoder"][1:] + shapes["unet"] + shapes["vae"], ex.FP32)
+    assert_training(est, params=embedding + every_model, grads=embedding, optimizer_state=2 * embedding,
+                    extra_lower=embedding)
+    assert est.data["launcher"] == "accelerate" and est.data["world_size"] == 1
+    assert est.data["steps"] == 3
 
 
 # controlnet/train_controlnet.py -------------------------------------------------------------------
