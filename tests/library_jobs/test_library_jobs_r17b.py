@@ -20,6 +20,10 @@ the maker from the models it builds) and the scripts' rules, not read from peakm
 - instruct_pix2pix/train_instruct_pix2pix.py: the UNet's conv_in swapped for an 8-channel one
   under no_grad, an EMA of the new UNet, a CUDA `torch.Generator` for the conditioning-dropout
   masks, an imagefolder with two image columns (`*_file_name` in metadata.jsonl).
+- custom_diffusion/train_custom_diffusion.py: a modifier token's embedding and trainable fp32
+  copies of the cross-attentions' to_k / to_v (CustomDiffusionAttnProcessor2_0, AttnProcsLayers)
+  are all that trains; every other embedding row's gradient zeroed in place after backward; the
+  end-of-run `unet.to(torch.float32)` before `save_attn_procs` is the peak.
 - transformers question-answering/run_seq2seq_qa.py with its trainer_seq2seq_qa.py (one folder,
   as upstream: the script imports the trainer module beside it): a T5 trained on "question: Q
   context: C" inputs, overflowing validation features mapped back to their examples after
@@ -299,3 +303,38 @@ def test_run_seq2seq_qa_t5_question_answering_seq2seq_trainer(tmp_path):
     assert {"eval_exact_match", "eval_f1", "eval_samples"} <= set(eval_results), eval_results
     assert eval_results["eval_samples"] == 6
     assert "test_f1" in json.loads((tmp_path / "out" / "predict_results.json").read_text())
+
+
+# custom_diffusion/train_custom_diffusion.py -----------------------------------------------------------
+
+@needs("diffusers", "transformers", "accelerate", "torchvision", "PIL")
+def test_train_custom_diffusion_modifier_token_and_cross_attention_kv(sd8, tmp_path):
+    instance = _textual_inversion_data(tmp_path)
+    est = estimate_here(
+        "r17b_diffusers_train_custom_diffusion.py", "--pretrained_model_name_or_path", str(sd8["model"]),
+        "--instance_data_dir", str(instance), "--instance_prompt", "photo of a <new1> cat",
+        "--modifier_token", "<new1>", "--initializer_token", "a", "--resolution", "32",
+        "--train_batch_size", "2", "--max_train_steps", "3", "--mixed_precision", "fp16",
+        "--lr_warmup_steps", "0", "--checkpointing_steps", "2", "--dataloader_num_workers", "0",
+        "--report_to", "none", "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    assert est.returncode == 0, est.failure()
+    shapes = sd8["shapes"]
+    # trainable: the resized token embedding (514 rows + <new1>) and, for each of the four
+    # cross-attentions (three 32 wide, one 64 wide), to_k / to_v copies reading the 32-wide
+    # text states, no bias (--freeze_model crossattn_kv), all fp32
+    embedding = ex.device_bytes([(BYTE_VOCAB + 1, TEXT_HIDDEN)], ex.FP32)
+    processors = ex.device_bytes(3 * [(32, TEXT_HIDDEN), (32, TEXT_HIDDEN)] + 2 * [(64, TEXT_HIDDEN)], ex.FP32)
+    trained = embedding + processors
+    assert est.breakdown.get("gradient") == trained, est.breakdown
+    # torch.optim.AdamW over chain(embedding, processors): two moments, host `step`s
+    assert est.breakdown.get("optimizer_state") == 2 * trained, est.breakdown
+    # the peak is the end-of-run `unet.to(torch.float32)` (module._apply: each fp32 copy is
+    # made before its fp16 original is freed): the whole UNet in fp32, part of it still in fp16
+    # too, beside the fp32 text encoder (prepared), the fp16 VAE and the processors
+    text_encoder = embedding + ex.device_bytes(shapes["text_encoder"][1:], ex.FP32)
+    others = text_encoder + ex.device_bytes(shapes["vae"], 2) + processors
+    unet_fp32, unet_fp16 = ex.device_bytes(shapes["unet"], ex.FP32), ex.device_bytes(shapes["unet"], 2)
+    assert others + unet_fp32 <= est.breakdown["parameter"] < others + unet_fp32 + unet_fp16, est.breakdown
+    assert est.data["peak_allocated_bytes"] >= est.breakdown["parameter"] + 3 * trained
+    assert est.data["steps"] == 3 and "trained 3 steps" in est.stderr
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
