@@ -1,11 +1,16 @@
 """Write a tiny Stable-Diffusion-layout pipeline folder for the diffusers text-to-image scripts:
-`python r7_make_sd_checkpoint.py OUT_DIR`.
+`python r7_make_sd_checkpoint.py OUT_DIR [VAE_BLOCKS]`.
+
+VAE_BLOCKS (default 2) sets the VAE's depth, and with it its downsampling: 2 ** (VAE_BLOCKS - 1);
+4 gives Stable Diffusion's factor 8, which ControlNet's conditioning embedding (three stride-2
+convolutions) assumes.
 
 unet/ (UNet2DConditionModel), vae/ (AutoencoderKL), text_encoder/ (CLIPTextModel), tokenizer/
 (a byte-level CLIPTokenizer vocabulary without merges), scheduler/ (DDPMScheduler) and
 model_index.json, as `StableDiffusionPipeline.save_pretrained` writes them (no safety checker).
 shapes.json lists each component's parameter shapes, as the models built from these configs
-hold them, for the tests' expected bytes.
+hold them, for the tests' expected bytes, and those of `ControlNetModel.from_unet(unet)`
+(train_controlnet.py's ControlNet).
 """
 
 import json
@@ -19,7 +24,13 @@ from peakmem.capture.vision_ops import declare_torchvision_ops
 # transformers imports torchvision; on a CPU-only torch its compiled ops cannot load (README)
 declare_torchvision_ops()
 
-from diffusers import AutoencoderKL, DDPMScheduler, StableDiffusionPipeline, UNet2DConditionModel  # noqa: E402
+from diffusers import (  # noqa: E402
+    AutoencoderKL,
+    ControlNetModel,
+    DDPMScheduler,
+    StableDiffusionPipeline,
+    UNet2DConditionModel,
+)
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer  # noqa: E402
 from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
 
@@ -35,14 +46,16 @@ def byte_vocab() -> dict[str, int]:
 
 def main():
     out = Path(sys.argv[1])
+    vae_blocks = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     torch.manual_seed(0)
     tokenizer = CLIPTokenizer(vocab=byte_vocab(), merges=[], model_max_length=16)
     text_encoder = CLIPTextModel(CLIPTextConfig(
         vocab_size=len(tokenizer), hidden_size=TEXT_HIDDEN, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=16, projection_dim=TEXT_HIDDEN,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=1))
-    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
-                        up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=[16, 32],
+    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * vae_blocks,
+                        up_block_types=["UpDecoderBlock2D"] * vae_blocks,
+                        block_out_channels=[16, 32] + [32] * (vae_blocks - 2),
                         latent_channels=4, layers_per_block=1, norm_num_groups=8, sample_size=16)
     unet = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
                                 block_out_channels=(32, 64), norm_num_groups=8,
@@ -56,7 +69,8 @@ def main():
                                        requires_safety_checker=False)
     pipeline.save_pretrained(out)
     shapes = {name: [list(p.shape) for p in model.parameters()]
-              for name, model in (("unet", unet), ("vae", vae), ("text_encoder", text_encoder))}
+              for name, model in (("unet", unet), ("vae", vae), ("text_encoder", text_encoder),
+                                  ("controlnet", ControlNetModel.from_unet(unet)))}
     (out / "shapes.json").write_text(json.dumps(shapes))
 
 
