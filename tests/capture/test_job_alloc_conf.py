@@ -86,6 +86,72 @@ def test_memory_fraction_initialises_cuda_first(tmp_path):
     assert (result.peak_reserved_bytes, in_job, result.alloc_conf) == (NATIVE, NATIVE, "")
 
 
+INITIALISING_CALLS = [
+    # each reaches torch.cuda._lazy_init in torch 2.13 (capture.cuda_init_calls)
+    "torch.cuda.get_device_name(0)",
+    "torch.cuda.get_device_properties(0)",
+    "torch.cuda.get_device_capability()",
+    "torch.cuda.is_bf16_supported()",
+    "torch.cuda.current_device()",
+    "torch.cuda.set_device(0)",
+    "torch.cuda.synchronize()",
+    "torch.cuda.current_stream()",
+    "torch.cuda.default_stream()",
+    "torch.cuda.mem_get_info()",
+    "torch.cuda.get_rng_state()",
+    "torch.cuda.initial_seed()",
+    "torch.cuda.init()",
+    "torch.cuda.device(0).__enter__()",
+    "torch.cuda.device(None)",  # torch asks current_device() for the index
+]
+NOT_INITIALISING_CALLS = [
+    "torch.cuda.is_available()",
+    "torch.cuda.device_count()",
+    "torch.cuda.memory_reserved()",
+    "torch.cuda.memory_allocated()",
+    "torch.cuda.manual_seed(0)",
+    "torch.cuda.device(-1).__enter__()",
+]
+
+
+def _call_then_set(call: str) -> str:
+    return ('import torch\n'
+            f'print({call})\n'
+            'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"')
+
+
+@pytest.mark.parametrize("call", INITIALISING_CALLS)
+def test_a_call_that_initialises_cuda_reads_the_configuration_then(tmp_path, call):
+    # torch read the configuration at that call: the job's later setting is ignored
+    result, in_job = _estimate(_script(tmp_path, before=_call_then_set(call)), tmp_path)
+    assert (result.peak_reserved_bytes, in_job, result.alloc_conf) == (NATIVE, NATIVE, "")
+
+
+@pytest.mark.parametrize("call", NOT_INITIALISING_CALLS)
+def test_a_call_that_does_not_initialise_cuda_leaves_the_later_setting(tmp_path, call):
+    result, in_job = _estimate(_script(tmp_path, before=_call_then_set(call)), tmp_path)
+    assert (result.peak_reserved_bytes, in_job) == (EXPANDABLE, EXPANDABLE)
+    assert result.alloc_conf == "expandable_segments:True"
+
+
+def test_every_initialising_call_is_checked_against_torch_source():
+    """The registry's names exist in the installed torch and call `_lazy_init` there, directly
+    or through `get_device_properties` / `current_device` / `cudart`, or are C++-initialising."""
+    import importlib
+    import inspect
+
+    from peakmem.capture.cuda_init_calls import INITIALISING
+
+    via = ("_lazy_init()", "get_device_properties(", "current_device()", "cudart()",
+           "get_rng_state(", "_cuda_setDevice(")
+    for module_name, names in INITIALISING.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            source = inspect.getsource(getattr(module, name))
+            body = source.split('"""')[-1] if source.count('"""') >= 2 else source
+            assert any(token in body for token in via), (module_name, name)
+
+
 def test_setting_after_the_first_cuda_tensor_is_ignored(tmp_path):
     script = _script(tmp_path, after='os.environ["PYTORCH_CUDA_ALLOC_CONF"] = '
                                      '"expandable_segments:True"')

@@ -24,6 +24,15 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 
 
+@pytest.fixture(autouse=True)
+def kept_scratch(tmp_path_factory, monkeypatch):
+    """The tests below read the diverted copies after the capture: kept, in a test folder."""
+    from peakmem.capture import side_effects
+
+    monkeypatch.setattr(side_effects, "KEEP_SCRATCH", True)
+    monkeypatch.setattr(side_effects, "SCRATCH_PARENT", tmp_path_factory.mktemp("saves"))
+
+
 @pytest.fixture
 def real_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -493,3 +502,26 @@ def test_a_save_bound_by_name_between_captures_is_covered(a100, stack24, real_fi
     assert target.read_bytes() == REAL
     assert str(target) in _diverted_note(result)
     assert module.save_fn is save_file  # restored afterwards
+
+
+def test_the_scratch_directory_is_removed_after_the_capture(a100, stack24, real_file,
+                                                            monkeypatch):
+    from peakmem.capture import side_effects
+
+    monkeypatch.setattr(side_effects, "KEEP_SCRATCH", False)
+    ckpt = real_file("model.pt")
+    seen = {}
+
+    def job():
+        model = _model().cuda()
+        torch.save(model.state_dict(), str(ckpt))
+        seen["state"] = set(torch.load(str(ckpt)))  # the job reads its own save back
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert seen["state"] == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    note = _diverted_note(result)
+    assert "removed after the capture" in note
+    assert not os.path.exists(_scratch_of(note))
+    assert list(side_effects.SCRATCH_PARENT.iterdir()) == []
+    assert ckpt.read_bytes() == REAL

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,10 @@ def test_csv_header_and_resume_keys(tmp_path):
         read_rows(bad)
 
 
-def test_run_sweep_end_to_end_resume_and_oom_skip(tmp_path):
+def test_run_sweep_end_to_end_resume_and_oom_skip(tmp_path, monkeypatch):
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     plan = plan_from_dict(GRID)
     path = tmp_path / "fake.csv"
     log = (tmp_path / "sweep.log").open("w+")
@@ -124,6 +128,7 @@ def test_run_sweep_end_to_end_resume_and_oom_skip(tmp_path):
     assert again.measured == 0 and again.skipped_done == 12
     log.flush()
     assert "=== python benchmarks/zoo/mlp.py" in (tmp_path / "sweep.log").read_text()
+    assert list(private.iterdir()) == []  # the runs' result folder went with the sweep
 
 
 def test_run_sweep_skips_larger_sizes_after_oom(tmp_path):

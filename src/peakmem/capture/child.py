@@ -94,6 +94,10 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
             Path(request["result"]).parent / "bin", gpu.device_name, gpu.total_memory_bytes,
             gpu.capability,
         )
+    from peakmem.capture import side_effects
+
+    # diverted saves go in the parent's directory: removed with it however the job ends
+    side_effects.SCRATCH_PARENT = Path(request["result"]).parent
     argv = list(request["argv"])
     spec = JobSpec.parse(argv)
     missing = _missing_module(spec) or shadowed_frameworks(spec)

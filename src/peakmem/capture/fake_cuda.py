@@ -87,6 +87,26 @@ class FakeDeviceContext:
         return None
 
 
+def _settling_device_context(session: CaptureSession) -> type[FakeDeviceContext]:
+    """`torch.cuda.device(i)`: entering it for a device (not -1) initialises CUDA
+    (`_exchange_device` -> `device_lazy_init`), settling the job's allocator configuration
+    (`device(None)` already when made: torch asks `current_device()` for its index)."""
+
+    class DeviceContext(FakeDeviceContext):
+        def __init__(self, device: Any = None) -> None:
+            if device is None:
+                settle_memory(session)
+            super().__init__(device)
+
+        def __enter__(self) -> FakeDeviceContext:
+            if not isinstance(self.device, torch.Tensor) and self.device != -1:
+                settle_memory(session)
+            return super().__enter__()
+
+    DeviceContext.__name__ = DeviceContext.__qualname__ = "device"
+    return DeviceContext
+
+
 def _set_device(device: Any) -> None:
     """`torch.cuda.set_device`: the one GPU; an ordinal beyond it raises, as on CUDA."""
     checked_set_device(device)
@@ -274,7 +294,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     patches: dict[tuple[Any, str], Any] = {
         (cuda, "is_available"): lambda: True,
         (cuda, "is_initialized"): lambda: True,
-        (cuda, "init"): lambda: session.memory.settle() if session.memory is not None else None,
+        (cuda, "init"): lambda: None,  # settles: capture.cuda_init_calls
         (cuda, "_lazy_init"): lambda: None,
         (cuda, "device_count"): lambda: 1,
         (cuda, "current_device"): lambda: 0,
@@ -291,7 +311,7 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (cuda, "stream"): lambda stream=None: _NoOpContext(),
         (cuda, "current_stream"): lambda device=None: default_stream,
         (cuda, "default_stream"): lambda device=None: default_stream,
-        (cuda, "device"): FakeDeviceContext,
+        (cuda, "device"): _settling_device_context(session),
         (cuda, "device_of"): FakeDeviceContext,
         (torch.accelerator, "is_available"): lambda: True,
         (torch.accelerator, "current_accelerator"): lambda check_available=False: torch.device("cuda"),
@@ -361,10 +381,20 @@ def patch_providers() -> list[PatchProvider]:
     ]
 
 
+def settle_memory(session: CaptureSession) -> None:
+    """CUDA is initialised now: torch reads the job's allocator configuration
+    (capture.job_alloc_conf, `SimulatedMemory.settle`)."""
+    if session.memory is not None:
+        session.memory.settle()
+
+
 def all_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
+    from peakmem.capture.cuda_init_calls import settle_initialising
+
     patches = runtime_patches(session)
     for provider in patch_providers():
         patches.update(provider(session))
+    patches = settle_initialising(patches, lambda: settle_memory(session))
     return {(obj, name): value for (obj, name), value in patches.items() if hasattr(obj, name)}
 
 

@@ -4,15 +4,16 @@ torch reads `PYTORCH_CUDA_ALLOC_CONF` (from 2.10 also `PYTORCH_ALLOC_CONF`, when
 unset: `AllocatorRules.conf_variables`) once, when the CUDA caching allocator is initialised:
 `CUDAAllocatorConfig::instance()` (c10/cuda/CUDAAllocatorConfig.h, a function-local static that
 calls `parseArgs(getenv(...))`) is first reached from the `DeviceCachingAllocator` constructor at
-CUDA's lazy initialisation (`torch.cuda._lazy_init`: the first CUDA tensor, or
-`set_per_process_memory_fraction`, `torch.cuda.init()`). A script that does
+CUDA's lazy initialisation (`torch.cuda._lazy_init`: the first CUDA tensor, or one of the calls
+that reach it first, `get_device_name`, `synchronize`, `set_device`, ...: capture.cuda_init_calls). A script that does
 `os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"` before that (at its top, the
 common idiom) gets that configuration; a setting made after it is ignored for the rest of the
 process. A value torch rejects raises RuntimeError at that first use.
 
 The capture follows the same rule: the job's process starts with the configuration being
 estimated in its environment (`prepare_environment`: peakmem's `--alloc-conf`, an `env NAME=VALUE`
-prefix, else the caller's own), and at the job's first CUDA allocation (`job_conf`) the value torch
+prefix, else the caller's own), and at the job's first CUDA allocation or initialising call
+(`job_conf`) the value torch
 would read then is compared with the one at the start: where the job changed it, that is the
 configuration of the run (recorded in the trace's metadata as `job_alloc_conf`, used for the
 in-job memory readings and the final replay).

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 import threading
@@ -339,6 +340,15 @@ def scratch_name(path: str, cwd: str | None = None) -> Path:
     return Path(*parts) if parts else Path("unnamed")
 
 
+SCRATCH_PARENT: Path | None = None
+"""Where a diverter makes its scratch directory (None: the system's temporary directory). The
+capture's child process sets it to its private directory, which the parent owns and removes
+after the job's process ended however it ended (capture.child, capture.supervised)."""
+KEEP_SCRATCH = False
+"""Keep a diverter's own scratch directory after its capture (tests read the diverted copies);
+otherwise it is removed when the capture ends."""
+
+
 @dataclass
 class SaveDiverter:
     """Diverts saves of fake device data into `scratch` during one capture."""
@@ -352,12 +362,23 @@ class SaveDiverter:
     zero_named: ZeroNamedSaves = field(default_factory=ZeroNamedSaves)
     """Saves named with a zero after host reads that saw zeros (capture.value_names)."""
     _local: threading.local = field(default_factory=threading.local)
+    made_scratch: bool = False
+    """The scratch directory is this diverter's own (made on the first diverted save): it is
+    removed when the capture ends (`remove_scratch`)."""
 
     def scratch_dir(self) -> Path:
         if self.scratch is None:
-            self.scratch = Path(tempfile.mkdtemp(prefix="peakmem-saves-"))
+            parent = SCRATCH_PARENT if SCRATCH_PARENT is not None and SCRATCH_PARENT.is_dir() else None
+            self.scratch = Path(tempfile.mkdtemp(prefix="peakmem-saves-", dir=parent))
+            self.made_scratch = True
         self.scratch.mkdir(parents=True, exist_ok=True)
         return self.scratch
+
+    def remove_scratch(self) -> None:
+        """The capture ended: the diverted copies go, unless kept (`KEEP_SCRATCH`) or the
+        directory was given."""
+        if self.made_scratch and not KEEP_SCRATCH and self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     @contextmanager
     def _inside(self) -> Iterator[None]:
@@ -458,6 +479,8 @@ class SaveDiverter:
         return (
             f"the job saved {len(self.diverted)} file(s) of fake device data; they were written "
             f"to {self.scratch} instead of {shown}"
+            + ("; that scratch directory was removed after the capture"
+               if self.made_scratch and not KEEP_SCRATCH else "")
         )
 
 
@@ -575,3 +598,4 @@ def divert_fake_saves(
         for note in (diverter.note(), diverter.zero_named.note()):
             if note is not None and session is not None:
                 session.notes.append(note)
+        diverter.remove_scratch()

@@ -5,6 +5,7 @@ appended to the CSV as they finish, resumable, inside a time budget."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -183,6 +184,7 @@ def run_sweep(
     finally:
         for spare in spares:
             spare.stop()
+        shutil.rmtree(workdir, ignore_errors=True)  # the runs' result files, read already
     summary.seconds = time.monotonic() - started
     return summary
 
