@@ -8,6 +8,33 @@ from peakmem.datasets.loaders import default_data_dir
 
 FIXTURE_DATA = Path(__file__).resolve().parent / "data" / "datasets"
 
+GUARDED_ENVIRONMENT = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG")
+"""Variables an in-process job may set that change every later estimate in the same xdist
+worker (one test's job leaving PYTORCH_CUDA_ALLOC_CONF set failed 9 unrelated tests in a CI run)."""
+
+
+@pytest.fixture(autouse=True)
+def environment_not_leaked(request):
+    """Each test leaves GUARDED_ENVIRONMENT as it found it: put back after it (torn down after
+    monkeypatch's own undo), with a warning naming the test and the variable (in-process jobs
+    that set them legitimately, Lightning's `deterministic=True` among them, are not errors)."""
+    import os
+
+    before = {name: os.environ.get(name) for name in GUARDED_ENVIRONMENT}
+    yield
+    leaked = {name: os.environ.get(name) for name in GUARDED_ENVIRONMENT
+              if os.environ.get(name) != before[name]}
+    for name in leaked:
+        if before[name] is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before[name]
+    if leaked:
+        import warnings
+
+        warnings.warn(f"{request.node.nodeid} left the environment changed (put back): {leaked}",
+                      stacklevel=1)
+
 
 @pytest.fixture
 def fixture_data() -> Path:

@@ -28,10 +28,18 @@ VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch):
-    """The jobs below run in this process and set the variables: monkeypatch puts them back."""
-    for name in VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+def clean_environment():
+    """The jobs below run in this process and set the variables: put back as they were after
+    each test. (Not `monkeypatch.delenv(name, raising=False)`: for a variable that is not set it
+    records nothing to undo, so a job's own setting leaked into the rest of the xdist worker's
+    tests: 9 failures in one CI run.)"""
+    saved = {name: os.environ.pop(name, None) for name in VARIABLES}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _script(tmp_path: Path, before: str = "", after: str = "") -> Path:
