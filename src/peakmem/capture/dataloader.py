@@ -110,6 +110,7 @@ class LoaderIteration:
         self.steady_batches = loaders.steady_batches(self.window)
         self.shorten = self.can_skip and loaders._shortens(loader, self.length, self.window)
         self.backward_at_start = loaders.session.state.backward_passes
+        self.discarded_at_start = loaders.session.state.grads_discarded
         self.steps_fed = 0
         self.step_positions: list[int] = []  # batches yielded when each step it fed ran
         self.waited = False  # yielded more full batches than steady_batches, waiting for steps
@@ -191,7 +192,8 @@ class LoaderIteration:
 
     def _awaiting_steps(self) -> bool:
         """A training epoch (a backward ran during it) that has not fed STEADY_STEPS optimizer
-        steps yet, in a loop that counts its accumulation window itself: keep yielding full
+        steps yet, in a loop that counts its accumulation window itself and has not thrown a
+        backward's gradients away during it (capture.discarded_grads): keep yielding full
         batches (MAX_WAIT_BATCHES at most). A window a framework declared is already in
         `steady_batches` (its `len(loader)` says so): no wait."""
         return (
@@ -199,6 +201,8 @@ class LoaderIteration:
             and self.steps_fed < STEADY_STEPS
             and self.position < MAX_WAIT_BATCHES
             and self._loaders.session.state.backward_passes > self.backward_at_start
+            # gradients cleared before any step used them: not an accumulation window
+            and self._loaders.session.state.grads_discarded == self.discarded_at_start
         )
 
     def fed_step(self) -> None:

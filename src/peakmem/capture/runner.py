@@ -16,6 +16,7 @@ import torch
 from peakmem.capture import vision_image_ops, vision_ops
 from peakmem.capture.capture_modes import capture_modes
 from peakmem.capture.compiled_code import precompiled_code_runs_eagerly
+from peakmem.capture.discarded_grads import watching_discarded_grads
 from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
 from peakmem.capture.fake_cuda import fake_cuda_runtime
 from peakmem.capture.interpreter_state import interpreter_state_restored
@@ -194,6 +195,7 @@ def _run_captured(
         stack_ctx.enter_context(_cuda_kernels(session))
         stack_ctx.enter_context(divert_fake_saves(session))
         stack_ctx.enter_context(value_steered_optimizers(session))
+        stack_ctx.enter_context(watching_discarded_grads(session.state))
         stack_ctx.enter_context(phases)
         _ACTIVE.append(in_progress)
         try:

@@ -71,6 +71,9 @@ class CaptureState:
     """Training steps without an optimizer: parameters updated in place after a backward."""
     loop_ended: bool = False
     """The training loop was ended early (its DataLoader stopped) so what follows it ran."""
+    grads_discarded: int = 0
+    """`zero_grad` calls that cleared a backward's gradients before any step used them
+    (capture.discarded_grads): backward passes made for something other than training."""
 
 
 @dataclass
