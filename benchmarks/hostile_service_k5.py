@@ -147,24 +147,30 @@ def cases() -> list[tuple[str, str, dict]]:
     return out
 
 
+def post_case(client, route: str, kwargs: dict) -> tuple[int | None, str, float, list[str]]:
+    """POST one case: (status, body text, seconds, problems: a 5xx / no answer, over 20 s)."""
+    start = time.monotonic()
+    try:
+        response = client.post(route, **kwargs)
+        status, text = response.status_code, response.text
+    except Exception as exc:  # noqa: BLE001 - the sweep records it
+        status, text = None, f"{type(exc).__name__}: {exc}"
+    seconds = time.monotonic() - start
+    problems = []
+    if status is None or status >= 500:
+        problems.append(f"status {status}")
+    if seconds > 20:
+        problems.append(f"{seconds:.0f} s")
+    return status, text, seconds, problems
+
+
 def main() -> int:
     app = create_app(ServiceConfig(sandbox="off", workers=1, admission=AdmissionConfig(budget_seconds=2)),
                      estimator=fake_estimator)
     rows = []
     with TestClient(app, raise_server_exceptions=False) as client:
         for name, route, kwargs in cases():
-            start = time.monotonic()
-            try:
-                response = client.post(route, **kwargs)
-                status, text = response.status_code, response.text
-            except Exception as exc:  # noqa: BLE001 - the sweep records it
-                status, text = None, f"{type(exc).__name__}: {exc}"
-            seconds = time.monotonic() - start
-            problems = []
-            if status is None or status >= 500:
-                problems.append(f"status {status}")
-            if seconds > 20:
-                problems.append("slow")
+            status, text, seconds, problems = post_case(client, route, kwargs)
             rows.append((name, route, status, round(seconds, 2), problems, " ".join(text.split())[:140]))
     print("| case | route | status | s | verdict |")
     print("| --- | --- | --- | --- | --- |")

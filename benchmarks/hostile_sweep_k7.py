@@ -324,7 +324,7 @@ _CLIENT_LOCK = __import__("threading").Lock()
 
 def run_service_case(case: Case7) -> dict:
     """One service case on an app with the fake estimator (made once, used under a lock)."""
-    import time
+    from hostile_service_k5 import post_case
 
     with _CLIENT_LOCK:
         if not _CLIENT:
@@ -340,18 +340,7 @@ def run_service_case(case: Case7) -> dict:
             client = TestClient(app, raise_server_exceptions=False)
             client.__enter__()
             _CLIENT.append(client)
-        start = time.monotonic()
-        try:
-            response = _CLIENT[0].post(case.argv[0], **case.request)
-            status, text = response.status_code, response.text
-        except Exception as exc:  # noqa: BLE001 - the sweep records it
-            status, text = None, f"{type(exc).__name__}: {exc}"
-        seconds = time.monotonic() - start
-    problems = []
-    if status is None or status >= 500:
-        problems.append(f"status {status}")
-    if seconds > 20:
-        problems.append(f"{seconds:.0f} s")
+        status, text, seconds, problems = post_case(_CLIENT[0], case.argv[0], case.request)
     if case.expect_text and case.expect_text not in text:
         problems.append(f"answer lacks {case.expect_text!r}")
     return {"name": case.name, "surface": case.surface, "exit": status, "lines": 0,
