@@ -102,7 +102,10 @@ def test_cublas_config_set_after_the_first_matmul_is_not_read(
     sets the variable after a matmul still fails its next gemm under deterministic algorithms."""
     import os
 
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    # set, then deleted: monkeypatch records the undo (a bare `delenv(raising=False)` of an unset
+    # variable records none, and the job's own setting leaked into the worker's later tests)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     reached = []
 
     def job():
