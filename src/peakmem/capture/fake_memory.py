@@ -127,9 +127,7 @@ class SimulatedMemory:
         self.outside_bytes = outside_bytes
         self.config = config
         self.rules = rules
-        self.allocator = CachingAllocator(
-            config, rules, DeviceLimits(None, None, total_bytes), DeviceAddressSpace()
-        )
+        self.allocator = self._fresh_allocator()
         self.settle_config: Callable[[], AllocatorConfig | None] | None = None
         """Called once, at the job's first CUDA allocator use: the configuration the job set
         itself by then (None: the one given stands; raises the job's error for a bad one)."""
@@ -159,12 +157,17 @@ class SimulatedMemory:
         if config is None:
             return
         self.config = config
-        self.allocator = CachingAllocator(
-            config, self.rules, DeviceLimits(None, None, self.total_bytes), DeviceAddressSpace()
-        )
+        self.allocator = self._fresh_allocator()
         self.position = 0
         self.live.clear()
         self.awaiting.clear()
+
+    def _fresh_allocator(self) -> CachingAllocator:
+        """An empty allocator for this simulation's configuration, rules and device."""
+        return CachingAllocator(
+            self.config, self.rules, DeviceLimits(None, None, self.total_bytes),
+            DeviceAddressSpace(),
+        )
 
     # -- replay ---------------------------------------------------------------------------------
     def sync(self, raise_oom: bool = False) -> None:

@@ -66,6 +66,27 @@ def job_conf(
     return None if now == environ_conf(start, version) else (now or "")
 
 
+def changed_variable(start: Mapping[str, str | None],
+                     environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(name, value now, '' where removed) of the first allocator variable that differs from
+    `start` (a `snapshot`), or None where the job changed none."""
+    now = snapshot(environ)
+    for name in VARIABLES:
+        if now[name] != start.get(name):
+            return name, now[name] or ""
+    return None
+
+
+def late_setting_note(name: str, value: str) -> str:
+    """The job set its allocator variable itself, but after torch read it (at the job's first
+    CUDA use): torch keeps the configuration it started with, and so does the estimate."""
+    shown = value if len(value) <= 200 else value[:200] + "..."
+    return (f"WARNING: the job set {name}={shown!r} itself after its first CUDA "
+            "use, when torch had already read its allocator configuration: torch ignores it, and "
+            "the estimate does too (set it before the first CUDA call, or pass --alloc-conf "
+            f"{shown!r}, to run with it)")
+
+
 def prepare_environment(
     conf: str, version: str | None, environ: MutableMapping[str, str] | None = None
 ) -> None:

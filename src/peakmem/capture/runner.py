@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -13,14 +12,13 @@ from typing import Any
 
 import torch
 
-from peakmem.capture import vision_image_ops, vision_ops
+from peakmem.capture import job_alloc_conf, vision_image_ops, vision_ops
 from peakmem.capture.capture_modes import capture_modes
 from peakmem.capture.compiled_code import precompiled_code_runs_eagerly
 from peakmem.capture.discarded_grads import watching_discarded_grads
 from peakmem.capture.eager import EagerMemoryError, ShadowExecutor
 from peakmem.capture.fake_cuda import fake_cuda_runtime
 from peakmem.capture.interpreter_state import interpreter_state_restored
-from peakmem.capture.job_alloc_conf import META_KEY as JOB_ALLOC_CONF
 from peakmem.capture.library_patches import library_patches
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
@@ -390,18 +388,18 @@ def capture_command(
         raise JobSpecError(f"script not found: {spec.script}")
 
     still_running: list[str] = []
-    conf_set: list[str] = []
+    conf_set: list[tuple[str, str]] = []
 
     def job() -> None:
         before = set(threading.enumerate())
         with script_environment(spec), job_exit_handlers() as exit_handlers:
-            conf = os.environ.get(ALLOC_CONF_VARIABLE)
+            conf_start = job_alloc_conf.snapshot()
             try:
                 try:
                     execute(spec)
                 finally:
-                    if os.environ.get(ALLOC_CONF_VARIABLE) != conf:
-                        conf_set.append(os.environ.get(ALLOC_CONF_VARIABLE) or "")
+                    if changed := job_alloc_conf.changed_variable(conf_start):
+                        conf_set.append(changed)
             except SystemExit as exc:
                 if ended_normally(exc):  # `sys.exit(0)`: its threads are waited for, its
                     still_running.extend(join_job_threads(before))  # atexit handlers run
@@ -413,22 +411,8 @@ def capture_command(
     result = _run_captured(job, gpu, stack, steps, timeout, mode)
     if still_running:
         result.notes.append(threads_note(still_running))
-    if conf_set and JOB_ALLOC_CONF not in result.trace.meta:
+    if conf_set and job_alloc_conf.META_KEY not in result.trace.meta:
         # set, but not before torch read it (the job's first CUDA use): where it was in time,
         # the estimate simulates it and says so (capture.job_alloc_conf, estimate/api.py)
-        result.notes.append(alloc_conf_note(conf_set[0]))
+        result.notes.append(job_alloc_conf.late_setting_note(*conf_set[0]))
     return result
-
-
-ALLOC_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
-
-
-def alloc_conf_note(value: str) -> str:
-    """The job set PYTORCH_CUDA_ALLOC_CONF itself, but after torch read it (at the job's first
-    CUDA use: capture.job_alloc_conf): torch keeps the configuration it started with, and so
-    does the estimate."""
-    shown = value if len(value) <= 200 else value[:200] + "..."
-    return (f"WARNING: the job set {ALLOC_CONF_VARIABLE}={shown!r} itself after its first CUDA "
-            "use, when torch had already read its allocator configuration: torch ignores it, and "
-            "the estimate does too (set it before the first CUDA call, or pass --alloc-conf "
-            f"{shown!r}, to run with it)")

@@ -50,6 +50,13 @@ def _bad_input_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def error_object(kind: str, message: str, exit_code: int, reason: str | None = None,
+                 trace: str | None = None) -> dict[str, Any]:
+    """The contract's JSON error object (`{"error": {...}}`) of a failure before any job ran."""
+    return {"error": {"kind": kind, "message": message, "exit_code": exit_code, "reason": reason,
+                      "job_exit_code": None, "signal": None, "traceback": trace}}
+
+
 def report_error(
     kind: str, message: str, exit_code: int, as_json: bool, trace: str | None = None
 ) -> NoReturn:
@@ -61,16 +68,8 @@ def report_error(
         text = line if line.startswith("peakmem: ") else f"peakmem: error: {line}"
     click.echo(text, err=True)
     if as_json:
-        error = {
-            "kind": kind,
-            "message": text if kind == "internal" else line.removeprefix("peakmem: error: "),
-            "exit_code": exit_code,
-            "reason": None,
-            "job_exit_code": None,
-            "signal": None,
-            "traceback": trace,
-        }
-        click.echo(json.dumps({"error": error}))
+        message = text if kind == "internal" else line.removeprefix("peakmem: error: ")
+        click.echo(json.dumps(error_object(kind, message, exit_code, trace=trace)))
     raise SystemExit(exit_code)
 
 

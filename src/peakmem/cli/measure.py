@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from peakmem.cli.contract import ContractUsage
+from peakmem.cli.contract import ContractUsage, error_object
 from peakmem.cli.finite import FiniteFloatRange
 from peakmem.jobs.runner import JobSpec, JobSpecError
 from peakmem.measure.probe import DeviceProbe
@@ -55,13 +55,13 @@ def make_probe(index: int) -> DeviceProbe:
 @click.option(
     "--out",
     type=click.Path(dir_okay=False),
-    callback=lambda ctx, param, value: _output_path(ctx, param, value),
+    callback=_output_path,
     help="Also write the JSON object to this file.",
 )
 @click.option(
     "--snapshot",
     type=click.Path(dir_okay=False),
-    callback=lambda ctx, param, value: _output_path(ctx, param, value),
+    callback=_output_path,
     help="Record the allocator's history and dump a memory snapshot (pickle) here.",
 )
 @click.option(
@@ -147,10 +147,8 @@ def measure(
             probe.close()
     except NoGPUError as exc:
         if as_json:  # the contract's one JSON object, as for every other refusal
-            click.echo(json.dumps({"error": {
-                "kind": "bad_input", "message": f"no CUDA GPU to measure on: {exc}",
-                "exit_code": 2, "reason": "no_gpu", "job_exit_code": None, "signal": None,
-                "traceback": None}}))
+            click.echo(json.dumps(error_object("bad_input", f"no CUDA GPU to measure on: {exc}",
+                                               2, reason="no_gpu")))
         click.echo(f"peakmem measure: no CUDA GPU to measure on: {exc}", err=True)
         sys.exit(2)
     data = result.to_json()

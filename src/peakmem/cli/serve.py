@@ -46,7 +46,7 @@ def _directory(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="Webhook without an estimate in time (or a failed one): open admits the pod "
               "unchanged with a warning, closed refuses it.")
 @click.option("--admission-workdir", type=click.Path(exists=True, file_okay=False), default=None,
-              callback=lambda ctx, param, value: _directory(ctx, param, value),
+              callback=_directory,
               help="Directory where a pod's peakmem.io/command runs when no ConfigMap sends its "
               "files (e.g. a shared code volume).")
 @click.option("--configmaps/--no-configmaps", default=False, show_default=True,
