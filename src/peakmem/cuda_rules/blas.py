@@ -16,11 +16,11 @@ does on a GPU.
   CUDABlas.cpp's gemm family): `cublas_determinism_check`. ATen reads the variable for this
   check once, at the process's first gemm (peakmem reads it for the workspace size at each
   handle's first use).
+- DISABLE_ADDMM_CUDA_LT=1 turns the Lt path off; ATen reads it once, at the process's first
+  `addmm` or `mm` (cuda_rules/environment.py).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -28,6 +28,7 @@ from peakmem.cublas_workspace_config import (  # noqa: F401  (WorkspaceConfigErr
     WorkspaceConfigError,
     workspace_config_bytes,
 )
+from peakmem.cuda_rules.environment import environment_now, environment_value
 from peakmem.cuda_rules.registry import RuleContext, register_op_rule
 
 aten = torch.ops.aten
@@ -41,7 +42,7 @@ def cublas_workspace_bytes(ctx: RuleContext) -> int:
     CUBLAS_WORKSPACE_CONFIG itself)."""
     if int(ctx.stack.cublas_workspace_for(ctx.gpu.capability).value) == 0:
         return 0
-    override = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    override = environment_now("CUBLAS_WORKSPACE_CONFIG:workspace")
     if override:
         size = workspace_config_bytes(override)
         if size is not None:
@@ -60,10 +61,11 @@ NOT_DETERMINISTIC = (
 )
 
 
-def cublas_config_deterministic() -> bool:
+def cublas_config_deterministic(ctx: RuleContext) -> bool:
     """ATen's `Context::checkCuBLASConfigDeterministic`: CUBLAS_WORKSPACE_CONFIG (`std::getenv`)
-    is one of `DETERMINISTIC_CONFIGS` (CUDA >= 10.2, every stack peakmem has a profile for)."""
-    return os.environ.get("CUBLAS_WORKSPACE_CONFIG") in DETERMINISTIC_CONFIGS
+    is one of `DETERMINISTIC_CONFIGS` (CUDA >= 10.2, every stack peakmem has a profile for), as
+    read at the first gemm."""
+    return environment_value(ctx, "CUBLAS_WORKSPACE_CONFIG") in DETERMINISTIC_CONFIGS
 
 
 def cublas_determinism_check(ctx: RuleContext) -> None:
@@ -82,7 +84,7 @@ def cublas_determinism_check(ctx: RuleContext) -> None:
     `warn_only=True`). Lightning's `Trainer(deterministic=True)` and HF's
     `enable_full_determinism` set the variable themselves; a script that calls
     `torch.use_deterministic_algorithms(True)` alone and runs a matmul fails on the GPU."""
-    deterministic_config = ctx.read_once("cublas_config_deterministic", cublas_config_deterministic)
+    deterministic_config = cublas_config_deterministic(ctx)
     if not torch.are_deterministic_algorithms_enabled() or deterministic_config:
         return
     if torch.is_deterministic_algorithms_warn_only_enabled():
@@ -111,15 +113,24 @@ def use_cublas_handle(ctx: RuleContext) -> None:
     [aten.mm, aten.bmm, aten.baddbmm, aten.addbmm, aten.addmv, aten.mv, aten.dot, aten.vdot]
 )
 def cublas_gemm(ctx: RuleContext, op, args, kwargs, out) -> None:
+    if getattr(op, "overloadpacket", op) is aten.mm:
+        addmm_lt_disabled(ctx)  # mm_out_cuda runs addmm_out_cuda_impl, which reads the variable
     use_cublas_handle(ctx)
     cublas_determinism_check(ctx)
 
 
-def takes_lt_path(args: tuple, kwargs: dict) -> bool:
-    """torch 2.4 `addmm_out_cuda_impl`'s `useLtInterface` condition."""
+def addmm_lt_disabled(ctx: RuleContext) -> bool:
+    """DISABLE_ADDMM_CUDA_LT=1 as read at the process's first `addmm_out_cuda_impl` (the first
+    addmm or mm): `static bool disable_addmm_cuda_lt = getDisableAddmmCudaLt();`."""
+    return environment_value(ctx, "DISABLE_ADDMM_CUDA_LT") == "1"
+
+
+def takes_lt_path(args: tuple, kwargs: dict, disabled: bool = False) -> bool:
+    """torch 2.4 `addmm_out_cuda_impl`'s `useLtInterface` condition (`disabled`: the
+    DISABLE_ADDMM_CUDA_LT value the process read, `addmm_lt_disabled`)."""
     bias, mat1, mat2 = args[:3]
     beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
-    if os.environ.get("DISABLE_ADDMM_CUDA_LT") == "1":
+    if disabled:
         return False
     return (
         beta == 1
@@ -154,10 +165,11 @@ def use_cublaslt_handle(ctx: RuleContext) -> None:
 
 @register_op_rule(aten.addmm)
 def addmm(ctx: RuleContext, op, args, kwargs, out) -> None:
+    lt_path = takes_lt_path(args, kwargs, addmm_lt_disabled(ctx))
     use_cublas_handle(ctx)
-    if not takes_lt_path(args, kwargs):
+    if not lt_path:
         cublas_determinism_check(ctx)  # a plain gemm (the Lt epilogue path is `gemm_and_bias`)
-    if takes_lt_path(args, kwargs):
+    if lt_path:
         use_cublaslt_handle(ctx)
         transient = int(ctx.stack.cublaslt_transient.value)
         if transient:

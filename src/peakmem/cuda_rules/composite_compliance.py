@@ -22,32 +22,56 @@ the capture can replay the in-place steps of that decomposition (capture/in_plac
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 
 from peakmem.cuda_rules.autocast import run_lower_precision
+from peakmem.cuda_rules.environment import environment_value
 from peakmem.cuda_rules.registry import RuleContext, register_composite_rule
 
 
-def linear_adds_bias_in_place(input: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether ATen's `linear` ends in `matmul` + `add_` for plain tensors: a bias, an input of
-    more than 2 dimensions that is not contiguous (contiguous ones are flattened into `addmm`),
-    no forward-mode gradient on the bias, and no forced flattening (TORCH_LINEAR_FLATTEN_3D=1
-    makes a 3-D input contiguous and flattens it)."""
-    if bias is None or input.dim() <= 2 or input.is_contiguous():
-        return False
-    if input.dim() == 3 and _flatten_3d_forced():
-        return False
-    # forward-mode AD: ATen adds out of place when the bias carries a tangent
-    return getattr(torch.autograd.forward_ad, "_current_level", -1) < 0
+def _not_forced() -> bool:
+    return False
 
 
-def _flatten_3d_forced() -> bool:
-    return os.environ.get("TORCH_LINEAR_FLATTEN_3D") == "1"
+def linear_branch(input: torch.Tensor, bias: torch.Tensor | None,
+                  flatten_3d: Callable[[], bool] = _not_forced) -> str:
+    """Which branch ATen's `linear` takes for plain tensors (Linear.cpp, torch 2.4 to 2.13):
+    "addmm" (no bias, or a 2-D input: nothing to replay), "flatten" (a contiguous 3-D input, or a
+    contiguous strided one with a 1-D bias: the flattened `addmm`), "flatten_copy"
+    (TORCH_LINEAR_FLATTEN_3D=1 and a non-contiguous 3-D input: `input.contiguous()`, then the
+    flattened `addmm`), "add_in_place" (`matmul`, then `output.add_(bias)`), "add_out_of_place"
+    (the same with a forward-mode tangent: ATen adds out of place). `flatten_3d()` is asked
+    exactly where ATen reaches `parseLinearFlatten3d()`, which reads the variable the first time
+    (a rule passes `linear_flatten_3d(ctx)`; the default: not forced)."""
+    if bias is None or input.dim() == 2:
+        return "addmm"
+    contiguous = input.is_contiguous()
+    if contiguous and (input.dim() == 3 or (input.layout == torch.strided and bias.dim() == 1)):
+        return "flatten"
+    if flatten_3d() and input.dim() == 3:
+        return "flatten_copy"
+    if getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0:
+        return "add_out_of_place"
+    return "add_in_place"
+
+
+def linear_adds_bias_in_place(input: torch.Tensor, bias: torch.Tensor | None,
+                              flatten_3d: Callable[[], bool] = _not_forced) -> bool:
+    """Whether ATen's `linear` ends in `matmul` + `add_` for plain tensors (`linear_branch`): a
+    bias, an input that is not 2-D and not contiguous (contiguous ones are flattened into
+    `addmm`), no forward-mode gradient on the bias, and no forced flattening
+    (TORCH_LINEAR_FLATTEN_3D=1 makes a 3-D input contiguous and flattens it)."""
+    return linear_branch(input, bias, flatten_3d) == "add_in_place"
+
+
+def linear_flatten_3d(ctx: RuleContext) -> Callable[[], bool]:
+    """TORCH_LINEAR_FLATTEN_3D=1 as ATen's `parseLinearFlatten3d` holds it: the job's value at the
+    first call that reaches it (Linear.cpp: `static int value = -1`)."""
+    return lambda: environment_value(ctx, "TORCH_LINEAR_FLATTEN_3D") == "1"
 
 
 @register_composite_rule("linear")
@@ -56,7 +80,10 @@ def linear(ctx: RuleContext, op, input: torch.Tensor, weight: torch.Tensor,
     """Cast as CUDA autocast casts `linear` (a lower-precision op), then ATen's branch."""
 
     def call(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if not linear_adds_bias_in_place(input, bias):
+        branch = linear_branch(input, bias, linear_flatten_3d(ctx))
+        if branch == "flatten_copy":  # ATen's contiguous 3-D branch (not this process's static)
+            return op.decompose(input.contiguous(), weight, bias)
+        if branch != "add_in_place":
             return op.decompose(input, weight, bias)
         output = torch.matmul(input, weight.t())
         output.add_(bias)

@@ -9,7 +9,6 @@ attention matrix; memory-efficient pads the logsumexp's sequence dimension to a 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 
 from peakmem.cuda_rules.autocast import run_lower_precision
 from peakmem.cuda_rules.composite_compliance import SDPA_MATH, composite_branch
+from peakmem.cuda_rules.environment import environment_value, value_outside_a_capture
 from peakmem.cuda_rules.registry import (
     RuleContext,
     register_composite_rule,
@@ -86,15 +86,18 @@ def parse_release(version: str) -> tuple[int, int, int]:
     return numbers[0], numbers[1], numbers[2] if len(numbers) > 2 else 0
 
 
-def priority_order(release: tuple[int, int, int] | None, capability: tuple[int, int]):
-    """The backends in the order `select_sdp_backend` tries them (None: the default order)."""
+def priority_order(release: tuple[int, int, int] | None, capability: tuple[int, int],
+                   environ: Callable[[str], str | None] = value_outside_a_capture):
+    """The backends in the order `select_sdp_backend` tries them (None: the default order).
+    `environ(name)`: the opt-out variable's value as torch holds it (a rule passes
+    `environment_value`'s reading: torch reads it once, at the first backend choice)."""
     chosen = None
     for entry in CUDNN_FIRST:
         if release is not None and entry.since <= release:
             chosen = entry
     if chosen is None or not chosen.prefers(capability):
         return DEFAULT_ORDER
-    if chosen.opt_out is not None and os.environ.get(chosen.opt_out[0]) == chosen.opt_out[1]:
+    if chosen.opt_out is not None and environ(chosen.opt_out[0]) == chosen.opt_out[1]:
         return DEFAULT_ORDER
     return CUDNN_ORDER
 
@@ -216,9 +219,11 @@ def _cudnn_ok(capability: tuple[int, int], q, k, v, attn_mask, dropout_p: float)
 def choose_backend(
     capability: tuple[int, int], q, k, v, attn_mask, is_causal: bool = False, *,
     dropout_p: float = 0.0, release: tuple[int, int, int] | None = None,
+    environ: Callable[[str], str | None] = value_outside_a_capture,
 ) -> SdpaBackend:
     """The backend CUDA would pick for these inputs (4-D, no nested tensors) in torch `release`
-    (None: a release with the default order)."""
+    (None: a release with the default order); `environ` as for `priority_order`."""
+    order = priority_order(release, capability, environ)  # first: it reads the opt-out variable
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return SdpaBackend.MATH
     accepts = {
@@ -227,7 +232,7 @@ def choose_backend(
         SdpaBackend.EFFICIENT: lambda: _efficient_ok(capability, q, k, v, attn_mask),
         SdpaBackend.MATH: lambda: True,
     }
-    for backend in priority_order(release, capability):
+    for backend in order:
         if accepts[backend]():
             return backend
     return SdpaBackend.MATH
@@ -271,11 +276,13 @@ def scaled_dot_product_attention(
     """Autocast (a lower-precision op), then the backend CUDA would pick."""
 
     def attend(q, k, v, mask):
+        # select_sdp_backend runs for every call: its priority_order reads the opt-out variable
+        # at the first one (cuda_rules/environment.py), whatever the inputs
+        backend = choose_backend(ctx.gpu.capability, q, k, v, mask, is_causal,
+                                 dropout_p=dropout_p, release=target_release(ctx),
+                                 environ=lambda name: environment_value(ctx, name))
         if not enable_gqa and q.dim() == 4 and q.shape[-3] != k.shape[-3]:
             backend = SdpaBackend.MATH  # mismatched heads without enable_gqa: an error on CUDA
-        else:
-            backend = choose_backend(ctx.gpu.capability, q, k, v, mask, is_causal,
-                                     dropout_p=dropout_p, release=target_release(ctx))
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if backend is SdpaBackend.CUDNN:
             return aten._scaled_dot_product_cudnn_attention(
