@@ -293,7 +293,6 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     cuda = torch.cuda
     patches: dict[tuple[Any, str], Any] = {
         (cuda, "is_available"): lambda: True,
-        (cuda, "is_initialized"): lambda: True,
         (cuda, "init"): lambda: None,  # settles: capture.cuda_init_calls
         (cuda, "_lazy_init"): lambda: None,
         (cuda, "device_count"): lambda: 1,
@@ -303,7 +302,6 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (cuda, "get_device_properties"): lambda device=None: props,
         (cuda, "get_device_capability"): lambda device=None: (major, minor),
         (cuda, "get_arch_list"): lambda: [f"sm_{major}{minor}"],
-        (cuda, "is_bf16_supported"): lambda including_emulation=True: major >= 8,
         (cuda, "synchronize"): lambda device=None: None,
         (cuda, "ipc_collect"): lambda: None,
         (cuda, "Stream"): FakeStream,
@@ -345,8 +343,10 @@ PatchProvider = Callable[[CaptureSession], dict[tuple[Any, str], Any]]
 
 def patch_providers() -> list[PatchProvider]:
     """The fake runtime's themes beyond the basics above, each a module giving (object,
-    attribute) -> replacement: memory readings, RNG, graphs and profiling, processes, tensors."""
+    attribute) -> replacement: CUDA's observable state, memory readings, RNG, graphs and
+    profiling, processes, tensors."""
     from peakmem.capture import (
+        cuda_state,
         device_processes,
         fake_device_ordinal,
         fake_distributed,
@@ -364,6 +364,7 @@ def patch_providers() -> list[PatchProvider]:
     )
 
     return [
+        cuda_state.patches,
         fake_memory_api.patches,
         fake_legacy.patches,
         fake_rng.patches,

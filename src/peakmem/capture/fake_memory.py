@@ -128,6 +128,9 @@ class SimulatedMemory:
         self.config = config
         self.rules = rules
         self.allocator = self._fresh_allocator()
+        self.initialized = False
+        """CUDA is initialised (`torch.cuda.is_initialized()`): set at `settle`, the job's first
+        CUDA allocation or first CUDA-initialising call."""
         self.settle_config: Callable[[], AllocatorConfig | None] | None = None
         """Called once, at the job's first CUDA allocator use: the configuration the job set
         itself by then (None: the one given stands; raises the job's error for a bad one)."""
@@ -150,6 +153,7 @@ class SimulatedMemory:
         """The job's first CUDA allocator use: torch reads its allocator configuration now
         (capture.job_alloc_conf). Nothing has been replayed yet, so the allocator starts anew
         under the job's configuration where it set one."""
+        self.initialized = True
         resolve, self.settle_config = self.settle_config, None
         if resolve is None:
             return

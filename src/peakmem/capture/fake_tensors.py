@@ -1,7 +1,8 @@
 """Tensor-level and build-level facts of a CUDA runtime during a capture: `share_memory_()` of a
 device tensor (a no-op, as on CUDA), pinned host memory (`pin_memory()` and `pin_memory=True`
 give a host tensor that says `is_pinned()`, as with CUDA; a CPU-only torch has no pinned
-allocator, so it stays in ordinary host memory), the CUDA build's version strings (`torch.version.cuda`,
+allocator, so it stays in ordinary host memory), the CUDA build's version strings (`torch.version.cuda`:
+the stack profile's `cuda_version`, "12.1" for torch 2.4's wheels, "13.0" for 2.11's;
 `torch.backends.cuda.is_built()`, `torch.backends.cudnn.version()`), and the default device a job
 sets (`torch.set_default_device("cuda")`), put back afterwards."""
 
@@ -14,7 +15,6 @@ import torch
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules.true_device import is_meta
 
-CUDA_VERSION = "12.4"
 CUDNN_VERSION = 90100
 
 
@@ -90,7 +90,7 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch.Tensor, "is_shared"): is_shared,
         (torch.Tensor, "pin_memory"): pin_memory,
         (torch.Tensor, "is_pinned"): is_pinned,
-        (torch.version, "cuda"): CUDA_VERSION,
+        (torch.version, "cuda"): "{}.{}".format(*session.stack.cuda_version),
         (torch.backends.cuda, "is_built"): lambda: True,
         (torch.backends.cudnn, "version"): lambda: CUDNN_VERSION,
         (torch, "set_default_device"): set_default_device,
