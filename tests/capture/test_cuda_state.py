@@ -138,3 +138,34 @@ def test_small_state_queries(a100, stack24):
     assert result.error is None, result.error_text
     assert seen == {"bad_fork": False, "allocator": ("_CUDAAllocator", True),
                     "backend": "native", "capturing": False, "built": True}
+
+
+@pytest.mark.parametrize("where, eager", [("top", True), ("after the first tensor", False)])
+def test_cuda_module_loading_set_by_the_job_is_read_when_cuda_starts(tmp_path, monkeypatch,
+                                                                     where, eager):
+    """The CUDA driver reads CUDA_MODULE_LOADING at cuInit (CUDA's lazy initialisation): set at
+    the job's top, EAGER gives the eager context (no first-use model); set after the first CUDA
+    tensor, the lazy one stands (capture/job_module_loading.py)."""
+    from peakmem.estimate import estimate_command
+
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "")
+    monkeypatch.delenv("CUDA_MODULE_LOADING")
+    setting = 'os.environ["CUDA_MODULE_LOADING"] = "EAGER"'
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""\
+        import os
+        import torch
+        {top}
+        x = torch.ones(1024, device="cuda")
+        {after}
+        y = x * 2
+    """).format(top=setting if where == "top" else "",
+                after=setting if where != "top" else ""))
+    result = estimate_command(["python", str(script)], gpu="h200", torch_version="2.13",
+                              isolate=False, steps="all", mode="fake")
+    stack, gpu = load_stack("2.13"), load_gpu("h200")
+    eager_context = int(stack.context_for(gpu, {"CUDA_MODULE_LOADING": "EAGER"}).value)
+    lazy_context = int(stack.context_for(gpu, {}).value)
+    assert eager_context != lazy_context
+    assert result.context_bytes == (eager_context if eager else lazy_context)
+    assert any("CUDA_MODULE_LOADING" in note for note in result.notes) is eager

@@ -34,7 +34,7 @@ from peakmem.allocator.caching import (
 from peakmem.allocator.config import AllocatorConfig, AllocatorConfigError, BackendNotSimulated
 from peakmem.allocator.private_pools import apply_pool_event
 from peakmem.allocator.rules import AllocatorRules
-from peakmem.capture import job_alloc_conf
+from peakmem.capture import job_alloc_conf, job_module_loading
 from peakmem.trace.events import POOL_KINDS, EventKind, Trace
 
 POOLS = ("all", "small_pool", "large_pool")
@@ -434,6 +434,7 @@ def build(
     default configuration used (the estimate itself reports the bad configuration)."""
     conf, version = target_settings(default_version)
     start = target_start()
+    loading_start = job_module_loading.start_value()
     try:
         rules = AllocatorRules.for_version(version)
     except ValueError:
@@ -450,6 +451,7 @@ def build(
     memory = SimulatedMemory(trace, config, rules, total_bytes, outside_bytes)
 
     def settle() -> AllocatorConfig | None:
+        job_module_loading.record_at_init(trace.meta, loading_start)  # cuInit reads it too
         job = job_alloc_conf.job_conf(start, version)
         if job is None:
             return None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from peakmem.capture import job_module_loading
 from peakmem.capture.job_alloc_conf import META_KEY as JOB_ALLOC_CONF
 from peakmem.capture.result import DEFAULT_STEPS, CaptureResult
 from peakmem.estimate.breakdown import PeakBreakdown
@@ -280,10 +281,11 @@ def _assumptions(
     stack: StackProfile,
     libraries: dict[str, int] | None = None,
     ops: frozenset[str] = frozenset(),
+    environ: Any = None,
 ) -> list[str]:
     used = [
         ("GPU total memory", gpu.total_memory),
-        ("CUDA context", stack.context_for(gpu)),
+        ("CUDA context", stack.context_for(gpu, environ)),
         ("cuBLAS workspace", stack.cublas_workspace_for(gpu.capability)),
         ("cuBLASLt per-call workspace", stack.cublaslt_transient),
     ]
@@ -404,11 +406,13 @@ def estimate_capture(
     """Replay a captured trace through the allocator simulation."""
     from peakmem.allocator.simulate import simulate
 
-    context = int(stack.context_for(gpu).value)
+    # the job's own CUDA_MODULE_LOADING where it set one before CUDA started
+    loading = job_module_loading.environ_for(capture.trace.meta)
+    context = int(stack.context_for(gpu, loading).value)
     libraries = dict(capture.libraries)
     # kernel families' first-use memory outside the allocator, where the GPU has a measured
     # first-use model (estimate/first_use.py; its base is then the context figure)
-    libraries.update(first_use_bytes(stack, gpu, job_ops(capture)))
+    libraries.update(first_use_bytes(stack, gpu, job_ops(capture), loading))
     job_conf = capture.trace.meta.get(JOB_ALLOC_CONF)
     if isinstance(job_conf, str):  # the job set its own before torch read it: torch's choice
         alloc_conf = job_conf
@@ -442,6 +446,11 @@ def estimate_capture(
     notes = list(capture.notes)
     if isinstance(job_conf, str):
         notes.append(job_alloc_conf_note(job_conf))
+    job_loading = job_module_loading.changed_by_job(capture.trace.meta)
+    if job_loading is not None:
+        value = job_loading or "unset"
+        notes.append(f"the job set CUDA_MODULE_LOADING ({value}) itself before CUDA started: the "
+                     f"CUDA context follows it ({stack.module_loading(loading)} module loading)")
     for note in (
         eval_peak_note(capture.trace, result.peak_reserved_index),
         compile_bound_note(capture.trace, peak_index, int(result.peak_allocated_bytes)),
@@ -490,7 +499,8 @@ def estimate_capture(
         seconds=capture.seconds,
         oom=oom_message is not None,
         notes=notes,
-        assumptions=_assumptions(gpu, stack, libraries, op_packets(t.op for t in capture.trace.tags))
+        assumptions=_assumptions(gpu, stack, libraries, op_packets(t.op for t in capture.trace.tags),
+                                 loading)
         + _fake_assumptions(capture)
         + utilization_assumptions,
         capture=capture,

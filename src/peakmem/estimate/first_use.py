@@ -17,7 +17,7 @@ for the GPU adds nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,10 +133,12 @@ def families_run(ops: Iterable[str]) -> tuple[str, ...]:
     )
 
 
-def first_use_bytes(stack: StackProfile, gpu: GpuProfile, ops: Iterable[str]) -> dict[str, int]:
+def first_use_bytes(stack: StackProfile, gpu: GpuProfile, ops: Iterable[str],
+                    environ: Mapping[str, str] | None = None) -> dict[str, int]:
     """Per family the job runs: the bytes its first use adds outside the allocator on `gpu`
-    (families without an entry for the GPU add nothing); {} where the GPU has no table."""
-    table = stack.first_use_table(gpu)
+    (families without an entry for the GPU add nothing); {} where the GPU has no table or the
+    job loads modules eagerly (`environ`: the job's, capture.job_module_loading)."""
+    table = stack.first_use_table(gpu, environ)
     if BASE not in table:
         return {}
     return {name: int(table[name].value) for name in families_run(ops) if name in table}
