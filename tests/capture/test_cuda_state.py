@@ -169,3 +169,25 @@ def test_cuda_module_loading_set_by_the_job_is_read_when_cuda_starts(tmp_path, m
     assert eager_context != lazy_context
     assert result.context_bytes == (eager_context if eager else lazy_context)
     assert any("CUDA_MODULE_LOADING" in note for note in result.notes) is eager
+
+
+@pytest.mark.parametrize("gpu, capability, sms", [
+    ("v100-32gb", (7, 0), 80),  # Volta whitepaper: 80 SMs
+    ("a100-40gb", (8, 0), 108),
+    ("h200", (9, 0), 132),
+    ("l4", (8, 9), 58),
+])
+def test_device_properties_follow_the_gpu_profile(stack24, gpu, capability, sms):
+    profile = load_gpu(gpu)
+    seen = {}
+
+    def job():
+        props = torch.cuda.get_device_properties(0)
+        seen["props"] = (props.name, (props.major, props.minor), props.multi_processor_count,
+                         props.total_memory)
+        seen["capability"] = torch.cuda.get_device_capability()
+
+    result = capture_callable(job, gpu=profile, stack=stack24)
+    assert result.error is None, result.error_text
+    assert seen == {"props": (profile.device_name, capability, sms, profile.total_memory_bytes),
+                    "capability": capability}
