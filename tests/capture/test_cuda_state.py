@@ -36,12 +36,14 @@ def test_is_initialized_turns_true_at_the_first_initialising_call(a100, stack24)
     assert seen == [False, False, True]
 
 
-def test_is_initialized_turns_true_at_the_first_cuda_tensor(a100, stack24):
+@pytest.mark.parametrize("elements", [4, 0])
+def test_is_initialized_turns_true_at_the_first_cuda_tensor(a100, stack24, elements):
+    """Any CUDA tensor, an empty one included (its device guard initialises CUDA)."""
     seen = []
 
     def job():
         seen.append(torch.cuda.is_initialized())
-        x = torch.ones(4, device="cuda")
+        x = torch.ones(elements, device="cuda")
         seen.append(torch.cuda.is_initialized())
         if torch.cuda.is_initialized():  # the pattern scripts use before a synchronize
             torch.cuda.synchronize()

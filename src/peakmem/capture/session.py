@@ -229,6 +229,9 @@ class CaptureSession:
             if old is None:  # the common call (every op's new output): `_alloc`'s body inline
                 nbytes = storage.nbytes()
                 if nbytes <= 0:
+                    memory = self.memory
+                    if memory is not None and memory.settle_config is not None:
+                        memory.settle()  # an empty CUDA tensor initialises CUDA all the same
                     return
                 self._pending_accumulation = None
                 self._max_before_last_alloc = self.max_allocated_bytes
