@@ -109,14 +109,18 @@ def test_is_bf16_supported_as_torch_answers_on_the_target(gpu, stack, emulation,
     assert [size for size, _ in allocations(result.trace)] == [2] * check_tensors
 
 
-@pytest.mark.parametrize("stack, version", [("2.4.1", "12.1"), ("2.11", "13.0"),
-                                            ("1.10", "10.2")])
-def test_torch_version_cuda_is_the_stack_build(a100, stack, version):
+@pytest.mark.parametrize("stack, version, cudnn", [
+    ("2.4.1", "12.1", 90100),  # the cu121 wheels, cuDNN 9.1.0
+    ("2.11", "13.0", 91900),  # measured: benchmarks/groundtruth/h200_versions.json
+    ("1.10", "10.2", 90100),  # (no cuDNN figure in the torch-1.10 stack)
+])
+def test_torch_version_cuda_is_the_stack_build(a100, stack, version, cudnn):
     seen = []
-    result = capture_callable(lambda: seen.append(torch.version.cuda), gpu=a100,
-                              stack=load_stack(stack))
+    result = capture_callable(
+        lambda: seen.append((torch.version.cuda, torch.backends.cudnn.version())), gpu=a100,
+        stack=load_stack(stack))
     assert result.error is None, result.error_text
-    assert seen == [version]
+    assert seen == [(version, cudnn)]
 
 
 def test_small_state_queries(a100, stack24):

@@ -3,8 +3,8 @@ device tensor (a no-op, as on CUDA), pinned host memory (`pin_memory()` and `pin
 give a host tensor that says `is_pinned()`, as with CUDA; a CPU-only torch has no pinned
 allocator, so it stays in ordinary host memory), the CUDA build's version strings (`torch.version.cuda`:
 the stack profile's `cuda_version`, "12.1" for torch 2.4's wheels, "13.0" for 2.11's;
-`torch.backends.cuda.is_built()`, `torch.backends.cudnn.version()`), and the default device a job
-sets (`torch.set_default_device("cuda")`), put back afterwards."""
+`torch.backends.cuda.is_built()`, `torch.backends.cudnn.version()`: the stack's `cudnn_version`), and
+the default device a job sets (`torch.set_default_device("cuda")`), put back afterwards."""
 
 from __future__ import annotations
 
@@ -14,9 +14,6 @@ import torch
 
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules.true_device import is_meta
-
-CUDNN_VERSION = 90100
-
 
 PINNED_ATTRIBUTE = "_peakmem_pinned"
 
@@ -92,7 +89,7 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (torch.Tensor, "is_pinned"): is_pinned,
         (torch.version, "cuda"): "{}.{}".format(*session.stack.cuda_version),
         (torch.backends.cuda, "is_built"): lambda: True,
-        (torch.backends.cudnn, "version"): lambda: CUDNN_VERSION,
+        (torch.backends.cudnn, "version"): lambda: session.stack.cudnn_version,
         (torch, "set_default_device"): set_default_device,
         (torch, "get_default_device"): get_default_device,
     }

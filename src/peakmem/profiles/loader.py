@@ -87,6 +87,9 @@ class StackProfile:
     """Library workspaces of single kernels by name (e.g. cuDNN batch norm), each sourced."""
     cuda_version: tuple[int, int] = (12, 1)
     """The CUDA the stack's torch wheels are built with (decides lazy module loading)."""
+    cudnn_version: int = 90100
+    """The cuDNN the stack's wheels load, as `torch.backends.cudnn.version()` reports it (9.1.0,
+    which the cu121 / cu124 wheels of torch 2.4 to 2.6 bundle, where the stack file says none)."""
     lazy_loaded: dict[str, Sourced] = field(default_factory=dict)
     """Per GPU profile name (or "default"): the part of the context figure that CUDA's lazy
     module loading brings in after the context is created, on the job's first kernel launches
@@ -366,6 +369,7 @@ def _stacks() -> list[StackProfile]:
                     for key, raw in table.get("kernel_workspace_bytes", {}).items()
                 },
                 cuda_version=_version_tuple(str(table.get("cuda_version", "12.1"))),
+                cudnn_version=int(table.get("cudnn_version", 90100)),
                 lazy_loaded={
                     key: _sourced(raw, f"{where} lazy_loaded_bytes.{key}")
                     for key, raw in table.get("lazy_loaded_bytes", {}).items()
