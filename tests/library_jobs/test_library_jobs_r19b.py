@@ -1,0 +1,294 @@
+"""Round 19b: research repositories' and tutorials' training scripts not covered before,
+re-created in their upstream structure (read through the code search, written here; each
+docstring names the upstream file and version) and run unmodified through the capture on tiny
+local data; device bytes worked out by hand (not read from peakmem):
+
+- karpathy/ng-video-lecture gpt.py (scripts/r19b_ng_video_lecture_gpt.py): module constants,
+  `get_batch` by `torch.randint` windows, `estimate_loss()` over 2 x 200 no-grad batches at
+  step 0, one Linear per head with a `tril` buffer each. Worked as it is.
+- lucidrains/x-transformers examples/toy_tasks/enc_dec_copy.py
+  (scripts/r19b_x_transformers_enc_dec_copy.py): device batches from a `cycle()` generator,
+  `XTransformer(tie_token_emb=True, return_tgt_loss=True)`. Worked as it is.
+- yunjey/pytorch-tutorial bidirectional_recurrent_neural_network and generative_adversarial_network
+  (scripts/r19b_yunjey_birnn.py, r19b_yunjey_gan.py). Worked as they are.
+- pytorch/tutorials intermediate_source/mixed_precision_tutorial.py
+  (scripts/r19b_mixed_precision_tutorial.py): five sequential training sections over 128 device
+  batches kept in lists, `torch.cuda.max_memory_allocated()` printed. Worked; by default only
+  the first section is traced (a loop without a DataLoader), which misses the later peak.
+- fastai nbs/examples/train_imagenette.py (scripts/r19b_fastai_train_imagenette.py): `ranger`
+  (Lookahead over RAdam), `to_fp16()`, MixUp, `fit_flat_cos`. Found: Lookahead's slow weights
+  were `other`, then `ema` (capture/fastai_optimizers.py; tests/capture/test_fastai_optimizers.py).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import JobEstimate, estimate, estimate_here, write_mnist
+from tests.library_jobs.test_library_jobs import MiB, assert_training, needs
+
+pytestmark = pytest.mark.slow
+
+
+def _notes(est: JobEstimate) -> str:
+    return "\n".join(est.data.get("notes", []))
+
+
+# karpathy/ng-video-lecture gpt.py ---------------------------------------------------------------
+
+def write_shakespeare(path: Path) -> str:
+    """A small input.txt of words from a fixed list (30 distinct characters): the script's
+    90/10 split leaves more than block_size + 1 characters in each part."""
+    rng = random.Random(0)
+    words = ["thou", "art", "the", "king", "and", "queen", "of", "all", "that", "is", "Romeo",
+             "JULIET:", "my", "lord,", "good", "night!"]
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
+                     for _ in range(400)) + "\n"
+    path.write_text(text)
+    return text
+
+
+def ng_gpt_shapes(vocab: int, embd: int = 384, heads: int = 6, layers: int = 6,
+                  block: int = 256) -> list[ex.Shape]:
+    """GPTLanguageModel: token and position tables, per Block `heads` Heads of three bias-free
+    Linears (embd -> embd / heads), the projection, the 4x feed-forward and two LayerNorms;
+    ln_f and lm_head (with bias)."""
+    head = embd // heads
+    block_shapes = (heads * 3 * ex.linear(head, embd, bias=False) + ex.linear(embd, embd)
+                    + ex.linear(4 * embd, embd) + ex.linear(embd, 4 * embd)
+                    + ex.norm(embd) + ex.norm(embd))
+    return ([(vocab, embd), (block, embd)] + layers * block_shapes + ex.norm(embd)
+            + ex.linear(vocab, embd))
+
+
+def test_ng_video_lecture_gpt_module_constants_and_estimate_loss(tmp_path):
+    text = write_shakespeare(tmp_path / "input.txt")
+    vocab = len(set(text))
+    params = ex.device_bytes(ng_gpt_shapes(vocab), ex.FP32)
+    # 400 no-grad forwards in estimate_loss() at step 0 (no flag shortens them): ~90 s here
+    est = estimate_here("r19b_ng_video_lecture_gpt.py", flags=("--gpu", "h100-80gb"),
+                        cwd=tmp_path, timeout=600)
+    assert_training(est, params=params, optimizer_state=2 * params,  # AdamW: two moments
+                    extra_upper=4096 * MiB)  # the (64, 256, 256) attention maps, 36 heads
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # one (256, 256) fp32 `tril` buffer per head: 6 layers x 6 heads
+    assert est.breakdown["buffer"] == 36 * ex.rounded(256 * 256 * ex.FP32)
+    # the training batch: x and y, (64, 256) int64 each
+    assert est.breakdown["input"] == 2 * ex.rounded(64 * 256 * 8)
+    # per head the (64, 256, 256) fp32 scores, their softmax and dropout (and its mask) are
+    # saved for the backward: more than 36 x 3 x 16 MiB of activations at the peak
+    assert est.breakdown["activation"] >= 36 * 3 * 16 * MiB
+    # the loop is `for iter in range(max_iters)` over get_batch: stopped after 3 steps, so the
+    # 500-character generation after it did not run
+    assert est.data["steps"] == 3 and est.data["stopped"]
+    assert "step 0: train loss" in est.stderr
+    assert f"{sum(ex.count([s]) for s in ng_gpt_shapes(vocab)) / 1e6}" in est.stderr
+
+
+# lucidrains/x-transformers examples/toy_tasks/enc_dec_copy.py ---------------------------------
+
+@needs("x_transformers", "tqdm")
+def test_x_transformers_enc_dec_copy_generator_batches(tmp_path):
+    import torch
+    from x_transformers import XTransformer
+
+    # the script's own model, built on the meta device for its parameters' shapes (the decoder's
+    # logits are tied to its token embedding: one tensor)
+    with torch.device("meta"):
+        model = XTransformer(dim=512, tie_token_emb=True, return_tgt_loss=True,
+                             enc_num_tokens=18, enc_depth=3, enc_heads=8, enc_max_seq_len=32,
+                             dec_num_tokens=18, dec_depth=3, dec_heads=8, dec_max_seq_len=65)
+    params = ex.device_bytes([tuple(p.shape) for p in model.parameters()], ex.FP32)
+    est = estimate_here("r19b_x_transformers_enc_dec_copy.py", flags=("--gpu", "h100-80gb"),
+                        cwd=tmp_path)
+    assert_training(est, params=params, optimizer_state=2 * params,  # Adam: two moments
+                    extra_upper=est.breakdown["activation"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # `next(cycle())` copies each batch to the device (`.long().cuda()`): src (32, 32) int64
+    # and the mask (32, 32) bool are `input`; tgt, a `torch.cat` of prefix, src, src made on
+    # the device, (32, 65) int64, is `other`
+    assert est.breakdown["input"] == ex.rounded(32 * 32 * 8) + ex.rounded(32 * 32)
+    assert est.breakdown["other"] == ex.rounded(32 * 65 * 8)
+    # 3 steps, then stopped (no DataLoader): the generation every 100 batches never came
+    assert est.data["steps"] == 3 and est.data["stopped"]
+    assert "2: 0.0" in est.stderr and "incorrects" not in est.stderr
+
+
+# yunjey/pytorch-tutorial bidirectional_recurrent_neural_network/main.py -------------------------
+
+@needs("torchvision")
+def test_yunjey_bidirectional_lstm_host_made_initial_states(tmp_path):
+    # 400 training images: 4 batches of 100; 50 test images
+    write_mnist(tmp_path / "tutorials" / "data" / "MNIST" / "raw", train=400, test=50)
+    folder = tmp_path / "tutorials" / "02-intermediate" / "bidirectional_recurrent_neural_network"
+    folder.mkdir(parents=True)
+    # a 2-layer bidirectional LSTM (the second layer reads both directions: 256 inputs)
+    lstm = [(512, 28), (512, 128), (512,), (512,)] * 2 + [(512, 256), (512, 128), (512,), (512,)] * 2
+    params = ex.device_bytes(lstm + ex.linear(10, 256), ex.FP32)
+    est = estimate_here("r19b_yunjey_birnn.py", flags=("--gpu", "h100-80gb"), cwd=folder)
+    assert_training(est, params=params, optimizer_state=2 * params,  # Adam: two moments
+                    extra_upper=est.breakdown["workspace"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # a batch (100, 28, 28) fp32 and its labels, and the forward's h0 / c0: (4, 100, 128)
+    # zeros made on the host and moved with `.to(device)`
+    assert est.breakdown["input"] == (ex.rounded(100 * 28 * 28 * ex.FP32) + ex.rounded(100 * 8)
+                                      + 2 * ex.rounded(4 * 100 * 128 * ex.FP32))
+    # the first epoch (4 steps), the loop ended 2 steps into the second, its last batch: 7;
+    # then the no_grad test pass and the checkpoint save
+    assert est.data["steps"] == 7 and not est.data["stopped"]
+    assert "an evaluation phase (forward passes without gradients) ran" in _notes(est)
+    assert "Test Accuracy of the model on the 10000 test images" in est.stderr
+    assert "instead of model.ckpt" in _notes(est)
+
+
+# yunjey/pytorch-tutorial generative_adversarial_network/main.py ---------------------------------
+
+@needs("torchvision")
+def test_yunjey_gan_two_sequentials_and_reset_grad(tmp_path):
+    write_mnist(tmp_path / "tutorials" / "data" / "MNIST" / "raw", train=400, test=10)
+    folder = tmp_path / "tutorials" / "03-advanced" / "generative_adversarial_network"
+    folder.mkdir(parents=True)
+    d = ex.linear(256, 784) + ex.linear(256, 256) + ex.linear(1, 256)
+    g = ex.linear(256, 64) + ex.linear(256, 256) + ex.linear(784, 256)
+    params = ex.device_bytes(d + g, ex.FP32)
+    est = estimate_here("r19b_yunjey_gan.py", flags=("--gpu", "h100-80gb"), cwd=folder)
+    # two Adams, two moments each; the generator's backward runs through D and makes D's
+    # gradients too (reset_grad() clears both only before the next backward): at the peak
+    # both networks' gradients are live
+    assert_training(est, params=params, optimizer_state=2 * params,
+                    extra_upper=est.breakdown["workspace"])
+    assert est.breakdown["gradient"] == params
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # a batch (100, 784), the host-made BCE targets (100, 1) x 2 and one `z` (100, 64)
+    assert est.breakdown["input"] == (ex.rounded(100 * 784 * ex.FP32) + 2 * ex.rounded(100 * 4)
+                                      + ex.rounded(100 * 64 * ex.FP32))
+    # 4 batches an epoch, 2 optimizer steps a batch: the loop was ended at step 6; the later
+    # epochs, separated only by save_image, are bare repeats of their last batch (2 steps
+    # each), so the job was stopped at step 11, before its final state-dict saves
+    assert est.data["steps"] == 11 and est.data["stopped"]
+    assert "stopped after" in _notes(est) and "kept training after peakmem ended" in _notes(est)
+    assert (folder / "samples" / "real_images.png").exists()
+    assert (folder / "samples" / "fake_images-1.png").exists()
+    assert not (folder / "G.ckpt").exists()
+
+
+# pytorch/tutorials intermediate_source/mixed_precision_tutorial.py ------------------------------
+
+MAX_MEMORY = re.compile(r"Max memory used by tensors = (\d+) bytes")
+
+
+def test_mixed_precision_tutorial_sections_and_max_memory_allocated(tmp_path):
+    layer = ex.device_bytes(ex.linear(4096, 4096), ex.FP32)
+    params = 6 * layer
+    data = 2 * 128 * 256 * 4096 * ex.FP32  # the data and targets lists: 1 GiB, made on the device
+    est = estimate_here("r19b_mixed_precision_tutorial.py", flags=("--gpu", "h100-80gb"),
+                        cwd=tmp_path)
+    # plain SGD: no state. The data lists are live throughout (`other`: made on the device)
+    assert_training(est, params=params, optimizer_state=0, extra_lower=data,
+                    extra_upper=data)
+    assert est.breakdown["other"] == data and est.breakdown["gradient"] == params
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # `for input, target in zip(data, targets)` is no DataLoader: stopped after 3 steps of the
+    # first (default precision) section; its timer's print never came
+    assert est.data["steps"] == 3 and est.data["stopped"]
+    assert "With default precision:" not in est.stderr
+    default_peak = est.data["peak_allocated_bytes"]
+    # at the end of a backward: weights, their gradients, the data and a (256, 4096) output
+    assert default_peak == params + params + data + 2 * ex.rounded(256 * 4096 * ex.FP32)
+
+    # all five sections (1152 steps: ~70 s here). The fake runtime's
+    # reset_max_memory_allocated / max_memory_allocated give the simulated figures the
+    # tutorial prints; its first section's is the default run's peak
+    full = estimate_here("r19b_mixed_precision_tutorial.py",
+                         flags=("--gpu", "h100-80gb", "--steps", "all"), cwd=tmp_path, timeout=600)
+    assert full.returncode == 0, full.failure()
+    assert not full.data["stopped"]
+    printed = [int(n) for n in MAX_MEMORY.findall(full.stderr)]
+    assert printed[0] == default_peak
+    # the full run's peak is in the "All together" section: its first autocast forward runs
+    # while the last section's `output` / `loss` still hold the old net's graph, whose
+    # AccumulateGrad nodes keep the old weights alive (on a GPU as well): two nets, the data,
+    # the new net's fp16 weight copies (half a net) saved for the backward
+    assert printed[1] == full.data["peak_allocated_bytes"]
+    assert full.breakdown["parameter"] == 2 * params and full.breakdown["other"] == data
+    assert "gradient" not in full.breakdown
+    assert full.breakdown["activation"] >= params // 2 - 6 * MiB
+    # what the default 3-step run misses (a loop without a DataLoader cannot be ended)
+    assert full.data["peak_allocated_bytes"] - default_peak >= 200 * MiB
+
+
+# fastai nbs/examples/train_imagenette.py ---------------------------------------------------------
+
+def xresnet18_shapes(n_out: int) -> tuple[list[ex.Shape], list[int]]:
+    """fastai's xresnet18: a 3-conv stem (3 -> 32 -> 32 -> 64), four stages of two ResBlocks
+    (64, 128, 256, 512; each two 3x3 ConvLayers, a 1x1 id conv where the width changes), every
+    conv bias-free with a BatchNorm; the Linear head. Also each BatchNorm's channels."""
+    shapes: list[ex.Shape] = []
+    channels: list[int] = []
+
+    def conv_layer(c_out: int, c_in: int, k: int) -> None:
+        shapes.extend(ex.conv(c_out, c_in, k, bias=False) + ex.norm(c_out))
+        channels.append(c_out)
+
+    for c_in, c_out in ((3, 32), (32, 32), (32, 64)):
+        conv_layer(c_out, c_in, 3)
+    sizes = [64, 64, 128, 256, 512]
+    for stage in range(4):
+        for block in range(2):
+            c_in, c_out = (sizes[stage] if block == 0 else sizes[stage + 1]), sizes[stage + 1]
+            conv_layer(c_out, c_in, 3)
+            conv_layer(c_out, c_out, 3)
+            if c_in != c_out:
+                conv_layer(c_out, c_in, 1)
+    return shapes + ex.linear(n_out, 512), channels
+
+
+@needs("fastai", "torchvision")
+def test_fastai_train_imagenette_ranger_fp16_mixup(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    # imagenette2-320 as untar_data leaves it under $FASTAI_HOME/data: nothing downloaded
+    rng = np.random.default_rng(0)
+    root = tmp_path / "fastai" / "data" / "imagenette2-320"
+    for split, count in (("train", 12), ("val", 4)):
+        for label in ("n01440764", "n02102040"):
+            (root / split / label).mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (48, 40, 3), dtype=np.uint8)).save(
+                    root / split / label / f"{label}_{i}.JPEG")
+    shapes, channels = xresnet18_shapes(10)
+    params = ex.device_bytes(shapes, ex.FP32)
+    env_before = os.environ.get("FASTAI_HOME")
+    os.environ["FASTAI_HOME"] = str(tmp_path / "fastai")
+    try:  # fastai patches torch when imported: in a child process, as round 11's test
+        est = estimate("r19b_fastai_train_imagenette.py", "--size", "32", "--bs", "8",
+                       "--epochs", "2", "--arch", "xresnet18", "--fp16", "1", "--mixup", "0.2",
+                       flags=("--gpu", "h100-80gb"), cwd=tmp_path, timeout=300)
+    finally:
+        if env_before is None:
+            os.environ.pop("FASTAI_HOME")
+        else:
+            os.environ["FASTAI_HOME"] = env_before
+    # ranger = Lookahead(RAdam): grad_avg and sqr_avg per parameter and Lookahead's slow
+    # weights (a copy of each, made at its first step): 3 x the parameters, all optimizer
+    # state (the slow weights were `ema` before capture/fastai_optimizers.py read Lookahead's)
+    assert_training(est, params=params, optimizer_state=3 * params,
+                    extra_upper=est.breakdown["workspace"])
+    assert "ema" not in est.breakdown
+    # to_fp16() is autocast + GradScaler: fp32 weights and fp32 gradients
+    assert est.breakdown["gradient"] == params
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # BatchNorm running mean / var and num_batches_tracked (int64)
+    assert est.breakdown["buffer"] == sum(2 * ex.rounded(c * ex.FP32) + ex.BLOCK
+                                          for c in channels)
+    # 24 training images, batch 8: 3 a epoch; both epochs ran, each with its validation
+    assert "training" in est.data["phases_ran"] and "eval" in est.data["phases_ran"]
+    assert "Epoch 2/2" in est.stderr
+
