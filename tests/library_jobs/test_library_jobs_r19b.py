@@ -19,6 +19,9 @@ local data; device bytes worked out by hand (not read from peakmem):
   (scripts/r19b_fsdp_mnist.py): `mp.spawn` over `torch.cuda.device_count()` ranks, FSDP1 around
   the whole MNIST Net, Adadelta on the shard, CUDA events, rank 0 saving `model.state_dict()`.
   Worked as it is, one process or two (`--nproc-per-node 2`).
+- pyg-team/pytorch_geometric examples/link_pred.py (scripts/r19b_pyg_link_pred.py, copied to
+  examples/link_pred.py): Planetoid Cora from local raw files, `ToDevice` + `RandomLinkSplit`
+  in the dataset transform, `negative_sampling` each epoch, scikit-learn AUCs. Worked as it is.
 - fastai nbs/examples/train_imagenette.py (scripts/r19b_fastai_train_imagenette.py): `ranger`
   (Lookahead over RAdam), `to_fp16()`, MixUp, `fit_flat_cos`. Found: Lookahead's slow weights
   were `other`, then `ema` (capture/fastai_optimizers.py; tests/capture/test_fastai_optimizers.py).
@@ -29,12 +32,13 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate, estimate_here, write_mnist
+from tests.library_jobs.harness import SCRIPTS, JobEstimate, estimate, estimate_here, write_mnist
 from tests.library_jobs.test_library_jobs import MiB, assert_training, needs
 
 pytestmark = pytest.mark.slow
@@ -345,3 +349,73 @@ def test_fsdp_tutorial_spawned_ranks_flat_parameter(tmp_path):
     # the sampler's half of the data: 5 batches an epoch
     assert "DataLoader epoch of 5 batches" in _notes(two)
     assert two.data["peak_allocated_bytes"] < one.data["peak_allocated_bytes"]
+
+
+# pyg-team/pytorch_geometric examples/link_pred.py -----------------------------------------------
+
+CORA_FEATURES, CORA_CLASSES, CORA_ALL, CORA_TRAIN, CORA_TEST = 64, 7, 700, 140, 100
+
+
+def write_planetoid_cora(raw: Path) -> int:
+    """Planetoid's raw files for 'Cora' (`ind.cora.*`, pickled as the Planetoid repository
+    ships them: scipy CSR features, one-hot numpy labels, an adjacency dict; the test indices
+    as text) for 800 nodes: the first 140 labelled for training, PyG's 500 validation nodes
+    after them, the 100 test nodes last. A ring plus one random neighbour per node. Returns
+    the node count. With these in place nothing is downloaded."""
+    import pickle
+    from collections import defaultdict
+
+    import numpy as np
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+
+    def features(rows: int):
+        return sp.csr_matrix((rng.random((rows, CORA_FEATURES)) < 0.1).astype(np.float32))
+
+    def one_hot(rows: int):
+        out = np.zeros((rows, CORA_CLASSES), dtype=np.int64)
+        out[np.arange(rows), rng.integers(0, CORA_CLASSES, rows)] = 1
+        return out
+
+    nodes = CORA_ALL + CORA_TEST
+    graph: dict[int, list[int]] = defaultdict(list)
+    for i in range(nodes):
+        for j in {(i + 1) % nodes, int(rng.integers(0, nodes))} - {i}:
+            graph[i].append(j)
+            graph[j].append(i)
+    files = {"x": features(CORA_TRAIN), "tx": features(CORA_TEST), "allx": features(CORA_ALL),
+             "y": one_hot(CORA_TRAIN), "ty": one_hot(CORA_TEST), "ally": one_hot(CORA_ALL),
+             "graph": graph}
+    raw.mkdir(parents=True)
+    for name, value in files.items():
+        with open(raw / f"ind.cora.{name}", "wb") as out:
+            pickle.dump(value, out)
+    (raw / "ind.cora.test.index").write_text(
+        "\n".join(str(CORA_ALL + i) for i in range(CORA_TEST)) + "\n")
+    return nodes
+
+
+@needs("torch_geometric", "sklearn", "scipy")
+def test_pyg_link_pred_device_transform_and_negative_sampling(tmp_path):
+    nodes = write_planetoid_cora(tmp_path / "data" / "Planetoid" / "Cora" / "raw")
+    (tmp_path / "examples").mkdir()
+    shutil.copy(SCRIPTS / "r19b_pyg_link_pred.py", tmp_path / "examples" / "link_pred.py")
+    # GCNConv(64, 128) and GCNConv(128, 64): a bias-free Linear and a bias each
+    shapes = [(128, CORA_FEATURES), (128,), (64, 128), (64,)]
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate_here(str(tmp_path / "examples" / "link_pred.py"),
+                        flags=("--gpu", "h100-80gb"), cwd=tmp_path)
+    assert_training(est, params=params, optimizer_state=2 * params,  # Adam: two moments
+                    extra_upper=est.breakdown["workspace"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # `ToDevice` moved the graph at `dataset[0]`: x (800, 64) fp32, y int64 and the three
+    # bool masks stay on the device (the splits share x); the full edge_index was replaced by
+    # the splits' own edges
+    assert est.breakdown["input"] == (ex.rounded(nodes * CORA_FEATURES * ex.FP32)
+                                      + ex.rounded(nodes * 8) + 3 * ex.rounded(nodes))
+    # 100 full-graph epochs, no DataLoader: stopped after 3 steps, each followed by the two
+    # no-grad AUC passes (fake reads are zeros: one class, so scikit-learn says nan)
+    assert est.data["steps"] == 3 and est.data["stopped"]
+    assert "Epoch: 002, Loss:" in est.stderr
+    assert "an evaluation phase (forward passes without gradients) ran" in _notes(est)
