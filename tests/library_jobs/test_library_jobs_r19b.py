@@ -11,6 +11,9 @@ local data; device bytes worked out by hand (not read from peakmem):
   `XTransformer(tie_token_emb=True, return_tgt_loss=True)`. Worked as it is.
 - yunjey/pytorch-tutorial bidirectional_recurrent_neural_network and generative_adversarial_network
   (scripts/r19b_yunjey_birnn.py, r19b_yunjey_gan.py). Worked as they are.
+- yunjey/pytorch-tutorial neural_style_transfer (scripts/r19b_yunjey_neural_style.py): Adam over
+  the target image alone, VGG19 features from the torch.hub cache whose parameters keep
+  `requires_grad`. Worked (upstream's `Image.ANTIALIAS` is gone from Pillow 10: LANCZOS).
 - pytorch/tutorials intermediate_source/mixed_precision_tutorial.py
   (scripts/r19b_mixed_precision_tutorial.py): five sequential training sections over 128 device
   batches kept in lists, `torch.cuda.max_memory_allocated()` printed. Worked; by default only
@@ -40,6 +43,7 @@ import pytest
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import SCRIPTS, JobEstimate, estimate, estimate_here, write_mnist
 from tests.library_jobs.test_library_jobs import MiB, assert_training, needs
+from tests.library_jobs.test_library_jobs_r14 import _hub_weights
 
 pytestmark = pytest.mark.slow
 
@@ -420,3 +424,59 @@ def test_pyg_link_pred_device_transform_and_negative_sampling(tmp_path):
     assert est.data["steps"] == 3 and est.data["stopped"]
     assert "Epoch: 002, Loss:" in est.stderr
     assert "an evaluation phase (forward passes without gradients) ran" in _notes(est)
+
+
+# yunjey/pytorch-tutorial neural_style_transfer/main.py -----------------------------------------
+
+VGG19_FEATURES = [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
+                  512, 512, 512, 512, "M"]
+
+
+def vgg19_feature_convs() -> list[list[ex.Shape]]:
+    """vgg19().features' sixteen 3x3 convolutions (weight and bias each), in order."""
+    convs, channels = [], 3
+    for width in VGG19_FEATURES:
+        if width != "M":
+            convs.append(ex.conv(width, channels, 3))
+            channels = width
+    return convs
+
+
+@needs("torchvision")
+def test_yunjey_neural_style_adam_over_the_image(tmp_path, monkeypatch):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "png").mkdir()
+    Image.fromarray(rng.integers(0, 255, (120, 160, 3), dtype=np.uint8)).save(
+        tmp_path / "png" / "content.png")
+    Image.fromarray(rng.integers(0, 255, (90, 90, 3), dtype=np.uint8)).save(
+        tmp_path / "png" / "style.png")
+    # `models.vgg19(pretrained=True)` reads the torch.hub cache: zeros of its shapes (575 MB)
+    _hub_weights(tmp_path / "torch", "vgg19", "vgg19-dcbb9e9d.pth")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    est = estimate_here("r19b_yunjey_neural_style.py", "--max_size", "64", "--total_step", "5",
+                        "--log_step", "1", "--sample_step", "2",
+                        flags=("--gpu", "h100-80gb"), cwd=tmp_path)
+    shutil.rmtree(tmp_path / "torch")  # the 575 MB weights file
+    assert est.returncode == 0, est.failure()
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # 160 x 120 scaled to 64 x 48: the content, the style resized to it, and the target image
+    # (`content.clone().requires_grad_(True)`, the tensor Adam steps: a parameter)
+    image = ex.rounded(3 * 48 * 64 * ex.FP32)
+    convs = vgg19_feature_convs()
+    vgg = ex.device_bytes([shape for conv in convs for shape in conv], ex.FP32)
+    assert est.breakdown["parameter"] == vgg + image
+    # Adam over the target alone: two moments of one image
+    assert est.breakdown["optimizer_state"] == 2 * image
+    # the VGG's parameters keep requires_grad and no optimizer clears them: their gradients,
+    # made by the first backward, stay (accumulated) all run. Not conv5_2 to conv5_4: their
+    # outputs, computed by the loop over every layer, feed no loss
+    assert est.breakdown["gradient"] == ex.device_bytes(
+        [shape for conv in convs[:13] for shape in conv], ex.FP32)
+    assert 2 * image <= est.breakdown["input"] <= 2 * image + ex.BLOCK
+    # 2000 steps in a plain loop: stopped after 3 (the image saved at step 2 was written)
+    assert est.data["steps"] == 3 and est.data["stopped"]
+    assert "Step [2/5], Content Loss:" in est.stderr
+    assert (tmp_path / "output-2.png").exists()
