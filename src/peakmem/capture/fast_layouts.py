@@ -922,6 +922,32 @@ def _scalar_tensor(args: tuple, kwargs: dict) -> Any:
 register(aten.full.default, _full)
 register(aten.scalar_tensor.default, _scalar_tensor)
 
+_ARANGE_DTYPES = frozenset({torch.int64})
+_ARANGE_BOUND = 1 << 52
+"""Arguments of at most this size: the kernel's checks and length exact in any arithmetic."""
+
+
+def _arange(args: tuple, kwargs: dict) -> Any:
+    # arange(end) / arange(start, end) / arange(start, end, step), *, dtype, ...: with plain int
+    # arguments (no bools) and dtype None or int64, torch._refs.arange's int64 iota of
+    # (end - start + step - sign(step)) // step elements; a zero step or a bound on the wrong
+    # side of start (the kernel raises), float arguments and other dtypes: the kernel
+    if not args or len(args) > 3 or kwargs.get("device") is None:
+        return DECLINE
+    if any(type(value) is not int or abs(value) > _ARANGE_BOUND for value in args):
+        return DECLINE
+    if not _options_ok(kwargs, _FACTORY_OPTIONS, _ARANGE_DTYPES):
+        return DECLINE
+    start, end = (0, args[0]) if len(args) == 1 else args[:2]
+    step = args[2] if len(args) == 3 else 1
+    if step == 0 or (step > 0 and end < start) or (step < 0 and end > start):
+        return DECLINE
+    sign = 1 if step > 0 else -1
+    return _new(((end - start + step - sign) // step,), torch.int64)
+
+
+register((aten.arange.default, aten.arange.start, aten.arange.start_step), _arange)
+
 
 _COPY_OPTIONS = ("dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format")
 
