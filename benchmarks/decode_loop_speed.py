@@ -9,9 +9,10 @@ Jobs (each a small 2-layer transformer sampling `--steps` tokens under `torch.no
 "cuda", estimated in process with `peakmem.estimate(job, gpu="h200", steps="all")`; the
 loop's own CPU seconds are timed, `time.process_time`, inside the capture):
 
-- `crop`: nanoGPT / minGPT / makemore's `sample`: the whole (cropped) context through the model
-  every step, `logits[:, -1, :]`, softmax, `multinomial`, `cat` (64 wide, 4 heads, block 32:
-  the shapes repeat once the context is cropped).
+- `crop`: nanoGPT / minGPT / makemore's `generate` / `sample`: the whole (cropped) context
+  through the model every step, `logits[:, -1, :] / temperature`, the top-k cut
+  (`logits[logits < v[:, [-1]]] = -inf`), softmax, `multinomial`, `cat` (64 wide, 4 heads,
+  block 32: the shapes repeat once the context is cropped).
 - `kv`: a key/value-cache decode (Hugging Face's `generate` style): one new token per step, its
   keys and values concatenated onto the cache (every step new shapes), top-k filtering.
 - `xt`: x-transformers' `AutoregressiveWrapper.generate(..., cache_kv=True)` (64 wide, 4 heads,
@@ -104,7 +105,8 @@ def _gpt_classes():
 
 
 def crop_job(steps: int) -> float:
-    """nanoGPT's `generate`: the cropped context through the model every step."""
+    """nanoGPT's `generate` (temperature 0.8, top_k 10): the cropped context through the model
+    every step."""
     import torch
     from torch.nn import functional as F
 
@@ -114,7 +116,9 @@ def crop_job(steps: int) -> float:
     with torch.no_grad():
         for _ in range(steps):
             cond = idx if idx.size(1) <= model.block_size else idx[:, -model.block_size:]
-            logits = model(cond)[:, -1, :]
+            logits = model(cond)[:, -1, :] / 0.8  # temperature
+            top, _ = torch.topk(logits, 10)
+            logits[logits < top[:, [-1]]] = -float("inf")
             probs = F.softmax(logits, dim=-1)
             idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
     return time.process_time() - start

@@ -499,12 +499,12 @@ def convolution_backward_args(draw):
 
 @st.composite
 def cat_args(draw):
-    first = draw(tensors(dtypes=FLOAT_DTYPES, min_rank=1))
+    first = draw(tensors(dtypes=FLOAT_DTYPES if draw(st.booleans()) else DTYPES, min_rank=1))
     dim = draw(dims(first))
     pieces = [first]
     for _ in range(draw(st.integers(0, 3))):
         if rarely(draw, 6):
-            pieces.append(draw(tensors(dtypes=FLOAT_DTYPES)))
+            pieces.append(draw(tensors(dtypes=DTYPES)))
             continue
         shape = list(first.shape)
         if first.dim() and -first.dim() <= dim < first.dim():

@@ -714,19 +714,21 @@ register(aten.convolution_backward.default, _convolution_backward)
 
 
 def _cat(args: tuple, kwargs: dict) -> Any:
-    # cat(tensors, dim=0): tensors of one rank (>= 1) and dtype, equal but along dim
+    # cat(tensors, dim=0): tensors of one rank (>= 1) and dtype, equal but along dim (integer
+    # and bool tensors too: a decode loop's growing token ids, `cat((idx, next), dim=1)`)
     if kwargs or type(args[0]) not in (list, tuple) or not args[0]:
         return DECLINE
     tensors = args[0]
     dim = args[1] if len(args) > 1 else 0
     first = tensors[0]
-    if not _plain(first) or first.dim() == 0 or not _dim_ok(dim, first.dim()):
+    if not _plain(first, _ANY_DTYPE) or first.dim() == 0 or not _dim_ok(dim, first.dim()):
         return DECLINE
     dim %= first.dim()
     shape = list(first.shape)
     total = 0
     for tensor in tensors:
-        if not _plain(tensor) or tensor.dtype != first.dtype or tensor.dim() != len(shape):
+        if (not _plain(tensor, _ANY_DTYPE) or tensor.dtype != first.dtype
+                or tensor.dim() != len(shape)):
             return DECLINE
         sizes = tensor.shape
         if any(sizes[d] != shape[d] for d in range(len(shape)) if d != dim):
