@@ -807,9 +807,12 @@ ELEMENTWISE = sorted({*fast_layouts._UNARY, *fast_layouts._BINARY, aten.elu_back
                       aten.leaky_relu_backward.default, aten.native_dropout_backward.default,
                       aten._prelu_kernel.default, aten._prelu_kernel_backward.default,
                       aten.pow.Tensor_Scalar}, key=str)
+STRIDED_OPS = [*ELEMENTWISE, aten.native_layer_norm.default]
+"""The strided-input test's ops: the elementwise ones, and layer norm's forward (an ordered
+input: a decode loop's last position, `x[:, -1:]`)."""
 
 
-@pytest.mark.parametrize("func", ELEMENTWISE, ids=str)
+@pytest.mark.parametrize("func", STRIDED_OPS, ids=str)
 def test_elementwise_answers_on_strided_inputs_are_the_meta_kernels(func, monkeypatch):
     """The elementwise rules on slices, stepped views, expansions, odd size-1 strides and
     overlapping, transposed and channels_last tensors (every tensor drawn in one of these

@@ -973,10 +973,14 @@ register(aten._to_copy.default, _to_copy)
 # --- layer norm (branch s1) ------------------------------------------------------------------------
 
 
-def _layer_norm_case(x: Any, normalized_shape: Any, weight: Any, bias: Any) -> bool:
-    """A plain input whose trailing dimensions are `normalized_shape` (a non-empty list of
+def _layer_norm_case(x: Any, normalized_shape: Any, weight: Any, bias: Any,
+                     ordered: bool = False) -> bool:
+    """A plain input (`ordered`: or one the elementwise output-layout sort leaves in logical
+    order, _ordered) whose trailing dimensions are `normalized_shape` (a non-empty list of
     ints), and no or a plain weight / bias of the input's dtype and that shape."""
-    if not _plain(x) or type(normalized_shape) not in (list, tuple) or not normalized_shape:
+    if not (_plain(x) or (ordered and _ordered(x))):
+        return False
+    if type(normalized_shape) not in (list, tuple) or not normalized_shape:
         return False
     count = len(normalized_shape)
     if count > x.dim() or any(type(size) is not int for size in normalized_shape):
@@ -994,16 +998,19 @@ def _layer_norm_stats_shape(x: torch.Tensor, count: int) -> tuple[int, ...]:
 
 def _native_layer_norm(args: tuple, kwargs: dict) -> Any:
     # native_layer_norm(input, normalized_shape, weight, bias, eps) -> (output, mean, rstd):
-    # the output of the input's layout, the statistics (leading dims, 1, ..., 1) in the
-    # compute dtype
+    # a contiguous output (the input's layout where it is plain; an ordered input, a slice such
+    # as a decode loop's last position `x[:, -1:]`, whose size-1 dimension's stride changes
+    # every step, also gives a contiguous one: the decomposition's elementwise ops), the
+    # statistics (leading dims, 1, ..., 1) in the compute dtype
     if len(args) != 5 or kwargs:
         return DECLINE
     x, normalized_shape, weight, bias, eps = args
-    if not _layer_norm_case(x, normalized_shape, weight, bias) or not _scalar(eps):
+    if not _layer_norm_case(x, normalized_shape, weight, bias, ordered=True) \
+            or not _scalar(eps):
         return DECLINE
     stats = _layer_norm_stats_shape(x, len(normalized_shape))
     dtype = _compute_dtype(x.dtype)
-    return (_new_like(x), _new(stats, dtype), _new(stats, dtype))
+    return (_new(tuple(x.shape), x.dtype), _new(stats, dtype), _new(stats, dtype))
 
 
 def _native_layer_norm_backward(args: tuple, kwargs: dict) -> Any:
