@@ -258,7 +258,7 @@ _UNARY = (
     aten.silu.default, aten.tanh.default, aten.sigmoid.default, aten.hardtanh.default,
     aten.hardswish.default, aten.hardsigmoid.default, aten.mish.default, aten.softplus.default,
     aten.neg.default, aten.abs.default, aten.exp.default, aten.sqrt.default, aten.rsqrt.default,
-    aten.reciprocal.default,
+    aten.reciprocal.default, aten.cos.default, aten.sin.default,  # (cos, sin: rotary positions)
     aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar,
 )
 _BINARY = (
