@@ -4,6 +4,7 @@ sampling steps, per source tree, alternately in one run.
     python benchmarks/decode_loop_speed.py [--steps 200] [--jobs crop,kv,xt] [--rounds 2]
         [--trees main=/work/main/src,this=src]       # each tree's `src` on PYTHONPATH, alternately
     python benchmarks/decode_loop_speed.py --profile kv [--steps 200]   # cProfile, by layer
+    python benchmarks/decode_loop_speed.py --misses xt      # CPU per op in the meta cache's misses
 
 Jobs (each a small 2-layer transformer sampling `--steps` tokens under `torch.no_grad()` on
 "cuda", estimated in process with `peakmem.estimate(job, gpu="h200", steps="all")`; the
@@ -309,6 +310,49 @@ def profile(name: str, steps: int) -> None:
         f"{where} {own:.2f} s" for where, own in others.most_common(6)))
 
 
+# the meta cache's misses ----------------------------------------------------------------------------
+
+def misses(name: str, steps: int, top: int = 12) -> None:
+    """The job once in this process (a cold meta cache): CPU per op in the meta cache's misses
+    (the op's meta kernel, or a fast_layouts rule) and in its other calls (hits, uncached)."""
+    from peakmem.capture import meta_cache
+
+    cost: dict[str, list] = collections.defaultdict(lambda: [0, 0.0, 0, 0.0])
+    original = meta_cache.MetaCache.call_entry
+
+    def timed(self, func, args, kwargs):
+        before = self.misses
+        start = time.process_time()
+        try:
+            return original(self, func, args, kwargs)
+        finally:
+            spent = time.process_time() - start
+            row = cost[str(func)]
+            if self.misses > before:
+                row[0] += 1
+                row[1] += spent
+            else:
+                row[2] += 1
+                row[3] += spent
+
+    meta_cache.MetaCache.call_entry = timed
+    seconds: list[float] = []
+    try:
+        _estimate(_job(name), steps, seconds)
+    finally:
+        meta_cache.MetaCache.call_entry = original
+    missed = sum(row[1] for row in cost.values())
+    other = sum(row[3] for row in cost.values())
+    print(f"{name}: {steps} steps, {seconds[0]:.2f} CPU s; misses {missed:.2f} s "
+          f"({sum(row[0] for row in cost.values())}), other calls {other:.2f} s "
+          f"({sum(row[2] for row in cost.values())})")
+    print(f"{'op':48} {'misses':>6} {'ms':>7} {'us each':>8} {'others':>7} {'ms':>7}")
+    for op, (count, spent, others, other_spent) in sorted(
+            cost.items(), key=lambda item: -item[1][1])[:top]:
+        print(f"{op:48} {count:6d} {spent * 1e3:7.1f} {spent / max(count, 1) * 1e6:8.0f} "
+              f"{others:7d} {other_spent * 1e3:7.1f}")
+
+
 # the parent ---------------------------------------------------------------------------------------
 
 def main() -> int:
@@ -320,12 +364,17 @@ def main() -> int:
                         help="NAME=SRC_DIR,... (alternated each round)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--profile", default=None, metavar="JOB")
+    parser.add_argument("--misses", default=None, metavar="JOB",
+                        help="CPU per op in the meta cache's misses and other calls")
     args = parser.parse_args()
     if args.child is not None:
         print(json.dumps(child(args.child, args.steps)))
         return 0
     if args.profile is not None:
         profile(args.profile, args.steps)
+        return 0
+    if args.misses is not None:
+        misses(args.misses, args.steps)
         return 0
     trees = dict(item.split("=", 1) for item in args.trees.split(","))
     names = [name for name in args.jobs.split(",") if _available(name)]
