@@ -288,7 +288,8 @@ def test_from_config_on_the_host_does_not_hold_the_weights_in_host_ram():
 
     def run(cfg):
         args = [a for key, value in cfg.items() for a in (f"--{key}", str(value))]
-        return estimate("hf_from_config_large.py", *args, "--steps", "2")
+        # cold: `max_rss_bytes` is what the estimate cost the host, its job child included
+        return estimate("hf_from_config_large.py", *args, "--steps", "2", cold=True)
 
     def shapes(cfg):
         return ex.llama_shapes(vocab=cfg["vocab"], hidden=cfg["hidden"],
