@@ -49,6 +49,10 @@ class CaptureResult:
     failure_hint: str | None = None
     """A clause for the one-line error when the job failed (e.g. it started a Python process
     of its own that used CUDA outside the fake GPU)."""
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    """The job's spawn / forkserver child processes, as each reported itself
+    (capture.spawned_children: pid, name, start method, exit code, whether it used the device and
+    its device-level peak)."""
 
     @property
     def trained(self) -> bool:
