@@ -111,7 +111,7 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
         if snapshot is None:
             return
         mark_os_exit(snapshot, code)
-        spawned_children.attach(snapshot)
+        spawned_children.attach(snapshot, shutdown=False)
         writer.write(encode(snapshot, writer.pid))
 
     from peakmem.capture.fake_memory import allocator_target

@@ -8,6 +8,11 @@ from typing import Any
 
 DEFAULT_STEPS = None  # auto: see phases.auto_step_limit
 
+NO_DEVICE_NOTE = (
+    "WARNING: the job made no device allocations: it never used the GPU (did it run on the "
+    "CPU?); the estimate is the CUDA context alone"
+)
+
 
 @dataclass
 class CaptureResult:

@@ -201,9 +201,7 @@ def _exit_status(code: Any) -> int:
 def _write_report(result: Any, config: dict[str, Any], gpu: Any, stack: Any, code: Any) -> None:
     import multiprocessing
 
-    from peakmem.trace.events import ALLOC_KINDS
-
-    used = bool(result.libraries) or any(kind in ALLOC_KINDS for kind in result.trace.kinds)
+    used = used_device(result)
     report: dict[str, Any] = {
         "pid": os.getpid(),
         "name": str(multiprocessing.current_process().name)[:200],
@@ -293,11 +291,37 @@ def read_reports(directory: str | Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda report: report["pid"])
 
 
-def attach(result: Any) -> None:
-    """The children's reports into `result.processes` (the job's process, once the job ended),
-    with a note for spawn children that did not report."""
+SHUTDOWN_SECONDS = 120.0
+"""How long the end of the job waits for its children at most (python's own shutdown waits for
+ever; the job's time limit still applies)."""
+
+
+def end_children(limit: float = SHUTDOWN_SECONDS) -> None:
+    """What python's shutdown does with the job's multiprocessing children
+    (`multiprocessing.util._exit_function`, an atexit handler, which the job's process does not
+    reach: it ends with os._exit after its result): daemonic ones are terminated (SIGTERM: they
+    report first), then all are joined, here within `limit` seconds in all."""
+    import multiprocessing
+    import time
+
+    deadline = time.monotonic() + limit
+    with contextlib.suppress(Exception):
+        children = multiprocessing.active_children()
+        for child in children:
+            if child.daemon:
+                child.terminate()
+        for child in children:
+            child.join(max(0.0, deadline - time.monotonic()))
+
+
+def attach(result: Any, shutdown: bool = True) -> None:
+    """The children's reports into `result.processes` (the job's process, once the job ended:
+    `shutdown` first ends its children as python's shutdown would; not after the job's
+    os._exit, which skips it), with a note for spawn children that did not report."""
     if not _CONFIG:
         return
+    if shutdown:
+        end_children()
     reports = read_reports(_CONFIG["dir"])
     result.processes = reports
     missing = _LAUNCHED["spawn"] - sum(1 for report in reports if report["method"] == "spawn")
@@ -305,6 +329,13 @@ def attach(result: Any) -> None:
         result.notes.append(
             f"{missing} spawn child process(es) of the job did not report (still running when "
             "the job ended, or killed): their device memory is not in this estimate")
+
+
+def used_device(capture: Any) -> bool:
+    """Whether a capture's own process allocated device memory (or loaded a library on it)."""
+    from peakmem.trace.events import ALLOC_KINDS
+
+    return bool(capture.libraries) or any(kind in ALLOC_KINDS for kind in capture.trace.kinds)
 
 
 def processes_bytes(processes: list[dict[str, Any]]) -> int:

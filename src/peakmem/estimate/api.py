@@ -11,8 +11,8 @@ from functools import cached_property
 from typing import Any
 
 from peakmem.capture.job_alloc_conf import META_KEY as JOB_ALLOC_CONF
-from peakmem.capture.result import DEFAULT_STEPS, CaptureResult
-from peakmem.capture.spawned_children import processes_bytes, processes_note
+from peakmem.capture.result import DEFAULT_STEPS, NO_DEVICE_NOTE, CaptureResult
+from peakmem.capture.spawned_children import processes_bytes, processes_note, used_device
 from peakmem.estimate.breakdown import PeakBreakdown
 from peakmem.estimate.first_use import first_use_bytes, job_ops
 from peakmem.estimate.margin_kinds import margin_kind as _kind_of
@@ -422,6 +422,10 @@ def estimate_capture(
     # kernel families' first-use memory outside the allocator, where the GPU has a measured
     # first-use model (estimate/first_use.py; its base is then the context figure)
     libraries.update(first_use_bytes(stack, gpu, job_ops(capture)))
+    processes = [dict(report) for report in capture.processes]
+    only_children = processes_bytes(processes) > 0 and not used_device(capture)
+    if only_children:  # the job's own process never touched the GPU: no context of its own
+        context, libraries = 0, {}
     job_conf = capture.trace.meta.get(JOB_ALLOC_CONF)
     if isinstance(job_conf, str):  # the job set its own before torch read it: torch's choice
         alloc_conf = job_conf
@@ -474,7 +478,10 @@ def estimate_capture(
         retry_note = retry_peak_note(capture.trace, peak_index)
         if retry_note is not None:
             notes.append(retry_note)
-    processes = [dict(report) for report in capture.processes]
+    if only_children:
+        notes = [note for note in notes if note != NO_DEVICE_NOTE]
+        notes.append("the job's own process made no device allocations: only its child "
+                     "processes used the GPU, so its own CUDA context is not counted")
     if (note := processes_note(processes)) is not None:
         notes.append(note)
     from peakmem.estimate.fallbacks import stack_note
