@@ -318,7 +318,7 @@ def attach(result: Any, shutdown: bool = True) -> None:
     """The children's reports into `result.processes` (the job's process, once the job ended:
     `shutdown` first ends its children as python's shutdown would; not after the job's
     os._exit, which skips it), with a note for spawn children that did not report."""
-    if not _CONFIG:
+    if not _CONFIG or not any(_LAUNCHED.values()):  # (grandchildren need children)
         return
     if shutdown:
         end_children()
