@@ -22,7 +22,13 @@ from peakmem.capture.interpreter_state import interpreter_state_restored
 from peakmem.capture.library_patches import library_patches
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
-from peakmem.capture.result import DEFAULT_STEPS, CaptureResult, first_line, safe_str
+from peakmem.capture.result import (
+    DEFAULT_STEPS,
+    NO_DEVICE_NOTE,
+    CaptureResult,
+    first_line,
+    safe_str,
+)
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.side_effects import divert_fake_saves
 from peakmem.capture.threads import join_job_threads, threads_note, traced_threads
@@ -325,12 +331,6 @@ def _collect(
         result.notes.extend(_device_use_notes(session))
     result.backward_passes = session.state.backward_passes
     session.trace.meta.update(phases.trace_meta())
-
-
-NO_DEVICE_NOTE = (
-    "WARNING: the job made no device allocations: it never used the GPU (did it run on the "
-    "CPU?); the estimate is the CUDA context alone"
-)
 
 
 def _device_use_notes(session: CaptureSession) -> list[str]:
