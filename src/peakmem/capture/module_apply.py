@@ -119,7 +119,8 @@ def _claim_frozen_parameter(mode, tensor: Any) -> None:
         mode.session.classify(tensor, Category.PARAMETER.value, only_from=_MOVED)
 
 
-_COMPUTED = (Category.TEMPORARY.value, Category.ACTIVATION.value, Category.OTHER.value)
+_COMPUTED = (Category.TEMPORARY.value, Category.ACTIVATION.value, Category.OTHER.value,
+             Category.MODEL_COPY.value)
 """What a tensor computed by the job may be tagged before it becomes a parameter's data (a
 parameter copied from the host stays an input until a module's forward or an optimizer claims
 it, as before)."""

@@ -30,6 +30,11 @@ class Category(StrEnum):
     """Copies of the trained weights kept in sync with them and stepped by no optimizer (EMA /
     averaged models: diffusers' EMAModel, timm's ModelEma, swa_utils.AveragedModel, a
     `deepcopy(model)` updated with `lerp_` / `mul_().add_()`; capture.weight_copies)."""
+    MODEL_COPY = "model_copy"
+    """Copies of a model's parameters and buffers made between steps that no optimizer trains,
+    no forward uses and nothing keeps in sync: best-weights snapshots
+    (`copy.deepcopy(model.state_dict())`), a state_dict cloned or cast for a checkpoint, a
+    `copy.deepcopy(model)` before it is trained, averaged or run (capture.model_copies)."""
     OTHER = "other"
     """Anything not classified."""
 
@@ -38,6 +43,10 @@ class Phase(StrEnum):
     """When in a training step an allocation was made."""
 
     FORWARD = "forward"
+    EVAL = "eval"
+    """A forward pass without gradients after training (a validation batch, `generate`), while
+    its top-level module runs: what it makes is tagged `activation` (freed by the forward
+    itself, or kept as its outputs); the phase ends when that module returns."""
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
     OTHER = "other"

@@ -1,0 +1,101 @@
+"""Copies of a model's weights made between steps are labelled `model_copy` in the breakdown.
+
+A best-weights snapshot (`best = copy.deepcopy(model.state_dict())`, the torchvision fine-tuning
+tutorial), a state_dict cloned or cast for a checkpoint (`{k: v.clone()}`, `v.half()`), a
+`copy.deepcopy(model)` kept aside: each is a clone / `_to_copy` of a parameter or buffer (or a
+`copy_` of one into a fresh block). Made between steps, their blocks were tagged `other`; made
+right after an evaluation, before its phase ended with its top-level module, they were tagged
+like the forward's and became `activation` when the next training backward started.
+
+Here the output of such an op is re-tagged `model_copy` when its source is tagged a weight
+(`parameter`, `buffer`, `ema` or itself a `model_copy`) and the op runs outside any forward,
+backward or optimizer step (phase `other`, or a forward phase under `no_grad` with no module
+running: a pre-training validation's phase lasts until the first backward). Later owners win:
+a copy that a forward then runs is `parameter` (PhaseTracker._classify_module_state), one kept
+in sync with the trained weights is `ema` (capture.weight_copies), a frozen one is `parameter`
+(capture.frozen_weights), one an optimizer steps is `parameter`.
+
+A weight is known as one once its module's forward ran (or an optimizer stepped it): a copy made
+before the first forward (the model's own blocks are still `input` then) stays `other`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from peakmem.capture.session import CaptureSession
+from peakmem.trace.vocab import Category, Phase
+
+MODEL_COPY = Category.MODEL_COPY.value
+WEIGHTS = frozenset({Category.PARAMETER.value, Category.BUFFER.value, Category.EMA.value,
+                     MODEL_COPY})
+"""What a copy's source is tagged when it is a model's weight."""
+_UNCLAIMED = (Category.OTHER.value, Category.TEMPORARY.value)
+"""What the copy's new block is tagged by its op (`other` between steps, `temporary` in a
+forward phase)."""
+_OUT_OF_PLACE = frozenset({"clone", "_to_copy"})
+_INTO = frozenset({"copy_"})
+_OTHER, _FORWARD = Phase.OTHER.value, Phase.FORWARD.value
+
+
+def _op_name(func: Any) -> str:
+    return func.__name__ if hasattr(func, "__name__") else str(func)  # as the recorder names it
+
+
+class ModelCopies:
+    """Watches the job's ops (`watch`, from the phase tracker's op hook) for weight copies.
+    `in_module` says whether a module's forward is running."""
+
+    def __init__(self, session: CaptureSession, in_module: Callable[[], bool]) -> None:
+        self.session = session
+        self._in_module = in_module
+        self._kinds: dict[Any, int] = {}  # 0: not a copy, 1: out of place, 2: into args[0]
+
+    def watch(self, func: Any, args: tuple, out: Any) -> None:
+        kind = self._kinds.get(func)
+        if kind is None:
+            name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else ""
+            kind = self._kinds[func] = 1 if name in _OUT_OF_PLACE else 2 if name in _INTO else 0
+        if not kind or not args or not self._between_steps():
+            return
+        if kind == 1:
+            source, copy = args[0], out
+        elif len(args) > 1:
+            source, copy = args[1], args[0]
+        else:
+            return
+        if not (
+            isinstance(source, torch.Tensor)
+            and isinstance(copy, torch.Tensor)
+            and copy.numel() == source.numel()
+            and self._category(source) in WEIGHTS
+        ):
+            return
+        if kind == 1 and copy.is_meta and copy.layout == torch.strided:
+            # the op's output is not tracked yet (the recorder tracks it after this hook, and
+            # then finds it tracked): tracked here, as the recorder would, with its category
+            self.session.track(copy, _op_name(func), MODEL_COPY)
+        else:
+            self.session.classify(copy, MODEL_COPY, only_from=_UNCLAIMED)
+
+    def _between_steps(self) -> bool:
+        phase = self.session.state.phase
+        if phase == _OTHER:
+            return True
+        return phase == _FORWARD and not torch.is_grad_enabled() and not self._in_module()
+
+    def _category(self, tensor: torch.Tensor) -> str | None:
+        session = self.session
+        if tensor.layout != torch.strided or not tensor.is_meta:
+            return None
+        try:
+            record = session.live.get(id(tensor.untyped_storage()))
+        except (RuntimeError, NotImplementedError):
+            return None
+        if record is None:
+            return None
+        tag = session.trace.tag_of(record.alloc_index)
+        return None if tag is None else tag.category
