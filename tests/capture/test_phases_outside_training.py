@@ -13,6 +13,7 @@ The model: Linear(64, 64) (weight 16384 B, bias 256 B), ReLU, Linear(64, 8) (204
 from __future__ import annotations
 
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -222,6 +223,7 @@ def save_job(path: str) -> None:
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     _train(model, optimizer)
+    model.eval()
     with torch.no_grad():
         model(torch.randn(EVAL_BATCH, 64).to("cuda"))
     torch.save(model.state_dict(), path)  # a checkpoint of device tensors
@@ -296,3 +298,65 @@ def test_generate_in_a_training_script_is_eval_then_between_steps():
     assert allocations[0] == (2 * 8 * 8, "input", "other", "_to_copy")
     grown = [size for size, category, phase, op in allocations if op == "cat" and phase == "other"]
     assert set(grown) == {2 * t * 8 for t in (9, 10, 11)}
+
+
+def metric_module_job() -> None:
+    import torchmetrics
+
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes=8).cuda()
+    for _ in range(2):
+        x, y = torch.randn(16, 64).cuda(), torch.randint(0, 8, (16,)).cuda()
+        out = model(x)
+        accuracy(out, y)  # a metric's call inside the training step, before its backward
+        loss = out.square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        x, y = torch.randn(EVAL_BATCH, 64).cuda(), torch.randint(0, 8, (EVAL_BATCH,)).cuda()
+        accuracy(model(x), y)  # after the evaluation's forward: does not start another
+    accuracy.compute()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchmetrics") is None,
+                    reason="torchmetrics not installed")
+def test_a_torchmetrics_call_is_between_steps_in_a_training_step_and_after_an_evaluation():
+    events = _events(metric_module_job)
+    metric = [(size, tag.category, tag.phase) for kind, size, tag in events
+              if kind == "alloc" and (tag.module or "").startswith("MulticlassAccuracy")]
+    # its state (per-class counts: int64 x 8 classes, cloned from its defaults by `reset`) and
+    # its update's intermediates, in both steps and after the evaluation
+    assert metric and {(category, phase) for _, category, phase in metric} == {("other", "other")}
+    assert metric.count((8 * 8, "other", "other")) >= 8
+    # the training forward resumed after it: the loss is the step's forward again
+    step = _after(events, "step 1", until="backward")
+    assert (4, "activation", "forward", "mean") in step
+    assert [tag for kind, _, tag in events if kind == "mark"].count("eval") == 1
+
+
+def target_network_job() -> None:
+    model = _model()
+    target = copy.deepcopy(model)  # before the first forward: its weights are still inputs
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train(model, optimizer, steps=1)
+    for _ in range(2):  # DQN-style: a no-grad target from a network left in training mode
+        x = torch.randn(16, 64).to("cuda")
+        with torch.no_grad():
+            goal = target(x).max(1).values * 0.99
+        loss = (model(x).max(1).values - goal).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_a_no_grad_forward_of_a_training_mode_network_is_part_of_the_step():
+    events = _events(target_network_job)
+    step = _after(events, "step 1", until="backward")
+    # no `model.eval()`: not an evaluation's phase; the target and what is computed from it
+    # are the step's forward, alive when its backward starts (the loss reads `goal`)
+    assert {phase for _, _, phase, _ in step} == {"other", "forward"}, step
+    assert (16 * 4, "activation", "forward", "mul") in step  # `goal`
+    assert not [a for a in step if a[2] == "eval"]

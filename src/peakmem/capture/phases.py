@@ -25,6 +25,7 @@ A forward pass without gradients after training is an evaluation: marked "eval" 
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -135,6 +136,8 @@ class PhaseTracker:
         self._stop_pending = False
         self._in_eval = False
         self._eval_depth = 0  # module calls open inside an evaluation's top-level forward
+        self._aside_depth = 0  # module calls open inside a bookkeeping module's call
+        self._aside_phase = Phase.OTHER.value  # the phase that call interrupted
         self.phases_ran: list[str] = []
         self.stop_reason: str | None = None  # "limit", "runaway", "error"
         self.stop_epoch: int | None = None
@@ -257,10 +260,18 @@ class PhaseTracker:
 
     # -- hooks ---------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self._aside_depth:
+            self._aside_depth += 1  # a module inside a bookkeeping module's call
+            return
         if self._eval_depth:
             self._eval_depth += 1  # a module inside an evaluation's top-level forward
             return
         state = self.session.state
+        if _bookkeeping_module(module):
+            # a metric's update (torchmetrics): between steps, in whatever phase it is called
+            self._aside_depth, self._aside_phase = 1, state.phase
+            state.phase = Phase.OTHER.value
+            return
         if (state.phase == Phase.OTHER.value or self._in_eval) and _host_data_transform(module, args):
             return  # torchvision transforms in a dataset's __getitem__ / collate: not a forward
         if state.phase == Phase.OTHER.value:
@@ -279,7 +290,15 @@ class PhaseTracker:
                     self._ran("eval")
                     self.session.mark(EVAL_MARK)
                     state.forward_calls += 1
-                # each top-level call is in the eval phase until it returns (`_forward_post`)
+                if module.training:
+                    # a module left in training mode (no `model.eval()`): part of the training
+                    # algorithm (RL rollouts and target networks, `with no_grad(): q_target(s)`
+                    # feeding the next loss), so the forward phase, until the next backward
+                    if state.phase == Phase.OTHER.value:
+                        state.phase = Phase.FORWARD.value
+                    return
+                # `model.eval()`: each top-level call is in the eval phase until it returns
+                # (`_forward_post`)
                 state.phase = Phase.EVAL.value
                 self._eval_depth = 1
                 return
@@ -296,6 +315,11 @@ class PhaseTracker:
         predictions' argmax, metrics, `torch.cat` of outputs, a best-weights copy, the next
         batch moved to the device) is between steps (`other`), never the next training
         step's forward, whose backward would have taken it for activations."""
+        if self._aside_depth:
+            self._aside_depth -= 1
+            if not self._aside_depth:
+                self.session.state.phase = self._aside_phase
+            return
         if not self._eval_depth:
             return
         self._eval_depth -= 1
@@ -607,6 +631,24 @@ class PhaseTracker:
         if self.repeated_note is not None:
             notes.append(self.repeated_note)
         return notes
+
+
+BOOKKEEPING_MODULES: tuple[tuple[str, str], ...] = (("torchmetrics.metric", "Metric"),)
+"""(module, class) of nn.Modules whose calls are bookkeeping, not a forward: a torchmetrics
+metric's `metric(preds, target)` keeps its state (counts, a CatMetric's predictions) on the
+device between steps. Its call runs in the phase `other` (its blocks `other`), in a training
+step (the training forward's phase resumes after it: its state is not the backward's
+activations) or after an evaluation's forward (it does not start one)."""
+
+
+def _bookkeeping_module(module: torch.nn.Module) -> bool:
+    for module_name, class_name in BOOKKEEPING_MODULES:
+        library = sys.modules.get(module_name)
+        if library is not None:
+            kind = getattr(library, class_name, None)
+            if isinstance(kind, type) and isinstance(module, kind):
+                return True
+    return False
 
 
 def _register_forward_post_hook(hook: Any) -> Any:
