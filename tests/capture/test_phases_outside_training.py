@@ -157,6 +157,11 @@ def model_copy_job(kind: str) -> None:
     elif kind == "trained":  # a deep copy then trained itself
         second = copy.deepcopy(model)
         _train(second, torch.optim.SGD(second.parameters(), lr=0.1), steps=1)
+    elif kind == "untrained":  # a new model's initial weights, before its first forward
+        fresh = _model()  # moved by `.cuda()`: its blocks are `input` until a forward runs
+        initial = copy.deepcopy(fresh.state_dict())
+        _train(model, optimizer, steps=1)
+        del initial
     elif kind == "checkpoint":  # a half-precision state_dict for a checkpoint
         half = {k: v.half() for k, v in model.state_dict().items()}
         _train(model, optimizer, steps=1)
@@ -167,12 +172,14 @@ def model_copy_job(kind: str) -> None:
     ("averaged", "ema", WEIGHTS),
     ("spare", "model_copy", WEIGHTS),
     ("trained", "parameter", WEIGHTS),
+    ("untrained", "model_copy", WEIGHTS),
     ("checkpoint", "model_copy", [size // 2 for size in WEIGHTS]),
 ])
 def test_weight_copies_between_steps(kind, category, sizes):
     events = _events(model_copy_job, kind)
     allocations = _after(events, "step 1", until="forward")
-    copies = [a for a in allocations if a[3] in ("clone", "_to_copy") and a[0] in sizes]
+    ops = ("clone",) if kind == "untrained" else ("clone", "_to_copy")  # (its own move: inputs)
+    copies = [a for a in allocations if a[3] in ops and a[0] in sizes]
     assert [(size, cat, phase) for size, cat, phase, _ in copies] == [
         (size, category, "other") for size in sizes], allocations
 

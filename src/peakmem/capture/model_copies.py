@@ -15,12 +15,16 @@ a copy that a forward then runs is `parameter` (PhaseTracker._classify_module_st
 in sync with the trained weights is `ema` (capture.weight_copies), a frozen one is `parameter`
 (capture.frozen_weights), one an optimizer steps is `parameter`.
 
-A weight is known as one once its module's forward ran (or an optimizer stepped it): a copy made
-before the first forward (the model's own blocks are still `input` then) stays `other`.
+A weight is known as one once its module's forward ran (or an optimizer stepped it), or, before
+that, when its module was moved to the device (`model.to(device)`: its parameters' blocks stay
+`input` until a forward claims them, but they are the model's; `moved`, from
+capture.module_apply). A copy of parameters made on the device directly
+(`nn.Linear(..., device="cuda")`) before their first forward stays `other`.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +34,7 @@ from peakmem.capture.session import CaptureSession
 from peakmem.trace.vocab import Category, Phase
 
 MODEL_COPY = Category.MODEL_COPY.value
+_INPUT = Category.INPUT.value
 WEIGHTS = frozenset({Category.PARAMETER.value, Category.BUFFER.value, Category.EMA.value,
                      MODEL_COPY})
 """What a copy's source is tagged when it is a model's weight."""
@@ -53,6 +58,26 @@ class ModelCopies:
         self.session = session
         self._in_module = in_module
         self._kinds: dict[Any, int] = {}  # 0: not a copy, 1: out of place, 2: into args[0]
+        self._moved: dict[int, weakref.ref] = {}  # id(storage) of parameters moved to the device
+
+    def moved(self, params: Any) -> None:
+        """Parameters a module's `_apply` just moved to the device (their blocks are `input`
+        until a forward claims them): their storages are weights."""
+        moved = self._moved
+        for param in params:
+            if not isinstance(param, torch.Tensor) or not param.is_meta:
+                continue
+            try:
+                storage = param.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            key = id(storage)
+
+            def forget(ref: weakref.ref, key: int = key) -> None:
+                if moved.get(key) is ref:
+                    del moved[key]
+
+            moved[key] = weakref.ref(storage, forget)
 
     def watch(self, func: Any, args: tuple, out: Any) -> None:
         kind = self._kinds.get(func)
@@ -71,7 +96,7 @@ class ModelCopies:
             isinstance(source, torch.Tensor)
             and isinstance(copy, torch.Tensor)
             and copy.numel() == source.numel()
-            and self._category(source) in WEIGHTS
+            and self._is_weight(source)
         ):
             return
         if kind == 1 and copy.is_meta and copy.layout == torch.strided:
@@ -86,6 +111,15 @@ class ModelCopies:
         if phase == _OTHER:
             return True
         return phase == _FORWARD and not torch.is_grad_enabled() and not self._in_module()
+
+    def _is_weight(self, tensor: torch.Tensor) -> bool:
+        category = self._category(tensor)
+        if category in WEIGHTS:
+            return True
+        if category != _INPUT or not self._moved:
+            return False
+        ref = self._moved.get(id(tensor.untyped_storage()))
+        return ref is not None and ref() is not None
 
     def _category(self, tensor: torch.Tensor) -> str | None:
         session = self.session

@@ -3,7 +3,11 @@
 - forward: from the first module call after a step until backward starts (the loss counts);
 - backward: while `backward()` / `autograd.grad()` runs;
 - optimizer: inside `optimizer.step()`;
-- other: everything else (model set-up, moving the batch, `zero_grad`).
+- eval: while the top-level module of an evaluation's forward runs (below); what it makes is
+  `activation` (session.default_category);
+- other: everything else (model set-up, moving the batch, `zero_grad`, what follows an
+  evaluation's forward: metrics, predictions, best-weights copies (capture.model_copies), a
+  torchmetrics metric's call (`BOOKKEEPING_MODULES`) even inside a training step).
 Module paths come from `capture.modules.ModulePaths` (forward and backward).
 Tensors the job keeps are re-tagged when they are recognised: parameters and buffers of called
 modules, gradients after backward, optimizer state after a step, and what the forward left alive
@@ -20,7 +24,10 @@ parameter when the next forward starts (`p.data = p.data - lr * p.grad`). How lo
   (`while True: x = get_batch()`) is stopped (StopJob), and a note says what did not run;
 - N: stopped after N steps (StopJob), nothing shortened;
 - "all": run to the end, nothing shortened.
-A forward pass without gradients after training is an evaluation: marked "eval" in the trace.
+A forward pass without gradients after training is an evaluation: marked "eval" in the trace
+(once, however many batches). A module in eval mode (`model.eval()`) runs it in the eval phase,
+which ends when the module returns; one left in training mode (RL rollouts and target networks)
+runs it in the forward phase, as part of the next training step, until its backward.
 """
 
 from __future__ import annotations

@@ -44,9 +44,10 @@ class Phase(StrEnum):
 
     FORWARD = "forward"
     EVAL = "eval"
-    """A forward pass without gradients after training (a validation batch, `generate`), while
-    its top-level module runs: what it makes is tagged `activation` (freed by the forward
-    itself, or kept as its outputs); the phase ends when that module returns."""
+    """A forward pass without gradients after training of a module in eval mode (a validation
+    batch, `generate`), while its top-level module runs: what it makes is tagged `activation`
+    (freed by the forward itself, or kept as its outputs); the phase ends when that module
+    returns (capture.phases)."""
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
     OTHER = "other"
