@@ -1,12 +1,14 @@
-"""GradScaler's scale and growth tracker are optimizer state in the breakdown.
+"""GradScaler's scale and growth tracker are bookkeeping between steps, not activations.
 
 `torch.amp.GradScaler` (and `torch.cuda.amp.GradScaler`, its subclass) makes its loss scale and
 growth tracker, two 0-d device tensors, on its first `scale(loss)` call: after the training
 forward, before backward, so they were tagged like the forward's (`temporary`) and became
 `activation` when backward started. They live as long as the scaler and are updated in place
-by every step (`_amp_update_scale_`): the state of the mixed-precision optimizer step, tagged
-`optimizer_state` here. (The per-step `found_inf` / `inv_scale` tensors of `unscale_` stay what
-their phase makes them.)
+by every step (`_amp_update_scale_`). They are the scaler's own state, kept outside
+`optimizer.state` (which is what `optimizer_state` counts: capture.phases), so they are made
+as between steps here (phase and category `other`, as a metric's state is): a block of the
+forward phase tagged `other` would still become `activation` when backward starts. (The
+per-step `found_inf` / `inv_scale` tensors of `unscale_` stay what their phase makes them.)
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ from typing import Any
 import torch
 
 from peakmem.capture.library_patches import patched, register_library_patch
-from peakmem.trace.vocab import Category
+from peakmem.trace.vocab import Phase
 
-STATE = Category.OPTIMIZER_STATE.value
-_FROM = (Category.TEMPORARY.value, Category.OTHER.value, Category.ACTIVATION.value)
+BETWEEN_STEPS = Phase.OTHER.value
 
 
 @register_library_patch("grad_scaler_state")
@@ -31,16 +32,18 @@ def grad_scaler_state() -> Iterator[None]:
     original = scaler_class._lazy_init_scale_growth_tracker
 
     def lazy_init(self: Any, dev: Any) -> None:
-        original(self, dev)
         from peakmem.capture.running_session import session_on_mode_stack
 
         session = session_on_mode_stack()
         if session is None:
+            original(self, dev)
             return
-        with torch._C.DisableTorchFunction():
-            for tensor in (self._scale, self._growth_tracker):
-                if isinstance(tensor, torch.Tensor):
-                    session.classify(tensor, STATE, only_from=_FROM)
+        state = session.state
+        phase, state.phase = state.phase, BETWEEN_STEPS  # made as between steps: `other`
+        try:
+            original(self, dev)
+        finally:
+            state.phase = phase
 
     with patched(scaler_class, "_lazy_init_scale_growth_tracker", lazy_init):
         yield
