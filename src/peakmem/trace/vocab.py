@@ -15,7 +15,9 @@ class Category(StrEnum):
     OPTIMIZER_STATE = "optimizer_state"
     """Optimizer state (Adam moments, momentum buffers, step counters)."""
     ACTIVATION = "activation"
-    """Tensors saved by autograd for the backward pass."""
+    """Tensors saved by autograd for the backward pass (what a training forward made and is
+    still alive when its backward starts); in an evaluation's forward (phase `eval`), every
+    block it makes (capture.phases)."""
     TEMPORARY = "temporary"
     """Short-lived intermediates: freed within the op or phase that made them."""
     INPUT = "input"
