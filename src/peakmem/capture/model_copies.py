@@ -46,10 +46,6 @@ _INTO = frozenset({"copy_"})
 _OTHER, _FORWARD = Phase.OTHER.value, Phase.FORWARD.value
 
 
-def _op_name(func: Any) -> str:
-    return func.__name__ if hasattr(func, "__name__") else str(func)  # as the recorder names it
-
-
 class ModelCopies:
     """Watches the job's ops (`watch`, from the phase tracker's op hook) for weight copies.
     `in_module` says whether a module's forward is running."""
@@ -59,6 +55,7 @@ class ModelCopies:
         self._in_module = in_module
         self._kinds: dict[Any, int] = {}  # 0: not a copy, 1: out of place, 2: into args[0]
         self._moved: dict[int, weakref.ref] = {}  # id(storage) of parameters moved to the device
+        self._pending: list[weakref.ref] = []  # storages of copies the last op made
 
     def moved(self, params: Any) -> None:
         """Parameters a module's `_apply` just moved to the device (their blocks are `input`
@@ -80,6 +77,8 @@ class ModelCopies:
             moved[key] = weakref.ref(storage, forget)
 
     def watch(self, func: Any, args: tuple, out: Any) -> None:
+        if self._pending:
+            self.flush()
         kind = self._kinds.get(func)
         if kind is None:
             name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else ""
@@ -99,12 +98,25 @@ class ModelCopies:
             and self._is_weight(source)
         ):
             return
-        if kind == 1 and copy.is_meta and copy.layout == torch.strided:
-            # the op's output is not tracked yet (the recorder tracks it after this hook, and
-            # then finds it tracked): tracked here, as the recorder would, with its category
-            self.session.track(copy, _op_name(func), MODEL_COPY)
+        if kind == 1:
+            # the op's output is tracked by the recorder after this hook (if it is device
+            # memory): classified at the next op, or when the capture ends (`flush`); by its
+            # storage (weakly: nothing is kept alive), which outlives the tensor when the job
+            # wraps it anew (`Parameter.__deepcopy__`)
+            try:
+                self._pending.append(weakref.ref(copy.untyped_storage()))
+            except (RuntimeError, NotImplementedError):
+                return
         else:
             self.session.classify(copy, MODEL_COPY, only_from=_UNCLAIMED)
+
+    def flush(self) -> None:
+        """Classify the copies the last op made (now tracked, if they are device memory)."""
+        pending, self._pending = self._pending, []
+        for ref in pending:
+            storage = ref()
+            if storage is not None:
+                self.session.classify_storage(storage, MODEL_COPY, only_from=_UNCLAIMED)
 
     def _between_steps(self) -> bool:
         phase = self.session.state.phase

@@ -175,6 +175,7 @@ class PhaseTracker:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.model_copies.flush()  # a copy made by the job's last op
         self._stack.close()
 
     def run(self, job: Any) -> None:

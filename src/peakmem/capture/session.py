@@ -450,6 +450,18 @@ class CaptureSession:
         if new != (old.category, old.module, old.phase, old.op):  # Tag equality, field by field
             self.trace.tag_ids[record.alloc_index] = self.trace.intern_fields(*new)
 
+    def classify_storage(self, storage: Any, category: str, *,
+                         only_from: tuple[str, ...] | frozenset[str]) -> None:
+        """Re-tag the allocation of an untyped device storage as `category`, if it is tagged
+        one of `only_from` (capture.model_copies: a copy whose tensor the job re-wrapped)."""
+        record = self.live.get(id(storage))
+        if record is None:
+            return
+        old = self.trace.tag_of(record.alloc_index) or _NO_TAG
+        if old.category in only_from and old.category != category:
+            self.trace.tag_ids[record.alloc_index] = self.trace.intern_fields(
+                category, old.module, old.phase, old.op)
+
     def reclassify_live(self, category: str, *, phase: str, only_from: tuple[str, ...]) -> None:
         """Re-tag every live allocation made in `phase` whose category is in `only_from`."""
         trace = self.trace
