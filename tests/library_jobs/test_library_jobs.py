@@ -427,10 +427,13 @@ def test_ddpm_with_a_deepcopy_ema_model():
     # the EMA copy's weights and buffers are on the device too (no gradients, no optimizer state)
     assert_training(est, params=params, optimizer_state=2 * params,
                     extra_lower=params + schedule)
-    model_and_ema = sum(est.breakdown.get(k, 0) for k in ("parameter", "buffer", "ema", "other"))
+    model_and_ema = sum(est.breakdown.get(k, 0)
+                        for k in ("parameter", "buffer", "ema", "model_copy", "other"))
     assert model_and_ema >= 2 * (params + schedule), est.breakdown
-    # the copy's weights, synced with `ema_p.lerp_(p, 1 - decay)`, are labelled `ema`
+    # the copy's weights, synced with `ema_p.lerp_(p, 1 - decay)`, are labelled `ema`; its
+    # schedule buffers, deep-copied and never synced, are a model copy (capture/model_copies.py)
     assert est.breakdown.get("ema") == params, est.breakdown
+    assert est.breakdown.get("model_copy") == schedule, est.breakdown
     # `cycle(dl)` re-iterates the DataLoader from a step-count loop: peakmem ends it with a note
     assert any("re-iterates its DataLoader" in note for note in est.data["notes"]), est.data["notes"]
 
