@@ -303,3 +303,38 @@ def test_a_body_that_stalls_is_answered_408_in_bounded_time():
     status, seconds = answer(stalled)
     assert status == 408 and seconds < 5
     assert answer(whole)[0] == 200
+
+
+# -- fit over a huge range ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("low, high", [(1, 2**63 - 1), (1, 10**12), (1000, 2**62)])
+def test_fit_over_a_huge_range_takes_tens_of_estimates_not_a_hundred(low, high):
+    """`fit --arg b=1..9223372036854775807` over `torch.empty(b, dtype=torch.uint8)`: after
+    three secant misses on the allocator's 2 MiB steps the search halved [8e10, 2^63] one
+    estimate pair at a time: 129 estimates (over 10 min), 82 for 1..10^12. The bisection now
+    takes the geometric mean of a bracket spanning more than a factor of four and probes no
+    neighbour of its own midpoints: 31."""
+    import math
+
+    from peakmem.estimate.fit_search import Probe, find_largest
+
+    step = 2 * 2**20
+    capacity = 85017493504
+
+    def peak(value: int) -> int:  # context, the allocator's 2 MiB rounding, a 1.5 % margin
+        return int((640 * 2**20 + math.ceil(value / step) * step) * 1.015)
+
+    calls: list[int] = []
+
+    def measure(value: int) -> Probe:
+        calls.append(value)
+        return Probe(value, peak(value), peak(value) <= capacity)
+
+    answer = find_largest(measure, low, high, capacity, "gpu")
+    lo, hi = low, high  # the answer by a plain bisection over the same function
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak(mid) <= capacity else (lo, mid)
+    assert answer.value == lo and peak(lo + 1) > capacity
+    assert len(calls) == len(set(calls)) and len(calls) <= 40, len(calls)
