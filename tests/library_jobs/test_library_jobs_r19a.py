@@ -1,0 +1,228 @@
+"""Round 19a: Hugging Face / Lightning ecosystem training scripts not covered before, re-created
+in their upstream structure (scripts/r19a_*.py; each docstring names the upstream file and
+version) and run unmodified on tiny local models and data (no network). Parameter, gradient and
+optimizer bytes are worked out by hand from the configs (expected.py), not read from peakmem.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import (
+    SCRIPTS,
+    estimate,
+    estimate_here,
+    write_llama_checkpoint,
+    write_mnist,
+)
+from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
+from tests.library_jobs.test_library_jobs_hf import (
+    TINY_BERT,
+    TINY_BERT_CONFIG,
+    TINY_GPT2_CONFIG,
+    bert_shapes,
+    sentences,
+    write_checkpoint,
+    write_tokenizer,
+)
+from tests.library_jobs.test_library_jobs_r4 import BERT_MRPC_SHAPES, write_mrpc_dir
+
+pytestmark = pytest.mark.slow
+
+GPT2_SHAPES = ex.gpt2_shapes(**ex.TINY_GPT2)
+GPT2_PARAMS = ex.device_bytes(GPT2_SHAPES, ex.FP32)
+FUSED_ADAMW = 2 * GPT2_PARAMS + fused_steps(GPT2_SHAPES)
+"""The Trainer's default optimizer (adamw_torch_fused): two moments and a 0-d `step` each."""
+BERT_SHAPES = bert_shapes(**TINY_BERT)
+
+
+def _notes(est) -> str:
+    return "\n".join(est.data.get("notes", []))
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+# TRL: trl/scripts/kto.py, trl/scripts/rloo.py ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trl_files(tmp_path_factory) -> dict[str, Path]:
+    """The tiny GPT-2 saved as GPT2LMHeadModel with its word-level tokenizer; an unpaired
+    preference set (prompt, completion, label: KTO's format) and a prompt-only set (RLOO's)."""
+    root = tmp_path_factory.mktemp("trl19")
+    model = write_checkpoint(root / "gpt2", TINY_GPT2_CONFIG)
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (model / "config.json").write_text(json.dumps(config))
+    rows = zip(sentences(40, 1), sentences(40, 2), strict=True)
+    _jsonl(root / "kto" / "train.jsonl",
+           [{"prompt": p[:30], "completion": c[:40], "label": i % 3 != 0} for i, (p, c) in enumerate(rows)])
+    _jsonl(root / "prompts" / "train.jsonl", [{"prompt": s[:30]} for s in sentences(8, 5)])
+    return {"root": root, "model": model, "kto": root / "kto", "prompts": root / "prompts"}
+
+
+@needs("trl", "peft", "datasets")
+def test_trl_kto_policy_and_reference_copy(trl_files):
+    out = trl_files["root"] / "out" / "kto"
+    est = estimate_here("r19a_trl_kto.py", "--model_name_or_path", str(trl_files["model"]),
+                        "--dataset_name", str(trl_files["kto"]), "--max_steps", "3",
+                        "--per_device_train_batch_size", "4", "--max_length", "48",
+                        "--report_to", "none", "--output_dir", str(out), cwd=trl_files["root"])
+    # KTOTrainer loads the path twice: the policy and a frozen reference (no adapter), both
+    # fp32 on the device; gradients and AdamW's moments for the policy only
+    assert_training(est, params=2 * GPT2_PARAMS, grads=GPT2_PARAMS, optimizer_state=FUSED_ADAMW)
+    assert est.data["steps"] == 3 and est.data["mode"] == "fake", est.data["mode_reason"]
+    # 40 rows in batches of 4 (each batch's KL pairs are its own completions shifted by one)
+    assert "DataLoader epoch of 10 batches" in _notes(est)
+    assert "Training completed" in est.stderr and "checkpoint-3/optimizer.pt" in _notes(est)
+
+
+@pytest.fixture(scope="module")
+def reward_model(trl_files) -> Path:
+    """The same tiny GPT-2 saved as a one-label sequence classifier (a reward model)."""
+    path = trl_files["root"] / "reward-model"
+    path.mkdir()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (path / name).write_bytes((trl_files["model"] / name).read_bytes())
+    config = json.loads((trl_files["model"] / "config.json").read_text())
+    config.update(architectures=["GPT2ForSequenceClassification"], num_labels=1, pad_token_id=0)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@needs("trl", "peft", "datasets")
+def test_trl_rloo_policy_reference_and_reward_model(trl_files, reward_model):
+    out = trl_files["root"] / "out" / "rloo"
+    est = estimate_here("r19a_trl_rloo.py", "--model_name_or_path", str(trl_files["model"]),
+                        "--dataset_name", str(trl_files["prompts"]), "--reward_model_name_or_path",
+                        str(reward_model), "--reward_funcs", "get_soft_overlong_punishment",
+                        "--max_steps", "2", "--per_device_train_batch_size", "4",
+                        "--num_generations", "2", "--max_completion_length", "4",
+                        "--report_to", "none", "--output_dir", str(out), cwd=trl_files["root"])
+    reward_params = ex.device_bytes([*GPT2_SHAPES, (1, ex.TINY_GPT2["embd"])], ex.FP32)
+    # beta defaults to 0.05: a reference copy of the policy next to it, and the reward model;
+    # gradients and AdamW's moments for the policy only
+    assert_training(est, params=2 * GPT2_PARAMS + reward_params, grads=GPT2_PARAMS,
+                    optimizer_state=FUSED_ADAMW)
+    # 8 prompts, 4 a batch: 2 prompts x num_generations 2 completions of 4 sampled tokens each
+    assert est.data["steps"] == 2 and est.data["mode"] == "fake", est.data["mode_reason"]
+    assert "'completions/mean_length': '4'" in est.stderr and "Training completed" in est.stderr
+
+
+# sentence-transformers: examples/cross_encoder/training/sts/training_stsbenchmark.py (v4+) --------
+
+@needs("sentence_transformers", "datasets")
+def test_cross_encoder_trainer_stsb_bce_with_correlation_evaluator(tmp_path):
+    import random
+
+    # the names the script loads, as folders in its working directory
+    write_checkpoint(tmp_path / "distilroberta-base", TINY_BERT_CONFIG)
+    rng = random.Random(0)
+    for split, count, seed in (("train", 96, 21), ("validation", 16, 22), ("test", 16, 23)):
+        _jsonl(tmp_path / "sentence-transformers" / "stsb" / f"{split}.jsonl",
+               [{"sentence1": a[:40], "sentence2": b[:40], "score": round(rng.random(), 2)}
+                for a, b in zip(sentences(count, seed), sentences(count, seed + 10), strict=True)])
+    est = estimate_here("r19a_st_cross_encoder_stsb.py", cwd=tmp_path)
+    # AutoModelForSequenceClassification(num_labels=1): BertModel with its pooler (the
+    # classifier reads the pooled [CLS]) and a 1 x 64 head with its bias; all train
+    shapes = BERT_SHAPES + ex.linear(TINY_BERT["hidden"], TINY_BERT["hidden"]) + ex.linear(1, TINY_BERT["hidden"])
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    # 96 pairs in batches of 64 (2 a epoch) x 4 epochs: shortened after 4 steps, then each later
+    # epoch's last batch; the test split's evaluator after training
+    assert est.data["steps"] == 6 and est.data["phases_ran"] == ["training", "eval"]
+    assert "training loop ended early after 4 optimizer steps" in _notes(est)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # the final save_pretrained, and push_to_hub failing offline (caught by the script)
+    assert "distilroberta-base" in _notes(est) and "final/model.safetensors" in _notes(est)
+    assert "could not reach huggingface.co" in _notes(est)
+
+
+# peft: examples/dora_finetuning/dora_finetuning.py ------------------------------------------------
+
+@needs("peft", "datasets")
+def test_peft_dora_finetuning_trains_adapters_and_magnitudes(tmp_path):
+    model = write_tokenizer(write_llama_checkpoint(tmp_path / "llama"))
+    for split, count, seed in (("train", 20, 31), ("test", 4, 32)):
+        _jsonl(tmp_path / "guanaco" / f"{split}.jsonl", [{"text": s} for s in sentences(count, seed)])
+    rank = 4
+    est = estimate_here("r19a_peft_dora_finetuning.py", "--base_model", str(model), "--data_path",
+                        str(tmp_path / "guanaco"), "--output_dir", str(tmp_path / "out"), "--use_dora",
+                        "--lora_r", str(rank), "--cutoff_len", "32", cwd=tmp_path)
+    # LoraConfig(use_dora=True) on the seven projections of each layer: A (r x in), B (out x r)
+    # and DoRA's magnitude vector (out,), all fp32 (fp16=True is autocast over fp32 weights)
+    hidden, inter = ex.TINY_LLAMA["hidden"], ex.TINY_LLAMA["intermediate"]
+    kv_out = ex.TINY_LLAMA["kv_heads"] * hidden // ex.TINY_LLAMA["heads"]
+    projections = [(hidden, hidden), (hidden, kv_out), (hidden, kv_out), (hidden, hidden),
+                   (hidden, inter), (hidden, inter), (inter, hidden)]  # (in, out): q k v o gate up down
+    dora = ex.TINY_LLAMA["layers"] * [s for d_in, d_out in projections
+                                      for s in ((rank, d_in), (d_out, rank), (d_out,))]
+    adapters = ex.device_bytes(dora, ex.FP32)
+    base = ex.device_bytes(ex.llama_shapes(**ex.TINY_LLAMA), ex.FP32)
+    # the Trainer's adamw_torch_fused over the 42 adapter tensors: moments and a device `step`
+    assert_training(est, params=base + adapters, grads=adapters,
+                    optimizer_state=2 * adapters + fused_steps(dora))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # 20 batches of one, gradient_accumulation_steps=16: a step after batch 16, then one at the
+    # epoch's end for the last 4
+    assert est.data["steps"] == 2 and "traced 2 optimizer steps over 20 batches" in _notes(est)
+    assert "Using device: cuda:0" in est.stderr
+    assert "out/adapter_model.safetensors" in _notes(est)
+
+
+# accelerate: examples/by_feature/automatic_gradient_accumulation.py --------------------------------
+
+@needs("transformers", "accelerate", "datasets")
+def test_accelerate_automatic_gradient_accumulation_default_observed_batch(tmp_path):
+    est = estimate("r4_hand_metric.py", "r19a_accelerate_automatic_gradient_accumulation.py",
+                   cwd=write_mrpc_dir(tmp_path), timeout=300)
+    params = ex.device_bytes(BERT_MRPC_SHAPES, ex.FP32)
+    # torch.optim.AdamW (not fused): two moments per parameter, `step` counters on the host
+    assert_training(est, params=params, optimizer_state=2 * params)
+    # the default observed batch, 256, fits at once on the H100: no out-of-memory error to
+    # retry on, one accumulation step, so every batch steps; the 40 rows are one batch an epoch
+    # and the gradients are freed by each step's zero_grad before the next forward
+    assert "out-of-memory" not in _notes(est)
+    assert est.data["steps"] == 3 and 0 < est.breakdown["gradient"] < params
+    assert est.data["phases_ran"] == ["training", "eval"] * 3
+    assert [line for line in est.stderr.splitlines() if line.startswith("epoch ")] == [
+        f"epoch {epoch}: {{'accuracy': 0.0}}" for epoch in range(3)]
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+# Lightning: examples/fabric/image_classifier/train_fabric.py under `fabric run` --------------------
+
+@needs("lightning", "torchvision", "torchmetrics")
+def test_fabric_image_classifier_under_fabric_run_two_devices(tmp_path):
+    """As its README runs it: `fabric run --accelerator cuda --devices 2 --precision bf16-mixed
+    train_fabric.py`. The script sits where upstream has it (MNIST is read from `Datasets` three
+    levels above it); `fabric run` is torchrun with Lightning's LT_* variables, which `Fabric()`
+    reads: two DDP ranks in bf16-mixed."""
+    script = tmp_path / "examples" / "fabric" / "image_classifier" / "train_fabric.py"
+    script.parent.mkdir(parents=True)
+    shutil.copy(SCRIPTS / "r19a_fabric_image_classifier.py", script)
+    write_mnist(tmp_path / "Datasets" / "MNIST" / "raw", 200, 100)
+    est = estimate(str(script), "--epochs", "2", cwd=tmp_path, timeout=300,
+                   launcher=("fabric", "run", "--accelerator", "cuda", "--devices", "2",
+                             "--precision", "bf16-mixed"))
+    # the pytorch/examples MNIST CNN in fp32 (bf16-mixed is autocast); Adadelta keeps
+    # square_avg and acc_delta per parameter (its `step` on the host)
+    shapes = ex.conv(32, 1, 3) + ex.conv(64, 32, 3) + ex.linear(128, 9216) + ex.linear(10, 128)
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params,
+                    extra_upper=ex.device_bytes(shapes, ex.FP32))  # DDP's gradient buckets
+    assert est.data["launcher"] == "fabric" and est.data["world_size"] == 2
+    # DDP (Fabric's strategy for 2 CUDA devices): the gradient buckets
+    assert est.breakdown.get("communication", 0) > 0, est.breakdown
+    # 200 images over two ranks, batches of 64: 2 a rank's epoch; each epoch's test loop
+    assert est.data["phases_ran"] == ["training", "eval"] * 2
+    assert est.stderr.count("Test set: Average loss") == 2
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
