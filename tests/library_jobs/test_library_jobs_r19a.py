@@ -25,6 +25,7 @@ from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
     TINY_BERT_CONFIG,
     TINY_GPT2_CONFIG,
+    VOCAB,
     bert_shapes,
     sentences,
     write_checkpoint,
@@ -226,3 +227,82 @@ def test_fabric_image_classifier_under_fabric_run_two_devices(tmp_path):
     assert est.data["phases_ran"] == ["training", "eval"] * 2
     assert est.stderr.count("Test set: Average loss") == 2
     assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+# peft: examples/conditional_generation/peft_adalora_seq2seq.py ------------------------------------
+
+TINY_BART_CONFIG = {
+    "model_type": "bart", "vocab_size": VOCAB, "d_model": 64, "encoder_layers": 1,
+    "decoder_layers": 1, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "max_position_embeddings": 128,
+    "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 5, "decoder_start_token_id": 5,
+    "forced_eos_token_id": 5,
+}
+
+PHRASEBANK_README = """---
+configs:
+- config_name: sentences_allagree
+  data_files:
+  - split: train
+    path: sentences_allagree/train.parquet
+---
+"""
+
+
+@needs("peft", "datasets")
+def test_peft_adalora_seq2seq_hand_loop_with_rank_allocation(tmp_path):
+    from datasets import ClassLabel, Dataset, Features, Value
+
+    write_checkpoint(tmp_path / "facebook" / "bart-base", TINY_BART_CONFIG)
+    # financial_phrasebank's columns (a ClassLabel `label`), as a local parquet configuration;
+    # 1,300 rows so that the script's 8 epochs of batch 8 outlast AdaLoRA's tfinal of 1,000 steps
+    # (with fewer, its final phase would start at step 0 with no rank pattern: a TypeError
+    # with or without peakmem)
+    rows = sentences(1300, 41)
+    features = Features({"sentence": Value("string"),
+                         "label": ClassLabel(names=["negative", "neutral", "positive"])})
+    data = tmp_path / "financial_phrasebank"
+    (data / "sentences_allagree").mkdir(parents=True)
+    (data / "README.md").write_text(PHRASEBANK_README)
+    Dataset.from_dict({"sentence": rows, "label": [i % 3 for i in range(len(rows))]},
+                      features=features).to_parquet(data / "sentences_allagree" / "train.parquet")
+    # --mode fake: auto mode gets the same estimate, after an eager run that fails the same
+    # way first (the job read device values before it failed), ~30 s more here
+    est = estimate_here("r19a_peft_adalora_seq2seq.py", cwd=tmp_path, timeout=300,
+                        flags=("--mode", "fake"))
+    # the script sizes AdaLoRA's schedule from len(train_dataloader): with the shortened
+    # length (4 batches: 32 steps, below tfinal) its update_and_allocate entered the final
+    # phase at step 0 with no rank pattern (AttributeError); rerun with the loader's own
+    # length (147 batches) and stopped after 3 steps (tests/capture/test_unshortened_rerun.py)
+    assert est.data["steps"] == 3 and est.data["stopped"], est.failure()
+    assert "it was rerun with its epochs as they are" in _notes(est)
+    # AdaLoRA's default targets for BART: q / k / v / out_proj of the three attentions and
+    # fc1 / fc2 of both layers; each gets A (r x in), B (out x r), E (r x 1), trainable, and
+    # a frozen `ranknum` (1,), at init_r = 12
+    rank, d, ffn = 12, 64, 128
+    targets = 12 * [(d, d)] + 2 * [(d, ffn)] + 2 * [(ffn, d)]  # (in, out)
+    trainable = [s for d_in, d_out in targets for s in ((rank, d_in), (d_out, rank), (rank, 1))]
+    adapters = ex.device_bytes(trainable, ex.FP32)
+    ranknums = ex.device_bytes(len(targets) * [(1,)], ex.FP32)
+    # torch.optim.AdamW (foreach): two moments of every adapter tensor, `step`s on the host
+    assert_training(est, params=bart_bytes() + adapters + ranknums, grads=adapters,
+                    optimizer_state=2 * adapters, extra_lower=3 * adapters)
+    # update_and_allocate's importance scores: ipt, exp_avg_ipt and exp_avg_unc, one of each
+    # per adapter tensor, kept on the device by the rank allocator (neither parameters nor
+    # optimizer state)
+    assert est.breakdown["other"] == 3 * adapters, est.breakdown
+    assert est.breakdown["buffer"] == ex.device_bytes([(1, VOCAB)], ex.FP32)  # final_logits_bias
+    assert est.data["mode"] == "fake" and "rerun unshortened" in est.data["mode_reason"]
+
+
+def bart_bytes() -> int:
+    """The tiny BartForConditionalGeneration's fp32 parameters: the shared embedding (tied to
+    both embed_tokens and lm_head), learned positions (max_position_embeddings + 2 rows each),
+    the embedding LayerNorms, one encoder layer (self-attention, fc1 / fc2, two LayerNorms)
+    and one decoder layer (self- and cross-attention, fc1 / fc2, three LayerNorms)."""
+    d, ffn, positions = 64, 128, 128 + 2
+    attention = 4 * ex.linear(d, d)
+    shapes = [(VOCAB, d), (positions, d), (positions, d), *ex.norm(d), *ex.norm(d)]
+    shapes += attention + ex.norm(d) + ex.linear(ffn, d) + ex.linear(d, ffn) + ex.norm(d)
+    shapes += 2 * attention + 2 * ex.norm(d) + ex.linear(ffn, d) + ex.linear(d, ffn) + ex.norm(d)
+    return ex.device_bytes(shapes, ex.FP32)

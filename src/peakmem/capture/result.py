@@ -49,6 +49,10 @@ class CaptureResult:
     failure_hint: str | None = None
     """A clause for the one-line error when the job failed (e.g. it started a Python process
     of its own that used CUDA outside the fake GPU)."""
+    failed_after_shortening: bool = False
+    """The job failed after the default step policy shortened its DataLoader epochs or ended
+    its training loop (`len(loader)` then says 4): auto reruns it unshortened, stopped after
+    the step limit (estimate/api.py, `_capture_with_mode`)."""
 
     @property
     def trained(self) -> bool:

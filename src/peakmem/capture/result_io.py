@@ -93,6 +93,7 @@ FIELDS: dict[str, Any] = {
     "error_message": _optional(_text),
     "failed": lambda v: isinstance(v, bool),
     "failure_hint": _optional(_text),
+    "failed_after_shortening": lambda v: isinstance(v, bool),
 }
 
 
