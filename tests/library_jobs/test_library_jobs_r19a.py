@@ -67,7 +67,9 @@ def trl_files(tmp_path_factory) -> dict[str, Path]:
     _jsonl(root / "kto" / "train.jsonl",
            [{"prompt": p[:30], "completion": c[:40], "label": i % 3 != 0} for i, (p, c) in enumerate(rows)])
     _jsonl(root / "prompts" / "train.jsonl", [{"prompt": s[:30]} for s in sentences(8, 5)])
-    return {"root": root, "model": model, "kto": root / "kto", "prompts": root / "prompts"}
+    _jsonl(root / "sft" / "train.jsonl", [{"text": s} for s in sentences(40)])
+    return {"root": root, "model": model, "kto": root / "kto", "prompts": root / "prompts",
+            "sft": root / "sft"}
 
 
 @needs("trl", "peft", "datasets")
@@ -84,6 +86,36 @@ def test_trl_kto_policy_and_reference_copy(trl_files):
     # 40 rows in batches of 4 (each batch's KL pairs are its own completions shifted by one)
     assert "DataLoader epoch of 10 batches" in _notes(est)
     assert "Training completed" in est.stderr and "checkpoint-3/optimizer.pt" in _notes(est)
+
+
+@needs("trl", "peft", "datasets")
+def test_trl_sft_use_peft_gradient_checkpointing_on_and_off(trl_files):
+    """`trl/scripts/sft.py --use_peft` (round 7's r7_trl_sft.py): TRL 1.x configs default to
+    `gradient_checkpointing=True` (non-reentrant), so the README's LoRA command runs with it;
+    `--gradient_checkpointing False` keeps every block's activations for the backward."""
+    runs = {}
+    for checkpointing in ("True", "False"):
+        out = trl_files["root"] / "out" / f"sft-lora-{checkpointing}"
+        runs[checkpointing] = estimate_here(
+            "r7_trl_sft.py", "--model_name_or_path", str(trl_files["model"]), "--dataset_name",
+            str(trl_files["sft"]), "--max_steps", "3", "--per_device_train_batch_size", "8",
+            "--max_length", "64", "--use_peft", "--lora_r", "8", "--lora_alpha", "16",
+            "--gradient_checkpointing", checkpointing, "--report_to", "none",
+            "--output_dir", str(out), cwd=trl_files["root"])
+    # peft's default target for GPT-2 is c_attn (Conv1D 64 -> 192): A is r x 64, B is 192 x r
+    embd, layers = ex.TINY_GPT2["embd"], ex.TINY_GPT2["layers"]
+    lora = layers * [(8, embd), (3 * embd, 8)]
+    lora_bytes = ex.device_bytes(lora, ex.FP32)
+    for est in runs.values():
+        assert_training(est, params=GPT2_PARAMS + lora_bytes, grads=lora_bytes,
+                        optimizer_state=2 * lora_bytes + fused_steps(lora))
+        assert est.data["steps"] == 3 and est.data["mode"] == "fake", est.data["mode_reason"]
+    # the activations live at the peak: each block's inputs only with checkpointing (its
+    # forward is recomputed in the backward), every block's saved tensors without (8 x 64
+    # tokens: 1.8 MB against 0.2 MB here)
+    kept, dropped = runs["False"].breakdown["activation"], runs["True"].breakdown["activation"]
+    assert 4 * dropped < kept, (dropped, kept)
+    assert runs["True"].data["peak_allocated_bytes"] <= runs["False"].data["peak_allocated_bytes"]
 
 
 @pytest.fixture(scope="module")
