@@ -25,9 +25,11 @@ from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
     TINY_BERT_CONFIG,
     TINY_GPT2_CONFIG,
+    TINY_T5_CONFIG,
     VOCAB,
     bert_shapes,
     sentences,
+    t5_shapes,
     write_checkpoint,
     write_tokenizer,
 )
@@ -338,3 +340,35 @@ def bart_bytes() -> int:
     shapes += attention + ex.norm(d) + ex.linear(ffn, d) + ex.linear(d, ffn) + ex.norm(d)
     shapes += 2 * attention + 2 * ex.norm(d) + ex.linear(ffn, d) + ex.linear(d, ffn) + ex.norm(d)
     return ex.device_bytes(shapes, ex.FP32)
+
+
+# transformers: examples/pytorch/translation/run_translation.py (Seq2SeqTrainer) ------------------
+
+@needs("transformers", "accelerate", "datasets")
+def test_run_translation_seq2seq_trainer_train_eval_predict_with_beams(tmp_path):
+    model = write_checkpoint(tmp_path / "t5", TINY_T5_CONFIG)
+    files = {}
+    for split, n, seed in (("train", 32, 51), ("validation", 8, 52), ("test", 8, 53)):
+        pairs = zip(sentences(n, seed), sentences(n, seed + 10), strict=True)
+        files[split] = _jsonl(tmp_path / f"{split}.json",
+                              [{"translation": {"en": en, "ro": ro[:40]}} for en, ro in pairs])
+    out = tmp_path / "out"
+    est = estimate_here(
+        "r19a_hf_ex_run_translation.py", "--model_name_or_path", str(model), "--do_train", "--do_eval",
+        "--do_predict", "--source_lang", "en", "--target_lang", "ro", "--source_prefix",
+        "translate English to Romanian: ", "--train_file", str(files["train"]), "--validation_file",
+        str(files["validation"]), "--test_file", str(files["test"]), "--max_source_length", "32",
+        "--max_target_length", "16", "--val_max_target_length", "8", "--num_beams", "2",
+        "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--max_steps", "3",
+        "--predict_with_generate", "--report_to", "none", "--output_dir", str(out), cwd=tmp_path)
+    # T5ForConditionalGeneration (tied), fp32; the Trainer's fused AdamW
+    shapes = t5_shapes()
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.data["steps"] == 3 and est.data["mode"] == "fake", est.data["mode_reason"]
+    # evaluate() and predict() both generate with 2 beams after training (one eval phase);
+    # the predictions file is written on the host (fake ids decode to empty lines)
+    assert est.data["phases_ran"] == ["training", "eval"]
+    assert "the peak was set during training" in _notes(est)
+    assert (out / "generated_predictions.txt").is_file()
+    assert "out/model.safetensors" in _notes(est)
