@@ -36,14 +36,15 @@ SCHEDULE = """
 
 
 def test_a_schedule_sized_from_the_shortened_length_is_rerun_unshortened(tmp_path, capfd):
-    """In the job's own child processes (the flag travels in the child's result)."""
+    """In this process (the child-process path reads the same flag from the child's result:
+    tests/jobs/test_result_io.py)."""
     script = tmp_path / "schedule.py"
     script.write_text(textwrap.dedent(SCHEDULE))
-    result = estimate_command(["python", str(script)], **GPU)
+    result = estimate_command(["python", str(script)], isolate=False, **GPU)
     # the first run saw len(loader) == 4 (8 steps, past 8 - 10 at step 0) and failed; the
     # rerun saw the loader's own 21 and was stopped after 3 steps, with no batch skipped
-    err = capfd.readouterr().err
-    assert "total steps 8" in err and "total steps 42" in err
+    out = capfd.readouterr().out
+    assert "total steps 8" in out and "total steps 42" in out
     assert result.steps == 3 and result.capture.stopped
     assert input_rows(result.capture.trace, 32) == [16, 16, 16]
     note = result.notes[0]
