@@ -67,3 +67,13 @@ def test_no_rerun_under_an_explicit_step_limit_or_when_the_rerun_fails_too(tmp_p
         estimate_command(["python", str(failing)], isolate=False, **GPU)
     assert "step 0 is past the schedule of 8 steps" in str(caught.value)
     assert "--steps all runs the job unchanged" in str(caught.value)
+
+
+def test_a_launchers_rank_is_rerun_unshortened_too(tmp_path, capfd):
+    script = tmp_path / "schedule.py"
+    script.write_text(textwrap.dedent(SCHEDULE))
+    result = estimate_command(["torchrun", "--nproc-per-node", "2", str(script)], isolate=False,
+                              **GPU)
+    assert result.steps == 3 and any("it was rerun with its epochs as they are" in note
+                                     for note in result.notes)
+    assert "total steps 42" in capfd.readouterr().out
