@@ -372,3 +372,24 @@ def test_run_translation_seq2seq_trainer_train_eval_predict_with_beams(tmp_path)
     assert "the peak was set during training" in _notes(est)
     assert (out / "generated_predictions.txt").is_file()
     assert "out/model.safetensors" in _notes(est)
+
+
+# accelerate: examples/by_feature/multi_process_metrics.py under two processes ---------------------
+
+@needs("transformers", "accelerate", "datasets")
+def test_accelerate_multi_process_metrics_two_processes(tmp_path):
+    est = estimate("r4_hand_metric.py", "r19a_accelerate_multi_process_metrics.py",
+                   cwd=write_mrpc_dir(tmp_path), timeout=300,
+                   launcher=("accelerate", "launch", "--num_processes", "2"))
+    params = ex.device_bytes(BERT_MRPC_SHAPES, ex.FP32)
+    # AdamW(capturable=True): two moments and a 0-d device `step` per parameter
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(BERT_MRPC_SHAPES),
+                    extra_upper=params)  # DDP's gradient buckets
+    assert est.data["launcher"] == "accelerate" and est.data["world_size"] == 2
+    assert est.breakdown.get("communication", 0) > 0, est.breakdown
+    # 40 rows over two ranks in batches of 16: 2 a rank's epoch (16 and 4), one step each;
+    # every epoch's gathered evaluation (its one batch is the last: cut to the dataset's rows)
+    assert est.data["steps"] == 5 and est.data["phases_ran"] == ["training", "eval"] * 3
+    assert [line for line in est.stderr.splitlines() if line.startswith("epoch ")] == [
+        f"epoch {epoch}: {{'accuracy': 0.0}}" for epoch in range(3)]
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
