@@ -51,8 +51,8 @@ class CaptureResult:
     of its own that used CUDA outside the fake GPU)."""
     failed_after_shortening: bool = False
     """The job failed after the default step policy shortened its DataLoader epochs or ended
-    its training loop (`len(loader)` then says 4): auto reruns it unshortened, stopped after
-    the step limit (estimate/api.py, `_capture_with_mode`)."""
+    its training loop, or after `len(loader)` said a shortened length: by default it is rerun
+    unshortened, stopped after the step limit (estimate/api.py, `_capture_with_mode`)."""
 
     @property
     def trained(self) -> bool:

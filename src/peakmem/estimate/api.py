@@ -363,8 +363,9 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str,
     """Run the capture in `mode`; auto: fake, then eager if fake mode could not run the job.
 
     `unshortened` (given where the default step policy applies): when the job failed after the
-    policy shortened its DataLoader epochs or ended its training loop (`len(loader)` said 4:
-    a schedule computed from it, as AdaLoRA's `total_step`, no longer fits the job), it is run
+    policy shortened its DataLoader epochs or ended its training loop (`len(loader)` said the
+    shortened length: a schedule computed from it, as AdaLoRA's `total_step`, no longer fits
+    the job), it is run
     again with its epochs as they are, stopped after the steps the first run reached (at least
     3, as `--steps N`), and that run stands if it succeeds."""
     capture = _capture_in_mode(run, mode)
@@ -381,9 +382,9 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str,
     rerun.notes.insert(0, (
         f"the job failed ({name}: {first_line(capture.error)}) after peakmem shortened its "
         "DataLoader epochs (len(loader) said the shortened length): it was rerun with its "
-        f"epochs as they are and "
-        f"stopped after {limit} optimizer steps (as --steps {limit}); what follows the "
-        "training loop (evaluation, saving) was not traced; --steps all runs the job to its end"))
+        f"epochs as they are and stopped after {limit} optimizer steps (as --steps {limit}); "
+        "what follows the training loop (evaluation, saving) was not traced; --steps all runs "
+        "the job to its end"))
     rerun.mode_reason += " (rerun unshortened)"
     rerun.seconds += capture.seconds
     return rerun
