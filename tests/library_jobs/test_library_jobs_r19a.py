@@ -44,6 +44,21 @@ FUSED_ADAMW = 2 * GPT2_PARAMS + fused_steps(GPT2_SHAPES)
 BERT_SHAPES = bert_shapes(**TINY_BERT)
 
 
+@pytest.fixture
+def own_datasets_cache(tmp_path, monkeypatch) -> Path:
+    """A datasets cache of the test's own. The scripts load local folders by Hub-style names
+    ("sentence-transformers/stsb" in the working directory): datasets caches them under that
+    name with a fingerprint of the relative file patterns, not of their contents, so a shared
+    cache would hand one test another's rows (other counts, other splits). For this process
+    (`estimate_here`) and the job's children (`estimate` passes the environment on)."""
+    import datasets
+
+    cache = tmp_path / "datasets-cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    return cache
+
+
 def _notes(est) -> str:
     return "\n".join(est.data.get("notes", []))
 
@@ -155,7 +170,7 @@ def test_trl_rloo_policy_reference_and_reward_model(trl_files, reward_model):
 # sentence-transformers: examples/cross_encoder/training/sts/training_stsbenchmark.py (v4+) --------
 
 @needs("sentence_transformers", "datasets")
-def test_cross_encoder_trainer_stsb_bce_with_correlation_evaluator(tmp_path):
+def test_cross_encoder_trainer_stsb_bce_with_correlation_evaluator(tmp_path, own_datasets_cache):
     import random
 
     # the names the script loads, as folders in its working directory
@@ -216,7 +231,7 @@ def test_peft_dora_finetuning_trains_adapters_and_magnitudes(tmp_path):
 # accelerate: examples/by_feature/automatic_gradient_accumulation.py --------------------------------
 
 @needs("transformers", "accelerate", "datasets")
-def test_accelerate_automatic_gradient_accumulation_default_observed_batch(tmp_path):
+def test_accelerate_automatic_gradient_accumulation_default_observed_batch(tmp_path, own_datasets_cache):
     est = estimate("r4_hand_metric.py", "r19a_accelerate_automatic_gradient_accumulation.py",
                    cwd=write_mrpc_dir(tmp_path), timeout=300)
     params = ex.device_bytes(BERT_MRPC_SHAPES, ex.FP32)
@@ -284,7 +299,7 @@ configs:
 
 
 @needs("peft", "datasets")
-def test_peft_adalora_seq2seq_hand_loop_with_rank_allocation(tmp_path):
+def test_peft_adalora_seq2seq_hand_loop_with_rank_allocation(tmp_path, own_datasets_cache):
     from datasets import ClassLabel, Dataset, Features, Value
 
     write_checkpoint(tmp_path / "facebook" / "bart-base", TINY_BART_CONFIG)
@@ -377,7 +392,7 @@ def test_run_translation_seq2seq_trainer_train_eval_predict_with_beams(tmp_path)
 # accelerate: examples/by_feature/multi_process_metrics.py under two processes ---------------------
 
 @needs("transformers", "accelerate", "datasets")
-def test_accelerate_multi_process_metrics_two_processes(tmp_path):
+def test_accelerate_multi_process_metrics_two_processes(tmp_path, own_datasets_cache):
     est = estimate("r4_hand_metric.py", "r19a_accelerate_multi_process_metrics.py",
                    cwd=write_mrpc_dir(tmp_path), timeout=300,
                    launcher=("accelerate", "launch", "--num_processes", "2"))
@@ -393,3 +408,58 @@ def test_accelerate_multi_process_metrics_two_processes(tmp_path):
     assert [line for line in est.stderr.splitlines() if line.startswith("epoch ")] == [
         f"epoch {epoch}: {{'accuracy': 0.0}}" for epoch in range(3)]
     assert est.data["mode"] == "fake", est.data["mode_reason"]
+
+
+# sentence-transformers: examples/sentence_transformer/training/matryoshka/matryoshka_nli.py --------
+
+ALL_NLI_README = """---
+configs:
+- config_name: triplet
+  data_files:
+  - split: train
+    path: triplet/train.jsonl
+  - split: dev
+    path: triplet/dev.jsonl
+---
+"""
+
+
+WIDE_BERT_CONFIG = {**TINY_BERT_CONFIG, "hidden_size": 768, "num_hidden_layers": 1,
+                    "num_attention_heads": 12, "intermediate_size": 128}
+
+
+@needs("sentence_transformers", "datasets")
+def test_sentence_transformers_matryoshka_nli(tmp_path, own_datasets_cache):
+    import random
+
+    # the largest Matryoshka dim is 768, which MatryoshkaLoss checks against the embedding size:
+    # a BERT 768 wide with one layer and a small feed-forward
+    model = write_checkpoint(tmp_path / "bert768", WIDE_BERT_CONFIG)
+    nli = tmp_path / "sentence-transformers" / "all-nli"
+    for split, count, seed in (("train", 400, 61), ("dev", 16, 62)):
+        rows = zip(sentences(count, seed), sentences(count, seed + 10), sentences(count, seed + 20),
+                   strict=True)
+        _jsonl(nli / "triplet" / f"{split}.jsonl",
+               [{"anchor": a[:40], "positive": p[:40], "negative": n[:40]} for a, p, n in rows])
+    (nli / "README.md").write_text(ALL_NLI_README)
+    rng = random.Random(0)
+    for split, count, seed in (("validation", 16, 63), ("test", 16, 64)):
+        _jsonl(tmp_path / "sentence-transformers" / "stsb" / f"{split}.jsonl",
+               [{"sentence1": a[:40], "sentence2": b[:40], "score": round(rng.random(), 2)}
+                for a, b in zip(sentences(count, seed), sentences(count, seed + 10), strict=True)])
+    est = estimate_here("r19a_st_matryoshka_nli.py", str(model), cwd=tmp_path)
+    # AutoModel's BertModel with its pooler, which mean pooling never uses (no gradient, no
+    # AdamW state); the Trainer's fused AdamW with fp16 autocast over fp32 weights
+    bert = bert_shapes(vocab=VOCAB, hidden=768, intermediate=128, layers=1, positions=64)
+    used = ex.device_bytes(bert, ex.FP32)
+    # the activations of a batch of 3 x 128 texts (at most 16 tokens) dwarf this tiny model:
+    # room for 16 fp32 tensors of its hidden states above the generic bound
+    hidden_states = 3 * 128 * 16 * 768 * ex.FP32
+    assert_training(est, params=used + ex.device_bytes(ex.linear(768, 768), ex.FP32), grads=used,
+                    optimizer_state=2 * used + fused_steps(bert), extra_upper=16 * hidden_states)
+    assert est.breakdown["activation"] > hidden_states
+    # 400 triplets in NO_DUPLICATES batches of 128: 4 steps (the last of 16); MatryoshkaLoss
+    # runs the ranking loss once per dim on truncations of the same embeddings
+    assert est.data["steps"] == 4 and est.data["phases_ran"] == ["training", "eval"]
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert "final/model.safetensors" in _notes(est) and "could not reach huggingface.co" in _notes(est)
