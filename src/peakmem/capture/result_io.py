@@ -103,6 +103,7 @@ FIELDS: dict[str, Any] = {
     "failure_hint": _optional(_text),
     "processes": lambda v: (isinstance(v, list) and len(v) <= MAX_ITEMS
                             and all(map(valid_report, v))),
+    "failed_after_shortening": lambda v: isinstance(v, bool),
 }
 
 

@@ -314,6 +314,7 @@ def _collect(
     result.forward_calls = session.state.forward_calls
     result.notes.extend(session.notes)
     result.failure_hint = "; ".join(session.failure_hints) or None
+    result.failed_after_shortening = phases.failed_after_shortening
     if vision_ops.declared() and "torchvision" in sys.modules:
         result.notes.append(vision_ops.NOTE)
     if vision_image_ops.used():
