@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,12 +47,16 @@ from typing import Any
 import torch
 import torch.nn.modules.module as module_hooks
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
+from torch.compiler import is_compiling
 
 from peakmem.capture.session import DEVICE_STREAM, CaptureSession, LiveStorage
 from peakmem.trace.events import EventKind
 
 REQUIRED_WINDOWS = 3
 """Consecutive isomorphic calls of one key before the next ones are replayed."""
+MAX_KEYS = 8
+"""Keys whose observed calls are kept (the most recent ones): a decode loop's calls, each of
+another shape, keep no more."""
 ENV_FLAG = "PEAKMEM_REPEAT_FORWARDS"
 _ALLOC = int(EventKind.ALLOC)
 _ALLOC_SMALLER = int(EventKind.ALLOC_OR_SMALLER)
@@ -109,7 +114,7 @@ class RepeatedForwards:
         self.session = session
         self.tracker = tracker
         self.replayed = 0
-        self._depth = 0
+        self._local = threading.local()
         self._history: dict[Any, list[_Window]] = {}
         self._modules: dict[Any, weakref.ref] = {}
         self._own_hooks: dict[str, frozenset] = {}
@@ -121,14 +126,20 @@ class RepeatedForwards:
         self._own_hooks = {name: frozenset(getattr(module_hooks, name)) for name in _GLOBAL_HOOKS}
         original = torch.nn.Module.__call__
         repeater = self
+        local = self._local
+        main = threading.main_thread()
 
         def __call__(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:  # noqa: N807
-            if repeater._depth:
-                repeater._depth += 1
+            # Dynamo tracing a call (it inlines `__call__`) sees the original call only; so
+            # does any thread but the main one
+            if is_compiling() or threading.current_thread() is not main:
+                return original(module, *args, **kwargs)
+            if getattr(local, "depth", 0):
+                local.depth += 1
                 try:
                     return original(module, *args, **kwargs)
                 finally:
-                    repeater._depth -= 1
+                    local.depth -= 1
             return repeater._top_call(original, module, args, kwargs)
 
         torch.nn.Module.__call__ = __call__
@@ -172,9 +183,14 @@ class RepeatedForwards:
                 window = None
         if window is None:
             self._history.pop(key, None)
+            self._modules.pop(key, None)
             return out
-        history = self._history.setdefault(key, [])
+        history = self._history.pop(key, [])
+        self._history[key] = history  # the most recent key last
         self._modules[key] = weakref.ref(module)
+        while len(self._history) > MAX_KEYS:
+            oldest = next(iter(self._history))
+            del self._history[oldest], self._modules[oldest]
         if history and not history[-1].same(window):
             history.clear()
         history.append(window)
@@ -182,11 +198,12 @@ class RepeatedForwards:
         return out
 
     def _run(self, original: Any, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-        self._depth += 1
+        local = self._local
+        local.depth = 1
         try:
             return original(module, *args, **kwargs)
         finally:
-            self._depth -= 1
+            local.depth = 0
 
     # -- the key -------------------------------------------------------------------------------
     def _key(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -211,7 +228,8 @@ class RepeatedForwards:
             tree = _fingerprint(module)
         except _Refused:
             return None
-        return (id(module), inputs, tree, _modes(), self._tracker_state())
+        return (id(module), inputs, tree, _modes(), self._tracker_state(),
+                len(session.autocast_cache))
 
     def _tracker_state(self) -> tuple:
         state = self.session.state
@@ -535,19 +553,23 @@ def _signature(session: CaptureSession, value: Any) -> Any:
 
 def _fingerprint(module: torch.nn.Module) -> tuple:
     """The module tree's state by identity (see the module docstring)."""
-    parts = []
-    for sub in module.modules():
-        if (sub._forward_hooks or sub._forward_pre_hooks or sub._backward_hooks
-                or sub._backward_pre_hooks):
-            raise _Refused
-        parts.append((id(sub), sub.training,
-                      tuple((k, id(v)) for k, v in sub.__dict__.items())))
-        for table in (sub._parameters, sub._buffers):
-            for name, tensor in table.items():
-                if tensor is None:
-                    parts.append((name, None))
-                else:
-                    parts.append((name, id(tensor), tuple(tensor.shape), tensor.dtype))
+    parts: list = []
+    add = parts.append
+    with torch._C.DisableTorchFunction():  # shapes read without the capture's modes
+        for sub in module.modules():
+            if (sub._forward_hooks or sub._forward_pre_hooks or sub._backward_hooks
+                    or sub._backward_pre_hooks):
+                raise _Refused
+            state = sub.__dict__
+            add(id(sub))
+            add(tuple(state))
+            add(tuple(map(id, state.values())))
+            add(sub.training)
+            for table in (sub._parameters, sub._buffers):
+                if table:
+                    add(tuple(table))
+                    for tensor in table.values():
+                        add(None if tensor is None else (id(tensor), tensor.shape, tensor.dtype))
     return tuple(parts)
 
 
