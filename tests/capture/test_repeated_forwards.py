@@ -366,3 +366,27 @@ def test_dataclass_output_is_replayed(monkeypatch):
         return out.logits, out.loss
 
     assert assert_same(monkeypatch, small_job(DataclassNet, model_call=call)) > 0
+
+
+class PositionsNet(nn.Module):
+    """Returns `torch.arange` on the device: a tensor whose host values the capture knows."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x, y):
+        out = self.lin(x)
+        return out, out.sum(), torch.arange(4, device=x.device)
+
+
+def test_outputs_with_known_host_values_run_for_real(monkeypatch):
+    sums = []
+
+    def call(model, x):
+        out = model(x, x)
+        sums.append(sum(out[2].tolist()))
+        return out
+
+    assert assert_same(monkeypatch, small_job(PositionsNet, model_call=call)) == 0
+    assert set(sums) == {6}  # 0 + 1 + 2 + 3, read on the host from the known values

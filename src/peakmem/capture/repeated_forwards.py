@@ -21,7 +21,8 @@ A call is observed (run for real, its trace window kept) and becomes a template 
 - what the call left alive is exactly its output's storages, each one made in the call (no
   output aliasing an input or a parameter; nothing kept elsewhere), and the output is a tensor,
   None, a number or a string, or a tuple / list / dict / namedtuple / dataclass (HF
-  ModelOutput) of them.
+  ModelOutput) of them, no output carrying Python attributes (known host values:
+  capture.device_map).
 After REQUIRED_WINDOWS consecutive templates of one key with the same events (ids shifted), its
 outputs' layouts and the same per-op costs (utilization), the next calls of the key replay the
 last template: its events with fresh ids, the per-op cost record extended as the ops would, and
@@ -354,6 +355,9 @@ class RepeatedForwards:
                     raise _Refused
                 if id(storage) in session.storage_kinds:
                     raise _Refused
+                base = tensor._base
+                if tensor.__dict__ or (base is not None and base.__dict__):
+                    raise _Refused  # what the capture keeps on a tensor (known host values)
                 slot = slots.get(id(storage))
                 if slot is None:
                     slot = slots[id(storage)] = len(storages)
