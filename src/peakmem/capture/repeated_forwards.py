@@ -116,7 +116,8 @@ class RepeatedForwards:
         self.tracker = tracker
         self.replayed = 0
         self._local = threading.local()
-        self._history: dict[Any, list[_Window]] = {}
+        self._history: dict[Any, tuple[_Window, int]] = {}
+        """Per key: its last template and how many templates in a row were the same."""
         self._modules: dict[Any, weakref.ref] = {}
         self._own_hooks: dict[str, frozenset] = {}
         self._write_args: dict[int, tuple] = {}
@@ -163,9 +164,10 @@ class RepeatedForwards:
             return self._run(original, module, args, kwargs)
         history = self._history.get(key)
         if history is not None and self._modules[key]() is not module:
-            history = self._history[key] = []  # another module at a reused id
-        if history is not None and len(history) >= REQUIRED_WINDOWS:
-            out = self._replay(history[-1])
+            history = None  # another module at a reused id
+            del self._history[key]
+        if history is not None and history[1] >= REQUIRED_WINDOWS:
+            out = self._replay(history[0])
             if out is not _REFUSED:
                 self.replayed += 1
                 return out
@@ -186,16 +188,13 @@ class RepeatedForwards:
             self._history.pop(key, None)
             self._modules.pop(key, None)
             return out
-        history = self._history.pop(key, [])
-        self._history[key] = history  # the most recent key last
+        last = self._history.pop(key, None)
+        same = last is not None and last[0].same(window)
+        self._history[key] = (window, last[1] + 1 if same else 1)  # the most recent key last
         self._modules[key] = weakref.ref(module)
         while len(self._history) > MAX_KEYS:
             oldest = next(iter(self._history))
             del self._history[oldest], self._modules[oldest]
-        if history and not history[-1].same(window):
-            history.clear()
-        history.append(window)
-        del history[:-REQUIRED_WINDOWS]
         return out
 
     def _run(self, original: Any, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
