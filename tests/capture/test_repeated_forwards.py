@@ -390,3 +390,42 @@ def test_outputs_with_known_host_values_run_for_real(monkeypatch):
 
     assert assert_same(monkeypatch, small_job(PositionsNet, model_call=call)) == 0
     assert set(sums) == {6}  # 0 + 1 + 2 + 3, read on the host from the known values
+
+
+def test_hf_model_output_is_replayed(monkeypatch):
+    from transformers.modeling_outputs import CausalLMOutput
+
+    class HFNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x, y):
+            logits = self.lin(x)
+            return CausalLMOutput(loss=logits.sum(), logits=logits)
+
+    seen = []
+
+    def call(model, x):
+        out = model(x, x)
+        seen.append((type(out), list(out.keys()), out[0].shape, out.logits.shape))
+        return out.logits, out.loss
+
+    def train():  # small_job's loop, the training loss read from the ModelOutput
+        model = HFNet().cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            with torch.no_grad():
+                model.eval()
+                for _ in range(8):
+                    call(model, torch.randn(4, 16, device="cuda"))[1].item()
+                model.train()
+            loss = model(torch.randn(4, 16, device="cuda"), None).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    assert assert_same(monkeypatch, train) > 0
+    assert {entry[0] for entry in seen} == {CausalLMOutput}
+    assert {tuple(entry[1]) for entry in seen} == {("loss", "logits")}
+    assert {entry[2] for entry in seen} == {torch.Size([])}
