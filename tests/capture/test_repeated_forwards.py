@@ -429,3 +429,20 @@ def test_hf_model_output_is_replayed(monkeypatch):
     assert {entry[0] for entry in seen} == {CausalLMOutput}
     assert {tuple(entry[1]) for entry in seen} == {("loss", "logits")}
     assert {entry[2] for entry in seen} == {torch.Size([])}
+
+
+def test_memory_cap_runs_for_real(monkeypatch):
+    def call(model, x):
+        torch.cuda.set_per_process_memory_fraction(0.5)  # an OOM could come in any call
+        return model(x, x)
+
+    assert assert_same(monkeypatch, small_job(BatchNormNet, model_call=call)) == 0
+
+
+def test_cuda_graph_capture_runs_for_real(monkeypatch):
+    def call(model, x):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            return model(x, x)
+
+    assert assert_same(monkeypatch, small_job(BatchNormNet, model_call=call)) == 0
