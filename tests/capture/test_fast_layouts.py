@@ -499,12 +499,12 @@ def convolution_backward_args(draw):
 
 @st.composite
 def cat_args(draw):
-    first = draw(tensors(dtypes=FLOAT_DTYPES, min_rank=1))
+    first = draw(tensors(dtypes=FLOAT_DTYPES if draw(st.booleans()) else DTYPES, min_rank=1))
     dim = draw(dims(first))
     pieces = [first]
     for _ in range(draw(st.integers(0, 3))):
         if rarely(draw, 6):
-            pieces.append(draw(tensors(dtypes=FLOAT_DTYPES)))
+            pieces.append(draw(tensors(dtypes=DTYPES)))
             continue
         shape = list(first.shape)
         if first.dim() and -first.dim() <= dim < first.dim():
@@ -639,6 +639,28 @@ def scalar_tensor_args(draw):
 
 
 @st.composite
+def arange_args(draw, func):
+    """arange(end) / (start, end) / (start, end, step): ints -6 to 6 mostly (a zero step and
+    bounds on the wrong side of start too), sometimes a float, a bool or a huge int; dtype
+    mostly None or int64, sometimes int32 or a float; the factory options."""
+    count = {"default": 1, "start": 2}.get(func._overloadname, draw(st.sampled_from([2, 3])))
+    start, span = draw(st.integers(-6, 6)), draw(st.integers(-6, 6))
+    step = draw(st.integers(1, 3)) * (-1 if span < 0 else 1)
+    if rarely(draw, 8):
+        step = draw(st.integers(-3, 3))  # zero, or against the span
+    values = [start + span] if count == 1 else [start, start + span, step][:count]
+    odd = st.sampled_from([1.5, -2.0, True, 2**60, -(2**53) - 1])
+    args = tuple(draw(odd) if rarely(draw, 10) else value for value in values)
+    kwargs = draw(factory_options(("layout", "pin_memory")))
+    if not rarely(draw, 6):
+        kwargs["device"] = META
+    if draw(st.booleans()):
+        kwargs["dtype"] = draw(st.sampled_from(
+            [None, torch.int64, torch.int64, torch.int32, torch.float32]))
+    return args, kwargs
+
+
+@st.composite
 def to_copy_args(draw):
     x = draw(tensors())
     kwargs = draw(factory_options())
@@ -730,6 +752,9 @@ def builder(func):
         aten.randn.default: factory_args(aten.randn.default, FLOAT_DTYPES),
         aten.full.default: full_args(), aten.scalar_tensor.default: scalar_tensor_args(),
         aten._to_copy.default: to_copy_args(),
+        aten.arange.default: arange_args(aten.arange.default),
+        aten.arange.start: arange_args(aten.arange.start),
+        aten.arange.start_step: arange_args(aten.arange.start_step),
         aten.native_layer_norm.default: layer_norm_args,
         aten.native_layer_norm_backward.default: layer_norm_backward_args,
     }
@@ -782,9 +807,12 @@ ELEMENTWISE = sorted({*fast_layouts._UNARY, *fast_layouts._BINARY, aten.elu_back
                       aten.leaky_relu_backward.default, aten.native_dropout_backward.default,
                       aten._prelu_kernel.default, aten._prelu_kernel_backward.default,
                       aten.pow.Tensor_Scalar}, key=str)
+STRIDED_OPS = [*ELEMENTWISE, aten.native_layer_norm.default]
+"""The strided-input test's ops: the elementwise ones, and layer norm's forward (an ordered
+input: a decode loop's last position, `x[:, -1:]`)."""
 
 
-@pytest.mark.parametrize("func", ELEMENTWISE, ids=str)
+@pytest.mark.parametrize("func", STRIDED_OPS, ids=str)
 def test_elementwise_answers_on_strided_inputs_are_the_meta_kernels(func, monkeypatch):
     """The elementwise rules on slices, stepped views, expansions, odd size-1 strides and
     overlapping, transposed and channels_last tensors (every tensor drawn in one of these

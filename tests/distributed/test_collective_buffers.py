@@ -133,3 +133,37 @@ def test_list_all_gather_flat_buffer_is_communication(monkeypatch, a100, stack24
     # ProcessGroupNCCL's newLikeFlat: one buffer of the four outputs, freed when it ends
     assert category_sizes(result, "communication") == Counter({4 * 4000: 1})
     assert 4 * 4000 not in live_at_end(result.trace)
+
+
+def fsdp2_then_eval_job():
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from tests.distributed.test_fsdp import model
+
+    dist.init_process_group("nccl")
+    net = model().cuda()
+    for layer in net:
+        fully_shard(layer)
+    fully_shard(net)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    net(torch.randn(8, SHAPES[0][1], device="cuda")).sum().backward()
+    optimizer.step()
+    net.eval()
+    with torch.no_grad():  # an evaluation: its blocks are `activation` of the eval phase
+        net(torch.randn(8, SHAPES[0][1], device="cuda"))
+
+
+def test_fsdp2_all_gathers_in_an_evaluation_are_communication(monkeypatch, a100, stack24):
+    world = 2
+    set_world(monkeypatch, world)
+    result = capture_callable(fsdp2_then_eval_job, gpu=a100, stack=stack24, steps="all")
+    assert result.error is None, result.error_text
+    padded = [(math.ceil(rows / world), cols) for rows, cols in SHAPES]
+    gathered = [4 * world * (rows * cols + rows) for rows, cols in padded]
+    # the evaluation's forward all-gathers every layer once, as the training forward does
+    in_eval = Counter(size for size, tag in allocations(result.trace, "communication")
+                      if tag.phase == "eval")
+    assert in_eval == Counter(gathered)
+    assert not [size for size, tag in allocations(result.trace, "activation", phase="eval")
+                if size in gathered]

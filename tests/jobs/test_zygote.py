@@ -243,16 +243,23 @@ def test_a_job_that_reads_its_cwd_and_argv_sees_what_a_cold_one_sees(warm, tmp_p
                                                                     monkeypatch):
     script = tmp_path / "where.py"
     script.write_text(textwrap.dedent("""
-        import json, os, sys
+        import json, os, sys, tempfile, time
         print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
-                          "main": __name__, "umask": os.umask(0)}))
+                          "main": __name__, "umask": os.umask(0),
+                          "tmp": tempfile.gettempdir(), "tz": time.tzname}))
     """))
     monkeypatch.chdir(tmp_path)
+    # the job's own TMPDIR and TZ, not the warm process's (read when it started)
+    (tmp_path / "job-tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "job-tmp"))
+    monkeypatch.setenv("TZ", "Asia/Kolkata" if time.tzname[0] != "IST" else "UTC")
     seen = []
     for warm_flag in ("1", "0"):
         monkeypatch.setenv("PEAKMEM_WARM", warm_flag)
         log = tmp_path / f"log{warm_flag}"
-        estimate_command(["python", str(script), "a b"], gpu="a100-40gb", job_log=log,
-                         steps="all")
+        result = estimate_command(["python", str(script), "a b"], gpu="a100-40gb", job_log=log,
+                                  steps="all")
+        assert (zygote_client.WARM_NOTE in result.notes) == (warm_flag == "1")
         seen.append(log.read_text().strip().splitlines()[-1])
     assert seen[0] == seen[1]
+    assert json.loads(seen[0])["tmp"] == str(tmp_path / "job-tmp")

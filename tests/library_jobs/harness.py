@@ -7,8 +7,10 @@ import io
 import json
 import os
 import runpy
+import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,15 +51,99 @@ class JobEstimate:
         return f"exit {self.returncode}: {job_error or (lines[-1] if lines else '')}"
 
 
-def estimate(script: str, *args: str, timeout: float = 120, flags: tuple[str, ...] = (),
-             launcher: tuple[str, ...] | None = None, cwd: Path | None = None) -> JobEstimate:
-    """`peakmem estimate --json --timeout T FLAGS -- python SCRIPT ARGS`; the job's own output
-    comes back in `stderr`. `launcher` replaces `python` (e.g. `torchrun --nproc_per_node 2`);
-    `cwd` is the directory the job runs in (where it writes relative paths)."""
+def job_env() -> dict[str, str]:
+    """The environment `estimate` runs `peakmem estimate` in: this process's, with peakmem's
+    source on PYTHONPATH and the hub offline."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH", "")]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+_WARM: dict[str, Path] = {}
+"""This process's warm job processes (`peakmem warm`): the private runtime directory of each,
+by the start-up environment it was started in, the last used last."""
+
+WARM_PROCESSES = 2
+"""At most this many warm processes per pytest process (each ~0.3 GB resident)."""
+
+
+def warm_runtime_dir() -> Path:
+    """A warm job process of this python and peakmem source, started in a private runtime
+    directory in `job_env()`'s environment, nothing preloaded: a `peakmem estimate` given
+    ``PEAKMEM_RUNTIME_DIR`` = this directory forks its job's child from it (torch and peakmem's
+    capture modules already imported, nothing of a job run) instead of starting an
+    interpreter; the estimate is the cold one (tests/jobs/test_zygote.py), with the warm note
+    added. One per start-up environment (`zygote.startup_env`: PYTHON*, TORCH*, HF_*, ...; the
+    warm process refuses a job of another one): a test that sets HF_* / TORCH_* variables, or
+    a library imported in the worker that sets one (Lightning's PYTORCH_NVML_BASED_CUDA_CHECK),
+    gets its own, the least recently used stopped beyond `WARM_PROCESSES`; started again
+    after it exited (10 idle minutes). Stopped by `stop_warm` (tests/library_jobs/conftest.py)."""
+    from peakmem.jobs import zygote_client
+    from peakmem.jobs.zygote import startup_env
+    from peakmem.jobs.zygote_server import socket_path
+
+    env = job_env()
+    key = json.dumps(startup_env(env), sort_keys=True)
+    directory = _WARM.pop(key, None)
+    if directory is not None and not socket_path(directory).exists():  # it exited, idle
+        _stop(directory)
+        directory = None
+    if directory is None:
+        directory = Path(tempfile.mkdtemp(prefix="peakmem-tests-warm-"))  # mode 0700
+        saved = dict(os.environ)
+        try:
+            os.environ.clear()
+            os.environ.update(env, PEAKMEM_RUNTIME_DIR=str(directory))
+            zygote_client.start(idle_seconds=600)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    _WARM[key] = directory  # the most recently used last
+    while len(_WARM) > WARM_PROCESSES:
+        _stop(_WARM.pop(next(iter(_WARM))))
+    return directory
+
+
+def _stop(directory: Path) -> None:
+    from peakmem.jobs import zygote_client
+
+    saved = os.environ.get("PEAKMEM_RUNTIME_DIR")
+    os.environ["PEAKMEM_RUNTIME_DIR"] = str(directory)
+    try:
+        zygote_client.stop()
+    finally:
+        if saved is None:
+            os.environ.pop("PEAKMEM_RUNTIME_DIR", None)
+        else:
+            os.environ["PEAKMEM_RUNTIME_DIR"] = saved
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def stop_warm() -> None:
+    """Stop this process's warm job processes."""
+    while _WARM:
+        _stop(_WARM.pop(next(iter(_WARM))))
+
+
+def estimate(script: str, *args: str, timeout: float = 120, flags: tuple[str, ...] = (),
+             launcher: tuple[str, ...] | None = None, cwd: Path | None = None,
+             cold: bool = False) -> JobEstimate:
+    """`peakmem estimate --json --timeout T FLAGS -- python SCRIPT ARGS`; the job's own output
+    comes back in `stderr`. `launcher` replaces `python` (e.g. `torchrun --nproc_per_node 2`);
+    `cwd` is the directory the job runs in (where it writes relative paths).
+
+    A single-process job's child is forked from this process's warm job process
+    (`warm_runtime_dir`): what these tests check is the library's run under the capture, and
+    the child's `import torch` (1-2 s of CPU) is paid once per worker. A job started by a
+    launcher (its ranks' environments differ from the warm process's) and `cold=True` (a test
+    of the child's own host resources: `max_rss_bytes` counts only this wrapper's children)
+    start a fresh interpreter as `peakmem estimate` does without `peakmem warm`."""
+    env = job_env()
+    if launcher is None and not cold:
+        env["PEAKMEM_RUNTIME_DIR"] = str(warm_runtime_dir())
+        env.pop("PEAKMEM_WARM", None)
     command = [sys.executable, "-m", "peakmem", "estimate", "--json", "--timeout", str(timeout),
                *flags, "--", *(launcher or (sys.executable,)), str(SCRIPTS / script), *args]
     done = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *command], capture_output=True,

@@ -288,7 +288,8 @@ def test_from_config_on_the_host_does_not_hold_the_weights_in_host_ram():
 
     def run(cfg):
         args = [a for key, value in cfg.items() for a in (f"--{key}", str(value))]
-        return estimate("hf_from_config_large.py", *args, "--steps", "2")
+        # cold: `max_rss_bytes` is what the estimate cost the host, its job child included
+        return estimate("hf_from_config_large.py", *args, "--steps", "2", cold=True)
 
     def shapes(cfg):
         return ex.llama_shapes(vocab=cfg["vocab"], hidden=cfg["hidden"],
@@ -426,10 +427,13 @@ def test_ddpm_with_a_deepcopy_ema_model():
     # the EMA copy's weights and buffers are on the device too (no gradients, no optimizer state)
     assert_training(est, params=params, optimizer_state=2 * params,
                     extra_lower=params + schedule)
-    model_and_ema = sum(est.breakdown.get(k, 0) for k in ("parameter", "buffer", "ema", "other"))
+    model_and_ema = sum(est.breakdown.get(k, 0)
+                        for k in ("parameter", "buffer", "ema", "model_copy", "other"))
     assert model_and_ema >= 2 * (params + schedule), est.breakdown
-    # the copy's weights, synced with `ema_p.lerp_(p, 1 - decay)`, are labelled `ema`
+    # the copy's weights, synced with `ema_p.lerp_(p, 1 - decay)`, are labelled `ema`; its
+    # schedule buffers, deep-copied and never synced, are a model copy (capture/model_copies.py)
     assert est.breakdown.get("ema") == params, est.breakdown
+    assert est.breakdown.get("model_copy") == schedule, est.breakdown
     # `cycle(dl)` re-iterates the DataLoader from a step-count loop: peakmem ends it with a note
     assert any("re-iterates its DataLoader" in note for note in est.data["notes"]), est.data["notes"]
 

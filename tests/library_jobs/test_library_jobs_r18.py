@@ -186,7 +186,11 @@ def test_finetuning_tutorial_feature_extract_then_scratch(finetuning):
     # SGD momentum for every parameter and the feature-extract SGD's (still referenced) for the
     # head it trained
     assert_training(est, params=2 * weights, optimizer_state=weights + head, grads=weights,
-                    extra_upper=est.breakdown["activation"])
+                    extra_upper=est.breakdown["activation"] + est.breakdown.get("model_copy", 0))
+    # the scratch run's best weights (`copy.deepcopy(model.state_dict())` right after the first
+    # run's last validation forward) are a model copy, not activations (capture/model_copies.py)
+    # (before: `activation`, 271,960,064 B here; now 269,008,384 B of activations + this copy)
+    assert est.breakdown.get("model_copy") == weights, est.breakdown
     assert est.data["mode"] == "fake", est.data["mode_reason"]
     # a batch of 8 (3, 224, 224) fp32 crops and its int64 labels
     assert est.breakdown["input"] == ex.rounded(8 * 3 * 224 * 224 * ex.FP32) + ex.BLOCK

@@ -104,11 +104,14 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     if missing is not None:
         return _bad_input(ModuleNotFoundError(missing), request["mode"])
 
+    from peakmem.capture import spawned_children
+
     def on_exit(code: int) -> None:
         snapshot = capture_in_progress()
         if snapshot is None:
             return
         mark_os_exit(snapshot, code)
+        spawned_children.attach(snapshot, shutdown=False)
         writer.write(encode(snapshot, writer.pid))
 
     from peakmem.capture.fake_memory import allocator_target
@@ -123,13 +126,18 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
         native_writes = journal_native_writes()
     from peakmem.inputs import InputError
 
+    # the job's spawn / forkserver children run under the fake GPU too, reporting here
+    spawned_children.configure(Path(request["result"]).parent, gpu.name, request["torch_version"],
+                               request["mode"])
     try:
         with os_exit_hook(writer, on_exit), own_session_calls(), native_writes, job_environment(
             request.get("alloc_conf"), request["torch_version"]
         ), allocator_target(request.get("alloc_conf"), request["torch_version"]):
-            return capture_command(
+            result = capture_command(
                 argv, gpu=gpu, stack=stack, steps=request["steps"], mode=request["mode"]
             )
+        spawned_children.attach(result)
+        return result
     except InputError as exc:  # a setting read in the job's process (an `env NAME=VALUE`
         # prefix's PEAKMEM_TRANSFORMERS_RELEASE) refused before the job ran: was internal (70)
         return _bad_input(exc, request["mode"])

@@ -33,8 +33,8 @@ before the first backward, stays `communication`). So the breakdowns of the two 
 by what the default costs on top: one `communication` copy of the gradients. FSDP2's sharded
 gradients are views of the reduce-scatter output (or a cast of it): `gradient` as well.
 
-Only allocations still tagged input / temporary / other move (nothing the tracker classified is
-overridden), and none made in an optimizer step (an optimizer run from a post-accumulate-grad
+Only allocations still tagged input / temporary / other (or `activation`, an evaluation's
+forward's default) move (nothing the tracker classified is overridden), and none made in an optimizer step (an optimizer run from a post-accumulate-grad
 hook inside `foreach_reduce`).
 """
 
@@ -49,7 +49,12 @@ from peakmem.capture.on_import import Undo, patch_on_import
 from peakmem.trace.vocab import Category, Phase
 
 COMMUNICATION = Category.COMMUNICATION.value
-UNCLASSIFIED = (Category.INPUT.value, Category.TEMPORARY.value, Category.OTHER.value)
+UNCLASSIFIED = (Category.INPUT.value, Category.TEMPORARY.value, Category.OTHER.value,
+                Category.ACTIVATION.value)
+"""What a collective's new blocks are tagged by their phase: `activation` is an evaluation's
+forward's default (capture.phases: FSDP's all-gathers while a model in eval mode runs under
+no_grad); no collective call spans the start of a backward, where a training forward's blocks
+become activations."""
 
 
 def _session() -> Any:

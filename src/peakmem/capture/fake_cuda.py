@@ -360,6 +360,7 @@ def patch_providers() -> list[PatchProvider]:
         host_broadcasts,
         network_access,
         python_subprocesses,
+        spawned_children,
         storage_resize,
     )
 
@@ -378,6 +379,7 @@ def patch_providers() -> list[PatchProvider]:
         fake_streams.patches,
         host_broadcasts.patches,
         python_subprocesses.patches,
+        spawned_children.patches,
         network_access.patches,
     ]
 

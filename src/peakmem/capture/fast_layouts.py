@@ -258,7 +258,7 @@ _UNARY = (
     aten.silu.default, aten.tanh.default, aten.sigmoid.default, aten.hardtanh.default,
     aten.hardswish.default, aten.hardsigmoid.default, aten.mish.default, aten.softplus.default,
     aten.neg.default, aten.abs.default, aten.exp.default, aten.sqrt.default, aten.rsqrt.default,
-    aten.reciprocal.default,
+    aten.reciprocal.default, aten.cos.default, aten.sin.default,  # (cos, sin: rotary positions)
     aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar,
 )
 _BINARY = (
@@ -714,19 +714,21 @@ register(aten.convolution_backward.default, _convolution_backward)
 
 
 def _cat(args: tuple, kwargs: dict) -> Any:
-    # cat(tensors, dim=0): tensors of one rank (>= 1) and dtype, equal but along dim
+    # cat(tensors, dim=0): tensors of one rank (>= 1) and dtype, equal but along dim (integer
+    # and bool tensors too: a decode loop's growing token ids, `cat((idx, next), dim=1)`)
     if kwargs or type(args[0]) not in (list, tuple) or not args[0]:
         return DECLINE
     tensors = args[0]
     dim = args[1] if len(args) > 1 else 0
     first = tensors[0]
-    if not _plain(first) or first.dim() == 0 or not _dim_ok(dim, first.dim()):
+    if not _plain(first, _ANY_DTYPE) or first.dim() == 0 or not _dim_ok(dim, first.dim()):
         return DECLINE
     dim %= first.dim()
     shape = list(first.shape)
     total = 0
     for tensor in tensors:
-        if not _plain(tensor) or tensor.dtype != first.dtype or tensor.dim() != len(shape):
+        if (not _plain(tensor, _ANY_DTYPE) or tensor.dtype != first.dtype
+                or tensor.dim() != len(shape)):
             return DECLINE
         sizes = tensor.shape
         if any(sizes[d] != shape[d] for d in range(len(shape)) if d != dim):
@@ -922,6 +924,32 @@ def _scalar_tensor(args: tuple, kwargs: dict) -> Any:
 register(aten.full.default, _full)
 register(aten.scalar_tensor.default, _scalar_tensor)
 
+_ARANGE_DTYPES = frozenset({torch.int64})
+_ARANGE_BOUND = 1 << 52
+"""Arguments of at most this size: the kernel's checks and length exact in any arithmetic."""
+
+
+def _arange(args: tuple, kwargs: dict) -> Any:
+    # arange(end) / arange(start, end) / arange(start, end, step), *, dtype, ...: with plain int
+    # arguments (no bools) and dtype None or int64, torch._refs.arange's int64 iota of
+    # (end - start + step - sign(step)) // step elements; a zero step or a bound on the wrong
+    # side of start (the kernel raises), float arguments and other dtypes: the kernel
+    if not args or len(args) > 3 or kwargs.get("device") is None:
+        return DECLINE
+    if any(type(value) is not int or abs(value) > _ARANGE_BOUND for value in args):
+        return DECLINE
+    if not _options_ok(kwargs, _FACTORY_OPTIONS, _ARANGE_DTYPES):
+        return DECLINE
+    start, end = (0, args[0]) if len(args) == 1 else args[:2]
+    step = args[2] if len(args) == 3 else 1
+    if step == 0 or (step > 0 and end < start) or (step < 0 and end > start):
+        return DECLINE
+    sign = 1 if step > 0 else -1
+    return _new(((end - start + step - sign) // step,), torch.int64)
+
+
+register((aten.arange.default, aten.arange.start, aten.arange.start_step), _arange)
+
 
 _COPY_OPTIONS = ("dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format")
 
@@ -945,10 +973,14 @@ register(aten._to_copy.default, _to_copy)
 # --- layer norm (branch s1) ------------------------------------------------------------------------
 
 
-def _layer_norm_case(x: Any, normalized_shape: Any, weight: Any, bias: Any) -> bool:
-    """A plain input whose trailing dimensions are `normalized_shape` (a non-empty list of
+def _layer_norm_case(x: Any, normalized_shape: Any, weight: Any, bias: Any,
+                     ordered: bool = False) -> bool:
+    """A plain input (`ordered`: or one the elementwise output-layout sort leaves in logical
+    order, _ordered) whose trailing dimensions are `normalized_shape` (a non-empty list of
     ints), and no or a plain weight / bias of the input's dtype and that shape."""
-    if not _plain(x) or type(normalized_shape) not in (list, tuple) or not normalized_shape:
+    if not (_plain(x) or (ordered and _ordered(x))):
+        return False
+    if type(normalized_shape) not in (list, tuple) or not normalized_shape:
         return False
     count = len(normalized_shape)
     if count > x.dim() or any(type(size) is not int for size in normalized_shape):
@@ -966,16 +998,19 @@ def _layer_norm_stats_shape(x: torch.Tensor, count: int) -> tuple[int, ...]:
 
 def _native_layer_norm(args: tuple, kwargs: dict) -> Any:
     # native_layer_norm(input, normalized_shape, weight, bias, eps) -> (output, mean, rstd):
-    # the output of the input's layout, the statistics (leading dims, 1, ..., 1) in the
-    # compute dtype
+    # a contiguous output (the input's layout where it is plain; an ordered input, a slice such
+    # as a decode loop's last position `x[:, -1:]`, whose size-1 dimension's stride changes
+    # every step, also gives a contiguous one: the decomposition's elementwise ops), the
+    # statistics (leading dims, 1, ..., 1) in the compute dtype
     if len(args) != 5 or kwargs:
         return DECLINE
     x, normalized_shape, weight, bias, eps = args
-    if not _layer_norm_case(x, normalized_shape, weight, bias) or not _scalar(eps):
+    if not _layer_norm_case(x, normalized_shape, weight, bias, ordered=True) \
+            or not _scalar(eps):
         return DECLINE
     stats = _layer_norm_stats_shape(x, len(normalized_shape))
     dtype = _compute_dtype(x.dtype)
-    return (_new_like(x), _new(stats, dtype), _new(stats, dtype))
+    return (_new(tuple(x.shape), x.dtype), _new(stats, dtype), _new(stats, dtype))
 
 
 def _native_layer_norm_backward(args: tuple, kwargs: dict) -> Any:

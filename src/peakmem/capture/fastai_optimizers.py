@@ -32,7 +32,7 @@ from peakmem.trace.vocab import Category
 
 FASTAI_OPTIMIZER_MODULE = "fastai.optimizer"
 _STATE_SOURCES = (Category.TEMPORARY.value, Category.OTHER.value, Category.INPUT.value,
-                  Category.ACTIVATION.value)
+                  Category.ACTIVATION.value, Category.MODEL_COPY.value)
 """What a state tensor may be tagged as when a stepper callback makes it (outside any
 torch.optim step)."""
 

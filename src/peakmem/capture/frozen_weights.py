@@ -4,12 +4,13 @@ A Parameter with `requires_grad=False` (DiT's and MAE's sin-cos `pos_embed`, fil
 a numpy array; an EMA copy's weights) has no gradient and no optimizer state: no optimizer step
 claims it, and a module that is never called (an EMA model, a VAE's unused decoder) runs no
 forward hook that would. Its block was tagged by the op that made it: `input` (copied from the
-host), `other` (`copy.deepcopy` of a device model: a clone). It is a model weight:
+host), `other` or `model_copy` (`copy.deepcopy` of a device model: a clone, capture.model_copies).
+It is a model weight:
 - moved to the device: `module_apply._claim_frozen_parameter`;
 - frozen on the device (`p.requires_grad_(False)`, `p.requires_grad = False`: DiT's
   `requires_grad(ema, False)` after `ema = deepcopy(model)`) and
 - deep-copied while frozen (`copy.deepcopy(model)` of a model on the device): here.
-Only allocations tagged `input` or `other` move (`FROZEN_FROM`); an EMA copy already tagged
+Only allocations tagged `input`, `other` or `model_copy` move (`FROZEN_FROM`); an EMA copy already tagged
 `ema` stays one."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from peakmem.capture.library_patches import patched, register_library_patch
 from peakmem.capture.tensor_overrides import register_override
 from peakmem.trace.vocab import Category
 
-FROZEN_FROM = (Category.INPUT.value, Category.OTHER.value)
+FROZEN_FROM = (Category.INPUT.value, Category.OTHER.value, Category.MODEL_COPY.value)
 
 
 def claim_frozen(session: Any, tensor: Any) -> None:

@@ -27,7 +27,7 @@ from peakmem.trace.vocab import Category
 
 KERAS_OPTIMIZER_MODULE = "keras.src.optimizers.base_optimizer"
 _STATE_SOURCES = (Category.TEMPORARY.value, Category.OTHER.value, Category.INPUT.value,
-                  Category.ACTIVATION.value)
+                  Category.ACTIVATION.value, Category.MODEL_COPY.value)
 """What a slot variable may be tagged as when it is made inside `apply` (the step after a
 backward, outside any torch.optim step)."""
 

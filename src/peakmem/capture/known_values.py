@@ -33,6 +33,7 @@ from peakmem.capture.device_specs import is_cuda_spec
 from peakmem.cuda_rules.true_device import is_meta
 
 Tensor = torch.Tensor
+_NO_VIEW = torch._C.DisableTorchFunction
 
 
 def _ops(*names: str, namespaces: tuple = (torch, Tensor)) -> set[Callable]:
@@ -175,8 +176,17 @@ def _host_arguments(args: tuple, kwargs: dict, bound: int, known: Callable) -> t
         if tensor.requires_grad or tensor.numel() > bound:
             return None
     device_named = "device" in kwargs and is_cuda_spec(kwargs["device"], ints=True)
-    if not device_named and not any(is_meta(t) for t in tensors):
-        return None  # a host op: real values already
+    first = None  # the first device tensor: the first the walk below asks `known` of
+    with _NO_VIEW():  # `is_meta` of each, in one context
+        for tensor in tensors:
+            if tensor.is_meta:
+                first = tensor
+                break
+    if first is None:
+        if not device_named:
+            return None  # a host op: real values already
+    elif _holds_no_values(first):
+        return None  # the walk below would stop there (decode loops: most small ops)
 
     def to_host(value: Any) -> Any:
         if isinstance(value, Tensor) and is_meta(value):
@@ -193,6 +203,29 @@ def _host_arguments(args: tuple, kwargs: dict, bound: int, known: Callable) -> t
     if device_named:
         host_kwargs["device"] = "cpu"
     return host_args, host_kwargs
+
+
+_ATTRIBUTES: tuple | None = None
+"""(device_map's assumed-true mark, its host-values attribute), looked up once."""
+
+
+def _holds_no_values(tensor: Tensor) -> bool:
+    """Whether `known(tensor)` (a device tensor) answers None for want of any values: no
+    assumed-true mark, no values attribute on its base (attribute reads only). A small device
+    tensor of unknown values (every activation of a decode loop under no_grad) is turned away
+    at little cost. Where it holds values (known, read lazily from a file, assumed true; or
+    stale: `known` decides), `_host_arguments`' walk runs as before: `known` copies them
+    through the capture's dispatch (a host op) before any later tensor turns out unknown."""
+    global _ATTRIBUTES
+    if _ATTRIBUTES is None:
+        from peakmem.capture.device_map import _ASSUMED_TRUE, _HOST_DATA
+
+        _ATTRIBUTES = (_ASSUMED_TRUE, _HOST_DATA)
+    assumed_true, values = _ATTRIBUTES
+    if getattr(tensor, assumed_true, False):
+        return False
+    base = tensor if tensor._base is None else tensor._base
+    return getattr(base, values, None) is None
 
 
 def _on_host(func: Any, host_args: tuple, host_kwargs: dict) -> Any:

@@ -185,6 +185,7 @@ from peakmem.capture import fastai_dataloader as _fastai_dataloader  # noqa: E40
 from peakmem.capture import fastai_optimizers as _fastai_optimizers  # noqa: E402,F401
 from peakmem.capture import finetune_libs as _finetune_libs  # noqa: E402,F401  (registers them)
 from peakmem.capture import frozen_weights as _frozen_weights  # noqa: E402,F401
+from peakmem.capture import grad_scaler as _grad_scaler  # noqa: E402,F401
 from peakmem.capture import hf_generation as _hf_generation  # noqa: E402,F401
 from peakmem.capture import hf_masks as _hf_masks  # noqa: E402,F401
 from peakmem.capture import hf_release as _hf_release  # noqa: E402,F401

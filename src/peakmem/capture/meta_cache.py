@@ -7,8 +7,9 @@ fresh meta outputs with the recorded layout (empty_strided / set_ on a fresh sto
 microseconds. Only calls whose result provably depends on nothing but the key are cached:
 
 - the op is functional (no mutable argument, no aliasing return), has no data-dependent output
-  shape, and every output is a fresh plain strided meta tensor that shares no storage with an
-  input;
+  shape (`index.Tensor` is, with a mask: its calls with integer indices only are cached,
+  CALL_GUARDED_OPS), and every output is a fresh plain strided meta tensor that shares no
+  storage with an input;
 - every tensor argument is a plain strided meta tensor (no subclass, no real host values); the
   key holds its dtype, shape, strides, storage offset, conj/neg bits, requires_grad and which
   arguments share a storage; every other argument is a plain value (numbers, bools, strings,
@@ -106,6 +107,27 @@ def _value_blind(func: Any) -> bool:
     return _validates_only(func) and func._schema.name in VALUE_BLIND_OPS
 
 
+_INTEGER_INDEX_DTYPES = frozenset({torch.int64, torch.int32})
+
+
+def _integer_indices(args: tuple, kwargs: dict) -> bool:
+    """`index.Tensor(self, indices)` with every index None or an int64 / int32 tensor: its
+    meta kernel (`meta_index_Tensor`) then sizes and strides the output from the layouts alone
+    (a bool or int8 index is a mask, sized by its values through `nonzero`). `v[:, [-1]]` of
+    nanoGPT / minGPT / makemore's top-k sampling, every decoding step."""
+    if kwargs or len(args) != 2 or type(args[1]) not in (list, tuple) or not args[1]:
+        return False
+    return all(index is None or (type(index) in _PLAIN_TENSORS
+                                 and index.dtype in _INTEGER_INDEX_DTYPES)
+               for index in args[1])
+
+
+CALL_GUARDED_OPS: dict[Any, Any] = {torch.ops.aten.index.Tensor: _integer_indices}
+"""Ops tagged `dynamic_output_shape` whose output layout is a function of the key on the calls
+a guard (args, kwargs) -> bool accepts: those calls are cached, the others always run the
+kernel."""
+
+
 def _op_cacheable(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
     if schema is None or schema.name in UNCACHED_OPS:
@@ -120,7 +142,7 @@ def _op_cacheable(func: Any) -> bool:
         return False
     tags = getattr(func, "tags", ())
     return not (
-        torch.Tag.dynamic_output_shape in tags
+        (torch.Tag.dynamic_output_shape in tags and func not in CALL_GUARDED_OPS)
         or torch.Tag.data_dependent_output in tags
         or torch.Tag.inplace_view in tags
     )
@@ -153,9 +175,9 @@ class MetaCache:
 
     def __init__(self) -> None:
         self._entries: dict[tuple, CacheEntry] = {}
-        self._ops: dict[int, tuple[tuple[str, str] | bool, bool, Any]] = {}
+        self._ops: dict[int, tuple[tuple[str, str] | bool, bool, Any, Any]] = {}
         """id(op) -> (its fused-kernel names, or False where not cacheable; whether its float
-        arguments are keyed by type only; the op). Holds every op it has seen, so an op's `id`
+        arguments are keyed by type only; the op; its CALL_GUARDED_OPS guard or None). Holds every op it has seen, so an op's `id`
         (here and in a cache key) stays its own; an int key, as an OpOverload's `__hash__` is
         Python."""
         self.hits = 0
@@ -173,8 +195,9 @@ class MetaCache:
         facts = self._ops.get(id(func))
         if facts is None:
             names = _fused_names(func) if _op_cacheable(func) else False
-            facts = self._ops[id(func)] = (names, names is not False and _value_blind(func), func)
-        names, blind, _ = facts
+            facts = self._ops[id(func)] = (names, names is not False and _value_blind(func), func,
+                                           CALL_GUARDED_OPS.get(func))
+        names, blind, _, guard = facts
         fused = False
         if names is not False:
             fused = names[0] in FUSED_KERNELS or names[1] in FUSED_KERNELS
@@ -182,6 +205,8 @@ class MetaCache:
             # not cacheable, or peakmem's fused meta kernel replaces the op's own while it is
             # registered (each capture installs them): the kernel in place decides, every time
             return func(*args, **kwargs), None
+        if guard is not None and not guard(args, kwargs):
+            return func(*args, **kwargs), None  # this call's layout is not the key's alone
         if kwargs and type(kwargs.get("device")) is _DEVICE and kwargs["device"].type != "meta":
             # a host factory or copy (randint, empty, _to_copy to the host...): real values,
             # never cached (_recipe keeps meta outputs only), so no key is made (branch s1)

@@ -119,7 +119,8 @@ def _claim_frozen_parameter(mode, tensor: Any) -> None:
         mode.session.classify(tensor, Category.PARAMETER.value, only_from=_MOVED)
 
 
-_COMPUTED = (Category.TEMPORARY.value, Category.ACTIVATION.value, Category.OTHER.value)
+_COMPUTED = (Category.TEMPORARY.value, Category.ACTIVATION.value, Category.OTHER.value,
+             Category.MODEL_COPY.value)
 """What a tensor computed by the job may be tagged before it becomes a parameter's data (a
 parameter copied from the host stays an input until a module's forward or an optimizer claims
 it, as before)."""
@@ -248,7 +249,8 @@ def moved_module_buffers() -> Iterator[None]:
     when a forward of their root module ran, so a module whose own forward never runs kept them
     as `input`: ema-pytorch's EMA copy of a denoising-diffusion GaussianDiffusion (sampling runs
     only its Unet's forward; the diffusion schedule's buffers are the wrapper's), and the EMA
-    wrapper's own `initted` / `step`."""
+    wrapper's own `initted` / `step`. Its parameters are made known as weights to
+    capture.model_copies (they keep their `input` tag)."""
     from peakmem.capture.running_session import session_on_mode_stack
 
     original = torch.nn.Module._apply
@@ -260,6 +262,12 @@ def moved_module_buffers() -> Iterator[None]:
             for buffer in self._buffers.values():
                 if isinstance(buffer, Tensor):
                     session.classify(buffer, Category.BUFFER.value, only_from=_MOVED)
+            # its parameters stay `input` until a forward claims them; a copy of them made
+            # before that is a model copy all the same (capture.model_copies)
+            copies = getattr(session.phase_tracker, "model_copies", None)
+            if copies is not None and self._parameters:
+                with torch._C.DisableTorchFunction():  # the true device, not the job's view
+                    copies.moved(list(self._parameters.values()))
         return result
 
     with patched(torch.nn.Module, "_apply", _apply):

@@ -77,6 +77,10 @@ class ModulePaths:
             return self.backward_module
         return self._forward[-1] if self._forward else None
 
+    def in_forward(self) -> bool:
+        """Whether a module's forward is running (outside backward)."""
+        return bool(self._forward) and not self.in_backward
+
     def name_of(self, module: torch.nn.Module) -> str | None:
         return self.names.get(id(module))
 

@@ -3,7 +3,11 @@
 - forward: from the first module call after a step until backward starts (the loss counts);
 - backward: while `backward()` / `autograd.grad()` runs;
 - optimizer: inside `optimizer.step()`;
-- other: everything else (model set-up, moving the batch, `zero_grad`).
+- eval: while the top-level module of an evaluation's forward runs (below); what it makes is
+  `activation` (session.default_category);
+- other: everything else (model set-up, moving the batch, `zero_grad`, what follows an
+  evaluation's forward: metrics, predictions, best-weights copies (capture.model_copies), a
+  torchmetrics metric's call (`BOOKKEEPING_MODULES`) even inside a training step).
 Module paths come from `capture.modules.ModulePaths` (forward and backward).
 Tensors the job keeps are re-tagged when they are recognised: parameters and buffers of called
 modules, gradients after backward, optimizer state after a step, and what the forward left alive
@@ -20,11 +24,15 @@ parameter when the next forward starts (`p.data = p.data - lr * p.grad`). How lo
   (`while True: x = get_batch()`) is stopped (StopJob), and a note says what did not run;
 - N: stopped after N steps (StopJob), nothing shortened;
 - "all": run to the end, nothing shortened.
-A forward pass without gradients after training is an evaluation: marked "eval" in the trace.
+A forward pass without gradients after training is an evaluation: marked "eval" in the trace
+(once, however many batches). A module in eval mode (`model.eval()`) runs it in the eval phase,
+which ends when the module returns; one left in training mode (RL rollouts and target networks)
+runs it in the forward phase, as part of the next training step, until its backward.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -35,6 +43,7 @@ import torch.optim.optimizer as optimizer_hooks
 
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
+from peakmem.capture.model_copies import ModelCopies
 from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import DEVICE_STREAM, CaptureSession
 from peakmem.capture.step_repeat import StepRepeater, enabled_by_env
@@ -48,7 +57,7 @@ _GRAD_SOURCES = (*_STEP_TEMPS, Category.COMMUNICATION.value)
 """What a `.grad` may be tagged before it is classified: a gradient that is a view of a
 collective's buffer (DDP's `gradient_as_bucket_view=True`, FSDP2's reduce-scatter output) makes
 that buffer the gradient's storage (capture.collective_buffers)."""
-_STEPPED_PARAMS = (*_STEP_TEMPS, Category.INPUT.value)
+_STEPPED_PARAMS = (*_STEP_TEMPS, Category.INPUT.value, Category.MODEL_COPY.value)
 _STATE_SOURCES = (*_STEPPED_PARAMS, Category.EMA.value)
 """What an optimizer's state may have been tracked as before its step kept it (`ema` too: a
 wrapper's slow weights synced from the trained ones after the inner optimizer's step, timm's
@@ -59,6 +68,7 @@ directly (`layer.forward(x)`, mnist_forward_forward) never is claimed."""
 _NOT_EMA: tuple = (None, *(category.value for category in Category if category is not Category.EMA))
 """A module's weights are parameters when its forward runs, unless they were seen kept in sync
 with the trained weights (an EMA teacher's forward: capture.weight_copies)."""
+_FORWARDS = (Phase.FORWARD.value, Phase.EVAL.value)
 MIN_STEPS = 3
 MAX_AUTO_EPOCH = 256
 MAX_STEPS_AFTER_END = 32
@@ -119,6 +129,7 @@ class PhaseTracker:
         self.loaders = LoaderEpochs(session, shorten=stop_after_steps is None)
         self.modules = ModulePaths(on_root=self._classify_module_state)
         self.weight_copies = WeightCopies(session)
+        self.model_copies = ModelCopies(session, self.modules.in_forward)
         self._stack = ExitStack()
         self._param_owner: dict[int, str] = {}
         # ids of the optimizers that stepped (never the optimizers: a job that makes a new one
@@ -131,6 +142,9 @@ class PhaseTracker:
         self._outer_steps = 0  # wrapping optimizers' steps running (outer_step)
         self._stop_pending = False
         self._in_eval = False
+        self._eval_depth = 0  # module calls open inside an evaluation's top-level forward
+        self._aside_depth = 0  # module calls open inside a bookkeeping module's call
+        self._aside_phase = Phase.OTHER.value  # the phase that call interrupted
         self.phases_ran: list[str] = []
         self.stop_reason: str | None = None  # "limit", "runaway", "error"
         self.stop_epoch: int | None = None
@@ -149,6 +163,7 @@ class PhaseTracker:
             stack.enter_context(self.loaders.patched())
         for register, hook in (
             (torch.nn.modules.module.register_module_forward_pre_hook, self._forward_pre),
+            (_register_forward_post_hook, self._forward_post),
             (optimizer_hooks.register_optimizer_step_pre_hook, self._step_pre),
             (optimizer_hooks.register_optimizer_step_post_hook, self._step_post),
         ):
@@ -160,6 +175,7 @@ class PhaseTracker:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.model_copies.flush()  # a copy made by the job's last op
         self._stack.close()
 
     def run(self, job: Any) -> None:
@@ -211,13 +227,14 @@ class PhaseTracker:
         state.phase = Phase.BACKWARD.value
         state.backward_passes += 1
         self._in_eval = False
+        self._eval_depth = 0
         self.modules.in_backward, self.modules.backward_module = True, None
         self.session.mark("backward")
         try:
             yield
         finally:
             self.modules.in_backward = False
-            state.phase = Phase.OTHER.value if previous == Phase.FORWARD.value else previous
+            state.phase = Phase.OTHER.value if previous in _FORWARDS else previous
             self._classify_gradients(self.modules.roots.values())
 
     @contextmanager
@@ -251,7 +268,18 @@ class PhaseTracker:
 
     # -- hooks ---------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self._aside_depth:
+            self._aside_depth += 1  # a module inside a bookkeeping module's call
+            return
+        if self._eval_depth:
+            self._eval_depth += 1  # a module inside an evaluation's top-level forward
+            return
         state = self.session.state
+        if _bookkeeping_module(module):
+            # a metric's update (torchmetrics): between steps, in whatever phase it is called
+            self._aside_depth, self._aside_phase = 1, state.phase
+            state.phase = Phase.OTHER.value
+            return
         if (state.phase == Phase.OTHER.value or self._in_eval) and _host_data_transform(module, args):
             return  # torchvision transforms in a dataset's __getitem__ / collate: not a forward
         if state.phase == Phase.OTHER.value:
@@ -263,21 +291,48 @@ class PhaseTracker:
             # (a no-grad forward on the training batch the job holds is part of its step)
             evaluating = (state.backward_passes > 0 and not torch.is_grad_enabled()
                           and not self.loaders.inside_training_batch())
-            if evaluating and not self._in_eval:
-                self._in_eval = True
-                self.loaders.other_activity()
-                self._ran("eval")
-                self.session.mark(EVAL_MARK)
-                state.phase = Phase.FORWARD.value
-                state.forward_calls += 1
+            if evaluating:
+                if not self._in_eval:  # an evaluation starts: marked once, however many batches
+                    self._in_eval = True
+                    self.loaders.other_activity()
+                    self._ran("eval")
+                    self.session.mark(EVAL_MARK)
+                    state.forward_calls += 1
+                if module.training:
+                    # a module left in training mode (no `model.eval()`): part of the training
+                    # algorithm (RL rollouts and target networks, `with no_grad(): q_target(s)`
+                    # feeding the next loss), so the forward phase, until the next backward
+                    if state.phase == Phase.OTHER.value:
+                        state.phase = Phase.FORWARD.value
+                    return
+                # `model.eval()`: each top-level call is in the eval phase until it returns
+                # (`_forward_post`)
+                state.phase = Phase.EVAL.value
+                self._eval_depth = 1
                 return
-            elif not evaluating and self._in_eval:
+            elif self._in_eval:
                 self._in_eval = False
                 state.phase = Phase.OTHER.value
         if state.phase == Phase.OTHER.value:
             state.phase = Phase.FORWARD.value
             state.forward_calls += 1
             self.session.mark("forward")
+
+    def _forward_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        """An evaluation's top-level module returned: its phase ends. What follows (the
+        predictions' argmax, metrics, `torch.cat` of outputs, a best-weights copy, the next
+        batch moved to the device) is between steps (`other`), never the next training
+        step's forward, whose backward would have taken it for activations."""
+        if self._aside_depth:
+            self._aside_depth -= 1
+            if not self._aside_depth:
+                self.session.state.phase = self._aside_phase
+            return
+        if not self._eval_depth:
+            return
+        self._eval_depth -= 1
+        if not self._eval_depth and self.session.state.phase == Phase.EVAL.value:
+            self.session.state.phase = Phase.OTHER.value
 
     def _classify_module_state(self, module: torch.nn.Module) -> None:
         session = self.session
@@ -340,6 +395,12 @@ class PhaseTracker:
                 session.classify(
                     value, Category.OPTIMIZER_STATE.value, module=owner, only_from=_STATE_SOURCES
                 )
+        for group in optimizer.param_groups:
+            # hyper-parameters held as device tensors (`lr=torch.tensor(..., device="cuda")`
+            # with `capturable=True`, which LR schedulers update in place: `fill_`)
+            hyper = [value for key, value in group.items() if key != "params"]
+            for value in tensors_in(hyper):
+                session.classify(value, Category.OPTIMIZER_STATE.value, only_from=_STATE_SOURCES)
         session.state.phase = Phase.OPTIMIZER.value if self._outer_steps else Phase.OTHER.value
         self._await_update = False  # a closure's backward ran inside the step it fed
         self._step_taken(id(optimizer), stop_now=True)
@@ -347,8 +408,10 @@ class PhaseTracker:
     def _watch_op(self, func: Any, args: tuple, out: Any) -> None:
         """A training step without an optimizer: the first in-place write to a parameter that
         received a gradient, after a backward, outside any optimizer step. (And weight copies
-        kept in sync: capture.weight_copies.)"""
+        kept in sync: capture.weight_copies; copies of weights between steps:
+        capture.model_copies.)"""
         self.weight_copies.watch(func, args, out)
+        self.model_copies.watch(func, args, out)
         if not self._await_update or not args or self._optimizers:
             return  # a job with an optimizer: its steps are the training steps
         name = getattr(func, "_opname", "")
@@ -576,6 +639,30 @@ class PhaseTracker:
         if self.repeated_note is not None:
             notes.append(self.repeated_note)
         return notes
+
+
+BOOKKEEPING_MODULES: tuple[tuple[str, str], ...] = (("torchmetrics.metric", "Metric"),)
+"""(module, class) of nn.Modules whose calls are bookkeeping, not a forward: a torchmetrics
+metric's `metric(preds, target)` keeps its state (counts, a CatMetric's predictions) on the
+device between steps. Its call runs in the phase `other` (its blocks `other`), in a training
+step (the training forward's phase resumes after it: its state is not the backward's
+activations) or after an evaluation's forward (it does not start one)."""
+
+
+def _bookkeeping_module(module: torch.nn.Module) -> bool:
+    for module_name, class_name in BOOKKEEPING_MODULES:
+        library = sys.modules.get(module_name)
+        if library is not None:
+            kind = getattr(library, class_name, None)
+            if isinstance(kind, type) and isinstance(module, kind):
+                return True
+    return False
+
+
+def _register_forward_post_hook(hook: Any) -> Any:
+    """A global forward hook called even when the forward raises (an evaluation's phase ends
+    with its top-level module however it returns)."""
+    return torch.nn.modules.module.register_module_forward_hook(hook, always_call=True)
 
 
 def _full_batches_ahead(feeding: LoaderIteration | None, window: int | None, steps: int) -> bool:

@@ -7,6 +7,9 @@ enabled") and the job with it.
 During a capture `subprocess.Popen` (under `subprocess.run`, `check_call`, ...) records each
 Python script, module or launcher the job starts: a note says so, and a failed job's one-line
 error names the command to estimate instead (`CaptureResult.failure_hint`).
+
+multiprocessing's spawn / forkserver children are not started through Popen and run under the
+fake GPU, each reporting its own memory (capture.spawned_children).
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ from peakmem.cuda_rules.true_device import is_meta, true_device
 from peakmem.trace.vocab import Category
 
 _DISABLE_TORCH_FUNCTION = torch._C.DisableTorchFunction
-_HOST_COPY_OPS = {"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"}
+_HOST_COPY_OPS = {"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize", "to"}
+"""Ops whose output read from a host tensor is the job's data (`input`); `to` itself reaches the
+recorder under `torch.inference_mode()` (a batch moved in an inference-mode evaluation)."""
 
 
 def _op_name(func) -> str:

@@ -8,6 +8,11 @@ from typing import Any
 
 DEFAULT_STEPS = None  # auto: see phases.auto_step_limit
 
+NO_DEVICE_NOTE = (
+    "WARNING: the job made no device allocations: it never used the GPU (did it run on the "
+    "CPU?); the estimate is the CUDA context alone"
+)
+
 
 @dataclass
 class CaptureResult:
@@ -49,6 +54,10 @@ class CaptureResult:
     failure_hint: str | None = None
     """A clause for the one-line error when the job failed (e.g. it started a Python process
     of its own that used CUDA outside the fake GPU)."""
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    """The job's spawn / forkserver child processes, as each reported itself
+    (capture.spawned_children: pid, name, start method, exit code, whether it used the device and
+    its device-level peak)."""
 
     @property
     def trained(self) -> bool:

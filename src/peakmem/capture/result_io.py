@@ -13,6 +13,7 @@ import json
 import math
 from typing import Any
 
+from peakmem.capture.spawned_children import valid_report
 from peakmem.trace.events import NO_TAG, Tag, Trace
 
 # Bound when peakmem's child starts (this module is imported before the job runs): the job may
@@ -93,6 +94,8 @@ FIELDS: dict[str, Any] = {
     "error_message": _optional(_text),
     "failed": lambda v: isinstance(v, bool),
     "failure_hint": _optional(_text),
+    "processes": lambda v: (isinstance(v, list) and len(v) <= MAX_ITEMS
+                            and all(map(valid_report, v))),
 }
 
 

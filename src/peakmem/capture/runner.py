@@ -24,7 +24,13 @@ from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
 from peakmem.capture.repeated_forwards import RepeatedForwards
 from peakmem.capture.repeated_forwards import enabled_by_env as repeating_forwards
-from peakmem.capture.result import DEFAULT_STEPS, CaptureResult, first_line, safe_str
+from peakmem.capture.result import (
+    DEFAULT_STEPS,
+    NO_DEVICE_NOTE,
+    CaptureResult,
+    first_line,
+    safe_str,
+)
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.side_effects import divert_fake_saves
 from peakmem.capture.threads import join_job_threads, threads_note, traced_threads
@@ -334,12 +340,6 @@ def _collect(
         result.notes.append(replayed)
     result.backward_passes = session.state.backward_passes
     session.trace.meta.update(phases.trace_meta())
-
-
-NO_DEVICE_NOTE = (
-    "WARNING: the job made no device allocations: it never used the GPU (did it run on the "
-    "CPU?); the estimate is the CUDA context alone"
-)
 
 
 def _device_use_notes(session: CaptureSession) -> list[str]:

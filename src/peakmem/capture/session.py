@@ -23,8 +23,10 @@ from peakmem.trace.vocab import Category, Phase
 # the enum values read on every op (an Enum member's `.value` is a Python descriptor call)
 _BACKWARD = Phase.BACKWARD.value
 _OTHER_PHASE = Phase.OTHER.value
+_EVAL_PHASE = Phase.EVAL.value
 _OTHER = Category.OTHER.value
 _TEMPORARY = Category.TEMPORARY.value
+_ACTIVATION = Category.ACTIVATION.value
 
 DEVICE_STREAM = 0
 
@@ -206,9 +208,13 @@ class CaptureSession:
 
     # -- storages ------------------------------------------------------------------------------
     def default_category(self, op: str) -> str:
-        if self.state.phase == _OTHER_PHASE:
+        """What a new block is tagged unless its op says: `other` between steps, `activation`
+        in an evaluation's forward (Phase.EVAL), else `temporary` (a training forward's
+        blocks still alive when backward starts become `activation` then)."""
+        phase = self.state.phase
+        if phase == _OTHER_PHASE:
             return _OTHER
-        return _TEMPORARY
+        return _ACTIVATION if phase == _EVAL_PHASE else _TEMPORARY
 
     def track(self, tensor: torch.Tensor, op: str, category: str | None = None) -> None:
         """Record the allocation of `tensor`'s storage if it is new (a sparse tensor's: its
@@ -240,7 +246,9 @@ class CaptureSession:
                     memory.settle()  # as in `_alloc`: the job's first CUDA allocation
                 trace = self.trace
                 if category is None:  # `default_category`
-                    category = _OTHER if self.state.phase == _OTHER_PHASE else _TEMPORARY
+                    phase = self.state.phase
+                    category = (_OTHER if phase == _OTHER_PHASE
+                                else _ACTIVATION if phase == _EVAL_PHASE else _TEMPORARY)
                 ident = trace.alloc_tagged(nbytes, self.stream, trace.intern_fields(
                     category, self.module_source(), self.state.phase, op))
                 if memory is not None and (memory.strict or self._oom_retry_near(memory, nbytes)):
@@ -444,6 +452,18 @@ class CaptureSession:
         new = (category, module if module is not None else old.module, old.phase, old.op)
         if new != (old.category, old.module, old.phase, old.op):  # Tag equality, field by field
             self.trace.tag_ids[record.alloc_index] = self.trace.intern_fields(*new)
+
+    def classify_storage(self, storage: Any, category: str, *,
+                         only_from: tuple[str, ...] | frozenset[str]) -> None:
+        """Re-tag the allocation of an untyped device storage as `category`, if it is tagged
+        one of `only_from` (capture.model_copies: a copy whose tensor the job re-wrapped)."""
+        record = self.live.get(id(storage))
+        if record is None:
+            return
+        old = self.trace.tag_of(record.alloc_index) or _NO_TAG
+        if old.category in only_from and old.category != category:
+            self.trace.tag_ids[record.alloc_index] = self.trace.intern_fields(
+                category, old.module, old.phase, old.op)
 
     def reclassify_live(self, category: str, *, phase: str, only_from: tuple[str, ...]) -> None:
         """Re-tag every live allocation made in `phase` whose category is in `only_from`."""

@@ -12,14 +12,16 @@ trained:
 - `e.mul_(d).add_(p.data, alpha=1 - d)` (DiT), `e.lerp_(p, w)` / `_foreach_lerp_` (timm,
   AveragedModel), `s.sub_(w * (s - p))` (diffusers), `e.copy_(d * e + (1 - d) * p)` (timm V2),
   `t.data.mul_(m).add_((1 - m) * s.detach().data)` (DINO's teacher).
-That target's block is re-tagged `ema` (from `input`, `other` or `parameter`: a teacher whose
+That target's block is re-tagged `ema` (from `input`, `other`, `model_copy` — a
+`deepcopy(model)` made between steps, capture.model_copies — or `parameter`: a teacher whose
 forward runs was tagged a parameter by it; it keeps `ema` from then on, see
 `PhaseTracker._classify_module_state`). So is a frozen parameter's new block when the job
 replaces its data with such a value (`param_k.data = param_k.data * m + param_q.data * (1 - m)`:
 MoCo, BYOL; `replaced`, from capture.module_apply).
 
 Trained parameters are those that received a gradient in a backward (the phase tracker says
-which). Only ops between steps are watched (phase `other`) and no-grad forwards (an evaluation):
+which). Only ops between steps are watched (phase `other`) and no-grad forwards (an evaluation,
+phase `eval`, or a no-grad forward inside a step):
 never the training forward, the backward or an optimizer's step (Lookahead's slow weights are
 optimizer state, made and synced inside `step`).
 """
@@ -35,7 +37,8 @@ from peakmem.capture.session import CaptureSession
 from peakmem.trace.vocab import Category, Phase
 
 EMA = Category.EMA.value
-_TARGETS = (Category.INPUT.value, Category.OTHER.value, Category.PARAMETER.value)
+_TARGETS = (Category.INPUT.value, Category.OTHER.value, Category.PARAMETER.value,
+            Category.MODEL_COPY.value)
 """What a copy's block may be tagged before it is seen kept in sync."""
 
 _REPLACED = (*_TARGETS, Category.TEMPORARY.value, Category.ACTIVATION.value)
@@ -49,7 +52,7 @@ _DERIVING_OPS = frozenset({"add", "sub", "mul", "div", "lerp", "clone", "_to_cop
                            "_foreach_lerp"})
 """Elementwise ops whose output, of a trained weight's shape, carries that weight's values."""
 _SYNC, _DERIVE = 1, 2
-_FORWARD, _OTHER = Phase.FORWARD.value, Phase.OTHER.value
+_FORWARD, _OTHER, _EVAL = Phase.FORWARD.value, Phase.OTHER.value, Phase.EVAL.value
 
 
 class WeightCopies:
@@ -69,7 +72,7 @@ class WeightCopies:
         if not self._trained or not args:
             return
         phase = self.session.state.phase
-        if phase != _OTHER and (phase != _FORWARD or torch.is_grad_enabled()):
+        if phase not in (_OTHER, _EVAL) and (phase != _FORWARD or torch.is_grad_enabled()):
             return  # the training forward, backward, an optimizer's step
         kind = self._kinds.get(func)
         if kind is None:

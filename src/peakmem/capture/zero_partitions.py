@@ -35,7 +35,8 @@ from peakmem.capture.library_patches import register_library_patch
 from peakmem.capture.on_import import Undo, patch_on_import
 from peakmem.trace.vocab import Category
 
-UNCLASSIFIED = (Category.INPUT.value, Category.TEMPORARY.value, Category.OTHER.value)
+UNCLASSIFIED = (Category.INPUT.value, Category.TEMPORARY.value, Category.OTHER.value,
+                Category.MODEL_COPY.value)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -12,7 +12,8 @@ from typing import Any
 
 from peakmem.capture import job_module_loading
 from peakmem.capture.job_alloc_conf import META_KEY as JOB_ALLOC_CONF
-from peakmem.capture.result import DEFAULT_STEPS, CaptureResult
+from peakmem.capture.result import DEFAULT_STEPS, NO_DEVICE_NOTE, CaptureResult
+from peakmem.capture.spawned_children import processes_bytes, processes_note, used_device
 from peakmem.estimate.breakdown import PeakBreakdown
 from peakmem.estimate.first_use import first_use_bytes, job_ops
 from peakmem.estimate.margin_kinds import margin_kind as _kind_of
@@ -156,16 +157,26 @@ class Estimate:
     utilization: Any = None
     """Predicted GPU utilization of a steady-state training iteration
     (peakmem.utilization.model.Utilization), None where the job trained no step."""
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    """The job's spawn / forkserver child processes (capture.spawned_children): each that used
+    the device adds its own device-level peak to `peak_bytes`."""
 
     @property
     def library_bytes(self) -> int:
         return sum(self.libraries.values())
 
     @property
+    def processes_bytes(self) -> int:
+        """The device-level peaks of the job's child processes that used the device."""
+        return processes_bytes(self.processes)
+
+    @property
     def peak_bytes(self) -> int:
         """Device-level peak as nvidia-smi shows it: CUDA context + libraries loaded on first
-        use + peak reserved."""
-        return self.context_bytes + self.library_bytes + self.peak_reserved_bytes
+        use + peak reserved (+ the job's child processes on the device, each its own context
+        and allocator: capture.spawned_children)."""
+        return (self.context_bytes + self.library_bytes + self.peak_reserved_bytes
+                + self.processes_bytes)
 
     @property
     def margin_kind(self) -> str:
@@ -226,6 +237,8 @@ class Estimate:
             "context_bytes": self.context_bytes,
             "library_bytes": self.library_bytes,
             "libraries": dict(sorted(self.libraries.items())),
+            "processes_bytes": self.processes_bytes,
+            "processes": [dict(report) for report in self.processes],
             "breakdown": dict(sorted(self.breakdown.by_category.items())),
             "top_modules": [
                 {"module": name, "bytes": size} for name, size in self.breakdown.top_modules()
@@ -413,6 +426,10 @@ def estimate_capture(
     # kernel families' first-use memory outside the allocator, where the GPU has a measured
     # first-use model (estimate/first_use.py; its base is then the context figure)
     libraries.update(first_use_bytes(stack, gpu, job_ops(capture), loading))
+    processes = [dict(report) for report in capture.processes]
+    only_children = processes_bytes(processes) > 0 and not used_device(capture)
+    if only_children:  # the job's own process never touched the GPU: no context of its own
+        context, libraries = 0, {}
     job_conf = capture.trace.meta.get(JOB_ALLOC_CONF)
     if isinstance(job_conf, str):  # the job set its own before torch read it: torch's choice
         alloc_conf = job_conf
@@ -470,6 +487,12 @@ def estimate_capture(
         retry_note = retry_peak_note(capture.trace, peak_index)
         if retry_note is not None:
             notes.append(retry_note)
+    if only_children:
+        notes = [note for note in notes if note != NO_DEVICE_NOTE]
+        notes.append("the job's own process made no device allocations: only its child "
+                     "processes used the GPU, so its own CUDA context is not counted")
+    if (note := processes_note(processes)) is not None:
+        notes.append(note)
     from peakmem.estimate.fallbacks import stack_note
 
     if stack_note(torch_version, stack):
@@ -507,6 +530,7 @@ def estimate_capture(
         simulation=result,
         libraries=libraries,
         utilization=utilization,
+        processes=processes,
     )
 
 

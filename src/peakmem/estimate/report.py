@@ -42,13 +42,18 @@ def render(result: Estimate, console: Console, verbose: bool = False) -> None:
     summary.add_column(style="bold")
     summary.add_column(justify="right")
     summary.add_column(style="dim")
-    summary.add_row("Peak device memory", human_bytes(result.peak_bytes), "context + libraries + peak reserved (nvidia-smi)")
+    summary.add_row("Peak device memory", human_bytes(result.peak_bytes), "context + libraries + peak reserved (nvidia-smi)"
+                    + (" + child processes" if result.processes_bytes else ""))
     summary.add_row("Peak reserved", human_bytes(result.peak_reserved_bytes), "torch.cuda.max_memory_reserved()")
     summary.add_row("Peak allocated", human_bytes(result.peak_allocated_bytes), "torch.cuda.max_memory_allocated()")
     summary.add_row("CUDA context", human_bytes(result.context_bytes), short_source(result.stack.context_for(result.gpu)))
     for family, size in sorted(result.libraries.items()):
         source = short_source(result.stack.library_bytes_for(result.gpu, family))
         summary.add_row(f"{family} (first use)", human_bytes(size), source)
+    if result.processes_bytes:
+        count = sum(1 for report in result.processes if report["device"])
+        summary.add_row("Child processes", human_bytes(result.processes_bytes),
+                        f"{count} spawn/forkserver process(es), own contexts (notes)")
     verdict = (
         f"[green]yes[/green], headroom {human_bytes(result.headroom_bytes)}"
         if result.fits

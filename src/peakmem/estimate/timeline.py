@@ -22,7 +22,7 @@ CATEGORY_COLOURS = {
     "parameter": "#1f77b4", "buffer": "#aec7e8", "gradient": "#ff7f0e",
     "optimizer_state": "#2ca02c", "activation": "#d62728", "input": "#9467bd",
     "temporary": "#8c564b", "workspace": "#e377c2", "other": "#7f7f7f",
-    "ema": "#17becf", "communication": "#bcbd22",
+    "ema": "#17becf", "communication": "#bcbd22", "model_copy": "#9edae5",
 }
 SUFFIXES = (".html", ".htm", ".png")
 

@@ -16,8 +16,8 @@ MAX_POINTS = 4000
 """Longer traces are thinned to this many points, each bucket keeping its highest moment."""
 PHASE_MARKS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer",
                "eval": "eval"}
-CATEGORY_ORDER = ("parameter", "buffer", "gradient", "optimizer_state", "ema", "communication",
-                  "activation", "input", "temporary", "workspace", "other")
+CATEGORY_ORDER = ("parameter", "buffer", "gradient", "optimizer_state", "ema", "model_copy",
+                  "communication", "activation", "input", "temporary", "workspace", "other")
 
 
 @dataclass

@@ -254,8 +254,21 @@ def _become_job_process(argv: list[str], cwd: str, env: Mapping[str, str], umask
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    _forget_environment_reads()
     sys.argv = ["-c", *argv[3:]]
     _reseed()
+
+
+def _forget_environment_reads() -> None:
+    """Forget what the warm process read from its own environment and kept: a cold interpreter
+    reads the job's. `tempfile` caches the directory TMPDIR / TEMP / TMP named on its first use
+    (an import in the warm-up may make it), `time` the TZ it started with."""
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile.tempdir = None
+    import time
+
+    time.tzset()
 
 
 def _reseed() -> None:

@@ -15,7 +15,9 @@ class Category(StrEnum):
     OPTIMIZER_STATE = "optimizer_state"
     """Optimizer state (Adam moments, momentum buffers, step counters)."""
     ACTIVATION = "activation"
-    """Tensors saved by autograd for the backward pass."""
+    """Tensors saved by autograd for the backward pass (what a training forward made and is
+    still alive when its backward starts); in an evaluation's forward (phase `eval`), every
+    block it makes (capture.phases)."""
     TEMPORARY = "temporary"
     """Short-lived intermediates: freed within the op or phase that made them."""
     INPUT = "input"
@@ -30,6 +32,11 @@ class Category(StrEnum):
     """Copies of the trained weights kept in sync with them and stepped by no optimizer (EMA /
     averaged models: diffusers' EMAModel, timm's ModelEma, swa_utils.AveragedModel, a
     `deepcopy(model)` updated with `lerp_` / `mul_().add_()`; capture.weight_copies)."""
+    MODEL_COPY = "model_copy"
+    """Copies of a model's parameters and buffers made between steps that no optimizer trains,
+    no forward uses and nothing keeps in sync: best-weights snapshots
+    (`copy.deepcopy(model.state_dict())`), a state_dict cloned or cast for a checkpoint, a
+    `copy.deepcopy(model)` before it is trained, averaged or run (capture.model_copies)."""
     OTHER = "other"
     """Anything not classified."""
 
@@ -38,6 +45,11 @@ class Phase(StrEnum):
     """When in a training step an allocation was made."""
 
     FORWARD = "forward"
+    EVAL = "eval"
+    """A forward pass without gradients after training of a module in eval mode (a validation
+    batch, `generate`), while its top-level module runs: what it makes is tagged `activation`
+    (freed by the forward itself, or kept as its outputs); the phase ends when that module
+    returns (capture.phases)."""
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
     OTHER = "other"

@@ -3,7 +3,10 @@
 device batch of 64 MNIST-shaped samples; per-sample gradients first by a Python loop of
 `torch.autograd.grad` calls (stacked), then with `torch.func` (`functional_call`, `grad`,
 `vmap(..., in_dims=(None, None, 0, 0))`), both compared with `torch.allclose`, then each timed
-with `torch.utils.benchmark.Timer(...).timeit(100)`."""
+with `torch.utils.benchmark.Timer(...).timeit(100)` (`--number N`: N runs each instead; every
+run repeats the first, so from the second on nothing new is allocated)."""
+
+import sys
 
 import torch
 import torch.nn as nn
@@ -119,8 +122,9 @@ from torch.utils.benchmark import Timer  # noqa: E402
 
 without_vmap = Timer(stmt="compute_sample_grads(data, targets)", globals=globals())
 with_vmap = Timer(stmt="ft_compute_sample_grad(params, buffers, data, targets)", globals=globals())
-no_vmap_timing = without_vmap.timeit(100)
-with_vmap_timing = with_vmap.timeit(100)
+number = int(sys.argv[sys.argv.index("--number") + 1]) if "--number" in sys.argv else 100
+no_vmap_timing = without_vmap.timeit(number)
+with_vmap_timing = with_vmap.timeit(number)
 
 print(f'Per-sample-grads without vmap {no_vmap_timing}')
 print(f'Per-sample-grads with vmap {with_vmap_timing}')
