@@ -14,6 +14,11 @@ capture; device bytes worked out by hand (not read from peakmem):
   `os.remove` of the diverted save (capture/side_effects.py), 1.5 GiB of NCCL memory for three
   destroyed gloo groups (capture/fake_distributed.py), and a step count of 1 or 2 by chance
   (optimizers keyed by a reusable id: capture/phases.py).
+- pytorch/examples distributed/ddp-tutorial-series/multinode.py
+  (scripts/r19c_ddp_series_multinode.py): node 0 of `torchrun --nnodes=2 --nproc_per_node=2
+  --node_rank=0 --rdzv_backend=c10d ...`, `torch.accelerator.is_available()` /
+  `current_accelerator()` / `device_index(rank)`, LOCAL_RANK for the device and RANK for the
+  snapshot. Worked as it is.
 - pytorch/tutorials beginner_source/blitz/data_parallel_tutorial.py
   (scripts/r19c_data_parallel_tutorial.py): forward-only over a random host dataset,
   `nn.DataParallel` only with more than one GPU. Worked on one GPU; over two GPUs peakmem says
@@ -90,6 +95,30 @@ def test_ddp_tutorial_main_three_spawned_demos(tmp_path):
     assert est.data["steps"] == 1
     # ToyMpModel's net1 on cuda:0 and net2 on cuda:1, counted together (noted)
     assert "besides its current device cuda:0" in notes
+
+
+# pytorch/examples distributed/ddp-tutorial-series/multinode.py ----------------------------------
+
+def test_ddp_series_multinode_node_zero(tmp_path):
+    # `from datautils import MyTrainDataset`: scripts/datautils.py, next to the script
+    launcher = ("torchrun", "--nnodes=2", "--nproc_per_node=2", "--node_rank=0", "--rdzv_id=456",
+                "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29603")
+    est = estimate("r19c_ddp_series_multinode.py", "2", "1", flags=("--gpu", "h100-80gb"),
+                   launcher=launcher, cwd=tmp_path)
+    # nn.Linear(20, 1) and plain SGD
+    assert_training(est, params=ex.device_bytes(ex.linear(1, 20), ex.FP32), optimizer_state=0,
+                    extra_upper=est.breakdown["workspace"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert (est.data["nnodes"], est.data["nproc_per_node"], est.data["world_size"]) == (2, 2, 4)
+    assert "Running on rank 0 on device cuda:0" in est.stderr
+    # the DistributedSampler's quarter of 2048 samples: 16 batches of 32 an epoch
+    assert "DataLoader epoch of 16 batches" in _notes(est)
+    # a (32, 20) fp32 source and (32, 1) targets moved to LOCAL_RANK
+    assert est.breakdown["input"] == ex.rounded(32 * 20 * ex.FP32) + ex.rounded(32 * ex.FP32)
+    assert est.data["libraries"]["nccl"] == nccl_communicator_bytes(est)
+    # global rank 0 saved a snapshot each epoch (save_every 1): diverted, none in the folder
+    assert "saved 2 file(s) of fake device data" in _notes(est)
+    assert not (tmp_path / "snapshot.pt").exists()
 
 
 # pytorch/tutorials beginner_source/blitz/data_parallel_tutorial.py ------------------------------
