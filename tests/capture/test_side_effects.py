@@ -4,6 +4,7 @@ import io
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -439,6 +440,45 @@ def test_the_size_of_a_diverted_save_is_its_copys(a100, stack24, real_file, tmp_
     assert seen["new"] == seen["existing"] > 4 * (32 + 4 + 8 + 2)
     scratch = _scratch_of(_diverted_note(result))
     assert seen["new"] == os.path.getsize(os.path.join(scratch, "epoch_0", "model.safetensors"))
+
+
+def test_a_job_removes_or_moves_what_it_saved(a100, stack24, real_file, tmp_path):
+    """A job that removes the checkpoint it saved (pytorch/examples' ddp main.py: rank 0's
+    `os.remove(CHECKPOINT_PATH)` once every rank loaded it) removes the diverted copy, where
+    the path itself never existed (FileNotFoundError before); a real file under a removed
+    save stays. An atomic save (`torch.save(state, tmp)`, then `os.replace(tmp, path)`) moves
+    the copy: `path` is read back from it, and a real file there stays."""
+    existing = real_file("best.pt")
+    new = tmp_path / "model.checkpoint"
+    tmp = tmp_path / "ckpt.pt.tmp"
+    seen = {}
+
+    def job():
+        model = _model().cuda()
+        torch.save(model.state_dict(), str(new))
+        seen["loaded"] = sorted(torch.load(str(new), map_location={"cuda:0": "cuda:0"}))
+        os.remove(str(new))
+        with pytest.raises(FileNotFoundError):  # gone, as on a GPU
+            os.remove(str(new))
+        torch.save(model.state_dict(), existing)
+        existing.unlink()  # pathlib: os.unlink
+        torch.save({"step": 3, "model": model.state_dict()}, tmp)
+        os.replace(tmp, existing)
+        seen["step"] = torch.load(existing)["step"]
+        with pytest.raises(FileNotFoundError):
+            torch.load(tmp)
+        torch.save(model.state_dict(), tmp)
+        Path(tmp).rename(tmp_path / "renamed.pt")  # os.rename
+        seen["renamed"] = len(torch.load(tmp_path / "renamed.pt"))
+
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.error is None, result.error_text
+    assert seen == {"loaded": ["0.bias", "0.weight", "2.bias", "2.weight"], "step": 3,
+                    "renamed": 4}
+    assert existing.read_bytes() == REAL  # neither removed nor replaced
+    assert not new.exists() and not tmp.exists() and not (tmp_path / "renamed.pt").exists()
+    scratch = Path(_scratch_of(_diverted_note(result)))
+    assert sorted(f.name for f in scratch.rglob("*") if f.is_file()) == ["best.pt", "renamed.pt"]
 
 
 def test_accelerate_save_and_trainer_save_model(a100, stack24, real_file, tmp_path):

@@ -65,6 +65,53 @@ def test_collectives_and_groups(monkeypatch, a100, stack24):
     assert not dist.is_initialized()
 
 
+def test_nccl_memory_is_that_of_the_live_nccl_communicators(monkeypatch, a100, stack24):
+    """NCCL's buffers outside the allocator belong to NCCL communicators: a gloo group's
+    collectives on device tensors (gloo stages them through host memory) make none, and a
+    destroyed group's communicator is freed (`ncclCommDestroy`). pytorch/examples' ddp
+    main.py runs its demos one after another, each with `init_process_group("gloo")` and
+    `destroy_process_group()`: 0 bytes of NCCL memory, not 3 communicators' worth."""
+    set_world(monkeypatch, 2)
+    each = int(stack24.library_bytes_for(a100, "nccl").value)
+
+    def demos(backend: str, times: int):
+        def job():
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel
+
+            for _ in range(times):
+                dist.init_process_group(backend)
+                model = DistributedDataParallel(torch.nn.Linear(8, 8).cuda(), device_ids=[0])
+                model(torch.randn(2, 8)).sum().backward()
+                dist.destroy_process_group()
+
+        return job
+
+    gloo = capture_callable(demos("gloo", 3), gpu=a100, stack=stack24)
+    assert gloo.error is None, gloo.error_text
+    assert gloo.libraries.get("nccl", 0) == 0
+    nccl = capture_callable(demos("nccl", 3), gpu=a100, stack=stack24)
+    assert nccl.error is None, nccl.error_text
+    assert nccl.libraries["nccl"] == each  # one live at a time
+
+    def pair_after_destroy():
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl")
+        device = torch.ones(8, device="cuda")
+        dist.all_reduce(device)
+        pair = dist.new_group([0, 1])
+        dist.all_reduce(device, group=pair)  # two live: the world's and the pair's
+        dist.destroy_process_group(pair)
+        dist.destroy_process_group()
+        dist.init_process_group("nccl")
+        dist.all_reduce(device)  # one live again
+
+    both = capture_callable(pair_after_destroy, gpu=a100, stack=stack24)
+    assert both.error is None, both.error_text
+    assert both.libraries["nccl"] == 2 * each
+
+
 def test_world_size_one_without_a_launcher(monkeypatch, a100, stack24):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

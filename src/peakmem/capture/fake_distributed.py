@@ -127,6 +127,24 @@ def _flat_scratch(tensors: Sequence[torch.Tensor], count: int) -> None:
     del scratch
 
 
+WITHOUT_NCCL = frozenset({"gloo", "mpi"})
+"""Backends whose collectives on device tensors make no NCCL communicator (gloo stages device
+tensors through host memory): no NCCL memory outside the allocator."""
+
+
+def _count_communicators(change: int) -> None:
+    """A group's NCCL communicator was made (+1) or destroyed (-1): NCCL's memory outside the
+    allocator is that of the most communicators live at once (GPU profile figure each)."""
+    _STATE.live_communicators += change
+    if _STATE.live_communicators <= _STATE.communicators:
+        return
+    _STATE.communicators = _STATE.live_communicators
+    session = _STATE.session
+    if session is not None and not session.closed:
+        each = int(session.stack.library_bytes_for(session.gpu, NCCL_FAMILY).value)
+        session.libraries[NCCL_FAMILY] = each * _STATE.communicators
+
+
 NATIVE_BACKEND_NAMES = frozenset({"gloo"})
 """Backends c10d's C++ looks up by type when a group reports their name: DDP's logger casts a
 "gloo" group's backend to ProcessGroupGloo for its thread count ("Could not find backend type 1
@@ -146,18 +164,21 @@ class FakeGroup(dist.ProcessGroup):
     def _on_device(self, *values: Any) -> None:
         """A collective on device tensors: the first one creates this group's NCCL communicator,
         whose buffers live outside the caching allocator (GPU profile figure, per communicator
-        of more than one rank)."""
-        if self._communicator or self._size < 2:
+        of more than one rank) until the group is destroyed; a gloo group makes none."""
+        if self._communicator or self._size < 2 or self._backend_name in WITHOUT_NCCL:
             return
         from torch.utils._pytree import tree_leaves
 
         if any(is_meta(value) for value in tree_leaves(list(values))):
             self._communicator = True
-            _STATE.communicators += 1
-            session = _STATE.session
-            if session is not None and not session.closed:
-                each = int(session.stack.library_bytes_for(session.gpu, NCCL_FAMILY).value)
-                session.libraries[NCCL_FAMILY] = each * _STATE.communicators
+            _count_communicators(+1)
+
+    def shutdown(self) -> None:
+        """`destroy_process_group`: the group's NCCL communicator (if it made one) is freed."""
+        if self._communicator:
+            self._communicator = False
+            _count_communicators(-1)
+        super().shutdown()
 
     def size(self) -> int:
         return self._size
@@ -378,6 +399,8 @@ class _State:
     backend_name: str = DEFAULT_BACKEND
     session: CaptureSession | None = None
     communicators: int = 0
+    """The most NCCL communicators live at once in this capture."""
+    live_communicators: int = 0
     patched: dict[tuple[Any, str], Any] = {}
 
 
@@ -506,7 +529,7 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     from torch.distributed import distributed_c10d as c10d
 
     register_backend()
-    _STATE.session, _STATE.communicators = session, 0
+    _STATE.session, _STATE.communicators, _STATE.live_communicators = session, 0, 0
     env = RankEnv.from_environ()
     original_init = c10d.init_process_group
     original_helper = c10d._new_process_group_helper
@@ -629,5 +652,6 @@ def process_groups_destroyed() -> Iterator[None]:
         if dist.is_available() and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-        _STATE.backend_name, _STATE.session, _STATE.communicators = DEFAULT_BACKEND, None, 0
+        _STATE.backend_name, _STATE.session = DEFAULT_BACKEND, None
+        _STATE.communicators = _STATE.live_communicators = 0
         _agreement_checks_restored()

@@ -32,6 +32,7 @@ runs it in the forward phase, as part of the next training step, until its backw
 
 from __future__ import annotations
 
+import itertools
 import sys
 import weakref
 from collections.abc import Iterator
@@ -135,7 +136,13 @@ class PhaseTracker:
         # ids of the optimizers that stepped (never the optimizers: a job that makes a new one
         # per fold / run frees the old one with its state, and so must the capture)
         self._optimizers: set[int] = set()
-        self._steps_by_optimizer: dict[int, int] = {}
+        self._steps_by_optimizer: dict[Any, int] = {}
+        # each optimizer's key in `_steps_by_optimizer`: a serial number, never its id (a freed
+        # optimizer's id is reused by the next one: pytorch/examples' ddp main.py runs three
+        # demos with an optimizer each, which counted as 1 or 2 steps of one, by chance)
+        self._optimizer_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._freed_keys: set[Any] = set()  # optimizers freed since: they no longer step
+        self._serials = itertools.count(1)
         self._updated_storages: set[int] = set()  # parameters with a gradient after a backward
         self._watched: list[tuple[weakref.ref, int]] = []  # those parameters, their storages
         self._await_update = False  # a backward ran; no parameter update seen since
@@ -406,7 +413,17 @@ class PhaseTracker:
                 session.classify(value, Category.OPTIMIZER_STATE.value, only_from=_STATE_SOURCES)
         session.state.phase = Phase.OPTIMIZER.value if self._outer_steps else Phase.OTHER.value
         self._await_update = False  # a closure's backward ran inside the step it fed
-        self._step_taken(id(optimizer), stop_now=True)
+        self._step_taken(self._optimizer_key(optimizer), stop_now=True)
+
+    def _optimizer_key(self, optimizer: torch.optim.Optimizer) -> Any:
+        try:
+            key = self._optimizer_keys.get(optimizer)
+            if key is None:
+                key = self._optimizer_keys[optimizer] = next(self._serials)
+                weakref.finalize(optimizer, self._freed_keys.add, key)
+        except TypeError:  # not weakly referenceable (a __slots__ optimizer): by id, as before
+            return id(optimizer)
+        return key
 
     def _watch_op(self, func: Any, args: tuple, out: Any) -> None:
         """A training step without an optimizer: the first in-place write to a parameter that
@@ -465,7 +482,8 @@ class PhaseTracker:
             return
         if self.repeater is not None:
             self._repeat_steady(key, feeding, stop_now=stop_now)
-        steps = min(self._steps_by_optimizer.values())
+        live = [n for k, n in self._steps_by_optimizer.items() if k not in self._freed_keys]
+        steps = min(live or self._steps_by_optimizer.values())
         if steps < self.limit():
             return
         if (

@@ -174,9 +174,22 @@ class LoadFunction:
     module: str
     name: str
     target: tuple[int, str]
+    forgets: bool = False
+    """The call removes the file (`os.remove`): the diverted copy is removed in its place and
+    the path is no longer redirected (a real file the save left untouched stays)."""
 
     target_of = SaveFunction.target_of
     with_target = SaveFunction.with_target
+
+
+@dataclass(frozen=True)
+class MoveFunction:
+    """A function that moves a file (`os.replace(src, dst)`, `os.rename`): a diverted `src`
+    moves inside the scratch directory to `dst`'s scratch name, and `dst` is read from there
+    (a job's atomic save: `torch.save(state, tmp)` then `os.replace(tmp, path)`)."""
+
+    module: str
+    name: str
 
 
 LOAD_FUNCTIONS: tuple[LoadFunction, ...] = (
@@ -196,8 +209,18 @@ LOAD_FUNCTIONS: tuple[LoadFunction, ...] = (
     # the size of a checkpoint the job has just saved (torchtune's checkpointers log
     # `os.path.getsize(output_path)` right after `save_file`): the diverted copy's size
     LoadFunction("genericpath", "getsize", (0, "filename")),
+    # a job that removes the checkpoint it saved (pytorch/examples' ddp main.py: rank 0's
+    # `os.remove(CHECKPOINT_PATH)` after every rank loaded it); `Path.unlink` calls os.unlink
+    LoadFunction("os", "remove", (0, "path"), forgets=True),
+    LoadFunction("os", "unlink", (0, "path"), forgets=True),
 )
 """A dotted name is a method, replaced on its class (args[0] is the instance)."""
+
+MOVE_FUNCTIONS: tuple[MoveFunction, ...] = (
+    MoveFunction("os", "replace"),
+    MoveFunction("os", "rename"),
+)
+"""`Path.replace` / `Path.rename` call these; `shutil.move` calls `os.rename` first."""
 
 
 # -- fake device data --------------------------------------------------------------------------
@@ -388,10 +411,12 @@ class SaveDiverter:
         finally:
             self._local.busy = False
 
-    def call(self, entry: SaveFunction | LoadFunction, original: Callable, args: tuple,
-             kwargs: dict) -> Any:
+    def call(self, entry: SaveFunction | LoadFunction | MoveFunction, original: Callable,
+             args: tuple, kwargs: dict) -> Any:
         if isinstance(entry, LoadFunction):
             return self.load(entry, original, args, kwargs)
+        if isinstance(entry, MoveFunction):
+            return self.move(original, args, kwargs)
         if getattr(self._local, "busy", False):  # a save inside a save (save_model->save_file)
             return original(*args, **kwargs)
         target = entry.target_of(args, kwargs)
@@ -434,10 +459,15 @@ class SaveDiverter:
         if not self.redirects:
             return original(*args, **kwargs)
         if isinstance(target, str | bytes | os.PathLike):
-            destination = self.redirects.get(os.path.abspath(os.fsdecode(target)))
+            if entry.forgets and kwargs.get("dir_fd") is not None:  # relative to a folder
+                return original(*args, **kwargs)
+            path = os.path.abspath(os.fsdecode(target))
+            destination = self.redirects.get(path)
             if destination is not None and destination.exists():
                 as_given = destination if isinstance(target, Path) else str(destination)
                 args, kwargs = entry.with_target(args, kwargs, as_given)
+                if entry.forgets:
+                    del self.redirects[path]
             return original(*args, **kwargs)
         destination = self._redirected_handle(target)
         if destination is None:
@@ -451,6 +481,28 @@ class SaveDiverter:
             result = original(*args, **kwargs)
             with suppress(OSError, ValueError):
                 target.seek(0, os.SEEK_END)
+        return result
+
+    def move(self, original: Callable, args: tuple, kwargs: dict) -> Any:
+        """`os.replace(src, dst)` / `os.rename(src, dst)` of a diverted `src`: its copy moves
+        to `dst`'s place in the scratch directory; a real `dst` stays untouched."""
+        if not self.redirects or len(args) < 2 or kwargs.get("src_dir_fd") is not None \
+                or kwargs.get("dst_dir_fd") is not None:
+            return original(*args, **kwargs)
+        src, dst, *rest = args
+        if not isinstance(src, str | bytes | os.PathLike) \
+                or not isinstance(dst, str | bytes | os.PathLike):
+            return original(*args, **kwargs)
+        source = os.path.abspath(os.fsdecode(src))
+        copy = self.redirects.get(source)
+        if copy is None or not copy.exists():
+            return original(*args, **kwargs)
+        target = os.fsdecode(dst)
+        moved = self.scratch_dir() / scratch_name(target)
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        result = original(str(copy), str(moved), *rest, **kwargs)
+        del self.redirects[source]
+        self.redirects[os.path.abspath(target)] = moved
         return result
 
     def _redirected_handle(self, target: Any) -> Path | None:
@@ -491,7 +543,7 @@ _WRAPPERS: dict[int, Callable] = {}  # id(original) -> its checking wrapper (kep
 _ORIGINALS: dict[int, Callable] = {}  # id(wrapper) -> original
 
 
-def _wrapper(entry: SaveFunction | LoadFunction, original: Callable) -> Callable:
+def _wrapper(entry: SaveFunction | LoadFunction | MoveFunction, original: Callable) -> Callable:
     if id(original) in _ORIGINALS:  # already a wrapper
         return original
     wrapper = _WRAPPERS.get(id(original))
@@ -515,7 +567,7 @@ class _Patches:
         self.replaced: list[tuple[Any, str, Any]] = []
         self.methods: list[tuple[type, str, Any]] = []
 
-    def install(self, entries: tuple[SaveFunction | LoadFunction, ...]) -> None:
+    def install(self, entries: tuple[SaveFunction | LoadFunction | MoveFunction, ...]) -> None:
         swaps: dict[int, Callable] = {}
         for entry in entries:
             module = sys.modules.get(entry.module)
@@ -562,7 +614,7 @@ def divert_fake_saves(
     default, made on the first such save); the note naming them goes to `session.notes`."""
     diverter = SaveDiverter(session=session, scratch=scratch)
     patches = _Patches()
-    entries = (*SAVE_FUNCTIONS, *LOAD_FUNCTIONS)
+    entries = (*SAVE_FUNCTIONS, *LOAD_FUNCTIONS, *MOVE_FUNCTIONS)
     finder = ImportHook(
         {entry.module for entry in entries},
         lambda module: patches.install(tuple(e for e in entries if e.module == module.__name__)),
