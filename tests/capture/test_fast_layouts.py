@@ -894,13 +894,16 @@ def meta(*shape, dtype=torch.float32):
 
 def test_outside_the_case_the_rules_decline():
     x = meta(4, 8)
-    assert fast_layout(aten.add.Tensor, (x, meta(8)), {}) is DECLINE  # broadcasting
+    assert fast_layout(aten.add.Tensor, (x, meta(8)), {}) is not DECLINE  # broadcasting (w1)
+    assert fast_layout(aten.add.Tensor, (x.half(), meta(8, dtype=torch.float16)),
+                       {}) is DECLINE  # broadcasting in float16: computed in float32
     assert fast_layout(aten.add.Tensor, (x, meta(4, 8, dtype=torch.float16)), {}) is DECLINE
     assert fast_layout(aten.relu.default, (x.t(),), {}) is DECLINE  # not contiguous
     assert fast_layout(aten.relu.default, (meta(0, 3),), {}) is DECLINE  # empty
     assert fast_layout(aten.relu.default, (torch.empty(4, 8),), {}) is DECLINE  # a host tensor
     assert fast_layout(aten.relu.default, (meta(4, 8, dtype=torch.int64),), {}) is DECLINE
-    assert fast_layout(aten.cat.default, ([x, x.t()],), {}) is DECLINE  # not contiguous
+    assert fast_layout(aten.cat.default, ([x, x.t()],), {}) is DECLINE  # sizes differ
+    assert fast_layout(aten.cat.default, ([x, meta(8, 4).t()],), {}) is not DECLINE  # (w1)
     assert fast_layout(aten.max_pool2d_with_indices.default, (meta(1, 2, 4, 4), [2, 2]),
                        {}) is DECLINE  # no rule
     assert fast_layout(aten._foreach_add_.Scalar, ([x], 1j), {}) is DECLINE  # complex scalar

@@ -1041,3 +1041,253 @@ def _native_layer_norm_backward(args: tuple, kwargs: dict) -> Any:
 
 register(aten.native_layer_norm.default, _native_layer_norm)
 register(aten.native_layer_norm_backward.default, _native_layer_norm_backward)
+
+
+# --- broadcasting binary ops: the Python refs' output layout (issue 14, branch w1) -----------
+#
+# The meta kernels of add / sub / mul / div.Tensor are Python (torch._refs through
+# torch._meta_registrations): the operands broadcast by `expand` (_maybe_broadcast), then
+# prims' elementwise meta takes its strides from
+# torch._prims_common.compute_elementwise_output_strides. The rule below is that function on
+# the expanded operands' strides, for float32 / float64 operands (their computation dtype:
+# no conversion; float16 / bfloat16 compute in float32 through converted copies, declined).
+
+
+def _broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The operands' broadcast shape, or None where they do not broadcast."""
+    rank = max(len(shape) for shape in shapes)
+    out = [1] * rank
+    for shape in shapes:
+        offset = rank - len(shape)
+        for i, size in enumerate(shape):
+            have = out[offset + i]
+            if have == 1:
+                out[offset + i] = size
+            elif size not in (1, have):
+                return None
+    return tuple(out)
+
+
+def _expanded_strides(sizes: tuple[int, ...], strides: tuple[int, ...],
+                      shape: tuple[int, ...]) -> tuple[int, ...]:
+    """An operand's strides after `expand(shape)` (inferExpandGeometry; an operand of `shape`
+    is not expanded): an expanded dimension 0; a new leading dimension of size 1 the next
+    dimension's size times its stride; a 0-dim operand all 0."""
+    if sizes == shape:
+        return strides
+    rank = len(shape)
+    if not sizes:
+        return (0,) * rank
+    offset = rank - len(sizes)
+    out = [0] * rank
+    for i in range(rank - 1, -1, -1):
+        dim = i - offset
+        if dim >= 0:
+            size, stride = sizes[dim], strides[dim]
+        else:
+            size, stride = 1, shape[i + 1] * out[i + 1]
+        out[i] = 0 if size != shape[i] else stride
+    return tuple(out)
+
+
+def _contiguous_like(shape: tuple[int, ...], strides: tuple[int, ...],
+                     order: tuple[int, ...]) -> bool:
+    """Size-1 dimensions skipped, the others nested in `order` (fastest first) from stride 1
+    (_prims_common.is_contiguous / is_channels_last_contiguous_2d of a non-empty tensor)."""
+    expected = 1
+    for d in order:
+        size = shape[d]
+        if size == 1:
+            continue
+        if strides[d] != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _elementwise_output_strides(shape: tuple[int, ...], operands: list[tuple]) -> tuple:
+    """_prims_common.compute_elementwise_output_strides of operands of one non-empty `shape`
+    (their strides `operands`): contiguous when all are contiguous and not all
+    channels_last-contiguous, channels_last in the reverse case, else the dimensions
+    insertion-sorted (compute_elementwise_output_logical_to_physical_perm: the first operand
+    with non-zero strides in a pair orders it, the smaller stride faster; equal strides swap
+    where the faster-placed dimension is the larger) and the output dense in that order."""
+    rank = len(shape)
+    if rank <= 1:
+        return (1,) * rank
+    row_major = tuple(range(rank - 1, -1, -1))
+    is_contiguous = all(_contiguous_like(shape, strides, row_major) for strides in operands)
+    is_channels_last = rank == 4 and all(
+        _contiguous_like(shape, strides, (1, 3, 2, 0)) for strides in operands)
+    if is_contiguous and not is_channels_last:
+        return contiguous_strides(shape)
+    if is_channels_last and not is_contiguous:
+        return _channels_last_strides(shape)
+
+    def should_swap(a: int, b: int) -> int:
+        for strides in operands:
+            stride_a = strides[a]
+            stride_b = strides[b]
+            if stride_a == 0 or stride_b == 0:
+                continue
+            if stride_a == stride_b:
+                if shape[b] >= shape[a]:
+                    continue
+                return 1
+            return -1 if stride_b > stride_a else 1
+        return 0
+
+    perm = list(row_major)  # sorted back to front: perm[0] the fastest dimension
+    for i in range(1, rank):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    out = [0] * rank
+    step = 1
+    for dim in perm:
+        out[dim] = step
+        step *= shape[dim]
+    return tuple(out)
+
+
+def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """c10's get_channels_last_strides_2d / _3d (4 and 5 dimensions; None otherwise)."""
+    if len(shape) == 4:
+        _, c, h, w = shape
+        return (h * w * c, 1, w * c, c)
+    if len(shape) == 5:
+        _, c, d, h, w = shape
+        return (d * h * w * c, 1, h * w * c, w * c, c)
+    return None
+
+
+_REF_COMPUTED = frozenset({torch.float32, torch.float64})
+"""Dtypes the refs compute in (no conversion of the operands or the result)."""
+
+
+def _binary_dtype(tensors: list[torch.Tensor]) -> torch.dtype | None:
+    """The result dtype where no dimensioned operand is converted: every dimensioned tensor
+    float32 or every one float64 (0-dim tensors of any floating dtype follow it: only they
+    are converted, and they broadcast with zero strides), or all 0-dim of one such dtype."""
+    dimensioned = {t.dtype for t in tensors if t.dim() != 0}
+    if not dimensioned:
+        dimensioned = {t.dtype for t in tensors}
+    if len(dimensioned) != 1:
+        return None
+    dtype = dimensioned.pop()
+    return dtype if dtype in _REF_COMPUTED else None
+
+
+def _broadcast_binary(args: tuple, kwargs: dict) -> Any:
+    """add / sub / mul / div.Tensor of two float32 / float64 strided tensors of any layouts
+    that broadcast (a rotary `t * cos`, a mask `x + bias[None]`), no alpha (add's and sub's
+    alpha scales the second operand through its own prim first): the refs' output layout."""
+    if len(args) != 2 or kwargs:
+        return DECLINE
+    a, b = args
+    if not (_strided_meta(a, _FLOATS) and _strided_meta(b, _FLOATS)):
+        return DECLINE
+    dtype = _binary_dtype([a, b])
+    if dtype is None:
+        return DECLINE
+    sizes_a, sizes_b = tuple(a.shape), tuple(b.shape)
+    shape = sizes_a if sizes_a == sizes_b else _broadcast_shape([sizes_a, sizes_b])
+    if shape is None:
+        return DECLINE
+    operands = [_expanded_strides(sizes_a, a.stride(), shape),
+                _expanded_strides(sizes_b, b.stride(), shape)]
+    return _new(shape, dtype, _elementwise_output_strides(shape, operands))
+
+
+def _binary_then_broadcast(args: tuple, kwargs: dict) -> Any:
+    out = _SAME_LAYOUT_BINARY(args, kwargs)
+    if out is DECLINE:
+        return _broadcast_binary(args, kwargs)
+    return out
+
+
+_SAME_LAYOUT_BINARY = _pointwise(_two_tensors)
+BROADCAST_BINARY = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
+register(BROADCAST_BINARY, _binary_then_broadcast)
+
+
+# --- cat of strided inputs: compute_output_memory_format (issue 14, branch w1) -----------------
+
+
+def _channels_last_like(shape: tuple[int, ...], strides: tuple[int, ...], order: tuple) -> bool:
+    """c10's is_channels_last_strides_2d_s4 / 3d_s5 over the dimensions in `order`."""
+    if strides[1] == 0:
+        return False
+    low = 0
+    for d in order:
+        size = shape[d]
+        if size == 0 or strides[d] < low:
+            return False
+        if d == 0 and low == strides[1]:
+            return False
+        low = strides[d]
+        if size > 1:
+            low *= size
+    return True
+
+
+def suggest_memory_format(tensor: torch.Tensor) -> Any:
+    """TensorBase::suggest_memory_format of a strided tensor: channels_last where its strides
+    are like channels_last's (4 dimensions), channels_last_3d (5), contiguous otherwise."""
+    shape = tuple(tensor.shape)
+    if len(shape) == 4 and _channels_last_like(shape, tensor.stride(), (1, 3, 2, 0)):
+        return torch.channels_last
+    if len(shape) == 5 and _channels_last_like(shape, tensor.stride(), (1, 4, 3, 2, 0)):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def _cat_strided(args: tuple, kwargs: dict) -> Any:
+    """cat of non-empty strided tensors of one dtype and rank in any layouts (a key/value
+    cache of transposed keys): the output is contiguous unless every input suggests one
+    channels_last format (compute_output_memory_format), then in that format."""
+    if kwargs or type(args[0]) not in (list, tuple) or not args[0]:
+        return DECLINE
+    tensors = args[0]
+    dim = args[1] if len(args) > 1 else 0
+    first = tensors[0]
+    if not _strided_meta(first, _ANY_DTYPE) or first.dim() == 0 or not _dim_ok(dim, first.dim()):
+        return DECLINE
+    rank = first.dim()
+    dim %= rank
+    shape = list(first.shape)
+    total = 0
+    format_ = None
+    for tensor in tensors:
+        if (not _strided_meta(tensor, _ANY_DTYPE) or tensor.dtype != first.dtype
+                or tensor.dim() != rank):
+            return DECLINE
+        sizes = tensor.shape
+        if any(sizes[d] != shape[d] for d in range(rank) if d != dim):
+            return DECLINE
+        total += sizes[dim]
+        if format_ is not torch.contiguous_format:
+            suggested = suggest_memory_format(tensor)
+            if format_ is not None and suggested is not format_:
+                suggested = torch.contiguous_format
+            format_ = suggested
+    shape[dim] = total
+    shape = tuple(shape)
+    if format_ is torch.contiguous_format:
+        return _new(shape, first.dtype)
+    return _new(shape, first.dtype, _channels_last_strides(shape))
+
+
+def _cat_then_strided(args: tuple, kwargs: dict) -> Any:
+    out = _cat(args, kwargs)
+    if out is DECLINE:
+        return _cat_strided(args, kwargs)
+    return out
+
+
+register(aten.cat.default, _cat_then_strided)
