@@ -112,6 +112,15 @@ def test_accelerate_fsdp_version_from_the_config_file(tmp_path):
     (["accelerate", "config"], False),
     (["accelerate", "launch", "--config_file", "/nonexistent.yaml", "t.py"], False),
     (["deepspeed", "--num_gpus", "-3", "t.py"], False),
+    (["fabric", "consolidate", "ckpt"], False),
+    (["fabric", "run", "--accelerator", "cpu", "--devices", "2", "t.py"], True),
+    (["fabric", "run", "--accelerator", "tpu", "t.py"], True),
+    (["fabric", "run", "--accelerator", "rocm", "t.py"], False),
+    (["fabric", "run", "--devices", "0", "t.py"], True),
+    (["fabric", "run", "--devices", "0,0", "t.py"], False),
+    (["fabric", "run", "--devices", "a,b", "t.py"], False),
+    (["fabric", "run", "--accelerator", "cuda"], False),
+    (["lightning", "run", "app", "app.py"], False),
 ])
 def test_bad_launches_are_one_line_errors(argv, unsupported):
     with pytest.raises(LaunchError) as caught:
@@ -164,3 +173,45 @@ def test_ranks_need_a_distributed_launch_even_through_tune_run():
 
     with pytest.raises(EstimateError, match="--ranks needs a distributed launch"):
         launch_for(["tune", "run", "my_lora.py", "--config", "cfg.yaml"], ranks="all")
+
+
+def test_fabric_run_is_torchrun_with_the_lightning_variables():
+    """`fabric run` (Lightning 2.x fabric/cli.py): the options become LT_* variables Fabric()
+    reads, then torchrun starts --devices processes a node, master port 29400."""
+    launch = parse_launch(["fabric", "run", "--accelerator", "cuda", "--devices", "2",
+                           "--strategy", "ddp", "--precision", "bf16-mixed", "--num-nodes", "2",
+                           "train.py", "--epochs", "3"])
+    assert launch.launcher == "fabric" and (launch.nproc_per_node, launch.nnodes) == (2, 2)
+    assert launch.rank_command(3) == ["python", "train.py", "--epochs", "3"]
+    env = launch.rank_env(3)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == (
+        "3", "1", "4", "29400")
+    assert {key: env[key] for key in env if key.startswith("LT_")} == {
+        "LT_CLI_USED": "1", "LT_ACCELERATOR": "cuda", "LT_DEVICES": "2", "LT_NUM_NODES": "2",
+        "LT_STRATEGY": "ddp", "LT_PRECISION": "bf16-mixed"}
+    # without options: one device, no accelerator or precision variable (Fabric's defaults)
+    plain = parse_launch(["/usr/local/bin/fabric", "run", "train.py"])
+    assert plain.world_size == 1 and plain.distributed
+    assert "LT_ACCELERATOR" not in plain.env and plain.env["LT_DEVICES"] == "1"
+
+
+@pytest.mark.parametrize(("devices", "processes"), [
+    ("3", 3), ("0,2", 2), ("1,", 1), ("auto", 1), ("-1", 8)])
+def test_fabric_run_devices_as_lightning_parses_them(devices, processes):
+    launch = parse_launch(["fabric", "run", f"--devices={devices}", "train.py"])
+    assert launch.nproc_per_node == processes
+    assert launch.rank_env(0)["LT_DEVICES"] == devices
+    assert bool(launch.notes) is (devices == "-1")  # all GPUs: a node of 8 assumed
+
+
+def test_fabric_run_other_spellings():
+    # dp: one process driving every device
+    assert parse_launch(["fabric", "run", "--strategy", "dp", "--devices", "4", "t.py"]
+                        ).world_size == 1
+    # the module's own __main__ is the `run` command; Lightning 2.0's `lightning run model`
+    for argv in (["python", "-m", "lightning.fabric.cli", "--devices", "2", "t.py", "x"],
+                 ["lightning", "run", "model", "--devices=2", "--main_port", "1234", "t.py", "x"]):
+        launch = parse_launch(argv)
+        assert launch.world_size == 2 and launch.rank_command(1) == ["python", "t.py", "x"]
+    assert parse_launch(["lightning", "run", "model", "--main_port", "1234", "t.py"]
+                        ).master_port == 1234

@@ -88,7 +88,7 @@ def test_pack_emit(estimates):
         (["{a}", "--gpus", "l4", "--max-smact", "nan"], "nan", 2),
         (["{bad}", "--gpus", "l4"], "not JSON", 2),
         (["{error}", "--gpus", "l4"], "estimate failed", 2),
-        (["missing.json", "--gpus", "l4"], "cannot read", 2),
+        (["missing.json", "--gpus", "l4"], "no such file", 2),
         (["{a}", "--gpus", "l4", "--emit-option", "noequals", "--emit", "hami"], "KEY=VALUE", 2),
     ],
 )

@@ -253,6 +253,8 @@ class LoaderEpochs:
         self._workers_noted = False
         self.shortened = False
         """An epoch skipped batches (the job may notice: a count of batches, a `next()`)."""
+        self.length_shortened = False
+        """`len(loader)` has said a shortened epoch's length (less than the loader's own)."""
         self._trained: set[int] = set()  # ids of the datasets whose loaders fed training
         self._windows: dict[int, int] = {}  # id(loader) -> the window a framework declared
         self._training_iterations: list[LoaderIteration] = []
@@ -446,7 +448,12 @@ class LoaderEpochs:
         window = self.window_of(loader)
         if not self._shortens(loader, value, window):
             return value
-        return max(self.steady_batches(window) + 1, self._waited_length(loader))
+        length = max(self.steady_batches(window) + 1, self._waited_length(loader))
+        if length < value:
+            # the job may size things from it (a schedule's total steps) before any epoch is
+            # shortened: an error after this is one the shortening may have caused
+            self.length_shortened = True
+        return length
 
     def begin_epoch(self, loader: Any, iterator: Any) -> LoaderIteration:
         """An epoch of `loader` begins: the LoaderIteration the job iterates, over `iterator`."""

@@ -189,6 +189,9 @@ class PhaseTracker:
         except Exception as exc:
             shortened = self.session.state.loop_ended or self.loaders.shortened
             if not shortened:
+                # only `len(loader)` said less yet (a schedule sized from it): the job's error,
+                # which the shortening may have caused
+                self.failed_after_shortening = self.loaders.length_shortened
                 raise
             if not _is_stop_iteration(exc):
                 self.failed_after_shortening = True

@@ -58,6 +58,10 @@ class CaptureResult:
     """The job's spawn / forkserver child processes, as each reported itself
     (capture.spawned_children: pid, name, start method, exit code, whether it used the device and
     its device-level peak)."""
+    failed_after_shortening: bool = False
+    """The job failed after the default step policy shortened its DataLoader epochs or ended
+    its training loop, or after `len(loader)` said a shortened length: by default it is rerun
+    unshortened, stopped after the step limit (estimate/api.py, `_capture_with_mode`)."""
 
     @property
     def trained(self) -> bool:

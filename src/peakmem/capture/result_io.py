@@ -26,6 +26,7 @@ FORMAT_VERSION = 1
 MAX_TEXT = 1 << 20  # characters of one text field (a traceback)
 MAX_ITEMS = 10_000  # entries of one list or mapping field
 _INT_LIMIT = 1 << 63
+_TOTAL_LIMIT = 1 << 96  # a total of up to 2^33 storages of the largest size
 
 
 class ResultFormatError(ValueError):
@@ -43,6 +44,12 @@ class JobError(Exception):
 
 def _int(value: Any) -> bool:
     return type(value) is int and -_INT_LIMIT <= value < _INT_LIMIT
+
+
+def _byte_total(value: Any) -> bool:
+    """A sum of device storage sizes: each below 2^63 (a larger one is CUDA's overflow error),
+    so a job holding several huge ones (an OOM answer) totals more than one int64 holds."""
+    return type(value) is int and 0 <= value < _TOTAL_LIMIT
 
 
 def _text(value: Any) -> bool:
@@ -85,7 +92,7 @@ FIELDS: dict[str, Any] = {
     "host_reads": _int,
     "host_reads_before_forward": _int,
     "data_dependent": _int_map,
-    "peak_device_bytes": _int,
+    "peak_device_bytes": _byte_total,
     "backward_passes": _int,
     "reason": _optional(_text),
     "job_exit_code": _optional(_int),
@@ -96,6 +103,7 @@ FIELDS: dict[str, Any] = {
     "failure_hint": _optional(_text),
     "processes": lambda v: (isinstance(v, list) and len(v) <= MAX_ITEMS
                             and all(map(valid_report, v))),
+    "failed_after_shortening": lambda v: isinstance(v, bool),
 }
 
 

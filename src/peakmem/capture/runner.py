@@ -22,6 +22,8 @@ from peakmem.capture.interpreter_state import interpreter_state_restored
 from peakmem.capture.library_patches import library_patches
 from peakmem.capture.phases import PhaseTracker, StopJob
 from peakmem.capture.recorder import AllocationRecorder
+from peakmem.capture.repeated_forwards import RepeatedForwards
+from peakmem.capture.repeated_forwards import enabled_by_env as repeating_forwards
 from peakmem.capture.result import (
     DEFAULT_STEPS,
     NO_DEVICE_NOTE,
@@ -171,6 +173,7 @@ def _run_captured(
         executor = ShadowExecutor(session)
         session.eager, session.host_value = True, executor.host_value
     phases = PhaseTracker(session, stop_after_steps=steps)
+    forwards = RepeatedForwards(session, phases) if repeating_forwards() else None
     op_costs = OpCostObserver(session)
     session.op_observer = op_costs.observe
     session.module_source = phases.current_module
@@ -185,7 +188,7 @@ def _run_captured(
         snapshot = CaptureResult(
             trace=session.trace, steps=0, stopped=False, forward_calls=0, seconds=0, mode=mode
         )
-        _collect(snapshot, session, phases, executor, start)
+        _collect(snapshot, session, phases, executor, start, forwards)
         return snapshot
 
     with ExitStack() as stack_ctx:
@@ -201,6 +204,8 @@ def _run_captured(
         stack_ctx.enter_context(value_steered_optimizers(session))
         stack_ctx.enter_context(watching_discarded_grads(session.state))
         stack_ctx.enter_context(phases)
+        if forwards is not None:  # module calls: after the tracker's hooks are registered
+            stack_ctx.enter_context(forwards.installed())
         _ACTIVE.append(in_progress)
         try:
             with ExitStack() as modes:
@@ -242,7 +247,7 @@ def _run_captured(
             session.close()
             op_costs.finish()
             _ACTIVE.pop()
-    _collect(result, session, phases, executor, start)
+    _collect(result, session, phases, executor, start, forwards)
     return result
 
 
@@ -302,6 +307,7 @@ def _collect(
     phases: PhaseTracker,
     executor: ShadowExecutor | None,
     start: float,
+    forwards: RepeatedForwards | None = None,
 ) -> None:
     """Fill `result` from the session once the job has ended."""
     result.seconds = _CLOCK() - start
@@ -314,6 +320,7 @@ def _collect(
     result.forward_calls = session.state.forward_calls
     result.notes.extend(session.notes)
     result.failure_hint = "; ".join(session.failure_hints) or None
+    result.failed_after_shortening = phases.failed_after_shortening
     if vision_ops.declared() and "torchvision" in sys.modules:
         result.notes.append(vision_ops.NOTE)
     if vision_image_ops.used():
@@ -329,6 +336,9 @@ def _collect(
     if result.error is None:
         result.notes.extend(phases.notes())
         result.notes.extend(_device_use_notes(session))
+    replayed = forwards.note() if forwards is not None else None
+    if replayed is not None:
+        result.notes.append(replayed)
     result.backward_passes = session.state.backward_passes
     session.trace.meta.update(phases.trace_meta())
 

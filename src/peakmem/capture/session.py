@@ -14,6 +14,7 @@ import torch
 
 from peakmem.capture.oom_handlers import oom_handler_on_stack
 from peakmem.capture.oom_retry import near_capacity, retry_loop_on_stack
+from peakmem.capture.storage_size import check_storage_size
 from peakmem.capture.subclass_storages import inner_tensors, is_wrapper
 from peakmem.cuda_rules.true_device import is_meta
 from peakmem.profiles import GpuProfile, StackProfile
@@ -223,7 +224,9 @@ class CaptureSession:
             for part in sparse_parts(tensor):
                 self.track(part, op, category)
             return
-        self.track_storage(tensor.untyped_storage(), op, category)
+        storage = tensor.untyped_storage()
+        check_storage_size(tensor, storage.nbytes())  # CUDA's overflow error, not 0 bytes
+        self.track_storage(storage, op, category)
 
     def track_storage(self, storage: Any, op: str, category: str | None = None) -> None:
         """Record the allocation of an untyped device storage if it is new and not empty."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -60,7 +61,7 @@ def batch(jobs: str, output: str | None, ray_address: str | None, workers: int |
     if empty := empty_output({"-o/--output": output}):  # '' was taken for the default file
         raise BadInput(empty)
     if not jobs_path.is_file():
-        raise BadInput(f"no such jobs file: {jobs}")
+        raise BadInput(_not_a_jobs_file(jobs))
     output_path = Path(output) if output else jobs_path.with_name(
         jobs_path.name.removesuffix(".jsonl") + ".results.jsonl")
     if in_process and ray_address:
@@ -105,6 +106,10 @@ def batch(jobs: str, output: str | None, ray_address: str | None, workers: int |
         failed += line["status"] != "done"
         progress.update(task, advance=1, failed=failed)
 
+    def stop_progress() -> None:  # a bar never started: rich's stop() prints a blank line
+        if progress.live.is_started:
+            progress.stop()
+
     try:
         summary = run_batch(
             jobs_path, output_path, settings, ray_address=ray_address, workers=workers,
@@ -114,7 +119,7 @@ def batch(jobs: str, output: str | None, ray_address: str | None, workers: int |
     except BatchInputError as exc:
         raise BadInput(str(exc)) from None
     finally:
-        progress.stop()
+        stop_progress()
     if as_json:
         click.echo(json.dumps({"total": summary.total, "skipped": summary.skipped,
                                "done": summary.done, "failed": summary.failed,
@@ -124,3 +129,17 @@ def batch(jobs: str, output: str | None, ray_address: str | None, workers: int |
                       f"finished, in {summary.seconds:.1f} s; results in {output_path}")
         for line in summary.failures[:10]:  # an id and a message the job file chose: plain
             console.print(f"  failed {one_line(line)}", markup=False, highlight=False)
+
+
+def _not_a_jobs_file(jobs: str) -> str:
+    """Why `jobs` (not a regular file) cannot be read: missing, or what it is instead (a FIFO
+    was called missing)."""
+    from peakmem.inputs import InputError, open_regular_file
+
+    if not os.path.lexists(jobs):
+        return f"no such jobs file: {jobs}"
+    try:
+        open_regular_file(jobs).close()
+    except InputError as exc:
+        return f"the jobs file {exc}"
+    return f"no such jobs file: {jobs}"

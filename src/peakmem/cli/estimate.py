@@ -307,7 +307,7 @@ def _estimate(
     if snapshot and not os.path.isdir(os.path.dirname(snapshot)):
         report(EstimateError(f"cannot write the snapshot {snapshot}: no such directory",
                              exit_code=2, reason="bad_input"), as_json)
-    from peakmem.cli.output_paths import clobbered_input
+    from peakmem.cli.output_paths import clobbered_input, fifo_without_reader
 
     for flag, output in (("--job-log", job_log), ("--snapshot", snapshot),
                          ("--timeline", timeline)):
@@ -315,6 +315,9 @@ def _estimate(
         if clobbered:
             report(EstimateError(f"{flag} {output} would overwrite {clobbered}", exit_code=2,
                                  reason="bad_input"), as_json)
+        if output and flag != "--job-log" and fifo_without_reader(output):
+            report(EstimateError(f"cannot write {flag} {output}: a FIFO that no process reads",
+                                 exit_code=2, reason="bad_input"), as_json)
     from peakmem.cli.output_paths import shared_output
 
     shared = shared_output({"--job-log": job_log, "--snapshot": snapshot, "--timeline": timeline})

@@ -118,12 +118,14 @@ def measure(
             raise JobSpecError(f"script not found: {spec.script}")
     except (JobSpecError, LaunchError) as exc:
         raise click.UsageError(str(exc)) from None
-    from peakmem.cli.output_paths import clobbered_input
+    from peakmem.cli.output_paths import clobbered_input, fifo_without_reader
 
     for flag, output in (("--out", out), ("--snapshot", snapshot)):
         clobbered = clobbered_input(os.path.abspath(output), command) if output else None
         if clobbered:
             raise click.UsageError(f"{flag} {output} would overwrite {clobbered}")
+        if output and fifo_without_reader(output):
+            raise click.UsageError(f"cannot write {flag} {output}: a FIFO that no process reads")
     from peakmem.cli.output_paths import shared_output
 
     shared = shared_output({"--out": out, "--snapshot": snapshot})

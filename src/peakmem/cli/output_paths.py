@@ -9,9 +9,14 @@ the later write replaced the earlier one and the command said it had written bot
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 import click
+
+_HELD_FIFOS: list[int] = []
+"""Write ends of output FIFOs probed by `fifo_without_reader`, open until peakmem exits."""
 
 
 def clobbered_input(output: str, command: tuple[str, ...] | list[str]) -> str | None:
@@ -28,6 +33,21 @@ def clobbered_input(output: str, command: tuple[str, ...] | list[str]) -> str | 
         except (OSError, ValueError):
             continue
     return None
+
+
+def fifo_without_reader(output: str) -> bool:
+    """Whether `output` is a named FIFO that no process reads: the write after the job (the
+    snapshot's pickle, the timeline) blocked in `open` for ever. A FIFO with a reader is held
+    open for writing until peakmem exits, so the reader does not take this probe's close for
+    the end of its data before the real write comes."""
+    try:
+        if not stat.S_ISFIFO(os.stat(output).st_mode):
+            return False
+        fd = os.open(output, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        return exc.errno == errno.ENXIO
+    _HELD_FIFOS.append(fd)
+    return False
 
 
 def empty_output(outputs: dict[str, str | None]) -> str | None:

@@ -369,8 +369,44 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
     return None
 
 
-def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str) -> CaptureResult:
-    """Run the capture in `mode`; auto: fake, then eager if fake mode could not run the job."""
+UnshortenedRun = Callable[[str, int], CaptureResult]
+"""Runs the capture in a mode with an explicit step limit (nothing shortened)."""
+
+
+def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str,
+                       unshortened: UnshortenedRun | None = None) -> CaptureResult:
+    """Run the capture in `mode`; auto: fake, then eager if fake mode could not run the job.
+
+    `unshortened` (given where the default step policy applies): when the job failed after the
+    policy shortened its DataLoader epochs or ended its training loop (`len(loader)` said the
+    shortened length: a schedule computed from it, as AdaLoRA's `total_step`, no longer fits
+    the job), it is run
+    again with its epochs as they are, stopped after the steps the first run reached (at least
+    3, as `--steps N`), and that run stands if it succeeds."""
+    capture = _capture_in_mode(run, mode)
+    if unshortened is None or not capture.failed_after_shortening or capture.error is None:
+        return capture
+    from peakmem.capture.phases import MIN_STEPS
+    from peakmem.capture.result import first_line
+
+    limit = max(MIN_STEPS, capture.steps)
+    rerun = _capture_in_mode(lambda run_mode: unshortened(run_mode, limit), mode)
+    if rerun.error is not None:
+        return capture  # it fails anyway: the first error, with its --steps all hint
+    name = capture.error_type or type(capture.error).__name__
+    rerun.notes.insert(0, (
+        f"the job failed ({name}: {first_line(capture.error)}) after peakmem shortened its "
+        "DataLoader epochs (len(loader) said the shortened length): it was rerun with its "
+        f"epochs as they are and stopped after {limit} optimizer steps (as --steps {limit}); "
+        "what follows the training loop (evaluation, saving) was not traced; --steps all runs "
+        "the job to its end"))
+    rerun.mode_reason += " (rerun unshortened)"
+    rerun.seconds += capture.seconds
+    return rerun
+
+
+def _capture_in_mode(run: Callable[[str], CaptureResult], mode: str) -> CaptureResult:
+    """One capture in `mode`; auto: fake, then eager if fake mode could not run the job."""
     if mode == "eager":
         capture = run("eager")
         capture.mode_reason = "--mode eager: the job ran for real on the CPU"
@@ -674,13 +710,11 @@ def estimate(
     timeout = check_timeout(timeout)
     gpu_profile, stack, version, conf = _resolve(gpu, torch_version, alloc_conf)
     with job_environment(conf, version), allocator_target(conf, version):
-        capture = _capture_with_mode(
-            lambda run_mode: capture_callable(
-                fn, *args, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
-                mode=run_mode, **kwargs,
-            ),
-            mode,
-        )
+        def run(run_mode: str, run_steps: Steps = steps) -> CaptureResult:
+            return capture_callable(fn, *args, gpu=gpu_profile, stack=stack, steps=run_steps,
+                                    timeout=timeout, mode=run_mode, **kwargs)
+
+        capture = _capture_with_mode(run, mode, run if steps is None else None)
     return _finish(
         capture, gpu=gpu_profile, stack=stack, torch_version=version, alloc_conf=conf,
         mode=mode, timeline=timeline,
@@ -754,13 +788,11 @@ def estimate_command(
             from peakmem.capture.job_alloc_conf import job_environment
 
             with job_environment(conf, version), allocator_target(conf, version):
-                capture = _capture_with_mode(
-                    lambda run_mode: capture_command(
-                        argv, gpu=gpu_profile, stack=stack, steps=steps, timeout=timeout,
-                        mode=run_mode,
-                    ),
-                    mode,
-                )
+                def run(run_mode: str, run_steps: Steps = steps) -> CaptureResult:
+                    return capture_command(argv, gpu=gpu_profile, stack=stack, steps=run_steps,
+                                           timeout=timeout, mode=run_mode)
+
+                capture = _capture_with_mode(run, mode, run if steps is None else None)
         else:
             capture = _capture_supervised(
                 argv, gpu_profile, version, conf, steps, mode, timeout, max_host_memory,
@@ -836,18 +868,18 @@ def _capture_supervised(
         except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
             raise EstimateError(str(exc), exit_code=2, reason="bad_input") from None
 
-    def run(run_mode: str) -> CaptureResult:
+    def run(run_mode: str, run_steps: Steps = steps) -> CaptureResult:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             return timed_out(run_mode, timeout)
         return capture_in_child(
-            argv, gpu=gpu, torch_version=version, alloc_conf=alloc_conf, steps=steps,
+            argv, gpu=gpu, torch_version=version, alloc_conf=alloc_conf, steps=run_steps,
             mode=run_mode, timeout=remaining,
             max_host_memory=max_host_memory, output_fd=log_fd, sandbox=sandbox, env=env,
         )
 
     try:
-        capture = _capture_with_mode(run, mode)
+        capture = _capture_with_mode(run, mode, run if steps is None else None)
     finally:
         if log_fd is not None:
             os.close(log_fd)

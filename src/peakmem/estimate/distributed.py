@@ -167,11 +167,11 @@ def _capture_in_process(launch: Launch, rank: int, gpu: GpuProfile, stack: Stack
 
     with rank_environment(launch.rank_env(rank)), job_environment(conf, version), \
             allocator_target(conf, version):
-        return _capture_with_mode(
-            lambda run_mode: capture_command(launch.rank_command(rank), gpu=gpu, stack=stack,
-                                             steps=steps, timeout=timeout, mode=run_mode),
-            mode,
-        )
+        def run(run_mode: str, run_steps: Any = steps) -> CaptureResult:
+            return capture_command(launch.rank_command(rank), gpu=gpu, stack=stack,
+                                   steps=run_steps, timeout=timeout, mode=run_mode)
+
+        return _capture_with_mode(run, mode, run if steps is None else None)
 
 
 def _capture_ranks(launch: Launch, chosen: list[int], gpu: GpuProfile, version: str, conf: str,
@@ -206,7 +206,17 @@ def _capture_ranks(launch: Launch, chosen: list[int], gpu: GpuProfile, version: 
                 return _run_ranks(launch, [rank], run_mode, gpu, version, conf, steps,
                                   remaining, max_host_memory, log_fd, sandbox)[rank]
 
-            captures[rank] = _capture_with_mode(run, mode)
+            def unshortened(run_mode: str, limit: int, rank: int = rank) -> CaptureResult:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    from peakmem.capture.supervised import timed_out
+
+                    return timed_out(run_mode, timeout)
+                return _run_ranks(launch, [rank], run_mode, gpu, version, conf, limit,
+                                  remaining, max_host_memory, log_fd, sandbox)[rank]
+
+            captures[rank] = _capture_with_mode(run, mode,
+                                                unshortened if steps is None else None)
     finally:
         if log_fd is not None:
             os.close(log_fd)

@@ -9,6 +9,7 @@ is one `measure(value)` call (an estimate); results are cached per value.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -126,6 +127,15 @@ def _secant(points: list[Probe], capacity: int, slope_hint: float | None) -> flo
     return None
 
 
+def _midpoint(fit_at: int, fail_at: int) -> int:
+    """The bisection's next value: the geometric mean while the bracket spans more than a
+    factor of four (`--arg b=1..2**63-1`: halving the width took 60 steps to come down from
+    2^63 to the answer's magnitude, the geometric mean takes 6), the arithmetic one then."""
+    if fit_at >= 1 and fail_at > 4 * fit_at:
+        return min(max(math.isqrt(fit_at * fail_at), fit_at + 1), fail_at - 1)
+    return (fit_at + fail_at) // 2
+
+
 def slope_of(probes: Sequence[Probe]) -> float | None:
     """Bytes per unit of the knob, from the lowest and highest probe (None with fewer than two)."""
     ordered = sorted(probes, key=lambda p: p.value)
@@ -188,12 +198,13 @@ def find_largest(
             candidate = fail_at - 1  # flat so far: the top of the bracket may fit
             tried_top = True
         elif crossing is None:
-            candidate = (fit_at + fail_at) // 2
+            candidate = _midpoint(fit_at, fail_at)
         else:
             candidate = min(max(int(crossing), fit_at + 1), fail_at - 1)
+        predicted = crossing is not None  # a bisection's neighbour tells nothing new
         if probe(candidate).fits:
             fit_at = candidate
-            if candidate + 1 < fail_at:  # its neighbour
+            if predicted and candidate + 1 < fail_at:  # its neighbour
                 if probe(candidate + 1).fits:
                     fit_at = candidate + 1
                     misses += 1
@@ -201,7 +212,7 @@ def find_largest(
                     fail_at = candidate + 1
         else:
             fail_at = candidate
-            if candidate - 1 > fit_at:
+            if predicted and candidate - 1 > fit_at:
                 if probe(candidate - 1).fits:
                     fit_at = candidate - 1
                 else:

@@ -3,7 +3,7 @@ environment, without starting a launcher.
 
 ``peakmem estimate -- torchrun --nproc-per-node 8 train.py`` (or ``python -m torch.distributed.run``,
 ``python -m torch.distributed.launch``, ``accelerate launch``, ``deepspeed``, torchtune's
-``tune run``) and
+``tune run``, Lightning's ``fabric run``) and
 ``peakmem estimate --nproc-per-node 8 [--nnodes 2] -- python train.py`` all become a
 :class:`Launch`: the Python command one rank runs, the world's shape, and per rank the environment
 the launcher gives it (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
@@ -417,6 +417,79 @@ def tune(words: Sequence[str]) -> Launch:
     return Launch(command, 1, 1, "python", env={APPEND_CWD_ENV: "1"}, notes=(note,))
 
 
+_FABRIC_ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
+
+
+def _fabric_devices(devices: str, launcher: str, notes: list[str]) -> int:
+    """How many processes `fabric run --devices D` starts on one node (Lightning 2.x
+    ``cli._get_num_processes`` with ``device_parser._normalize_parse_gpu_string_input``):
+    `auto` is one device, `-1` all of the node's GPUs, `0,2` those devices, `N` the first N."""
+    text = devices.strip()
+    if text == "auto":
+        return 1
+    if text == "-1":
+        notes.append(f"{launcher}: --devices -1 (all GPUs) assumed {DEFAULT_GPUS_PER_NODE} GPUs "
+                     "per node; give a number to say how many")
+        return DEFAULT_GPUS_PER_NODE
+    if "," in text:
+        ids = [part.strip() for part in text.split(",") if part.strip()]
+        if not ids or not all(part.isdigit() for part in ids):
+            raise LaunchError(f"{launcher}: --devices {devices!r} is not a list of GPU indices")
+        if len(set(map(int, ids))) != len(ids):
+            raise LaunchError(f"{launcher}: --devices {devices!r} names a GPU twice")
+        return _int(str(len(ids)), "--devices", launcher, 1)
+    if text in ("0", "[]"):
+        raise LaunchError(f"{launcher}: --devices {devices} selects no GPU: the job would run on "
+                          "the CPU", unsupported=True)
+    return _int(text, "--devices", launcher, 1)
+
+
+def fabric(words: Sequence[str], name: str = "fabric run") -> Launch:
+    """`fabric run [options] script args` (Lightning 2.x ``lightning/fabric/cli.py``; also
+    `python -m lightning.fabric.cli` and Lightning 2.0's `lightning run model`): the options
+    become LT_* variables that `Fabric()` in the script reads (accelerator, strategy, devices,
+    number of nodes, precision), then torchrun starts `--devices` processes a node (one for
+    `--strategy dp`), master port 29400 by default."""
+    options, rest = _scan(words, frozenset(), name)
+    notes: list[str] = []
+    accelerator = str(options.get("accelerator", "auto")).lower()
+    if accelerator not in _FABRIC_ACCELERATORS:
+        raise LaunchError(f"{name}: --accelerator {accelerator!r} is not one of "
+                          f"{', '.join(_FABRIC_ACCELERATORS)}")
+    if accelerator in ("cpu", "mps", "tpu"):
+        raise LaunchError(f"{name}: --accelerator {accelerator} does not use CUDA GPUs",
+                          unsupported=True)
+    devices = str(options.get("devices", "1"))
+    strategy = options.get("strategy")
+    processes = 1 if strategy == "dp" else _fabric_devices(devices, name, notes)
+    nodes = _int(options.get("num_nodes"), "--num-nodes", name, 1)
+    env = {"LT_CLI_USED": "1", "LT_DEVICES": devices, "LT_NUM_NODES": str(nodes)}
+    if "accelerator" in options:
+        env["LT_ACCELERATOR"] = accelerator
+    for option, variable in (("strategy", "LT_STRATEGY"), ("precision", "LT_PRECISION")):
+        if isinstance(options.get(option), str):
+            env[variable] = str(options[option])
+    port = _port(options.get("main_port", "29400"), name)
+    return Launch(_script_command(rest, False, name), processes, nodes, "fabric",
+                  str(options.get("main_address", "127.0.0.1")), port, env=env, notes=tuple(notes))
+
+
+def fabric_cli(words: Sequence[str]) -> Launch:
+    """`fabric run ...` (the console script's group: `run` is the only training command)."""
+    words = list(words)
+    if not words or words[0] != "run":
+        raise LaunchError("fabric: only `fabric run` starts a training job")
+    return fabric(words[1:])
+
+
+def lightning_cli(words: Sequence[str]) -> Launch:
+    """Lightning 2.0's `lightning run model ...`, the same launcher as `fabric run`."""
+    words = list(words)
+    if words[:2] != ["run", "model"]:
+        raise LaunchError("lightning: only `lightning run model` starts a training job")
+    return fabric(words[2:], "lightning run model")
+
+
 LauncherParser = Callable[[Sequence[str]], Launch]
 LAUNCHERS: dict[str, LauncherParser] = {
     "torchrun": torchrun,
@@ -429,6 +502,9 @@ LAUNCHERS: dict[str, LauncherParser] = {
     "deepspeed.launcher.runner": deepspeed,
     "tune": tune,
     "torchtune._cli.tune": tune,
+    "fabric": fabric_cli,
+    "lightning.fabric.cli": fabric,  # its __main__ runs the `run` command itself
+    "lightning": lightning_cli,
 }
 """Program (or `python -m` module) name -> the parser of the words after it."""
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from peakmem.inputs import one_line
+from peakmem.inputs import InputError, one_line, open_regular_file, read_capped
 from peakmem.schedule.pack import MARGIN_FAILURE_RATE, PackError, PackJob
 
 MAX_FILE_BYTES = 64 * 2**20
@@ -30,16 +29,15 @@ JOB_OPTIONS = ("steps", "mode", "timeout", "torch", "alloc_conf", "max_host_memo
 
 
 def _read(path: str) -> str:
-    """A regular file's text, at most MAX_FILE_BYTES (PackError otherwise)."""
+    """A regular file's text, at most MAX_FILE_BYTES (PackError otherwise). Opened without
+    blocking (`open_regular_file`): a FIFO given as the file hung `pack` until a writer came."""
     try:
-        with open(path, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise PackError(f"{path}: not a regular file")
-            data = handle.read(MAX_FILE_BYTES + 1)
+        with open_regular_file(path, cap=MAX_FILE_BYTES) as handle:
+            data = read_capped(handle, MAX_FILE_BYTES, path)
+    except InputError as exc:
+        raise PackError(str(exc)) from None
     except OSError as exc:
         raise PackError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise PackError(f"{path}: more than the {MAX_FILE_BYTES} bytes peakmem reads")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

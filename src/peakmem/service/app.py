@@ -22,7 +22,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from peakmem import __version__
 from peakmem.service.admission import AdmissionConfig, ConfigMapReader, review
-from peakmem.service.body_limit import ARCHIVE_ROUTE, BodyLimit, BodyTooLarge, too_large
+from peakmem.service.body_limit import (
+    ARCHIVE_ROUTE,
+    BodyDeadline,
+    BodyLimit,
+    BodyTooLarge,
+    too_large,
+)
 from peakmem.service.fast_path import FastPath
 from peakmem.service.files import (
     DEFAULT_LIMITS,
@@ -156,6 +162,7 @@ def create_app(
     if config.fast_path:  # added last: it runs first
         app.add_middleware(FastPath, queue=queue, max_body_bytes=config.max_body_bytes,
                            token=config.token, metrics=metrics)
+    app.add_middleware(BodyDeadline)  # outermost: bounds every read of a body, the fast path's too
     submit_responses: dict[int | str, dict[str, Any]] = {
         200: {"model": Submitted, "description": "already known (cached, queued or running)"},
         400: {"model": ErrorResponse, "description": "bad files, command or GPU"},

@@ -140,6 +140,31 @@ def check_not_the_jobs_file(output: Path, jobs_path: Path) -> None:
                               "results are appended to it; name another with -o")
 
 
+def check_not_a_job_input(output: Path, jobs: list[tuple[str, dict[str, Any]]], base: str) -> None:
+    """BatchInputError when `output` is a Python source file or a file a job's command names
+    (relative to the job's cwd): `-o train.py` appended the results to the jobs' own script."""
+    if not output.is_file():
+        return
+    if output.suffix.lower() == ".py":
+        raise BatchInputError(f"the results file {output} is a Python source file: results are "
+                              "appended to it; name another with -o")
+    for job_id, raw in jobs:
+        command, cwd = raw.get("command"), raw.get("cwd")
+        if not isinstance(command, list):
+            continue
+        where = os.path.join(base, cwd) if isinstance(cwd, str) else base
+        for word in command:
+            if not isinstance(word, str) or not word or "\0" in word:
+                continue
+            try:
+                same = os.path.samefile(os.path.join(where, word), output)
+            except (OSError, ValueError):
+                continue
+            if same:
+                raise BatchInputError(f"the results file {output} is {word!r}, a file the "
+                                      f"command of job {job_id!r} names; name another with -o")
+
+
 MAX_RESULT_LINE_BYTES = 64 << 20
 """The longest results line read back (a result is a few KiB); a longer one is not one of ours
 and is passed over in chunks, never held whole (a crash's NUL-filled or sparse tail has none)."""
@@ -316,6 +341,7 @@ def run_batch(
     """Run every job of `jobs_path` not already final in `output`, appending to `output`."""
     jobs = read_jobs(jobs_path)
     check_not_the_jobs_file(output, jobs_path)
+    check_not_a_job_input(output, jobs, str(jobs_path.resolve().parent))
     finished = finished_ids(output, retry_failed)
     todo = [(job_id, raw) for job_id, raw in jobs if job_id not in finished]
     summary = BatchSummary(total=len(jobs), skipped=len(jobs) - len(todo))
