@@ -515,6 +515,22 @@ def cat_args(draw):
 
 
 @st.composite
+def stack_args(draw):
+    """stack: tensors of one shape (sometimes another), a dim up to one past the rank."""
+    first = draw(tensors(dtypes=FLOAT_DTYPES if draw(st.booleans()) else DTYPES))
+    rank = first.dim()
+    dim = draw(st.integers(-rank - 1, rank + 1))  # rank + 1: out of range
+    pieces = [first]
+    for _ in range(draw(st.integers(0, 3))):
+        if rarely(draw, 6):
+            pieces.append(draw(tensors(dtypes=DTYPES)))
+            continue
+        pieces.append(draw(tensors(shape=tuple(first.shape), dtype=first.dtype)))
+    args = (pieces, dim) if draw(st.booleans()) or dim else (pieces,)
+    return args, {}
+
+
+@st.composite
 def nll_case(draw):
     """Scores (N, C), targets (N,) and a weight: mostly the rules' case, sometimes another
     rank, target dtype or size, a weight of another size or dtype, an odd reduction."""
@@ -739,7 +755,7 @@ def builder(func):
         aten.mm.default: mm_args, aten.addmm.default: addmm_args,
         aten.convolution.default: convolution_args,
         aten.convolution_backward.default: convolution_backward_args,
-        aten.cat.default: cat_args,
+        aten.cat.default: cat_args, aten.stack.default: stack_args,
         aten.nll_loss_forward.default: nll_loss_forward_args,
         aten.nll_loss_backward.default: nll_loss_backward_args,
         aten.mean.dim: reduce_dims_args, aten.sum.dim_IntList: reduce_dims_args,

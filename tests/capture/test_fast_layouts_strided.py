@@ -179,3 +179,39 @@ def test_kv_cache_cat_of_transposed_keys_is_answered_as_the_kernel():
         3, 1, 1, 1)
     assert fast_layout(aten.cat.default, ([cache, torch.empty(2, 4, 0, 16, device="meta")], 2),
                        {}) is DECLINE  # an empty input: the kernel's legacy rules
+
+
+@pytest.mark.parametrize("func", fast_layouts.BROADCAST_BINARY, ids=str)
+def test_tensor_and_number_answers_are_the_meta_kernels(func):
+    """`t * 0.125`, `x + 0`, `positions - 0`: a strided tensor of any layout with a Python
+    number (an int, a float, a bool; float, int and bool tensors)."""
+    rng = random.Random(41)
+    answered = strided = 0
+    for _ in range(CASES // 2):
+        shape = random_shape(rng, rng.randint(0, 5))
+        dtype = rng.choice(COMPUTED + [torch.int64, torch.int32, torch.float16, torch.bool])
+        x = random_layout(rng, shape, dtype)
+        number = rng.choice([0.125, 1.0, 0, 2, -3, True])
+        if check(func, (x, number), {}):
+            answered += 1
+            strided += not x.is_contiguous()
+    assert answered > CASES // 8 and strided > CASES // 40, (answered, strided)
+
+
+def test_stack_answers_are_the_meta_kernels():
+    """stack of one shape in random layouts along every dimension (the cat of the inputs
+    unsqueezed there; never a view)."""
+    rng = random.Random(1401)
+    answered = strided = 0
+    for _ in range(CASES // 2):
+        rank = rng.randint(0, 4)
+        shape = random_shape(rng, rank)
+        dtype = rng.choice(FLOATS + [torch.int64, torch.bool])
+        tensors = [random_layout(rng, shape, dtype) for _ in range(rng.randint(1, 3))]
+        if rng.random() < 0.05:
+            tensors.append(random_layout(rng, shape + (2,), dtype))  # shapes that differ
+        dim = rng.randint(-rank - 1, rank)
+        if check(aten.stack.default, (tensors, dim), {}):
+            answered += 1
+            strided += not all(t.is_contiguous() for t in tensors)
+    assert answered > CASES // 4 and strided > CASES // 10, (answered, strided)

@@ -1204,16 +1204,50 @@ def _broadcast_binary(args: tuple, kwargs: dict) -> Any:
     return _new(shape, dtype, _elementwise_output_strides(shape, operands))
 
 
-def _binary_then_broadcast(args: tuple, kwargs: dict) -> Any:
-    out = _SAME_LAYOUT_BINARY(args, kwargs)
-    if out is DECLINE:
-        return _broadcast_binary(args, kwargs)
-    return out
+_INTEGERS_COMPUTED = frozenset({torch.int64, torch.int32})
+
+
+def _scalar_binary(args: tuple, kwargs: dict, integers: bool) -> Any:
+    """add / sub / mul / div.Tensor of a strided tensor and a Python number (`t * 0.125`,
+    `x + 0`, `pos - 0`), no alpha: the refs keep the tensor's dtype (float32 / float64 with an
+    int or a float; int64 / int32 with an int, not for div's true division) and the output
+    layout is the elementwise sort over the tensor alone (contiguous where it is contiguous;
+    not compute_elementwise_output_strides' one-tensor shortcut that keeps a dense tensor's
+    strides: held to the kernel by test_fast_layouts_strided.py)."""
+    if len(args) != 2 or kwargs:
+        return DECLINE
+    x, number = args
+    kind = type(number)
+    if kind is float:
+        dtypes = _REF_COMPUTED
+    elif kind is int:
+        dtypes = _REF_COMPUTED | _INTEGERS_COMPUTED if integers else _REF_COMPUTED
+    else:
+        return DECLINE
+    if not _strided_meta(x, dtypes):
+        return DECLINE
+    shape = tuple(x.shape)
+    return _new(shape, x.dtype, _elementwise_output_strides(shape, [x.stride()]))
+
+
+def _binary_rule(func: Any) -> Rule:
+    """The same-layout rule, else the broadcasting one (two tensors) or the scalar one."""
+    integers = func is not aten.div.Tensor  # an integer tensor / an int: true division
+    def rule(args: tuple, kwargs: dict) -> Any:
+        out = _SAME_LAYOUT_BINARY(args, kwargs)
+        if out is not DECLINE:
+            return out
+        if len(args) == 2 and type(args[1]) in _TENSORS:
+            return _broadcast_binary(args, kwargs)
+        return _scalar_binary(args, kwargs, integers)
+
+    return rule
 
 
 _SAME_LAYOUT_BINARY = _pointwise(_two_tensors)
 BROADCAST_BINARY = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
-register(BROADCAST_BINARY, _binary_then_broadcast)
+for _func in BROADCAST_BINARY:
+    register(_func, _binary_rule(_func))
 
 
 # --- cat of strided inputs: compute_output_memory_format (issue 14, branch w1) -----------------
@@ -1291,3 +1325,33 @@ def _cat_then_strided(args: tuple, kwargs: dict) -> Any:
 
 
 register(aten.cat.default, _cat_then_strided)
+
+
+def _stack(args: tuple, kwargs: dict) -> Any:
+    """stack(tensors, dim=0) of one shape, as torch._refs.stack: a dim inside the rank, the
+    layout of `cat(tensors, dim).view(sizes)` (the strided cat rule), in a fresh tensor (the
+    kernel's output is not a view: measured); the dim after the last, the cat of the inputs
+    unsqueezed there."""
+    if kwargs or type(args[0]) not in (list, tuple) or not args[0]:
+        return DECLINE
+    tensors = args[0]
+    dim = args[1] if len(args) > 1 else 0
+    first = tensors[0]
+    if not _strided_meta(first, _ANY_DTYPE) or not _dim_ok(dim, first.dim() + 1):
+        return DECLINE
+    rank = first.dim()
+    shape = first.shape
+    if any(type(t) not in _TENSORS or t.shape != shape for t in tensors):
+        return DECLINE
+    dim %= rank + 1
+    if dim == rank:
+        return _cat_then_strided(([t.unsqueeze(dim) for t in tensors], dim), {})
+    out = _cat_then_strided((tensors, dim), {})
+    if out is DECLINE:
+        return DECLINE
+    sizes = list(shape)
+    sizes.insert(dim, len(tensors))
+    return _new(tuple(sizes), out.dtype, out.view(sizes).stride())
+
+
+register(aten.stack.default, _stack)
