@@ -877,9 +877,10 @@ def test_densenet_like_and_mean_gradient_layouts_are_answered_as_the_kernels():
     for func, args in calls:
         assert check(func, args, {}), func
     across = meta(4, 9, 5, 5).transpose(2, 3)[:, 2:6]  # W before H: the kernel reorders
-    assert fast_layout(aten.add.Tensor, (across, other), {}) is DECLINE
-    assert fast_layout(aten.add.Tensor, (meta(4, 4, 5, 5).contiguous(
-        memory_format=torch.channels_last), other), {}) is DECLINE
+    # (the same-layout rule declines these; the broadcasting rule, branch w1, answers them)
+    assert check(aten.add.Tensor, (across, other), {})
+    assert check(aten.add.Tensor, (meta(4, 4, 5, 5).contiguous(
+        memory_format=torch.channels_last), other), {})
     assert fast_layout(aten.randn.default, ([4, 4],), {"device": torch.device("cpu")}) is DECLINE
     assert fast_layout(aten.empty.memory_format, ([4],), {}) is DECLINE  # a host tensor
 

@@ -23,6 +23,13 @@ output-layout sort leaves in logical order, so the output is contiguous (_row_ma
 Factories (empty, zeros, ones, full, rand, randn, scalar_tensor) answer on the meta device
 only; `_to_copy` and the *_like factories with the meta device's options.
 
+Branch w1 widens four families past that case (sections at the end of the file): add / sub /
+mul / div.Tensor of float32 / float64 tensors that broadcast, in any layouts, and of a tensor
+with a Python number (these ops' meta kernels are torch._refs: the rules follow
+torch._prims_common's elementwise output strides, not TensorIterator's C++ ones); cat of
+strided inputs (compute_output_memory_format); stack. They are held to the kernels by
+tests/capture/test_fast_layouts_strided.py (seeded random calls, thousands per op).
+
 Identity with the meta kernels: tests/capture/test_fast_layouts.py compares every rule with
 the op's own meta kernel over random shapes, strides, dtypes and scalars (hypothesis): each
 output's shape, strides, storage offset, dtype, storage size, view flag and storage sharing,
