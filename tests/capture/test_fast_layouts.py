@@ -515,6 +515,22 @@ def cat_args(draw):
 
 
 @st.composite
+def stack_args(draw):
+    """stack: tensors of one shape (sometimes another), a dim up to one past the rank."""
+    first = draw(tensors(dtypes=FLOAT_DTYPES if draw(st.booleans()) else DTYPES))
+    rank = first.dim()
+    dim = draw(st.integers(-rank - 1, rank + 1))  # rank + 1: out of range
+    pieces = [first]
+    for _ in range(draw(st.integers(0, 3))):
+        if rarely(draw, 6):
+            pieces.append(draw(tensors(dtypes=DTYPES)))
+            continue
+        pieces.append(draw(tensors(shape=tuple(first.shape), dtype=first.dtype)))
+    args = (pieces, dim) if draw(st.booleans()) or dim else (pieces,)
+    return args, {}
+
+
+@st.composite
 def nll_case(draw):
     """Scores (N, C), targets (N,) and a weight: mostly the rules' case, sometimes another
     rank, target dtype or size, a weight of another size or dtype, an odd reduction."""
@@ -739,7 +755,7 @@ def builder(func):
         aten.mm.default: mm_args, aten.addmm.default: addmm_args,
         aten.convolution.default: convolution_args,
         aten.convolution_backward.default: convolution_backward_args,
-        aten.cat.default: cat_args,
+        aten.cat.default: cat_args, aten.stack.default: stack_args,
         aten.nll_loss_forward.default: nll_loss_forward_args,
         aten.nll_loss_backward.default: nll_loss_backward_args,
         aten.mean.dim: reduce_dims_args, aten.sum.dim_IntList: reduce_dims_args,
@@ -861,9 +877,10 @@ def test_densenet_like_and_mean_gradient_layouts_are_answered_as_the_kernels():
     for func, args in calls:
         assert check(func, args, {}), func
     across = meta(4, 9, 5, 5).transpose(2, 3)[:, 2:6]  # W before H: the kernel reorders
-    assert fast_layout(aten.add.Tensor, (across, other), {}) is DECLINE
-    assert fast_layout(aten.add.Tensor, (meta(4, 4, 5, 5).contiguous(
-        memory_format=torch.channels_last), other), {}) is DECLINE
+    # (the same-layout rule declines these; the broadcasting rule, branch w1, answers them)
+    assert check(aten.add.Tensor, (across, other), {})
+    assert check(aten.add.Tensor, (meta(4, 4, 5, 5).contiguous(
+        memory_format=torch.channels_last), other), {})
     assert fast_layout(aten.randn.default, ([4, 4],), {"device": torch.device("cpu")}) is DECLINE
     assert fast_layout(aten.empty.memory_format, ([4],), {}) is DECLINE  # a host tensor
 
@@ -894,13 +911,16 @@ def meta(*shape, dtype=torch.float32):
 
 def test_outside_the_case_the_rules_decline():
     x = meta(4, 8)
-    assert fast_layout(aten.add.Tensor, (x, meta(8)), {}) is DECLINE  # broadcasting
+    assert fast_layout(aten.add.Tensor, (x, meta(8)), {}) is not DECLINE  # broadcasting (w1)
+    assert fast_layout(aten.add.Tensor, (x.half(), meta(8, dtype=torch.float16)),
+                       {}) is DECLINE  # broadcasting in float16: computed in float32
     assert fast_layout(aten.add.Tensor, (x, meta(4, 8, dtype=torch.float16)), {}) is DECLINE
     assert fast_layout(aten.relu.default, (x.t(),), {}) is DECLINE  # not contiguous
     assert fast_layout(aten.relu.default, (meta(0, 3),), {}) is DECLINE  # empty
     assert fast_layout(aten.relu.default, (torch.empty(4, 8),), {}) is DECLINE  # a host tensor
     assert fast_layout(aten.relu.default, (meta(4, 8, dtype=torch.int64),), {}) is DECLINE
-    assert fast_layout(aten.cat.default, ([x, x.t()],), {}) is DECLINE  # not contiguous
+    assert fast_layout(aten.cat.default, ([x, x.t()],), {}) is DECLINE  # sizes differ
+    assert fast_layout(aten.cat.default, ([x, meta(8, 4).t()],), {}) is not DECLINE  # (w1)
     assert fast_layout(aten.max_pool2d_with_indices.default, (meta(1, 2, 4, 4), [2, 2]),
                        {}) is DECLINE  # no rule
     assert fast_layout(aten._foreach_add_.Scalar, ([x], 1j), {}) is DECLINE  # complex scalar

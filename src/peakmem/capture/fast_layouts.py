@@ -23,6 +23,13 @@ output-layout sort leaves in logical order, so the output is contiguous (_row_ma
 Factories (empty, zeros, ones, full, rand, randn, scalar_tensor) answer on the meta device
 only; `_to_copy` and the *_like factories with the meta device's options.
 
+Branch w1 widens four families past that case (sections at the end of the file): add / sub /
+mul / div.Tensor of float32 / float64 tensors that broadcast, in any layouts, and of a tensor
+with a Python number (these ops' meta kernels are torch._refs: the rules follow
+torch._prims_common's elementwise output strides, not TensorIterator's C++ ones); cat of
+strided inputs (compute_output_memory_format); stack. They are held to the kernels by
+tests/capture/test_fast_layouts_strided.py (seeded random calls, thousands per op).
+
 Identity with the meta kernels: tests/capture/test_fast_layouts.py compares every rule with
 the op's own meta kernel over random shapes, strides, dtypes and scalars (hypothesis): each
 output's shape, strides, storage offset, dtype, storage size, view flag and storage sharing,
@@ -1041,3 +1048,317 @@ def _native_layer_norm_backward(args: tuple, kwargs: dict) -> Any:
 
 register(aten.native_layer_norm.default, _native_layer_norm)
 register(aten.native_layer_norm_backward.default, _native_layer_norm_backward)
+
+
+# --- broadcasting binary ops: the Python refs' output layout (issue 14, branch w1) -----------
+#
+# The meta kernels of add / sub / mul / div.Tensor are Python (torch._refs through
+# torch._meta_registrations): the operands broadcast by `expand` (_maybe_broadcast), then
+# prims' elementwise meta takes its strides from
+# torch._prims_common.compute_elementwise_output_strides. The rule below is that function on
+# the expanded operands' strides, for float32 / float64 operands (their computation dtype:
+# no conversion; float16 / bfloat16 compute in float32 through converted copies, declined).
+
+
+def _broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The operands' broadcast shape, or None where they do not broadcast."""
+    rank = max(len(shape) for shape in shapes)
+    out = [1] * rank
+    for shape in shapes:
+        offset = rank - len(shape)
+        for i, size in enumerate(shape):
+            have = out[offset + i]
+            if have == 1:
+                out[offset + i] = size
+            elif size not in (1, have):
+                return None
+    return tuple(out)
+
+
+def _expanded_strides(sizes: tuple[int, ...], strides: tuple[int, ...],
+                      shape: tuple[int, ...]) -> tuple[int, ...]:
+    """An operand's strides after `expand(shape)` (inferExpandGeometry; an operand of `shape`
+    is not expanded): an expanded dimension 0; a new leading dimension of size 1 the next
+    dimension's size times its stride; a 0-dim operand all 0."""
+    if sizes == shape:
+        return strides
+    rank = len(shape)
+    if not sizes:
+        return (0,) * rank
+    offset = rank - len(sizes)
+    out = [0] * rank
+    for i in range(rank - 1, -1, -1):
+        dim = i - offset
+        if dim >= 0:
+            size, stride = sizes[dim], strides[dim]
+        else:
+            size, stride = 1, shape[i + 1] * out[i + 1]
+        out[i] = 0 if size != shape[i] else stride
+    return tuple(out)
+
+
+def _contiguous_like(shape: tuple[int, ...], strides: tuple[int, ...],
+                     order: tuple[int, ...]) -> bool:
+    """Size-1 dimensions skipped, the others nested in `order` (fastest first) from stride 1
+    (_prims_common.is_contiguous / is_channels_last_contiguous_2d of a non-empty tensor)."""
+    expected = 1
+    for d in order:
+        size = shape[d]
+        if size == 1:
+            continue
+        if strides[d] != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _elementwise_output_strides(shape: tuple[int, ...], operands: list[tuple]) -> tuple:
+    """_prims_common.compute_elementwise_output_strides of operands of one non-empty `shape`
+    (their strides `operands`): contiguous when all are contiguous and not all
+    channels_last-contiguous, channels_last in the reverse case, else the dimensions
+    insertion-sorted (compute_elementwise_output_logical_to_physical_perm: the first operand
+    with non-zero strides in a pair orders it, the smaller stride faster; equal strides swap
+    where the faster-placed dimension is the larger) and the output dense in that order."""
+    rank = len(shape)
+    if rank <= 1:
+        return (1,) * rank
+    row_major = tuple(range(rank - 1, -1, -1))
+    is_contiguous = all(_contiguous_like(shape, strides, row_major) for strides in operands)
+    is_channels_last = rank == 4 and all(
+        _contiguous_like(shape, strides, (1, 3, 2, 0)) for strides in operands)
+    if is_contiguous and not is_channels_last:
+        return contiguous_strides(shape)
+    if is_channels_last and not is_contiguous:
+        return _channels_last_strides(shape)
+
+    def should_swap(a: int, b: int) -> int:
+        for strides in operands:
+            stride_a = strides[a]
+            stride_b = strides[b]
+            if stride_a == 0 or stride_b == 0:
+                continue
+            if stride_a == stride_b:
+                if shape[b] >= shape[a]:
+                    continue
+                return 1
+            return -1 if stride_b > stride_a else 1
+        return 0
+
+    perm = list(row_major)  # sorted back to front: perm[0] the fastest dimension
+    for i in range(1, rank):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    out = [0] * rank
+    step = 1
+    for dim in perm:
+        out[dim] = step
+        step *= shape[dim]
+    return tuple(out)
+
+
+def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """c10's get_channels_last_strides_2d / _3d (4 and 5 dimensions; None otherwise)."""
+    if len(shape) == 4:
+        _, c, h, w = shape
+        return (h * w * c, 1, w * c, c)
+    if len(shape) == 5:
+        _, c, d, h, w = shape
+        return (d * h * w * c, 1, h * w * c, w * c, c)
+    return None
+
+
+_REF_COMPUTED = frozenset({torch.float32, torch.float64})
+"""Dtypes the refs compute in (no conversion of the operands or the result)."""
+
+
+def _binary_dtype(tensors: list[torch.Tensor]) -> torch.dtype | None:
+    """The result dtype where no dimensioned operand is converted: every dimensioned tensor
+    float32 or every one float64 (0-dim tensors of any floating dtype follow it: only they
+    are converted, and they broadcast with zero strides), or all 0-dim of one such dtype."""
+    dimensioned = {t.dtype for t in tensors if t.dim() != 0}
+    if not dimensioned:
+        dimensioned = {t.dtype for t in tensors}
+    if len(dimensioned) != 1:
+        return None
+    dtype = dimensioned.pop()
+    return dtype if dtype in _REF_COMPUTED else None
+
+
+def _broadcast_binary(args: tuple, kwargs: dict) -> Any:
+    """add / sub / mul / div.Tensor of two float32 / float64 strided tensors of any layouts
+    that broadcast (a rotary `t * cos`, a mask `x + bias[None]`), no alpha (add's and sub's
+    alpha scales the second operand through its own prim first): the refs' output layout."""
+    if len(args) != 2 or kwargs:
+        return DECLINE
+    a, b = args
+    if not (_strided_meta(a, _FLOATS) and _strided_meta(b, _FLOATS)):
+        return DECLINE
+    dtype = _binary_dtype([a, b])
+    if dtype is None:
+        return DECLINE
+    sizes_a, sizes_b = tuple(a.shape), tuple(b.shape)
+    shape = sizes_a if sizes_a == sizes_b else _broadcast_shape([sizes_a, sizes_b])
+    if shape is None:
+        return DECLINE
+    operands = [_expanded_strides(sizes_a, a.stride(), shape),
+                _expanded_strides(sizes_b, b.stride(), shape)]
+    return _new(shape, dtype, _elementwise_output_strides(shape, operands))
+
+
+_INTEGERS_COMPUTED = frozenset({torch.int64, torch.int32})
+
+
+def _scalar_binary(args: tuple, kwargs: dict, integers: bool) -> Any:
+    """add / sub / mul / div.Tensor of a strided tensor and a Python number (`t * 0.125`,
+    `x + 0`, `pos - 0`), no alpha: the refs keep the tensor's dtype (float32 / float64 with an
+    int or a float; int64 / int32 with an int, not for div's true division) and the output
+    layout is the elementwise sort over the tensor alone (contiguous where it is contiguous;
+    not compute_elementwise_output_strides' one-tensor shortcut that keeps a dense tensor's
+    strides: held to the kernel by test_fast_layouts_strided.py)."""
+    if len(args) != 2 or kwargs:
+        return DECLINE
+    x, number = args
+    kind = type(number)
+    if kind is float:
+        dtypes = _REF_COMPUTED
+    elif kind is int:
+        dtypes = _REF_COMPUTED | _INTEGERS_COMPUTED if integers else _REF_COMPUTED
+    else:
+        return DECLINE
+    if not _strided_meta(x, dtypes):
+        return DECLINE
+    shape = tuple(x.shape)
+    return _new(shape, x.dtype, _elementwise_output_strides(shape, [x.stride()]))
+
+
+def _binary_rule(func: Any) -> Rule:
+    """The same-layout rule, else the broadcasting one (two tensors) or the scalar one."""
+    integers = func is not aten.div.Tensor  # an integer tensor / an int: true division
+    def rule(args: tuple, kwargs: dict) -> Any:
+        out = _SAME_LAYOUT_BINARY(args, kwargs)
+        if out is not DECLINE:
+            return out
+        if len(args) == 2 and type(args[1]) in _TENSORS:
+            return _broadcast_binary(args, kwargs)
+        return _scalar_binary(args, kwargs, integers)
+
+    return rule
+
+
+_SAME_LAYOUT_BINARY = _pointwise(_two_tensors)
+BROADCAST_BINARY = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
+for _func in BROADCAST_BINARY:
+    register(_func, _binary_rule(_func))
+
+
+# --- cat of strided inputs: compute_output_memory_format (issue 14, branch w1) -----------------
+
+
+def _channels_last_like(shape: tuple[int, ...], strides: tuple[int, ...], order: tuple) -> bool:
+    """c10's is_channels_last_strides_2d_s4 / 3d_s5 over the dimensions in `order`."""
+    if strides[1] == 0:
+        return False
+    low = 0
+    for d in order:
+        size = shape[d]
+        if size == 0 or strides[d] < low:
+            return False
+        if d == 0 and low == strides[1]:
+            return False
+        low = strides[d]
+        if size > 1:
+            low *= size
+    return True
+
+
+def suggest_memory_format(tensor: torch.Tensor) -> Any:
+    """TensorBase::suggest_memory_format of a strided tensor: channels_last where its strides
+    are like channels_last's (4 dimensions), channels_last_3d (5), contiguous otherwise."""
+    shape = tuple(tensor.shape)
+    if len(shape) == 4 and _channels_last_like(shape, tensor.stride(), (1, 3, 2, 0)):
+        return torch.channels_last
+    if len(shape) == 5 and _channels_last_like(shape, tensor.stride(), (1, 4, 3, 2, 0)):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def _cat_strided(args: tuple, kwargs: dict) -> Any:
+    """cat of non-empty strided tensors of one dtype and rank in any layouts (a key/value
+    cache of transposed keys): the output is contiguous unless every input suggests one
+    channels_last format (compute_output_memory_format), then in that format."""
+    if kwargs or type(args[0]) not in (list, tuple) or not args[0]:
+        return DECLINE
+    tensors = args[0]
+    dim = args[1] if len(args) > 1 else 0
+    first = tensors[0]
+    if not _strided_meta(first, _ANY_DTYPE) or first.dim() == 0 or not _dim_ok(dim, first.dim()):
+        return DECLINE
+    rank = first.dim()
+    dim %= rank
+    shape = list(first.shape)
+    total = 0
+    format_ = None
+    for tensor in tensors:
+        if (not _strided_meta(tensor, _ANY_DTYPE) or tensor.dtype != first.dtype
+                or tensor.dim() != rank):
+            return DECLINE
+        sizes = tensor.shape
+        if any(sizes[d] != shape[d] for d in range(rank) if d != dim):
+            return DECLINE
+        total += sizes[dim]
+        if format_ is not torch.contiguous_format:
+            suggested = suggest_memory_format(tensor)
+            if format_ is not None and suggested is not format_:
+                suggested = torch.contiguous_format
+            format_ = suggested
+    shape[dim] = total
+    shape = tuple(shape)
+    if format_ is torch.contiguous_format:
+        return _new(shape, first.dtype)
+    return _new(shape, first.dtype, _channels_last_strides(shape))
+
+
+def _cat_then_strided(args: tuple, kwargs: dict) -> Any:
+    out = _cat(args, kwargs)
+    if out is DECLINE:
+        return _cat_strided(args, kwargs)
+    return out
+
+
+register(aten.cat.default, _cat_then_strided)
+
+
+def _stack(args: tuple, kwargs: dict) -> Any:
+    """stack(tensors, dim=0) of one shape, as torch._refs.stack: a dim inside the rank, the
+    layout of `cat(tensors, dim).view(sizes)` (the strided cat rule), in a fresh tensor (the
+    kernel's output is not a view: measured); the dim after the last, the cat of the inputs
+    unsqueezed there."""
+    if kwargs or type(args[0]) not in (list, tuple) or not args[0]:
+        return DECLINE
+    tensors = args[0]
+    dim = args[1] if len(args) > 1 else 0
+    first = tensors[0]
+    if not _strided_meta(first, _ANY_DTYPE) or not _dim_ok(dim, first.dim() + 1):
+        return DECLINE
+    rank = first.dim()
+    shape = first.shape
+    if any(type(t) not in _TENSORS or t.shape != shape for t in tensors):
+        return DECLINE
+    dim %= rank + 1
+    if dim == rank:
+        return _cat_then_strided(([t.unsqueeze(dim) for t in tensors], dim), {})
+    out = _cat_then_strided((tensors, dim), {})
+    if out is DECLINE:
+        return DECLINE
+    sizes = list(shape)
+    sizes.insert(dim, len(tensors))
+    return _new(tuple(sizes), out.dtype, out.view(sizes).stride())
+
+
+register(aten.stack.default, _stack)
