@@ -206,7 +206,12 @@ def custom_loss_run(tmp_path_factory):
 def test_trainer_subclass_compute_loss_with_torchao_adamw_8bit(custom_loss_run):
     est = custom_loss_run
     params = ex.device_bytes(CLASSIFIER_SHAPES, ex.FP32)
-    assert_training(est, params=params, optimizer_state=torchao_low_bit_state(CLASSIFIER_SHAPES, 8))
+    # torchao keeps each param group's lr as a tensor, and the LR scheduler its `initial_lr`
+    # clone: 2 groups (decay / no decay) x 2 one-element tensors, one 512-byte block each, held
+    # in the param groups: optimizer state since branch u3 (capture/phases.py `_step_post`)
+    hyper = 2 * 2 * 512
+    assert_training(est, params=params,
+                    optimizer_state=torchao_low_bit_state(CLASSIFIER_SHAPES, 8) + hyper)
     # the override ran in training and in the evaluation after it (its class weights: a device
     # tensor made in each call), whose metrics the script printed
     assert est.data["phases_ran"] == ["training", "eval"], est.data["phases_ran"]

@@ -16,7 +16,9 @@ from peakmem.cuda_rules.registry import register_fused_kernel, register_runtime_
 @register_runtime_patch("data_dependent_upper_bounds")
 @contextmanager
 def assume_all_selected() -> Iterator[None]:
-    previous = fx_config.meta_nonzero_assume_all_nonzero
+    # a hidden option (a `delattr` on torch's config module, which `unittest.mock` does and
+    # undoes) reads as an AttributeError: it is then the default, False
+    previous = getattr(fx_config, "meta_nonzero_assume_all_nonzero", False)
     fx_config.meta_nonzero_assume_all_nonzero = True
     try:
         yield
