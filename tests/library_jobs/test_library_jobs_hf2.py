@@ -100,7 +100,6 @@ interleaved with training; torch.compile's note): one capture, both tests' asser
 
 @pytest.mark.slow
 @needs("transformers", "accelerate", "datasets")
-@pytest.mark.xfail(reason="open bug (session note 2026-11-28): the bf16+compile run fails after training and its rerun resumes from the first run's checkpoint dir", strict=False)
 @pytest.mark.parametrize("flags", [BF16_WITH_COMPILE, FP16_WITH_EVAL], ids=["bf16", "fp16"])
 def test_trainer_mixed_precision_keeps_fp32_weights(clm_run, flags):
     est = clm_run(*flags)
@@ -182,7 +181,6 @@ def test_trainer_eval_strategy_steps_interleaves_evaluations(clm_run):
 
 @pytest.mark.slow
 @needs("transformers", "accelerate", "datasets")
-@pytest.mark.xfail(reason="open bug (session note 2026-11-28): see test_trainer_mixed_precision_keeps_fp32_weights", strict=False)
 def test_trainer_torch_compile_runs_eagerly_with_a_note(clm_run):
     est = clm_run(*BF16_WITH_COMPILE)
     assert_training(est, params=GPT2_PARAMS, optimizer_state=FUSED_ADAMW_STATE)

@@ -39,7 +39,8 @@ def _register(saver: Callable[[], Restore | None]) -> Callable[[], Restore | Non
     return saver
 
 
-def _precision_objects() -> list:
+def precision_objects() -> list:
+    """torch's objects with an `fp32_precision` setting (the new API), where this torch has them."""
     backends = torch.backends
     objects = [backends, getattr(backends.cuda, "matmul", None), backends.cudnn,
                getattr(backends.cudnn, "conv", None), getattr(backends.cudnn, "rnn", None),
@@ -52,7 +53,7 @@ def _precision_objects() -> list:
 def _float32_precision() -> Restore | None:
     try:
         legacy = torch.get_float32_matmul_precision()
-        values = [(obj, obj.fp32_precision) for obj in _precision_objects()]
+        values = [(obj, obj.fp32_precision) for obj in precision_objects()]
     except (RuntimeError, AttributeError):
         return None  # already mixed before the job: nothing consistent to put back
 

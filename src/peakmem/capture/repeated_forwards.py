@@ -524,10 +524,25 @@ def _modes() -> tuple:
         torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
         torch.is_autocast_cache_enabled(),
         torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
-        cudnn.enabled, cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32,
-        cuda.matmul.allow_tf32, cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
-        cuda.math_sdp_enabled(), torch.get_float32_matmul_precision(),
+        cudnn.enabled, cudnn.benchmark, cudnn.deterministic, _precision_flags(),
+        cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
     )
+
+
+def _precision_flags() -> tuple:
+    """The float32 precision settings, read without raising: once the job (or its libraries:
+    the Trainer's bf16 + torch.compile path) has set them through both of torch's APIs with
+    values that disagree (`set_float32_matmul_precision("high")`, then
+    `matmul.fp32_precision = "ieee"`), reading the legacy flags raises "a mix of the legacy
+    and new APIs"; the new API's per-backend values stand for them then."""
+    cuda = torch.backends.cuda
+    try:
+        return (torch.backends.cudnn.allow_tf32, cuda.matmul.allow_tf32,
+                torch.get_float32_matmul_precision())
+    except RuntimeError:
+        from peakmem.capture.process_state import precision_objects
+
+        return tuple(getattr(obj, "fp32_precision", None) for obj in precision_objects())
 
 
 def _signature(session: CaptureSession, value: Any) -> Any:

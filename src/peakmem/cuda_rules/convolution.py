@@ -231,8 +231,19 @@ def _key(args: tuple) -> tuple:
             parts.append(tuple(int(a) if isinstance(a, int) else str(a) for a in arg))
         else:
             parts.append(arg if isinstance(arg, (int, float, bool, type(None))) else str(arg))
-    return (tuple(parts), torch.backends.cudnn.deterministic,
-            torch.backends.cudnn.allow_tf32)
+    return (tuple(parts), torch.backends.cudnn.deterministic, cudnn_conv_tf32())
+
+
+def cudnn_conv_tf32() -> bool:
+    """Whether cuDNN convolutions may use TF32, as torch's convolution asks it (for the CONV
+    operator: `allowTF32CuDNN(Float32Op::CONV)`). The bare `cudnn.allow_tf32` raises "a mix of
+    the legacy and new APIs" once a job set the two APIs to values that disagree; the
+    convolution's own `cudnn.conv.fp32_precision` answers then, as torch's kernel reads it."""
+    cudnn = torch.backends.cudnn
+    try:
+        return bool(cudnn.allow_tf32)
+    except RuntimeError:
+        return getattr(getattr(cudnn, "conv", None), "fp32_precision", "tf32") == "tf32"
 
 
 def _tuple(value, dims: int) -> tuple[int, ...]:
@@ -262,7 +273,7 @@ def _call(direction: str, x, weight, output_bytes: int, stride, groups: int,
         padding=_tuple(padding, dims),
         dilation=_tuple(dilation, dims),
         channels_last=cudnn_channels_last(x, weight),
-        tf32=bool(torch.backends.cudnn.allow_tf32),
+        tf32=cudnn_conv_tf32(),
         transposed=transposed,
     )
 
