@@ -41,6 +41,11 @@ def viewed_device(session: Any, tensor: Tensor) -> torch.device:
                 kind = session.storage_kind(tensor)
     except (RuntimeError, NotImplementedError):  # no storage (sparse, nested, ...)
         kind = "device"
+    devices = session.devices
+    if kind == "device" and devices is not None:  # several GPUs (capture.data_parallel)
+        index = devices.index_of(tensor)
+        if index:
+            return torch.device("cuda", index)
     return _BY_KIND.get(kind, device)
 
 

@@ -341,6 +341,12 @@ def _collect(
         result.notes.append(replayed)
     result.backward_passes = session.state.backward_passes
     session.trace.meta.update(phases.trace_meta())
+    if session.devices is not None:  # DataParallel over several GPUs: the others' estimates
+        from peakmem.capture.data_parallel import device_reports
+
+        traces = session.devices.device_traces()
+        result.device_traces = {index: trace for index, (trace, _) in traces.items()}
+        result.devices = device_reports(session, result, traces)
 
 
 def _device_use_notes(session: CaptureSession) -> list[str]:
