@@ -240,3 +240,30 @@ def test_kuangliu_style_script_through_the_cli(tmp_path):
     # batches of 10 rows: 3, 3, 3 and 1 per device
     assert devices[1]["peak_allocated_bytes"] == devices[2]["peak_allocated_bytes"]
     assert devices[3]["peak_allocated_bytes"] < devices[1]["peak_allocated_bytes"]
+
+
+def test_functional_data_parallel_and_the_gradient_values_in_eager_mode(gpus):
+    """`nn.parallel.data_parallel(module, input, device_ids)` runs the same way; in eager mode
+    the reduced gradients are the sum of the replicas' (the values are real)."""
+    gpus(2)
+    seen = {}
+
+    def job():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1, bias=False).cuda()
+        x = torch.arange(12.0).view(3, 4).cuda()
+        out = nn.parallel.data_parallel(model, x, device_ids=[0, 1])
+        out.sum().backward()
+        seen["grad"] = model.weight.grad.cpu()
+        seen["shape"] = tuple(out.shape)
+
+    result = capture_callable(job, gpu=load_gpu("a100-40gb"), stack=load_stack("2.4.1"),
+                              mode="eager")
+    assert result.error is None, result.error_text
+    assert seen["shape"] == (3, 1)
+    # d(sum(x @ w.T))/dw = the column sums of x, whichever replica each row ran on
+    assert seen["grad"].tolist() == [[12.0, 15.0, 18.0, 21.0]]
+    # device 1 ran the last row (chunk(2) of 3 rows: 2 + 1) with its copy of the weight, and
+    # got the last row of the output's gradient in backward (the functional form runs outside
+    # any module's forward: the copies are made between phases)
+    assert _allocs(result.device_traces[1], "clone.default") == [4 * FP32, 4 * FP32, 1 * FP32]

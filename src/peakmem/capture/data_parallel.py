@@ -1,11 +1,11 @@
 """`nn.DataParallel` over several GPUs: each GPU's memory traced as an event stream of its own.
 
-How the job is told it has several GPUs: the command's environment (`CUDA_VISIBLE_DEVICES=0,1,2,3
-python train.py`, or that variable in the environment peakmem runs in): `torch.cuda.device_count()`
-answers the number of visible devices (read as torch reads the variable), so
-`if torch.cuda.device_count() > 1: model = nn.DataParallel(model)` wraps the model over all of
-them. Unset (or one device): one GPU, as before. A distributed launch's rank sees its local world
-size (capture.fake_distributed), as before.
+How the job is told it has several GPUs: its environment (`CUDA_VISIBLE_DEVICES=0,1,2,3 python
+train.py`, the variable in the environment peakmem runs in, or set by the job before it asks):
+`torch.cuda.device_count()` answers the number of devices it leaves visible (read as torch reads
+it), so `if torch.cuda.device_count() > 1: model = nn.DataParallel(model)` wraps the model over
+all of them. Unset (or one device): one GPU, as before. A distributed launch's rank sees its local
+world size (capture.fake_distributed), as before.
 
 What torch does (torch/nn/parallel/data_parallel.py, replicate.py, scatter_gather.py,
 _functions.py, comm.py; torch/csrc/cuda/comm.cpp), and how it is modelled:
@@ -353,8 +353,12 @@ def reduce_add(states: DeviceStates, inputs: Any, destination: Any = None) -> Te
     if len(inputs) == 1:
         return root
     _nccl(states, where)
-    with states.running_on(index):
-        return torch.empty_like(root)
+    with states.running_on(index):  # the sum in one new block (in place: no other allocation)
+        result = torch.empty_like(root).copy_(root)
+        for tensor in inputs:
+            if tensor is not root:
+                result.add_(tensor)
+        return result
 
 
 def parallel_apply(states: DeviceStates, data_parallel: Any, replicas: Any, inputs: Any,
@@ -373,18 +377,37 @@ def parallel_apply(states: DeviceStates, data_parallel: Any, replicas: Any, inpu
     return outputs
 
 
+def parallel_apply_function(states: DeviceStates, modules: Any, inputs: Any,
+                            kwargs_tup: Any = None, devices: Any = None) -> list:
+    """`torch.nn.parallel.parallel_apply` (the functional `data_parallel` calls it): as
+    `DataParallel.parallel_apply`, on `devices` (default: each input's device, else 0..)."""
+    if devices is None:
+        devices = [_first_device(states, args, position) for position, args in enumerate(inputs)]
+    owner = type("Replicas", (), {"device_ids": list(devices)})()
+    return parallel_apply(states, owner, modules, inputs, kwargs_tup)
+
+
+def _first_device(states: DeviceStates, args: Any, position: int) -> int:
+    from torch.utils._pytree import tree_leaves
+
+    for value in tree_leaves(args):
+        if isinstance(value, Tensor) and is_meta(value):
+            return states.index_of(value)
+    return position
+
+
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     """The devices the job sees, and DataParallel's primitives over them."""
-    from peakmem.capture.fake_distributed import RankEnv
-
-    count = max(visible_device_count(), RankEnv.from_environ().local_world_size)
-    if count <= 1:
-        return {}
     from torch.nn.parallel import _functions, comm
+
+    def device_count() -> int:
+        # read when asked, as torch does before CUDA starts (a job may set the variable itself)
+        return visible_device_count()
 
     def bound(function: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             # the device states are made on first use: until then every op is device 0's
+            count = max(torch.cuda.device_count(), 1)  # a rank's: its local world size
             return function(states_of(session, count), *args, **kwargs)
 
         call.__name__ = call.__qualname__ = function.__name__
@@ -392,12 +415,20 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         return call
 
     found: dict[tuple[Any, str], Any] = {
-        (torch.cuda, "device_count"): lambda: count,  # a rank's local world size: its own
-        (torch.accelerator, "device_count"): lambda: count,
+        # a distributed launch's rank sees its local world size instead (fake_distributed)
+        (torch.cuda, "device_count"): device_count,
+        (torch.accelerator, "device_count"): device_count,
         # the host batch's chunks are copied on the default stream (copy streams not modelled)
         (_functions, "_get_stream"): lambda device: None,
         (torch.nn.DataParallel, "parallel_apply"): bound(parallel_apply),
     }
+    import importlib
+
+    function = bound(parallel_apply_function)
+    # `torch.nn.parallel.parallel_apply` is the function: its module is found by name
+    for name in ("torch.nn.parallel", "torch.nn.parallel.data_parallel",
+                 "torch.nn.parallel.parallel_apply"):
+        found[(importlib.import_module(name), "parallel_apply")] = function
     import torch.cuda.comm as cuda_comm  # its names are bound from nn.parallel.comm
 
     for function in (broadcast_coalesced, broadcast, scatter, gather, reduce_add):

@@ -94,7 +94,7 @@ def _repr(mode, func, args: tuple, kwargs: dict) -> Any:
     if (
         type(tensor) not in (Tensor, torch.nn.Parameter)
         or tensor.layout != torch.strided
-        or viewed_device(mode.session, tensor) != JOB_DEVICE
+        or viewed_device(mode.session, tensor).type != "cuda"  # cuda:0 (DataParallel: cuda:k)
     ):
         return func(*args, **kwargs)
     if mode.session.host_value is None:  # fake mode: zeros that take no host memory
@@ -111,7 +111,7 @@ def _format(mode, func, args: tuple, kwargs: dict) -> Any:
     """`f"{t}"` of a device tensor with dimensions prints like `repr` (as on CUDA); a scalar's
     format spec reads its value (a host read, as before)."""
     tensor = args[0]
-    if tensor.dim() and viewed_device(mode.session, tensor) == JOB_DEVICE:
+    if tensor.dim() and viewed_device(mode.session, tensor).type == "cuda":
         return _repr(mode, Tensor.__repr__, (tensor,), {})
     return func(*(mode.host_values(value) for value in args), **kwargs)
 
