@@ -346,7 +346,11 @@ def _collect(
 
         traces = session.devices.device_traces()
         result.device_traces = {index: trace for index, (trace, _) in traces.items()}
-        result.devices = device_reports(session, result, traces)
+        try:
+            result.devices = device_reports(session, result, traces)
+        except Exception as exc:  # noqa: BLE001 - e.g. allocator settings refused: device 0 stands
+            result.notes.append(f"the other GPUs' estimates failed ({type(exc).__name__}: "
+                                f"{str(exc)[:200]}): the estimate is cuda:0's")
 
 
 def _device_use_notes(session: CaptureSession) -> list[str]:
