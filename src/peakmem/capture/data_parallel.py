@@ -43,7 +43,9 @@ an op with no tensor input outside a replica's forward that names `cuda:k` runs 
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -98,9 +100,8 @@ class DeviceStates:
         self.session = session
         self.count = count
         self.current = 0
-        self.explicit: int | None = None
-        """The device torch runs the code on (a replica's forward, a copy), else None: the
-        device of the op's inputs."""
+        """The device whose state is the session's now (changed under the session's lock)."""
+        self._thread = threading.local()
         self.states: dict[int, dict[str, Any]] = {0: {}}
         self.lives: dict[int, dict] = {0: session.live}
         for index in range(1, count):
@@ -121,9 +122,16 @@ class DeviceStates:
                 return index
         return 0
 
+    @property
+    def explicit(self) -> int | None:
+        """The device torch runs this thread's code on (a replica's forward, a copy: its
+        `torch.cuda.device(k)`), else None: each op on the device of its inputs."""
+        return getattr(self._thread, "device", None)
+
     def device_for(self, args: tuple, kwargs: dict) -> int:
-        if self.explicit is not None:
-            return self.explicit
+        explicit = getattr(self._thread, "device", None)
+        if explicit is not None:
+            return explicit
         lives = self.lives
         if not any(lives[index] for index in range(1, self.count)):
             return 0  # no memory on another device yet
@@ -141,17 +149,25 @@ class DeviceStates:
         if index == self.current:
             return
         session = self.session
-        self.states[self.current] = {name: getattr(session, name) for name in _SWAPPED}
-        for name, value in self.states[index].items():
-            setattr(session, name, value)
-        self.current = index
+        collecting = gc.isenabled()
+        gc.disable()  # a storage freed by the collector mid-swap would meet half of each state
+        try:
+            self.states[self.current] = {name: getattr(session, name) for name in _SWAPPED}
+            for name, value in self.states[index].items():
+                setattr(session, name, value)
+            self.current = index
+        finally:
+            if collecting:
+                gc.enable()
         if index:
             self.used.add(index)
 
     @contextmanager
     def on(self, index: int) -> Iterator[None]:
-        previous = self.current
+        """Device `index`'s state is the session's for the duration (the lock held: another
+        thread's op waits, as it would for the session's own bookkeeping)."""
         with self.session._lock:
+            previous = self.current
             self.activate(index)
             try:
                 yield
@@ -161,19 +177,21 @@ class DeviceStates:
     @contextmanager
     def running_on(self, index: int) -> Iterator[None]:
         """Code torch runs on device `index` (a replica's forward, a copy to that device)."""
-        previous, self.explicit = self.explicit, index
+        previous = getattr(self._thread, "device", None)
+        self._thread.device = index
         try:
             yield
         finally:
-            self.explicit = previous
+            self._thread.device = previous
 
     def dispatch(self, body: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         """The recorder's op on its device."""
-        index = self.device_for(args, kwargs)
-        if index == self.current:
-            return body(func, args, kwargs)
-        with self.on(index):
-            return body(func, args, kwargs)
+        with self.session._lock:
+            index = self.device_for(args, kwargs)
+            if index == self.current:
+                return body(func, args, kwargs)
+            with self.on(index):
+                return body(func, args, kwargs)
 
     def died_elsewhere(self, key: int) -> bool:
         """A storage of another device than the current one died: free it on its device."""
