@@ -102,6 +102,7 @@ def test_mlp_over_two_gpus_uneven_batch(gpus):
     # chunk(2) of 7 rows: 4 (a view on device 0) and 3 (copied to device 1)
     # forward: device 1 gets its chunk and the parameters' one bucket
     assert _allocs(one, "clone.default", "forward") == [3 * 64 * FP32, MLP_PARAMS]
+    assert _categories(one, "clone.default")[:2] == ["input", "parameter"]  # the replica's
     # device 0 flattened the bucket to broadcast it (freed at once), gathered the 7 x 8 output
     assert _allocs(zero, "cat.default", "forward") == [MLP_PARAMS, 7 * 8 * FP32]
     # each replica's activations are its chunk's: 4 rows on device 0, 3 on device 1
@@ -116,6 +117,12 @@ def test_mlp_over_two_gpus_uneven_batch(gpus):
     assert zero.tags[zero.tag_ids[_alloc_index(zero, "empty_like.default")]].category == "gradient"
     # no gradient of a replica ever lands on device 1 for good: all its memory is freed
     assert _live_at_end(one) == 0
+
+
+def _categories(trace, op):
+    """The categories of the trace's allocations by `op`, in order."""
+    return [trace.tags[tag_id].category for kind, _i, _s, _st, tag_id in trace.events()
+            if kind == EventKind.ALLOC and trace.tags[tag_id].op == op]
 
 
 def _alloc_index(trace, op):
@@ -157,6 +164,7 @@ def test_cnn_with_batchnorm_over_four_gpus(gpus):
     for device, rows in ((1, 3), (2, 3), (3, 1)):
         trace = result.device_traces[device]
         assert _allocs(trace, "clone.default", "forward") == [rows * row, params, 8, 2 * 8 * FP32]
+        assert _categories(trace, "clone.default")[:4] == ["input", "parameter", "buffer", "buffer"]
         assert _allocs(trace, "relu.default") == [rows * 8 * 16 * 16 * FP32]
     assert _allocs(result.trace, "relu.default") == [3 * 8 * 16 * 16 * FP32]
     # device 0 flattened the parameters and the two fp32 buffers; not the lone int64 buffer
@@ -234,8 +242,12 @@ def test_kuangliu_style_script_through_the_cli(tmp_path):
     # the peak is in a step after the first (momentum buffers live; the gradients were set to
     # None by zero_grad and not yet reduced)
     assert {"parameter", "buffer", "optimizer_state"} <= set(devices[0]["breakdown"])
+    # the other GPUs hold the replica's broadcast blocks (parameters, BatchNorm buffers), never
+    # a gradient or optimizer state of their own
+    params = (16 * 3 * 9 + 16 + 2 * 16 + 32 * 16 * 9 + 32 + 2 * 32 + 10 * 32 + 10) * 4
     for report in devices[1:]:
-        assert not {"parameter", "gradient", "optimizer_state"} & set(report["breakdown"])
+        assert not {"gradient", "optimizer_state"} & set(report["breakdown"])
+        assert report["breakdown"]["parameter"] == -(-params // 512) * 512
     assert data["peak_bytes"] == max(report["peak_bytes"] for report in devices)
     # batches of 10 rows: 3, 3, 3 and 1 per device
     assert devices[1]["peak_allocated_bytes"] == devices[2]["peak_allocated_bytes"]

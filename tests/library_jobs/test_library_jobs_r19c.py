@@ -150,7 +150,9 @@ def test_data_parallel_tutorial_one_gpu_forward_only(tmp_path):
     assert over_two.stderr.count("In Model: input size torch.Size([5, 5])") == 2
     devices = over_two.data["devices"]
     assert [report["device"] for report in devices] == [0, 1]
-    # cuda:1 holds the replica's weight and bias (one 40-byte broadcast block) and its chunks,
-    # never a parameter of its own
-    assert "parameter" in devices[0]["breakdown"] and "parameter" not in devices[1]["breakdown"]
+    # cuda:1 holds the replica's weight and bias in one broadcast block (12 floats), and its
+    # 15-row chunks (the previous one still in the graph of `output`, as on cuda:0)
+    assert devices[0]["breakdown"]["parameter"] == ex.device_bytes(ex.linear(2, 5), ex.FP32)
+    assert devices[1]["breakdown"]["parameter"] == ex.rounded((2 * 5 + 2) * ex.FP32)
+    assert devices[1]["breakdown"]["input"] == 2 * ex.rounded(15 * 5 * ex.FP32)
     assert over_two.data["peak_bytes"] == max(report["peak_bytes"] for report in devices)

@@ -259,12 +259,18 @@ def _take_tensors(tensors: list[Tensor], limit: int) -> list[list[int]]:
     return results
 
 
-def _copy_to(states: DeviceStates, index: int, tensor: Tensor) -> Tensor:
-    """`tensor` copied to device `index` (a block of its own there)."""
+def _copy_to(states: DeviceStates, index: int, tensor: Tensor,
+             category: str | None = None) -> Tensor:
+    """`tensor` copied to device `index` (a block of its own there, tagged `category`)."""
     with states.running_on(index):
         if not is_meta(tensor):  # a host tensor: the copy to the device
-            return tensor.to("cuda")
-        return tensor.clone(memory_format=torch.preserve_format)
+            copy = tensor.to("cuda")
+        else:
+            copy = tensor.clone(memory_format=torch.preserve_format)
+    if category is not None:
+        with states.on(index):
+            states.session.classify(copy, category)
+    return copy
 
 
 def _nccl(states: DeviceStates, indices: Any) -> None:
@@ -305,8 +311,10 @@ def broadcast_coalesced(states: DeviceStates, tensors: Any, devices: Any,
         chunk = [tensors[i] for i in bucket]
         with states.running_on(indices[0]):
             flat = _flatten_dense_tensors(chunk)
+        # the replica's parameters or buffers (a bucket holds one or the other)
+        category = "parameter" if isinstance(chunk[0], torch.nn.Parameter) else "buffer"
         for slot, index in enumerate(indices[1:], start=1):
-            copy = _copy_to(states, index, flat)
+            copy = _copy_to(states, index, flat, category)
             with states.running_on(index):
                 views = _unflatten_dense_tensors(copy, chunk)
                 for position, view in zip(bucket, views, strict=True):
@@ -341,7 +349,9 @@ def scatter(states: DeviceStates, tensor: Tensor, devices: Any = None, chunk_siz
     else:
         chunks = tensor.chunk(len(indices), dim)
     source = states.index_of(tensor) if is_meta(tensor) else -1
-    return tuple(chunk if index == source else _copy_to(states, index, chunk)
+    # the batch's chunks are the replicas' input (in backward: the output gradient's chunks)
+    category = None if states.session.in_backward else "input"
+    return tuple(chunk if index == source else _copy_to(states, index, chunk, category)
                  for chunk, index in zip(chunks, indices, strict=False))
 
 

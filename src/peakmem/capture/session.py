@@ -474,7 +474,8 @@ class CaptureSession:
                 category, old.module, old.phase, old.op)
 
     def reclassify_live(self, category: str, *, phase: str, only_from: tuple[str, ...]) -> None:
-        """Re-tag every live allocation made in `phase` whose category is in `only_from`."""
+        """Re-tag every live allocation made in `phase` whose category is in `only_from` (on
+        every device: DataParallel over several GPUs)."""
         trace = self.trace
         for record in list(self.live.values()):
             old = trace.tag_of(record.alloc_index)
@@ -482,6 +483,11 @@ class CaptureSession:
                 trace.tag_ids[record.alloc_index] = trace.intern_fields(
                     category, old.module, old.phase, old.op
                 )
+        devices = self.devices
+        if devices is not None and devices.current == 0:
+            for index in devices.used:
+                with devices.on(index):
+                    self.reclassify_live(category, phase=phase, only_from=only_from)
 
     def reclassify_made_since(self, start: int, category: str, *, only_from: tuple[str, ...],
                               skip_phases: tuple[str, ...] = ()) -> None:
