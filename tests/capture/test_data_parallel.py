@@ -90,8 +90,15 @@ def test_the_job_sees_the_visible_devices(gpus):
         model = nn.DataParallel(_mlp().cuda())
         seen["ids"] = model.device_ids
 
+    from torch.nn.parallel import comm
+
+    before = (comm.broadcast_coalesced, comm.scatter, nn.DataParallel.parallel_apply,
+              torch.cuda.device_count)
     _capture(job)
     assert seen == {"count": 4, "ids": [0, 1, 2, 3]}
+    # the fakes are undone after the capture
+    assert (comm.broadcast_coalesced, comm.scatter, nn.DataParallel.parallel_apply,
+            torch.cuda.device_count) == before
 
 
 def test_mlp_over_two_gpus_uneven_batch(gpus):
