@@ -21,8 +21,9 @@ capture; device bytes worked out by hand (not read from peakmem):
   snapshot. Worked as it is.
 - pytorch/tutorials beginner_source/blitz/data_parallel_tutorial.py
   (scripts/r19c_data_parallel_tutorial.py): forward-only over a random host dataset,
-  `nn.DataParallel` only with more than one GPU. Worked on one GPU; over two GPUs peakmem says
-  it does not support nn.DataParallel over several GPUs (as documented).
+  `nn.DataParallel` only with more than one GPU. Worked on one GPU; over two GPUs peakmem said
+  it did not support nn.DataParallel over several GPUs; now each GPU is estimated on its own
+  (capture/data_parallel.py).
 """
 
 from __future__ import annotations
@@ -141,5 +142,17 @@ def test_data_parallel_tutorial_one_gpu_forward_only(tmp_path):
 
     over_two = estimate("r19c_data_parallel_tutorial.py",
                         flags=("--gpu", "h100-80gb", "--nproc-per-node", "2"), cwd=tmp_path)
-    assert over_two.returncode == 3
-    assert "does not support nn.DataParallel over 2 GPUs" in over_two.failure()
+    assert over_two.returncode == 0, over_two.failure()
+    # each rank sees its node's two GPUs and wraps the model over both: a batch of 30 rows is
+    # split 15 + 15 (scatter's chunk(2)), the last batch of 10 rows 5 + 5
+    assert "Let's use 2 GPUs!" in over_two.stderr
+    assert over_two.stderr.count("In Model: input size torch.Size([15, 5])") == 6
+    assert over_two.stderr.count("In Model: input size torch.Size([5, 5])") == 2
+    devices = over_two.data["devices"]
+    assert [report["device"] for report in devices] == [0, 1]
+    # cuda:1 holds the replica's weight and bias in one broadcast block (12 floats), and its
+    # 15-row chunks (the previous one still in the graph of `output`, as on cuda:0)
+    assert devices[0]["breakdown"]["parameter"] == ex.device_bytes(ex.linear(2, 5), ex.FP32)
+    assert devices[1]["breakdown"]["parameter"] == ex.rounded((2 * 5 + 2) * ex.FP32)
+    assert devices[1]["breakdown"]["input"] == 2 * ex.rounded(15 * 5 * ex.FP32)
+    assert over_two.data["peak_bytes"] == max(report["peak_bytes"] for report in devices)

@@ -113,6 +113,9 @@ def note_other_gpu(session: CaptureSession, value: Any) -> None:
     current = torch.cuda.current_device()  # the fake runtime's (a rank's own under a launcher)
     if index == current:
         return
+    devices = session.devices
+    if devices is not None and devices.explicit == index:
+        return  # DataParallel's replica on that device: its allocations are its own there
     note = (f"the job put tensors on cuda:{index} besides its current device cuda:{current}: "
             "peakmem models one GPU per process, so the allocations on every GPU were counted "
             "together as one GPU's (an over-estimate of each GPU's peak)")

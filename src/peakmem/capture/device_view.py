@@ -41,6 +41,11 @@ def viewed_device(session: Any, tensor: Tensor) -> torch.device:
                 kind = session.storage_kind(tensor)
     except (RuntimeError, NotImplementedError):  # no storage (sparse, nested, ...)
         kind = "device"
+    devices = session.devices
+    if kind == "device" and devices is not None:  # several GPUs (capture.data_parallel)
+        index = devices.index_of(tensor)
+        if index:
+            return torch.device("cuda", index)
     return _BY_KIND.get(kind, device)
 
 
@@ -89,7 +94,7 @@ def _repr(mode, func, args: tuple, kwargs: dict) -> Any:
     if (
         type(tensor) not in (Tensor, torch.nn.Parameter)
         or tensor.layout != torch.strided
-        or viewed_device(mode.session, tensor) != JOB_DEVICE
+        or viewed_device(mode.session, tensor).type != "cuda"  # cuda:0 (DataParallel: cuda:k)
     ):
         return func(*args, **kwargs)
     if mode.session.host_value is None:  # fake mode: zeros that take no host memory
@@ -106,7 +111,7 @@ def _format(mode, func, args: tuple, kwargs: dict) -> Any:
     """`f"{t}"` of a device tensor with dimensions prints like `repr` (as on CUDA); a scalar's
     format spec reads its value (a host read, as before)."""
     tensor = args[0]
-    if tensor.dim() and viewed_device(mode.session, tensor) == JOB_DEVICE:
+    if tensor.dim() and viewed_device(mode.session, tensor).type == "cuda":
         return _repr(mode, Tensor.__repr__, (tensor,), {})
     return func(*(mode.host_values(value) for value in args), **kwargs)
 

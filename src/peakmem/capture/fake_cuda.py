@@ -347,6 +347,7 @@ def patch_providers() -> list[PatchProvider]:
     profiling, processes, tensors."""
     from peakmem.capture import (
         cuda_state,
+        data_parallel,
         device_processes,
         fake_device_ordinal,
         fake_distributed,
@@ -374,6 +375,7 @@ def patch_providers() -> list[PatchProvider]:
         device_processes.patches,
         fake_tensors.patches,
         fake_device_ordinal.patches,
+        data_parallel.patches,  # before fake_distributed: a rank's device count wins
         fake_distributed.patches,
         storage_resize.patches,
         fake_streams.patches,

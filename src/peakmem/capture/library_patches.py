@@ -64,14 +64,14 @@ def data_parallel_one_device() -> Iterator[None]:
     """`nn.DataParallel` on one device runs the module directly, but still scatters its inputs
     with CUDA's comm kernels (a no-copy chunk on one device): here they are moved to the device
     (a no-op for device tensors). Its check that the parameters are on cuda:0 sees the device
-    view. More than one device is not supported yet (the fake runtime has one)."""
+    view. Over several devices (the job sees several: capture.data_parallel) its own scatter
+    runs, on the fake runtime's comm primitives."""
     data_parallel = torch.nn.DataParallel
+    original = data_parallel.scatter
 
     def scatter(self: Any, inputs: Any, kwargs: Any, device_ids: Any) -> Any:
-        if len(device_ids) != 1:
-            from peakmem.capture.unsupported import Unsupported
-
-            raise Unsupported(f"nn.DataParallel over {len(device_ids)} GPUs")
+        if len(device_ids) > 1:
+            return original(self, inputs, kwargs, device_ids)
         device = torch.device("cuda", 0)
 
         def move(value: Any) -> Any:

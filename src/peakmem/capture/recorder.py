@@ -85,6 +85,12 @@ class AllocationRecorder(TorchDispatchMode):
 
     def _dispatch(self, func, args, kwargs):
         session = self.session
+        if session.devices is not None:  # several GPUs: the op on its device
+            return session.devices.dispatch(self._dispatch_here, func, args, kwargs)
+        return self._dispatch_here(func, args, kwargs)
+
+    def _dispatch_here(self, func, args, kwargs):
+        session = self.session
         info = self._ops.get(id(func))  # an int key: an OpOverload's `__hash__` is Python
         if info is None:
             info = self._ops[id(func)] = _OpInfo(func)

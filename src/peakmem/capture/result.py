@@ -58,6 +58,11 @@ class CaptureResult:
     """The job's spawn / forkserver child processes, as each reported itself
     (capture.spawned_children: pid, name, start method, exit code, whether it used the device and
     its device-level peak)."""
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    """`nn.DataParallel` over several GPUs: each device other than 0 that held memory, estimated
+    on its own (capture.data_parallel.device_reports); the trace is device 0's."""
+    device_traces: dict[int, Any] = field(default_factory=dict)
+    """The same devices' traces (in the job's process only: not sent to peakmem's)."""
     failed_after_shortening: bool = False
     """The job failed after the default step policy shortened its DataLoader epochs or ended
     its training loop, or after `len(loader)` said a shortened length: by default it is rerun

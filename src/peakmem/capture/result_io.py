@@ -104,7 +104,28 @@ FIELDS: dict[str, Any] = {
     "processes": lambda v: (isinstance(v, list) and len(v) <= MAX_ITEMS
                             and all(map(valid_report, v))),
     "failed_after_shortening": lambda v: isinstance(v, bool),
+    "devices": lambda v: valid_device_reports(v),
 }
+
+
+DEVICE_FIELDS: dict[str, Any] = {
+    "device": lambda v: type(v) is int and 0 <= v < (1 << 16),
+    "peak_bytes": _byte_total,
+    "context_bytes": _byte_total,
+    "library_bytes": _byte_total,
+    "peak_reserved_bytes": _byte_total,
+    "peak_allocated_bytes": _byte_total,
+    "breakdown": lambda v: (isinstance(v, dict) and len(v) <= 64 and all(
+        isinstance(k, str) and len(k) <= 64 and _byte_total(n) for k, n in v.items())),
+}
+"""A device report's fields (`nn.DataParallel` over several GPUs, capture.data_parallel)."""
+
+
+def valid_device_reports(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= MAX_ITEMS and all(
+        isinstance(report, dict) and set(report) == set(DEVICE_FIELDS)
+        and all(check(report[name]) for name, check in DEVICE_FIELDS.items())
+        for report in value)
 
 
 def encode(result: Any, pid: int) -> bytes:

@@ -341,6 +341,16 @@ def _collect(
         result.notes.append(replayed)
     result.backward_passes = session.state.backward_passes
     session.trace.meta.update(phases.trace_meta())
+    if session.devices is not None:  # DataParallel over several GPUs: the others' estimates
+        from peakmem.capture.data_parallel import device_reports
+
+        traces = session.devices.device_traces()
+        result.device_traces = {index: trace for index, (trace, _) in traces.items()}
+        try:
+            result.devices = device_reports(session, result, traces)
+        except Exception as exc:  # noqa: BLE001 - e.g. allocator settings refused: device 0 stands
+            result.notes.append(f"the other GPUs' estimates failed ({type(exc).__name__}: "
+                                f"{str(exc)[:200]}): the estimate is cuda:0's")
 
 
 def _device_use_notes(session: CaptureSession) -> list[str]:

@@ -146,6 +146,9 @@ class CaptureSession:
     accumulations_in_place: int = 0
     branches_in_place: dict[str, int] = field(default_factory=dict)
     """Branch name (capture/in_place_branches.py) -> results replayed as in place."""
+    devices: Any = None
+    """`nn.DataParallel` over several GPUs (capture.data_parallel.DeviceStates): the other
+    devices' traces and live storages; None on one GPU."""
     op_observer: Callable[[Any, tuple, dict, Any, str, Any], None] | None = None
     """Called by the recorder with every op, its arguments, outputs, outputs' kind and the meta
     cache's entry of the call or None (utilization.observer: the per-op cost of the training
@@ -347,6 +350,8 @@ class CaptureSession:
             if self._pending_accumulation is not None and self._accumulated_in_place(key):
                 return
             record = self.live.pop(key, None)
+            if record is None and self.devices is not None and self.devices.died_elsewhere(key):
+                return  # another device's storage: freed there
             if record is not None and not self.closed:
                 # `_free`'s body inline (the lock is held; no accumulation is pending now)
                 ident = record.ident
@@ -469,7 +474,8 @@ class CaptureSession:
                 category, old.module, old.phase, old.op)
 
     def reclassify_live(self, category: str, *, phase: str, only_from: tuple[str, ...]) -> None:
-        """Re-tag every live allocation made in `phase` whose category is in `only_from`."""
+        """Re-tag every live allocation made in `phase` whose category is in `only_from` (on
+        every device: DataParallel over several GPUs)."""
         trace = self.trace
         for record in list(self.live.values()):
             old = trace.tag_of(record.alloc_index)
@@ -477,6 +483,11 @@ class CaptureSession:
                 trace.tag_ids[record.alloc_index] = trace.intern_fields(
                     category, old.module, old.phase, old.op
                 )
+        devices = self.devices
+        if devices is not None and devices.current == 0:
+            for index in devices.used:
+                with devices.on(index):
+                    self.reclassify_live(category, phase=phase, only_from=only_from)
 
     def reclassify_made_since(self, start: int, category: str, *, only_from: tuple[str, ...],
                               skip_phases: tuple[str, ...] = ()) -> None:

@@ -161,6 +161,10 @@ class Estimate:
     """The job's spawn / forkserver child processes (capture.spawned_children): each that used
     the device adds its own device-level peak to `peak_bytes`."""
 
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    """`nn.DataParallel` over several GPUs: the other devices that held memory, each estimated
+    on its own (capture.data_parallel); `peak_bytes` is the largest device's."""
+
     @property
     def library_bytes(self) -> int:
         return sum(self.libraries.values())
@@ -171,12 +175,31 @@ class Estimate:
         return processes_bytes(self.processes)
 
     @property
-    def peak_bytes(self) -> int:
-        """Device-level peak as nvidia-smi shows it: CUDA context + libraries loaded on first
-        use + peak reserved (+ the job's child processes on the device, each its own context
-        and allocator: capture.spawned_children)."""
+    def device_peak_bytes(self) -> int:
+        """Device 0's (the job's device's) peak as nvidia-smi shows it: CUDA context +
+        libraries loaded on first use + peak reserved (+ the job's child processes on the
+        device, each its own context and allocator: capture.spawned_children)."""
         return (self.context_bytes + self.library_bytes + self.peak_reserved_bytes
                 + self.processes_bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The largest device's peak: device 0's, or with `nn.DataParallel` over several GPUs
+        another device's where it is larger."""
+        return max([self.device_peak_bytes] + [report["peak_bytes"] for report in self.devices])
+
+    def devices_json(self) -> list[dict[str, Any]]:
+        """Each device's figures, device 0 first (its breakdown is `breakdown`)."""
+        own = {
+            "device": 0,
+            "peak_bytes": self.device_peak_bytes,
+            "context_bytes": self.context_bytes,
+            "library_bytes": self.library_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "breakdown": dict(sorted(self.breakdown.by_category.items())),
+        }
+        return [own] + [dict(report) for report in self.devices]
 
     @property
     def margin_kind(self) -> str:
@@ -239,6 +262,7 @@ class Estimate:
             "libraries": dict(sorted(self.libraries.items())),
             "processes_bytes": self.processes_bytes,
             "processes": [dict(report) for report in self.processes],
+            "devices": self.devices_json(),
             "breakdown": dict(sorted(self.breakdown.by_category.items())),
             "top_modules": [
                 {"module": name, "bytes": size} for name, size in self.breakdown.top_modules()
@@ -529,6 +553,7 @@ def estimate_capture(
                      "processes used the GPU, so its own CUDA context is not counted")
     if (note := processes_note(processes)) is not None:
         notes.append(note)
+    devices = [dict(report) for report in capture.devices]
     from peakmem.estimate.fallbacks import stack_note
 
     if stack_note(torch_version, stack):
@@ -543,6 +568,10 @@ def estimate_capture(
 
     utilization_assumptions: list[str] = []
     utilization = utilization_of(capture, gpu, notes, assumptions=utilization_assumptions)
+    if devices:
+        own = (context + sum(libraries.values()) + int(result.peak_reserved_bytes)
+               + processes_bytes(processes))
+        notes.append(_devices_note(devices, own))
     return Estimate(
         gpu=gpu,
         stack=stack,
@@ -567,7 +596,19 @@ def estimate_capture(
         libraries=libraries,
         utilization=utilization,
         processes=processes,
+        devices=devices,
     )
+
+
+def _devices_note(devices: list[dict[str, Any]], own: int) -> str:
+    """What the figures are with `nn.DataParallel` over several GPUs (`own`: cuda:0's peak)."""
+    others = ", ".join(f"cuda:{report['device']} {report['peak_bytes']} B" for report in devices)
+    largest = max(devices, key=lambda report: report["peak_bytes"])
+    which = ("cuda:0's" if own >= largest["peak_bytes"]
+             else f"cuda:{largest['device']}'s, more than cuda:0's {own} B")
+    return (f"nn.DataParallel: {len(devices) + 1} GPUs held memory, each estimated on its own "
+            f"(\"devices\": {others}); the breakdown and allocator figures are cuda:0's, the peak "
+            f"is the largest GPU's: {which}")
 
 
 def job_alloc_conf_note(conf: str) -> str:

@@ -43,7 +43,12 @@ def render(result: Estimate, console: Console, verbose: bool = False) -> None:
     summary.add_column(justify="right")
     summary.add_column(style="dim")
     summary.add_row("Peak device memory", human_bytes(result.peak_bytes), "context + libraries + peak reserved (nvidia-smi)"
-                    + (" + child processes" if result.processes_bytes else ""))
+                    + (" + child processes" if result.processes_bytes else "")
+                    + (", the largest GPU's" if result.devices else ""))
+    for report in result.devices_json() if result.devices else ():
+        # nn.DataParallel over several GPUs: each one's own peak (the rows below are cuda:0's)
+        summary.add_row(f"  cuda:{report['device']}", human_bytes(report["peak_bytes"]),
+                        "DataParallel: this GPU's own peak")
     summary.add_row("Peak reserved", human_bytes(result.peak_reserved_bytes), "torch.cuda.max_memory_reserved()")
     summary.add_row("Peak allocated", human_bytes(result.peak_allocated_bytes), "torch.cuda.max_memory_allocated()")
     summary.add_row("CUDA context", human_bytes(result.context_bytes), short_source(result.stack.context_for(result.gpu)))
