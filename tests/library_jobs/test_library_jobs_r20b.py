@@ -1,0 +1,169 @@
+"""Round 20b: research repositories' and tutorials' training scripts not covered before,
+re-created in their upstream structure (read through the code search, written here; each
+docstring names the upstream file and version) and run unmodified through the capture on tiny
+local data; device bytes worked out by hand (not read from peakmem):
+
+- pytorch/tutorials advanced_source/neural_style_tutorial.py
+  (scripts/r20b_neural_style_tutorial.py): `optim.LBFGS([input_img])` stepped with a closure.
+  Found: LBFGS was a fake-mode limit (auto mode reran VGG19 at 512 px eagerly on the CPU:
+  minutes). Fixed in general: without a line search an LBFGS step runs in fake mode at its
+  memory bound (capture/value_steered.py; tests/capture/test_value_steered.py).
+- karpathy/llama2.c train.py + model.py + tinystories.py + export.py + configurator.py
+  (scripts/r20b_llama2c/): config globals overridden by `exec(open("configurator.py").read())`,
+  an IterableDataset of uint16 shards, tied embeddings, fused AdamW, `model_export`. Worked as
+  it is.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import SCRIPTS, JobEstimate, estimate, estimate_here
+from tests.library_jobs.test_library_jobs import MiB, assert_training, needs
+from tests.library_jobs.test_library_jobs_r14 import _hub_weights
+from tests.library_jobs.test_library_jobs_r19b import vgg19_feature_convs
+
+pytestmark = pytest.mark.slow
+
+
+def _notes(est: JobEstimate) -> str:
+    return "\n".join(est.data.get("notes", []))
+
+
+# pytorch/tutorials advanced_source/neural_style_tutorial.py -------------------------------------
+
+@needs("torchvision", "matplotlib")
+def test_neural_style_tutorial_lbfgs_over_the_input_image(tmp_path, monkeypatch):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "images").mkdir()
+    for name in ("picasso", "dancing"):  # `transforms.Resize(512)`: both become 512 x 512
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(
+            tmp_path / "images" / f"{name}.jpg")
+    # `vgg19(weights=VGG19_Weights.DEFAULT)` reads the torch.hub cache: zeros of its shapes
+    _hub_weights(tmp_path / "torch", "vgg19", "vgg19-dcbb9e9d.pth")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    est = estimate_here("r20b_neural_style_tutorial.py", flags=("--gpu", "h100-80gb"),
+                        cwd=tmp_path, timeout=600)
+    shutil.rmtree(tmp_path / "torch")  # the 575 MB weights file
+    assert est.returncode == 0, est.failure()
+    # before: "fake mode could not run the job (torch.optim.LBFGS decides its iterations ...)"
+    # and auto mode's eager rerun of VGG19 at 512 px on the CPU
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert "LBFGS: in fake mode each step ran at its memory bound" in _notes(est)
+    # `imsize = 512 if torch.cuda.is_available()`: the job sees a GPU. One (1, 3, 512, 512)
+    # fp32 image: 3 MiB
+    image = ex.rounded(3 * 512 * 512 * ex.FP32)
+    convs = vgg19_feature_convs()
+    used = ex.device_bytes([shape for conv in convs[:5] for shape in conv], ex.FP32)
+    vgg = ex.device_bytes([shape for conv in convs for shape in conv], ex.FP32)
+    # the optimized image and the trimmed model's conv_1 .. conv_5 (frozen by
+    # `model.requires_grad_(False)`, run by every closure) are parameters; conv_6 .. conv_16,
+    # built on the device by `set_default_device` and never run, are `other`. The four
+    # 3-float mean / std tensors (the globals and Normalization's `torch.tensor(mean)` copies,
+    # all made on the default device) are one block each: two `other`, two `input`
+    assert est.breakdown["parameter"] == image + used
+    assert est.breakdown["other"] == vgg - used + 2 * ex.BLOCK
+    # the style and content images
+    assert est.breakdown["input"] == 2 * image + 2 * ex.BLOCK
+    # `while run[0] <= 300` over `optimizer.step(closure)`: stopped after 3 steps (no
+    # DataLoader). Each step runs max_iter = 20 iterations; 60 iterations store 59 (y, s)
+    # pairs of the image's size (history_size 100 not reached), each with its 0-d `ro`
+    pairs = 2 * 59 * image
+    assert est.data["steps"] == 3 and est.data["stopped"]
+    assert pairs <= est.breakdown["optimizer_state"] <= pairs + 2 * image + 3 * 59 * ex.BLOCK
+    # at the peak, besides the weights, images and history: the closure's forward through
+    # conv_1 .. conv_5 at 512 px (conv_1 / relu_1 / conv_2 / relu_2 outputs are (1, 64, 512,
+    # 512) fp32, 64 MiB each)
+    assert est.data["peak_allocated_bytes"] >= vgg + 3 * image + pairs + 4 * 64 * MiB
+
+
+# karpathy/llama2.c train.py ---------------------------------------------------------------------
+
+LLAMA2C = dict(vocab=512, dim=64, layers=2, heads=4, kv_heads=2, multiple_of=32, seq=64, batch=8)
+LLAMA2C_FLAGS = ("--vocab_source=custom", "--vocab_size=512", "--dim=64", "--n_layers=2",
+                 "--n_heads=4", "--n_kv_heads=2", "--batch_size=8", "--max_seq_len=64",
+                 "--eval_iters=2", "--eval_interval=2", "--max_iters=4",
+                 "--gradient_accumulation_steps=2", "--always_save_checkpoint=True")
+
+
+def llama2c_shapes(vocab: int, dim: int, layers: int, heads: int, kv_heads: int,
+                   multiple_of: int, **_) -> list[ex.Shape]:
+    """llama2.c's Transformer: per layer bias-free wq / wk / wv / wo (grouped-query: wk and wv
+    have kv_heads * head_dim rows), SwiGLU w1 / w2 / w3 of hidden = multiple_of-rounded
+    int(2 * 4 * dim / 3), two RMSNorm weights; the final norm; the tied embedding once."""
+    head = dim // heads
+    hidden = int(2 * 4 * dim / 3)
+    hidden = multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+    layer = [(dim, dim), (kv_heads * head, dim), (kv_heads * head, dim), (dim, dim),
+             (hidden, dim), (dim, hidden), (hidden, dim), (dim,), (dim,)]
+    return layers * layer + [(dim,), (vocab, dim)]
+
+
+def _llama2c_workdir(tmp_path: Path) -> Path:
+    """The repository's files in a working directory (train.py reads configurator.py from
+    it), with data/tok512/ holding three pretokenized uint16 shards (shard 0 is the val
+    split)."""
+    import numpy as np
+
+    work = tmp_path / "llama2.c"
+    shutil.copytree(SCRIPTS / "r20b_llama2c", work)
+    (work / "data" / "tok512").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for shard in range(3):
+        rng.integers(0, 512, size=5000).astype(np.uint16).tofile(
+            work / "data" / "tok512" / f"data{shard:02d}.bin")
+    return work
+
+
+def test_llama2c_configurator_iterable_shards_and_model_export(tmp_path):
+    work = _llama2c_workdir(tmp_path)
+    shapes = llama2c_shapes(**LLAMA2C)
+    params = ex.device_bytes(shapes, ex.FP32)
+    # a child process: the job imports top-level modules named `model` and `export`
+    est = estimate(str(work / "train.py"), *LLAMA2C_FLAGS, "--compile=False",
+                   flags=("--gpu", "h100-80gb"), cwd=work)
+    # `configure_optimizers`: fused AdamW because device_type == "cuda" (a `step` per tensor)
+    assert_training(est, params=params, optimizer_state=2 * params + ex.BLOCK * len(shapes),
+                    extra_upper=est.breakdown["workspace"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert "using fused AdamW: True" in est.stderr
+    # the RoPE tables: freqs_cos and freqs_sin, (max_seq_len, head_dim / 2) fp32 each
+    head = LLAMA2C["dim"] // LLAMA2C["heads"]
+    assert est.breakdown["buffer"] == 2 * ex.rounded(LLAMA2C["seq"] * head // 2 * ex.FP32)
+    # X, Y (8, 64) int64 of the micro-step and the next ones, fetched before its backward
+    # while the graph still holds the first (embedding indices, cross-entropy targets)
+    assert est.breakdown["input"] == 4 * ex.rounded(LLAMA2C["batch"] * LLAMA2C["seq"] * 8)
+    assert est.breakdown["gradient"] == params
+    # `while True` over an endless IterableDataset: 3 optimizer steps of 2 micro-batches,
+    # then the DataLoader ended and the next `next()` raised StopIteration
+    assert est.data["steps"] == 3 and est.data["stopped"]
+    assert "accumulation window 2" in _notes(est)
+    assert "raised StopIteration after peakmem shortened its DataLoader" in _notes(est)
+    # the eval at iter 2 saved: the checkpoint of fake device data diverted, model.bin written
+    # from `.cpu().numpy()` reads: the 7-int header, then every fp32 weight (tied once) and
+    # both RoPE tables
+    assert "instead of out/ckpt.pt" in _notes(est)
+    floats = sum(ex.count([shape]) for shape in shapes) + 2 * LLAMA2C["seq"] * head // 2
+    assert (work / "out" / "model.bin").stat().st_size == 7 * 4 + 4 * floats
+
+
+def test_llama2c_compiled_float16_grad_scaler(tmp_path):
+    work = _llama2c_workdir(tmp_path)
+    shapes = llama2c_shapes(**LLAMA2C)
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate(str(work / "train.py"), *LLAMA2C_FLAGS, "--dtype=float16",
+                   flags=("--gpu", "h100-80gb"), cwd=work)
+    assert_training(est, params=params, optimizer_state=2 * params + ex.BLOCK * len(shapes),
+                    extra_upper=est.breakdown["workspace"])
+    # `torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))`: its scale and growth tracker
+    assert est.breakdown["other"] == 2 * ex.BLOCK
+    assert "torch.compile was not applied: Transformer ran eagerly" in _notes(est)
+    assert est.data["steps"] == 3
