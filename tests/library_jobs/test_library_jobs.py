@@ -401,9 +401,9 @@ def test_time_sequence_prediction_double_lstmcell_lbfgs_in_eager_mode():
     # two LBFGS iterations (the script's default is 20): the eager rerun's closures are most
     # of this test's time, and the second iteration already keeps a history pair
     est = estimate_here("examples_time_sequence_prediction.py", "--steps", "1", "--length", "5",
-                        "--future", "2", "--max-iter", "2")
+                        "--future", "2", "--max-iter", "2", flags=("--mode", "eager"))
     assert est.returncode == 0, est.failure()
-    assert est.data["mode"] == "eager"  # auto mode reran it for real values
+    assert est.data["mode"] == "eager"  # real values: torch's own LBFGS step (auto: fake mode)
     assert est.data["estimate_kind"] == "training"
     assert est.breakdown.get("parameter") == params
     # LBFGS keeps flat parameter-sized vectors (direction, previous gradient, history pairs)

@@ -8,10 +8,17 @@ local data; device bytes worked out by hand (not read from peakmem):
   Found: LBFGS was a fake-mode limit (auto mode reran VGG19 at 512 px eagerly on the CPU:
   minutes). Fixed in general: without a line search an LBFGS step runs in fake mode at its
   memory bound (capture/value_steered.py; tests/capture/test_value_steered.py).
+- the closure of `optimizer.step(closure)` runs inside the step: its forward's saved tensors
+  were `temporary` (the optimizer phase), not `activation`. Fixed in general
+  (capture/phases.py; tests/capture/test_closure_phases.py).
 - karpathy/llama2.c train.py + model.py + tinystories.py + export.py + configurator.py
   (scripts/r20b_llama2c/): config globals overridden by `exec(open("configurator.py").read())`,
   an IterableDataset of uint16 shards, tied embeddings, fused AdamW, `model_export`. Worked as
   it is.
+- karpathy/minGPT projects/chargpt/chargpt.py + the mingpt package (scripts/r20b_mingpt/):
+  CfgNode `--trainer.batch_size=16` overrides, the package's Trainer and callbacks. Worked as
+  it is; its first callback's 500-character `generate` is minutes of fake ops (not replayed:
+  docs/capture.md round 20b), so the test stops at the first step.
 """
 
 from __future__ import annotations
@@ -81,7 +88,9 @@ def test_neural_style_tutorial_lbfgs_over_the_input_image(tmp_path, monkeypatch)
     assert pairs <= est.breakdown["optimizer_state"] <= pairs + 2 * image + 3 * 59 * ex.BLOCK
     # at the peak, besides the weights, images and history: the closure's forward through
     # conv_1 .. conv_5 at 512 px (conv_1 / relu_1 / conv_2 / relu_2 outputs are (1, 64, 512,
-    # 512) fp32, 64 MiB each)
+    # 512) fp32, 64 MiB each), saved for its backward: activations (they were `temporary`
+    # before round 20b: the closure runs inside the step, capture/phases.py)
+    assert est.breakdown["activation"] >= 4 * 64 * MiB
     assert est.data["peak_allocated_bytes"] >= vgg + 3 * image + pairs + 4 * 64 * MiB
 
 
@@ -167,3 +176,84 @@ def test_llama2c_compiled_float16_grad_scaler(tmp_path):
     assert est.breakdown["other"] == 2 * ex.BLOCK
     assert "torch.compile was not applied: Transformer ran eagerly" in _notes(est)
     assert est.data["steps"] == 3
+
+
+# karpathy/minGPT projects/chargpt/chargpt.py ----------------------------------------------------
+
+def mingpt_shapes(vocab: int, block: int, layers: int, embd: int) -> list[ex.Shape]:
+    """minGPT's GPT: wte and wpe, per Block ln_1, c_attn (3 x embd), c_proj, ln_2 and the MLP's
+    c_fc / c_proj (4 x embd), all with biases; ln_f; lm_head without a bias (not tied)."""
+    block_shapes = (ex.norm(embd) + ex.linear(3 * embd, embd) + ex.linear(embd, embd)
+                    + ex.norm(embd) + ex.linear(4 * embd, embd) + ex.linear(embd, 4 * embd))
+    return ([(vocab, embd), (block, embd)] + layers * block_shapes + ex.norm(embd)
+            + ex.linear(vocab, embd, bias=False))
+
+
+def test_mingpt_chargpt_cfgnode_overrides_and_package_trainer(tmp_path, monkeypatch):
+    import random
+
+    repo = tmp_path / "minGPT"
+    shutil.copytree(SCRIPTS / "r20b_mingpt", repo)
+    rng = random.Random(0)
+    words = ["O", "God,", "thou", "art", "the", "king!", "my", "lord", "good", "night"]
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 10)))
+                     for _ in range(300)) + "\n"
+    (repo / "input.txt").write_text(text)
+    monkeypatch.syspath_prepend(str(repo))  # `mingpt` importable, as from the repository root
+    vocab, block, batch = len(set(text)), 64, 16
+    shapes = mingpt_shapes(vocab, block, layers=3, embd=48)  # gpt-nano
+    params = ex.device_bytes(shapes, ex.FP32)
+    # one optimizer step: the `on_batch_end` callback after it generates 500 characters one
+    # forward at a time (minutes of fake ops here; see docs/capture.md round 20b)
+    est = estimate_here(str(repo / "projects" / "chargpt" / "chargpt.py"),
+                        f"--trainer.batch_size={batch}", f"--data.block_size={block}",
+                        "--trainer.num_workers=2", "--model.model_type=gpt-nano",
+                        flags=("--gpu", "h100-80gb", "--steps", "1"), cwd=repo)
+    # stopped at the first step: its peak is the first forward / backward (the (16, 3, 64, 64)
+    # attention maps), before AdamW makes its moments at that step
+    assert_training(est, params=params, optimizer_state=0,
+                    extra_upper=est.breakdown["workspace"] + est.breakdown["activation"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # each Block's causal mask: a (1, 1, 64, 64) fp32 `tril` buffer
+    assert est.breakdown["buffer"] == 3 * ex.rounded(block * block * ex.FP32)
+    # a batch of x and y, (16, 64) int64 each, moved by `[t.to(self.device) for t in batch]`
+    assert est.breakdown["input"] == 2 * ex.rounded(batch * block * 8)
+    assert est.data["steps"] == 1
+    assert "command line overwriting config attribute trainer.batch_size with 16" in est.stderr
+    assert "running on device cuda" in est.stderr
+    config = (repo / "out" / "chargpt" / "config.json").read_text()
+    assert '"model_type": "gpt-nano"' in config
+
+
+# vwxyzjn/cleanrl cleanrl/ddpg_continuous_action.py -----------------------------------------------
+
+@needs("gymnasium", "tyro", "tensorboard", "stable_baselines3")
+def test_cleanrl_ddpg_continuous_one_q_network_and_its_target(tmp_path):
+    from tests.library_jobs.test_library_jobs_r15b import (
+        PENDULUM,
+        POLYAK_TEMPS,
+        RL_ARGS,
+        actor_shapes,
+        q_network_shapes,
+    )
+
+    actor = ex.device_bytes(actor_shapes(**PENDULUM, heads=1), ex.FP32)
+    q_net = ex.device_bytes(q_network_shapes(**PENDULUM), ex.FP32)
+    trained = actor + q_net
+    est = estimate_here("r20b_cleanrl_ddpg_continuous.py", *RL_ARGS, "--total-timesteps", "110",
+                        "--save-model", flags=("--gpu", "h100-80gb", "--steps", "all"),
+                        cwd=tmp_path)
+    assert_training(est, params=trained, optimizer_state=2 * trained,  # two Adams, 2 moments
+                    extra_lower=trained + POLYAK_TEMPS)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # target_actor and qf1_target: `load_state_dict` copies moved by the Polyak updates
+    assert est.breakdown["ema"] == trained
+    assert est.breakdown["gradient"] == trained
+    # action_scale and action_bias of the actor and its target: (1, 1) fp32 each (upstream
+    # takes them from the vector env's batched `action_space`)
+    assert est.breakdown["buffer"] == 4 * ex.BLOCK
+    assert est.breakdown["other"] == POLYAK_TEMPS
+    # the critic stepped at global steps 101..109, the actor at the even ones
+    assert est.data["steps"] == 9
+    assert "model saved to runs/Pendulum-v1__r20b_cleanrl_ddpg_continuous__1__" in est.stderr
+    assert "r20b_cleanrl_ddpg_continuous.cleanrl_model" in _notes(est)
