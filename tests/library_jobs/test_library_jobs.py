@@ -398,7 +398,7 @@ def test_time_sequence_prediction_lbfgs_runs_at_its_memory_bound_in_fake_mode():
 @pytest.mark.slow
 def test_time_sequence_prediction_double_lstmcell_lbfgs_in_eager_mode():
     params = ex.device_bytes(ex.sine_lstm_shapes(), 8)  # seq.double()
-    # two LBFGS iterations (the script's default is 20): the eager rerun's closures are most
+    # two LBFGS iterations (the script's default is 20): the eager run's closures are most
     # of this test's time, and the second iteration already keeps a history pair
     est = estimate_here("examples_time_sequence_prediction.py", "--steps", "1", "--length", "5",
                         "--future", "2", "--max-iter", "2", flags=("--mode", "eager"))
