@@ -16,9 +16,10 @@ local data; device bytes worked out by hand (not read from peakmem):
   an IterableDataset of uint16 shards, tied embeddings, fused AdamW, `model_export`. Worked as
   it is.
 - karpathy/minGPT projects/chargpt/chargpt.py + the mingpt package (scripts/r20b_mingpt/):
-  CfgNode `--trainer.batch_size=16` overrides, the package's Trainer and callbacks. Worked as
-  it is; its first callback's 500-character `generate` is minutes of fake ops (not replayed:
-  docs/capture.md round 20b), so the test stops at the first step.
+  CfgNode `--trainer.batch_size=16` overrides, the package's Trainer and callbacks. Found: its
+  first callback's 500-character `generate` (a sliding window `idx[:, -block_size:]`) was never
+  replayed, minutes of fake ops. Fixed in general (capture/repeated_forwards.py's key;
+  tests/capture/test_repeated_forwards.py).
 """
 
 from __future__ import annotations
@@ -203,26 +204,29 @@ def test_mingpt_chargpt_cfgnode_overrides_and_package_trainer(tmp_path, monkeypa
     vocab, block, batch = len(set(text)), 64, 16
     shapes = mingpt_shapes(vocab, block, layers=3, embd=48)  # gpt-nano
     params = ex.device_bytes(shapes, ex.FP32)
-    # one optimizer step: the `on_batch_end` callback after it generates 500 characters one
-    # forward at a time (minutes of fake ops here; see docs/capture.md round 20b)
     est = estimate_here(str(repo / "projects" / "chargpt" / "chargpt.py"),
                         f"--trainer.batch_size={batch}", f"--data.block_size={block}",
                         "--trainer.num_workers=2", "--model.model_type=gpt-nano",
-                        flags=("--gpu", "h100-80gb", "--steps", "1"), cwd=repo)
-    # stopped at the first step: its peak is the first forward / backward (the (16, 3, 64, 64)
-    # attention maps), before AdamW makes its moments at that step
-    assert_training(est, params=params, optimizer_state=0,
+                        flags=("--gpu", "h100-80gb"), cwd=repo)
+    assert_training(est, params=params, optimizer_state=2 * params,  # AdamW: two moments
                     extra_upper=est.breakdown["workspace"] + est.breakdown["activation"])
     assert est.data["mode"] == "fake", est.data["mode_reason"]
     # each Block's causal mask: a (1, 1, 64, 64) fp32 `tril` buffer
     assert est.breakdown["buffer"] == 3 * ex.rounded(block * block * ex.FP32)
     # a batch of x and y, (16, 64) int64 each, moved by `[t.to(self.device) for t in batch]`
     assert est.breakdown["input"] == 2 * ex.rounded(batch * block * 8)
-    assert est.data["steps"] == 1
     assert "command line overwriting config attribute trainer.batch_size with 16" in est.stderr
     assert "running on device cuda" in est.stderr
-    config = (repo / "out" / "chargpt" / "config.json").read_text()
-    assert '"model_type": "gpt-nano"' in config
+    assert '"model_type": "gpt-nano"' in (repo / "out" / "chargpt" / "config.json").read_text()
+    # the callback after the first step: 500 characters generated one no-grad forward at a
+    # time on `idx[:, -64:]` of the growing sequence (replayed once the window is full: before
+    # round 20b every call was its own replay key, minutes of fake ops), then the state dict
+    # saved (fake device data: diverted)
+    assert "saving model" in est.stderr
+    assert "no-grad forward call(s) replayed" in _notes(est)
+    assert "instead of ./out/chargpt/model.pt" in _notes(est)
+    # the endless sampler re-iterated after the loop was ended: stopped at 7 steps
+    assert est.data["steps"] == 7 and est.data["stopped"]
 
 
 # vwxyzjn/cleanrl cleanrl/ddpg_continuous_action.py -----------------------------------------------
