@@ -261,3 +261,46 @@ def test_cleanrl_ddpg_continuous_one_q_network_and_its_target(tmp_path):
     assert est.data["steps"] == 9
     assert "model saved to runs/Pendulum-v1__r20b_cleanrl_ddpg_continuous__1__" in est.stderr
     assert "r20b_cleanrl_ddpg_continuous.cleanrl_model" in _notes(est)
+
+
+# pyg-team/pytorch_geometric examples/gat.py -------------------------------------------------------
+
+@needs("torch_geometric", "scipy")
+def test_pyg_gat_best_val_branch_reruns_eagerly(tmp_path):
+    import pickle
+
+    from tests.library_jobs.test_library_jobs_r19b import (
+        CORA_CLASSES,
+        CORA_FEATURES,
+        write_planetoid_cora,
+    )
+
+    raw = tmp_path / "data" / "Planetoid" / "Cora" / "raw"
+    nodes = write_planetoid_cora(raw)
+    graph = pickle.loads((raw / "ind.cora.graph").read_bytes())
+    edges = sum(len(set(neighbours)) for neighbours in graph.values())  # coalesced, directed
+    (tmp_path / "examples").mkdir()
+    shutil.copy(SCRIPTS / "r20b_pyg_gat.py", tmp_path / "examples" / "gat.py")
+    # GATConv(64, 8, heads=8): a bias-free lin (64 -> 8 x 8), att_src / att_dst (1, 8, 8), bias
+    # (64,); GATConv(64, 7, heads=1, concat=False): lin (64 -> 7), att_src / att_dst (1, 1, 7),
+    # bias (7,)
+    shapes = [(64, CORA_FEATURES), (1, 8, 8), (1, 8, 8), (64,),
+              (CORA_CLASSES, 64), (1, 1, CORA_CLASSES), (1, 1, CORA_CLASSES), (CORA_CLASSES,)]
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate_here(str(tmp_path / "examples" / "gat.py"), "--epochs", "5",
+                        flags=("--gpu", "h100-80gb"), cwd=tmp_path)
+    assert_training(est, params=params, optimizer_state=2 * params,  # Adam: two moments
+                    extra_upper=est.breakdown["workspace"])
+    # upstream starts with `best_val_acc = final_test_acc = 0` and binds `test_acc` only when
+    # `val_acc > best_val_acc`: fake mode's accuracies read 0 (`int(...)` of device sums), the
+    # branch never ran and `log(..., Test=test_acc)` raised NameError; auto mode reran the job
+    # with real values (eager), as a GPU run goes
+    assert est.data["mode"] == "eager"
+    assert "NameError: name 'test_acc' is not defined" in est.data["mode_reason"]
+    # the graph moved by `dataset[0].to(device)`: x (800, 64) fp32, y int64, the three bool
+    # masks and the coalesced edge_index (2, E) int64
+    assert est.breakdown["input"] == (ex.rounded(nodes * CORA_FEATURES * ex.FP32)
+                                      + ex.rounded(nodes * 8) + 3 * ex.rounded(nodes)
+                                      + ex.rounded(2 * edges * 8))
+    assert est.data["steps"] == 3 and est.data["stopped"]
+    assert "Epoch: 002, Loss:" in est.stderr
