@@ -20,6 +20,11 @@ local data; device bytes worked out by hand (not read from peakmem):
   first callback's 500-character `generate` (a sliding window `idx[:, -block_size:]`) was never
   replayed, minutes of fake ops. Fixed in general (capture/repeated_forwards.py's key;
   tests/capture/test_repeated_forwards.py).
+- vwxyzjn/cleanrl cleanrl/ddpg_continuous_action.py (scripts/r20b_cleanrl_ddpg_continuous.py):
+  one Q network, both targets Polyak-updated. Worked as it is.
+- pyg-team/pytorch_geometric examples/gat.py (scripts/r20b_pyg_gat.py): `test_acc` bound only
+  when the validation accuracy improves; fake reads are 0, so it raised NameError and auto mode
+  reran it eagerly, as designed.
 """
 
 from __future__ import annotations
