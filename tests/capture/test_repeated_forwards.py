@@ -446,3 +446,38 @@ def test_cuda_graph_capture_runs_for_real(monkeypatch):
             return model(x, x)
 
     assert assert_same(monkeypatch, small_job(BatchNormNet, model_call=call)) == 0
+
+
+def generate_job(new_tokens=40, block_size=16):
+    """minGPT / nanoGPT `generate` after training: each call's input is the last `block_size`
+    tokens of a growing sequence (`idx[:, -block_size:]`), a view whose row stride (a size-1
+    dimension's) and storage offset change every call."""
+
+    def train():
+        model = TinyGPT(block_size=block_size).cuda()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(3):
+            xb, yb = get_batch()
+            _, loss = model(xb, yb)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        idx = torch.zeros((1, 4), dtype=torch.long, device="cuda")
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                idx_cond = idx if idx.size(1) <= block_size else idx[:, -block_size:]
+                logits, _ = model(idx_cond)
+                probs = F.softmax(logits[:, -1, :], dim=-1)
+                idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
+
+    return train
+
+
+def test_sliding_window_generation_is_replayed(monkeypatch):
+    # lengths 4 .. 15 are distinct keys; the 28 calls at the full window share one (a size-1
+    # dimension's stride and the storage offset are not in the key: neither changes what a
+    # fake-mode call allocates), REQUIRED_WINDOWS of them observed before replaying the rest
+    # (before: none replayed, every call its own key)
+    replayed = assert_same(monkeypatch, generate_job(), steps="all")
+    assert replayed == 28 - REQUIRED_WINDOWS

@@ -147,6 +147,7 @@ class PhaseTracker:
         self._watched: list[tuple[weakref.ref, int]] = []  # those parameters, their storages
         self._await_update = False  # a backward ran; no parameter update seen since
         self._outer_steps = 0  # wrapping optimizers' steps running (outer_step)
+        self._in_steps = 0  # torch optimizers' steps running (between their pre and post hooks)
         self._stop_pending = False
         self._in_eval = False
         self._eval_depth = 0  # module calls open inside an evaluation's top-level forward
@@ -244,7 +245,10 @@ class PhaseTracker:
             yield
         finally:
             self.modules.in_backward = False
-            state.phase = Phase.OTHER.value if previous in _FORWARDS else previous
+            if previous in _FORWARDS:
+                # a closure's backward (`optimizer.step(closure)`) returns into its step
+                previous = Phase.OPTIMIZER.value if self._in_steps else Phase.OTHER.value
+            state.phase = previous
             self._classify_gradients(self.modules.roots.values())
 
     @contextmanager
@@ -292,6 +296,15 @@ class PhaseTracker:
             return
         if (state.phase == Phase.OTHER.value or self._in_eval) and _host_data_transform(module, args):
             return  # torchvision transforms in a dataset's __getitem__ / collate: not a forward
+        if (state.phase == Phase.OPTIMIZER.value and self._in_steps and not self._outer_steps
+                and torch.is_grad_enabled()):
+            # a closure's forward inside the step (`optimizer.step(closure)`: LBFGS, SAM-style
+            # optimizers): the training forward, whose saved tensors its backward reclassifies
+            # as activations, not the optimizer's temporaries
+            state.phase = Phase.FORWARD.value
+            state.forward_calls += 1
+            self.session.mark("forward")
+            return
         if state.phase == Phase.OTHER.value:
             self._check_replaced_parameters()
         self._check_pending_stop()
@@ -391,10 +404,12 @@ class PhaseTracker:
                     param.grad, Category.GRADIENT.value, only_from=_GRAD_SOURCES
                 )
         self.session.state.phase = Phase.OPTIMIZER.value
+        self._in_steps += 1
         self.session.mark("optimizer")
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         session = self.session
+        self._in_steps = max(0, self._in_steps - 1)
         for param, per_param in optimizer.state.items():
             owner = self._param_owner.get(id(param))
             # the tensors in each value: a tensor, or a list / dict of them (timm's Kron and
