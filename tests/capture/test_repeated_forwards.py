@@ -475,9 +475,10 @@ def generate_job(new_tokens=40, block_size=16):
 
 
 def test_sliding_window_generation_is_replayed(monkeypatch):
-    # lengths 4 .. 15 are distinct keys; the 28 calls at the full window share one (a size-1
+    # lengths 4 .. 15 are distinct keys; the 28 calls at the full window share two (a size-1
     # dimension's stride and the storage offset are not in the key: neither changes what a
-    # fake-mode call allocates), REQUIRED_WINDOWS of them observed before replaying the rest
-    # (before: none replayed, every call its own key)
+    # fake-mode call allocates; the offset's 16-byte alignment is, and an int64 window that
+    # slides by one token alternates between two), REQUIRED_WINDOWS of each observed before
+    # replaying the rest (before: none replayed, every call its own key)
     replayed = assert_same(monkeypatch, generate_job(), steps="all")
-    assert replayed == 28 - REQUIRED_WINDOWS
+    assert replayed == 28 - 2 * REQUIRED_WINDOWS

@@ -5,8 +5,8 @@ run op by op only until it provably repeats; later calls replay the events of th
 A candidate call is a top-level `Module.__call__` (no module call around it) with gradients
 off (or inference mode), in fake mode, whose arguments are plain device tensors (meta, not
 host-deferred), numbers, strings, None and tuples / lists / dicts of them. Its key: the module,
-every input tensor's shape / stride (but of size-1 dimensions) / dtype / flags (not its storage
-offset), the other argument values,
+every input tensor's shape / stride (but of size-1 dimensions) / dtype / flags / storage
+offset's 16-byte alignment (not the offset itself), the other argument values,
 grad / inference / autocast modes, backend flags, the capture's stream, the phase tracker's
 state, and a fingerprint of the module tree (each module's `__dict__` entries by identity,
 `training`, its parameters and buffers with their shapes and dtypes).
@@ -559,12 +559,15 @@ def _signature(session: CaptureSession, value: Any) -> Any:
                 raise _Refused  # host-deferred, the job's own meta tensor, untracked
             # not in the key: the stride of a size-1 dimension and the storage offset, which
             # change nothing a fake-mode call allocates (a sliding window `idx[:, -block:]` of
-            # a growing sequence changes both every call); the templates' own events and
-            # output layouts must still match before any call is replayed
+            # a growing sequence changes both every call), but the offset's 16-byte alignment
+            # (CUDA reductions vectorize by it: cuda_rules/reductions.py's staging buffers);
+            # the templates' own events and output layouts must still match before any call
+            # is replayed
             shape = tuple(value.shape)
             strides = tuple(None if size == 1 else stride
                             for size, stride in zip(shape, value.stride(), strict=True))
-            return ("T", shape, strides, value.dtype, value.requires_grad,
+            alignment = value.storage_offset() * value.element_size() % 16
+            return ("T", shape, strides, alignment, value.dtype, value.requires_grad,
                     value.is_inference(), value.is_conj(), value.is_neg())
     if type(value) in _SCALARS:
         return (type(value), value)
