@@ -71,3 +71,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     group_shared_fixture_users(items)
     slow_first(items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After a module's last test and its fixtures' teardown: freeze what is alive
+    (tests/gc_freeze.py), so that later full collections do not walk the libraries imported
+    so far."""
+    yield
+    from tests.gc_freeze import freeze_what_is_alive, module_ends
+
+    if module_ends(item, nextitem):
+        freeze_what_is_alive()
