@@ -42,8 +42,9 @@ class _Canonical(dict):
 
     def __missing__(self, func: Any) -> Any:
         original = _original_of(func)
-        if len(self) < _CACHE_LIMIT:
-            self[func] = original
+        if len(self) >= _CACHE_LIMIT:  # functions made per call: start over, bounded
+            self.clear()
+        self[func] = original
         return original
 
 
