@@ -10,8 +10,9 @@ zipapp, a directory or a local package with `__main__.py`, in a coding-cookie or
 wrapper, a no-op), that register builtins with `atexit` (`os._exit(5)`, `sys.exit(3)`), that
 end with `sys.exit(main())` of odd values, that replace the standard library functions peakmem's
 child uses after the job (`os._exit`, `os.getpid`, `time.monotonic`, `os.write`, `sys.exit`,
-`Thread.start`, `signal.signal`), and that step around the capture's torch function and
-dispatch modes (`DisableTorchFunction`, popping the mode stack, `_disable_current_modes`).
+`Thread.start`, `signal.signal`), that replace peakmem's modules in `sys.modules`, and that step
+around the capture's torch function and dispatch modes (`DisableTorchFunction`, popping the
+mode stack, `_disable_current_modes`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ def tampering_jobs() -> list[Case8]:
         "sys.exit None after training": (JOB + "import sys\nsys.exit = None\n", {0}, GIB),
         "Thread.start a no-op before torch": ("import threading\nthreading.Thread.start = lambda self: None\n" + JOB, {0}, GIB),
         "signal.signal a no-op before torch": ("import signal\nsignal.signal = lambda *a: None\n" + JOB, {0}, GIB),
+        "peakmem's modules replaced in sys.modules": (
+            "import sys, types\nfor k in list(sys.modules):\n  if k.startswith('peakmem'): "
+            "sys.modules[k] = types.ModuleType(k)\n" + JOB, {3}, 0),
         # the capture cannot see these allocations: a clear failure, never a smaller peak
         "DisableTorchFunction around a device tensor": (
             JOB + "with torch._C.DisableTorchFunction():\n  y = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\n", {1}, 0),

@@ -220,3 +220,32 @@ def test_a_job_that_pops_the_capture_mode_is_refused_in_one_line():
                                         "torch function mode off torch's mode stack")
     assert "\n" not in result.error_text
     assert torch._C._len_torch_function_stack() == 0
+
+
+# -- a job that replaces peakmem's modules in sys.modules ---------------------------------------
+
+
+@pytest.mark.parametrize("stand_in", ["bare module", "None"])
+def test_a_job_that_replaces_peakmems_modules_is_refused_in_one_line(stand_in):
+    """`sys.modules["peakmem..."] = types.ModuleType(...)` (or None) in the job: the capture's
+    next lazy import failed, and peakmem's ImportError (`cannot import name 'gpu_index' from
+    'peakmem.capture.device_map' (unknown location)`) was reported as the job's own error, where
+    `python train.py` runs (the job does not use peakmem). Now: `unsupported`, naming the
+    module."""
+    import types
+
+    def job():
+        saved = {name: module for name, module in sys.modules.items()
+                 if name.split(".")[0] == "peakmem"}
+        try:
+            for name in saved:
+                sys.modules[name] = None if stand_in == "None" else types.ModuleType(name)
+            torch.nn.Linear(16, 16).cuda()
+        finally:
+            sys.modules.update(saved)
+
+    result = _capture(job)
+    assert result.reason == "unsupported", result.error_text
+    assert result.error_text.startswith("peakmem does not support jobs that replace peakmem's "
+                                        "own module peakmem.")
+    assert "\n" not in result.error_text
