@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostile_sweep_k5 import TRAIN, Case, _materialise, _script, run_case  # noqa: E402
+from hostile_sweep_common import run_guarded  # noqa: E402
+from hostile_sweep_k5 import TRAIN, Case, _materialise, _script  # noqa: E402
 from hostile_sweep_k5 import main as k5_main  # noqa: E402
 
 TRACE = '{"format": "peakmem-trace", "version": 1, "meta": {}, "tags": []}\n'
@@ -300,13 +301,7 @@ def cases() -> list:
 
 
 def run_one(case: Case) -> dict:
-    """`run_case`, where the sweep's own failure to set a case up is that case's row."""
-    try:
-        return run_case(case, materialise, check)
-    except Exception as exc:  # noqa: BLE001 - one broken case must not end the sweep
-        return {"name": case.name, "surface": case.surface, "exit": None, "lines": 0,
-                "traceback": False, "seconds": 0, "problems": [f"sweep error {exc!r}"],
-                "last": "", "stdout_bytes": 0}
+    return run_guarded(case, materialise, check)
 
 
 def main() -> int:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostile_sweep_k5 import TRAIN, Case, _script, run_case  # noqa: E402
+from hostile_sweep_common import JSON_ERRORS, run_guarded  # noqa: E402
+from hostile_sweep_k5 import TRAIN, Case, _script  # noqa: E402
 from hostile_sweep_k5 import main as k5_main  # noqa: E402
 from hostile_sweep_k6 import check as k6_check  # noqa: E402
 from hostile_sweep_k6 import materialise  # noqa: E402
@@ -44,11 +45,6 @@ class Case7(Case):
 def _case(name: str, surface: str, argv: list[str], codes: set[int] | int, **kw) -> Case7:
     codes = {codes} if isinstance(codes, int) else codes
     return Case7(name, surface, tuple(argv), frozenset(codes), **kw)
-
-
-JSON_ERRORS: set[str] = set()
-"""Cases whose stdout was one JSON error object: with --json, estimate and fit say the error
-there only (README "Exit codes"), so no stderr line is owed."""
 
 
 def check(case: Case, root: Path, stdout: bytes, stderr: str) -> list[str]:
@@ -353,18 +349,10 @@ def cases() -> list:
 
 
 def run_one(case: Case) -> dict:
-    """`run_case`, where the sweep's own failure to set a case up is that case's row."""
+    """A service case in process, any other by the shared runner."""
     if getattr(case, "request", None) is not None:
         return run_service_case(case)
-    try:
-        row = run_case(case, materialise, check)
-        if case.name in JSON_ERRORS and row["exit"] not in (0, None):
-            row["problems"] = [p for p in row["problems"] if p != "no peakmem line"]
-        return row
-    except Exception as exc:  # noqa: BLE001 - one broken case must not end the sweep
-        return {"name": case.name, "surface": case.surface, "exit": None, "lines": 0,
-                "traceback": False, "seconds": 0, "problems": [f"sweep error {exc!r}"],
-                "last": "", "stdout_bytes": 0}
+    return run_guarded(case, materialise, check)
 
 
 def main() -> int:

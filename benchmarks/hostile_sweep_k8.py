@@ -23,8 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from hostile_sweep_common import run_guarded  # noqa: E402
 from hostile_sweep_k5 import TRAIN, _script  # noqa: E402
 from hostile_sweep_k5 import main as k5_main  # noqa: E402
+from hostile_sweep_k6 import materialise  # noqa: E402
 from hostile_sweep_k7 import Case7  # noqa: E402
 from hostile_sweep_k7 import check as k7_check  # noqa: E402
 from hostile_sweep_k7 import run_one as k7_run_one  # noqa: E402
@@ -203,19 +205,7 @@ def cases() -> list:
 def run_one(case) -> dict:
     if getattr(case, "request", None) is not None:
         return k7_run_one(case)
-    from hostile_sweep_k5 import run_case
-    from hostile_sweep_k6 import materialise
-    from hostile_sweep_k7 import JSON_ERRORS
-
-    try:
-        row = run_case(case, materialise, check)
-        if case.name in JSON_ERRORS and row["exit"] not in (0, None):  # as k7: the error is
-            row["problems"] = [p for p in row["problems"] if p != "no peakmem line"]  # stdout's
-        return row
-    except Exception as exc:  # noqa: BLE001 - one broken case must not end the sweep
-        return {"name": case.name, "surface": case.surface, "exit": None, "lines": 0,
-                "traceback": False, "seconds": 0, "problems": [f"sweep error {exc!r}"],
-                "last": "", "stdout_bytes": 0}
+    return run_guarded(case, materialise, check)
 
 
 def main() -> int:

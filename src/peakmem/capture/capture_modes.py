@@ -46,14 +46,26 @@ from peakmem.capture.host_deferred import (
     deferral_patches,
 )
 from peakmem.capture.phases import PhaseTracker
+from peakmem.capture.replaced_methods import canonical
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
+from peakmem.capture.unsupported import Unsupported
 from peakmem.cuda_rules import FUNCTION_RULES
 
 _push = torch._C._push_on_torch_function_stack
 _pop = torch._C._pop_torch_function_stack
 _stack_length = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
+
+
+MODES_REMOVED = (
+    "jobs that take peakmem's torch function mode off torch's mode stack "
+    "(torch._C._pop_torch_function_stack: the device tensors made after that would go unseen)")
+"""What the job did, as `Unsupported` says it: `peakmem does not support ... yet` (exit 3)."""
+
+
+class ModesRemoved(Unsupported):
+    """The job removed the capture's mode: what it allocated after that was not recorded."""
 
 
 class CaptureModes(TorchFunctionMode):
@@ -77,11 +89,18 @@ class CaptureModes(TorchFunctionMode):
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
+        if not any(_stack_at(i) is self for i in range(_stack_length())):
+            # the job popped it (`torch._C._pop_torch_function_stack()`): torch's own exit
+            # would raise `trying to pop from empty mode stack` in place of the job's outcome
+            self.deferral.close()
+            self.device_map.close()
+            raise ModesRemoved(MODES_REMOVED) from exc[1]
         super().__exit__(*exc)
         self.deferral.close()
         self.device_map.close()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        func = canonical(func)  # a Tensor method the job replaced: the original's call
         if func in self._deferral_handlers and func not in self._idle_when_unmarked:
             return self.layered(func, types, args, kwargs)
         if kwargs:

@@ -31,12 +31,15 @@ from peakmem.capture.fake_tensors import job_default_is_device, mark_pinned
 from peakmem.capture.grad_accumulation import backward_roots, engine_marked
 from peakmem.capture.known_values import KNOWN_VALUE_OPS, call_carrying_values
 from peakmem.capture.phases import PhaseTracker
+from peakmem.capture.replaced_methods import ORIGINAL, canonical
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
 from peakmem.cuda_rules import FUNCTION_RULES
 from peakmem.cuda_rules.true_device import is_meta
 
 CAPTURE_DEVICE = torch.device("meta")
+TO = ORIGINAL["to"]
+"""`Tensor.to` as peakmem found it: `.cuda()` moves with it, not with a `to` the job replaced."""
 Tensor = torch.Tensor
 
 # Tensor methods that read device memory into Python or host memory.
@@ -266,6 +269,7 @@ class CudaAsMeta(TorchFunctionMode):
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        func = canonical(func)  # a Tensor method the job replaced: the original's call
         if func in KNOWN_VALUE_OPS and self.session.host_value is None:
             # fake mode: known host values carried through cheap ops (capture.known_values)
             kwargs = dict(kwargs or {})
@@ -300,17 +304,17 @@ class CudaAsMeta(TorchFunctionMode):
         if func in _FROM_DATA and (kwargs.get("device") == CAPTURE_DEVICE
                                    or _has_device_tensor(args, {})):
             return self._from_data(func, args, kwargs)
-        if func is Tensor.to:
+        if func is ORIGINAL["to"]:
             return self._to(args, kwargs)
-        if func is Tensor.cuda:
+        if func is ORIGINAL["cuda"]:
             note_other_gpu(self.session, args[1] if len(args) > 1 else kwargs.get("device"))
-            moved = args[0].to(CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
+            moved = TO(args[0], CAPTURE_DEVICE, non_blocking=kwargs.get("non_blocking", False))
             if args[0].layout == torch.sparse_coo and not is_meta(args[0]):
                 return _sparse_with_its_entries(args[0], moved)
             return _keeps_host_data(args[0], moved)
-        if func is Tensor.cpu and is_meta(args[0]):
+        if func is ORIGINAL["cpu"] and is_meta(args[0]):
             return self._host(args[0])
-        if func is Tensor.copy_ and _copies_device_to_host(args, kwargs):
+        if func is ORIGINAL["copy_"] and _copies_device_to_host(args, kwargs):
             return self._copy_to_host(args, kwargs)
         if func in _HOST_READS and _has_device_tensor(args, kwargs):
             if not kwargs and all(type(arg) in _FLAT_LEAVES for arg in args):
@@ -405,7 +409,7 @@ class CudaAsMeta(TorchFunctionMode):
             # the host device stays named: `nn.Module.to(device="cpu")` converts each tensor
             # with `t.to(device, None, non_blocking)`, whose dtype None only the device form takes
             return host.to("cpu", *rest, **kwargs) if (rest or kwargs) else host
-        moved = tensor.to(*rest, **kwargs)
+        moved = TO(tensor, *rest, **kwargs)  # not a `to` the job replaced
         if tensor.layout == torch.sparse_coo and not is_meta(tensor) and is_meta(moved):
             return _sparse_with_its_entries(tensor, moved)
         return _keeps_host_data(tensor, moved)

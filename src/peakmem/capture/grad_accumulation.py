@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from peakmem.capture.replaced_methods import ORIGINAL
+
 _local = threading.local()
 
 
@@ -104,7 +106,7 @@ def graph_nodes(roots: Iterable[Any]) -> list[Any]:
 def backward_roots(func: Any, args: tuple, kwargs: dict) -> list[Any]:
     """The grad_fn of the tensors a backward call differentiates (`Tensor.backward(self)`,
     `torch.autograd.backward(tensors)`, `torch.autograd.grad(outputs)`)."""
-    if func is torch.Tensor.backward:
+    if func is ORIGINAL["backward"]:
         first = args[0] if args else kwargs.get("self")
         tensors: Any = [first]
     else:

@@ -50,8 +50,12 @@ from peakmem.capture.arg_tensors import LEAF_TYPES, tensors_in
 from peakmem.capture.backward_view import job_view_in_backward
 from peakmem.capture.device_specs import is_cuda_spec, is_host_spec, is_meta_spec
 from peakmem.capture.host_values import HostValues
+from peakmem.capture.replaced_methods import ORIGINAL, canonical
 from peakmem.capture.session import CaptureSession
 from peakmem.trace.vocab import Category
+
+TO = ORIGINAL["to"]
+"""`Tensor.to` as peakmem found it: a job's replacement (a no-op `to`) does not move peakmem's copies."""
 
 Tensor = torch.Tensor
 HOST, META, DEVICE = "host", "meta", "device"
@@ -214,10 +218,10 @@ class HostDeferral(TorchFunctionMode):
             self._handlers[func] = self._factory
         for func in _LIKE | _NEW:
             self._handlers[func] = self._from_tensor
-        self._handlers[Tensor.to] = self._to
+        self._handlers[ORIGINAL["to"]] = self._to
         self._handlers[torch._C._nn._parse_to] = self._parse_to
-        self._handlers[Tensor.cuda] = self._cuda
-        self._handlers[Tensor.cpu] = self._cpu
+        self._handlers[ORIGINAL["cuda"]] = self._cuda
+        self._handlers[ORIGINAL["cpu"]] = self._cpu
         for func in _READS:
             self._handlers[func] = self._read
         self._handlers[torch.stack] = self._collate_stack
@@ -313,6 +317,7 @@ class HostDeferral(TorchFunctionMode):
         return True
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        func = canonical(func)  # a Tensor method the job replaced: the original's call
         if func in self._attribute_reads and not kwargs and self._reads_attribute(func, args):
             with _NO_MODES():
                 return func(*args)
@@ -745,7 +750,7 @@ class HostDeferral(TorchFunctionMode):
         if HOST not in kinds:
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        if (name.endswith("_") and not name.startswith("__")) or func is Tensor.__setitem__:
+        if (name.endswith("_") and not name.startswith("__")) or func is ORIGINAL["__setitem__"]:
             # `t.normal_(...)`, or `nn.init.normal_(tensor=t, ...)` as torch-function dispatch
             # passes it
             target = args[0] if args else kwargs.get("tensor", kwargs.get("input"))
@@ -818,7 +823,7 @@ def _to_copy(tensor: Tensor, device: Any, dtype: Any, non_blocking: bool, memory
         kwargs["dtype"] = dtype
     if memory_format is not None:
         kwargs["memory_format"] = memory_format
-    return tensor.to(**kwargs)
+    return TO(tensor, **kwargs)  # not a `to` the job replaced
 
 
 def _cuda_device(value: Any) -> torch.device:

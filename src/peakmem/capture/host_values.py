@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from peakmem.capture.replaced_methods import ORIGINAL
+
 Tensor = torch.Tensor
 _NO_MODES = torch._C.DisableTorchFunction
 _SELF = object()
@@ -113,7 +115,7 @@ class HostValues:
         recipe = self.recipes.setdefault(key, Recipe(None))
         if recipe.values is not None:
             self._settle_dependents(key)
-        if func is Tensor.copy_ and _covers_storage(target):
+        if func is ORIGINAL["copy_"] and _covers_storage(target):
             source = args[1] if len(args) > 1 else kwargs.get("src")
             recipe.reset(loaded=self.is_loaded(source))
         if len(recipe.steps) >= MAX_STEPS:  # a buffer written over and over: not replayed

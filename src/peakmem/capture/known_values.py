@@ -30,6 +30,7 @@ from torch.utils._pytree import SUPPORTED_NODES, tree_flatten, tree_map
 
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.device_specs import is_cuda_spec
+from peakmem.capture.replaced_methods import ORIGINAL
 from peakmem.cuda_rules.true_device import is_meta
 
 Tensor = torch.Tensor
@@ -249,7 +250,7 @@ def call_carrying_values(
     op computes from known inputs (see the module docstring)."""
     bound, known, give = _host_data()
     host_call = _host_arguments(args, kwargs, bound, known)
-    masked = func is Tensor.__getitem__ and _masks(args)
+    masked = func is ORIGINAL["__getitem__"] and _masks(args)
     if host_call is None:
         if masked:  # the selection's size is known from a known mask, the values are not
             return run(_masks_as_indices(args, known, give))

@@ -121,6 +121,19 @@ def backend_flags_restored() -> Iterator[None]:
                 setattr(owner, name, value)
 
 
+def _replaced_own_module(exc: BaseException) -> str | None:
+    """The peakmem module an ImportError names where the job had put something else in its
+    place in sys.modules (python's `(unknown location)`: a module without a file; `None in
+    sys.modules`): peakmem's failure to run, not the job's error. (peakmem's modules are back
+    in sys.modules by now: `interpreter_state_restored`.)"""
+    name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    if not isinstance(name, str) or name.split(".")[0] != "peakmem":
+        return None
+    text = safe_str(exc)
+    replaced = text.endswith("(unknown location)") or text.endswith("None in sys.modules")
+    return name if replaced else None
+
+
 def _is_fake_limit(exc: BaseException) -> bool:
     """An error raised because the device tensors are fake, not by the job itself (for errors
     the recorder did not see: raised above the aten ops)."""
@@ -239,6 +252,11 @@ def _run_captured(
             if session.fake_limit is not None and result.reason != "bad_input":
                 result.error_text = fake_limit_message(session.fake_limit, exc)
                 result.reason = "fake_limit"
+            poisoned = _replaced_own_module(exc)
+            if poisoned is not None:
+                exc = Unsupported(f"jobs that replace peakmem's own module {poisoned} in "
+                                  "sys.modules (the capture imports it while the job runs)")
+                result.error, result.error_type = exc, "Unsupported"
             if isinstance(exc, Unsupported):
                 result.reason, result.error_text = "unsupported", safe_str(exc)
             elif getattr(exc, "peakmem_simulated_oom", False):

@@ -4,7 +4,8 @@ peakmem's child ends its process at once after the capture (`os._exit`, so that 
 cannot hold it up), which would skip every handler the job registered, and with it what they
 do on the device (a checkpoint saved from GPU tensors, a final evaluation, `empty_cache`).
 While the job runs, :func:`job_exit_handlers` keeps the functions the job's own code registers
-(defined outside the standard library, site-packages and peakmem) in a list of its own; when the
+(defined, or registered by code, outside the standard library, site-packages and peakmem: a
+builtin the script registers, `atexit.register(os._exit, 5)`, is the job's) in a list of its own; when the
 script ends normally (it returns, or `sys.exit(0)`) they are run last-registered first, inside
 the capture, as the interpreter would: an exception from one is printed (`Exception ignored in
 atexit callback`) and the next one runs. peakmem's control-flow exceptions (a time limit, a step
@@ -34,7 +35,9 @@ class ExitHandlers:
         default_factory=list)
 
     def register(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        if not is_job_code(func):
+        # the job's handler: one it defined, or one its own code registers (a builtin or a
+        # library's function: `atexit.register(os._exit, 5)`, `atexit.register(torch.save, ...)`)
+        if not (is_job_code(func) or _is_job_file(sys._getframe(1).f_code.co_filename)):
             return _REAL_REGISTER(func, *args, **kwargs)
         self.handlers.append((func, args, kwargs))
         return func  # atexit.register returns the function (decorator use)
@@ -136,10 +139,13 @@ def is_job_code(func: Any) -> bool:
         func = func.func
     func = getattr(func, "__func__", func)  # a bound method
     code = getattr(func, "__code__", None)
-    if code is None:
-        return False
-    filename = os.path.realpath(code.co_filename)
-    return os.path.isabs(code.co_filename) and not filename.startswith(_LIBRARY_DIRS)
+    return code is not None and _is_job_file(code.co_filename)
+
+
+def _is_job_file(name: str) -> bool:
+    """Whether code compiled from `name` is the job's own (an absolute path outside the
+    standard library, the installed packages and peakmem)."""
+    return os.path.isabs(name) and not os.path.realpath(name).startswith(_LIBRARY_DIRS)
 
 
 @contextmanager

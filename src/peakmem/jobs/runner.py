@@ -12,6 +12,8 @@ from __future__ import annotations
 import builtins
 import errno
 import importlib.machinery
+import importlib.util
+import marshal
 import os
 import runpy
 import shutil
@@ -235,12 +237,16 @@ def run_script_file(path: str) -> None:
     filename = os.path.abspath(path)
     with open(filename, "rb") as handle:
         source = handle.read()
-    code = compile(source, filename, "exec", dont_inherit=True)
+    if is_compiled_script(filename, source):  # `python train.pyc`: the code python compiled
+        code = compiled_script_code(source)
+        loader = importlib.machinery.SourcelessFileLoader("__main__", filename)
+    else:
+        code = compile(source, filename, "exec", dont_inherit=True)
+        loader = importlib.machinery.SourceFileLoader("__main__", filename)
     module = types.ModuleType("__main__")
     module.__dict__.update(
         __file__=filename, __cached__=None, __package__=None, __spec__=None,
-        __loader__=importlib.machinery.SourceFileLoader("__main__", filename),
-        __builtins__=builtins,
+        __loader__=loader, __builtins__=builtins,
     )
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = module
@@ -249,6 +255,27 @@ def run_script_file(path: str) -> None:
     finally:
         if saved is not None:
             sys.modules["__main__"] = saved
+
+
+def is_compiled_script(filename: str, data: bytes) -> bool:
+    """Whether `python FILE` runs FILE as compiled code (CPython's `maybe_pyc_file`): a name
+    ending in .pyc, or a file whose first two bytes are the magic number's."""
+    return filename.endswith(".pyc") or data[:2] == importlib.util.MAGIC_NUMBER[:2]
+
+
+def compiled_script_code(data: bytes) -> types.CodeType:
+    """The code of a .pyc file's bytes as `python train.pyc` runs it (CPython's `run_pyc_file`:
+    the magic number, three header words, the marshalled code), refused as python refuses it:
+    RuntimeError `Bad magic number in .pyc file` / `Bad code object in .pyc file`."""
+    if data[:4] != importlib.util.MAGIC_NUMBER:
+        raise RuntimeError("Bad magic number in .pyc file")
+    try:
+        code = marshal.loads(data[16:])
+    except (EOFError, ValueError, TypeError):
+        code = None
+    if not isinstance(code, types.CodeType):
+        raise RuntimeError("Bad code object in .pyc file")
+    return code
 
 
 def _exit_code(exc: SystemExit) -> int:
