@@ -92,7 +92,7 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     with contextlib.suppress(OSError):  # a directory the job cannot write: no nvidia-smi then
         fake_nvidia_smi.install(
             Path(request["result"]).parent / "bin", gpu.device_name, gpu.total_memory_bytes,
-            gpu.capability,
+            gpu.capability, stack.driver_version, stack.driver_cuda_version,
         )
     from peakmem.capture import side_effects
 
