@@ -195,3 +195,27 @@ def test_the_peak_is_what_the_processes_alive_together_hold():
     assert alive_together([a, b, c], 100, (12.0, 40.0)) == 118
     assert processes_bytes([a], 100, (12.0, 40.0)) == 0  # the part before the exec: not added
     assert alive_together([a, _report(4, 1.0, 2.0, 9, device=False)]) == 5
+
+
+def test_a_child_stopped_by_fake_mode_makes_auto_mode_rerun_the_job(tmp_path):
+    from types import SimpleNamespace
+
+    from peakmem.capture import spawned_children
+
+    report = {**_report(123, 1.0, 2.0, 0, device=False), "exit_code": 1,
+              "parent": os.getpid(), "name": "python train.py",
+              "fake_limit": "NotImplementedError: aten::foo has no meta kernel"}
+    (tmp_path / "spawned-123.json").write_text(json.dumps(report))
+    spawned_children.configure(tmp_path, "h200", "2.11", "fake", tmp_path / "request.json")
+    try:
+        failed = SimpleNamespace(error=RuntimeError("CalledProcessError"), fake_limit=None,
+                                 notes=[], processes=[])
+        spawned_children.attach(failed)
+        ended = SimpleNamespace(error=None, fake_limit=None, notes=[], processes=[])
+        spawned_children.attach(ended)
+    finally:
+        spawned_children._CONFIG.clear()
+    assert failed.processes == [report]
+    assert failed.fake_limit == ("in `python train.py`: NotImplementedError: aten::foo has no "
+                                 "meta kernel")
+    assert ended.fake_limit is None  # the job went on: its estimate stands
