@@ -153,6 +153,7 @@ def test_which_commands_are_captured():
     assert target("python", "-c", "import torch", "a") == ["python", "-c", "import torch", "a"]
     assert target("python", "-c", "import sys, json; print(1)") is None  # the stdlib only
     assert target("python", "-m", "pip", "install", "x") is None
+    assert target("python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "t.py") is None
     assert target("python", "--version") is None and target("python") is None
     assert target("python", "/site/cpuinfo/cpuinfo.py", "--json") is None
     assert target("bash", "train.py") is None and target("torchrun", "train.py") is None

@@ -22,9 +22,10 @@ job's own process re-enter the job's capture with the new command (the same proc
 result is the job's); elsewhere (a subprocess, a fork) they re-enter a subprocess capture. The
 part before the exec reports its device memory as ended there (`method` "exec").
 
-Left as before: launchers (`torchrun`, `accelerate launch`, ...) started by the job run outside
-the fake GPU (a note names the command to estimate instead, and a failed job's one-line error
-too: `CaptureResult.failure_hint`); so does everything outside a supervised job's process (the
+Left as before: launchers (`torchrun`, `python -m torch.distributed.run`, `accelerate launch`,
+...) started by the job run outside the fake GPU (a note names the command to estimate
+instead, and a failed job's one-line error too: `CaptureResult.failure_hint`); so does
+everything outside a supervised job's process (the
 in-process API, `isolate=False`). Non-Python programs are left alone (`nvidia-smi` finds the
 fake one on PATH).
 """
@@ -178,6 +179,10 @@ def capture_target(words: list[str]) -> Any:
         return None  # `python`, `python -`, `python --version`
     if spec.module is not None and spec.module.split(".")[0] in HOST_MODULES:
         return None
+    from peakmem.jobs.launchers import LAUNCHERS
+
+    if spec.module is not None and spec.module in LAUNCHERS:  # `-m torch.distributed.run`:
+        return None  # a launcher, left alone and noted as `torchrun` is
     if spec.code is not None and not beyond_stdlib(spec.code):
         return None
     if spec.script is not None and host_helper([spec.script]) is not None:
