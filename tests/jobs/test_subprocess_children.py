@@ -158,6 +158,9 @@ def test_which_commands_are_captured():
     assert target("python", "/site/cpuinfo/cpuinfo.py", "--json") is None
     assert target("bash", "train.py") is None and target("torchrun", "train.py") is None
     assert beyond_stdlib("from train import main; main()") and not beyond_stdlib("print(")
+    # peakmem's own: a nested estimate, and the bootstraps of its job processes
+    assert target("python", "-m", "peakmem", "estimate", "t.py") is None
+    assert not beyond_stdlib("import sys; from peakmem.capture.child import main; main()")
 
 
 def test_commands_are_rewritten_only_in_a_jobs_process(tmp_path, monkeypatch):

@@ -68,6 +68,7 @@ HOST_MODULES: dict[str, str] = {
     "cpuinfo": "py-cpuinfo's CPU probe",
     "setuptools": "builds packages",
     "build": "builds packages",
+    "peakmem": "peakmem itself (a nested `peakmem estimate` runs as it would)",
 }
 """`python -m MODULE` commands run unchanged, by MODULE's top-level package: tools that never
 use a GPU (capturing them would only cost a torch import each)."""
@@ -141,12 +142,14 @@ _RUNS_CODE = frozenset({"exec", "__import__", "import_module", "run_path", "run_
 def beyond_stdlib(code: str) -> bool:
     """Whether a `-c` program imports a module outside the standard library (or runs code it
     loads: exec, runpy, importlib): read with `ast`, never run. A program python cannot compile
-    is not (python reports it)."""
+    is not (python reports it), nor one that imports peakmem (peakmem's own bootstraps: a
+    nested estimate's job process, multiprocessing children already booted)."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    beyond = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -155,14 +158,15 @@ def beyond_stdlib(code: str) -> bool:
         elif isinstance(node, ast.Call):
             func = node.func
             name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-            if name in _RUNS_CODE:
-                return True
+            beyond = beyond or name in _RUNS_CODE
             continue
         else:
             continue
-        if any(name.split(".")[0] not in stdlib for name in names):
-            return True
-    return False
+        tops = {name.split(".")[0] for name in names}
+        if "peakmem" in tops:
+            return False
+        beyond = beyond or any(top not in stdlib for top in tops)
+    return beyond
 
 
 def capture_target(words: list[str]) -> Any:
