@@ -161,6 +161,12 @@ def test_which_commands_are_captured():
     # peakmem's own: a nested estimate, and the bootstraps of its job processes
     assert target("python", "-m", "peakmem", "estimate", "t.py") is None
     assert not beyond_stdlib("import sys; from peakmem.capture.child import main; main()")
+    # the bootstrap decides before importing torch: `python --version` through a shim stays cheap
+    probe = ("import sys; from peakmem.capture.python_subprocesses import capture_target; "
+             "capture_target(['python', '--version']); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(SRC)}, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_commands_are_rewritten_only_in_a_jobs_process(tmp_path, monkeypatch):

@@ -40,10 +40,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from peakmem.capture.session import CaptureSession
 from peakmem.shell_words import shell_words
+
+if TYPE_CHECKING:  # torch-free: the subprocess bootstrap decides before importing torch
+    from peakmem.capture.session import CaptureSession
 
 _REAL_INIT = subprocess.Popen.__init__
 _REAL_EXECV, _REAL_EXECVE = os.execv, os.execve
