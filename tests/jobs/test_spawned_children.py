@@ -278,7 +278,8 @@ def test_the_bootstrap_goes_before_spawn_and_forkserver_programs_only(configured
 
 
 def _report(**change) -> dict:
-    report = {"pid": 7, "name": "Process-1", "method": "spawn", "exit_code": 0, "device": True,
+    report = {"pid": 7, "parent": 1, "name": "Process-1", "method": "spawn", "start": 1.0,
+              "end": 2.0, "steps": 0, "fake_limit": None, "exit_code": 0, "device": True,
               "peak_bytes": 3, "context_bytes": 1, "library_bytes": 1, "peak_reserved_bytes": 1,
               "peak_allocated_bytes": 1, "error": None}
     report.update(change)
@@ -293,6 +294,7 @@ def test_malformed_reports_are_left_out(tmp_path):
     (tmp_path / "spawned-11.json").symlink_to(tmp_path / "spawned-7.json")
     assert read_reports(tmp_path) == [_report()]
     assert not valid_report(_report(device=1)) and not valid_report(_report(method="fork"))
+    assert not valid_report(_report(start=float("nan"))) and not valid_report(_report(end=1))
 
 
 def test_the_result_file_checks_the_processes_field():

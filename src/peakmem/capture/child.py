@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ def main(args: list[str]) -> None:
     writer: ResultWriter | None = None
     try:
         request = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+        request["request_path"] = os.path.abspath(args[0])  # the job's Python subprocesses'
         writer = ResultWriter(request["result"])
         del sys.path[0]  # peakmem's entry: the job's script directory goes there instead
         from peakmem.torch_import_modules import record
@@ -78,7 +80,13 @@ def main(args: list[str]) -> None:
     end_process(0)
 
 
-def _run(request: dict[str, Any], writer: Any) -> Any:
+def _run(request: dict[str, Any], writer: Any,
+         deliver: Callable[[Any], None] | None = None) -> Any:
+    """Capture the request's job in this process. `deliver`: what a job that ends its process
+    with os._exit(n) delivers (default: its result through `writer`)."""
+    import time
+
+    start = float(request.get("start") or time.monotonic())
     from peakmem.capture.result_io import encode
     from peakmem.capture.runner import capture_command, capture_in_progress
     from peakmem.jobs.child import os_exit_hook
@@ -87,19 +95,23 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
     from peakmem.profiles import load_gpu, load_stack
 
     gpu, stack = load_gpu(request["gpu"]), load_stack(request["torch_version"])
-    from peakmem.capture import fake_nvidia_smi
+    from peakmem.capture import fake_nvidia_smi, python_subprocesses
 
     with contextlib.suppress(OSError):  # a directory the job cannot write: no nvidia-smi then
         fake_nvidia_smi.install(
             Path(request["result"]).parent / "bin", gpu.device_name, gpu.total_memory_bytes,
-            gpu.capability,
+            gpu.capability, stack.driver_version, stack.driver_cuda_version,
         )
+        if request.get("request_path"):  # `python ...` through a shell (os.system) captured
+            python_subprocesses.install_shims(Path(request["result"]).parent / "bin",
+                                              request["request_path"])
     from peakmem.capture import side_effects
 
     # diverted saves go in the parent's directory: removed with it however the job ends
     side_effects.SCRATCH_PARENT = Path(request["result"]).parent
     argv = list(request["argv"])
-    spec = JobSpec.parse(argv)
+    allow_code = bool(request.get("allow_code"))
+    spec = JobSpec.parse(argv, allow_code)
     missing = _missing_module(spec) or shadowed_frameworks(spec)
     if missing is not None:
         return _bad_input(ModuleNotFoundError(missing), request["mode"])
@@ -112,6 +124,11 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
             return
         mark_os_exit(snapshot, code)
         spawned_children.attach(snapshot, shutdown=False)
+        if snapshot.processes:
+            snapshot.trace.meta["process_span"] = [start, time.monotonic()]
+        if deliver is not None:
+            deliver(snapshot)
+            return
         writer.write(encode(snapshot, writer.pid))
 
     from peakmem.capture.fake_memory import allocator_target
@@ -128,15 +145,20 @@ def _run(request: dict[str, Any], writer: Any) -> Any:
 
     # the job's spawn / forkserver children run under the fake GPU too, reporting here
     spawned_children.configure(Path(request["result"]).parent, gpu.name, request["torch_version"],
-                               request["mode"])
+                               request["mode"], request.get("request_path"),
+                               request.get("role", "job"))
     try:
         with os_exit_hook(writer, on_exit), own_session_calls(), native_writes, job_environment(
             request.get("alloc_conf"), request["torch_version"]
         ), allocator_target(request.get("alloc_conf"), request["torch_version"]):
             result = capture_command(
-                argv, gpu=gpu, stack=stack, steps=request["steps"], mode=request["mode"]
+                argv, gpu=gpu, stack=stack, steps=request["steps"], mode=request["mode"],
+                allow_code=allow_code,
             )
         spawned_children.attach(result)
+        result.notes[:0] = [str(note) for note in request.get("notes", [])]
+        if result.processes:  # when this process ran, against its children's spans
+            result.trace.meta["process_span"] = [start, time.monotonic()]
         return result
     except InputError as exc:  # a setting read in the job's process (an `env NAME=VALUE`
         # prefix's PEAKMEM_TRANSFORMERS_RELEASE) refused before the job ran: was internal (70)

@@ -301,7 +301,8 @@ def runtime_patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
         (cuda, "get_device_name"): lambda device=None: gpu.device_name,
         (cuda, "get_device_properties"): lambda device=None: props,
         (cuda, "get_device_capability"): lambda device=None: (major, minor),
-        (cuda, "get_arch_list"): lambda: [f"sm_{major}{minor}"],
+        # the wheels' architectures (stack profile `arch_list`), not only the GPU's
+        (cuda, "get_arch_list"): lambda: list(session.stack.arch_list) or [f"sm_{major}{minor}"],
         (cuda, "synchronize"): lambda device=None: None,
         (cuda, "ipc_collect"): lambda: None,
         (cuda, "Stream"): FakeStream,
@@ -346,6 +347,7 @@ def patch_providers() -> list[PatchProvider]:
     attribute) -> replacement: CUDA's observable state, memory readings, RNG, graphs and
     profiling, processes, tensors."""
     from peakmem.capture import (
+        blas_workspaces,
         cuda_state,
         data_parallel,
         device_processes,
@@ -367,6 +369,7 @@ def patch_providers() -> list[PatchProvider]:
 
     return [
         cuda_state.patches,
+        blas_workspaces.patches,
         fake_memory_api.patches,
         fake_legacy.patches,
         fake_rng.patches,

@@ -28,9 +28,11 @@ CUDA_VERSION = "12.4"
 class Card:
     """One simulated GPU as nvidia-smi reports it."""
 
-    def __init__(self, index: int, name: str, total_mib: int, compute_cap: str = "[N/A]") -> None:
+    def __init__(self, index: int, name: str, total_mib: int, compute_cap: str = "[N/A]",
+                 driver: str = DRIVER_VERSION, cuda: str = CUDA_VERSION) -> None:
         self.index, self.name, self.total_mib = index, name, total_mib
         self.compute_cap = compute_cap
+        self.driver, self.cuda = driver, cuda  # the stack profile's driver and its CUDA
 
     @property
     def uuid(self) -> str:
@@ -54,7 +56,7 @@ FIELDS: dict[str, tuple[Callable[[Card], str], str]] = {
     "pci.bus_id": (lambda card: card.bus_id, ""),
     "gpu_bus_id": (lambda card: card.bus_id, ""),
     "count": (lambda card: "", ""),  # filled in by the caller (the number of cards)
-    "driver_version": (lambda card: DRIVER_VERSION, ""),
+    "driver_version": (lambda card: card.driver, ""),
     "memory.total": _mib(lambda card: card.total_mib),
     "memory.used": _mib(lambda card: 0),
     "memory.reserved": _mib(lambda card: 0),
@@ -112,9 +114,10 @@ def _query(cards: list[Card], fields: list[str], fmt: str, out: list[str], count
 def _details(cards: list[Card], out: list[str], filtered: bool) -> None:
     """`nvidia-smi -q` (`-d MEMORY`: the memory section only, as the classic
     `nvidia-smi -q -d Memory | grep -A4 GPU | grep Free` reads it)."""
+    first = cards[0]
     out += ["", "==============NVSMI LOG==============", "",
-            f"Driver Version                            : {DRIVER_VERSION}",
-            f"CUDA Version                              : {CUDA_VERSION}", "",
+            f"Driver Version                            : {first.driver}",
+            f"CUDA Version                              : {first.cuda}", "",
             f"Attached GPUs                             : {len(cards)}"]
     for card in cards:
         out.append(f"GPU {card.bus_id}")
@@ -128,9 +131,10 @@ def _details(cards: list[Card], out: list[str], filtered: bool) -> None:
 
 
 def _table(cards: list[Card], out: list[str]) -> None:
+    first = cards[0]
     out += ["+" + "-" * 87 + "+",
-            f"| NVIDIA-SMI {DRIVER_VERSION}   Driver Version: {DRIVER_VERSION}   "
-            f"CUDA Version: {CUDA_VERSION}".ljust(88) + "|",
+            f"| NVIDIA-SMI {first.driver}   Driver Version: {first.driver}   "
+            f"CUDA Version: {first.cuda}".ljust(88) + "|",
             "|" + "-" * 87 + "|"]
     for card in cards:
         out.append(f"|   {card.index}  {card.name}".ljust(50)
@@ -140,9 +144,11 @@ def _table(cards: list[Card], out: list[str]) -> None:
 
 
 def main(args: list[str], name: str, total_mib: int, count: int = 1,
-         compute_cap: str = "[N/A]") -> tuple[int, str]:
-    """nvidia-smi's exit code and output for `args` on `count` idle cards."""
-    cards = [Card(i, name, total_mib, compute_cap) for i in range(max(1, count))]
+         compute_cap: str = "[N/A]", driver: str = DRIVER_VERSION,
+         cuda: str = CUDA_VERSION) -> tuple[int, str]:
+    """nvidia-smi's exit code and output for `args` on `count` idle cards (`driver`, `cuda`:
+    the driver's version and the CUDA it supports, the stack profile's)."""
+    cards = [Card(i, name, total_mib, compute_cap, driver, cuda) for i in range(max(1, count))]
     selected = _option(args, "-i", "--id")
     if selected is not None:
         wanted = {part.strip() for part in selected.split(",")}
@@ -167,9 +173,12 @@ def main(args: list[str], name: str, total_mib: int, count: int = 1,
     return code, "\n".join(out) + "\n" if out else ""
 
 
-def install(directory: Path, name: str, total_bytes: int, capability: tuple[int, int]) -> Path:
+def install(directory: Path, name: str, total_bytes: int, capability: tuple[int, int],
+            driver: str = DRIVER_VERSION, cuda: tuple[int, int] | None = None) -> Path:
     """Write the `nvidia-smi` executable into `directory` and put it first on this process's
-    PATH (the job and the processes it starts inherit it). Returns the executable's path."""
+    PATH (the job and the processes it starts inherit it). Returns the executable's path.
+    `driver` / `cuda`: the stack profile's `driver_version` / `driver_cuda_version`."""
+    cuda_text = CUDA_VERSION if cuda is None else "{}.{}".format(*cuda)
     directory.mkdir(parents=True, exist_ok=True)
     executable = directory / COMMAND
     executable.write_text(
@@ -179,7 +188,8 @@ def install(directory: Path, name: str, total_bytes: int, capability: tuple[int,
         "module = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
         f"code, text = module.main(sys.argv[1:], {name!r}, {total_bytes // 2**20}, "
-        f"int(os.environ.get('LOCAL_WORLD_SIZE') or 1), {'.'.join(map(str, capability))!r})\n"
+        f"int(os.environ.get('LOCAL_WORLD_SIZE') or 1), {'.'.join(map(str, capability))!r}, "
+        f"{driver!r}, {cuda_text!r})\n"
         "(sys.stderr if code else sys.stdout).write(text)\n"
         "sys.exit(code)\n",
         encoding="utf-8",

@@ -26,6 +26,16 @@ DRIVER_VERSION = "550.54.15"
 CUDA_DRIVER_VERSION = 12040
 
 
+def driver() -> tuple[str, int]:
+    """The driver's version and the CUDA it supports (NVML's 12040 for 12.4): the capture's
+    stack profile's `driver_version` / `driver_cuda_version`, as the fake nvidia-smi says."""
+    stack = getattr(current_session(), "stack", None)
+    if stack is None:
+        return DRIVER_VERSION, CUDA_DRIVER_VERSION
+    major, minor = stack.driver_cuda_version
+    return stack.driver_version, major * 1000 + minor * 10
+
+
 class FakeHandle:
     """An NVML device handle (`nvmlDeviceGetHandleByIndex`)."""
 
@@ -103,9 +113,9 @@ def _answers(module: Any) -> dict[str, Any]:
         "nvmlDeviceGetTemperature": lambda handle, sensor=0: 30,
         "nvmlDeviceGetPowerUsage": lambda handle: 50_000,
         "nvmlDeviceGetFanSpeed": lambda handle: 0,
-        "nvmlSystemGetDriverVersion": lambda: DRIVER_VERSION,
-        "nvmlSystemGetCudaDriverVersion": lambda: CUDA_DRIVER_VERSION,
-        "nvmlSystemGetCudaDriverVersion_v2": lambda: CUDA_DRIVER_VERSION,
+        "nvmlSystemGetDriverVersion": lambda: driver()[0],
+        "nvmlSystemGetCudaDriverVersion": lambda: driver()[1],
+        "nvmlSystemGetCudaDriverVersion_v2": lambda: driver()[1],
     }
     return {key: value for key, value in answers.items() if hasattr(module, key)}
 

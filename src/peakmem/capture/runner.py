@@ -419,9 +419,11 @@ def capture_command(
     steps: Steps = DEFAULT_STEPS,
     timeout: float | None = None,
     mode: str = "fake",
+    allow_code: bool = False,
 ) -> CaptureResult:
-    """Run `python script.py args` / `python -m module args` in this process, unchanged."""
-    spec = JobSpec.parse(argv)
+    """Run `python script.py args` / `python -m module args` (`python -c CODE args` where
+    `allow_code`) in this process, unchanged."""
+    spec = JobSpec.parse(argv, allow_code)
     if spec.script is not None and not script_exists(spec.script):
         raise JobSpecError(f"script not found: {spec.script}")
 

@@ -130,6 +130,10 @@ class CaptureSession:
     """The job called `torch.set_default_device` (undone after the capture)."""
     default_device_cuda: bool = False
     """... and its default device is CUDA (the capture device stands in for it)."""
+    blas_workspace_sizes: dict[str, int] = field(default_factory=dict)
+    """Workspace sizes the job set (`torch.backends.cuda.cublas_workspace_size(n)`, "cublas";
+    `cublaslt_workspace_size(n)`, "cublaslt"): handles first used afterwards take them
+    (capture.blas_workspaces, cuda_rules/blas.py)."""
     host_deferral: Any = None
     """The capture's host-deferral mode (capture.host_deferred) while the job runs."""
     stream: int = DEVICE_STREAM

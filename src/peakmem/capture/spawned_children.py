@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,14 @@ _CONFIG: dict[str, Any] = {}
 """Set by `configure` in the job's process (and by `boot` in each child): "dir" (where reports
 go), "gpu", "torch_version", "mode"; empty: children are started unchanged."""
 
-_LAUNCHED = {"spawn": 0, "forkserver": 0}
-"""Children started with the bootstrap in this process (forkserver: the server itself)."""
+_LAUNCHED = {"spawn": 0, "forkserver": 0, "subprocess": 0}
+"""Children started with the bootstrap in this process (forkserver: the server itself;
+subprocess: Python processes the job starts itself, capture.python_subprocesses)."""
+
+METHODS = ("spawn", "forkserver", "subprocess", "exec")
+"""How a reporting process was started: multiprocessing's two methods, a Python command the
+job ran (`subprocess`, `os.system`), or the part of a process before it replaced itself with
+`os.execv` (`exec`: its device memory ended there)."""
 
 _PROGRAMS = {
     "spawn": "from multiprocessing.spawn import spawn_main",
@@ -63,11 +71,18 @@ _BOOT = (
 )
 
 
-def configure(directory: str | Path, gpu: str, torch_version: str, mode: str) -> None:
+def configure(directory: str | Path, gpu: str, torch_version: str, mode: str,
+              request: str | Path | None = None, role: str = "job") -> None:
     """Boot the job's spawn / forkserver children under the fake GPU (`gpu` a profile name),
-    reporting in `directory`."""
+    reporting in `directory`. `request`: the job's request file, which its Python subprocesses
+    are captured from (capture.python_subprocesses); `role`: "job" (the job's own process) or
+    "subprocess" (one of those)."""
     _CONFIG.clear()
-    _CONFIG.update(dir=str(directory), gpu=gpu, torch_version=torch_version, mode=mode)
+    _CONFIG.update(dir=str(directory), gpu=gpu, torch_version=torch_version, mode=mode,
+                   pid=os.getpid(), role=role)
+    _CONFIG["start"] = time.monotonic()  # (the part before an exec reports from here)
+    if request is not None:
+        _CONFIG["request"] = os.path.abspath(request)
     for key in _LAUNCHED:
         _LAUNCHED[key] = 0
 
@@ -94,7 +109,8 @@ def booted_args(args: list[Any]) -> list[Any]:
 
     src = str(Path(peakmem.__file__).resolve().parents[1])
     _LAUNCHED[method] += 1
-    boot_line = _BOOT.format(src=src, config=json.dumps({**_CONFIG, "method": method}))
+    config = {key: _CONFIG[key] for key in ("dir", "gpu", "torch_version", "mode")}
+    boot_line = _BOOT.format(src=src, config=json.dumps({**config, "method": method}))
     return [*args[:at], boot_line + program, *args[at + 1:]]
 
 
@@ -118,6 +134,7 @@ def boot(config_text: str) -> None:
     """The child's bootstrap (before its own program): its process objects run under a capture."""
     del sys.path[0]  # peakmem's entry (prepare() sets the job's sys.path afterwards)
     config = json.loads(config_text)
+    config["start"] = time.monotonic()  # (the forkserver's forks: set again in run_child)
     _CONFIG.clear()
     _CONFIG.update(config)
     for key in _LAUNCHED:
@@ -152,6 +169,8 @@ def run_child(real_main: Any, fd: int, parent_sentinel: Any, config: dict[str, A
     from peakmem.profiles import load_gpu, load_stack
 
     gpu, stack = load_gpu(config["gpu"]), load_stack(config["torch_version"])
+    if config.get("method") == "forkserver":  # a fork of the server: it starts now
+        config = {**config, "start": time.monotonic()}
     state: dict[str, Any] = {"code": 1, "running": False, "terminated": False}
 
     def job() -> None:
@@ -198,14 +217,26 @@ def _exit_status(code: Any) -> int:
     return code if type(code) is int else 1
 
 
-def _write_report(result: Any, config: dict[str, Any], gpu: Any, stack: Any, code: Any) -> None:
+def _write_report(result: Any, config: dict[str, Any], gpu: Any, stack: Any, code: Any,
+                  name: str | None = None) -> None:
+    """The child's report: its own process's device memory (context + libraries + peak
+    reserved; not its own children's, which report themselves), when it was alive, how it
+    ended."""
     import multiprocessing
 
     used = used_device(result)
+    if name is None:
+        name = str(multiprocessing.current_process().name)
     report: dict[str, Any] = {
         "pid": os.getpid(),
-        "name": str(multiprocessing.current_process().name)[:200],
+        "parent": os.getppid(),
+        "name": name[:200],
         "method": config.get("method", "spawn"),
+        "start": float(config.get("start", time.monotonic())),
+        "end": 0.0,
+        "steps": max(0, int(getattr(result, "steps", 0) or 0)),
+        "fake_limit": (str(result.fake_limit)[:500]
+                       if getattr(result, "fake_limit", None) is not None else None),
         "exit_code": code if type(code) is int else 1,
         "device": used,
         "peak_bytes": 0,
@@ -229,13 +260,16 @@ def _write_report(result: Any, config: dict[str, Any], gpu: Any, stack: Any, cod
             report["error"] = f"{type(exc).__name__}: {exc}"[:500]
             report["peak_allocated_bytes"] = int(result.peak_device_bytes)
         else:
+            own = estimate.context_bytes + estimate.library_bytes + estimate.peak_reserved_bytes
             report.update(
-                peak_bytes=int(estimate.peak_bytes), context_bytes=int(estimate.context_bytes),
+                peak_bytes=int(own), context_bytes=int(estimate.context_bytes),
                 library_bytes=int(estimate.library_bytes),
                 peak_reserved_bytes=int(estimate.peak_reserved_bytes),
                 peak_allocated_bytes=int(estimate.peak_allocated_bytes),
             )
-    path = Path(config["dir"]) / f"{REPORT_PREFIX}{os.getpid()}.json"
+    report["end"] = time.monotonic()  # the process ends now: its device memory with it
+    suffix = f"-{config['part']}" if config.get("part") else ""  # the part before an exec
+    path = Path(config["dir"]) / f"{REPORT_PREFIX}{os.getpid()}{suffix}.json"
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(json.dumps(report), encoding="utf-8")
     os.replace(temporary, path)
@@ -243,10 +277,19 @@ def _write_report(result: Any, config: dict[str, Any], gpu: Any, stack: Any, cod
 
 # -- back in the job's process ------------------------------------------------------------------
 
+def _moment(value: Any) -> bool:
+    return type(value) is float and math.isfinite(value) and value >= 0
+
+
 _REPORT_FIELDS: dict[str, Any] = {
     "pid": lambda v: type(v) is int and v > 0,
+    "parent": lambda v: type(v) is int and v >= 0,
     "name": lambda v: isinstance(v, str) and len(v) <= 200,
-    "method": lambda v: v in _PROGRAMS,
+    "method": lambda v: v in METHODS,
+    "start": _moment,
+    "end": _moment,
+    "steps": lambda v: type(v) is int and 0 <= v < (1 << 62),
+    "fake_limit": lambda v: v is None or (isinstance(v, str) and len(v) <= 500),
     "exit_code": lambda v: type(v) is int and -(1 << 31) <= v < (1 << 31),
     "device": lambda v: isinstance(v, bool),
     "peak_bytes": lambda v: type(v) is int and 0 <= v < (1 << 62),
@@ -261,7 +304,8 @@ _REPORT_FIELDS: dict[str, Any] = {
 
 def valid_report(report: Any) -> bool:
     return (isinstance(report, dict) and set(report) == set(_REPORT_FIELDS)
-            and all(check(report[name]) for name, check in _REPORT_FIELDS.items()))
+            and all(check(report[name]) for name, check in _REPORT_FIELDS.items())
+            and report["start"] <= report["end"])
 
 
 def read_reports(directory: str | Path) -> list[dict[str, Any]]:
@@ -288,7 +332,7 @@ def read_reports(directory: str | Path) -> list[dict[str, Any]]:
             found.append(report)
         if len(found) >= MAX_REPORTS:
             break
-    return sorted(found, key=lambda report: report["pid"])
+    return sorted(found, key=lambda report: (report["start"], report["pid"]))
 
 
 SHUTDOWN_SECONDS = 120.0
@@ -318,13 +362,24 @@ def attach(result: Any, shutdown: bool = True) -> None:
     """The children's reports into `result.processes` (the job's process, once the job ended:
     `shutdown` first ends its children as python's shutdown would; not after the job's
     os._exit, which skips it), with a note for spawn children that did not report."""
-    if not _CONFIG or not any(_LAUNCHED.values()):  # (grandchildren need children)
+    if not _CONFIG:
         return
-    if shutdown:
+    if shutdown and (_LAUNCHED["spawn"] or _LAUNCHED["forkserver"]):
         end_children()
+    # every report in the directory: grandchildren (a subprocess's own workers) and the part
+    # of this process before an exec report there too
     reports = read_reports(_CONFIG["dir"])
     result.processes = reports
-    missing = _LAUNCHED["spawn"] - sum(1 for report in reports if report["method"] == "spawn")
+    own = os.getpid()
+    missing = _LAUNCHED["spawn"] - sum(
+        1 for report in reports if report["method"] == "spawn" and report["parent"] == own)
+    if getattr(result, "error", None) is not None and getattr(result, "fake_limit", 1) is None:
+        # a Python process the job started failed where fake mode cannot go (and the job with
+        # it): auto mode reruns the job, its processes included, in eager mode
+        for report in reports:
+            if report["fake_limit"] and report["exit_code"] != 0 and report["parent"] == own:
+                result.fake_limit = f"in `{report['name'][:120]}`: {report['fake_limit']}"
+                break
     if missing > 0:
         result.notes.append(
             f"{missing} spawn child process(es) of the job did not report (still running when "
@@ -338,9 +393,33 @@ def used_device(capture: Any) -> bool:
     return bool(capture.libraries) or any(kind in ALLOC_KINDS for kind in capture.trace.kinds)
 
 
-def processes_bytes(processes: list[dict[str, Any]]) -> int:
-    """The device memory of the job's other processes that used the device."""
-    return sum(report["peak_bytes"] for report in processes if report["device"])
+def alive_together(processes: list[dict[str, Any]], own_bytes: int = 0,
+                   own_span: tuple[float, float] | None = None) -> int:
+    """The most device memory the job's processes hold at one time (nvidia-smi's figure): each
+    process that used the device holds its own peak (context + libraries + peak reserved: a
+    caching allocator keeps what it reserved) from its start to its end, the job's own process
+    `own_bytes` over `own_span` (None: all along); the largest sum over the moments some
+    process starts. Children run one after another do not add up; children alive together
+    do, with the job's process where it is alive then."""
+    spans = [(report["start"], report["end"], report["peak_bytes"])
+             for report in processes if report["device"] and report["peak_bytes"]]
+    if own_bytes:
+        start, end = own_span if own_span is not None else (-math.inf, math.inf)
+        spans.append((start, end, own_bytes))
+    best = 0
+    for moment, _, _ in spans:
+        # alive at `moment`: started by then and not yet ended (an end at `moment` is gone)
+        total = sum(size for start, end, size in spans if start <= moment < end or (
+            start == end == moment))
+        best = max(best, total)
+    return best
+
+
+def processes_bytes(processes: list[dict[str, Any]], own_bytes: int = 0,
+                    own_span: tuple[float, float] | None = None) -> int:
+    """What the job's other processes add to its own device-level peak (`own_bytes`) at the
+    moment the processes alive together hold the most (`alive_together`)."""
+    return max(0, alive_together(processes, own_bytes, own_span) - own_bytes)
 
 
 def processes_note(processes: list[dict[str, Any]]) -> str | None:
@@ -363,13 +442,14 @@ def processes_note(processes: list[dict[str, Any]]) -> str | None:
         more = f" and {len(on_device) - 8} more" if len(on_device) > 8 else ""
         parts.append(
             f"{len(on_device)} child process(es) the job started ran under the fake GPU with "
-            f"CUDA contexts of their own: {each}{more}; their "
-            f"{human_bytes(processes_bytes(processes))} is added to peak_bytes (nvidia-smi's "
-            "figure for the GPU) as if their peaks and the job's coincided: exact when they ran "
-            "after the job's peak or alongside it (its caching allocator keeps what it "
-            "reserved), an upper bound otherwise; peak_reserved_bytes and peak_allocated_bytes "
-            "are the job's own process")
+            f"CUDA contexts of their own: {each}{more}; peak_bytes (nvidia-smi's figure for "
+            "the GPU) is the most the processes alive together hold: each child its own peak "
+            "from its start to its end (children run one after another do not add up), the "
+            "job's own process its peak all along (its caching allocator keeps what it "
+            "reserved: exact when the children run after the job's peak or alongside it, an "
+            "upper bound otherwise); peak_reserved_bytes and peak_allocated_bytes are the "
+            "job's own process")
     if idle:
-        parts.append(f"{idle} child process(es) the job started (spawn / forkserver) ran under "
+        parts.append(f"{idle} child process(es) the job started ran under "
                      "the fake GPU and made no device allocations: they add nothing")
     return "; ".join(parts)

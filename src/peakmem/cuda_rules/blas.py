@@ -42,6 +42,9 @@ def cublas_workspace_bytes(ctx: RuleContext) -> int:
     CUBLAS_WORKSPACE_CONFIG itself)."""
     if int(ctx.stack.cublas_workspace_for(ctx.gpu.capability).value) == 0:
         return 0
+    chosen = getattr(ctx, "blas_workspace_sizes", {}).get("cublas")
+    if chosen is not None:  # torch.backends.cuda.cublas_workspace_size(n): before the variable
+        return chosen
     override = environment_now("CUBLAS_WORKSPACE_CONFIG:workspace")
     if override:
         size = workspace_config_bytes(override)
@@ -154,10 +157,13 @@ def use_cublaslt_handle(ctx: RuleContext) -> None:
     workspace = ctx.stack.cublaslt_workspace
     if workspace is None or not int(workspace.value):
         return
+    size = getattr(ctx, "blas_workspace_sizes", {}).get("cublaslt", int(workspace.value))
+    if not size:
+        return
     thread = "autograd" if ctx.in_backward else "main"
     ctx.persistent(
         ("cublaslt_workspace", thread),
-        int(workspace.value),
+        size,
         category="workspace",
         op=f"cublaslt_workspace[{thread}]",
     )

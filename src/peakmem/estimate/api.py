@@ -158,8 +158,11 @@ class Estimate:
     """Predicted GPU utilization of a steady-state training iteration
     (peakmem.utilization.model.Utilization), None where the job trained no step."""
     processes: list[dict[str, Any]] = field(default_factory=list)
-    """The job's spawn / forkserver child processes (capture.spawned_children): each that used
-    the device adds its own device-level peak to `peak_bytes`."""
+    """The job's child processes (spawn / forkserver, Python subprocesses: capture.
+    spawned_children): `peak_bytes` is the most the processes alive together hold."""
+    own_span: tuple[float, float] | None = None
+    """When the job's own process ran (monotonic seconds; None: all along), against which the
+    children's spans are laid (capture.child's `process_span`)."""
 
     devices: list[dict[str, Any]] = field(default_factory=list)
     """`nn.DataParallel` over several GPUs: the other devices that held memory, each estimated
@@ -171,8 +174,10 @@ class Estimate:
 
     @property
     def processes_bytes(self) -> int:
-        """The device-level peaks of the job's child processes that used the device."""
-        return processes_bytes(self.processes)
+        """What the job's child processes add to its own device-level peak, at the moment the
+        processes alive together hold the most (capture.spawned_children.alive_together)."""
+        own = self.context_bytes + self.library_bytes + self.peak_reserved_bytes
+        return processes_bytes(self.processes, own, self.own_span)
 
     @property
     def device_peak_bytes(self) -> int:
@@ -488,6 +493,7 @@ def estimate_capture(
     libraries.update(first_use_bytes(stack, gpu, job_ops(capture), loading))
     processes = [dict(report) for report in capture.processes]
     only_children = processes_bytes(processes) > 0 and not used_device(capture)
+    own_span = process_span(capture.trace.meta)
     if only_children:  # the job's own process never touched the GPU: no context of its own
         context, libraries = 0, {}
     job_conf = capture.trace.meta.get(JOB_ALLOC_CONF)
@@ -597,6 +603,7 @@ def estimate_capture(
         utilization=utilization,
         processes=processes,
         devices=devices,
+        own_span=own_span,
     )
 
 
@@ -609,6 +616,16 @@ def _devices_note(devices: list[dict[str, Any]], own: int) -> str:
     return (f"nn.DataParallel: {len(devices) + 1} GPUs held memory, each estimated on its own "
             f"(\"devices\": {others}); the breakdown and allocator figures are cuda:0's, the peak "
             f"is the largest GPU's: {which}")
+
+
+def process_span(meta: dict[str, Any]) -> tuple[float, float] | None:
+    """The job's own process's (start, end) in monotonic seconds, where the job's process
+    recorded it (`process_span`: its process began after an exec, or it ran with children)."""
+    span = meta.get("process_span")
+    if (isinstance(span, list) and len(span) == 2
+            and all(type(v) is float and math.isfinite(v) for v in span) and span[0] <= span[1]):
+        return span[0], span[1]
+    return None
 
 
 def job_alloc_conf_note(conf: str) -> str:

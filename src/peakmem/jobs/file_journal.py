@@ -24,7 +24,8 @@ records it so the estimate says so. Paths peakmem leaves alone (:func:`exempt_ro
 temp directory, caches the job's libraries fill (``~/.cache``, ``$HF_HOME``, ``$TORCH_HOME``,
 Triton's and Inductor's), the runtime directory, ``/dev``, ``/proc``, ``/sys``, ``__pycache__``
 directories and peakmem's own directories. What a process the job starts with a new interpreter
-(``subprocess``) writes is not journaled.
+(``subprocess``) writes is not journaled, except in the Python processes peakmem captures
+(capture.python_subprocesses), which install this journal too.
 """
 
 from __future__ import annotations

@@ -51,23 +51,31 @@ class JobSpec:
     script: str | None = None
     module: str | None = None
     args: tuple[str, ...] = ()
+    code: str | None = None
+    """`python -c CODE`: only where the parse allowed it (`allow_code`: the Python processes a
+    job starts itself, capture.python_subprocesses); `peakmem estimate` takes a script or -m."""
 
     def __post_init__(self) -> None:
-        if (self.script is None) == (self.module is None):
+        if sum(value is not None for value in (self.script, self.module, self.code)) != 1:
             raise JobSpecError("give exactly one of a script path or a module (-m)")
 
     @property
     def argv0(self) -> str:
+        if self.code is not None:
+            return "-c"
         return self.script if self.script is not None else f"-m {self.module}"
 
     def command_line(self) -> list[str]:
         """The equivalent ``python ...`` command, for logs and CSV rows."""
+        if self.code is not None:
+            return ["python", "-c", self.code, *self.args]
         head = [self.script] if self.script is not None else ["-m", str(self.module)]
         return ["python", *head, *self.args]
 
     @classmethod
-    def parse(cls, argv: Sequence[str]) -> JobSpec:
-        """Parse ``python train.py a b``, ``python -m pkg.mod a``, ``train.py a`` or ``-m mod a``."""
+    def parse(cls, argv: Sequence[str], allow_code: bool = False) -> JobSpec:
+        """Parse ``python train.py a b``, ``python -m pkg.mod a``, ``train.py a`` or ``-m mod a``
+        (and ``python -c CODE a`` where `allow_code`)."""
         words = list(argv)
         if words and _is_python(words[0]):
             words = words[1:]
@@ -81,6 +89,10 @@ class JobSpec:
             return cls(module=words[1], args=tuple(words[2:]))
         if first.startswith("-m") and len(first) > 2:
             return cls(module=first[2:], args=tuple(words[1:]))
+        if allow_code and first == "-c" and len(words) > 1:
+            return cls(code=words[1], args=tuple(words[2:]))
+        if allow_code and first.startswith("-c") and len(first) > 2:
+            return cls(code=first[2:], args=tuple(words[1:]))
         if first.startswith("-"):
             raise JobSpecError(f"unsupported python option {first!r}: give a script or -m module")
         return cls(script=first, args=tuple(words[1:]))
@@ -222,13 +234,31 @@ def run_job(
 
 def execute(spec: JobSpec) -> None:
     """Run the script or module as `__main__` (argv and sys.path set by script_environment)."""
-    if spec.script is not None:
+    if spec.code is not None:
+        run_code(spec.code)
+    elif spec.script is not None:
         if _runs_as_file(spec.script):
             run_script_file(spec.script)
         else:  # a directory or zip file with a __main__.py
             runpy.run_path(spec.script, run_name="__main__")
     else:
         runpy.run_module(str(spec.module), run_name="__main__", alter_sys=True)
+
+
+def run_code(source: str) -> None:
+    """Run `python -c SOURCE`'s program: `__main__` without a `__file__`, compiled as
+    "<string>"."""
+    code = compile(source, "<string>", "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__builtins__=builtins, __spec__=None, __package__=None,
+                           __loader__=importlib.machinery.BuiltinImporter)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
 
 
 def run_script_file(path: str) -> None:
@@ -292,7 +322,11 @@ def script_environment(spec: JobSpec) -> Iterator[None]:
     did, APPEND_CWD_ENV); restore both afterwards, and peakmem's own modules in sys.modules."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     saved_modules = _own_modules()
-    if spec.script is not None:
+    if spec.code is not None:
+        sys.argv = ["-c", *spec.args]
+        if not sys.flags.safe_path:  # python -c puts the current directory first ('')
+            sys.path.insert(0, "")
+    elif spec.script is not None:
         sys.argv = [spec.script, *spec.args]
         if _runs_as_file(spec.script):  # a directory or zip: runpy puts it on sys.path itself
             sys.path.insert(0, str(Path(spec.script).resolve().parent))

@@ -90,6 +90,16 @@ class StackProfile:
     cudnn_version: int = 90100
     """The cuDNN the stack's wheels load, as `torch.backends.cudnn.version()` reports it (9.1.0,
     which the cu121 / cu124 wheels of torch 2.4 to 2.6 bundle, where the stack file says none)."""
+    arch_list: tuple[str, ...] = ()
+    """`torch.cuda.get_arch_list()` of the stack's wheels: every architecture they were built
+    for (`sm_XY`, `compute_XY` for PTX), not only the GPU's (empty: the GPU's own, where the
+    stack file names none)."""
+    driver_version: str = "550.54.15"
+    """The NVIDIA driver a GPU run of this stack had (`nvidia-smi`'s "Driver Version",
+    NVML's `nvmlSystemGetDriverVersion`)."""
+    driver_cuda_version: tuple[int, int] = (12, 4)
+    """The newest CUDA that driver supports (`nvidia-smi`'s "CUDA Version",
+    `nvmlSystemGetCudaDriverVersion`): the driver's, not the wheels' `cuda_version`."""
     lazy_loaded: dict[str, Sourced] = field(default_factory=dict)
     """Per GPU profile name (or "default"): the part of the context figure that CUDA's lazy
     module loading brings in after the context is created, on the job's first kernel launches
@@ -370,6 +380,9 @@ def _stacks() -> list[StackProfile]:
                 },
                 cuda_version=_version_tuple(str(table.get("cuda_version", "12.1"))),
                 cudnn_version=int(table.get("cudnn_version", 90100)),
+                arch_list=tuple(str(arch) for arch in table.get("arch_list", ())),
+                driver_version=str(table.get("driver_version", "550.54.15")),
+                driver_cuda_version=_version_tuple(str(table.get("driver_cuda_version", "12.4"))),
                 lazy_loaded={
                     key: _sourced(raw, f"{where} lazy_loaded_bytes.{key}")
                     for key, raw in table.get("lazy_loaded_bytes", {}).items()
