@@ -1,0 +1,137 @@
+"""Round 20a: Hugging Face / Lightning ecosystem training scripts not covered before, re-created
+in their upstream structure (scripts/r20a_*.py; each docstring names the upstream file and
+version) and run unmodified on tiny local models and data (no network). Parameter, gradient and
+optimizer bytes are worked out by hand from the configs (expected.py), not read from peakmem.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.library_jobs import expected as ex
+from tests.library_jobs.harness import estimate_here
+from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
+from tests.library_jobs.test_library_jobs_hf import (
+    TINY_GPT2_CONFIG,
+    sentences,
+    write_checkpoint,
+)
+from tests.library_jobs.test_library_jobs_r4 import BERT_MRPC_SHAPES, write_mrpc_dir
+
+pytestmark = pytest.mark.slow
+
+GPT2_SHAPES = ex.gpt2_shapes(**ex.TINY_GPT2)
+GPT2_PARAMS = ex.device_bytes(GPT2_SHAPES, ex.FP32)
+
+
+@pytest.fixture
+def own_datasets_cache(tmp_path, monkeypatch) -> Path:
+    """A datasets cache of the test's own (round 19a's reason: datasets fingerprints a local
+    folder loaded by a Hub-style name by its relative file patterns, not its contents)."""
+    import datasets
+
+    cache = tmp_path / "datasets-cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    return cache
+
+
+def _notes(est) -> str:
+    return "\n".join(est.data.get("notes", []))
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+# TRL: examples/scripts/cpo.py, examples/scripts/orpo.py (trl.experimental in 1.x) ---------------
+
+@pytest.fixture(scope="module")
+def preference_files(tmp_path_factory) -> dict[str, Path]:
+    """The tiny GPT-2 as GPT2LMHeadModel with its word-level tokenizer, and a paired preference
+    set in the standard (string) format: prompt, chosen, rejected."""
+    root = tmp_path_factory.mktemp("trl20")
+    model = write_checkpoint(root / "gpt2", TINY_GPT2_CONFIG)
+    rows = zip(sentences(24, 1), sentences(24, 2), sentences(24, 3), strict=True)
+    _jsonl(root / "pairs" / "train.jsonl",
+           [{"prompt": p[:30], "chosen": c[:40], "rejected": r[:40]} for p, c, r in rows])
+    return {"root": root, "model": model, "pairs": root / "pairs"}
+
+
+@needs("trl", "peft", "datasets")
+def test_trl_cpo_reference_free_full_model(preference_files):
+    out = preference_files["root"] / "out" / "cpo"
+    est = estimate_here("r20a_trl_cpo.py", "--dataset_name", str(preference_files["pairs"]),
+                        "--model_name_or_path", str(preference_files["model"]),
+                        "--per_device_train_batch_size", "4", "--max_steps", "3",
+                        "--max_length", "48", "--logging_first_step", "--report_to", "none",
+                        "--no_remove_unused_columns", "--output_dir", str(out),
+                        cwd=preference_files["root"])
+    # CPO is reference-free: one fp32 GPT-2 (no frozen copy, unlike DPO / KTO), its gradients
+    # and the Trainer's fused AdamW (two moments and a device `step` per tensor)
+    assert_training(est, params=GPT2_PARAMS, optimizer_state=2 * GPT2_PARAMS + fused_steps(GPT2_SHAPES))
+    assert est.data["steps"] == 3 and est.data["mode"] == "fake", est.data["mode_reason"]
+    # 24 pairs in batches of 4; each batch runs chosen and rejected through the one model
+    assert "DataLoader epoch of 6 batches" in _notes(est)
+    assert "checkpoint-3/optimizer.pt" in _notes(est) and "cpo/model.safetensors" in _notes(est)
+
+
+@needs("trl", "peft", "datasets")
+def test_trl_orpo_peft_rmsprop_readme_command(preference_files):
+    """The README's peft command: `--use_peft --lora_r 16 --lora_alpha 16 --optim rmsprop`."""
+    out = preference_files["root"] / "out" / "orpo"
+    est = estimate_here("r20a_trl_orpo.py", "--dataset_name", str(preference_files["pairs"]),
+                        "--model_name_or_path", str(preference_files["model"]),
+                        "--per_device_train_batch_size", "4", "--max_steps", "3",
+                        "--learning_rate", "8e-5", "--max_length", "48", "--optim", "rmsprop",
+                        "--logging_first_step", "--report_to", "none", "--no_remove_unused_columns",
+                        "--use_peft", "--lora_r", "16", "--lora_alpha", "16",
+                        "--output_dir", str(out), cwd=preference_files["root"])
+    # peft's default target for GPT-2 is c_attn (Conv1D 64 -> 192): A is r x 64, B is 192 x r
+    embd, layers, rank = ex.TINY_GPT2["embd"], ex.TINY_GPT2["layers"], 16
+    lora = ex.device_bytes(layers * [(rank, embd), (3 * embd, rank)], ex.FP32)
+    # torch.optim.RMSprop: one `square_avg` per adapter tensor (its `step` on the host)
+    assert_training(est, params=GPT2_PARAMS + lora, grads=lora, optimizer_state=lora)
+    assert est.data["steps"] == 3 and est.data["mode"] == "fake", est.data["mode_reason"]
+    assert "DataLoader epoch of 6 batches" in _notes(est)
+    assert "orpo/adapter_model.safetensors" in _notes(est)
+
+
+# peft: examples/sequence_classification/peft_no_lora_accelerate.py --------------------------------
+
+PROMPT_ENCODERS = {
+    # PromptEncoderConfig (reparameterization "MLP"): the virtual tokens' embedding (10 x 64)
+    # and a 64 -> 128 -> 128 -> 64 MLP (encoder_hidden_size 128)
+    "p_tuning": [(10, 64), *ex.linear(128, 64), *ex.linear(128, 128), *ex.linear(64, 128)],
+    # PromptTuningConfig: the virtual tokens' embedding alone (--peft_type prefix_tuning fails
+    # on BERT with transformers 5, with or without peakmem: "Model does not support past key
+    # values which are required for prefix tuning")
+    "prompt_tuning": [(10, 64)],
+}
+
+
+@needs("peft", "accelerate", "datasets")
+@pytest.mark.parametrize("peft_type", sorted(PROMPT_ENCODERS))
+def test_peft_no_lora_accelerate_prompt_methods(tmp_path, own_datasets_cache, peft_type):
+    est = estimate_here("r4_hand_metric.py", "r20a_peft_no_lora_accelerate.py", "--model_name_or_path",
+                        "bert-base-cased", "--peft_type", peft_type, "--num_virtual_tokens", "10",
+                        "--num_train_epochs", "1", "--output_dir", "out", cwd=write_mrpc_dir(tmp_path),
+                        timeout=300)
+    # task_type SEQ_CLS: peft keeps the classifier trainable as a copy next to the frozen
+    # original (modules_to_save); the base BERT is frozen
+    trainable = PROMPT_ENCODERS[peft_type] + ex.linear(2, 64)
+    adapters = ex.device_bytes(trainable, ex.FP32)
+    params = ex.device_bytes(BERT_MRPC_SHAPES, ex.FP32) + adapters
+    # torch.optim.AdamW over model.parameters(): moments only where a gradient came (the frozen
+    # tensors have none), `step` on the host
+    assert_training(est, params=params, grads=adapters, optimizer_state=2 * adapters)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # 40 MRPC rows in batches of 8: 5 a epoch, traced 3 and the last; one gathered evaluation
+    assert est.data["steps"] == 4 and est.data["phases_ran"] == ["training", "eval"]
+    assert "DataLoader epoch of 5 batches" in _notes(est)
+    assert "epoch 0: {'accuracy'" in est.stderr and "out/adapter_model.safetensors" in _notes(est)
