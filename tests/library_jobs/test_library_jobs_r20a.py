@@ -135,3 +135,27 @@ def test_peft_no_lora_accelerate_prompt_methods(tmp_path, own_datasets_cache, pe
     assert est.data["steps"] == 4 and est.data["phases_ran"] == ["training", "eval"]
     assert "DataLoader epoch of 5 batches" in _notes(est)
     assert "epoch 0: {'accuracy'" in est.stderr and "out/adapter_model.safetensors" in _notes(est)
+
+
+# Lightning: examples/fabric/reinforcement_learning/train_fabric.py (+ rl/) -------------------------
+
+@needs("lightning", "gymnasium", "torchmetrics", "tensorboard")
+def test_fabric_ppo_cartpole_rollouts_on_the_device(tmp_path):
+    """`python train_fabric.py` (Fabric's "auto" accelerator: the one CUDA device), a short run:
+    2 updates of 16 steps x 2 CartPole envs, 2 PPO epochs of 2 minibatches each. The loop has
+    no DataLoader: `--steps all` runs it to its end, the greedy test episode included."""
+    est = estimate_here("r20a_fabric_rl/train_fabric.py", "--num-steps", "16", "--total-timesteps", "64",
+                        "--update-epochs", "2", "--per-rank-batch-size", "16", cwd=tmp_path,
+                        flags=("--steps", "all"))
+    # actor and critic: 4 -> 64 -> 64 -> {2 actions, 1 value}, fp32; Adam (not fused, `step` on
+    # the host): two moments per tensor
+    shapes = 2 * (ex.linear(64, 4) + ex.linear(64, 64)) + ex.linear(2, 64) + ex.linear(1, 64)
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params)
+    # 64 timesteps / (16 steps x 2 envs) = 2 updates x 2 epochs x 32 samples / 16 a minibatch
+    assert est.data["steps"] == 8 and not est.data["stopped"]
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # the five MeanMetric members' states (mean_value and weight, fp64 in torchmetrics 1.x,
+    # one block each) and the six rollout buffers stay on the device
+    assert est.breakdown["other"] >= 10 * ex.BLOCK, est.breakdown
+    assert list(tmp_path.glob("logs/fabric_logs/*/CartPole-v1_default_42_*/version_0/events.out.tfevents.*"))
