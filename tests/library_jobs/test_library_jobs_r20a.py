@@ -15,7 +15,11 @@ from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate_here
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
+    TINY_BERT,
+    TINY_BERT_CONFIG,
     TINY_GPT2_CONFIG,
+    VOCAB,
+    bert_shapes,
     sentences,
     write_checkpoint,
 )
@@ -159,3 +163,59 @@ def test_fabric_ppo_cartpole_rollouts_on_the_device(tmp_path):
     # one block each) and the six rollout buffers stay on the device
     assert est.breakdown["other"] >= 10 * ex.BLOCK, est.breakdown
     assert list(tmp_path.glob("logs/fabric_logs/*/CartPole-v1_default_42_*/version_0/events.out.tfevents.*"))
+
+
+# sentence-transformers: examples/sparse_encoder/training/nli/train_splade_nli.py -------------------
+
+ALL_NLI_PAIR_SCORE_README = """---
+configs:
+- config_name: pair-score
+  data_files:
+  - split: train
+    path: pair-score/train.jsonl
+  - split: dev
+    path: pair-score/dev.jsonl
+---
+"""
+
+
+@needs("sentence_transformers", "datasets")
+@pytest.mark.xfail(strict=True, reason=(
+    "sparse device tensors are not supported in fake mode: SparseEncoder.encode calls "
+    "`embeddings.to_sparse()` (aten::_to_sparse has no meta kernel; the sparse result has no "
+    "storage to record) in the evaluator the script runs before training"))
+def test_sentence_transformers_sparse_encoder_splade_nli(tmp_path, own_datasets_cache):
+    import random
+
+    # "naver/splade-cocondenser-ensembledistil" as a local folder: the tiny BERT saved with a
+    # ForMaskedLM architecture, which SparseEncoder loads as MLMTransformer + SpladePooling
+    model = write_checkpoint(tmp_path / "naver" / "splade-cocondenser-ensembledistil", TINY_BERT_CONFIG)
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["BertForMaskedLM"]
+    (model / "config.json").write_text(json.dumps(config))
+    rng = random.Random(0)
+    nli = tmp_path / "sentence-transformers" / "all-nli"
+    # the script selects the first 10,000 train and 1,000 dev rows
+    for split, count, seed in (("train", 10000, 71), ("dev", 1000, 72)):
+        rows = zip(sentences(count, seed), sentences(count, seed + 10), strict=True)
+        _jsonl(nli / "pair-score" / f"{split}.jsonl",
+               [{"sentence1": a[:40], "sentence2": b[:40], "score": rng.choice([0.0, 0.5, 1.0])} for a, b in rows])
+    (nli / "README.md").write_text(ALL_NLI_PAIR_SCORE_README)
+    for split, count, seed in (("validation", 16, 73), ("test", 16, 74)):
+        _jsonl(tmp_path / "sentence-transformers" / "stsb" / f"{split}.jsonl",
+               [{"sentence1": a[:40], "sentence2": b[:40], "score": round(rng.random(), 2)}
+                for a, b in zip(sentences(count, seed), sentences(count, seed + 10), strict=True)])
+    est = estimate_here("r20a_st_train_splade_nli.py", cwd=tmp_path, timeout=300)
+    # today: NotImplementedError "Cannot access storage of SparseTensorImpl" in the STSb
+    # evaluator before training (with no network hint since round 20a: the lookup that
+    # SparseEncoder made and survived did not cause it)
+    assert "could not reach" not in est.data.get("error", {}).get("message", "")
+    # BertForMaskedLM (no pooler): the MLM head's transform (dense + LayerNorm) and its output
+    # bias; the decoder weight is the tied word embedding. fp32 weights under bf16 autocast,
+    # the Trainer's fused AdamW
+    shapes = bert_shapes(**TINY_BERT) + ex.linear(64, 64) + ex.norm(64) + [(VOCAB,)]
+    params = ex.device_bytes(shapes, ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["phases_ran"][0] == "eval" and "training" in est.data["phases_ran"]
+    assert "final/model.safetensors" in _notes(est)
