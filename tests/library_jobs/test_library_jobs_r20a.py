@@ -7,12 +7,14 @@ optimizer bytes are worked out by hand from the configs (expected.py), not read 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import estimate_here
+from tests.library_jobs.harness import JobEstimate, estimate_here, job_env
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
@@ -57,14 +59,19 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
 
 @pytest.fixture(scope="module")
 def preference_files(tmp_path_factory) -> dict[str, Path]:
-    """The tiny GPT-2 as GPT2LMHeadModel with its word-level tokenizer, and a paired preference
-    set in the standard (string) format: prompt, chosen, rejected."""
+    """The tiny GPT-2 as GPT2LMHeadModel with its word-level tokenizer, a paired preference set
+    in the standard (string) format (prompt, chosen, rejected), and a text set for SFT."""
     root = tmp_path_factory.mktemp("trl20")
     model = write_checkpoint(root / "gpt2", TINY_GPT2_CONFIG)
+    # saved as the base GPT2Model: TRL's trainers given the path build what config.json names
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (model / "config.json").write_text(json.dumps(config))
     rows = zip(sentences(24, 1), sentences(24, 2), sentences(24, 3), strict=True)
     _jsonl(root / "pairs" / "train.jsonl",
            [{"prompt": p[:30], "chosen": c[:40], "rejected": r[:40]} for p, c, r in rows])
-    return {"root": root, "model": model, "pairs": root / "pairs"}
+    _jsonl(root / "sft" / "train.jsonl", [{"text": s} for s in sentences(40, 9)])
+    return {"root": root, "model": model, "pairs": root / "pairs", "sft": root / "sft"}
 
 
 @needs("trl", "peft", "datasets")
@@ -219,3 +226,29 @@ def test_sentence_transformers_sparse_encoder_splade_nli(tmp_path, own_datasets_
     assert est.data["mode"] == "fake", est.data["mode_reason"]
     assert est.data["phases_ran"][0] == "eval" and "training" in est.data["phases_ran"]
     assert "final/model.safetensors" in _notes(est)
+
+
+# TRL's CLI: `trl sft ARGS` (trl/cli: accelerate launch of trl/scripts/sft.py) -------------------
+
+@needs("trl", "peft", "datasets")
+def test_trl_sft_cli_two_processes(preference_files):
+    """`trl sft --num_processes 2 ...` as TRL's docs run it, spelled `python -m trl.cli.main`
+    (the console script's module: no PATH lookup): peakmem reads it as `accelerate launch
+    --num_processes 2 trl/scripts/sft.py ...` (jobs/launchers.py `trl`)."""
+    root = preference_files["root"]
+    command = [sys.executable, "-m", "peakmem", "estimate", "--json", "--timeout", "300", "--",
+               sys.executable, "-m", "trl.cli.main", "sft", "--model_name_or_path",
+               str(preference_files["model"]), "--dataset_name", str(preference_files["sft"]),
+               "--max_steps", "3", "--per_device_train_batch_size", "8", "--max_length", "64",
+               "--num_processes", "2", "--report_to", "none", "--output_dir", str(root / "out" / "sft")]
+    done = subprocess.run(command, capture_output=True, text=True, env=job_env(), timeout=420,
+                          cwd=root)
+    est = JobEstimate(done.returncode, json.loads(done.stdout or "{}"), done.stderr, 0)
+    # the full GPT-2 (no --use_peft), fused AdamW; DDP's gradient buckets as communication
+    assert_training(est, params=GPT2_PARAMS, optimizer_state=2 * GPT2_PARAMS + fused_steps(GPT2_SHAPES),
+                    extra_upper=GPT2_PARAMS)
+    assert est.data["launcher"] == "trl" and est.data["world_size"] == 2
+    assert est.breakdown.get("communication", 0) > 0, est.breakdown
+    assert est.data["steps"] == 3 and est.data["mode"] == "fake", est.data["mode_reason"]
+    assert "trl/scripts/sft.py under accelerate launch" in _notes(est)
+    assert "Training completed" in est.stderr
