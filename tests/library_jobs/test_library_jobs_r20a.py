@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate_here, job_env
+from tests.library_jobs.harness import JobEstimate, estimate, estimate_here, job_env
 from tests.library_jobs.test_library_jobs import assert_training, fused_steps, needs
 from tests.library_jobs.test_library_jobs_hf import (
     TINY_BERT,
@@ -252,3 +252,28 @@ def test_trl_sft_cli_two_processes(preference_files):
     assert est.data["steps"] == 3 and est.data["mode"] == "fake", est.data["mode_reason"]
     assert "trl/scripts/sft.py under accelerate launch" in _notes(est)
     assert "Training completed" in est.stderr
+
+
+# accelerate: examples/by_feature/ddp_comm_hook.py under two processes -----------------------------
+
+@needs("transformers", "accelerate", "datasets")
+def test_accelerate_ddp_comm_hook_power_sgd_two_processes(tmp_path, own_datasets_cache):
+    """`accelerate launch --num_processes 2 ddp_comm_hook.py --mixed_precision fp16
+    --ddp_comm_hook power_sgd`: c10d's Reducer calls the registered hook with each bucket
+    (PowerSGDState, an all-reduce future and its `.then`) over the fake process group."""
+    est = estimate("r4_hand_metric.py", "r20a_accelerate_ddp_comm_hook.py", "--mixed_precision", "fp16",
+                   "--ddp_comm_hook", "power_sgd", cwd=write_mrpc_dir(tmp_path), timeout=300,
+                   launcher=("accelerate", "launch", "--num_processes", "2"))
+    params = ex.device_bytes(BERT_MRPC_SHAPES, ex.FP32)
+    # torch.optim.AdamW (foreach): two moments per parameter, `step`s on the host. PowerSGD
+    # compresses only from its start_powerSGD_iter (1,000 by default, accelerate passes no
+    # state options): until then each bucket is all-reduced as it is, so no low-rank P / Q
+    # or error-feedback tensors in these steps, as on a GPU
+    assert_training(est, params=params, optimizer_state=2 * params,
+                    extra_upper=params)  # DDP's gradient buckets
+    assert est.data["launcher"] == "accelerate" and est.data["world_size"] == 2
+    assert 0 < est.breakdown.get("communication", 0) <= params, est.breakdown
+    # 40 rows over two ranks in batches of 16: 2 a rank's epoch; each epoch's evaluation
+    assert est.data["steps"] == 5 and est.data["phases_ran"] == ["training", "eval"] * 3
+    assert est.data["libraries"].get("nccl", 0) > 0 and "grad_scaler" in est.data["libraries"]
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
