@@ -26,33 +26,16 @@ from tests.library_jobs.test_library_jobs_hf import (
     write_checkpoint,
 )
 from tests.library_jobs.test_library_jobs_r4 import BERT_MRPC_SHAPES, write_mrpc_dir
+from tests.library_jobs.test_library_jobs_r19a import (  # noqa: F401 - own_datasets_cache: a fixture
+    _jsonl,
+    _notes,
+    own_datasets_cache,
+)
 
 pytestmark = pytest.mark.slow
 
 GPT2_SHAPES = ex.gpt2_shapes(**ex.TINY_GPT2)
 GPT2_PARAMS = ex.device_bytes(GPT2_SHAPES, ex.FP32)
-
-
-@pytest.fixture
-def own_datasets_cache(tmp_path, monkeypatch) -> Path:
-    """A datasets cache of the test's own (round 19a's reason: datasets fingerprints a local
-    folder loaded by a Hub-style name by its relative file patterns, not its contents)."""
-    import datasets
-
-    cache = tmp_path / "datasets-cache"
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
-    return cache
-
-
-def _notes(est) -> str:
-    return "\n".join(est.data.get("notes", []))
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 # TRL: examples/scripts/cpo.py, examples/scripts/orpo.py (trl.experimental in 1.x) ---------------
@@ -128,7 +111,8 @@ PROMPT_ENCODERS = {
 
 @needs("peft", "accelerate", "datasets")
 @pytest.mark.parametrize("peft_type", sorted(PROMPT_ENCODERS))
-def test_peft_no_lora_accelerate_prompt_methods(tmp_path, own_datasets_cache, peft_type):
+@pytest.mark.usefixtures("own_datasets_cache")
+def test_peft_no_lora_accelerate_prompt_methods(tmp_path, peft_type):
     est = estimate_here("r4_hand_metric.py", "r20a_peft_no_lora_accelerate.py", "--model_name_or_path",
                         "bert-base-cased", "--peft_type", peft_type, "--num_virtual_tokens", "10",
                         "--num_train_epochs", "1", "--output_dir", "out", cwd=write_mrpc_dir(tmp_path),
@@ -191,7 +175,8 @@ configs:
     "sparse device tensors are not supported in fake mode: SparseEncoder.encode calls "
     "`embeddings.to_sparse()` (aten::_to_sparse has no meta kernel; the sparse result has no "
     "storage to record) in the evaluator the script runs before training"))
-def test_sentence_transformers_sparse_encoder_splade_nli(tmp_path, own_datasets_cache):
+@pytest.mark.usefixtures("own_datasets_cache")
+def test_sentence_transformers_sparse_encoder_splade_nli(tmp_path):
     import random
 
     # "naver/splade-cocondenser-ensembledistil" as a local folder: the tiny BERT saved with a
@@ -257,7 +242,8 @@ def test_trl_sft_cli_two_processes(preference_files):
 # accelerate: examples/by_feature/ddp_comm_hook.py under two processes -----------------------------
 
 @needs("transformers", "accelerate", "datasets")
-def test_accelerate_ddp_comm_hook_power_sgd_two_processes(tmp_path, own_datasets_cache):
+@pytest.mark.usefixtures("own_datasets_cache")
+def test_accelerate_ddp_comm_hook_power_sgd_two_processes(tmp_path):
     """`accelerate launch --num_processes 2 ddp_comm_hook.py --mixed_precision fp16
     --ddp_comm_hook power_sgd`: c10d's Reducer calls the registered hook with each bucket
     (PowerSGDState, an all-reduce future and its `.then`) over the fake process group."""
