@@ -171,10 +171,6 @@ configs:
 
 
 @needs("sentence_transformers", "datasets")
-@pytest.mark.xfail(strict=True, reason=(
-    "sparse device tensors are not supported in fake mode: SparseEncoder.encode calls "
-    "`embeddings.to_sparse()` (aten::_to_sparse has no meta kernel; the sparse result has no "
-    "storage to record) in the evaluator the script runs before training"))
 @pytest.mark.usefixtures("own_datasets_cache")
 def test_sentence_transformers_sparse_encoder_splade_nli(tmp_path):
     import random
@@ -198,10 +194,6 @@ def test_sentence_transformers_sparse_encoder_splade_nli(tmp_path):
                [{"sentence1": a[:40], "sentence2": b[:40], "score": round(rng.random(), 2)}
                 for a, b in zip(sentences(count, seed), sentences(count, seed + 10), strict=True)])
     est = estimate_here("r20a_st_train_splade_nli.py", cwd=tmp_path, timeout=300)
-    # today: NotImplementedError "Cannot access storage of SparseTensorImpl" in the STSb
-    # evaluator before training (with no network hint since round 20a: the lookup that
-    # SparseEncoder made and survived did not cause it)
-    assert "could not reach" not in est.data.get("error", {}).get("message", "")
     # BertForMaskedLM (no pooler): the MLM head's transform (dense + LayerNorm) and its output
     # bias; the decoder weight is the tied word embedding. fp32 weights under bf16 autocast,
     # the Trainer's fused AdamW
@@ -209,8 +201,11 @@ def test_sentence_transformers_sparse_encoder_splade_nli(tmp_path):
     params = ex.device_bytes(shapes, ex.FP32)
     assert_training(est, params=params, optimizer_state=2 * params + fused_steps(shapes))
     assert est.data["mode"] == "fake", est.data["mode_reason"]
-    assert est.data["phases_ran"][0] == "eval" and "training" in est.data["phases_ran"]
-    assert "final/model.safetensors" in _notes(est)
+    # the STSb evaluator encodes with `embeddings.to_sparse()` on the device, then `.cpu()`:
+    # a COO tensor of every value (the bound; cuda_rules/sparse.py) read back on the host.
+    # 10,000 pairs in batches of 16: shortened after a few steps, the evaluators after training
+    assert est.data["steps"] >= 3 and est.data["phases_ran"] == ["training", "eval"]
+    assert "final/model.safetensors" in _notes(est), _notes(est)
 
 
 # TRL's CLI: `trl sft ARGS` (trl/cli: accelerate launch of trl/scripts/sft.py) -------------------
