@@ -92,6 +92,8 @@ def test_to_sparse_of_a_device_tensor_counts_every_value_and_reads_back_on_the_h
     assert seen["coo"] == (torch.sparse_coo, "cuda", (2, 1200), 1200)
     assert seen["rows"] == ((2, 12), (12, 100))
     assert seen["host"] == (torch.sparse_coo, "cpu", 1200, (4, 300))
+    # an assumption the estimate states: data-dependent sizes bounded from above
+    assert result.data_dependent == {"aten::_to_sparse": 2}
     made = sorted(size for size, _ in allocations(result.trace, op="_to_sparse"))
     # values (fp32) and indices (int64) of each: 1,200 entries, then 12 rows of 100
     assert made == sorted([1200 * 4, 2 * 1200 * 8, 12 * 100 * 4, 2 * 12 * 8]), made

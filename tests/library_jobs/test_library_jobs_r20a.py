@@ -205,6 +205,8 @@ def test_sentence_transformers_sparse_encoder_splade_nli(tmp_path):
     # a COO tensor of every value (the bound; cuda_rules/sparse.py) read back on the host.
     # 10,000 pairs in batches of 16: shortened after a few steps, the evaluators after training
     assert est.data["steps"] >= 3 and est.data["phases_ran"] == ["training", "eval"]
+    assert any(line.startswith("data-dependent sizes (aten::to_sparse x")
+               for line in est.data["assumptions"]), est.data["assumptions"]
     assert "final/model.safetensors" in _notes(est), _notes(est)
 
 
