@@ -23,6 +23,8 @@ except OSError:
     if "--fail" in sys.argv:
         raise
     print("no pretrained weights: training from scratch")
+if "--type-error" in sys.argv:  # the job's own bug, after a download it went on without
+    model(torch.randn(8, 64, device="cuda"), 1)
 model(torch.randn(8, 64, device="cuda")).sum().backward()
 """
 
@@ -42,6 +44,20 @@ def test_a_failed_download_names_the_host_in_one_line(workdir):
     assert message.startswith("the job raised URLError")
     assert f"it could not reach {HOST}: there is no network access here" in message
     assert "pretrained weights" in message and "\n" not in message
+
+
+def test_a_later_programming_error_gets_no_network_hint(workdir):
+    """A job that survived the failed lookup (a library tried the hub and went on) and then
+    failed with a TypeError of its own: the one-line error is the TypeError alone; the note
+    still names the host (round 20a: SparseEncoder's lookup, then an unrelated failure)."""
+    with pytest.raises(EstimateError) as failed:
+        estimate_command(["python", "downloads.py", "--type-error"], gpu="a100-40gb",
+                         mode="fake", timeout=120)
+    message = failed.value.message
+    assert message.startswith("the job raised TypeError"), message
+    assert "could not reach" not in message and "no network access" not in message
+    notes = failed.value.capture.notes
+    assert any(note.startswith(f"the job could not reach {HOST}") for note in notes), notes
 
 
 def test_a_job_that_goes_on_without_the_download_gets_a_note(workdir):

@@ -101,6 +101,31 @@ def test_accelerate_fsdp_version_from_the_config_file(tmp_path):
     assert plain.rank_env(0)["FSDP_VERSION"] == "1"
 
 
+@pytest.mark.skipif(__import__("importlib").util.find_spec("trl") is None, reason="needs trl")
+def test_trl_training_commands_are_accelerate_launches_of_trls_scripts():
+    """`trl sft ARGS` (TRL 1.x trl/cli): `accelerate launch [the words TrlParser does not know]
+    trl/scripts/sft.py [the others, in order]`; `--accelerate_config NAME` is TRL's own
+    trl/accelerate_configs/NAME.yaml."""
+    from peakmem.jobs.launchers import _trl_root
+
+    script = _trl_root() / "scripts" / "sft.py"
+    launch = parse_launch(["trl", "sft", "--model_name_or_path", "m", "--num_processes", "2",
+                           "--max_steps", "3", "--mixed_precision=bf16", "--multi_gpu",
+                           "--output_dir", "out"])
+    assert launch.launcher == "trl" and launch.world_size == 2 and launch.distributed
+    assert launch.rank_command(1) == ["python", str(script), "--model_name_or_path", "m",
+                                      "--max_steps", "3", "--output_dir", "out"]
+    assert launch.rank_env(1)["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert launch.notes[0] == f"trl sft: {script} under accelerate launch"
+    # one process without launch options; TRL's multi_gpu config says 8 processes, bf16
+    assert parse_launch(["trl", "dpo", "--dataset_name", "d"]).world_size == 1
+    configured = parse_launch(["python", "-m", "trl.cli.main", "grpo", "--accelerate_config",
+                               "multi_gpu", "--model_name_or_path", "m"])
+    assert configured.world_size == 8 and configured.rank_env(0)["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert configured.rank_command(0) == ["python", str(script.with_name("grpo.py")),
+                                          "--model_name_or_path", "m"]
+
+
 @pytest.mark.parametrize(("argv", "unsupported"), [
     (["torchrun", "--nproc-per-node", "4"], False),  # no script
     (["torchrun", "--nproc-per-node", "four", "t.py"], False),
@@ -121,6 +146,9 @@ def test_accelerate_fsdp_version_from_the_config_file(tmp_path):
     (["fabric", "run", "--devices", "a,b", "t.py"], False),
     (["fabric", "run", "--accelerator", "cuda"], False),
     (["lightning", "run", "app", "app.py"], False),
+    (["trl", "chat", "--model_name_or_path", "m"], False),
+    (["trl", "vllm-serve", "--model", "m"], True),
+    (["trl"], False),
 ])
 def test_bad_launches_are_one_line_errors(argv, unsupported):
     with pytest.raises(LaunchError) as caught:

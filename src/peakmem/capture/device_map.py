@@ -387,6 +387,9 @@ class CudaAsMeta(TorchFunctionMode):
             return self.session.host_value(value)
         if getattr(value, _ASSUMED_TRUE, False):
             return torch.ones(value.shape, dtype=value.dtype, device="cpu")  # a check: it passed
+        if value.layout == torch.sparse_coo:  # its indices and values, each read back
+            return torch.sparse_coo_tensor(self._host(value._indices()), self._host(value._values()),
+                                           value.shape, is_coalesced=False)
         known = _known_host_data(value)
         if known is not None:
             return host_copy(known)

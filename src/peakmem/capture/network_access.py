@@ -8,6 +8,11 @@ records each host whose name did not resolve: a note names it, and a job that th
 the host and what to do in its one-line error (`CaptureResult.failure_hint`). Nothing is
 downloaded or retried; a job that reaches the network does so as usual.
 
+The hint is left out of the error of a job that fails with a programming error
+(UNRELATED_ERRORS: a TypeError, an AttributeError, a NotImplementedError, ...) after a lookup
+that it survived: a library that tried the hub, swallowed the failure and went on (a model
+card's metadata, an optional file) did not cause it. The note still names the host.
+
 Usage pings that libraries send on their own and whose failure they swallow (`datasets`'
 `load_dataset("csv", data_files=...)` HEADs s3.amazonaws.com to count the load) download
 nothing the job needs: a lookup made under one of TELEMETRY_CALLERS is not recorded.
@@ -67,6 +72,23 @@ def record_unreachable(session: CaptureSession, host: Any) -> None:
         session.notes.append(note)
     if not any(hint.startswith("it could not reach ") for hint in session.failure_hints):
         session.failure_hints.append(unreachable_hint(name))
+
+
+UNRELATED_ERRORS: tuple[type[BaseException], ...] = (
+    TypeError, AttributeError, NameError, NotImplementedError, IndexError, ZeroDivisionError,
+    SyntaxError, RecursionError,
+)
+"""Errors of the job's own code or of an op, never of a download that did not happen (an
+unreachable host gives OSError / ConnectionError / URLError / HTTP errors, a missing dataset
+RuntimeError / FileNotFoundError / ValueError)."""
+
+
+def relevant_hints(hints: list[str], error: BaseException | None) -> list[str]:
+    """The failure hints that belong in the error of a job that raised `error`: all of them,
+    but the unreachable-host one when `error` is one of UNRELATED_ERRORS."""
+    if not isinstance(error, UNRELATED_ERRORS):
+        return list(hints)
+    return [hint for hint in hints if not hint.startswith("it could not reach ")]
 
 
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:

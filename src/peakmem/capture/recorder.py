@@ -48,10 +48,20 @@ class _OpInfo:
         self.host_outputs = host_outputs_for(func)
         self.name = _op_name(func)
         self.host_copy = func.overloadpacket.__name__ in _HOST_COPY_OPS
-        self.dynamic_shape = torch.Tag.dynamic_output_shape in getattr(func, "tags", ())
+        self.dynamic_shape = (torch.Tag.dynamic_output_shape in getattr(func, "tags", ())
+                              or func.overloadpacket.__name__ in _VALUE_SIZED_OPS)
         self.output_order = output_order_for(func)
         self.accumulates = func is _ADD  # autograd's gradient accumulation (`_is_accumulation`)
         self.branches = has_in_place_branch(func)  # registered in capture/in_place_branches.py
+
+
+_VALUE_SIZED_OPS = frozenset({"to_sparse", "_to_sparse"})
+"""Ops whose output size depends on the values although torch does not tag them
+`dynamic_output_shape`: a dense tensor made sparse has an entry per nonzero value (bounded on
+fake tensors: cuda_rules/sparse.py). Counted with the tagged ones (`data_dependent`). The
+recorder sees either the `_to_sparse` that `to_sparse` calls (a plain device tensor) or
+`to_sparse` itself (seen in sentence-transformers' SparseEncoder.encode, on embeddings made
+under `torch.inference_mode()`); never both for one call."""
 
 
 class AllocationRecorder(TorchDispatchMode):

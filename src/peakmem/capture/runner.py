@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from peakmem.capture import job_alloc_conf, vision_image_ops, vision_ops
+from peakmem.capture import job_alloc_conf, network_access, vision_image_ops, vision_ops
 from peakmem.capture.capture_modes import capture_modes
 from peakmem.capture.compiled_code import precompiled_code_runs_eagerly
 from peakmem.capture.discarded_grads import watching_discarded_grads
@@ -337,7 +337,8 @@ def _collect(
     result.stopped = session.state.stopped
     result.forward_calls = session.state.forward_calls
     result.notes.extend(session.notes)
-    result.failure_hint = "; ".join(session.failure_hints) or None
+    result.failure_hint = "; ".join(
+        network_access.relevant_hints(session.failure_hints, result.error)) or None
     result.failed_after_shortening = phases.failed_after_shortening
     if vision_ops.declared() and "torchvision" in sys.modules:
         result.notes.append(vision_ops.NOTE)

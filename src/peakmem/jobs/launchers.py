@@ -3,7 +3,7 @@ environment, without starting a launcher.
 
 ``peakmem estimate -- torchrun --nproc-per-node 8 train.py`` (or ``python -m torch.distributed.run``,
 ``python -m torch.distributed.launch``, ``accelerate launch``, ``deepspeed``, torchtune's
-``tune run``, Lightning's ``fabric run``) and
+``tune run``, Lightning's ``fabric run``, TRL's ``trl sft`` and its other training commands) and
 ``peakmem estimate --nproc-per-node 8 [--nnodes 2] -- python train.py`` all become a
 :class:`Launch`: the Python command one rank runs, the world's shape, and per rank the environment
 the launcher gives it (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
@@ -490,6 +490,64 @@ def lightning_cli(words: Sequence[str]) -> Launch:
     return fabric(words[2:], "lightning run model")
 
 
+_TRL_COMMANDS = ("distillation", "dpo", "grpo", "kto", "reward", "rloo", "sft")
+"""TRL 1.x's training commands (`trl/cli/commands/__init__.py`): each runs trl/scripts/NAME.py."""
+_TRL_LAUNCH_VALUES = frozenset({
+    "--num_processes", "--num_machines", "--machine_rank", "--main_process_ip",
+    "--main_process_port", "--config_file", "--mixed_precision", "--zero_stage",
+    "--deepspeed_config_file", "--offload_optimizer_device", "--offload_param_device",
+    "--dynamo_backend", "--gpu_ids", "--num_cpu_threads_per_process", "--rdzv_backend",
+})
+_TRL_LAUNCH_FLAGS = frozenset({"--multi_gpu", "--use_deepspeed", "--use_fsdp", "--same_network"})
+"""The `accelerate launch` options among a TRL command's words (the script's TrlParser does not
+know them, so `trl` hands them to accelerate); every other word is the script's."""
+
+
+def _trl_root() -> Path | None:
+    """The installed trl package's folder (found, not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("trl")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def trl(words: Sequence[str]) -> Launch:
+    """`trl sft|dpo|grpo|kto|reward|rloo|distillation ARGS` (TRL 1.x ``trl/cli``): `accelerate
+    launch [its options] trl/scripts/NAME.py [the script's args]`. The words the script's
+    parser does not know go to accelerate (its launch options, `--accelerate_config NAME`
+    read as trl/accelerate_configs/NAME.yaml); the others, in order, to the script."""
+    words = list(words)
+    if not words or words[0] not in _TRL_COMMANDS:
+        raise LaunchError(f"trl: only {' / '.join(_TRL_COMMANDS)} start a training job",
+                          unsupported=bool(words) and words[0] in ("env", "vllm-serve"))
+    root = _trl_root()
+    script = root / "scripts" / f"{words[0]}.py" if root is not None else None
+    if script is None or not script.is_file():
+        raise LaunchError(f"trl {words[0]}: trl is not installed (no trl/scripts/{words[0]}.py)")
+    launch_args: list[str] = []
+    script_args: list[str] = []
+    index = 1
+    while index < len(words):
+        word = words[index]
+        name, eq, value = word.partition("=")
+        if name == "--accelerate_config":
+            value = value if eq else (words[index + 1] if index + 1 < len(words) else "")
+            index += 1 if eq else 2
+            config = Path(value) if Path(value).is_file() else root / "accelerate_configs" / f"{value}.yaml"
+            launch_args += ["--config_file", str(config)]
+            continue
+        if name in _TRL_LAUNCH_VALUES and not eq and index + 1 < len(words):
+            launch_args += [word, words[index + 1]]
+            index += 2
+            continue
+        (launch_args if name in _TRL_LAUNCH_VALUES | _TRL_LAUNCH_FLAGS else script_args).append(word)
+        index += 1
+    launch = accelerate(["launch", *launch_args, str(script), *script_args])
+    note = f"trl {words[0]}: {script} under accelerate launch"
+    return replace(launch, launcher="trl", notes=(note, *launch.notes))
+
+
 LauncherParser = Callable[[Sequence[str]], Launch]
 LAUNCHERS: dict[str, LauncherParser] = {
     "torchrun": torchrun,
@@ -505,6 +563,8 @@ LAUNCHERS: dict[str, LauncherParser] = {
     "fabric": fabric_cli,
     "lightning.fabric.cli": fabric,  # its __main__ runs the `run` command itself
     "lightning": lightning_cli,
+    "trl": trl,
+    "trl.cli.main": trl,  # its __main__ runs the CLI (trl.cli has none)
 }
 """Program (or `python -m` module) name -> the parser of the words after it."""
 

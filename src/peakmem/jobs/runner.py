@@ -125,7 +125,7 @@ def missing_script(path: str) -> str:
     if not path.endswith(".py") and os.sep not in path and shutil.which(path) is not None:
         message += (f" ({path} is a program, not a Python script: peakmem runs `python "
                     "train.py [args]`, `python -m module` or torchrun / accelerate launch / "
-                    "deepspeed / fabric run)")
+                    "deepspeed / fabric run / trl sft)")
     return message
 
 
