@@ -138,8 +138,14 @@ def is_job_code(func: Any) -> bool:
     code = getattr(func, "__code__", None)
     if code is None:
         return False
-    filename = os.path.realpath(code.co_filename)
-    return os.path.isabs(code.co_filename) and not filename.startswith(_LIBRARY_DIRS)
+    return is_job_file(code.co_filename)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_job_file(filename: str) -> bool:
+    """Whether code of `filename` is the job's own (an absolute path outside the standard
+    library, the installed packages and peakmem)."""
+    return os.path.isabs(filename) and not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
 
 
 @contextmanager
