@@ -21,7 +21,9 @@ parameter when the next forward starts (`p.data = p.data - lr * p.grad`). How lo
 - None (the default): `auto_step_limit` steps; then the training loop is ENDED where it iterates a
   DataLoader (capture.dataloader: its epoch skips to its last batch and stops), so the code after
   it (evaluation, predict, saving) still runs; a loop that does not iterate a DataLoader
-  (`while True: x = get_batch()`) is stopped (StopJob), and a note says what did not run;
+  (`for x in zip(data, targets)`, `while True: x = get_batch()`) is ended at its head
+  (capture.loop_ends: the code after it runs, the next loop gets its own limit), or, where it
+  cannot be, stopped (StopJob) with a note that the estimate may be low;
 - N: stopped after N steps (StopJob), nothing shortened;
 - "all": run to the end, nothing shortened.
 A forward pass without gradients after training is an evaluation: marked "eval" in the trace
