@@ -225,15 +225,18 @@ def test_a_generator_loop_is_ended_and_the_code_after_it_runs(tmp_path, a100, st
 
 LAST_LOOP = """
     import torch
-    model = torch.nn.Linear(512, 512).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     def batches():
         while True:
             yield torch.randn(32, 512, device="cuda")
-    for x in batches():
-        model(x).sum().backward()
-        opt.step()
-        opt.zero_grad()
+    def main():
+        model = torch.nn.Linear(512, 512).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in batches():
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    if __name__ == "__main__":
+        main()
 """
 
 

@@ -128,16 +128,19 @@ class LoopEnds:
         return True
 
     def loop_ends_code(self) -> bool:
-        """Whether the steps' loop is the last statement of the job's top-level script (what
-        follows it is only the end of the job): stopping there loses nothing after it."""
-        frames = list(_job_frames())
-        if not frames:
-            return False
-        outermost = frames[-1]
-        if outermost.f_code.co_name != "<module>":
-            return False
-        loops = loop_exits.enclosing(outermost.f_code, outermost.f_lasti)
-        return bool(loops) and loops[0].ends_code
+        """Whether the steps' loop ends the job: it is the last statement of its code, and each
+        caller of the job's own, out to the script's top level, returns right after the call
+        (`if __name__ == "__main__": main()`). Stopping there loses nothing after it."""
+        frames = list(_job_frames())  # innermost first
+        for index, frame in enumerate(frames):
+            loops = loop_exits.enclosing(frame.f_code, frame.f_lasti)
+            if loops:
+                callers = frames[index + 1:]
+                return (loops[0].ends_code
+                        and all(loop_exits.returns_after(caller.f_code, caller.f_lasti)
+                                for caller in callers)
+                        and (callers or [frame])[-1].f_code.co_name == "<module>")
+        return False
 
     # -- the trace function, for the moment the plans wait ------------------------------------
     def _install(self, plans: dict[int, _FramePlan]) -> None:

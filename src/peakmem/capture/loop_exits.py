@@ -79,6 +79,26 @@ def enclosing(code: CodeType, *offsets: int) -> list[Loop]:
     return [loop for loop in loops_of(code) if all(loop.encloses(at) for at in offsets)]
 
 
+def returns_after(code: CodeType, offset: int) -> bool:
+    """Whether the code returns right after the instruction at `offset` (a call whose result
+    is dropped, then the implicit `return None`)."""
+    return _returns_from(code, offset, {"POP_TOP"})
+
+
+def _returns_from(code: CodeType, after: int, also: set[str] = frozenset()) -> bool:
+    """Whether the instructions after offset `after`, in order, only return None."""
+    for ins in dis.get_instructions(code):
+        if ins.offset <= after:
+            continue
+        if ins.opname in ("RETURN_VALUE", "RETURN_CONST"):
+            return True
+        if ins.opname not in _RETURN_TAIL and ins.opname not in also:
+            return False
+        if ins.opname == "LOAD_CONST" and ins.argval is not None:
+            return False
+    return False
+
+
 def _read_loops(code: CodeType) -> tuple[Loop, ...]:
     instructions = list(dis.get_instructions(code))
     following = {ins.offset: nxt.offset
@@ -101,10 +121,9 @@ def _read_loops(code: CodeType) -> tuple[Loop, ...]:
             if all(at > exit_offset and not any(s <= at <= e for s, e in for_spans)
                    for at in others):
                 exit_line = line
-        tail = [op for at, op in names.items() if exit_offset is not None and at >= exit_offset]
         loops.append(Loop(
             start=start, end=end, exit=exit_offset, exit_line=exit_line,
             is_for=names.get(start) == "FOR_ITER",
-            ends_code=exit_offset is None or set(tail) <= _RETURN_TAIL and len(tail) <= 3,
+            ends_code=exit_offset is None or _returns_from(code, end),
         ))
     return tuple(loops)
