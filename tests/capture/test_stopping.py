@@ -346,7 +346,7 @@ def test_a_loop_without_a_dataloader_is_ended_and_what_follows_runs(tmp_path, a1
     assert saved.startswith("the job saved 1 file(s) of fake device data") and "after.pt" in saved
     assert not (tmp_path / "after.pt").exists()
     assert [ended] == [
-        "ended 1 training loop(s) without a DataLoader at the step limit (train.py:10): each "
+        "ended 1 training loop(s) without a DataLoader at the step limit (train.py:11): each "
         "finished the iteration that took its last step, then the script went on after the "
         "loop (its remaining iterations did not run; the code after it — later loops, "
         "evaluation, sampling — ran); --steps all runs every iteration"
