@@ -309,6 +309,23 @@ def test_loops_and_their_exits_are_read_from_the_bytecode():
     assert enclosing(_sample.__code__, inner.start + 2) == [epoch, inner]
 
 
+def _loop_then_with(data, lock):
+    for _epoch in range(3):
+        for x in data:
+            print(x)
+    with lock:
+        print("after")
+
+
+def test_a_with_statement_after_the_loop_is_no_usable_exit():
+    # the `with` line also starts its `__exit__` call, with the manager on the stack: from the
+    # loop's head (its iterator on the stack) CPython would pick that instruction and call the
+    # iterator, so neither loop may jump there (the job is stopped instead)
+    epoch, inner = loops_of(_loop_then_with.__code__)
+    assert epoch.exit_line is None and inner.exit_line is None
+    assert not epoch.ends_code
+
+
 @pytest.mark.parametrize("shape", [TWO_LOOPS])
 def test_an_explicit_step_limit_still_stops_the_job(tmp_path, a100, stack24, shape):
     result = run(tmp_path, shape, a100, stack24, steps=5)

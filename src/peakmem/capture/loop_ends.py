@@ -109,7 +109,7 @@ class LoopEnds:
         chosen = common if repeated else common[:1]
         plans = {}
         for frame, loops in chosen:
-            exits = _exit_lines(loops)
+            exits = _exit_lines(frame.f_code, loops)
             if exits is None:
                 if plans:
                     break  # the inner loops end; the outer ones run on
@@ -197,18 +197,21 @@ def _no_new_frames(frame: FrameType, event: str, arg: Any) -> None:
     return None  # tracing is on only for the planned frames' `f_trace`
 
 
-def _exit_lines(loops: list[Loop]) -> dict[int, tuple[int, int, int]] | None:
+def _exit_lines(code: CodeType, loops: list[Loop]) -> dict[int, tuple[int, int, int]] | None:
     """Each loop's head -> the line to jump to: its own exit, or, where that starts no usable
     line, the exit of the nearest enclosing loop that has one (the rest of that loop's
     iteration is skipped with it); a loop with neither runs on (its inner loops end). None
     when no loop can end."""
     exits: dict[int, tuple[int, int, int]] = {}
-    outer: tuple[int, int] | None = None
+    outer: int | None = None  # the nearest enclosing loop's usable exit (offset)
     for loop in loops:  # outermost first
         if loop.exit_line is not None and loop.exit is not None:
-            outer = (loop.exit_line, loop.exit)
-        if outer is not None:
-            exits[loop.start] = (loop.end, *outer)
+            exits[loop.start] = (loop.end, loop.exit_line, loop.exit)
+            outer = loop.exit
+        elif outer is not None:
+            line = loop_exits.jump_line(code, loop.start, outer)
+            if line is not None:
+                exits[loop.start] = (loop.end, line, outer)
     return exits or None
 
 

@@ -7,13 +7,16 @@ instruction right after that last jump: where a `for` loop goes when its iterato
 a `break`'s target when neither has an `else`.
 
 A running frame can be moved to the exit only through `frame.f_lineno` from a `line` trace
-event, which takes a LINE and picks among the instructions starting that line the one with the
-deepest compatible value stack (CPython's `frame_setlineno`). So an exit is usable only when it
-starts a line that CPython resolves to it without doubt: it is the first instruction of that
-line, and no other instruction starting the same line lies in a `for` loop (whose iterator on
-the stack would make it the deeper choice). A loop that is the last statement of its function
-exits into the implicit `return None`, which starts no line of its own: no usable exit
-(`Loop.exit_line` None).
+event, which takes a LINE and picks, among the instructions starting that line whose value stack
+is compatible with the one at the jump (no deeper; an iterator may stand for any object), the
+one with the deepest stack (CPython's `frame_setlineno`). So an exit is usable from a loop's
+head only when it starts a line and every other instruction starting the same line that is no
+deeper than the head has a shallower stack than the exit: the stack depths are worked out from
+the bytecode (`dis.stack_effect` along every path, exception handlers included). A `with`
+statement right after the loop is not usable: its exit code starts the same line with the
+context manager's `__exit__` on the stack, which CPython would pick (and call the loop's
+iterator). A loop that is the last statement of its function exits into the implicit `return
+None`, which starts no line of its own: no usable exit (`Loop.exit_line` None).
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ _BACKWARD_JUMPS = frozenset({
 """Backward jumps that close a loop (3.11's conditional ones included). Not
 `JUMP_BACKWARD_NO_INTERRUPT`: the send loop of `yield from` / `await`, no loop of the job's."""
 _RETURN_TAIL = frozenset({"NOP", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST"})
+_NO_FALLTHROUGH = frozenset({
+    "RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD", "JUMP_BACKWARD",
+    "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT",
+})
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class Loop:
 
 
 _CACHE: dict[CodeType, tuple[Loop, ...]] = {}
+_DEPTHS: dict[CodeType, dict[int, int] | None] = {}
 _LINES: dict[CodeType, tuple[tuple[int, int], ...]] = {}
 
 
@@ -77,6 +86,62 @@ def loops_of(code: CodeType) -> tuple[Loop, ...]:
 def enclosing(code: CodeType, *offsets: int) -> list[Loop]:
     """The loops of `code` that enclose every one of `offsets`, outermost first."""
     return [loop for loop in loops_of(code) if all(loop.encloses(at) for at in offsets)]
+
+
+def stack_depths(code: CodeType) -> dict[int, int] | None:
+    """The value stack's depth before each instruction (by offset), along every path from the
+    entry and from each exception handler; None when the bytecode cannot be read so."""
+    if code in _DEPTHS:
+        return _DEPTHS[code]
+    try:
+        depths = _read_depths(code)
+    except (ValueError, TypeError, AttributeError, IndexError):
+        depths = None
+    _DEPTHS[code] = depths
+    return depths
+
+
+def _read_depths(code: CodeType) -> dict[int, int]:
+    instructions = list(dis.get_instructions(code))
+    index = {ins.offset: i for i, ins in enumerate(instructions)}
+    work = [(instructions[0].offset, 0)]
+    for entry in dis._parse_exception_table(code):  # noqa: SLF001 - 3.11+'s table reader
+        work.append((entry.target, entry.depth + int(entry.lasti) + 1))
+    depths: dict[int, int] = {}
+    while work:
+        offset, depth = work.pop()
+        while offset in index and offset not in depths:
+            depths[offset] = depth
+            ins = instructions[index[offset]]
+            arg = ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None
+            if ins.opcode in _JUMPS and isinstance(ins.argval, int):
+                work.append((ins.argval, depth + dis.stack_effect(ins.opcode, arg, jump=True)))
+            if ins.opname in _NO_FALLTHROUGH or index[offset] + 1 >= len(instructions):
+                break
+            depth += dis.stack_effect(ins.opcode, arg, jump=False)
+            offset = instructions[index[offset] + 1].offset
+    return depths
+
+
+def jump_line(code: CodeType, head: int, target: int) -> int | None:
+    """The line that `frame.f_lineno` must be set to, at a `line` event on the instruction at
+    `head`, for the frame to go on at `target`; None when no line leads there for sure."""
+    line = dict(line_starts(code)).get(target)
+    depths = stack_depths(code)
+    if line is None or depths is None or head not in depths or target not in depths:
+        return None
+    head_depth, target_depth = depths[head], depths[target]
+    if target_depth > head_depth:
+        return None
+    for offset, number in line_starts(code):
+        if number != line or offset == target:
+            continue
+        depth = depths.get(offset)
+        if depth == target_depth == 0 and offset > target:
+            continue  # an empty stack as well, later: CPython keeps the first (a `while` line)
+        if depth is None or target_depth <= depth <= head_depth:
+            return None  # CPython could pick that instruction instead (or it is unreachable)
+    return line
 
 
 def returns_after(code: CodeType, offset: int) -> bool:
@@ -108,22 +173,14 @@ def _read_loops(code: CodeType) -> tuple[Loop, ...]:
     for ins in instructions:
         if ins.opname in _BACKWARD_JUMPS and isinstance(ins.argval, int):
             spans[ins.argval] = max(spans.get(ins.argval, -1), ins.offset)
-    starts = line_starts(code)
-    line_at = dict(starts)
-    for_spans = [(start, end) for start, end in spans.items() if names.get(start) == "FOR_ITER"]
     loops = []
     for start, end in sorted(spans.items()):
         exit_offset = following.get(end)
-        exit_line = None
-        if exit_offset is not None and exit_offset in line_at:
-            line = line_at[exit_offset]
-            others = [at for at, number in starts if number == line and at != exit_offset]
-            if all(at > exit_offset and not any(s <= at <= e for s, e in for_spans)
-                   for at in others):
-                exit_line = line
+        exit_line = None if exit_offset is None else jump_line(code, start, exit_offset)
+        head = following.get(start) if names.get(start) == "EXTENDED_ARG" else start
         loops.append(Loop(
             start=start, end=end, exit=exit_offset, exit_line=exit_line,
-            is_for=names.get(start) == "FOR_ITER",
+            is_for=names.get(head) == "FOR_ITER",
             ends_code=exit_offset is None or _returns_from(code, end),
         ))
     return tuple(loops)
