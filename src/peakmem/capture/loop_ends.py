@@ -66,6 +66,8 @@ class LoopEnds:
     ended: list[EndedLoop] = field(default_factory=list)
     stop: Callable[[], None] | None = None
     """Stops the job (raises) when a planned jump fails after all."""
+    boundary: CodeType | None = None
+    """The code of the capture's frame that calls the job: the job's frames are inside it."""
     refused: str | None = None
     """Why the last loop that reached the limit could not be ended (for the note)."""
     _forward_frames: list[tuple[int, CodeType, int]] = field(default_factory=list)
@@ -82,7 +84,7 @@ class LoopEnds:
         """A training step's first forward: where the job's frames are (ids, not the frames,
         which would keep their locals alive)."""
         self._forward_frames = [(id(frame), frame.f_code, frame.f_lasti)
-                                for frame in _job_frames()]
+                                for frame in _job_frames(self.boundary)]
 
     def plan(self, steps: int) -> bool:
         """At the step limit: arrange for the steps' loop to end when it next comes back to
@@ -94,7 +96,7 @@ class LoopEnds:
             return False
         at_forward = {(frame_id, code): offset for frame_id, code, offset in self._forward_frames}
         common: list[tuple[FrameType, list[Loop]]] = []  # innermost first
-        for frame in _job_frames():
+        for frame in _job_frames(self.boundary):
             offset = at_forward.get((id(frame), frame.f_code))
             if offset is None:
                 continue
@@ -131,7 +133,7 @@ class LoopEnds:
         """Whether the steps' loop ends the job: it is the last statement of its code, and each
         caller of the job's own, out to the script's top level, returns right after the call
         (`if __name__ == "__main__": main()`). Stopping there loses nothing after it."""
-        frames = list(_job_frames())  # innermost first
+        frames = list(_job_frames(self.boundary))  # innermost first
         for index, frame in enumerate(frames):
             loops = loop_exits.enclosing(frame.f_code, frame.f_lasti)
             if loops:
@@ -215,10 +217,13 @@ def _exit_lines(code: CodeType, loops: list[Loop]) -> dict[int, tuple[int, int, 
     return exits or None
 
 
-def _job_frames():
-    """The job's own frames on the stack, innermost first."""
+def _job_frames(boundary: CodeType | None = None):
+    """The job's own frames on the stack, innermost first, up to the capture's call of the job
+    (`boundary`: the frames outside it, a caller of the in-process API, are not the job's)."""
     frame = sys._getframe(1)
     while frame is not None:
+        if frame.f_code is boundary:
+            return
         if is_job_file(frame.f_code.co_filename):
             yield frame
         frame = frame.f_back

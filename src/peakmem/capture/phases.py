@@ -133,7 +133,8 @@ class PhaseTracker:
         )
         self.loaders = LoaderEpochs(session, shorten=stop_after_steps is None)
         # the default policy ends loops without a DataLoader too (capture.loop_ends)
-        self.loop_ends = LoopEnds(stop=self._stop) if stop_after_steps is None else None
+        self.loop_ends = (LoopEnds(stop=self._stop, boundary=PhaseTracker.run.__code__)
+                          if stop_after_steps is None else None)
         self._loop_base: dict[Any, int] = {}  # steps by optimizer when the last loop ended
         self._first_loop_end = 0  # steps when the first loop without a DataLoader ended
         self._nothing_follows = False  # the stopped loop was the script's last statement
