@@ -394,8 +394,9 @@ def test_optimizer_step_in_backward_first_phase_matches_tutorial(tmp_path, monke
     assert params <= est.breakdown["gradient"] <= params + MiB
     assert est.breakdown["temporary"] == params  # foreach Adam's intermediates
     assert 5 * params <= est.data["peak_allocated_bytes"] <= 5 * params + 256 * MiB
-    # the third step ends the job (its loop iterates no DataLoader): the first phase is the
-    # tutorial's peak; the per-parameter Adams stepped in backward come after it
-    assert est.data["steps"] == 3
-    assert "stopped after 3 optimizer steps" in _notes(est)
+    # the third step ends the first loop (it iterates no DataLoader; capture/loop_ends.py):
+    # the first phase is the tutorial's peak; the per-parameter Adams stepped in backward come
+    # after it, and now run too (each loop gets its own 3 steps), below that peak
+    assert est.data["steps"] >= 3
+    assert "training loop(s) without a DataLoader at the step limit" in _notes(est)
     assert "_record_memory_history: the snapshot holds the simulated segments" in _notes(est)

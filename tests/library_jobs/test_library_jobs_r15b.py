@@ -95,9 +95,10 @@ def test_cleanrl_sac_continuous_two_q_targets_and_log_alpha(tmp_path):
     assert est.breakdown["buffer"] == 2 * ex.BLOCK  # action_scale and action_bias, (1,) each
     # the peak is the Polyak update of fc2 after the q step: gradients are still held
     assert est.breakdown["other"] == POLYAK_TEMPS
-    # global steps 101.. train; the capture's default stop after a few steps (no DataLoader)
+    # global steps 101.. train; the capture's default limit ends the loop (no DataLoader) after
+    # a few steps (capture/loop_ends.py), and the job closes its environments and writer
     assert est.data["steps"] >= 3
-    assert "does not iterate a DataLoader" in _notes(est)
+    assert "training loop(s) without a DataLoader" in _notes(est), _notes(est)
     assert list((tmp_path / "runs").glob("Pendulum-v1__r15b_cleanrl_sac_continuous__1__*/events.*"))
 
 

@@ -194,8 +194,11 @@ def test_cleanrl_pqn_device_rollout_storage_and_radam(tmp_path):
     # (`torch.zeros(...).to(device)`), next_obs, next_done and random_actions, 512 B or less
     # each (`returns` is made on the device by zeros_like)
     assert est.breakdown["input"] == 8 * ex.BLOCK
-    # 2 minibatch steps per iteration: the third (iteration 2) stops the job, after iteration
-    # 1's `add_scalar("losses/td_loss", loss, ...)` read the device loss
-    assert est.data["steps"] == 3 and est.data["stopped"]
+    # 2 minibatch steps per iteration: at the third (iteration 2) the minibatch, epoch and
+    # iteration loops (no DataLoader) are ended at their heads (capture/loop_ends.py), after
+    # iteration 1's `add_scalar("losses/td_loss", loss, ...)` read the device loss; the
+    # iteration's logging after its update ran, then the job's end
+    assert est.data["steps"] == 3 and not est.data["stopped"]
+    assert "ended 1 training loop(s) without a DataLoader" in "\n".join(est.data["notes"])
     assert "SPS:" in est.stderr
     assert list((tmp_path / "runs").glob("CartPole-v1__r16b_cleanrl_pqn__1__*/events.*"))

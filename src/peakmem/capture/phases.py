@@ -21,7 +21,9 @@ parameter when the next forward starts (`p.data = p.data - lr * p.grad`). How lo
 - None (the default): `auto_step_limit` steps; then the training loop is ENDED where it iterates a
   DataLoader (capture.dataloader: its epoch skips to its last batch and stops), so the code after
   it (evaluation, predict, saving) still runs; a loop that does not iterate a DataLoader
-  (`while True: x = get_batch()`) is stopped (StopJob), and a note says what did not run;
+  (`for x in zip(data, targets)`, `while True: x = get_batch()`) is ended at its head
+  (capture.loop_ends: the code after it runs, the next loop gets its own limit), or, where it
+  cannot be, stopped (StopJob) with a note that the estimate may be low;
 - N: stopped after N steps (StopJob), nothing shortened;
 - "all": run to the end, nothing shortened.
 A forward pass without gradients after training is an evaluation: marked "eval" in the trace
@@ -33,6 +35,7 @@ runs it in the forward phase, as part of the next training step, until its backw
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import weakref
 from collections.abc import Iterator
@@ -44,6 +47,7 @@ import torch.optim.optimizer as optimizer_hooks
 
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
+from peakmem.capture.loop_ends import LoopEnds
 from peakmem.capture.model_copies import ModelCopies
 from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import DEVICE_STREAM, CaptureSession
@@ -128,6 +132,12 @@ class PhaseTracker:
             if repeat_steady and isinstance(self.stop_after_steps, int) else None
         )
         self.loaders = LoaderEpochs(session, shorten=stop_after_steps is None)
+        # the default policy ends loops without a DataLoader too (capture.loop_ends)
+        self.loop_ends = (LoopEnds(stop=self._stop, boundary=PhaseTracker.run.__code__)
+                          if stop_after_steps is None else None)
+        self._loop_base: dict[Any, int] = {}  # steps by optimizer when the last loop ended
+        self._first_loop_end = 0  # steps when the first loop without a DataLoader ended
+        self._nothing_follows = False  # the stopped loop was the script's last statement
         self.modules = ModulePaths(on_root=self._classify_module_state)
         self.weight_copies = WeightCopies(session)
         self.model_copies = ModelCopies(session, self.modules.in_forward)
@@ -184,6 +194,8 @@ class PhaseTracker:
 
     def __exit__(self, *exc: object) -> None:
         self.model_copies.flush()  # a copy made by the job's last op
+        if self.loop_ends is not None:
+            self.loop_ends.close()
         self._stack.close()
 
     def run(self, job: Any) -> None:
@@ -195,7 +207,8 @@ class PhaseTracker:
         try:
             job()
         except Exception as exc:
-            shortened = self.session.state.loop_ended or self.loaders.shortened
+            shortened = (self.session.state.loop_ended or self.loaders.shortened
+                         or bool(self.loop_ends and self.loop_ends.ended))
             if not shortened:
                 # only `len(loader)` said less yet (a schedule sized from it): the job's error,
                 # which the shortening may have caused
@@ -340,6 +353,8 @@ class PhaseTracker:
             state.phase = Phase.FORWARD.value
             state.forward_calls += 1
             self.session.mark("forward")
+            if self.loop_ends is not None:
+                self.loop_ends.forward_started()
 
     def _forward_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         """An evaluation's top-level module returned: its phase ends. What follows (the
@@ -497,7 +512,12 @@ class PhaseTracker:
             return
         if self.repeater is not None:
             self._repeat_steady(key, feeding, stop_now=stop_now)
-        live = [n for k, n in self._steps_by_optimizer.items() if k not in self._freed_keys]
+        # each loop's steps count from where the previous loop without a DataLoader ended (a
+        # new optimizer's from 0; one that has not stepped since does not hold the count back)
+        live = [n - self._loop_base.get(k, 0)
+                for k, n in self._steps_by_optimizer.items() if k not in self._freed_keys]
+        if self._loop_base:
+            live = [n for n in live if n > 0]
         steps = min(live or self._steps_by_optimizer.values())
         if steps < self.limit():
             return
@@ -515,12 +535,38 @@ class PhaseTracker:
             ):
                 return
             self.stop_reason = "runaway"
+        elif self._end_own_loop(steps):
+            return
         else:
             self.stop_reason = "limit"
+            if self.loop_ends is not None:
+                self._nothing_follows = self.loop_ends.loop_ends_code()
         self.stop_epoch = self.loaders.training_epochs or None
         if stop_now:
             self._stop()
         self._stop_pending = True  # inside the job's update loop: stop at its next forward
+
+    def _end_own_loop(self, steps: int) -> bool:
+        """The default policy at the limit of a loop without a DataLoader: end that loop
+        (capture.loop_ends) so the code after it runs; False when it cannot be (stop)."""
+        ends, state = self.loop_ends, self.session.state
+        if ends is None:
+            return False
+        if ends.pending:
+            return True
+        if ends.ended and state.steps - self._first_loop_end >= MAX_STEPS_AFTER_END:
+            ends.refused = (
+                f"{state.steps - self._first_loop_end} steps were taken after the first loop "
+                "was ended"
+            )
+            return False
+        if not ends.plan(steps):
+            return False
+        if len(ends.ended) == 1:
+            self._first_loop_end = state.steps
+        self._loop_base = dict(self._steps_by_optimizer)
+        self.session.mark(END_MARK)
+        return True
 
     def _repeat_steady(self, key: Any, feeding: LoaderIteration | None, *, stop_now: bool) -> None:
         """Step repetition (capture.step_repeat): only for one optimizer's steps, stopped at the
@@ -615,14 +661,33 @@ class PhaseTracker:
             epoch = f"epoch {self.stop_epoch} of its DataLoader" if self.stop_epoch else None
             if self.stop_after_steps is not None:
                 where = f"--steps {self.stop_after_steps}" + (f", in {epoch}" if epoch else "")
+            elif epoch:
+                where = epoch
+            elif self._nothing_follows:
+                where = ("its training loop does not iterate a DataLoader; it is the last "
+                         "statement of the script, so nothing after it was missed")
             else:
-                where = epoch or (
-                    "its training loop does not iterate a DataLoader, so it cannot be ended early"
+                refused = self.loop_ends.refused if self.loop_ends is not None else None
+                where = ("its training loop does not iterate a DataLoader and could not be "
+                         f"ended early{': ' + refused if refused else ''}")
+            if where.endswith("was missed"):
+                notes.append(
+                    f"stopped after {state.steps} {unit} ({where}); its remaining iterations "
+                    "did not run; --steps all runs it to the end"
                 )
-            notes.append(
-                f"stopped after {state.steps} {unit} ({where}); what the script does after that "
-                "— later epochs, evaluation, saving — did not run; --steps all runs it to the end"
-            )
+            elif self.stop_after_steps is None and not epoch:
+                notes.append(
+                    f"stopped after {state.steps} {unit} ({where}); what the script does after "
+                    "that — later loops, evaluation, sampling, saving — did not run: the "
+                    "estimate may be low if that reaches a higher peak; --steps all runs it to "
+                    "the end (and checks it)"
+                )
+            else:
+                notes.append(
+                    f"stopped after {state.steps} {unit} ({where}); what the script does after "
+                    "that — later epochs, evaluation, saving — did not run; --steps all runs it "
+                    "to the end"
+                )
         elif state.loop_ended:
             manual = state.manual_steps > 0 and not self._optimizers
             how = (
@@ -636,6 +701,17 @@ class PhaseTracker:
                 f"{_step_unit(self.end_steps, manual=manual)} (in epoch {self.end_epoch}): {how} "
                 f"({state.steps} steps in all); the code after the training loop ran; --steps "
                 "all runs every batch"
+            )
+        if self.loop_ends is not None and self.loop_ends.ended:
+            ended = self.loop_ends.ended
+            where = ", ".join(f"{os.path.basename(end.filename)}:{end.line}" for end in ended[:4])
+            more = f" and {len(ended) - 4} more" if len(ended) > 4 else ""
+            notes.append(
+                f"ended {len(ended)} training loop(s) without a DataLoader at the step limit "
+                f"({where}{more}): each finished the iteration that took its last step, then "
+                "the script went on after the loop (its remaining iterations did not run; the "
+                "code after it — later loops, evaluation, sampling — ran); --steps all runs "
+                "every iteration"
             )
         window = self.loaders.window
         if window is not None and window > 1 and state.steps:

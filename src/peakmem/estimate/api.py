@@ -756,9 +756,10 @@ def estimate(
     `fn` is written as for a GPU (it uses "cuda"); it runs on the CPU with fake device tensors.
     `steps`: None (default): at least 3 training steps (a DataLoader epoch plus 2, a long epoch
     shortened to 3 full batches and its smaller last batch), then the training loop is ended
-    early so what follows it (evaluation, predict) still runs, or the job is stopped where its
-    loop does not iterate a DataLoader (the notes say so); N: stop after N steps; "all": run the
-    job to its end, nothing shortened."""
+    early so what follows it (evaluation, predict) still runs; a loop without a DataLoader is
+    ended at its head (capture.loop_ends), or, where it cannot be, the job is stopped there (the
+    notes say so, and that the estimate may be low); N: stop after N steps; "all": run the job
+    to its end, nothing shortened."""
     from peakmem.capture import capture_callable
     from peakmem.capture.fake_memory import allocator_target
     from peakmem.capture.job_alloc_conf import job_environment

@@ -37,7 +37,7 @@ class ExitHandlers:
     def register(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         # the job's handler: one it defined, or one its own code registers (a builtin or a
         # library's function: `atexit.register(os._exit, 5)`, `atexit.register(torch.save, ...)`)
-        if not (is_job_code(func) or _is_job_file(sys._getframe(1).f_code.co_filename)):
+        if not (is_job_code(func) or is_job_file(sys._getframe(1).f_code.co_filename)):
             return _REAL_REGISTER(func, *args, **kwargs)
         self.handlers.append((func, args, kwargs))
         return func  # atexit.register returns the function (decorator use)
@@ -139,13 +139,16 @@ def is_job_code(func: Any) -> bool:
         func = func.func
     func = getattr(func, "__func__", func)  # a bound method
     code = getattr(func, "__code__", None)
-    return code is not None and _is_job_file(code.co_filename)
+    if code is None:
+        return False
+    return is_job_file(code.co_filename)
 
 
-def _is_job_file(name: str) -> bool:
-    """Whether code compiled from `name` is the job's own (an absolute path outside the
-    standard library, the installed packages and peakmem)."""
-    return os.path.isabs(name) and not os.path.realpath(name).startswith(_LIBRARY_DIRS)
+@functools.lru_cache(maxsize=4096)
+def is_job_file(filename: str) -> bool:
+    """Whether code of `filename` is the job's own (an absolute path outside the standard
+    library, the installed packages and peakmem)."""
+    return os.path.isabs(filename) and not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
 
 
 @contextmanager

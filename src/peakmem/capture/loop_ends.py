@@ -1,0 +1,242 @@
+"""Ending a training loop that does not iterate a DataLoader (default step policy only).
+
+`for input, target in zip(data, targets)`, `for epoch in range(1, 101): train()`, `while
+step < max_steps:`, `for batch in batches():` (a generator): the DataLoader mechanism
+(capture.dataloader) cannot end them, and stopping the job at the step limit loses whatever the
+script does after the loop: a later training section, the evaluation, the sampling. Instead, at
+the step limit the loop is ended where the job's own code comes back to the loop's head: the
+iteration that took the step finishes (its `zero_grad`, its evaluation, its prints), and then
+the frame jumps to the loop's exit (`frame.f_lineno` from a `line` trace event, installed for
+that moment only), as if the iterator were exhausted or the condition false (a `for` loop's
+`else:` runs). Everything after it runs on the job's real objects; the loop's variables keep
+their last values (`epoch` is the last one that ran, not the last of the range).
+
+Which loops: the steps' loop, found from the job's frames (its own files: capture's
+`is_job_file`) at the step's first forward and at the step itself: the innermost frame on the
+stack at both, with the loops that enclose both places (so an inner `for p in params:` update
+loop, or a `for opt in optimizers:` loop around the steps, is not the training loop; an epoch
+loop around the batch loop is, and both end). When a loop site (code, loop start) that was
+ended before reaches the limit again (an outer loop in a caller re-runs it: `for epoch in
+range(E): train_epoch()`), the callers' loops around it are ended too.
+
+Each later loop gets its own limit (the steps of the optimizers live in it, counted from where
+the previous loop ended: a new optimizer starts at 0). A loop is not ended when its exit starts
+no line of its own (a loop that is the last statement of its function: its exit is the implicit
+return), when a trace function is set already (a debugger, coverage), or after
+`MAX_STEPS_AFTER_END` steps past the first end: the job is then stopped as before, and the note
+says the estimate may be low (what follows did not run) and that `--steps all` checks it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import CodeType, FrameType
+from typing import Any
+
+from peakmem.capture import loop_exits
+from peakmem.capture.loop_exits import Loop
+from peakmem.jobs.exit_handlers import is_job_file
+
+
+@dataclass
+class _FramePlan:
+    frame: FrameType
+    exits: dict[int, tuple[int, int, int]]
+    """Each planned loop's start offset -> (its end, the line to jump to when the start is
+    reached, the offset that line leads to)."""
+    previous_trace: Any
+
+
+@dataclass
+class EndedLoop:
+    """A loop the capture ended: where it is and after how many steps."""
+
+    filename: str
+    line: int
+    steps: int
+
+
+@dataclass
+class LoopEnds:
+    """The job's loops without a DataLoader that the capture ends (see the module doc)."""
+
+    ended: list[EndedLoop] = field(default_factory=list)
+    stop: Callable[[], None] | None = None
+    """Stops the job (raises) when a planned jump fails after all."""
+    boundary: CodeType | None = None
+    """The code of the capture's frame that calls the job: the job's frames are inside it."""
+    refused: str | None = None
+    """Why the last loop that reached the limit could not be ended (for the note)."""
+    _forward_frames: list[tuple[int, CodeType, int]] = field(default_factory=list)
+    _sites: set[tuple[CodeType, int]] = field(default_factory=set)
+    _plans: dict[int, _FramePlan] = field(default_factory=dict)
+    _previous_global: Any = None
+
+    @property
+    def pending(self) -> bool:
+        """An end is planned and its loop's head not reached yet."""
+        return bool(self._plans)
+
+    def forward_started(self) -> None:
+        """A training step's first forward: where the job's frames are (ids, not the frames,
+        which would keep their locals alive)."""
+        self._forward_frames = [(id(frame), frame.f_code, frame.f_lasti)
+                                for frame in _job_frames(self.boundary)]
+
+    def plan(self, steps: int) -> bool:
+        """At the step limit: arrange for the steps' loop to end when it next comes back to
+        its head; False (with `refused` set) when it cannot be."""
+        if self._plans:
+            return True  # planned already in this iteration
+        if sys.gettrace() is not None:
+            self.refused = "a trace function (debugger, coverage) is set"
+            return False
+        at_forward = {(frame_id, code): offset for frame_id, code, offset in self._forward_frames}
+        common: list[tuple[FrameType, list[Loop]]] = []  # innermost first
+        for frame in _job_frames(self.boundary):
+            offset = at_forward.get((id(frame), frame.f_code))
+            if offset is None:
+                continue
+            loops = loop_exits.enclosing(frame.f_code, offset, frame.f_lasti)
+            if loops:
+                common.append((frame, loops))
+        if not common:
+            self.refused = "no loop of the job's own code encloses its steps"
+            return False
+        frame, loops = common[0]
+        repeated = any((frame.f_code, loop.start) in self._sites for loop in loops)
+        chosen = common if repeated else common[:1]
+        plans = {}
+        for frame, loops in chosen:
+            exits = _exit_lines(frame.f_code, loops)
+            if exits is None:
+                if plans:
+                    break  # the inner loops end; the outer ones run on
+                innermost = loops[-1]
+                self.refused = (
+                    f"its loop at {_where(frame.f_code, innermost.start)} has no exit a "
+                    "running frame can jump to (the last statement of its function?)"
+                )
+                return False
+            plans[id(frame)] = _FramePlan(frame, exits, frame.f_trace)
+            self._sites.update((frame.f_code, loop.start) for loop in loops)
+        first_frame, first_loops = chosen[0]
+        self.ended.append(EndedLoop(first_frame.f_code.co_filename,
+                                    _line_of(first_frame.f_code, first_loops[-1].start), steps))
+        self._install(plans)
+        return True
+
+    def loop_ends_code(self) -> bool:
+        """Whether the steps' loop ends the job: it is the last statement of its code, and each
+        caller of the job's own, out to the script's top level, returns right after the call
+        (`if __name__ == "__main__": main()`). Stopping there loses nothing after it."""
+        frames = list(_job_frames(self.boundary))  # innermost first
+        for index, frame in enumerate(frames):
+            loops = loop_exits.enclosing(frame.f_code, frame.f_lasti)
+            if loops:
+                callers = frames[index + 1:]
+                return (loops[0].ends_code
+                        and all(loop_exits.returns_after(caller.f_code, caller.f_lasti)
+                                for caller in callers)
+                        and (callers or [frame])[-1].f_code.co_name == "<module>")
+        return False
+
+    # -- the trace function, for the moment the plans wait ------------------------------------
+    def _install(self, plans: dict[int, _FramePlan]) -> None:
+        self._plans = plans
+        self._previous_global = sys.gettrace()
+        for plan in plans.values():
+            plan.frame.f_trace = self._local
+            plan.frame.f_trace_lines = True
+        sys.settrace(_no_new_frames)
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        plan = self._plans.get(id(frame))
+        if plan is None or plan.frame is not frame:
+            return None
+        if event == "return":
+            self._done(plan)
+            return None
+        if event == "line":
+            planned = plan.exits.pop(frame.f_lasti, None)
+            if planned is not None:
+                _, line, target = planned
+                # the loops left behind by the jump are over too (an inner loop's jump to its
+                # enclosing loop's exit)
+                plan.exits = {start: value for start, value in plan.exits.items()
+                              if start <= target <= value[0]}
+                try:
+                    frame.f_lineno = line
+                except ValueError as exc:  # CPython would not jump there after all
+                    self.refused = f"the jump out of its loop failed ({exc})"
+                    self.ended.pop()
+                    self.close()
+                    if self.stop is not None:
+                        self.stop()  # raises into the job: stopped as before
+                    return None
+                if not plan.exits:
+                    self._done(plan)
+                    return None
+        return self._local
+
+    def _done(self, plan: _FramePlan) -> None:
+        plan.frame.f_trace = plan.previous_trace
+        self._plans.pop(id(plan.frame), None)
+        if not self._plans:
+            sys.settrace(self._previous_global)
+            self._previous_global = None
+
+    def close(self) -> None:
+        """The job ended (or was stopped) with a plan waiting: no tracing left behind."""
+        for plan in list(self._plans.values()):
+            self._done(plan)
+
+
+def _no_new_frames(frame: FrameType, event: str, arg: Any) -> None:
+    return None  # tracing is on only for the planned frames' `f_trace`
+
+
+def _exit_lines(code: CodeType, loops: list[Loop]) -> dict[int, tuple[int, int, int]] | None:
+    """Each loop's head -> the line to jump to: its own exit, or, where that starts no usable
+    line, the exit of the nearest enclosing loop that has one (the rest of that loop's
+    iteration is skipped with it); a loop with neither runs on (its inner loops end). None
+    when no loop can end."""
+    exits: dict[int, tuple[int, int, int]] = {}
+    outer: int | None = None  # the nearest enclosing loop's usable exit (offset)
+    for loop in loops:  # outermost first
+        if loop.exit_line is not None and loop.exit is not None:
+            exits[loop.start] = (loop.end, loop.exit_line, loop.exit)
+            outer = loop.exit
+        elif outer is not None:
+            line = loop_exits.jump_line(code, loop.start, outer)
+            if line is not None:
+                exits[loop.start] = (loop.end, line, outer)
+    return exits or None
+
+
+def _job_frames(boundary: CodeType | None = None):
+    """The job's own frames on the stack, innermost first, up to the capture's call of the job
+    (`boundary`: the frames outside it, a caller of the in-process API, are not the job's)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is boundary:
+            return
+        if is_job_file(frame.f_code.co_filename):
+            yield frame
+        frame = frame.f_back
+
+
+def _line_of(code: CodeType, offset: int) -> int:
+    line = None
+    for at, number in loop_exits.line_starts(code):
+        if at > offset:
+            break
+        line = number
+    return line or code.co_firstlineno
+
+
+def _where(code: CodeType, offset: int) -> str:
+    return f"{os.path.basename(code.co_filename)}:{_line_of(code, offset)}"
