@@ -40,6 +40,12 @@ from peakmem.capture import loop_exits
 from peakmem.capture.loop_exits import Loop
 from peakmem.jobs.exit_handlers import is_job_file
 
+VERIFIED_PYTHONS = frozenset({(3, 11)})
+"""The CPython versions whose bytecode (loop shapes, line starts, stack effects, `f_lineno`'s
+rule) capture/loop_exits.py was written and tested against; elsewhere the job is stopped at the
+step limit as before, with the note that the estimate may be low."""
+VERIFIED_TEXT = ", ".join(f"{major}.{minor}" for major, minor in sorted(VERIFIED_PYTHONS))
+
 
 @dataclass
 class _FramePlan:
@@ -91,6 +97,10 @@ class LoopEnds:
         its head; False (with `refused` set) when it cannot be."""
         if self._plans:
             return True  # planned already in this iteration
+        if sys.version_info[:2] not in VERIFIED_PYTHONS:
+            self.refused = (f"loops are ended only on CPython {VERIFIED_TEXT}, whose bytecode "
+                            f"capture/loop_exits.py reads (this is {sys.version.split()[0]})")
+            return False
         if sys.gettrace() is not None:
             self.refused = "a trace function (debugger, coverage) is set"
             return False
