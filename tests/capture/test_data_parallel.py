@@ -27,6 +27,7 @@ from peakmem.capture.data_parallel import BUFFER_SIZE, _take_tensors, visible_de
 from peakmem.estimate import estimate
 from peakmem.profiles import load_gpu, load_stack
 from peakmem.trace.events import EventKind
+from tests.capture.capture_helpers import live_at_end
 
 FP32 = 4
 SCRIPTS = Path(__file__).resolve().parents[1] / "library_jobs" / "scripts"
@@ -140,13 +141,7 @@ def _alloc_index(trace, op):
 
 
 def _live_at_end(trace):
-    live = {}
-    for kind, ident, size, _stream, _tag in trace.events():
-        if kind == EventKind.ALLOC:
-            live[ident] = size
-        elif kind == EventKind.FREE:
-            live.pop(ident, None)
-    return sum(size for size in live.values() if size not in (8519680,))  # cuBLAS workspaces
+    return sum(size for size in live_at_end(trace) if size != 8519680)  # cuBLAS workspaces
 
 
 def test_cnn_with_batchnorm_over_four_gpus(gpus):

@@ -249,9 +249,14 @@ def run_code(source: str) -> None:
     """Run `python -c SOURCE`'s program: `__main__` without a `__file__`, compiled as
     "<string>"."""
     code = compile(source, "<string>", "exec", dont_inherit=True)
+    _exec_as_main(code, __loader__=importlib.machinery.BuiltinImporter)
+
+
+def _exec_as_main(code: types.CodeType, **names: object) -> None:
+    """Run `code` as a fresh `__main__` module holding `names` (sys.modules' own `__main__`
+    while it runs, put back after)."""
     module = types.ModuleType("__main__")
-    module.__dict__.update(__builtins__=builtins, __spec__=None, __package__=None,
-                           __loader__=importlib.machinery.BuiltinImporter)
+    module.__dict__.update(__builtins__=builtins, __spec__=None, __package__=None, **names)
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = module
     try:
@@ -273,18 +278,7 @@ def run_script_file(path: str) -> None:
     else:
         code = compile(source, filename, "exec", dont_inherit=True)
         loader = importlib.machinery.SourceFileLoader("__main__", filename)
-    module = types.ModuleType("__main__")
-    module.__dict__.update(
-        __file__=filename, __cached__=None, __package__=None, __spec__=None,
-        __loader__=loader, __builtins__=builtins,
-    )
-    saved = sys.modules.get("__main__")
-    sys.modules["__main__"] = module
-    try:
-        exec(code, module.__dict__)
-    finally:
-        if saved is not None:
-            sys.modules["__main__"] = saved
+    _exec_as_main(code, __file__=filename, __cached__=None, __loader__=loader)
 
 
 def is_compiled_script(filename: str, data: bytes) -> bool:
