@@ -1,12 +1,14 @@
 """Round 21a: peft's sequence-classification notebooks not covered before (VeRA, IA3), re-created
 as scripts in their upstream structure (scripts/r21a_*.py; each docstring names the upstream
 file and what had to change for transformers 5 / peft 0.2x) and run unmodified on the tiny BERT
-and a local GLUE MRPC (no network). Parameter, gradient and optimizer bytes are worked out by
+and a local GLUE MRPC, and peft's LoRA+ recipe (create_loraplus_optimizer handed to a Trainer)
+on the tiny GPT-2 (no network). Parameter, gradient and optimizer bytes are worked out by
 hand from the configs (expected.py), not read from peakmem.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from tests.library_jobs import expected as ex
 from tests.library_jobs.harness import estimate_here
 from tests.library_jobs.test_library_jobs import assert_training, needs
+from tests.library_jobs.test_library_jobs_hf import TINY_GPT2_CONFIG, sentences, write_checkpoint
 from tests.library_jobs.test_library_jobs_r4 import BERT_MRPC_SHAPES, write_mrpc_dir
 from tests.library_jobs.test_library_jobs_r19a import (  # noqa: F401 - own_datasets_cache: a fixture
     _notes,
@@ -84,3 +87,30 @@ def test_peft_ia3_scaling_vectors_train_with_adamw_over_all_parameters(tmp_path)
     assert "DataLoader epoch of 5 batches" in _notes(est)
     assert est.data["phases_ran"] == 20 * ["training", "eval"]
     assert "epoch 19: {'accuracy'" in est.stderr
+
+
+# peft: docs/source/developer_guides/lora.md, "LoRA+ optimized LoRA", with the Trainer ------------
+
+@needs("peft", "datasets")
+@pytest.mark.usefixtures("own_datasets_cache")
+def test_peft_loraplus_optimizer_handed_to_the_trainer(tmp_path):
+    model = write_checkpoint(tmp_path / "gpt2", TINY_GPT2_CONFIG)
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]  # saved as the base GPT2Model
+    (model / "config.json").write_text(json.dumps(config))
+    (tmp_path / "train.txt").write_text("\n".join(sentences(60)) + "\n")
+    est = estimate_here("r21a_peft_loraplus_trainer.py", "--model_name_or_path", "gpt2",
+                        "--train_file", "train.txt", "--output_dir", "out", "--max_steps", "3",
+                        "--lora_r", "16", "--loraplus_lr_ratio", "16", cwd=tmp_path)
+    # peft's default target for GPT-2 is c_attn (Conv1D 64 -> 192): A is r x 64, B is 192 x r
+    embd, rank = ex.TINY_GPT2["embd"], 16
+    lora = ex.device_bytes(ex.TINY_GPT2["layers"] * [(rank, embd), (3 * embd, rank)], ex.FP32)
+    gpt2 = ex.device_bytes(ex.gpt2_shapes(**ex.TINY_GPT2), ex.FP32)
+    # the Trainer keeps the optimizer it is given: torch.optim.AdamW (not fused, `step` on the
+    # host), two moments per adapter tensor across LoRA+'s groups
+    assert_training(est, params=gpt2 + lora, grads=lora, optimizer_state=2 * lora)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 3 and est.data["phases_ran"] == ["training"]
+    # the job's own print of the groups: lora_A at lr, no embedding adapters, lora_B at 16 x lr
+    assert "LoRA+ groups: [(2, 5e-05), (0, 1e-06), (2, 0.0008), (0, 0.0008)]" in est.stderr
+    assert "out/adapter_model.safetensors" in _notes(est)
