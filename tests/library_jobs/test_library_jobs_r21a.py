@@ -114,3 +114,21 @@ def test_peft_loraplus_optimizer_handed_to_the_trainer(tmp_path):
     # the job's own print of the groups: lora_A at lr, no embedding adapters, lora_B at 16 x lr
     assert "LoRA+ groups: [(2, 5e-05), (0, 1e-06), (2, 0.0008), (0, 0.0008)]" in est.stderr
     assert "out/adapter_model.safetensors" in _notes(est)
+
+
+# peft: examples/sequence_classification/RoAD.py (kept as upstream has it) ---------------------------
+
+@needs("peft", "datasets")
+@pytest.mark.usefixtures("own_datasets_cache")
+def test_peft_road_example_fails_as_the_job_on_transformers_5(tmp_path):
+    """RoAD.py passes `max_length=None` to from_pretrained; transformers 5 hands it to the model's
+    __init__. The estimate says so in one line, as the job's own error, after the data was
+    prepared (the failure is the script's, not a capture gap)."""
+    est = estimate_here("r4_hand_metric.py", "r21a_peft_road_seq_cls.py",
+                        cwd=mrpc_dir_as(tmp_path, "roberta-large"), timeout=300)
+    assert est.returncode != 0
+    assert est.data["error"]["kind"] == "job_failed", est.data
+    message = est.data["error"]["message"]
+    assert "\n" not in message, message
+    assert "TypeError" in message and "unexpected keyword argument 'max_length'" in message, message
+    assert "r21a_peft_road_seq_cls.py" in est.data["error"]["traceback"]
