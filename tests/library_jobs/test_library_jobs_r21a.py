@@ -132,3 +132,28 @@ def test_peft_road_example_fails_as_the_job_on_transformers_5(tmp_path):
     assert "\n" not in message, message
     assert "TypeError" in message and "unexpected keyword argument 'max_length'" in message, message
     assert "r21a_peft_road_seq_cls.py" in est.data["error"]["traceback"]
+
+
+# peft: examples/sequence_classification/FourierFT.ipynb ---------------------------------------------
+
+@needs("peft", "datasets")
+@pytest.mark.usefixtures("own_datasets_cache")
+def test_peft_fourierft_spectra_train_and_the_delta_weight_is_built_each_forward(tmp_path):
+    est = estimate_here("r4_hand_metric.py", "r21a_peft_fourierft_seq_cls.py",
+                        cwd=mrpc_dir_as(tmp_path, "roberta-base"), timeout=300)
+    assert est.returncode == 0, est.failure()
+    # query and value of both layers train 1000 spectral coefficients each (fp32); the fixed
+    # frequency `indices` are plain host tensors peft moves to the device in each forward
+    spectra = ex.device_bytes(LAYERS * 2 * [(1000,)], ex.FP32)
+    trainable = spectra + CLASSIFIER
+    assert "trainable params: 4,130 " in est.stderr  # 4 x 1000 + 2 x 64 + 2
+    assert est.breakdown.get("parameter") == BERT_MRPC + trainable, est.breakdown
+    assert est.breakdown.get("buffer") == BERT_BUFFERS, est.breakdown
+    # every trainable tensor's gradient and AdamW's two moments are live together at each step
+    # after the first, so the peak is at least the model state
+    model_state = BERT_MRPC + trainable + trainable + 2 * trainable
+    assert model_state <= est.data["peak_allocated_bytes"] <= est.data["peak_reserved_bytes"]
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # 40 rows in batches of 32 (32 + 8 a epoch): the notebook's 5 epochs, each evaluated
+    assert est.data["phases_ran"] == 5 * ["training", "eval"]
+    assert "epoch 4: {'accuracy'" in est.stderr
