@@ -21,7 +21,13 @@ import shutil
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import SCRIPTS, JobEstimate, estimate_here, write_mnist
+from tests.library_jobs.harness import (
+    SCRIPTS,
+    JobEstimate,
+    estimate,
+    estimate_here,
+    write_mnist,
+)
 from tests.library_jobs.test_library_jobs import assert_training, needs
 from tests.library_jobs.test_library_jobs_r19b import CORA_FEATURES, write_planetoid_cora
 
@@ -128,3 +134,38 @@ def test_yunjey_cnn_batchnorm_eval_and_checkpoint(tmp_path):
     assert "an evaluation phase (forward passes without gradients) ran" in _notes(est)
     assert "Test Accuracy of the model on the 10000 test images" in est.stderr
     assert "instead of model.ckpt" in _notes(est)
+
+
+# pyg-team/pytorch_geometric examples/argva_node_clustering.py ----------------------------------
+
+@needs("torch_geometric", "sklearn", "scipy", "matplotlib")
+def test_pyg_argva_tsne_after_the_loop_crashes_fake_mode_auto_reruns_eagerly(tmp_path,
+                                                                              monkeypatch):
+    nodes = write_planetoid_cora(tmp_path / "data" / "Planetoid" / "Cora" / "raw")
+    (tmp_path / "examples").mkdir()
+    script = tmp_path / "examples" / "argva_node_clustering.py"
+    shutil.copy(SCRIPTS / "r21b_pyg_argva_node_clustering.py", script)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    # the encoder: GCNConv(64, 32), conv_mu and conv_logstd GCNConv(32, 32) (bias-free Linear
+    # and a bias each); the discriminator: Linear(32, 64), Linear(64, 64), Linear(64, 32)
+    encoder = ex.device_bytes([(32, CORA_FEATURES), (32,)] + 2 * [(32, 32), (32,)], ex.FP32)
+    discriminator = ex.device_bytes(ex.linear(64, 32) + ex.linear(64, 64) + ex.linear(32, 64),
+                                    ex.FP32)
+    params = encoder + discriminator
+    # a child process (`estimate`): the crash must not take this one with it
+    est = estimate(str(script), flags=("--gpu", "h100-80gb"), cwd=tmp_path, timeout=300)
+    # fake mode traced the training, then `plot_points`' TSNE of the all-zero embedding (fake
+    # reads) segfaulted inside scikit-learn, and the result died with the process; before
+    # round 21b that was the estimate ("killed by SIGSEGV"). Auto mode now reruns it eagerly
+    assert_training(est, params=params, optimizer_state=2 * params,  # two Adams: 2 moments
+                    extra_upper=est.breakdown["workspace"])
+    assert est.data["mode"] == "eager"
+    assert "killed by SIGSEGV" in est.data["mode_reason"]
+    # the graph moved by `ToDevice` (no NormalizeFeatures here): x fp32, y int64, three masks
+    assert est.breakdown["input"] == (ex.rounded(nodes * CORA_FEATURES * ex.FP32)
+                                      + ex.rounded(nodes * 8) + 3 * ex.rounded(nodes))
+    # 150 epochs without a DataLoader: ended after 3, each with its KMeans test; then the
+    # TSNE plot after the loop ran (real values in eager mode)
+    assert "Epoch: 003" in est.stderr and "Epoch: 004" not in est.stderr
+    assert "ended 2 training loop(s) without a DataLoader" in _notes(est)
+    assert "an evaluation phase (forward passes without gradients) ran" in _notes(est)
