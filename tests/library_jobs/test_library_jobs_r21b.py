@@ -12,6 +12,12 @@ local data; device bytes worked out by hand (not read from peakmem):
   curriculum length (1 token) is traced (see the test).
 - yunjey/pytorch-tutorial convolutional_neural_network (scripts/r21b_yunjey_cnn.py):
   `cuda:0`, BatchNorm2d, `model.eval()` + no_grad test, `model.ckpt`. Worked as it is.
+- pyg-team/pytorch_geometric examples/argva_node_clustering.py
+  (scripts/r21b_pyg_argva_node_clustering.py): `ARGVA`, two Adams, KMeans every epoch, a TSNE
+  after the loop. Found: the TSNE of fake mode's all-zero embedding segfaulted in scikit-learn
+  and no estimate came back. Fixed in general: auto mode reruns a crashed fake capture eagerly
+  (estimate/api.py `CRASH_SIGNALS`; tests/estimate/test_crash_fallback.py). Slow (about 85 s:
+  the eager rerun's KMeans and TSNE).
 """
 
 from __future__ import annotations
