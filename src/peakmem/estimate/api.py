@@ -369,6 +369,10 @@ def _fake_assumptions(capture: CaptureResult) -> list[str]:
     return found
 
 
+CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT"})
+"""Signals of a process that crashed by itself (not SIGKILL: the kernel's OOM killer, a user)."""
+
+
 def eager_fallback_reason(capture: CaptureResult) -> str | None:
     """Why auto mode must rerun a fake capture in eager mode (None: the fake one stands)."""
     if capture.fake_limit is not None:
@@ -383,6 +387,14 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
         return (
             f"the job failed ({name}: {first_line(error)}) after {capture.host_reads} host "
             "read(s) of device values, which fake mode answers with zeros"
+        )
+    if capture.reason == "signal" and capture.signal in CRASH_SIGNALS:
+        # the child's result died with it: whether it read device values is unknown, and
+        # native code (scikit-learn's Barnes-Hut TSNE over an all-zero embedding) can crash on
+        # the placeholder zeros fake mode answers them with
+        return (
+            f"the job's process was killed by {capture.signal}: native code may have crashed "
+            "on the zeros fake mode answers host reads of device values with"
         )
     if capture.reason == "raised" and capture.data_dependent:
         # a size checked by the job (torchmetrics: `len(torch.unique(target)) > num_classes`)
