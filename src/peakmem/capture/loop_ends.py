@@ -25,6 +25,9 @@ no line of its own (a loop that is the last statement of its function: its exit 
 return), when a trace function is set already (a debugger, coverage), or after
 `MAX_STEPS_AFTER_END` steps past the first end: the job is then stopped as before, and the note
 says the estimate may be low (what follows did not run) and that `--steps all` checks it.
+While an end waits for the loop's head, the job's `sys.gettrace()` / `sys.settrace()` see and set
+its own trace function, not the capture's (its `settrace(None)` would switch the jump off); a plan
+whose head does not come within `MAX_STEPS_AFTER_END` steps is given up (`abandon`): stopped.
 """
 
 from __future__ import annotations
