@@ -25,6 +25,9 @@ no line of its own (a loop that is the last statement of its function: its exit 
 return), when a trace function is set already (a debugger, coverage), or after
 `MAX_STEPS_AFTER_END` steps past the first end: the job is then stopped as before, and the note
 says the estimate may be low (what follows did not run) and that `--steps all` checks it.
+While an end waits for the loop's head, the job's `sys.gettrace()` / `sys.settrace()` see and set
+its own trace function, not the capture's (its `settrace(None)` would switch the jump off); a plan
+whose head does not come within `MAX_STEPS_AFTER_END` steps is given up (`abandon`): stopped.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ class LoopEnds:
             self.refused = (f"loops are ended only on CPython {VERIFIED_TEXT}, whose bytecode "
                             f"capture/loop_exits.py reads (this is {sys.version.split()[0]})")
             return False
-        if sys.gettrace() is not None:
+        if _REAL_GETTRACE() is not None:
             self.refused = "a trace function (debugger, coverage) is set"
             return False
         at_forward = {(frame_id, code): offset for frame_id, code, offset in self._forward_frames}
@@ -161,7 +164,19 @@ class LoopEnds:
         for plan in plans.values():
             plan.frame.f_trace = self._local
             plan.frame.f_trace_lines = True
-        sys.settrace(_no_new_frames)
+        _REAL_SETTRACE(_no_new_frames)
+        # the job's own view of the global trace function while the plan waits: what it had
+        # (or set since), never the capture's; `sys.settrace(None)` would stop the frames' traces
+        sys.gettrace, sys.settrace = self._job_gettrace, self._job_settrace
+
+    def _job_gettrace(self) -> Any:
+        return self._previous_global
+
+    def _job_settrace(self, function: Any) -> None:
+        """The job's `sys.settrace` while a plan waits: kept for when it is done; a function
+        (not None) is set now too (the planned frames keep their own traces)."""
+        self._previous_global = function
+        _REAL_SETTRACE(_no_new_frames if function is None else function)
 
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         plan = self._plans.get(id(frame))
@@ -181,9 +196,7 @@ class LoopEnds:
                 try:
                     frame.f_lineno = line
                 except ValueError as exc:  # CPython would not jump there after all
-                    self.refused = f"the jump out of its loop failed ({exc})"
-                    self.ended.pop()
-                    self.close()
+                    self.abandon(f"the jump out of its loop failed ({exc})")
                     if self.stop is not None:
                         self.stop()  # raises into the job: stopped as before
                     return None
@@ -196,13 +209,24 @@ class LoopEnds:
         plan.frame.f_trace = plan.previous_trace
         self._plans.pop(id(plan.frame), None)
         if not self._plans:
-            sys.settrace(self._previous_global)
+            sys.gettrace, sys.settrace = _REAL_GETTRACE, _REAL_SETTRACE
+            _REAL_SETTRACE(self._previous_global)
             self._previous_global = None
+
+    def abandon(self, reason: str) -> None:
+        """The waiting plan will not end its loop after all: not ended, no tracing left."""
+        self.refused = reason
+        if self._plans and self.ended:
+            self.ended.pop()
+        self.close()
 
     def close(self) -> None:
         """The job ended (or was stopped) with a plan waiting: no tracing left behind."""
         for plan in list(self._plans.values()):
             self._done(plan)
+
+
+_REAL_GETTRACE, _REAL_SETTRACE = sys.gettrace, sys.settrace
 
 
 def _no_new_frames(frame: FrameType, event: str, arg: Any) -> None:

@@ -137,6 +137,7 @@ class PhaseTracker:
                           if stop_after_steps is None else None)
         self._loop_base: dict[Any, int] = {}  # steps by optimizer when the last loop ended
         self._first_loop_end = 0  # steps when the first loop without a DataLoader ended
+        self._loop_planned = 0  # steps when the last loop end was planned
         self._nothing_follows = False  # the stopped loop was the script's last statement
         self.modules = ModulePaths(on_root=self._classify_module_state)
         self.weight_copies = WeightCopies(session)
@@ -553,7 +554,13 @@ class PhaseTracker:
         if ends is None:
             return False
         if ends.pending:
-            return True
+            if state.steps - self._loop_planned < MAX_STEPS_AFTER_END:
+                return True
+            # the jump never came (the job took the frames' tracing away, e.g. a
+            # `settrace(None)` imported before the plan): stopped as before
+            ends.abandon(f"its loop did not come back to its head in {MAX_STEPS_AFTER_END} "
+                         "steps (its line tracing was switched off)")
+            return False
         if ends.ended and state.steps - self._first_loop_end >= MAX_STEPS_AFTER_END:
             ends.refused = (
                 f"{state.steps - self._first_loop_end} steps were taken after the first loop "
@@ -562,6 +569,7 @@ class PhaseTracker:
             return False
         if not ends.plan(steps):
             return False
+        self._loop_planned = state.steps
         if len(ends.ended) == 1:
             self._first_loop_end = state.steps
         self._loop_base = dict(self._steps_by_optimizer)

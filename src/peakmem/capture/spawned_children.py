@@ -34,6 +34,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -319,10 +320,14 @@ def read_reports(directory: str | Path) -> list[dict[str, Any]]:
         if not (name.startswith(REPORT_PREFIX) and name.endswith(".json")):
             continue
         try:
-            fd = os.open(Path(directory) / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(Path(directory) / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0))  # a FIFO named as a report: no wait
         except OSError:
             continue
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                continue
             with os.fdopen(fd, "rb") as handle:
                 data = handle.read(1 << 16)
             report = json.loads(data.decode("utf-8"))

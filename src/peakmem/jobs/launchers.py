@@ -289,11 +289,17 @@ def _accelerate_config(path: str | None) -> dict[str, object]:
         if not default.is_file():
             return {}
         path = str(default)
-    try:
-        text = Path(path).read_text(encoding="utf-8")[: 1 << 20]
-    except OSError as exc:
+    from peakmem.inputs import InputError, max_input_bytes, open_regular_file, read_capped
+
+    try:  # a regular file under the input cap: /dev/zero or a FIFO would never end
+        with open_regular_file(path) as handle:
+            text = read_capped(handle, max_input_bytes(), path).decode("utf-8")
+    except InputError as exc:
         raise LaunchError(f"accelerate launch: cannot read the config file {path!r} "
-                          f"({exc.strerror})") from None
+                          f"({exc.detail})") from None
+    except UnicodeDecodeError:
+        raise LaunchError(f"accelerate launch: cannot read the config file {path!r} "
+                          "(not UTF-8 text)") from None
     try:
         if path.endswith(".json"):
             import json
