@@ -406,14 +406,21 @@ def test_data_parallel_on_the_one_device_runs_the_module(a100, stack24):
     assert 4 * 16 * 4 in [size for size, tag in allocations(result.trace) if tag.op.startswith("addmm")]
 
 
-def test_data_parallel_over_several_gpus_is_unsupported(a100, stack24):
+def test_data_parallel_over_more_gpus_than_the_job_sees_fails_as_on_cuda(a100, stack24,
+                                                                       monkeypatch):
+    """DataParallel over several GPUs is supported (capture/data_parallel.py) over the GPUs the
+    job sees (`CUDA_VISIBLE_DEVICES`); naming more fails as CUDA does on a machine with fewer:
+    an invalid device ordinal, the job's own error, not a peakmem limit."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
     def job():
         model = torch.nn.DataParallel(torch.nn.Linear(16, 16).cuda(), device_ids=[0, 1, 2])
         model(torch.randn(4, 16, device="cuda"))
 
     result = capture_callable(job, gpu=a100, stack=stack24)
-    assert isinstance(result.error, Unsupported)
-    assert str(result.error) == "peakmem does not support nn.DataParallel over 3 GPUs yet"
+    assert not isinstance(result.error, Unsupported)
+    assert "invalid device ordinal" in str(result.error)
+    assert "the job sees 1 GPUs" in str(result.error)
 
 
 def test_legacy_cuda_tensor_types_make_fake_device_tensors(a100, stack24):
