@@ -163,7 +163,7 @@ def test_airbench94_muon_fused_sgd_half_channels_last_compiled(tmp_path):
     # a100-40gb: its cuDNN factor model keeps the peak in a later step, where the momentum
     # buffers exist (with the sm_90 per-shape table of the default H100 the first step's
     # channels-last workspaces set the peak, before any optimizer state)
-    est = estimate_here("r3_airbench94_muon.py", cwd=tmp_path, timeout=200,
+    est = estimate_here("r3_airbench94_muon.py", cwd=tmp_path, timeout=480,
                         flags=("--gpu", "a100-40gb"))  # torch alone
     # fused nesterov SGD (whitening bias, BatchNorm biases, head) and Muon (the convolutions)
     # each keep one momentum buffer per trained tensor. `SGD(fused=True)` has no meta kernel
