@@ -51,6 +51,7 @@ from peakmem.capture.loop_ends import LoopEnds
 from peakmem.capture.model_copies import ModelCopies
 from peakmem.capture.modules import ModulePaths
 from peakmem.capture.session import DEVICE_STREAM, CaptureSession
+from peakmem.capture.step_growth import StepGrowth
 from peakmem.capture.step_repeat import StepRepeater, enabled_by_env
 from peakmem.capture.weight_copies import WeightCopies
 from peakmem.cuda_rules.true_device import is_meta
@@ -139,6 +140,7 @@ class PhaseTracker:
         self._first_loop_end = 0  # steps when the first loop without a DataLoader ended
         self._loop_planned = 0  # steps when the last loop end was planned
         self._nothing_follows = False  # the stopped loop was the script's last statement
+        self.growth = StepGrowth(session)  # steps past the limit while the peak still grows
         self.modules = ModulePaths(on_root=self._classify_module_state)
         self.weight_copies = WeightCopies(session)
         self.model_copies = ModelCopies(session, self.modules.in_forward)
@@ -506,6 +508,7 @@ class PhaseTracker:
         self._ran("training")
         session.synchronize_streams()  # record_stream holds end with the step (fake_streams)
         session.mark(f"step {self._steps_by_optimizer[key]}")
+        self.growth.step_taken()
         feeding = self.loaders.step_taken() if not self.run_all else None
         if feeding is not None and state.epoch_steps is None:
             state.epoch_steps = _epoch_steps(feeding)
@@ -536,7 +539,7 @@ class PhaseTracker:
             ):
                 return
             self.stop_reason = "runaway"
-        elif self._end_own_loop(steps):
+        elif self._still_growing(steps) or self._end_own_loop(steps):
             return
         else:
             self.stop_reason = "limit"
@@ -546,6 +549,15 @@ class PhaseTracker:
         if stop_now:
             self._stop()
         self._stop_pending = True  # inside the job's update loop: stop at its next forward
+
+    def _still_growing(self, steps: int) -> bool:
+        """The default policy at the limit of a loop without a DataLoader: one more step while
+        the last one still raised the peak (capture.step_growth)."""
+        if self.stop_after_steps is not None:
+            return False
+        if self.loop_ends is not None and self.loop_ends.pending:
+            return False  # its end is planned: it finishes its iteration
+        return self.growth.keep_going(steps)
 
     def _end_own_loop(self, steps: int) -> bool:
         """The default policy at the limit of a loop without a DataLoader: end that loop
@@ -573,6 +585,7 @@ class PhaseTracker:
         if len(ends.ended) == 1:
             self._first_loop_end = state.steps
         self._loop_base = dict(self._steps_by_optimizer)
+        self.growth.loop_ended()
         self.session.mark(END_MARK)
         return True
 
@@ -721,6 +734,7 @@ class PhaseTracker:
                 "code after it — later loops, evaluation, sampling — ran); --steps all runs "
                 "every iteration"
             )
+        notes.extend(self.growth.notes(unit))
         window = self.loaders.window
         if window is not None and window > 1 and state.steps:
             notes.append(
