@@ -355,6 +355,10 @@ def _restore_own_modules(saved: dict[str, types.ModuleType]) -> None:
             sys.modules[name] = module
 
 
+TIME_LIMIT_RETRY_S = 1.0
+"""After the time limit, its JobTimeout is raised again this often until the job has ended."""
+
+
 @contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
     """Raise JobTimeout in the main thread after `seconds` (None: no limit)."""
@@ -367,10 +371,15 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         raise RuntimeError("a job timeout needs the main thread")
 
     def _expire(signum: int, frame: object) -> None:
+        if isinstance(sys.exc_info()[1], JobTimeout):
+            return  # the limit's exception is on its way out (finally blocks, __exit__s)
         raise JobTimeout(f"ran past the time limit of {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, _expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # repeated every TIME_LIMIT_RETRY_S: an exception raised where Python only prints it
+    # ("Exception ignored in": a weakref callback, __del__, a GC callback) does not end the
+    # job, and a one-shot alarm left it running to its end
+    signal.setitimer(signal.ITIMER_REAL, seconds, TIME_LIMIT_RETRY_S)
     try:
         yield
     finally:
