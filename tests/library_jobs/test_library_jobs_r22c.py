@@ -139,3 +139,41 @@ def test_llms_from_scratch_opt_single_gpu_compiled_bf16_fused_adamw(tmp_path, by
     assert "torch.compile was not applied: GPTModel ran eagerly" in _notes(est)
     assert "Uses tensor cores" in est.stderr  # capability (9, 0) of the H100: >= 7
     assert "Ep 1, Step 000000, Train: 0.000, Val: 0.000" in est.stderr
+
+
+# rasbt/LLMs-from-scratch ch05/03_bonus_pretraining_on_gutenberg/pretraining_simple.py ----------
+
+@needs("tiktoken", "matplotlib")
+def test_llms_from_scratch_gutenberg_pretraining_debug_model(tmp_path, byte_level_gpt2):
+    work = tmp_path / "03_bonus_pretraining_on_gutenberg"
+    shutil.copytree(SCRIPTS / "r22c_llms_gutenberg", work)
+    books = work / "gutenberg" / "data"
+    books.mkdir(parents=True)
+    for index in range(3):  # about 2,200 bytes each: 23 batches of 8 ten-token windows
+        (books / f"PG{index}.txt").write_text(_text(400), encoding="utf-8")
+    # `--debug True`: the 12-dim, 2-layer GPT with a 10-token context (the vocabulary stays
+    # 50257: the two 50257 x 12 matrices are almost all of it)
+    shapes = gpt_shapes(50257, 10, 12, 2, separate_qkv=True)
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate_here(str(work / "pretraining_simple.py"), "--debug", "True",
+                        "--batch_size", "8", "--eval_freq", "5",
+                        flags=("--gpu", "h100-80gb"), cwd=work)
+    logits = ex.rounded(8 * 10 * 50257 * ex.FP32)
+    assert_training(est, params=params, optimizer_state=2 * params,  # AdamW: two moments
+                    extra_upper=2 * logits)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.breakdown["buffer"] == 2 * ex.rounded(10 * 10 * ex.FP32)  # the causal masks
+    # at the peak (the backward) the (8, 10, 50257) fp32 logits at least are kept
+    assert est.breakdown["activation"] >= logits
+    # new DataLoaders per book: the first book's loop ended after 3 full batches and its last,
+    # then each later book's last batch; the checkpoint after each book (`global_step %
+    # save_ckpt_freq` is non-zero) and the final one diverted, losses.pdf written
+    assert est.data["steps"] == 9 and not est.data["stopped"]
+    assert "the job saved 4 file(s) of fake device data" in _notes(est)
+    assert "Saved model_checkpoints/model_pg_3.pth" in est.stderr
+    assert (work / "model_checkpoints" / "losses.pdf").is_file()
+    # the sample at step 0 (50 greedy tokens over a 10-token window: replayed once the
+    # window is full) and the job's own `max_memory_allocated()` read the estimate's peak
+    assert "no-grad forward call(s) replayed" in _notes(est)
+    peak = est.data["peak_allocated_bytes"]
+    assert f"Maximum GPU memory allocated: {peak / 1e9:.2f} GB" in est.stderr
