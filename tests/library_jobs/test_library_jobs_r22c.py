@@ -177,3 +177,42 @@ def test_llms_from_scratch_gutenberg_pretraining_debug_model(tmp_path, byte_leve
     assert "no-grad forward call(s) replayed" in _notes(est)
     peak = est.data["peak_allocated_bytes"]
     assert f"Maximum GPU memory allocated: {peak / 1e9:.2f} GB" in est.stderr
+
+
+# rasbt/LLMs-from-scratch ch05/18_muon/gpt_train_muon.py -----------------------------------------
+
+@needs("tiktoken", "matplotlib", "requests")
+def test_llms_from_scratch_gpt_train_muon_and_adamw(tmp_path, byte_level_gpt2):
+    import torch
+
+    if not hasattr(torch.optim, "Muon"):
+        pytest.skip("torch.optim.Muon is not in this torch")
+    work = _workdir(tmp_path, "r22c_llms_muon", "the-verdict.txt", 1100)
+    shutil.copy(SCRIPTS / "r22c_llms_ch05" / "previous_chapters.py", work)
+    d, vocab, layers = 768, 50257, 12
+    shapes = gpt_shapes(vocab, 256, d, layers, separate_qkv=True)
+    params = ex.device_bytes(shapes, ex.FP32)
+    # Muon: the 2-D weights but the two embeddings (query / key / value / out_proj and the
+    # two feed-forward matrices of each block, out_head), one momentum buffer each; AdamW:
+    # the embeddings, biases and LayerNorm scales / shifts, two moments each
+    muon = layers * (4 * [(d, d)] + [(4 * d, d), (d, 4 * d)]) + [(vocab, d)]
+    adamw = ([(vocab, d), (256, d)] + layers * [(d,), (4 * d,), (d,)] + layers * 4 * [(d,)]
+             + 2 * [(d,)])
+    assert ex.count(muon) + ex.count(adamw) == ex.count(shapes)
+    state = ex.device_bytes(muon, ex.FP32) + 2 * ex.device_bytes(adamw, ex.FP32)
+    # `--train_steps 2` (its own early end: a `break` after the 2nd iteration, then the
+    # 50-token sample) and peakmem's `--steps 2`, which stops first (the sample is slow: see
+    # the gpt_train test)
+    est = estimate_here(str(work / "gpt_train_muon.py"), "--train_steps", "2",
+                        flags=("--gpu", "h100-80gb", "--steps", "2"), cwd=work)
+    assert_training(est, params=params, optimizer_state=state)
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    # an iteration steps both optimizers: 2 steps are 2 iterations (the evaluation at global
+    # step 0, after the first, ran)
+    assert est.data["steps"] == 2 and est.data["stopped"]
+    assert "Ep 1 (Step 000000): Train loss 0.000, Val loss 0.000" in est.stderr
+    # Muon keeps one buffer where AdamW kept two: the peak is the backward's, not the
+    # optimizer step's (gradients set to None by zero_grad, the (2, 256, 50257) fp32 logits
+    # kept for the cross entropy), below AdamW-only gpt_train's 5 x params
+    assert est.breakdown["activation"] >= ex.rounded(2 * 256 * vocab * ex.FP32)
+    assert est.data["peak_allocated_bytes"] < 5 * params
