@@ -15,7 +15,10 @@ data; device bytes worked out by hand from the shapes (not read from peakmem):
 Found on the way: a job whose time limit expired while Python ran a weakref callback (the
 capture's storage watches) lost the limit ("Exception ignored in": the one-shot alarm's
 JobTimeout was printed and dropped) and ran on to its end. Fixed in general: the alarm repeats
-until the job has ended (jobs/runner.py `time_limit`; tests/measure/test_runner.py).
+until the job has ended (jobs/runner.py `time_limit`; tests/measure/test_runner.py). And the
+Gutenberg job, run in this process after the main chapter's, imported that job's cached
+`previous_chapters` (ImportError): fixed in general, a script job's modules from its own
+directory leave sys.modules when it ends (jobs/runner.py `_forget_script_modules`).
 
 The scripts read tiktoken's "gpt2" encoding, which tiktoken downloads on first use: with no
 network here, the tests put a byte-level encoding under that name in tiktoken's registry (the

@@ -173,3 +173,19 @@ def test_stop_hook_removed_and_counts_every_optimizer():
 def test_stop_rejects_bad_limit():
     with pytest.raises(ValueError), stop_after_steps(0):
         pass
+
+
+def test_a_later_job_imports_its_own_local_module_of_the_same_name(tmp_path):
+    # two in-process jobs, each with a `helpers.py` next to its script (LLMs-from-scratch's
+    # chapters each ship a `previous_chapters.py`): the second got the first's cached module
+    for name, function in (("first", "only_in_first"), ("second", "only_in_second")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "helpers.py").write_text(f"def {function}():\n    return {name!r}\n")
+        (folder / "train.py").write_text(
+            f"from helpers import {function}\nassert {function}() == {name!r}\n")
+    assert "helpers" not in sys.modules
+    for name in ("first", "second"):
+        outcome = run_job(JobSpec(script=str(tmp_path / name / "train.py")))
+        assert outcome.status is JobStatus.FINISHED, outcome.error
+    assert "helpers" not in sys.modules
