@@ -117,6 +117,37 @@ def test_timeout(write_script):
     path = write_script("import time\nwhile True:\n    time.sleep(0.01)\n")
     outcome = run_job(JobSpec(script=str(path)), timeout=0.3)
     assert outcome.status is JobStatus.TIMEOUT and outcome.exit_code == 124
+
+
+def test_timeout_swallowed_in_a_weakref_callback_is_raised_again(write_script, monkeypatch):
+    # the alarm goes off while a weakref callback runs (as the capture's storage watches do
+    # when a tensor dies): Python prints "Exception ignored in" and goes on, so a one-shot
+    # alarm let the job run to its end past its limit (a 120 s limit, 260 s run)
+    import peakmem.jobs.runner as runner
+
+    monkeypatch.setattr(runner, "TIME_LIMIT_RETRY_S", 0.1)
+    path = write_script(
+        """
+        import time, weakref
+
+        class Blob:
+            pass
+
+        def slow_callback(_ref):
+            time.sleep(0.5)  # the limit (0.2 s) expires in here
+
+        blob = Blob()
+        watch = weakref.ref(blob, slow_callback)
+        del blob
+        start = time.monotonic()
+        while time.monotonic() - start < 3:
+            time.sleep(0.01)
+        raise SystemExit(7)  # reached only if the limit was lost
+        """
+    )
+    outcome = run_job(JobSpec(script=str(path)), timeout=0.2)
+    assert outcome.status is JobStatus.TIMEOUT and outcome.exit_code == 124
+    assert outcome.seconds < 2
     assert outcome.seconds < 5
 
 
@@ -142,3 +173,19 @@ def test_stop_hook_removed_and_counts_every_optimizer():
 def test_stop_rejects_bad_limit():
     with pytest.raises(ValueError), stop_after_steps(0):
         pass
+
+
+def test_a_later_job_imports_its_own_local_module_of_the_same_name(tmp_path):
+    # two in-process jobs, each with a `helpers.py` next to its script (LLMs-from-scratch's
+    # chapters each ship a `previous_chapters.py`): the second got the first's cached module
+    for name, function in (("first", "only_in_first"), ("second", "only_in_second")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "helpers.py").write_text(f"def {function}():\n    return {name!r}\n")
+        (folder / "train.py").write_text(
+            f"from helpers import {function}\nassert {function}() == {name!r}\n")
+    assert "helpers" not in sys.modules
+    for name in ("first", "second"):
+        outcome = run_job(JobSpec(script=str(tmp_path / name / "train.py")))
+        assert outcome.status is JobStatus.FINISHED, outcome.error
+    assert "helpers" not in sys.modules

@@ -316,6 +316,8 @@ def script_environment(spec: JobSpec) -> Iterator[None]:
     did, APPEND_CWD_ENV); restore both afterwards, and peakmem's own modules in sys.modules."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     saved_modules = _own_modules()
+    before = set(sys.modules)
+    script_dir: str | None = None
     if spec.code is not None:
         sys.argv = ["-c", *spec.args]
         if not sys.flags.safe_path:  # python -c puts the current directory first ('')
@@ -323,7 +325,8 @@ def script_environment(spec: JobSpec) -> Iterator[None]:
     elif spec.script is not None:
         sys.argv = [spec.script, *spec.args]
         if _runs_as_file(spec.script):  # a directory or zip: runpy puts it on sys.path itself
-            sys.path.insert(0, str(Path(spec.script).resolve().parent))
+            script_dir = str(Path(spec.script).resolve().parent)
+            sys.path.insert(0, script_dir)
     else:
         sys.argv = [str(spec.module), *spec.args]  # runpy replaces argv[0] with the file
         sys.path.insert(0, os.getcwd())
@@ -334,6 +337,24 @@ def script_environment(spec: JobSpec) -> Iterator[None]:
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         _restore_own_modules(saved_modules)
+        if script_dir is not None:
+            _forget_script_modules(script_dir, before)
+
+
+def _forget_script_modules(script_dir: str, before: set[str]) -> None:
+    """Drop from sys.modules what the job imported from its script's directory (its
+    `model.py`, `previous_chapters.py`): a later job run in this process from another
+    directory imports its own file of that name, as `python` would, instead of getting the
+    earlier job's module (an ImportError, or the other script's code). peakmem's own modules,
+    submodules of packages imported before the job (a script run from inside an installed
+    package: its package stays whole) and everything imported from elsewhere stay."""
+    root = os.path.join(os.path.normcase(os.path.abspath(script_dir)), "")
+    for name in [name for name in list(sys.modules) if name not in before]:
+        if name.partition(".")[0] in before or name in ("peakmem", "__main__"):
+            continue
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(path, str) and os.path.normcase(os.path.abspath(path)).startswith(root):
+            sys.modules.pop(name, None)
 
 
 def _own_modules() -> dict[str, types.ModuleType]:
@@ -355,6 +376,10 @@ def _restore_own_modules(saved: dict[str, types.ModuleType]) -> None:
             sys.modules[name] = module
 
 
+TIME_LIMIT_RETRY_S = 1.0
+"""After the time limit, its JobTimeout is raised again this often until the job has ended."""
+
+
 @contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
     """Raise JobTimeout in the main thread after `seconds` (None: no limit)."""
@@ -367,10 +392,15 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         raise RuntimeError("a job timeout needs the main thread")
 
     def _expire(signum: int, frame: object) -> None:
+        if isinstance(sys.exc_info()[1], JobTimeout):
+            return  # the limit's exception is on its way out (finally blocks, __exit__s)
         raise JobTimeout(f"ran past the time limit of {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, _expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # repeated every TIME_LIMIT_RETRY_S: an exception raised where Python only prints it
+    # ("Exception ignored in": a weakref callback, __del__, a GC callback) does not end the
+    # job, and a one-shot alarm left it running to its end
+    signal.setitimer(signal.ITIMER_REAL, seconds, TIME_LIMIT_RETRY_S)
     try:
         yield
     finally:
