@@ -16,6 +16,7 @@ import textwrap
 import pytest
 
 from peakmem.capture import frame_moves, loop_ends
+from peakmem.capture.loop_exits import loops_of, return_none
 from peakmem.estimate import estimate
 
 MiB = 1024 * 1024
@@ -217,3 +218,53 @@ def test_without_frame_moves_the_job_is_stopped_with_the_may_be_low_note(tmp_pat
     # besides cuBLAS's workspace
     workspace = est.breakdown.by_category.get("workspace", 0)
     assert est.peak_allocated_bytes - workspace < 1 * MiB
+
+
+# -- which move each loop gets (read from the bytecode) ------------------------------------------
+
+def _for_then_with(data, lock):
+    for x in data:
+        print(x)
+    with lock:
+        pass
+
+
+def _while_true_last(n):
+    i = 0
+    while True:
+        i += 1
+        if i > n:
+            break
+
+
+def _while_true_in_with(n, lock):
+    with lock:
+        while True:
+            n += 1
+            if n > 5:
+                break
+
+
+async def _async_for(items):
+    async for x in items:
+        print(x)
+
+
+@verified_python
+def test_each_loop_gets_the_move_its_bytecode_allows():
+    def moves(function):
+        code = function.__code__
+        planned = loop_ends._exits(code, list(loops_of(code)))
+        return None if planned is None else [exit.how for exit in planned.values()]
+
+    assert moves(_for_then_with) == ["exhaust"]
+    # the `break` became a `return None` inside the loop: the frame is sent there
+    (loop,) = loops_of(_while_true_last.__code__)
+    assert loop.exit is None and moves(_while_true_last) == ["goto"]
+    # inside a `with` the loop has an exit of its own (the `with`'s exit code): sent there, never
+    # to a `return None` that would skip `__exit__`
+    (loop,) = loops_of(_while_true_in_with.__code__)
+    assert return_none(_while_true_in_with.__code__, loop.start) is None
+    assert moves(_while_true_in_with) == ["goto"]
+    # an `async for` loop's exit is its StopAsyncIteration handler: no move
+    assert moves(_async_for) is None

@@ -269,7 +269,8 @@ def _exits(code: CodeType, loops: list[Loop]) -> dict[int, _Exit] | None:
         elif moves and loop.exit is not None and loop.is_for:
             exits[loop.start] = _Exit("exhaust", loop.end, loop.exit)
         elif (moves and loop.exit is not None and loop.start in depths
-              and depths.get(loop.exit) == depths[loop.start]):
+              and depths.get(loop.exit) == depths[loop.start]
+              and loop.exit not in loop_exits.handlers(code)):
             exits[loop.start] = _Exit("goto", loop.end, loop.exit)
         elif moves and loop.exit is None and not loop.is_for and (
                 returns := loop_exits.return_none(code, loop.start)) is not None:

@@ -144,6 +144,13 @@ def jump_line(code: CodeType, head: int, target: int) -> int | None:
     return line
 
 
+def handlers(code: CodeType) -> frozenset[int]:
+    """The offsets exception handlers start at (an `async for` loop's exit is one: reached only
+    by its `StopAsyncIteration`, never by a jump)."""
+    return frozenset(entry.target
+                     for entry in dis._parse_exception_table(code))  # noqa: SLF001 - 3.11+
+
+
 def return_none(code: CodeType, head: int) -> int | None:
     """Where a frame at `head` may go on to return None at once: the first `LOAD_CONST None;
     RETURN_VALUE` with an empty value stack, when `head` has an empty stack too and no
