@@ -112,6 +112,19 @@ SHAPES = {
         STEP = "while"
         evaluate()
     """, 0, ["evaluated after while"]),
+    # `main()` calls `train()` (the loop last in it) then evaluates
+    "called_from_main": ("""
+        def train():
+            for step in range(N):
+                train_step()
+        def main():
+            train()
+            global STEP
+            STEP = "main"
+            evaluate()
+        if __name__ == "__main__":
+            main()
+    """, 0, ["evaluated after main"]),
     # epochs x batches (a list, no DataLoader), both loops last in `train()`
     "nested_epochs_batches": ("""
         batches = [torch.randn(8, 64, device="cuda") for _ in range(4)]
@@ -268,3 +281,56 @@ def test_each_loop_gets_the_move_its_bytecode_allows():
     assert moves(_while_true_in_with) == ["goto"]
     # an `async for` loop's exit is its StopAsyncIteration handler: no move
     assert moves(_async_for) is None
+
+
+def _counted(n, seen):
+    for i in range(n):
+        seen.append(i)
+    else:
+        seen.append("else")
+
+
+def _counted_while(n, seen):
+    i = 0
+    while i < n:
+        seen.append(i)
+        i += 1
+    with open(__file__):
+        seen.append("after")
+
+
+@verified_python
+@pytest.mark.parametrize("function, move", [(_counted, "exhaust"), (_counted_while, "goto")])
+def test_a_move_at_the_loops_head_ends_it_there(function, move):
+    """The moves themselves, from a `line` event at the loop's third arrival at its head: the
+    loop stops there and what follows it (a `for` loop's `else:`, a
+    `with`) runs once; anywhere but at the head the move refuses and changes nothing."""
+    code = function.__code__
+    (loop,) = loops_of(code)
+    arrivals, results = [], []
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lasti == loop.start:
+            arrivals.append(frame.f_lasti)
+            if len(arrivals) == 3:
+                results.append(frame_moves.exhaust(frame, loop.start + 2))  # not the head
+                results.append(frame_moves.exhaust(frame, loop.start) if move == "exhaust"
+                               else frame_moves.goto(frame, loop.start, loop.exit))
+        return local
+
+    def calls(frame, event, arg):
+        return local if frame.f_code is code else None
+
+    seen, previous = [], sys.gettrace()
+    sys.settrace(calls)
+    try:
+        function(1000, seen)
+    finally:
+        sys.settrace(previous)
+    assert results == [False, True]
+    # a `for` loop's head is arrived at from its end only (its first `FOR_ITER` starts no line):
+    # 3 iterations ran; a `while` body's first line is arrived at on the way in too: 2 ran
+    if move == "exhaust":
+        assert seen == [0, 1, 2, "else"]
+    else:
+        assert seen == [0, 1, "after"]
