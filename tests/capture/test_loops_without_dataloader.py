@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from peakmem.capture import loop_ends
+from peakmem.capture import frame_moves, loop_ends
 from peakmem.capture.loop_exits import enclosing, loops_of
 from peakmem.estimate import estimate, estimate_command
 
@@ -263,8 +263,9 @@ def test_the_scripts_last_loop_is_stopped_and_the_note_says_nothing_follows(
 
 
 # A loop that is the last statement of a function, called before an evaluation: its exit is
-# the implicit `return None`, which a running frame cannot jump to; the job is stopped and the
-# note says the estimate may be low and how to check.
+# the implicit `return None`, which no line leads to; the loop's iterator is exhausted at its
+# head instead (capture/frame_moves.py) and the evaluation runs. Where frames cannot be moved
+# so, the job is stopped and the note says the estimate may be low and how to check.
 LOOP_AT_FUNCTION_END = """
     import torch
     model = torch.nn.Linear(64, 64).cuda()
@@ -279,7 +280,21 @@ LOOP_AT_FUNCTION_END = """
 """
 
 
-def test_a_loop_that_cannot_be_ended_says_the_estimate_may_be_low(tmp_path, a100, stack24):
+@verified_python
+def test_a_loop_at_its_functions_end_is_ended_and_the_evaluation_runs(tmp_path, a100, stack24):
+    result = run(tmp_path, LOOP_AT_FUNCTION_END, a100, stack24)
+    assert not result.stopped and result.steps == 3
+    (note,) = ended_notes(result)
+    assert "(job.py:6)" in note
+    # the evaluation's (100000, 64) input and output, with the weight, bias and gradients
+    assert result.peak_allocated >= 2 * fp32(100_000, 64)
+    full = run(tmp_path, LOOP_AT_FUNCTION_END, a100, stack24, steps="all")
+    assert full.steps == 100 and full.peak_allocated == result.peak_allocated
+
+
+def test_a_loop_that_cannot_be_ended_says_the_estimate_may_be_low(tmp_path, a100, stack24,
+                                                                 monkeypatch):
+    monkeypatch.setattr(frame_moves, "supported", lambda: False)
     result = run(tmp_path, LOOP_AT_FUNCTION_END, a100, stack24)
     assert result.stopped and result.steps == 3
     (note,) = stop_notes(result)

@@ -20,9 +20,14 @@ ended before reaches the limit again (an outer loop in a caller re-runs it: `for
 range(E): train_epoch()`), the callers' loops around it are ended too.
 
 Each later loop gets its own limit (the steps of the optimizers live in it, counted from where
-the previous loop ended: a new optimizer starts at 0). A loop is not ended when its exit starts
-no line of its own (a loop that is the last statement of its function: its exit is the implicit
-return), when a trace function is set already (a debugger, coverage), or after
+the previous loop ended: a new optimizer starts at 0). Where no line leads to the loop's exit (a
+loop that is the last statement of its function exits into the implicit return; a `with` or a
+`try: ... finally:` right after or around a `for` loop puts its exit on a line CPython resolves
+elsewhere), the frame is moved without a line (capture/frame_moves.py: a `for` loop's iterator
+exhausted, a `while` loop sent to its exit). A loop is not ended when it has no exit at all (`while
+True:` without a `break`), when frames cannot be moved so (not CPython 3.11) and no line leads
+out, when the script's last statement is the loop (stopped: nothing follows; phases.py), when a
+trace function is set already (a debugger, coverage), or after
 `MAX_STEPS_AFTER_END` steps past the first end: the job is then stopped as before, and the note
 says the estimate may be low (what follows did not run) and that `--steps all` checks it.
 While an end waits for the loop's head, the job's `sys.gettrace()` / `sys.settrace()` see and set
@@ -39,7 +44,7 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
-from peakmem.capture import loop_exits
+from peakmem.capture import frame_moves, loop_exits
 from peakmem.capture.loop_exits import Loop
 from peakmem.jobs.exit_handlers import is_job_file
 
@@ -50,12 +55,23 @@ step limit as before, with the note that the estimate may be low."""
 VERIFIED_TEXT = ", ".join(f"{major}.{minor}" for major, minor in sorted(VERIFIED_PYTHONS))
 
 
+@dataclass(frozen=True)
+class _Exit:
+    """How a planned loop ends at its head: `line` (`f_lineno` set to `line`), `exhaust` (its
+    iterator replaced by an exhausted one) or `goto` (the next instruction set to `target`);
+    `target` is the offset the frame goes on at, `end` the loop's last backward jump."""
+
+    how: str
+    end: int
+    target: int
+    line: int | None = None
+
+
 @dataclass
 class _FramePlan:
     frame: FrameType
-    exits: dict[int, tuple[int, int, int]]
-    """Each planned loop's start offset -> (its end, the line to jump to when the start is
-    reached, the offset that line leads to)."""
+    exits: dict[int, _Exit]
+    """Each planned loop's start offset -> how it ends when the start is reached."""
     previous_trace: Any
 
 
@@ -124,14 +140,19 @@ class LoopEnds:
         chosen = common if repeated else common[:1]
         plans = {}
         for frame, loops in chosen:
-            exits = _exit_lines(frame.f_code, loops)
+            exits = _exits(frame.f_code, loops)
             if exits is None:
                 if plans:
                     break  # the inner loops end; the outer ones run on
                 innermost = loops[-1]
+                why = ("the last statement of its function, or a `with` / `try` after it?"
+                       if frame_moves.supported() else
+                       "its exit starts no line of its own; frames are moved past that only "
+                       f"on CPython {frame_moves.LAYOUT_VERSION[0]}.{frame_moves.LAYOUT_VERSION[1]}"
+                       " release builds")
                 self.refused = (
                     f"its loop at {_where(frame.f_code, innermost.start)} has no exit a "
-                    "running frame can jump to (the last statement of its function?)"
+                    f"running frame can jump to ({why})"
                 )
                 return False
             plans[id(frame)] = _FramePlan(frame, exits, frame.f_trace)
@@ -186,17 +207,16 @@ class LoopEnds:
             self._done(plan)
             return None
         if event == "line":
-            planned = plan.exits.pop(frame.f_lasti, None)
+            head = frame.f_lasti
+            planned = plan.exits.pop(head, None)
             if planned is not None:
-                _, line, target = planned
                 # the loops left behind by the jump are over too (an inner loop's jump to its
                 # enclosing loop's exit)
                 plan.exits = {start: value for start, value in plan.exits.items()
-                              if start <= target <= value[0]}
-                try:
-                    frame.f_lineno = line
-                except ValueError as exc:  # CPython would not jump there after all
-                    self.abandon(f"the jump out of its loop failed ({exc})")
+                              if start <= planned.target <= value.end}
+                failed = _move(frame, head, planned)
+                if failed is not None:  # CPython would not go there after all
+                    self.abandon(f"the jump out of its loop failed ({failed})")
                     if self.stop is not None:
                         self.stop()  # raises into the job: stopped as before
                     return None
@@ -233,22 +253,54 @@ def _no_new_frames(frame: FrameType, event: str, arg: Any) -> None:
     return None  # tracing is on only for the planned frames' `f_trace`
 
 
-def _exit_lines(code: CodeType, loops: list[Loop]) -> dict[int, tuple[int, int, int]] | None:
-    """Each loop's head -> the line to jump to: its own exit, or, where that starts no usable
-    line, the exit of the nearest enclosing loop that has one (the rest of that loop's
-    iteration is skipped with it); a loop with neither runs on (its inner loops end). None
-    when no loop can end."""
-    exits: dict[int, tuple[int, int, int]] = {}
+def _exits(code: CodeType, loops: list[Loop]) -> dict[int, _Exit] | None:
+    """Each loop's head -> how it ends there: a jump to the line starting its exit where one
+    leads there; else, where capture/frame_moves.py can move this interpreter's frames, a `for`
+    loop's iterator exhausted, a `while` loop's frame sent to its exit; else a jump to the exit
+    of the nearest enclosing loop that has one (the rest of that loop's iteration is skipped with
+    it); a loop with none of these runs on (its inner loops end). None when no loop can end."""
+    exits: dict[int, _Exit] = {}
     outer: int | None = None  # the nearest enclosing loop's usable exit (offset)
+    moves = frame_moves.supported()
     for loop in loops:  # outermost first
+        depths = loop_exits.stack_depths(code) or {}
         if loop.exit_line is not None and loop.exit is not None:
-            exits[loop.start] = (loop.end, loop.exit_line, loop.exit)
-            outer = loop.exit
+            exits[loop.start] = _Exit("line", loop.end, loop.exit, loop.exit_line)
+        elif moves and loop.exit is not None and loop.is_for:
+            exits[loop.start] = _Exit("exhaust", loop.end, loop.exit)
+        elif (moves and loop.exit is not None and loop.start in depths
+              and depths.get(loop.exit) == depths[loop.start]
+              and loop.exit not in loop_exits.handlers(code)):
+            exits[loop.start] = _Exit("goto", loop.end, loop.exit)
+        elif moves and loop.exit is None and not loop.is_for and (
+                returns := loop_exits.return_none(code, loop.start)) is not None:
+            # `while True:` last in its function: its `break` became a `return None`; go there
+            exits[loop.start] = _Exit("goto", loop.end, returns)
+            continue
         elif outer is not None:
             line = loop_exits.jump_line(code, loop.start, outer)
             if line is not None:
-                exits[loop.start] = (loop.end, line, outer)
+                exits[loop.start] = _Exit("line", loop.end, outer, line)
+            continue
+        else:
+            continue
+        outer = loop.exit
     return exits or None
+
+
+def _move(frame: FrameType, head: int, planned: _Exit) -> str | None:
+    """End the loop whose head the frame is at, as planned; why not, when it could not be."""
+    if planned.how == "line":
+        try:
+            frame.f_lineno = planned.line
+        except ValueError as exc:
+            return str(exc)
+        return None
+    if planned.how == "exhaust":
+        moved = frame_moves.exhaust(frame, head)
+    else:
+        moved = frame_moves.goto(frame, head, planned.target)
+    return None if moved else f"its frame could not be moved ({planned.how})"
 
 
 def _job_frames(boundary: CodeType | None = None):

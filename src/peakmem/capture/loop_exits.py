@@ -144,6 +144,33 @@ def jump_line(code: CodeType, head: int, target: int) -> int | None:
     return line
 
 
+def handlers(code: CodeType) -> frozenset[int]:
+    """The offsets exception handlers start at (an `async for` loop's exit is one: reached only
+    by its `StopAsyncIteration`, never by a jump)."""
+    return frozenset(entry.target
+                     for entry in dis._parse_exception_table(code))  # noqa: SLF001 - 3.11+
+
+
+def return_none(code: CodeType, head: int) -> int | None:
+    """Where a frame at `head` may go on to return None at once: the first `LOAD_CONST None;
+    RETURN_VALUE` with an empty value stack, when `head` has an empty stack too and no
+    exception handler covers it (no `with` or `try` around it whose exit code a return would
+    skip). A `while True:` loop that is the last statement of its function has no exit: the
+    compiler copies its `break` into a `return None` inside the loop (none when it has none)."""
+    depths = stack_depths(code)
+    if depths is None or depths.get(head) != 0:
+        return None
+    for entry in dis._parse_exception_table(code):  # noqa: SLF001 - 3.11+'s table reader
+        if entry.start <= head < entry.end:
+            return None
+    instructions = list(dis.get_instructions(code))
+    for ins, nxt in zip(instructions, instructions[1:], strict=False):
+        if (ins.opname == "LOAD_CONST" and ins.argval is None and nxt.opname == "RETURN_VALUE"
+                and depths.get(ins.offset) == 0):
+            return ins.offset
+    return None
+
+
 def returns_after(code: CodeType, offset: int) -> bool:
     """Whether the code returns right after the instruction at `offset` (a call whose result
     is dropped, then the implicit `return None`)."""

@@ -579,6 +579,8 @@ class PhaseTracker:
                 "was ended"
             )
             return False
+        if ends.loop_ends_code():
+            return False  # the script's last statement: stopping there misses nothing
         if not ends.plan(steps):
             return False
         self._loop_planned = state.steps
