@@ -2,6 +2,7 @@
 (issue 14).
 
     python benchmarks/cnn_row_profile.py [--rows 15] [--top 25]            # sampled, CPU time
+    python benchmarks/cnn_row_profile.py --rows 30 --cumulative 80          # + cumulative shares
     python benchmarks/cnn_row_profile.py --rows 5 --cprofile [--top 25]    # cProfile, self time
     python benchmarks/cnn_row_profile.py --rows 8 --cprofile --dump FILE   # + pstats file
     python benchmarks/cnn_row_profile.py --rows 15 --plain                  # CPU s, no profiler
@@ -109,6 +110,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=15)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--cumulative", type=int, default=0, metavar="N",
+                        help="also the N functions with the most samples anywhere on the stack")
     parser.add_argument("--cprofile", action="store_true", help="cProfile's self times instead")
     parser.add_argument("--dump", metavar="FILE",
                         help="with --cprofile: also write the profile's stats to FILE (pstats)")
@@ -183,6 +186,11 @@ def main() -> int:
     tops = collections.Counter(stack[0] for stack in stacks if stack)
     for name, count in tops.most_common(args.top):
         print(f"{100 * count / total:5.1f}% {name}")
+    if args.cumulative:
+        print(f"\ntop {args.cumulative} functions by samples anywhere on the stack (cumulative)")
+        anywhere = collections.Counter(name for stack in stacks for name in set(stack))
+        for name, count in anywhere.most_common(args.cumulative):
+            print(f"{100 * count / total:5.1f}% {name}")
     return 0
 
 
