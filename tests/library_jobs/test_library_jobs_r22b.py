@@ -16,6 +16,10 @@ tiny local data; device bytes worked out by hand from the shapes (not read from 
   `--multiprocessing-distributed`, the projector's reused fc bias frozen (`requires_grad =
   False`: no gradient, no momentum, not in DDP's buckets), `--fix-pred-lr` groups. Worked as
   it is.
+- cloneofsimo/minDiffusion superminddpm.py (scripts/r22b_superminddpm.py): no command line,
+  100 epochs each followed by a 999-step no-grad sampling loop. Ran as it is; by default slow
+  (the later epochs, one batch each, keep their sampling: see the test), so tested with
+  `--steps 2`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate
+from tests.library_jobs.harness import JobEstimate, estimate, write_mnist
 from tests.library_jobs.test_library_jobs import assert_training, needs
 
 pytestmark = pytest.mark.slow
@@ -192,3 +196,37 @@ def test_simsiam_frozen_projector_bias_fix_pred_lr(tmp_path):
     assert "Epoch: [1][1/2]" in est.stderr
     assert "spawn of 1 process" in _notes(est)
     assert "checkpoint_0000.pth.tar, checkpoint_0001.pth.tar" in _notes(est)
+
+
+# cloneofsimo/minDiffusion superminddpm.py ---------------------------------------------------
+
+@needs("torchvision", "tqdm")
+def test_superminddpm_registered_schedules_and_per_epoch_sampling(tmp_path):
+    # one batch of 1024 per epoch
+    write_mnist(tmp_path / "data" / "MNIST" / "raw", train=1024, test=16)
+    (tmp_path / "contents").mkdir()  # the repository ships it
+    shapes = (ex.conv(128, 1, 7) + ex.norm(128) + ex.conv(128, 128, 7) + ex.norm(128)
+              + ex.conv(64, 128, 7) + ex.norm(64) + ex.conv(16, 64, 7) + ex.norm(16)
+              + ex.conv(1, 16, 3))
+    params = ex.device_bytes(shapes, ex.FP32)
+    # --steps 2: epoch 0's step, its 999-step sampling loop (an evaluation: `ddpm.eval()`,
+    # no_grad), epoch 1's step; the job is stopped there. By default every later epoch runs one
+    # batch and its sampling again, up to 32 steps past the limit (minutes of fake ops)
+    est = estimate("r22b_superminddpm.py", flags=("--gpu", "h100-80gb", "--steps", "2"),
+                   cwd=tmp_path, timeout=300)
+    assert_training(est, params=params, optimizer_state=2 * params,  # Adam: two moments
+                    extra_upper=est.breakdown["activation"] + est.breakdown["workspace"]
+                    + est.breakdown.get("temporary", 0))
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.data["steps"] == 2 and est.data["stopped"]
+    assert est.data["phases_ran"] == ["training", "eval", "training"]
+    # the seven schedules, (1001,) fp32 each, `register_buffer`ed; the BatchNorms' buffers
+    assert est.breakdown["buffer"] == ex.device_bytes(
+        7 * [(1001,)] + bn_buffers([128, 128, 64, 16]), ex.FP32)
+    # the batch (1024, 1, 28, 28) fp32; its labels never reach the device
+    assert est.breakdown["input"] == ex.rounded(1024 * 28 * 28 * ex.FP32)
+    # the first two convolutions' outputs (1024, 128, 28, 28) fp32 (and their BatchNorm /
+    # ReLU outputs) are saved for the backward
+    assert est.breakdown["activation"] >= 2 * ex.rounded(1024 * 128 * 28 * 28 * ex.FP32)
+    # the sample grid after epoch 0 was written (from fake reads)
+    assert (tmp_path / "contents" / "ddpm_sample_0.png").is_file()
