@@ -19,7 +19,9 @@ tiny local data; device bytes worked out by hand from the shapes (not read from 
 - cloneofsimo/minDiffusion superminddpm.py (scripts/r22b_superminddpm.py): no command line,
   100 epochs each followed by a 999-step no-grad sampling loop. Ran as it is; by default slow
   (the later epochs, one batch each, keep their sampling: see the test), so tested with
-  `--steps 2`.
+  `--steps 2`. Found: the note blamed the sampling loop for the peak (it had only added a
+  2 MiB small-pool segment to reserved memory). Fixed in general: estimate/phase_notes.py
+  (tests/estimate/test_eval_peak_note.py).
 """
 
 from __future__ import annotations
@@ -228,5 +230,11 @@ def test_superminddpm_registered_schedules_and_per_epoch_sampling(tmp_path):
     # the first two convolutions' outputs (1024, 128, 28, 28) fp32 (and their BatchNorm /
     # ReLU outputs) are saved for the backward
     assert est.breakdown["activation"] >= 2 * ex.rounded(1024 * 128 * 28 * 28 * ex.FP32)
+    # the peak is a training backward's (partial gradients at it); the sampling loop after
+    # epoch 0 only added a 2 MiB small-pool segment to reserved memory, which before round
+    # 22b made the note say "the peak was set by the evaluation after training"
+    assert 0 < est.breakdown["gradient"] < params
+    assert ("the peak was set during training: the evaluation after it added only 2.0 MiB of "
+            "reserved memory (a segment of the small-block pool)") in _notes(est)
     # the sample grid after epoch 0 was written (from fake reads)
     assert (tmp_path / "contents" / "ddpm_sample_0.png").is_file()
