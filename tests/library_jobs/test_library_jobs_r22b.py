@@ -15,7 +15,7 @@ tiny local data; device bytes worked out by hand from the shapes (not read from 
 - facebookresearch/simsiam main_simsiam.py (scripts/r22b_simsiam/):
   `--multiprocessing-distributed`, the projector's reused fc bias frozen (`requires_grad =
   False`: no gradient, no momentum, not in DDP's buckets), `--fix-pred-lr` groups. Worked as
-  it is.
+  it is; over two GPUs (`--nproc-per-node 2`) since the SyncBatchNorm kernels above.
 - cloneofsimo/minDiffusion superminddpm.py (scripts/r22b_superminddpm.py): no command line,
   100 epochs each followed by a 999-step no-grad sampling loop. Ran as it is; by default slow
   (the later epochs, one batch each, keep their sampling: see the test), so tested with
@@ -166,7 +166,8 @@ def test_vicreg_torchrun_two_ranks_sync_batch_norm_full_gather(tmp_path):
 # facebookresearch/simsiam main_simsiam.py ----------------------------------------------------
 
 @needs("torchvision", "PIL")
-def test_simsiam_frozen_projector_bias_fix_pred_lr(tmp_path):
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_simsiam_frozen_projector_bias_fix_pred_lr(tmp_path, gpus):
     write_image_net(tmp_path / "imagenet")
     backbone, channels = resnet_shapes((2, 2, 2, 2), bottleneck=False)
     dim, pred_dim = 256, 64
@@ -182,7 +183,8 @@ def test_simsiam_frozen_projector_bias_fix_pred_lr(tmp_path):
                    str(dim), "--pred-dim", str(pred_dim), "-b", "8", "-j", "2", "--epochs", "2",
                    "-p", "1", "--fix-pred-lr", "--multiprocessing-distributed", "--world-size",
                    "1", "--rank", "0", "--dist-url", "tcp://localhost:10001",
-                   flags=("--gpu", "h100-80gb"), cwd=tmp_path, timeout=300)
+                   flags=("--gpu", "h100-80gb", "--nproc-per-node", str(gpus)), cwd=tmp_path,
+                   timeout=300)
     # SGD momentum: a buffer per parameter with a gradient; the frozen bias has neither
     assert_training(est, params=params, grads=grads, optimizer_state=grads,
                     extra_upper=est.breakdown["activation"])
@@ -192,11 +194,19 @@ def test_simsiam_frozen_projector_bias_fix_pred_lr(tmp_path):
         bn_buffers(channels + [512, 512, dim, pred_dim]), ex.FP32)
     # DDP buckets only the parameters that require a gradient
     assert ex.count(trainable) * ex.FP32 <= est.breakdown["communication"] <= grads
-    assert est.breakdown["input"] == 2 * ex.rounded(8 * 3 * 224 * 224 * ex.FP32)
-    # drop_last batches of 8 from 16 images: 2 steps an epoch, both epochs
+    # `-b 8` is the node's batch: divided by the GPU count per process
+    batch = 8 // gpus
+    assert est.breakdown["input"] == 2 * ex.rounded(batch * 3 * 224 * 224 * ex.FP32)
+    # drop_last batches from the rank's share of the 16 images: 2 steps an epoch, both epochs
     assert est.data["steps"] == 4
     assert "Epoch: [1][1/2]" in est.stderr
-    assert "spawn of 1 process" in _notes(est)
+    if gpus == 1:
+        assert "spawn of 1 process" in _notes(est)
+    else:
+        # `mp.spawn(nprocs=2)`: rank 0 traced; SyncBatchNorm synchronizes over the two ranks
+        # (before round 22b: NotImplementedError at `torch.batch_norm_stats`)
+        assert est.data["world_size"] == 2
+        assert "spawn of 2 processes: rank 0 ran in the capture's process" in _notes(est)
     assert "checkpoint_0000.pth.tar, checkpoint_0001.pth.tar" in _notes(est)
 
 
