@@ -20,6 +20,7 @@ from peakmem.cuda_rules import (  # noqa: F401  (imported for their registration
     sdpa,
     softmax,
     sparse,
+    sync_batch_norm,
 )
 from peakmem.cuda_rules.registry import (
     COMPOSITE_RULES,

@@ -515,15 +515,11 @@ def estimate_capture(
     fraction = capture.trace.meta.get("memory_fraction")
     fraction = float(fraction) if isinstance(fraction, (int, float)) and 0 <= fraction <= 1 else None
     capacity = gpu.total_memory_bytes - context - sum(libraries.values())
-    result = simulate(
-        capture.trace,
-        config=config,
-        torch_version=torch_version,
-        capacity_bytes=capacity,
-        memory_fraction=fraction,
-        total_bytes=gpu.total_memory_bytes if fraction is not None else None,
-        timeline=timeline,
-    )
+    limits: dict[str, Any] = dict(
+        capacity_bytes=capacity, memory_fraction=fraction,
+        total_bytes=gpu.total_memory_bytes if fraction is not None else None)
+    result = simulate(capture.trace, config=config, torch_version=torch_version,
+                      timeline=timeline, **limits)
     oom_message = result.oom_message if result.oom else None
     if fraction is not None and oom_message:
         oom_message += f" (the job capped its memory at fraction {fraction} of the GPU)"
@@ -533,6 +529,7 @@ def estimate_capture(
     if result.oom:
         # what the job would need on a device without a limit: the size of the shortfall
         result = simulate(capture.trace, config=config, torch_version=torch_version, timeline=timeline)
+        limits = {}
     # The breakdown shows what is live when allocated memory is highest (reserved memory only
     # grows, so its first maximum can come before the steady state's largest live set).
     peak_index = result.peak_allocated_index
@@ -547,7 +544,10 @@ def estimate_capture(
         notes.append(f"the job set CUDA_MODULE_LOADING ({value}) itself before CUDA started: the "
                      f"CUDA context follows it ({stack.module_loading(loading)} module loading)")
     for note in (
-        eval_peak_note(capture.trace, result.peak_reserved_index),
+        eval_peak_note(capture.trace, result.peak_reserved_index,
+                       lambda: _reserved_line(capture.trace, result, config, torch_version,
+                                              limits),
+                       result.peak_allocated_index),
         compile_bound_note(capture.trace, peak_index, int(result.peak_allocated_bytes)),
     ):
         if note is not None:
@@ -617,6 +617,19 @@ def estimate_capture(
         devices=devices,
         own_span=own_span,
     )
+
+
+def _reserved_line(trace: Any, result: Any, config: Any, torch_version: str,
+                   limits: dict[str, Any]) -> list[int]:
+    """Reserved bytes after each event of `trace`, as the run the figures come from had them
+    (its timeline, or that run again with one: only for the evaluation-peak note)."""
+    from peakmem.allocator.simulate import simulate
+
+    line = result.timeline
+    if line is None:
+        line = simulate(trace, config=config, torch_version=torch_version, timeline=True,
+                        **limits).timeline
+    return line.reserved if line is not None else []
 
 
 def _devices_note(devices: list[dict[str, Any]], own: int) -> str:

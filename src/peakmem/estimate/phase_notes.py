@@ -3,8 +3,10 @@ how much of it a torch.compile'd run might not hold (the capture runs compiled c
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import cache
 
+from peakmem.allocator.caching import K_SMALL_BUFFER
 from peakmem.trace.events import ALLOC_KINDS, EventKind, Trace
 from peakmem.trace.vocab import Mark
 
@@ -24,24 +26,53 @@ def _marks(trace: Trace) -> list[tuple[int, str]]:
     return found
 
 
-def eval_peak_note(trace: Trace, peak_index: int) -> str | None:
+EVAL_PEAK = "the peak was set by the evaluation after training"
+TRAIN_PEAK = "the peak was set during training, not by the evaluation after it"
+
+
+def _phase_at(marks: list[tuple[int, str]], at: int) -> tuple[str | None, int]:
+    """The phase the event at `at` is in ("eval", "training" or None) and, for "eval", the
+    index of the mark that started that evaluation."""
+    phase, eval_start = None, -1
+    for index, label in marks:
+        if index > at:
+            break
+        if label == EVAL_MARK:
+            phase, eval_start = "eval", index
+        elif label in _TRAINING_MARKS or label.startswith("step "):
+            phase = "training"
+    return phase, eval_start
+
+
+def eval_peak_note(trace: Trace, peak_index: int,
+                   reserved: Callable[[], Sequence[int]] | None = None,
+                   allocated_peak_index: int | None = None) -> str | None:
     """Whether an evaluation after training (an "eval" mark) set the peak: the event at
     `peak_index` (where reserved memory first reached its maximum) came after an "eval" mark and
-    before the next training mark. None when no evaluation ran after training."""
+    before the next training mark. None when no evaluation ran after training.
+
+    `reserved` (called only then): reserved bytes after each event. When the evaluation raised
+    reserved memory above everything before its mark by no more than one segment of the small
+    pool (K_SMALL_BUFFER, 2 MiB: an allocation under 1 MiB found no free small block) and the
+    allocated peak (`allocated_peak_index`) is not in an evaluation either, training set the
+    peak and the note says so (round 22b: minDiffusion's sampling loop after batch-1024
+    training steps got one 2 MiB small segment)."""
     marks = _marks(trace)
     if not any(label == EVAL_MARK for _, label in marks):
         return None
-    phase = None
-    for index, label in marks:
-        if index > peak_index:
-            break
-        if label == EVAL_MARK:
-            phase = "eval"
-        elif label in _TRAINING_MARKS or label.startswith("step "):
-            phase = "training"
-    if phase == "eval":
-        return "the peak was set by the evaluation after training"
-    return "the peak was set during training, not by the evaluation after it"
+    phase, eval_start = _phase_at(marks, peak_index)
+    if phase != "eval":
+        return TRAIN_PEAK
+    if reserved is not None and allocated_peak_index is not None and eval_start > 0:
+        line = reserved()
+        before = max(line[:eval_start], default=0)
+        added = line[peak_index] - before if peak_index < len(line) else -1
+        if (before > 0 and 0 <= added <= K_SMALL_BUFFER
+                and _phase_at(marks, allocated_peak_index)[0] != "eval"):
+            return (f"the peak was set during training: the evaluation after it added only "
+                    f"{added / _MIB:.1f} MiB of reserved memory (a segment of the small-block "
+                    "pool)")
+    return EVAL_PEAK
 
 
 @cache
