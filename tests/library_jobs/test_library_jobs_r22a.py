@@ -75,29 +75,49 @@ def trl_files(tmp_path_factory) -> dict[str, Path]:
 
 # TRL: trl/scripts/distillation.py (installed with trl 1.16, run as it is) --------------------------
 
+DISTILLATION_LORA_RANK = 32
+DISTILLATION_COMMANDS = {
+    # the script docstring's two commands: full training, and LoRA (r 32, alpha 16)
+    "full": (),
+    "lora": ("--use_peft", "--lora_r", str(DISTILLATION_LORA_RANK), "--lora_alpha", "16"),
+}
+
+
 @needs("trl", "peft", "datasets")
-def test_trl_distillation_script_chunked_divergence_buffers(trl_files):
+@pytest.mark.parametrize("command", sorted(DISTILLATION_COMMANDS))
+def test_trl_distillation_script_chunked_divergence_buffers(trl_files, command):
     """`python -m trl.scripts.distillation`: the student generates its completions (on-policy),
     the teacher scores them, and the generalized JSD runs through trl's ChunkedDivergenceFunction."""
     est = estimate_here("-m", "trl.scripts.distillation", "--model_name_or_path", str(trl_files["model"]),
                         "--teacher_model_name_or_path", str(trl_files["model"]),
                         "--dataset_name", str(trl_files["prompts"]), "--per_device_train_batch_size", "4",
-                        "--max_completion_length", "16", "--max_steps", "3", "--report_to", "none",
-                        "--output_dir", str(trl_files["root"] / "out" / "distillation"),
+                        "--max_completion_length", "8", "--max_steps", "3", "--report_to", "none",
+                        *DISTILLATION_COMMANDS[command],
+                        "--output_dir", str(trl_files["root"] / "out" / f"distillation-{command}"),
                         cwd=trl_files["root"], timeout=300)
-    # student and teacher, both fp32 (DistillationTrainer loads a path as float32 unless told);
-    # the student alone trains
-    assert_training(est, params=2 * GPT2, grads=GPT2, optimizer_state=FUSED_ADAMW)
+    # student and teacher, both fp32 (DistillationTrainer loads a path as float32 unless told)
+    if command == "full":
+        # the student trains whole
+        assert_training(est, params=2 * GPT2, grads=GPT2, optimizer_state=FUSED_ADAMW)
+        saved = "distillation-full/model.safetensors"
+    else:
+        # peft's default target for GPT-2 is c_attn (Conv1D 64 -> 192): A is r x 64, B 192 x r
+        embd, rank = ex.TINY_GPT2["embd"], DISTILLATION_LORA_RANK
+        lora_shapes = ex.TINY_GPT2["layers"] * [(rank, embd), (3 * embd, rank)]
+        lora = ex.device_bytes(lora_shapes, ex.FP32)
+        assert_training(est, params=2 * GPT2 + lora, grads=lora,
+                        optimizer_state=2 * lora + fused_steps(lora_shapes))
+        saved = "distillation-lora/adapter_model.safetensors"
     assert est.data["mode"] == "fake", est.data["mode_reason"]
     assert est.data["steps"] == 3 and est.data["phases_ran"] == ["training"]
     # fake values never sample eos: every completion runs to max_completion_length
-    assert "'completions/mean_length': '16'" in est.stderr
+    assert "'completions/mean_length': '8'" in est.stderr
     # the chunked loss projects each token tile into two fp32 buffers of rows x VOCAB_CHUNK_SIZE
-    # (32768 columns whatever the vocabulary: 256 here), rows = the 4 x 16 completion tokens;
+    # (32768 columns whatever the vocabulary: 256 here), rows = the 4 x 8 completion tokens;
     # both are live in its backward, where the peak is
-    chunk_buffers = 2 * ex.rounded(4 * 16 * 32768 * ex.FP32)
+    chunk_buffers = 2 * ex.rounded(4 * 8 * 32768 * ex.FP32)
     assert est.breakdown["temporary"] >= chunk_buffers, est.breakdown
-    assert "distillation/model.safetensors" in _notes(est)
+    assert saved in _notes(est)
 
 
 # TRL: examples/scripts/dpo_online.py (trl.experimental.online_dpo in 1.x) ---------------------------
