@@ -51,6 +51,7 @@ import torch.nn.modules.module as module_hooks
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
 from torch.compiler import is_compiling
 
+from peakmem.capture import length_family
 from peakmem.capture.session import DEVICE_STREAM, CaptureSession, LiveStorage
 from peakmem.trace.events import EventKind
 
@@ -116,6 +117,9 @@ class RepeatedForwards:
         self.session = session
         self.tracker = tracker
         self.replayed = 0
+        self.replayed_lengths = 0
+        """Of `replayed`, the calls predicted from a growing-length family (length_family)."""
+        self._families: dict[Any, tuple[length_family.Family, weakref.ref]] = {}
         self._local = threading.local()
         self._history: dict[Any, tuple[_Window, int]] = {}
         """Per key: its last template and how many templates in a row were the same."""
@@ -154,8 +158,12 @@ class RepeatedForwards:
     def note(self) -> str | None:
         if not self.replayed:
             return None
+        lengths = ""
+        if self.replayed_lengths:
+            lengths = (f"; {self.replayed_lengths} of them predicted at a new sequence length "
+                       f"from {length_family.OBSERVED} calls of growing length, checked")
         return (f"{self.replayed} no-grad forward call(s) replayed from an identical earlier "
-                f"call (its events repeated after {REQUIRED_WINDOWS} identical calls; "
+                f"call (its events repeated after {REQUIRED_WINDOWS} identical calls{lengths}; "
                 f"{ENV_FLAG}=0 runs them all)")
 
     # -- the call ------------------------------------------------------------------------------
@@ -171,6 +179,14 @@ class RepeatedForwards:
             out = self._replay(history[0])
             if out is not _REFUSED:
                 self.replayed += 1
+                return out
+        family_key, inputs = _family_key(key)
+        family = self._family(family_key, module)
+        if family is not None and family.fit is not None and not family.due_for_check():
+            out = self._replay_family(family, inputs)
+            if out is not _REFUSED:
+                self.replayed += 1
+                self.replayed_lengths += 1
                 return out
         window = None
         start = self._start()
@@ -188,7 +204,9 @@ class RepeatedForwards:
         if window is None:
             self._history.pop(key, None)
             self._modules.pop(key, None)
+            self._families.pop(family_key, None)
             return out
+        self._observe_family(family_key, family, module, inputs, window)
         last = self._history.pop(key, None)
         same = last is not None and last[0].same(window)
         self._history[key] = (window, last[1] + 1 if same else 1)  # the most recent key last
@@ -197,6 +215,37 @@ class RepeatedForwards:
             oldest = next(iter(self._history))
             del self._history[oldest], self._modules[oldest]
         return out
+
+    # -- growing-length families (length_family) -----------------------------------------------
+    def _family(self, family_key: Any, module: torch.nn.Module) -> length_family.Family | None:
+        entry = self._families.get(family_key)
+        if entry is None:
+            return None
+        if entry[1]() is not module:
+            del self._families[family_key]  # another module at a reused id
+            return None
+        return entry[0]
+
+    def _observe_family(self, family_key: Any, family: length_family.Family | None,
+                        module: torch.nn.Module, inputs: list, window: _Window) -> None:
+        numbers: list = []
+        skeleton = length_family.flatten(window, numbers)
+        if family is None or family.skeleton != skeleton:
+            family = length_family.Family(skeleton, family_key)
+        self._families.pop(family_key, None)
+        self._families[family_key] = (family, weakref.ref(module))  # the most recent last
+        while len(self._families) > length_family.MAX_FAMILIES:
+            del self._families[next(iter(self._families))]
+        family.observe(inputs, numbers)
+
+    def _replay_family(self, family: length_family.Family, inputs: list) -> Any:
+        numbers = family.predict(inputs)
+        if numbers is None:
+            return _REFUSED
+        window = length_family.rebuild(family.skeleton, iter(numbers))
+        if min(window.sizes, default=0) < 0 or any(n < 0 for _, n in window.storages):
+            return _REFUSED
+        return self._replay(window)
 
     def _run(self, original: Any, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         local = self._local
@@ -514,6 +563,23 @@ def _observer_apply(session: CaptureSession, observer: Any, costs: tuple) -> Non
     record.input_bytes += host[3]
     if saw_ops:
         observer._reads = session.host_reads
+
+
+def _family_key(key: tuple) -> tuple[Any, list]:
+    """The key with the input signature's integers abstracted (a tensor's sizes and strides,
+    an int argument; not the storage offset's alignment), and those integers."""
+    inputs: list = []
+    skeleton = length_family.flatten(_aligned(key[1]), inputs)
+    return (key[0], skeleton, *key[2:]), inputs
+
+
+def _aligned(signature: Any) -> Any:
+    """The signature with each tensor's offset alignment kept out of the abstracted numbers."""
+    if type(signature) is tuple and signature:
+        if signature[0] == "T" and len(signature) == 9 and type(signature[1]) is tuple:
+            return (*signature[:3], ("alignment", str(signature[3])), *signature[4:])
+        return tuple(_aligned(item) for item in signature)
+    return signature
 
 
 def _modes() -> tuple:
