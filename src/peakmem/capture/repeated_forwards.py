@@ -53,6 +53,7 @@ from torch.compiler import is_compiling
 
 from peakmem.capture import length_family
 from peakmem.capture.session import DEVICE_STREAM, CaptureSession, LiveStorage
+from peakmem.cuda_rules import reductions
 from peakmem.trace.events import EventKind
 
 REQUIRED_WINDOWS = 3
@@ -92,12 +93,14 @@ class _Window:
     storages: tuple[tuple[int, int], ...]  # (event offset of the allocation, nbytes) per slot
     costs: tuple | None  # the utilization record's slice (see _observer_slice)
     n_ids: int
+    checks: tuple = ()  # the reductions' scratch configurations asked (cuda_rules.reductions)
 
     def same(self, other: _Window) -> bool:
         return (self.kinds == other.kinds and self.ids == other.ids and self.sizes == other.sizes
                 and self.streams == other.streams and self.tags == other.tags
                 and self.outputs == other.outputs and self.storages == other.storages
-                and self.costs == other.costs and self.n_ids == other.n_ids)
+                and self.costs == other.costs and self.n_ids == other.n_ids
+                and self.checks == other.checks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,15 +193,17 @@ class RepeatedForwards:
                 return out
         window = None
         start = self._start()
+        outer_checks, reductions.SCRATCH_CALLS = reductions.SCRATCH_CALLS, []
         try:
             out = self._run(original, module, args, kwargs)
         finally:
+            checks, reductions.SCRATCH_CALLS = reductions.SCRATCH_CALLS, outer_checks
             watch, self._watch = self._watch, None
             if watch is not None and self.session.op_observer == self._watching:
                 self.session.op_observer = watch["chained"]
         if start is not None:
             try:
-                window = self._finish(start, watch, out, key, module)
+                window = self._finish(start, watch, out, key, module, tuple(checks or ()))
             except Exception:  # noqa: BLE001 - anything unexpected: the call is no template
                 window = None
         if window is None:
@@ -245,6 +250,9 @@ class RepeatedForwards:
         window = length_family.rebuild(family.skeleton, iter(numbers))
         if min(window.sizes, default=0) < 0 or any(n < 0 for _, n in window.storages):
             return _REFUSED
+        for call, answer in window.checks:  # thresholds: asked again at the predicted layouts
+            if reductions.scratch_bytes(*call) != answer:
+                return _REFUSED
         return self._replay(window)
 
     def _run(self, original: Any, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -363,7 +371,7 @@ class RepeatedForwards:
         return False
 
     def _finish(self, start: dict, watch: dict | None, out: Any, key: Any,
-                module: torch.nn.Module) -> _Window | None:
+                module: torch.nn.Module, checks: tuple = ()) -> _Window | None:
         session = self.session
         if watch is None or watch["refused"]:
             return None
@@ -423,7 +431,7 @@ class RepeatedForwards:
             return None
         return _Window(kinds, ids, trace.sizes[first:], trace.streams[first:],
                        trace.tag_ids[first:], outputs, tuple(storages), costs,
-                       end_id - first_id)
+                       end_id - first_id, checks)
 
     # -- replaying -----------------------------------------------------------------------------
     def _replay(self, window: _Window) -> Any:
