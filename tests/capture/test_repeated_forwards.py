@@ -523,3 +523,40 @@ def test_length_family_that_does_not_fit_runs_for_real(monkeypatch):
                 idx = torch.cat((idx, idx[:, :1]), dim=1)
 
     assert assert_same(monkeypatch, job, steps="all") == 0
+
+
+class StepNet(nn.Module):
+    """A scratch allocation that appears only past length 12: constant (absent) over the
+    observed lengths, so the fit carries it on until a check runs a call for real."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(65, 8)
+
+    def forward(self, idx):
+        out = self.emb(idx)
+        if idx.shape[1] > 12:
+            out = out + torch.zeros(1024, 8, device=idx.device)[: idx.shape[1]]
+        return out.sum()
+
+
+def test_a_step_past_the_observed_lengths_is_caught_and_reported(monkeypatch):
+    def job():
+        model = StepNet().cuda().eval()
+        idx = torch.zeros((1, 4), dtype=torch.long, device="cuda")
+        with torch.no_grad():
+            for _ in range(30):
+                model(idx)
+                idx = torch.cat((idx, idx[:, :1]), dim=1)
+
+    full, _ = run(monkeypatch, job, replay=False, steps="all")
+    with monkeypatch.context() as patch:
+        patch.setenv(ENV_FLAG, "1")
+        result = estimate(job, steps="all", **GPU)
+    note = next(n for n in result.to_json()["notes"] if REPLAYED in n)
+    # lengths 4 .. 7 observed; 8 .. 22 replayed without the scratch that appears at 13; the
+    # check at the family's 16th call (length 23) runs it and finds other events: the 15
+    # calls before it are reported as in doubt, and they do differ from the op-by-op trace
+    assert f"({RECHECK_EVERY - 1} of those before a check that found the fit wrong" in note
+    trace = result.capture.trace
+    assert list(trace.sizes) != full["trace"][2]

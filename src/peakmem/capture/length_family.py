@@ -114,15 +114,25 @@ class Family:
         self.observed: list[_Observation] = []
         self.position: int | None = None
         self.fit: _Fit | None = None
+        self.unchecked = 0
+        """Calls replayed since the last one run for real and compared."""
 
     # -- observing -----------------------------------------------------------------------------
-    def observe(self, inputs: list, numbers: list) -> None:
-        """A call run for real (its window's numbers); fits once `OBSERVED` calls agree."""
+    def observe(self, inputs: list, numbers: list) -> int:
+        """A call run for real (its window's numbers); fits once `OBSERVED` calls agree. Returns
+        how many replayed calls a failed check leaves in doubt (those since the last check)."""
+        unchecked, self.unchecked = self.unchecked, 0
         if self.fit is not None:
             if self._predicts(inputs, numbers):
-                return
+                return 0
             self.fit = None
             self.observed = []
+            self._add(inputs, numbers)
+            return unchecked
+        self._add(inputs, numbers)
+        return 0
+
+    def _add(self, inputs: list, numbers: list) -> None:
         key = tuple(inputs)
         if any(o.inputs == key for o in self.observed):
             self.observed = []  # the same call again: not a growing length

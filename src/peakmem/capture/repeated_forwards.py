@@ -121,6 +121,8 @@ class RepeatedForwards:
         self.tracker = tracker
         self.replayed = 0
         self.replayed_lengths = 0
+        self.in_doubt = 0
+        """Of `replayed_lengths`, the calls before a check that found the fit wrong."""
         """Of `replayed`, the calls predicted from a growing-length family (length_family)."""
         self._families: dict[Any, tuple[length_family.Family, weakref.ref]] = {}
         self._local = threading.local()
@@ -165,6 +167,9 @@ class RepeatedForwards:
         if self.replayed_lengths:
             lengths = (f"; {self.replayed_lengths} of them predicted at a new sequence length "
                        f"from {length_family.OBSERVED} calls of growing length, checked")
+        if self.in_doubt:
+            lengths += (f" ({self.in_doubt} of those before a check that found the fit wrong: "
+                        f"they may differ from running them)")
         return (f"{self.replayed} no-grad forward call(s) replayed from an identical earlier "
                 f"call (its events repeated after {REQUIRED_WINDOWS} identical calls{lengths}; "
                 f"{ENV_FLAG}=0 runs them all)")
@@ -190,6 +195,7 @@ class RepeatedForwards:
             if out is not _REFUSED:
                 self.replayed += 1
                 self.replayed_lengths += 1
+                family.unchecked += 1
                 return out
         window = None
         start = self._start()
@@ -236,12 +242,14 @@ class RepeatedForwards:
         numbers: list = []
         skeleton = length_family.flatten(window, numbers)
         if family is None or family.skeleton != skeleton:
+            if family is not None and family.fit is not None:
+                self.in_doubt += family.unchecked  # a check that found other events
             family = length_family.Family(skeleton, family_key)
         self._families.pop(family_key, None)
         self._families[family_key] = (family, weakref.ref(module))  # the most recent last
         while len(self._families) > length_family.MAX_FAMILIES:
             del self._families[next(iter(self._families))]
-        family.observe(inputs, numbers)
+        self.in_doubt += family.observe(inputs, numbers)
 
     def _replay_family(self, family: length_family.Family, inputs: list) -> Any:
         numbers = family.predict(inputs)
