@@ -29,6 +29,7 @@ from peakmem.cuda_rules.registry import (
     OP_RULES,
     OUTPUT_ORDER,
     RUNTIME_PATCHES,
+    SPARSE_COMPRESSED_KERNELS,
     SPARSE_KERNELS,
     DuplicateRuleError,
     RuleContext,
@@ -43,6 +44,7 @@ from peakmem.cuda_rules.registry import (
     register_op_rule,
     register_output_order,
     register_runtime_patch,
+    register_sparse_compressed_kernel,
     register_sparse_kernel,
 )
 
@@ -54,6 +56,7 @@ __all__ = [
     "OP_RULES",
     "OUTPUT_ORDER",
     "RUNTIME_PATCHES",
+    "SPARSE_COMPRESSED_KERNELS",
     "SPARSE_KERNELS",
     "DuplicateRuleError",
     "RuleContext",
@@ -68,5 +71,6 @@ __all__ = [
     "register_op_rule",
     "register_output_order",
     "register_runtime_patch",
+    "register_sparse_compressed_kernel",
     "register_sparse_kernel",
 ]

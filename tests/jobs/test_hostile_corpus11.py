@@ -1,0 +1,143 @@
+"""The k11 adversarial sweep's regressions (benchmarks/hostile_sweep_k11.py runs the whole sweep):
+one test per class of hostile input that broke the contract before its fix. Each docstring says
+what went wrong."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from rich.console import Console
+
+from peakmem.capture import capture_callable
+from peakmem.capture.recorder_guard import NOTE
+from peakmem.profiles import load_gpu, load_stack
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def _capture(job):
+    return capture_callable(job, gpu=load_gpu("a100-40gb"), stack=load_stack("2.4.1"))
+
+
+# -- device work with peakmem's dispatch mode turned off (k9's open failure) ----------------------
+
+
+def _disable_current_modes():
+    from torch.utils._python_dispatch import _disable_current_modes
+    return _disable_current_modes()
+
+
+def _pop_mode_temporarily():
+    from torch.utils._python_dispatch import _pop_mode_temporarily
+    return _pop_mode_temporarily()
+
+
+@pytest.mark.parametrize("modes_off", [_disable_current_modes, _pop_mode_temporarily,
+                                       torch._C._DisableTorchDispatch])
+def test_device_work_with_the_dispatch_modes_off_is_recorded(modes_off):
+    """The job turned the dispatch modes off around a device allocation: the torch-function mode
+    still put it on the meta device, but no dispatch mode saw it, so the second GiB went
+    unrecorded (peak 1 GiB, exit 0). Now the recorder is put back for that call, with a note."""
+
+    def job():
+        keep = torch.empty(GIB, dtype=torch.uint8, device="cuda")
+        with modes_off():
+            more = torch.empty(GIB, dtype=torch.uint8, device="cuda")
+            doubled = more + 1  # an op on a device tensor there: recorded as well
+        return keep, more, doubled
+
+    result = _capture(job)
+    assert result.error is None, result.error_text
+    assert result.trace.sizes.count(GIB) == 3
+    assert NOTE in result.notes
+
+
+def test_an_ordinary_job_gets_no_modes_off_note():
+    def job():
+        model = torch.nn.Linear(16, 16).cuda()
+        model(torch.randn(4, 16, device="cuda")).sum().backward()
+
+    result = _capture(job)
+    assert result.error is None and NOTE not in result.notes
+
+
+# -- sparse CSR / COO device tensors (k10's open failures) ----------------------------------------
+
+N = 1 << 12  # a 4096 x 4096 float32 matrix: 64 MiB
+
+
+def test_a_device_tensor_made_csr_holds_every_entry():
+    """`to_sparse_csr()` of a device tensor had no meta kernel: the job failed in the capture as
+    if it had raised. Now CSR holds every value as an entry (the bound, stated as a data-dependent
+    assumption): values 64 MiB, column indices 128 MiB (int64), row pointers N + 1 int64."""
+
+    def job():
+        dense = torch.randn(N, N, device="cuda")
+        csr = dense.to_sparse_csr()
+        assert csr.layout == torch.sparse_csr and csr.shape == (N, N)
+        product = csr @ torch.randn(N, 8, device="cuda")  # SparseCsrMeta addmm.out
+        assert product.shape == (N, 8) and product.layout == torch.strided
+        return csr, product
+
+    result = _capture(job)
+    assert result.error is None, result.error_text
+    sizes = result.trace.sizes
+    assert sizes.count(64 * MIB) >= 2 and 128 * MIB in sizes
+    assert (N + 1) * 8 in sizes
+    assert result.data_dependent == {"aten::_to_sparse_csr": 1}
+
+
+def test_a_sparse_tensor_of_zeros_made_dense_again():
+    """`torch.zeros(...).to_sparse().to_dense()`: `_to_dense` had no SparseMeta kernel (the
+    capture failed, and its eager rerun failed with "Cannot access storage of SparseTensorImpl").
+    Now the dense result is a tensor of the shape; the COO holds the all-nonzero bound (indices
+    2 x N^2 int64 = 256 MiB), an assumption the estimate states."""
+
+    def job():
+        sparse = torch.zeros(N, N, device="cuda").to_sparse()
+        dense = sparse.to_dense()
+        assert dense.shape == (N, N) and dense.layout == torch.strided
+        return sparse, dense
+
+    result = _capture(job)
+    assert result.error is None, result.error_text
+    assert 256 * MIB in result.trace.sizes and result.trace.sizes.count(64 * MIB) >= 3
+    assert result.data_dependent == {"aten::_to_sparse": 1}
+
+
+def test_a_csr_tensor_built_on_the_device_multiplies():
+    def job():
+        crow = torch.tensor([0, 1, 2], device="cuda")
+        col = torch.tensor([0, 1], device="cuda")
+        csr = torch.sparse_csr_tensor(crow, col, torch.ones(2, device="cuda"), (2, 2), device="cuda")
+        out = torch.sparse.mm(csr, torch.randn(2, 4096, device="cuda"))
+        assert out.shape == (2, 4096)
+        return out
+
+    result = _capture(job)
+    assert result.error is None, result.error_text
+    assert 2 * 4096 * 4 in result.trace.sizes
+
+
+# -- module names in the text report --------------------------------------------------------------
+
+
+def test_module_names_are_plain_one_line_text_in_the_report():
+    """A module named `[/x]` (the job's `_modules` key) made rich raise MarkupError rendering the
+    top-modules table: a peakmem traceback after the estimate. Names with line breaks or a bidi
+    override printed as they were (a name could forge table rows). Now: plain text, escaped."""
+    from types import SimpleNamespace
+
+    from peakmem.estimate import report
+
+    rows = [("Sequential.[/x]", GIB), ("Sequential.a\nFITS: yes", MIB), ("m.\u202eevil", MIB)]
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    report._render_modules(SimpleNamespace(breakdown=SimpleNamespace(top_modules=lambda: rows)),
+                           console)
+    out = console.file.getvalue()
+    assert "Sequential.[/x]" in out
+    assert "Sequential.a\\nFITS: yes" in out and "\u202e" not in out and "m.\\u202eevil" in out
+    assert len([line for line in out.splitlines() if "MiB" in line or "GiB" in line]) == 3
