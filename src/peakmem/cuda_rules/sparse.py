@@ -125,3 +125,9 @@ def compressed_addmm_out(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Ten
     product = sparse_mm(mat1, mat2)
     torch.broadcast_shapes(self.shape, product.shape)
     return out.resize_(product.shape)
+
+
+@register_fused_kernel("_to_sparse.sparse_dim")
+def to_sparse_dim(self: torch.Tensor, sparse_dim: int) -> torch.Tensor:
+    """dense -> COO over the first `sparse_dim` dims (`to_sparse(sparse_dim)`)."""
+    return _coo_of_all_entries(self, sparse_dim)
