@@ -141,3 +141,27 @@ def test_module_names_are_plain_one_line_text_in_the_report():
     assert "Sequential.[/x]" in out
     assert "Sequential.a\\nFITS: yes" in out and "\u202e" not in out and "m.\\u202eevil" in out
     assert len([line for line in out.splitlines() if "MiB" in line or "GiB" in line]) == 3
+
+
+# -- a host read inside a CUDA graph capture ------------------------------------------------------
+
+
+def test_a_host_read_inside_a_graph_capture_fails_as_cuda_fails_it():
+    """`.item()` inside `torch.cuda.graph(g)`: CUDA refuses the sync on a capturing stream
+    (the job fails on the GPU), but the capture answered zeros and the estimate came out with
+    exit 0. Now it raises CUDA's error; a read after the capture still works."""
+    from peakmem.capture.device_map import GRAPH_CAPTURE_HOST_READ
+
+    seen = []
+
+    def job():
+        x = torch.ones(4, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError) as refused, torch.cuda.graph(graph):
+            (x * 2).sum().item()
+        seen.append(str(refused.value))
+        seen.append((x * 2).sum().item())  # after the capture: a host read as usual
+
+    result = _capture(job)
+    assert result.error is None, result.error_text
+    assert seen[0] == GRAPH_CAPTURE_HOST_READ and isinstance(seen[1], float)

@@ -133,6 +133,7 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             pools.begin(handle)
             self._handle = handle
             self._capturing = True
+            session.graph_captures += 1
             tracker = session.phase_tracker
             self._steps_before = tracker.step_counts() if tracker is not None else {}
 
@@ -141,6 +142,7 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                 raise RuntimeError("Called CUDAGraph::capture_end without a capture_begin")
             pools.end(self._handle)
             self._capturing = False
+            session.graph_captures = max(session.graph_captures - 1, 0)
             self._captured = True
             tracker = session.phase_tracker
             after = tracker.step_counts() if tracker is not None else {}
