@@ -14,7 +14,7 @@ fractions, record a memory history of 2^62 entries, dump snapshots to /dev/full 
 folder, delete their own script, make their folder read-only, flood stderr, exit inside a
 DataLoader worker, replace sys.stdout, misuse CUDA graphs (`.item()` inside a capture fails as
 CUDA fails it: "operation not permitted when stream is capturing"), raise from
-`threading.excepthook`. Figures: 33 cases, 12 failures before this round's fixes, 0 after.
+`threading.excepthook`; `batch -o` paths that are rich markup.
 """
 
 from __future__ import annotations
@@ -149,8 +149,20 @@ def job_behaviour() -> list[Case8]:
     return [_job(label, sub, body, codes, peak) for label, (body, codes, peak) in rows.items()]
 
 
+FAKE = "peakmem.service.estimators:fake_estimator"
+
+
+def markup_paths() -> list[Case8]:
+    """Paths the user names, printed by rich: `[/x]` is no markup."""
+    jobs = '{"id": "a", "command": ["python", "t.py"]}\n'
+    return [_case(f"batch -o {out!r}", "markup paths",
+                  ["batch", "--in-process", "--estimator", FAKE, "-o", out, "jobs.jsonl"], {0},
+                  files={"jobs.jsonl": jobs}, timeout=120)
+            for out in ("r[/x].jsonl", "r[bold]x[/bold].jsonl", "[link=file:///etc]r[/link].jsonl")]
+
+
 def cases() -> list:
-    return modes_off() + sparse() + module_names() + job_behaviour()
+    return modes_off() + sparse() + module_names() + job_behaviour() + markup_paths()
 
 
 def run_one(case) -> dict:

@@ -165,3 +165,24 @@ def test_a_host_read_inside_a_graph_capture_fails_as_cuda_fails_it():
     result = _capture(job)
     assert result.error is None, result.error_text
     assert seen[0] == GRAPH_CAPTURE_HOST_READ and isinstance(seen[1], float)
+
+
+# -- a results path that is rich markup -----------------------------------------------------------
+
+
+def test_a_batch_results_path_that_is_markup_is_printed_as_it_is(tmp_path, monkeypatch):
+    """`peakmem batch -o 'r[/x].jsonl' jobs.jsonl`: the summary line printed the path through
+    rich markup, which raised MarkupError: `peakmem internal error`, exit 70, after the jobs ran.
+    Now the path is printed as it is."""
+    from click.testing import CliRunner
+
+    from peakmem.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "jobs.jsonl").write_text('{"id": "a", "command": ["python", "t.py"]}\n')
+    result = CliRunner().invoke(main, [
+        "batch", "--in-process", "--estimator", "peakmem.service.estimators:fake_estimator",
+        "-o", "r[/x].jsonl", "jobs.jsonl"])
+    assert result.exit_code == 0, result.output
+    assert "results in r[/x].jsonl" in result.output
+    assert (tmp_path / "r[" / "x].jsonl").is_file()
