@@ -14,7 +14,8 @@ fractions, record a memory history of 2^62 entries, dump snapshots to /dev/full 
 folder, delete their own script, make their folder read-only, flood stderr, exit inside a
 DataLoader worker, replace sys.stdout, misuse CUDA graphs (`.item()` inside a capture fails as
 CUDA fails it: "operation not permitted when stream is capturing"), raise from
-`threading.excepthook`; `batch -o` paths that are rich markup.
+`threading.excepthook`, load a checkpoint whose name is not UTF-8; `batch -o` paths that are
+rich markup.
 """
 
 from __future__ import annotations
@@ -142,6 +143,10 @@ def job_behaviour() -> list[Case8]:
         "threading.excepthook raises": (
             JOB + "import threading\ndef h(a): raise RuntimeError('hook')\nthreading.excepthook = h\n"
             "t = threading.Thread(target=lambda: 1 / 0); t.start(); t.join()\n", {0}, GIB),
+        "torch.load of a checkpoint named with a surrogate escape": (
+            TRAIN + "sd = {'w\\udc80': torch.empty(1 << 29, dtype=torch.uint8, device='cuda')}\n"
+            "torch.save(sd, 'sd\\udc80.pt')\nback = torch.load('sd\\udc80.pt')\nassert list(back) == list(sd)\n",
+            {0}, GIB),
         ".item() inside a CUDA graph capture": (
             TRAIN + "g = torch.cuda.CUDAGraph()\nx = torch.ones(4, device='cuda')\nwith torch.cuda.graph(g):\n"
             "  v = (x * 2).sum().item()\n", {1}, 0),

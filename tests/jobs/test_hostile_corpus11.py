@@ -186,3 +186,27 @@ def test_a_batch_results_path_that_is_markup_is_printed_as_it_is(tmp_path, monke
     assert result.exit_code == 0, result.output
     assert "results in r[/x].jsonl" in result.output
     assert (tmp_path / "r[" / "x].jsonl").is_file()
+
+
+# -- a checkpoint whose file name is not UTF-8 ----------------------------------------------------
+
+
+def test_a_checkpoint_named_with_a_surrogate_escape_loads(tmp_path):
+    """`torch.load('sd\\udc80.pt')` (a file name with a byte that is not UTF-8): the capture's
+    torch.load memory-maps checkpoints, and `UntypedStorage.from_file` cannot encode the name:
+    UnicodeEncodeError, reported as the job's failure, where the job's own load (no mmap) reads
+    it. Now such a name is loaded without mmap; its keys (surrogates too) come back."""
+    path = tmp_path / "sd\udc80.pt"
+    seen = []
+
+    def job():
+        saved = {"w\udc80\u202e": torch.empty(MIB, dtype=torch.uint8, device="cuda")}
+        torch.save(saved, path)
+        back = torch.load(path)
+        seen.append((list(back), back["w\udc80\u202e"].device.type))
+        return back
+
+    result = _capture(job)
+    assert result.error is None, result.error_text
+    assert seen == [(["w\udc80\u202e"], "cuda")]
+    assert result.trace.sizes.count(MIB) == 2  # saved, and loaded back onto the device
