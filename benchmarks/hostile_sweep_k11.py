@@ -14,7 +14,8 @@ fractions, record a memory history of 2^62 entries, dump snapshots to /dev/full 
 folder, delete their own script, make their folder read-only, flood stderr, exit inside a
 DataLoader worker, replace sys.stdout, misuse CUDA graphs (`.item()` inside a capture fails as
 CUDA fails it: "operation not permitted when stream is capturing"), raise from
-`threading.excepthook`, load a checkpoint whose name is not UTF-8; `batch -o` paths that are
+`threading.excepthook`, load a checkpoint whose name is not UTF-8, make device storages directly
+(`torch.UntypedStorage(n, device="cuda")`); `batch -o` paths that are
 rich markup.
 """
 
@@ -147,6 +148,11 @@ def job_behaviour() -> list[Case8]:
             TRAIN + "sd = {'w\\udc80': torch.empty(1 << 29, dtype=torch.uint8, device='cuda')}\n"
             "torch.save(sd, 'sd\\udc80.pt')\nback = torch.load('sd\\udc80.pt')\nassert list(back) == list(sd)\n",
             {0}, GIB),
+        "torch.UntypedStorage(1 GiB, device='cuda')": (
+            TRAIN + "s = torch.UntypedStorage(1 << 30, device='cuda')\n", {0}, GIB),
+        "TypedStorage on the device, a tensor set_ onto it": (
+            TRAIN + "s = torch.TypedStorage(1 << 28, dtype=torch.float32, device='cuda')\n"
+            "t = torch.empty(0, device='cuda').set_(s)\n", {0}, GIB),
         ".item() inside a CUDA graph capture": (
             TRAIN + "g = torch.cuda.CUDAGraph()\nx = torch.ones(4, device='cuda')\nwith torch.cuda.graph(g):\n"
             "  v = (x * 2).sum().item()\n", {1}, 0),

@@ -210,3 +210,44 @@ def test_a_checkpoint_named_with_a_surrogate_escape_loads(tmp_path):
     assert result.error is None, result.error_text
     assert seen == [(["w\udc80\u202e"], "cuda")]
     assert result.trace.sizes.count(MIB) == 2  # saved, and loaded back onto the device
+
+
+# -- device storages made directly ----------------------------------------------------------------
+
+
+def _peak_live(trace) -> int:
+    from peakmem.trace.events import EventKind
+
+    live, peak = {}, 0
+    for kind, ident, size, _stream, _tag in trace.events():
+        if kind == EventKind.ALLOC:
+            live[ident] = size
+            peak = max(peak, sum(live.values()))
+        elif kind == EventKind.FREE:
+            live.pop(ident, None)
+    return peak
+
+
+def test_a_device_storage_made_directly_is_allocated_while_the_job_holds_it():
+    """`torch.UntypedStorage(n, device="cuda")` (and `TypedStorage`, `set_` onto it) is no torch
+    function: torch refused the device ("Storage device not recognized: cuda"), reported as the
+    job's failure. Now it is an allocation of n bytes, live while the job holds the storage."""
+
+    def job():
+        storage = torch.UntypedStorage(GIB, device="cuda")
+        assert storage.nbytes() == GIB
+        view = torch.empty(0, dtype=torch.uint8, device="cuda").set_(storage)
+        typed = torch.TypedStorage(MIB, dtype=torch.float32, device="cuda")
+        more = torch.empty(GIB, dtype=torch.uint8, device="cuda")  # the storage still held: 2 GiB
+        del storage, view, more
+        again = torch.empty(GIB, dtype=torch.uint8, device="cuda")  # freed: the peak stays
+        host = torch.UntypedStorage(16)  # a host storage as before
+        assert host.device.type == "cpu" and host.nbytes() == 16
+        return typed, again
+
+    result = _capture(job)
+    assert result.error is None, result.error_text
+    assert result.trace.sizes.count(GIB) == 3 and 4 * MIB in result.trace.sizes
+    assert _peak_live(result.trace) == 2 * GIB + 4 * MIB
+    assert "__new__" not in vars(torch.UntypedStorage)  # torch's own constructor back
+    assert torch.UntypedStorage(8).nbytes() == 8

@@ -351,6 +351,7 @@ def patch_providers() -> list[PatchProvider]:
         cuda_state,
         data_parallel,
         device_processes,
+        device_storages,
         fake_device_ordinal,
         fake_distributed,
         fake_graphs,
@@ -381,6 +382,7 @@ def patch_providers() -> list[PatchProvider]:
         data_parallel.patches,  # before fake_distributed: a rank's device count wins
         fake_distributed.patches,
         storage_resize.patches,
+        device_storages.patches,
         fake_streams.patches,
         host_broadcasts.patches,
         python_subprocesses.patches,
