@@ -15,7 +15,8 @@ folder, delete their own script, make their folder read-only, flood stderr, exit
 DataLoader worker, replace sys.stdout, misuse CUDA graphs (`.item()` inside a capture fails as
 CUDA fails it: "operation not permitted when stream is capturing"), raise from
 `threading.excepthook`, load a checkpoint whose name is not UTF-8, make device storages directly
-(`torch.UntypedStorage(n, device="cuda")`); `batch -o` paths that are
+(`torch.UntypedStorage(n, device="cuda")`), export device tensors through DLPack or CUDA IPC
+(unsupported, exit 3); `batch -o` paths that are
 rich markup.
 """
 
@@ -153,6 +154,9 @@ def job_behaviour() -> list[Case8]:
         "TypedStorage on the device, a tensor set_ onto it": (
             TRAIN + "s = torch.TypedStorage(1 << 28, dtype=torch.float32, device='cuda')\n"
             "t = torch.empty(0, device='cuda').set_(s)\n", {0}, GIB),
+        "torch.from_dlpack(to_dlpack(device tensor))": (
+            JOB + "c = torch.utils.dlpack.to_dlpack(keep)\ny = torch.from_dlpack(c)\n", {3}, 0),
+        "storage._share_cuda_() of a device tensor": (JOB + "h = keep.untyped_storage()._share_cuda_()\n", {3}, 0),
         ".item() inside a CUDA graph capture": (
             TRAIN + "g = torch.cuda.CUDAGraph()\nx = torch.ones(4, device='cuda')\nwith torch.cuda.graph(g):\n"
             "  v = (x * 2).sum().item()\n", {1}, 0),

@@ -251,3 +251,28 @@ def test_a_device_storage_made_directly_is_allocated_while_the_job_holds_it():
     assert _peak_live(result.trace) == 2 * GIB + 4 * MIB
     assert "__new__" not in vars(torch.UntypedStorage)  # torch's own constructor back
     assert torch.UntypedStorage(8).nbytes() == 8
+
+
+# -- device tensors exported out of torch's reach -------------------------------------------------
+
+
+@pytest.mark.parametrize("export, names", [
+    (lambda x: torch.utils.dlpack.to_dlpack(x), "DLPack export"),
+    (lambda x: torch.from_dlpack(x), "DLPack export"),
+    (lambda x: x.untyped_storage()._share_cuda_(), "CUDA IPC sharing"),
+])
+def test_a_device_tensor_exported_is_unsupported_in_one_line(export, names):
+    """DLPack capsules and CUDA IPC handles of a fake device tensor raised torch's own errors
+    ("Cannot pack tensors on meta", "CUDA is not available"), reported as the job's failure.
+    Now: `unsupported` (exit 3), one line naming the call; host tensors export as before."""
+    from peakmem.capture.unsupported import Unsupported
+
+    def job():
+        host = torch.ones(4)
+        assert torch.from_dlpack(torch.utils.dlpack.to_dlpack(host)).tolist() == [1.0] * 4
+        export(torch.empty(16, device="cuda"))
+
+    result = _capture(job)
+    assert isinstance(result.error, Unsupported) and result.reason == "unsupported"
+    assert result.error_text.startswith(f"peakmem does not support {names}")
+    assert "\n" not in result.error_text
