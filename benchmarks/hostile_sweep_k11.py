@@ -16,7 +16,7 @@ DataLoader worker, replace sys.stdout, misuse CUDA graphs (`.item()` inside a ca
 CUDA fails it: "operation not permitted when stream is capturing"), raise from
 `threading.excepthook`, load a checkpoint whose name is not UTF-8, make device storages directly
 (`torch.UntypedStorage(n, device="cuda")`), export device tensors through DLPack or CUDA IPC
-(unsupported, exit 3); `batch -o` paths that are
+or make strided nested device tensors (unsupported, exit 3); `batch -o` paths that are
 rich markup.
 """
 
@@ -157,6 +157,11 @@ def job_behaviour() -> list[Case8]:
         "torch.from_dlpack(to_dlpack(device tensor))": (
             JOB + "c = torch.utils.dlpack.to_dlpack(keep)\ny = torch.from_dlpack(c)\n", {3}, 0),
         "storage._share_cuda_() of a device tensor": (JOB + "h = keep.untyped_storage()._share_cuda_()\n", {3}, 0),
+        "strided nested tensor of device tensors": (
+            JOB + "n = torch.nested.nested_tensor([torch.randn(8, device='cuda'), torch.randn(4, device='cuda')])\n", {3}, 0),
+        "jagged nested tensor of device tensors": (
+            TRAIN + "n = torch.nested.nested_tensor([torch.randn(1 << 27, device='cuda')] * 2, layout=torch.jagged)\n"
+            "m = n * 2\n", {0}, GIB),
         ".item() inside a CUDA graph capture": (
             TRAIN + "g = torch.cuda.CUDAGraph()\nx = torch.ones(4, device='cuda')\nwith torch.cuda.graph(g):\n"
             "  v = (x * 2).sum().item()\n", {1}, 0),

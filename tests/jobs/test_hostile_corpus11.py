@@ -276,3 +276,28 @@ def test_a_device_tensor_exported_is_unsupported_in_one_line(export, names):
     assert isinstance(result.error, Unsupported) and result.reason == "unsupported"
     assert result.error_text.startswith(f"peakmem does not support {names}")
     assert "\n" not in result.error_text
+
+
+# -- nested tensors on the device -----------------------------------------------------------------
+
+
+def test_strided_nested_device_tensors_are_unsupported_jagged_ones_run():
+    """`torch.nested.nested_tensor([a, b])` of device tensors (strided layout) failed with
+    torch's "INTERNAL ASSERT FAILED" on the meta storages, reported as the job's failure. Now:
+    `unsupported`, one line; the jagged layout runs and is recorded (a copy of both tensors)."""
+    from peakmem.capture.nested_tensors import STRIDED_NESTED
+    from peakmem.capture.unsupported import Unsupported
+
+    def jagged():
+        parts = [torch.empty(MIB, device="cuda"), torch.empty(MIB, device="cuda")]
+        return torch.nested.nested_tensor(parts, layout=torch.jagged)
+
+    def strided():
+        torch.nested.as_nested_tensor([torch.empty(8, device="cuda")])
+
+    result = _capture(jagged)
+    assert result.error is None, result.error_text
+    assert result.trace.sizes.count(4 * MIB) == 2 and 8 * MIB in result.trace.sizes
+    result = _capture(strided)
+    assert isinstance(result.error, Unsupported)
+    assert result.error_text == f"peakmem does not support {STRIDED_NESTED} yet"

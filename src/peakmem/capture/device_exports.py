@@ -22,7 +22,7 @@ DLPACK = "DLPack export of device tensors (torch.utils.dlpack.to_dlpack, Tensor.
 IPC = "CUDA IPC sharing of device storages (UntypedStorage._share_cuda_, torch.multiprocessing)"
 
 
-def _device_tensor(session: CaptureSession, value: Any) -> bool:
+def is_device_tensor(session: CaptureSession, value: Any) -> bool:
     """A fake device tensor (meta, not a host tensor kept fake nor the job's own meta one)."""
     if not isinstance(value, torch.Tensor):
         return False
@@ -39,17 +39,17 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     share = torch.UntypedStorage._share_cuda_
 
     def guarded_to_dlpack(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        if _device_tensor(session, tensor):
+        if is_device_tensor(session, tensor):
             raise Unsupported(DLPACK)
         return to_dlpack(tensor, *args, **kwargs)
 
     def guarded_dunder(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _device_tensor(session, self):
+        if is_device_tensor(session, self):
             raise Unsupported(DLPACK)
         return dunder(self, *args, **kwargs)
 
     def guarded_dunder_device(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _device_tensor(session, self):  # `torch.from_dlpack(x)` asks first
+        if is_device_tensor(session, self):  # `torch.from_dlpack(x)` asks first
             raise Unsupported(DLPACK)
         return dunder_device(self, *args, **kwargs)
 
