@@ -17,7 +17,8 @@ CUDA fails it: "operation not permitted when stream is capturing"), raise from
 `threading.excepthook`, load a checkpoint whose name is not UTF-8, make device storages directly
 (`torch.UntypedStorage(n, device="cuda")`), export device tensors through DLPack or CUDA IPC
 or make strided nested device tensors (unsupported, exit 3); `batch -o` paths that are
-rich markup.
+rich markup. Figures (`python benchmarks/hostile_sweep_k11.py --jobs 2 | tail -1`): 43 cases,
+19 failures on main at 0d3e88b; 0 after this round's fixes.
 """
 
 from __future__ import annotations
