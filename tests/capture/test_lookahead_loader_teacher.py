@@ -62,3 +62,32 @@ def test_teacher_on_the_last_batch_of_a_read_ahead_epoch_is_training(tmp_path):
 
 def test_a_plain_loop_holds_its_last_batch_before_the_epoch_ends(tmp_path):
     assert _phases(tmp_path, "loader") == ["training", "eval"]
+
+
+TWO_OPTIMIZERS = """
+    import torch
+
+    encoder, decoder = torch.nn.Linear(64, 64).cuda(), torch.nn.Linear(64, 10).cuda()
+    opt_enc = torch.optim.Adam(encoder.parameters())
+    opt_dec = torch.optim.Adam(decoder.parameters())
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(48, 64)), batch_size=16)
+    for epoch in range(3):
+        for x, in loader:
+            decoder(encoder(x.cuda())).sum().backward()
+            opt_enc.step()
+            opt_dec.step()
+            opt_enc.zero_grad()
+            opt_dec.zero_grad()
+    with torch.no_grad():
+        decoder(encoder(torch.randn(4, 64).cuda()))
+"""
+
+
+def test_two_optimizers_stepping_on_each_batch_are_not_a_read_ahead(tmp_path):
+    # r2's seq2seq (an encoder's and a decoder's Adam): each batch's position recorded twice
+    # read as a window of 0 and the first step "one batch after it": the evaluation after
+    # training was taken for part of a training step
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(TWO_OPTIMIZERS))
+    result = estimate_command(["python", str(path)], **GPU)
+    assert result.capture.trace.meta["phases_ran"] == ["training", "eval"]

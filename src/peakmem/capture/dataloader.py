@@ -213,7 +213,9 @@ class LoaderIteration:
         has fetched the next one): the epoch's first step came one batch after its window, not
         at it (a loop reading batch by batch steps at batch `window`); an epoch without a step
         yet, when an earlier epoch of its loader did."""
-        positions = self.step_positions
+        # the batches steps came at, each once (two optimizers stepping on one batch, a GAN's
+        # or seq2seq's encoder and decoder, record its position twice)
+        positions = list(dict.fromkeys(self.step_positions))
         if not positions:  # no step yet (a later epoch of an ended loop: its last batch only)
             return id(self.loader) in self._loaders.ahead_loaders
         if len(positions) >= 2:
