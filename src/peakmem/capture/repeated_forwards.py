@@ -121,9 +121,9 @@ class RepeatedForwards:
         self.tracker = tracker
         self.replayed = 0
         self.replayed_lengths = 0
+        """Of `replayed`, the calls predicted from a growing-length family (length_family)."""
         self.in_doubt = 0
         """Of `replayed_lengths`, the calls before a check that found the fit wrong."""
-        """Of `replayed`, the calls predicted from a growing-length family (length_family)."""
         self._families: dict[Any, tuple[length_family.Family, weakref.ref]] = {}
         self._local = threading.local()
         self._history: dict[Any, tuple[_Window, int]] = {}
