@@ -127,6 +127,76 @@ def stop_warm() -> None:
         _stop(_WARM.pop(next(iter(_WARM))))
 
 
+EXPORT_VARIABLE = "PEAKMEM_EXPORT_JOBS"
+"""With this variable set to a directory, `estimate` and `estimate_here` do not estimate: they
+copy the job (its working directory and every file or directory its arguments name) under
+DIRECTORY/jobs/PID-NNN and append one line to DIRECTORY/jobs.jsonl, then skip the test. What
+`benchmarks/gpu_library_jobs.py` measures on a GPU and estimates here, side by side."""
+
+EXPORT_MAX_BYTES = 16 * 2**20
+"""A job whose files take more than this is not exported (the device call carries 64 MiB)."""
+
+
+def _tree_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _export(script: str, args: tuple[str, ...], flags: tuple[str, ...],
+            launcher: tuple[str, ...] | None, cwd: Path | None) -> None:
+    """`EXPORT_VARIABLE`'s export of one job, then `pytest.skip` (nothing when it is unset)."""
+    target = os.environ.get(EXPORT_VARIABLE)
+    if not target:
+        return
+    import pytest
+
+    root = Path(target)
+    jobs = root / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    number = f"{os.getpid()}-{sum(1 for p in jobs.iterdir() if p.name.startswith(f'{os.getpid()}-')):03d}"
+    job = jobs / number
+    names: list[tuple[Path, str]] = []  # (source, relative name in the job directory)
+    if cwd is not None:
+        names.append((Path(cwd), "cwd"))
+    exported_args: list[str] = []
+    for index, arg in enumerate(args):
+        path = Path(arg)
+        if os.path.isabs(arg) and path.exists() and not str(path).startswith(str(SCRIPTS)):
+            if cwd is not None and path.resolve().is_relative_to(Path(cwd).resolve()):
+                exported_args.append(os.path.relpath(path.resolve(), Path(cwd).resolve()))
+                continue
+            names.append((path, f"arg{index}"))
+            exported_args.append(f"../arg{index}" + ("" if path.is_dir() else f"/{path.name}"))
+        elif os.path.isabs(arg) and path.parent.is_dir() and path.is_relative_to(
+                tempfile.gettempdir()):  # a file the job writes: a place for it beside the job
+            names.append((path.parent, f"out{index}"))
+            exported_args.append(f"../out{index}/{path.name}")
+        else:
+            exported_args.append(arg)
+    if sum(_tree_bytes(source) for source, name in names if not name.startswith("out")) > \
+            EXPORT_MAX_BYTES:
+        pytest.skip("exported: too large")
+    (job / "cwd").mkdir(parents=True)
+    for source, name in names:
+        if name.startswith("out"):
+            (job / name).mkdir()
+        elif name == "cwd":
+            shutil.copytree(source, job / "cwd", dirs_exist_ok=True, symlinks=True)
+        elif source.is_dir():
+            shutil.copytree(source, job / name, symlinks=True)
+        else:
+            (job / name).mkdir()
+            shutil.copy2(source, job / name / source.name)
+    options = dict(zip(flags[::2], flags[1::2], strict=True))
+    line = {"id": number, "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+            "script": script, "args": exported_args, "launcher": list(launcher or ()),
+            "steps": options.get("--steps"), "mode": options.get("--mode")}
+    with open(root / "jobs.jsonl", "a") as out:
+        out.write(json.dumps(line) + "\n")
+    pytest.skip(f"exported as job {number}")
+
+
 def estimate(script: str, *args: str, timeout: float = 120, flags: tuple[str, ...] = (),
              launcher: tuple[str, ...] | None = None, cwd: Path | None = None,
              cold: bool = False) -> JobEstimate:
@@ -140,6 +210,7 @@ def estimate(script: str, *args: str, timeout: float = 120, flags: tuple[str, ..
     launcher (its ranks' environments differ from the warm process's) and `cold=True` (a test
     of the child's own host resources: `max_rss_bytes` counts only this wrapper's children)
     start a fresh interpreter as `peakmem estimate` does without `peakmem warm`."""
+    _export(script, args, flags, launcher, cwd)
     env = job_env()
     if launcher is None and not cold:
         env["PEAKMEM_RUNTIME_DIR"] = str(warm_runtime_dir())
@@ -173,6 +244,7 @@ def estimate_here(script: str, *args: str, timeout: float = 120, flags: tuple[st
     from peakmem.estimate.api import DEFAULT_GPU, EstimateError
     from peakmem.jobs.stop import parse_steps
 
+    _export(script, args, flags, None, cwd)
     options = dict(zip(flags[::2], flags[1::2], strict=True))
     assert set(options) <= {"--gpu", "--mode", "--steps"}, flags
     job_stderr = io.StringIO()

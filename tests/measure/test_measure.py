@@ -42,6 +42,9 @@ for step in range(10):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     if mode == "boom" and step == 2:
         raise ValueError("user bug")
+    if mode == "null" and step == 1:
+        raise SystemError("<built-in method dropout of type object at 0x7f47> returned NULL"
+                          " without setting an exception")
     print("step", step)
     opt.step()
 """
@@ -100,6 +103,23 @@ def test_measure_snapshot(fake, tmp_path):
     result = measure_job(JobSpec(script=str(path)), probe, MeasureOptions(snapshot=snap))
     assert snap.read_text() == "fake snapshot" and result.snapshot == str(snap)
     assert probe.events.index("start_history") < probe.events.index("dump_history")
+
+
+def test_a_job_broken_under_the_history_says_to_rerun_without_snapshot(fake, tmp_path):
+    """Python 3.12 + torch 2.11 on the H200: two jobs failed with SystemError only while the
+    allocator history recorded (session.SNAPSHOT_HINT); the error says so, and only then."""
+    probe, path = fake
+    snap = tmp_path / "snap.pickle"
+    with_history = measure_job(JobSpec(script=str(path), args=("null",)), probe,
+                               MeasureOptions(snapshot=snap))
+    assert with_history.status is MeasureStatus.ERROR
+    assert with_history.error.startswith("SystemError: <built-in method dropout")
+    assert with_history.error.endswith("rerun without --snapshot]")
+    without = measure_job(JobSpec(script=str(path), args=("null",)), probe, MeasureOptions())
+    assert "--snapshot" not in without.error
+    other = measure_job(JobSpec(script=str(path), args=("boom",)), probe,
+                        MeasureOptions(snapshot=tmp_path / "other.pickle"))
+    assert other.error == "ValueError: user bug"
 
 
 def test_measure_without_gpu_raises(write_script):

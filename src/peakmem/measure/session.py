@@ -42,6 +42,24 @@ def is_oom_error(exc: BaseException | None) -> bool:
     return False
 
 
+SNAPSHOT_HINT = (
+    " [with --snapshot: torch's allocator history was recording; on Python 3.12 + torch 2.11"
+    " jobs have failed this way with it on and run without it: rerun without --snapshot]"
+)
+"""Added to the error of a job that failed with `is_history_interaction`'s error while the
+allocator history was recording. Seen on the H200 lease of 2026-11-28 (Python 3.12.3, torch
+2.11.0+cu130): Hugging Face's run_clm with --gradient_checkpointing (in dropout, recomputed
+inside backward) and TRL's RLOO trainer (in `run_backward`) failed under `peakmem measure
+--snapshot` and ran to their end without it; torch's history alone around a checkpointed
+backward did not fail (docs/MEASURE.md, "The library-job scripts on the H200")."""
+
+
+def is_history_interaction(error: BaseException) -> bool:
+    """A C function of torch that returned an error without setting one (CPython's
+    SystemError): what recording the allocator history broke in those jobs."""
+    return isinstance(error, SystemError) and "without setting an exception" in str(error)
+
+
 def classify(outcome: JobOutcome) -> MeasureStatus:
     if outcome.ok:
         return MeasureStatus.OK
@@ -77,6 +95,8 @@ def measure_job(spec: JobSpec, probe: DeviceProbe, options: MeasureOptions) -> M
     error_text = ""
     if status is not MeasureStatus.OK and outcome.error is not None:
         error_text = f"{type(outcome.error).__name__}: {outcome.error}".splitlines()[0][:500]
+        if options.snapshot is not None and is_history_interaction(outcome.error):
+            error_text += SNAPSHOT_HINT
     if status is MeasureStatus.ERROR and outcome.traceback_text:
         sys.stderr.write(outcome.traceback_text)
     outcome.error = None  # drop the frames (and tensors) the exception holds
