@@ -188,3 +188,35 @@ def test_listing_retried_once_it_raises(nvml, monkeypatch):
     sample = probe.sample_used()
     assert (sample.used_bytes, sample.source) == (321 * MiB, "nvml-process")
     assert calls["n"] == 2
+
+
+def test_the_jobs_peak_resets_are_read_first_whichever_alias_it_calls(nvml, monkeypatch):
+    """`torch.cuda.reset_peak_memory_stats`, `reset_max_memory_allocated` and a copy imported
+    before the measurement all end in `torch._C._cuda_resetPeakMemoryStats`: each reset is
+    preceded by a reading of the counters (the job's last reset must not hide the run's peak)."""
+    import warnings
+
+    import torch
+    from torch.cuda import reset_peak_memory_stats as imported_before
+
+    counters = {"reserved": 900 * MiB, "allocated": 700 * MiB}
+    native_calls = []
+
+    def native(device):
+        native_calls.append(device)
+        counters.update(reserved=100 * MiB, allocated=50 * MiB)
+
+    monkeypatch.setattr(torch._C, "_cuda_resetPeakMemoryStats", native, raising=False)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda i=None: counters["reserved"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i=None: counters["allocated"])
+    probe = CudaProbe(0)
+    with probe.peak_resets() as resets:
+        torch.cuda.reset_peak_memory_stats(0)
+        counters.update(reserved=300 * MiB, allocated=200 * MiB)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.cuda.reset_max_memory_allocated(0)
+        imported_before(0)
+    assert native_calls == [0, 0, 0] and resets.count == 3
+    assert (resets.max_reserved, resets.max_allocated) == (900 * MiB, 700 * MiB)
+    assert torch._C._cuda_resetPeakMemoryStats is native  # put back

@@ -42,6 +42,8 @@ for step in range(10):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     if mode == "boom" and step == 2:
         raise ValueError("user bug")
+    if mode == "reset" and step == 3:
+        probe.reset_peak()  # torch.cuda.reset_peak_memory_stats(), after the step-1 spike
     if mode == "null" and step == 1:
         raise SystemError("<built-in method dropout of type object at 0x7f47> returned NULL"
                           " without setting an exception")
@@ -73,6 +75,19 @@ def test_measure_ok_records_peak_and_context(fake):
     assert result.context_bytes == 500 * MiB  # 2900 used - 2400 reserved at the end
     assert result.samples > 5 and result.peak_source == "nvml-process"
     assert probe.events[0] == "baseline" and "synchronize" in probe.events
+
+
+def test_a_job_resetting_the_peak_counters_still_gets_the_runs_peak(fake):
+    """p_batch_from_memory on the H200 (2026-11-28) resets the counters every epoch: torch's
+    max reserved at the end said 96.8 GiB, the run's was ~121.8 GiB (NVML's peak minus the
+    context). The maxima read before each reset count."""
+    probe, path = fake
+    result = measure_job(JobSpec(script=str(path), args=("reset",)), probe, MeasureOptions(steps=6))
+    assert probe.max_allocated == 0  # what torch.cuda.max_memory_allocated() says at the end
+    assert result.peak_allocated_bytes == 2000 * MiB and result.peak_reserved_bytes == 2400 * MiB
+    assert result.peak_resets == 1
+    plain = measure_job(JobSpec(script=str(path)), FakeProbe(), MeasureOptions(steps=1))
+    assert plain.peak_resets == 0
 
 
 def test_measure_oom_is_a_status_not_a_crash(fake):

@@ -190,6 +190,9 @@ def _print_table(result: MeasureResult) -> None:
             f"{result.samples} samples at {result.sample_hz:.0f} Hz ({result.peak_source})",
         ),
     ]
+    if result.peak_resets:
+        rows.append(("peak counter resets",
+                     f"{result.peak_resets} by the job (max reserved / allocated: the whole run's)"))
     if result.snapshot:
         rows.append(("snapshot", result.snapshot))
     for name, value in rows:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from peakmem.measure.peak_source import (
     UNKNOWN,
     UNLISTED,
 )
-from peakmem.measure.probe import DeviceInfo, UsedSample
+from peakmem.measure.probe import DeviceInfo, PeakResets, UsedSample
 
 # after this many process listings without our pid (CUDA initialised), NVML's pids are host pids
 _PID_HIDDEN_AFTER = 200
@@ -187,6 +188,28 @@ class CudaProbe:
 
     def max_allocated_bytes(self) -> int:
         return int(self._torch.cuda.max_memory_allocated(self._index))
+
+    @contextlib.contextmanager
+    def peak_resets(self) -> Iterator[PeakResets]:
+        """Every path that resets the peak counters (`torch.cuda.reset_peak_memory_stats`, its
+        `reset_max_memory_*` aliases, a library's `from torch.cuda import ...` copy of them)
+        ends in `torch._C._cuda_resetPeakMemoryStats`, looked up at each call: wrapped here,
+        the counters of the measured device are read before each reset."""
+        resets = PeakResets()
+        native = getattr(self._torch._C, "_cuda_resetPeakMemoryStats", None)
+        if native is None:
+            yield resets
+            return
+
+        def reset(*args: Any, **kwargs: Any) -> Any:
+            resets.record(self.max_reserved_bytes(), self.max_allocated_bytes())
+            return native(*args, **kwargs)
+
+        self._torch._C._cuda_resetPeakMemoryStats = reset
+        try:
+            yield resets
+        finally:
+            self._torch._C._cuda_resetPeakMemoryStats = native
 
     def start_history(self, stacks: str) -> None:
         self._torch.cuda.memory._record_memory_history(

@@ -3,11 +3,13 @@ sets, the allocator counters are plain attributes."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peakmem.measure.probe import DeviceInfo, UsedSample
+from peakmem.measure.probe import DeviceInfo, PeakResets, UsedSample
 
 
 @dataclass
@@ -24,6 +26,23 @@ class FakeProbe:
     history_stacks: str | None = None
     events: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _resets: PeakResets | None = field(default=None, repr=False)
+
+    def reset_peak(self) -> None:
+        """What the fake job calls for `torch.cuda.reset_peak_memory_stats()`: the max counters
+        drop to the current reserved bytes (allocated: 0), recorded first while watched."""
+        with self._lock:
+            if self._resets is not None:
+                self._resets.record(self.max_reserved, self.max_allocated)
+            self.max_reserved, self.max_allocated = self.reserved, 0
+
+    @contextlib.contextmanager
+    def peak_resets(self) -> Iterator[PeakResets]:
+        self._resets = PeakResets()
+        try:
+            yield self._resets
+        finally:
+            self._resets = None
 
     def set_used(self, used: int, reserved: int | None = None) -> None:
         with self._lock:

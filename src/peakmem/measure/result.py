@@ -59,6 +59,8 @@ class MeasureResult:
     exit_code: int = 0
     error: str = ""
     snapshot: str = ""
+    peak_resets: int = 0  # the job's own resets of torch's peak counters (probe.PeakResets):
+    # peak_reserved_bytes / peak_allocated_bytes are the run's maxima all the same
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -86,9 +86,9 @@ def measure_job(spec: JobSpec, probe: DeviceProbe, options: MeasureOptions) -> M
     )
     sampler.start()
     try:
-        with redirect:
+        with redirect, probe.peak_resets() as resets:
             outcome = run_job(spec, steps=options.steps, timeout=options.timeout)
-        _synchronize(probe)
+            _synchronize(probe)
     finally:
         stats = sampler.stop()
     status = classify(outcome)
@@ -109,8 +109,8 @@ def measure_job(spec: JobSpec, probe: DeviceProbe, options: MeasureOptions) -> M
     info = probe.info()
     return MeasureResult(
         peak_bytes=peak.bytes,
-        peak_reserved_bytes=probe.max_reserved_bytes(),
-        peak_allocated_bytes=probe.max_allocated_bytes(),
+        peak_reserved_bytes=max(probe.max_reserved_bytes(), resets.max_reserved),
+        peak_allocated_bytes=max(probe.max_allocated_bytes(), resets.max_allocated),
         context_bytes=context,
         status=status,
         gpu=info.gpu,
@@ -130,6 +130,7 @@ def measure_job(spec: JobSpec, probe: DeviceProbe, options: MeasureOptions) -> M
         exit_code=outcome.exit_code,
         error=error_text,
         snapshot=str(options.snapshot) if options.snapshot is not None else "",
+        peak_resets=resets.count,
     )
 
 
