@@ -124,6 +124,14 @@ def _run_case(case: Case, root: Path) -> Run:
 
 @pytest.fixture(scope="module")
 def corpus_runs(tmp_path_factory) -> dict[str, Run]:
+    """Every case's cold `peakmem estimate`: the module's one slow setup (192 s in a CI run at
+    load 2-4), and it stays slow. Nothing in it sleeps or waits out a limit but the two 3 s
+    `--timeout` cases: each run starts a job interpreter that imports torch, `torch._dynamo`
+    and the capture before the script runs (the CLI's own part is about a tenth), and every
+    case costs alike (6.5-8.7 s of CPU each at load ~20, the 3 s time limits 1.6-1.8 s:
+    `benchmarks/corpus_case_times.py tests.jobs.test_hostile_corpus`). That cold start is the
+    path this corpus tests (a warm process's forked child is test_zygote's and the library
+    jobs')."""
     root = tmp_path_factory.mktemp("hostile")
     # at most one run per CPU core: the time bound below is for peakmem's start-up, not for
     # runs queued behind each other on the cores (the suite's other xdist worker runs beside it)
