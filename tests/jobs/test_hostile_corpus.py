@@ -124,6 +124,15 @@ def _run_case(case: Case, root: Path) -> Run:
 
 @pytest.fixture(scope="module")
 def corpus_runs(tmp_path_factory) -> dict[str, Run]:
+    """Every case's cold `peakmem estimate`: the module's one slow setup (192 s in a CI run at
+    load 2-4), and it stays slow. Nothing in it sleeps or waits out a limit but the two 3 s
+    `--timeout` cases: each run starts a job interpreter that imports torch, `torch._dynamo`
+    and the capture before the script runs (the CLI's own part is about a tenth), and every
+    case costs alike, 3.9-4.7 s of CPU (29-47 s of wall at load ~19) for six of them, 44 x ~4.5 s
+    in all (`benchmarks/corpus_case_times.py tests.jobs.test_hostile_corpus --timeout 600
+    --only exit_none fork_continues os_exit_zero_after_training syntax_error exit_code-1
+    threads_keep_running`, 2026-11-28 18:49 UTC). That cold start is the path this corpus tests
+    (a warm process's forked child is test_zygote's and the library jobs')."""
     root = tmp_path_factory.mktemp("hostile")
     # at most one run per CPU core: the time bound below is for peakmem's start-up, not for
     # runs queued behind each other on the cores (the suite's other xdist worker runs beside it)

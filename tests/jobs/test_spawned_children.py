@@ -138,6 +138,12 @@ def _start(name: str, root: Path) -> tuple[subprocess.Popen, Path]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, tuple[int, dict, str, Path]]:
+    """All of SCRIPTS' estimates at once: the module's one slow setup (~110 s in a CI run at
+    load 2-4), and it stays slow. Eight cold job interpreters and ten more that the jobs start
+    (spawn children, pool workers, a forkserver), each booted under the capture with torch
+    imported: what this module tests. Only `timeout` waits out a limit (40 s, beside the
+    others): the job's own cold start and its child's spawn must come first, half a minute on
+    a loaded machine."""
     root = tmp_path_factory.mktemp("spawned")
     started = {name: _start(name, root) for name in SCRIPTS}
     done = {}

@@ -83,6 +83,10 @@ def _start(name: str, root: Path) -> tuple[subprocess.Popen, Path]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, tuple[int, dict, str]]:
+    """All of SCRIPTS' estimates at once: the module's one slow setup, and it stays slow. Three
+    cold job interpreters and nine Python processes the jobs start themselves (each booted
+    under the capture, torch imported: what this module tests); nothing waits out a limit
+    (the `concurrent` children sleep 2 s together)."""
     root = tmp_path_factory.mktemp("subprocesses")
     started = {name: _start(name, root) for name in SCRIPTS}
     done = {}
