@@ -18,6 +18,9 @@ shapes (not read from peakmem):
   warmup of lr / momentum / accumulate, smart_optimizer's three groups, ModelEMA, positional
   `torch.cuda.amp.autocast(amp)`, ComputeLoss's boolean-mask target matching, half-precision
   deepcopies in `last.pt`. Worked as it is.
+- pytorch/examples siamese_network/main.py (scripts/r23b_siamese_network/main.py): a 1-channel
+  ResNet-18 without fc shared by both images, APP_MATCHER MNIST pairs from `../data`,
+  Adadelta + StepLR, `pretrained=False` and `xavier_uniform` (deprecated forms). Worked as it is.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.library_jobs import expected as ex
-from tests.library_jobs.harness import JobEstimate, estimate
+from tests.library_jobs.harness import JobEstimate, estimate, write_mnist
 from tests.library_jobs.test_library_jobs import assert_training, needs
 from tests.library_jobs.test_library_jobs_r22b import bn_buffers
 
@@ -240,3 +243,32 @@ def test_yolov5_warmup_interp_ema_autocast_half_checkpoints(tmp_path, monkeypatc
     # build_targets' `t = t[j]` masks: sizes bounded from above
     assert any("data-dependent sizes" in a for a in est.data["assumptions"])
     assert "runs/exp/weights/last.pt, runs/exp/weights/best.pt" in _notes(est)
+
+
+# pytorch/examples siamese_network/main.py ----------------------------------------------------
+
+@needs("torchvision")
+def test_examples_siamese_network_resnet18_pairs_adadelta(tmp_path):
+    write_mnist(tmp_path / "data" / "MNIST" / "raw", train=128, test=64)
+    (tmp_path / "siamese_network").mkdir()
+    resnet, buffers = ex.resnet18_shapes()
+    # conv1 re-made for one channel; fc cut off; the head Linear(1024, 256), Linear(256, 1)
+    shapes = [(64, 1, 7, 7), *resnet[1:-2], *ex.linear(256, 1024), *ex.linear(1, 256)]
+    params = ex.device_bytes(shapes, ex.FP32)
+    est = estimate("r23b_siamese_network/main.py", "--batch-size", "32", "--test-batch-size",
+                   "32", "--epochs", "2", "--log-interval", "1", "--save-model",
+                   flags=("--gpu", "h100-80gb"), cwd=tmp_path / "siamese_network", timeout=300)
+    # Adadelta: square_avg and acc_delta per parameter; its update's temporaries at the peak
+    assert_training(est, params=params, optimizer_state=2 * params,
+                    extra_upper=est.breakdown["temporary"])
+    assert est.data["mode"] == "fake", est.data["mode_reason"]
+    assert est.breakdown["gradient"] == params
+    assert est.breakdown["buffer"] == ex.device_bytes(buffers, ex.FP32)
+    # the two (32, 1, 28, 28) fp32 image batches and the (32,) fp32 targets
+    assert est.breakdown["input"] == 2 * ex.rounded(32 * 28 * 28 * ex.FP32) + ex.BLOCK
+    # 128 training pairs in batches of 32: epoch 1's four steps, then epoch 2; a no_grad test
+    # after each epoch; `siamese_network.pt` saved (diverted) at the end
+    assert est.data["steps"] >= 5 and not est.data["stopped"]
+    assert est.data["phases_ran"] == ["training", "eval", "training", "eval"]
+    assert "Train Epoch: 2" in est.stderr and "Test set: Average loss" in est.stderr
+    assert "instead of siamese_network.pt" in _notes(est)
