@@ -434,4 +434,7 @@ def fake_cuda_runtime(session: CaptureSession) -> Iterator[None]:
                 else:
                     delattr(obj, name)
             fake_tensors.restore_default_device(session, torch.set_default_device)
+            from peakmem.capture import fake_legacy
+
+            fake_legacy.restore(session)
             torch.set_default_dtype(default_dtype)  # a job's set_default_dtype / _tensor_type

@@ -2,7 +2,16 @@
 `torch.cuda.LongTensor([1, 2])`, `x.type(torch.cuda.HalfTensor)` / `x.type("torch.cuda.FloatTensor")`,
 `isinstance(x, torch.cuda.FloatTensor)`, `torch.set_default_tensor_type(torch.cuda.FloatTensor)`.
 A CPU build of torch refuses them all ("type torch.cuda.FloatTensor not available"); during a
-capture they make fake device tensors as CUDA would."""
+capture they make fake device tensors as CUDA would.
+
+A CUDA default tensor type reaches further than a default device: besides the factory
+functions (`torch.zeros`, `torch.linspace`, `torch.rand`: `set_default_device`), torch's legacy
+constructor `torch.Tensor(...)` makes tensors of the default *type*, so `torch.Tensor([1e10])`,
+`torch.Tensor(ndarray)`, `torch.Tensor(3, 4)` are CUDA tensors after it (nerf-pytorch's
+`run_nerf.py` relies on it: `torch.cat([dists, torch.Tensor([1e10]).expand(...)])`). A default
+device leaves that constructor on the CPU (torch's own rule), so while the job's default type
+is a CUDA one, `torch.Tensor(...)` itself is redirected to the device (`_LegacyConstructor`),
+and put back when the job sets a CPU type or the capture ends."""
 
 from __future__ import annotations
 
@@ -67,6 +76,40 @@ def _cuda_dtype(target: Any) -> torch.dtype | None:
     return None
 
 
+class _LegacyConstructor:
+    """`torch.Tensor.__new__` while the job's default tensor type is a CUDA one: a call of
+    `torch.Tensor` itself without a `device` makes a device tensor of the default dtype (as
+    torch's legacy constructor does for `torch.cuda.*Tensor` defaults); subclasses' and other
+    calls go to torch's own constructor. Installed only from `set_default_tensor_type`, removed by
+    `restore` (a job that never sets a CUDA type runs torch's constructor untouched)."""
+
+    installed = False
+
+    @staticmethod
+    def new(cls: type, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if cls is torch.Tensor and "device" not in kwargs:
+            return _new(torch.get_default_dtype(), args, dict(kwargs))
+        return torch._C.TensorBase.__new__(cls, *args, **kwargs)
+
+    @classmethod
+    def install(cls) -> None:
+        if not cls.installed:
+            torch.Tensor.__new__ = staticmethod(cls.new)  # type: ignore[assignment]
+            cls.installed = True
+
+    @classmethod
+    def restore(cls) -> None:
+        if cls.installed:
+            del torch.Tensor.__new__  # torch.Tensor inherits TensorBase's again
+            cls.installed = False
+
+
+def restore(session: CaptureSession) -> None:
+    """Undo what a CUDA default tensor type changed beyond the default dtype / device (called
+    where the capture's patches are put back)."""
+    _LegacyConstructor.restore()
+
+
 def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     original_type = torch.Tensor.type
     original_set_default_tensor_type = torch.set_default_tensor_type
@@ -85,9 +128,13 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
     def set_default_tensor_type(t: Any) -> None:
         target = _cuda_dtype(t)
         if target is None:
+            if _LegacyConstructor.installed:  # back from a CUDA type to a CPU one
+                _LegacyConstructor.restore()
+                torch.set_default_device(None)
             return original_set_default_tensor_type(t)
         torch.set_default_dtype(target)
         torch.set_default_device("cuda")  # the capture's (patched) default device
+        _LegacyConstructor.install()  # `torch.Tensor(...)` follows the default type too
         return None
 
     found: dict[tuple[Any, str], Any] = {
