@@ -178,3 +178,22 @@ def test_as_strided_views_inside_their_storage_run_as_before():
     result = _capture(job)
     assert result.error is None, result.error_text
     assert 16 * MIB in result.trace.sizes and 8 * MIB in result.trace.sizes
+
+
+# -- GPU names that are long, multi-line or bidi ---------------------------------------------------
+
+
+def test_an_unknown_gpu_name_of_10_kb_is_shown_cut_with_the_known_list():
+    """`--gpu` of 10 000 characters: the error echoed the whole name, so the one-line message
+    (cut at 2000 characters) lost the list of known GPUs. Now 80 characters of the name and the
+    list; line breaks and a bidi override in the name are escaped."""
+    from peakmem.profiles import ProfileError
+
+    with pytest.raises(ProfileError) as long_name:
+        load_gpu("h" * 10_000)
+    message = str(long_name.value)
+    assert message.startswith("unknown GPU '" + "h" * 77 + "...'; known GPUs: ")
+    assert "h200" in message and len(message) < 400
+    with pytest.raises(ProfileError) as odd_name:
+        load_gpu("h200\u202e\n[/x]")
+    assert "\n" not in str(odd_name.value) and "\u202e" not in str(odd_name.value)
