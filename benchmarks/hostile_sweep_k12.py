@@ -12,8 +12,9 @@ line breaks and bidi overrides; jobs that take peakmem's time limit apart (cance
 timer, ignore or block SIGALRM, then spin: the parent's limit still ends them, exit 124), make
 tensors of 2^31 + 1 and 2^40 elements, replace `torch.Tensor.__del__` or `torch.cuda` functions,
 read /proc/self/maps and run nvidia-smi, use `sys.monitoring` (3.12+; skipped on 3.11), leave a
-grandchild running, install a profile and a line tracer that read `f_lineno` around the training
-loop, `set_` a device tensor onto a host storage, or give `as_strided` negative strides.
+grandchild running, install a profile function (and a line tracer: peakmem cannot end the loop
+early then, and says so) that reads `f_lineno` around a loop past the step limit, `set_` a device
+tensor onto a host storage, or give `as_strided` negative strides.
 Figures (`python benchmarks/hostile_sweep_k12.py --jobs 2 | tail -1`): see the docstring's
 last line, written by the round that ran it.
 """
@@ -133,15 +134,23 @@ def job_behaviour() -> list[Case8]:
         "grandchild outlives it and prints": (
             TRAIN + "import os, time\nif os.fork() == 0:\n  if os.fork() == 0:\n    time.sleep(3); print('GRANDCHILD')\n"
             "    os._exit(0)\n  os._exit(0)\n" + HOLD, {0}, GIB, []),
-        "profile and line tracer reading f_lineno around the loop": (
-            "import sys\ndef p(f, e, a):\n  f.f_lineno\n  return p\nsys.setprofile(p)\n"
-            "def t(f, e, a):\n  f.f_lineno\n  return t\nsys.settrace(t)\n" + TRAIN
-            + "for i in range(5):\n  model(torch.randn(4, 16, device='cuda')).sum().backward(); opt.step()\n" + HOLD,
-            {0}, GIB, []),
+        "profile function reading f_lineno around a loop past the step limit": (
+            PROFILE + TRAIN + LOOP + HOLD, {0}, GIB, []),
     }
-    return [_job(label, sub, body, codes, peak, argv=[*EST, *extra, "train.py"],
-                 stdout_not="GRANDCHILD")
-            for label, (body, codes, peak, extra) in rows.items()]
+    out = [_job(label, sub, body, codes, peak, argv=[*EST, *extra, "train.py"],
+                stdout_not="GRANDCHILD")
+           for label, (body, codes, peak, extra) in rows.items()]
+    # the job's own line tracer: peakmem cannot end its loop early, stops at the step limit and
+    # says that what follows the loop did not run (no silent low peak)
+    out.append(_job("profile and line tracer reading f_lineno around a loop past the step limit",
+                    sub, PROFILE + TRACER + TRAIN + LOOP + HOLD, {0},
+                    stdout_has="could not be ended early: a trace function"))
+    return out
+
+
+PROFILE = "import sys\ndef p(f, e, a):\n  f.f_lineno\n  return p\nsys.setprofile(p)\n"
+TRACER = "def t(f, e, a):\n  f.f_lineno\n  return t\nsys.settrace(t)\n"
+LOOP = "for i in range(5):\n  model(torch.randn(4, 16, device='cuda')).sum().backward(); opt.step()\n"
 
 
 def cases() -> list:
