@@ -20,7 +20,10 @@ from peakmem.capture.host_deferred import DEVICE, claim, outputs_kind
 from peakmem.capture.in_place_branches import has_in_place_branch, in_place_branch
 from peakmem.capture.meta_cache import SHARED_CACHE
 from peakmem.capture.session import CaptureSession
+from peakmem.capture.strided_bounds import AS_STRIDED, check_in_bounds
 from peakmem.capture.subclass_storages import storage_tensors
+from peakmem.capture.torch_function_off import TORCH_FUNCTION_OFF, names_cuda
+from peakmem.capture.unsupported import Unsupported
 from peakmem.cuda_rules import host_outputs_for, op_rule_for, output_order_for
 from peakmem.cuda_rules.true_device import is_meta, true_device
 from peakmem.trace.vocab import Category
@@ -116,11 +119,15 @@ class AllocationRecorder(TorchDispatchMode):
         try:
             out, cached = _run(session, func, args, kwargs)
         except Exception as exc:
+            if names_cuda(args, kwargs):  # a device named below the torch-function layer
+                raise Unsupported(TORCH_FUNCTION_OFF) from None
             if not session.eager and session.fake_limit is None:
                 session.fake_limit = fake_limit_reason(func, args, kwargs, exc)
             raise
         if session.closed:
             return out
+        if func is AS_STRIDED and kind == "device":  # meta checks no bounds, CUDA does
+            check_in_bounds(out)
         if session.watch_op is not None:
             session.watch_op(func, args, out)
         if not session.eager and info.dynamic_shape and _data_dependent(func, args):

@@ -34,6 +34,7 @@ from peakmem.capture.result import (
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.side_effects import divert_fake_saves
 from peakmem.capture.threads import join_job_threads, threads_note, traced_threads
+from peakmem.capture.torch_function_off import TORCH_FUNCTION_OFF, is_unmapped_cuda
 from peakmem.capture.unsupported import Unsupported
 from peakmem.capture.value_steered import value_steered_optimizers
 from peakmem.cuda_rules import (
@@ -265,6 +266,9 @@ def _run_captured(
             if poisoned is not None:
                 exc = Unsupported(f"jobs that replace peakmem's own module {poisoned} in "
                                   "sys.modules (the capture imports it while the job runs)")
+                result.error, result.error_type = exc, "Unsupported"
+            elif is_unmapped_cuda(exc):  # `x.cuda()` under torch._C.DisableTorchFunction()
+                exc = Unsupported(TORCH_FUNCTION_OFF)
                 result.error, result.error_type = exc, "Unsupported"
             if isinstance(exc, Unsupported):
                 result.reason, result.error_text = "unsupported", safe_str(exc)

@@ -392,7 +392,7 @@ def _estimate(
 
         render(result, Console(), verbose=verbose)
         if timeline:
-            Console().print(f"timeline written to {timeline}")
+            Console().print(f"timeline written to {timeline}", markup=False)  # the user's path
         if snapshot:
             Console().print(f"snapshot written to {snapshot} (open it at "
                             "https://pytorch.org/memory_viz)", markup=False)

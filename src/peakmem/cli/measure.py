@@ -170,11 +170,27 @@ def _mib(value: int) -> str:
     return f"{value / 2**20:,.1f} MiB"
 
 
-def _print_table(result: MeasureResult) -> None:
-    from rich.console import Console
+_SHOWN_CHARS = 500
+"""The most characters of one user string (the job's command, an error, a path) in the table."""
+
+
+def _plain(text: str):
+    """A user string (module names, paths, the job's command, its error) as one line of plain
+    text: rich markup in it (`[/x]` raised MarkupError after the job had run on the GPU,
+    `[bold]` restyled it) and line breaks or bidi overrides (they could forge rows) shown as
+    they are, escaped."""
+    from rich.text import Text
+
+    from peakmem.inputs import one_line
+
+    return Text(one_line(text, _SHOWN_CHARS))
+
+
+def measure_table(result: MeasureResult):
+    """The text report of one measurement: a rich Table whose user strings are plain text."""
     from rich.table import Table
 
-    table = Table(title=f"peakmem measure: {result.job}", show_header=False)
+    table = Table(title=_plain(f"peakmem measure: {result.job}"), show_header=False)
     rows = [
         ("status", str(result.status) + (f" ({result.error})" if result.error else "")),
         ("peak (device, NVML)", _mib(result.peak_bytes) if not result.peak_unknown else "unknown"),
@@ -196,5 +212,11 @@ def _print_table(result: MeasureResult) -> None:
     if result.snapshot:
         rows.append(("snapshot", result.snapshot))
     for name, value in rows:
-        table.add_row(name, value)
-    Console().print(table)
+        table.add_row(name, _plain(value))
+    return table
+
+
+def _print_table(result: MeasureResult) -> None:
+    from rich.console import Console
+
+    Console().print(measure_table(result))

@@ -317,7 +317,13 @@ def load_gpu(name: str) -> GpuProfile:
     for profile in _gpus().values():
         if wanted == profile.name or wanted in profile.aliases:
             return profile
-    raise ProfileError(f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpus())}")
+    shown = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS - 3] + "..."
+    # a 10 kB name was echoed whole (the message cut at 2000 characters, the known list lost)
+    raise ProfileError(f"unknown GPU {shown!r}; known GPUs: {', '.join(known_gpus())}")
+
+
+_SHOWN_NAME_CHARS = 80
+"""The most characters of an unknown GPU name its error shows."""
 
 
 def _version_tuple(version: str) -> tuple[int, int]:
