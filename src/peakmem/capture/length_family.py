@@ -29,8 +29,9 @@ are constant or polynomial over the observed lengths and then change. Two guards
   alone or the `CELL - 1` lengths between two multiples, so every block boundary of 8, 16, 32,
   ... (a pad to a multiple changes between k*B and k*B + 1, a threshold `L >= T` between T - 1
   and T) lies between two cells, and whatever steps there is seen by a call run for real.
-  A mismatch at a call run for a new cell leaves the replays before it in doubt (reported) only
-  where no call ran for real since them: a pad's step comes after the multiple ran for real.
+  A pad's step at k*B + 1 comes right after k*B ran for real: no replay is left in doubt. A
+  step at a multiple itself or inside a cell is caught by the next call run for real, and the
+  replays since the last one are reported in doubt (unless a size check explains the step).
 """
 
 from __future__ import annotations
