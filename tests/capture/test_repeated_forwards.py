@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from peakmem.capture.length_family import OBSERVED, RECHECK_EVERY
+from peakmem.capture.length_family import OBSERVED
 from peakmem.capture.repeated_forwards import ENV_FLAG, REQUIRED_WINDOWS
 from peakmem.estimate import estimate
 
@@ -237,8 +237,11 @@ def test_batchnorm_eval_mode_is_replayed(monkeypatch):
     assert assert_same(monkeypatch, small_job(BatchNormNet)) > 0
 
 
-def test_dropout_in_train_mode_runs_for_real(monkeypatch):
-    assert assert_same(monkeypatch, gpt_job(eval_mode=False)) == 0
+def test_dropout_in_train_mode_is_replayed(monkeypatch):
+    # dropout on a fake device tensor draws from no generator the job sees (its meta kernel
+    # allocates the output and mask only): replayed as in eval mode, every event the same
+    replayed = assert_same(monkeypatch, gpt_job(eval_mode=False))
+    assert replayed == 2 * (2 * EVAL_ITERS - REQUIRED_WINDOWS - 1)
 
 
 class CachingNet(nn.Module):
@@ -517,8 +520,10 @@ def test_sliding_window_generation_is_replayed(monkeypatch):
     # lengths 5 .. 8 are observed, 9 .. 16 predicted (8), and the full window at an even
     # offset (alignment 0: the same family, length 16) predicted too but for the family's
     # 16th call (checked for real): 12; the odd offsets are one exact key: 14 - 3
+    # since length cells (length_family.CELL): 9 (a new cell) runs for real, 10 .. 15 are
+    # predicted (6), the first full window (16, a cell of its own) runs too
     replayed = assert_same(monkeypatch, generate_job(), steps="all")
-    assert replayed == 8 + (13 - 1) + (14 - REQUIRED_WINDOWS)
+    assert replayed == 6 + (13 - 1) + (14 - REQUIRED_WINDOWS)
 
 
 def test_growing_length_generation_is_predicted(monkeypatch):
@@ -526,10 +531,13 @@ def test_growing_length_generation_is_predicted(monkeypatch):
     # replayed before length_family); the first is no template (the phase moves after
     # training), OBSERVED calls fit and check the family, the rest are predicted but for
     # every RECHECK_EVERY-th (run for real and compared); every event equals the op-by-op run
+    # since length cells (length_family.CELL): a length is predicted only in a cell where a call
+    # ran for real, so 9, 16, 17, 24, 25, 32, 33, 40 and 41 run (the family's 16th and 32nd
+    # calls, 24 and 40, among them)
     replayed = assert_same(monkeypatch, generate_job(block_size=64), steps="all")
     family_calls = 40 - 1 - OBSERVED
-    assert replayed == family_calls - family_calls // RECHECK_EVERY
-    assert replayed == 33
+    assert replayed == family_calls - 9
+    assert replayed == 26
 
 
 class CubicNet(nn.Module):
@@ -586,9 +594,10 @@ def test_a_step_past_the_observed_lengths_is_caught_and_reported(monkeypatch):
         patch.setenv(ENV_FLAG, "1")
         result = estimate(job, steps="all", **GPU)
     note = next(n for n in result.to_json()["notes"] if REPLAYED in n)
-    # lengths 4 .. 7 observed; 8 .. 22 replayed without the scratch that appears at 13; the
-    # check at the family's 16th call (length 23) runs it and finds other events: the 15
-    # calls before it are reported as in doubt, and they do differ from the op-by-op trace
-    assert f"({RECHECK_EVERY - 1} of those before a check that found the fit wrong" in note
+    # lengths 4 .. 7 observed; 8 and 9 run for real (cells of their own: length_family.CELL),
+    # 10 .. 15 replayed without the scratch that appears at 13 (no block boundary); 16 (its
+    # own cell) runs and finds other events: the 6 calls replayed since 9 are reported as in
+    # doubt, and they do differ from the op-by-op trace
+    assert "(6 of those before a check that found the fit wrong" in note
     trace = result.capture.trace
     assert list(trace.sizes) != full["trace"][2]

@@ -19,6 +19,19 @@ are the predicted ones and every predicted number is an integer where the observ
 family is run for real anyway and compared with its prediction (a mismatch drops the fit).
 
 L: the first input number that differs between the first two observations.
+
+Sizes that step with L (a dimension padded to a block multiple, a kernel chosen by a threshold)
+are constant or polynomial over the observed lengths and then change. Two guards:
+- the CUDA rules' own decisions with thresholds (cuda_rules/size_checks.py) are asked again at
+  a predicted call's layouts (capture.repeated_forwards);
+- cells: a call is predicted only at a length whose `CELL`-cell holds a length run for real and
+  predicted by the fit (the observed ones, those checked since). A cell is a multiple of `CELL`
+  alone or the `CELL - 1` lengths between two multiples, so every block boundary of 8, 16, 32,
+  ... (a pad to a multiple changes between k*B and k*B + 1, a threshold `L >= T` between T - 1
+  and T) lies between two cells, and whatever steps there is seen by a call run for real.
+  A pad's step at k*B + 1 comes right after k*B ran for real: no replay is left in doubt. A
+  step at a multiple itself or inside a cell is caught by the next call run for real, and the
+  replays since the last one are reported in doubt (unless a size check explains the step).
 """
 
 from __future__ import annotations
@@ -31,6 +44,9 @@ OBSERVED = 4
 """Calls at distinct lengths run for real before a family is replayed (3 fit, 1 checks)."""
 RECHECK_EVERY = 16
 """Of a fitted family's calls, every this-many-th runs for real and is checked."""
+CELL = 8
+"""Lengths are predicted only inside a cell (see the module docstring) where a call ran for real:
+block multiples below 8 are crossed inside any 4 consecutive observed lengths."""
 MAX_FAMILIES = 8
 
 
@@ -102,6 +118,7 @@ class _Fit:
     values: list[tuple]  # per varying index: its three observed values
     inputs: list[tuple]  # per input number: its three observed values
     kinds: list[type]  # per varying index: int or float
+    cells: set = dataclasses.field(default_factory=set)  # of the lengths run and predicted
     calls: int = 0
 
 
@@ -116,21 +133,43 @@ class Family:
         self.fit: _Fit | None = None
         self.unchecked = 0
         """Calls replayed since the last one run for real and compared."""
+        self.refused_by_checks = False
+        """The last call was run for real because a size check answered otherwise."""
 
     # -- observing -----------------------------------------------------------------------------
-    def observe(self, inputs: list, numbers: list) -> int:
+    def observe(self, inputs: list, numbers: list, explained: bool = False) -> int:
         """A call run for real (its window's numbers); fits once `OBSERVED` calls agree. Returns
-        how many replayed calls a failed check leaves in doubt (those since the last check)."""
-        unchecked, self.unchecked = self.unchecked, 0
+        how many replayed calls a failed check leaves in doubt (those since the last check;
+        none where `explained`: a CUDA rule's decision with a threshold answered otherwise at
+        this call than at them, see `in_doubt`)."""
         if self.fit is not None:
             if self._predicts(inputs, numbers):
+                self.unchecked = 0
+                self.fit.cells.add(cell(inputs[self.position]))
                 return 0
+            unchecked = self.in_doubt(explained)
             self.fit = None
             self.observed = []
             self._add(inputs, numbers)
             return unchecked
+        self.unchecked = 0
         self._add(inputs, numbers)
         return 0
+
+    def in_doubt(self, explained: bool) -> int:
+        """The replayed calls a call run for real that the fit did not predict leaves in doubt
+        (and resets the count): those since the last call run for real, unless `explained`
+        (every one of them passed the size checks, which this call did not: the step is here)."""
+        unchecked, self.unchecked = self.unchecked, 0
+        return 0 if explained else unchecked
+
+    def predicts_here(self, inputs: list) -> bool:
+        """The call's length lies in a cell where a call ran for real and was predicted."""
+        fit = self.fit
+        if fit is None or self.position is None:
+            return False
+        length = inputs[self.position]
+        return type(length) is int and cell(length) in fit.cells
 
     def _add(self, inputs: list, numbers: list) -> None:
         key = tuple(inputs)
@@ -155,6 +194,8 @@ class Family:
         last = self.observed[-1]
         if not self._predicts(list(last.inputs), last.numbers):
             self.fit = None
+            return
+        fit.cells.update(cell(o.length) for o in self.observed)
 
     def _predicts(self, inputs: list, numbers: list) -> bool:
         predicted = self.predict(inputs)
@@ -191,6 +232,13 @@ class Family:
             else:
                 numbers[index] = float(value)
         return numbers
+
+
+def cell(length: int) -> tuple[bool, int]:
+    """A multiple of CELL alone, or the lengths between two multiples."""
+    if length % CELL == 0:
+        return True, length
+    return False, length // CELL
 
 
 def _fit(observed: list[_Observation]) -> _Fit | None:

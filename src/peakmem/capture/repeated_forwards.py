@@ -16,7 +16,9 @@ A call is observed (run for real, its trace window kept) and becomes a template 
   (no marks, other streams, graph pools, frees of older tensors);
 - no op wrote into a tensor made before the call (BatchNorm running stats, KV caches, buffers,
   inputs), read a device value on the host (`.item()` inside the forward), drew random numbers
-  (dropout in train mode) or had a data-dependent output shape;
+  from the job's own generator or the host's (the host generator's state is compared: dropout
+  in train mode on a fake device tensor draws from none, see `_rng_state`) or had a
+  data-dependent output shape;
 - the module tree's fingerprint, the phase tracker's state, the capture's counters (forward
   calls, host reads, notes, libraries, data-dependent ops, in-place replays) did not move;
 - what the call left alive is exactly its output's storages, each one made in the call (no
@@ -53,7 +55,7 @@ from torch.compiler import is_compiling
 
 from peakmem.capture import length_family
 from peakmem.capture.session import DEVICE_STREAM, CaptureSession, LiveStorage
-from peakmem.cuda_rules import reductions
+from peakmem.cuda_rules import size_checks
 from peakmem.trace.events import EventKind
 
 REQUIRED_WINDOWS = 3
@@ -93,7 +95,7 @@ class _Window:
     storages: tuple[tuple[int, int], ...]  # (event offset of the allocation, nbytes) per slot
     costs: tuple | None  # the utilization record's slice (see _observer_slice)
     n_ids: int
-    checks: tuple = ()  # the reductions' scratch configurations asked (cuda_rules.reductions)
+    checks: tuple = ()  # the size decisions with thresholds asked (cuda_rules.size_checks)
 
     def same(self, other: _Window) -> bool:
         return (self.kinds == other.kinds and self.ids == other.ids and self.sizes == other.sizes
@@ -199,11 +201,11 @@ class RepeatedForwards:
                 return out
         window = None
         start = self._start()
-        outer_checks, reductions.SCRATCH_CALLS = reductions.SCRATCH_CALLS, []
+        outer_checks, size_checks.CALLS = size_checks.CALLS, []
         try:
             out = self._run(original, module, args, kwargs)
         finally:
-            checks, reductions.SCRATCH_CALLS = reductions.SCRATCH_CALLS, outer_checks
+            checks, size_checks.CALLS = size_checks.CALLS, outer_checks
             watch, self._watch = self._watch, None
             if watch is not None and self.session.op_observer == self._watching:
                 self.session.op_observer = watch["chained"]
@@ -241,26 +243,31 @@ class RepeatedForwards:
                         module: torch.nn.Module, inputs: list, window: _Window) -> None:
         numbers: list = []
         skeleton = length_family.flatten(window, numbers)
+        explained = family is not None and family.refused_by_checks
+        if family is not None:
+            family.refused_by_checks = False
         if family is None or family.skeleton != skeleton:
             if family is not None and family.fit is not None:
-                self.in_doubt += family.unchecked  # a check that found other events
+                self.in_doubt += family.in_doubt(explained)  # a check that found other events
             family = length_family.Family(skeleton, family_key)
         self._families.pop(family_key, None)
         self._families[family_key] = (family, weakref.ref(module))  # the most recent last
         while len(self._families) > length_family.MAX_FAMILIES:
             del self._families[next(iter(self._families))]
-        self.in_doubt += family.observe(inputs, numbers)
+        self.in_doubt += family.observe(inputs, numbers, explained)
 
     def _replay_family(self, family: length_family.Family, inputs: list) -> Any:
         numbers = family.predict(inputs)
         if numbers is None:
             return _REFUSED
         window = length_family.rebuild(family.skeleton, iter(numbers))
+        if not size_checks.hold(window.checks):  # thresholds: asked at the predicted layouts
+            family.refused_by_checks = True  # (the call runs for real: a step here, explained)
+            return _REFUSED
+        if not family.predicts_here(inputs):
+            return _REFUSED  # a length cell no call ran in for real (length_family.CELL)
         if min(window.sizes, default=0) < 0 or any(n < 0 for _, n in window.storages):
             return _REFUSED
-        for call, answer in window.checks:  # thresholds: asked again at the predicted layouts
-            if reductions.scratch_bytes(*call) != answer:
-                return _REFUSED
         return self._replay(window)
 
     def _run(self, original: Any, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -335,6 +342,7 @@ class RepeatedForwards:
         start = {
             "index": len(trace), "first_id": trace._next_id, "counters": self._counters(),
             "tracker": self._tracker_state(), "observer": _observer_start(session, observer),
+            "rng": _rng_state(),
             "lengths": None if observer is None else _observer_lengths(observer),
         }
         self._watch = {"first_id": trace._next_id, "refused": False,
@@ -356,8 +364,10 @@ class RepeatedForwards:
         if func is _LOCAL_SCALAR:
             return True
         tags = getattr(func, "tags", ())
-        if torch.Tag.nondeterministic_seeded in tags or torch.Tag.dynamic_output_shape in tags:
+        if torch.Tag.dynamic_output_shape in tags:
             return True
+        if torch.Tag.nondeterministic_seeded in tags and _has_generator(args, kwargs):
+            return True  # the job's own generator (the default one: see _rng_state)
         written = self._write_args.get(id(func))
         if written is None:
             schema = getattr(func, "_schema", None)
@@ -385,6 +395,8 @@ class RepeatedForwards:
             return None
         if self._counters() != start["counters"] or self._tracker_state() != start["tracker"]:
             return None
+        if _rng_state() != start["rng"]:
+            return None  # host random numbers drawn: a replay would not draw them
         try:
             if _fingerprint(module) != key[2]:
                 return None  # an attribute of the module tree set during the call
@@ -681,6 +693,21 @@ def _fingerprint(module: torch.nn.Module) -> tuple:
                     for tensor in table.values():
                         add(None if tensor is None else (id(tensor), tensor.shape, tensor.dtype))
     return tuple(parts)
+
+
+def _rng_state() -> bytes:
+    """The host generator's state. A random op on a fake device tensor (dropout in train mode,
+    `rand_like`) draws from no generator: the meta kernel allocates its output and nothing else,
+    the capture's CUDA generator (capture/fake_rng.py, a host generator only the job's own
+    calls move) and its philox offset (`_get_rng_state_offset`: 0) stay as they were, so a
+    replayed call leaves them as the real one does. A call that drew host random numbers is
+    no template."""
+    with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():
+        return torch.get_rng_state().numpy().tobytes()  # no op the capture's modes see
+
+
+def _has_generator(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(value, torch.Generator) for value in (*args, *kwargs.values()))
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from peakmem.cuda_rules import size_checks
 from peakmem.cuda_rules.registry import RuleContext, register_op_rule
 
 aten = torch.ops.aten
@@ -268,16 +269,9 @@ def reduce_scratch_bytes(
     reduction stays inside one block per output)."""
     call = (tuple(x.shape), tuple(x.stride()), tuple(sorted(dims)), _accumulator_size(x.dtype),
             x.element_size(), x.storage_offset(), x.is_complex(), sm_count, threads_per_sm)
-    result = scratch_bytes(*call)
-    if SCRATCH_CALLS is not None:
-        SCRATCH_CALLS.append((call, result))
-    return result
-
-
-SCRATCH_CALLS: list | None = None
-"""While a list (capture.repeated_forwards observing a call for capture.length_family), each
-`reduce_scratch_bytes` call's numbers and answer are appended: the configuration's thresholds
-are no polynomial in a sequence length, so a predicted call's reductions are asked again."""
+    # the configuration's thresholds are no polynomial in a sequence length: a predicted
+    # call's reductions are asked again (size_checks, capture.length_family)
+    return size_checks.record(scratch_bytes, call, scratch_bytes(*call))
 
 
 def scratch_bytes(shape: tuple[int, ...], strides: tuple[int, ...], dims: tuple[int, ...],

@@ -16,6 +16,7 @@ from enum import StrEnum
 import torch
 import torch.nn.functional as F
 
+from peakmem.cuda_rules import size_checks
 from peakmem.cuda_rules.autocast import run_lower_precision
 from peakmem.cuda_rules.composite_compliance import SDPA_MATH, composite_branch
 from peakmem.cuda_rules.environment import environment_value, value_outside_a_capture
@@ -253,10 +254,16 @@ def _attn_bias(attn_mask, q):
     if bias is None:
         return None
     last = bias.shape[-1]
-    if last % 16:
-        padded = F.pad(bias, (0, 16 - last % 16))
-        bias = padded[..., :last]
+    padded, width = size_checks.ask(bias_padding, last)
+    if padded:
+        bias = F.pad(bias, (0, width - last))[..., :last]
     return bias
+
+
+def bias_padding(last: int) -> tuple[bool, int]:
+    """(whether memory-efficient attention pads a bias's last dimension of size `last`, the
+    padded size): to a multiple of 16 (a step in a sequence length: size_checks)."""
+    return last % 16 != 0, -(-last // 16) * 16
 
 
 @register_composite_rule("scaled_dot_product_attention")
