@@ -192,9 +192,19 @@ def workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
 
 
 def benchmark_workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
-    """The workspace `cudnn.benchmark`'s plan search takes for `call`."""
+    """The workspace `cudnn.benchmark`'s plan search takes for `call`: never less than the
+    heuristic plan's own workspace (`workspace_bytes`), the model's `benchmark` factor above it.
+
+    Conv_v8.cpp `get_plans_from_find` times the plans of the heuristics (instant mode, the same
+    list `benchmark = False` runs the first of) and of the fallback list, and
+    `generate_and_filter_plans` allocates the largest workspace among those whose size is at most
+    `get_available_workspace()`: `cacheInfo` starting from 0 begins at cudaMemGetInfo's free
+    bytes, so on an idle GPU every candidate counts. The heuristic choice is a candidate, so the
+    search's workspace is at least its workspace; how far above (the other engines') is not
+    measured on any GPU yet (docs/BENCHMARKS.md "Misses explained (branch a8)")."""
     model = ctx.stack.conv_workspace_for(ctx.gpu).value
-    return model_bytes(model, call, "benchmark" if "benchmark" in model else call.direction)
+    searched = model_bytes(model, call, "benchmark" if "benchmark" in model else call.direction)
+    return max(searched, workspace_bytes(ctx, call))
 
 
 def _searched_before(ctx: RuleContext, call: ConvCall, key: tuple) -> bool:
