@@ -304,6 +304,51 @@ def convolution(ctx: RuleContext, op, args, kwargs, out) -> None:
                        transposed), _key(args))
 
 
+def _same_padding(weight, dilation, dims: int) -> list[int]:
+    """conv*d(padding="same")'s symmetric part: dilation x (kernel - 1) // 2 per side (torch
+    pads the odd remainder of an even kernel with a separate `constant_pad_nd`)."""
+    dil = _tuple(dilation, dims)
+    return [d * (int(k) - 1) // 2 for d, k in zip(dil, weight.shape[2:], strict=False)]
+
+
+def _as_convolution_args(args, kwargs, transposed: bool) -> tuple:
+    """conv1d/2d/3d(input, weight, bias, stride, padding, dilation, groups) or
+    conv_transpose1d/2d/3d(input, weight, bias, stride, padding, output_padding, groups,
+    dilation) as the `aten.convolution` call they make (Convolution.cpp), lists normalized, so
+    the workspace and `cudnn.benchmark`'s plan cache key are the same either way."""
+    names = (("input", "weight", "bias", "stride", "padding", "output_padding", "groups",
+              "dilation") if transposed else
+             ("input", "weight", "bias", "stride", "padding", "dilation", "groups"))
+    defaults = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1,
+                "output_padding": 0}
+    given = dict(zip(names, args, strict=False))
+    value = {name: given.get(name, kwargs.get(name, defaults.get(name))) for name in names}
+    x, weight = value["input"], value["weight"]
+    dims = max(weight.dim() - 2, 1)
+    padding = value["padding"]
+    if isinstance(padding, str):
+        padding = [0] * dims if padding == "valid" else _same_padding(weight, value["dilation"], dims)
+    return (x, weight, value["bias"], list(_tuple(value["stride"], dims)),
+            list(_tuple(padding, dims)), list(_tuple(value["dilation"], dims)), transposed,
+            list(_tuple(value["output_padding"] if transposed else 0, dims)), int(value["groups"]))
+
+
+@register_op_rule([aten.conv1d, aten.conv2d, aten.conv3d])
+def conv_nd(ctx: RuleContext, op, args, kwargs, out) -> None:
+    """conv1d/2d/3d reach the capture whole (not as `aten.convolution`) where autograd's keys
+    are off, i.e. under `torch.inference_mode()` (CompositeImplicitAutograd kernels then run
+    below the dispatch mode): on CUDA they run the same cuDNN convolution, workspace and
+    `cudnn.benchmark` search included (torchvision's reference `evaluate`, Lightning's
+    validate / test / predict)."""
+    convolution(ctx, op, _as_convolution_args(args, kwargs, transposed=False), {}, out)
+
+
+@register_op_rule([aten.conv_transpose1d, aten.conv_transpose2d, aten.conv_transpose3d])
+def conv_transpose_nd(ctx: RuleContext, op, args, kwargs, out) -> None:
+    """conv_transpose1d/2d/3d under `torch.inference_mode()`: as `conv_nd`."""
+    convolution(ctx, op, _as_convolution_args(args, kwargs, transposed=True), {}, out)
+
+
 @register_op_rule(aten.convolution_backward)
 def convolution_backward(ctx: RuleContext, op, args, kwargs, out) -> None:
     """convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
