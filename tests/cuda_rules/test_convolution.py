@@ -185,6 +185,68 @@ def test_benchmark_searches_once_per_shape_then_empties_the_cache(a100, stack_wi
     ]
 
 
+def test_benchmark_search_takes_at_least_the_heuristic_plans_workspace(a100, stack_with_model):
+    """Conv_v8.cpp get_plans_from_find times the heuristics' plans and the fallback list's and
+    allocates the largest workspace among them (the cap, cacheInfo from 0, is the free device
+    memory): the heuristic plan is one of them, so a `benchmark` factor below the direction's
+    still searches with the direction's workspace."""
+    small = dict(MODEL, benchmark=0.25)  # forward is 2.0
+    stack = dataclasses.replace(stack_with_model, conv_workspace={a100.name: Sourced(small, "test")})
+
+    def job():
+        torch.backends.cudnn.benchmark = True
+        try:
+            torch.nn.Conv2d(3, 8, 3, padding=1).cuda()(torch.randn(2, 3, 16, 16, device="cuda"))
+        finally:
+            torch.backends.cudnn.benchmark = False
+
+    result = capture_callable(job, gpu=a100, stack=stack)
+    x2 = 2 * 3 * 16 * 16 * 4
+    sizes = [(result.trace.tag_of(i).op.split("[")[0], size)
+             for i, (_kind, _ident, size, _stream, _tag) in enumerate(result.trace.events())
+             if result.trace.tag_of(i) is not None
+             and (result.trace.tag_of(i).op or "").startswith("cudnn_")]
+    assert sizes == [("cudnn_benchmark_workspace", 2 * x2), ("cudnn_conv_workspace", 2 * x2)]
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_inference_mode_convolutions_take_their_workspace_and_search(a100, stack_with_model, inference):
+    """Under torch.inference_mode() conv2d / conv_transpose2d reach the capture whole, not as
+    aten.convolution (no autograd key to decompose them at); on CUDA they run the same cuDNN
+    call: one forward workspace each, and under cudnn.benchmark one search per new shape (the
+    key shared with aten.convolution's, so a shape seen in training is not searched again)."""
+    bench_model = dict(MODEL, benchmark=10.0)
+    stack = dataclasses.replace(stack_with_model, conv_workspace={a100.name: Sourced(bench_model, "test")})
+
+    def job():
+        torch.backends.cudnn.benchmark = True
+        try:
+            conv = torch.nn.Conv2d(3, 8, 3, padding="same").cuda()
+            up = torch.nn.ConvTranspose2d(8, 4, 2, stride=2).cuda()
+            x = torch.randn(2, 3, 16, 16, device="cuda")
+            with torch.no_grad():
+                up(conv(x))  # aten.convolution: searches both shapes
+            with torch.inference_mode(inference):
+                up(conv(x))  # the same shapes: the plans are cached, no search
+                conv(torch.randn(4, 3, 16, 16, device="cuda"))  # a new shape: searches
+        finally:
+            torch.backends.cudnn.benchmark = False
+
+    result = capture_callable(job, gpu=a100, stack=stack)
+    x2, x4 = 2 * 3 * 16 * 16 * 4, 4 * 3 * 16 * 16 * 4
+    y2 = 2 * 8 * 16 * 16 * 4  # conv's output = the transposed convolution's input
+    sizes = [(result.trace.tag_of(i).op.split("[")[0], size)
+             for i, (_kind, _ident, size, _stream, _tag) in enumerate(result.trace.events())
+             if result.trace.tag_of(i) is not None
+             and (result.trace.tag_of(i).op or "").startswith("cudnn_")]
+    assert sizes == [
+        ("cudnn_benchmark_workspace", 10 * x2), ("cudnn_conv_workspace", 2 * x2),
+        ("cudnn_benchmark_workspace", 10 * y2), ("cudnn_conv_workspace", 2 * y2),
+        ("cudnn_conv_workspace", 2 * x2), ("cudnn_conv_workspace", 2 * y2),
+        ("cudnn_benchmark_workspace", 10 * x4), ("cudnn_conv_workspace", 2 * x4),
+    ]
+
+
 def test_per_weight_term_adds_to_the_direction(a100, stack_with_model):
     model = dict(MODEL, backward_weight_per_weight=4.0)
     stack = dataclasses.replace(stack_with_model, conv_workspace={a100.name: Sourced(model, "test")})

@@ -192,9 +192,19 @@ def workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
 
 
 def benchmark_workspace_bytes(ctx: RuleContext, call: ConvCall) -> int:
-    """The workspace `cudnn.benchmark`'s plan search takes for `call`."""
+    """The workspace `cudnn.benchmark`'s plan search takes for `call`: never less than the
+    heuristic plan's own workspace (`workspace_bytes`), the model's `benchmark` factor above it.
+
+    Conv_v8.cpp `get_plans_from_find` times the plans of the heuristics (instant mode, the same
+    list `benchmark = False` runs the first of) and of the fallback list, and
+    `generate_and_filter_plans` allocates the largest workspace among those whose size is at most
+    `get_available_workspace()`: `cacheInfo` starting from 0 begins at cudaMemGetInfo's free
+    bytes, so on an idle GPU every candidate counts. The heuristic choice is a candidate, so the
+    search's workspace is at least its workspace; how far above (the other engines') is not
+    measured on any GPU yet (docs/BENCHMARKS.md "Misses explained (branch a8)")."""
     model = ctx.stack.conv_workspace_for(ctx.gpu).value
-    return model_bytes(model, call, "benchmark" if "benchmark" in model else call.direction)
+    searched = model_bytes(model, call, "benchmark" if "benchmark" in model else call.direction)
+    return max(searched, workspace_bytes(ctx, call))
 
 
 def _searched_before(ctx: RuleContext, call: ConvCall, key: tuple) -> bool:
@@ -292,6 +302,51 @@ def convolution(ctx: RuleContext, op, args, kwargs, out) -> None:
         return
     _record(ctx, _call("forward", x, weight, _nbytes(out), stride, groups, padding, dilation,
                        transposed), _key(args))
+
+
+def _same_padding(weight, dilation, dims: int) -> list[int]:
+    """conv*d(padding="same")'s symmetric part: dilation x (kernel - 1) // 2 per side (torch
+    pads the odd remainder of an even kernel with a separate `constant_pad_nd`)."""
+    dil = _tuple(dilation, dims)
+    return [d * (int(k) - 1) // 2 for d, k in zip(dil, weight.shape[2:], strict=False)]
+
+
+def _as_convolution_args(args, kwargs, transposed: bool) -> tuple:
+    """conv1d/2d/3d(input, weight, bias, stride, padding, dilation, groups) or
+    conv_transpose1d/2d/3d(input, weight, bias, stride, padding, output_padding, groups,
+    dilation) as the `aten.convolution` call they make (Convolution.cpp), lists normalized, so
+    the workspace and `cudnn.benchmark`'s plan cache key are the same either way."""
+    names = (("input", "weight", "bias", "stride", "padding", "output_padding", "groups",
+              "dilation") if transposed else
+             ("input", "weight", "bias", "stride", "padding", "dilation", "groups"))
+    defaults = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1,
+                "output_padding": 0}
+    given = dict(zip(names, args, strict=False))
+    value = {name: given.get(name, kwargs.get(name, defaults.get(name))) for name in names}
+    x, weight = value["input"], value["weight"]
+    dims = max(weight.dim() - 2, 1)
+    padding = value["padding"]
+    if isinstance(padding, str):
+        padding = [0] * dims if padding == "valid" else _same_padding(weight, value["dilation"], dims)
+    return (x, weight, value["bias"], list(_tuple(value["stride"], dims)),
+            list(_tuple(padding, dims)), list(_tuple(value["dilation"], dims)), transposed,
+            list(_tuple(value["output_padding"] if transposed else 0, dims)), int(value["groups"]))
+
+
+@register_op_rule([aten.conv1d, aten.conv2d, aten.conv3d])
+def conv_nd(ctx: RuleContext, op, args, kwargs, out) -> None:
+    """conv1d/2d/3d reach the capture whole (not as `aten.convolution`) where autograd's keys
+    are off, i.e. under `torch.inference_mode()` (CompositeImplicitAutograd kernels then run
+    below the dispatch mode): on CUDA they run the same cuDNN convolution, workspace and
+    `cudnn.benchmark` search included (torchvision's reference `evaluate`, Lightning's
+    validate / test / predict)."""
+    convolution(ctx, op, _as_convolution_args(args, kwargs, transposed=False), {}, out)
+
+
+@register_op_rule([aten.conv_transpose1d, aten.conv_transpose2d, aten.conv_transpose3d])
+def conv_transpose_nd(ctx: RuleContext, op, args, kwargs, out) -> None:
+    """conv_transpose1d/2d/3d under `torch.inference_mode()`: as `conv_nd`."""
+    convolution(ctx, op, _as_convolution_args(args, kwargs, transposed=True), {}, out)
 
 
 @register_op_rule(aten.convolution_backward)
