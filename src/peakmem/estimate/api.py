@@ -433,7 +433,14 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str,
     limit = max(MIN_STEPS, capture.steps)
     rerun = _capture_in_mode(lambda run_mode: unshortened(run_mode, limit), mode)
     if rerun.error is not None:
-        return capture  # it fails anyway: the first error, with its --steps all hint
+        if not _same_error(rerun, capture):
+            return capture  # it fails anyway: the first error, with its --steps all hint
+        # the same error with its epochs as they are: the shortening did not cause it, so the
+        # error stands without the hint that it may have (transformers' Trainer reads
+        # `len(loader)` before it builds its optimizer: `--optim galore_adamw` without
+        # galore-torch failed with "if that caused it, --steps all runs the job unchanged")
+        rerun.seconds += capture.seconds
+        return rerun
     name = capture.error_type or type(capture.error).__name__
     rerun.notes.insert(0, (
         f"the job failed ({name}: {first_line(capture.error)}) after peakmem shortened its "
@@ -444,6 +451,18 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str,
     rerun.mode_reason += " (rerun unshortened)"
     rerun.seconds += capture.seconds
     return rerun
+
+
+def _same_error(first: CaptureResult, second: CaptureResult) -> bool:
+    """Both captures failed with an error of one type and one first line."""
+    from peakmem.capture.result import first_line
+
+    def key(capture: CaptureResult) -> tuple[str, str]:
+        error = capture.error
+        name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
+        return name, first_line(error) if error is not None else ""
+
+    return key(first) == key(second)
 
 
 def _capture_in_mode(run: Callable[[str], CaptureResult], mode: str) -> CaptureResult:
