@@ -373,12 +373,30 @@ CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT"})
 """Signals of a process that crashed by itself (not SIGKILL: the kernel's OOM killer, a user)."""
 
 
+NETWORK_ERRORS = frozenset({
+    "ConnectionError", "ConnectionRefusedError", "ConnectTimeout", "URLError", "gaierror",
+    "MaxRetryError", "NameResolutionError", "OfflineModeIsEnabled",
+})
+"""Error types of a request that found no network (requests / urllib / urllib3 / socket,
+huggingface_hub's offline mode): an eager run has no network either."""
+
+
+def _network_error(capture: CaptureResult) -> bool:
+    """The job failed for want of network access, not on a device value (round 23a:
+    sentence-transformers' `push_to_hub` after an evaluator's `.tolist()` reads)."""
+    error = capture.error
+    name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
+    return name in NETWORK_ERRORS or "it could not reach " in (capture.failure_hint or "")
+
+
 def eager_fallback_reason(capture: CaptureResult) -> str | None:
     """Why auto mode must rerun a fake capture in eager mode (None: the fake one stands)."""
     if capture.fake_limit is not None:
         return capture.fake_limit
     if simulated_oom(capture) is not None or _is_unsupported(capture):
         return None  # the GPU would fail the same way / eager mode cannot help
+    if capture.reason == "raised" and _network_error(capture):
+        return None  # an eager run fails the same way, after as long again
     if capture.reason == "raised" and capture.host_reads:
         from peakmem.capture.result import first_line
 
