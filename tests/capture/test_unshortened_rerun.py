@@ -77,3 +77,29 @@ def test_a_launchers_rank_is_rerun_unshortened_too(tmp_path, capfd):
     assert result.steps == 3 and any("it was rerun with its epochs as they are" in note
                                      for note in result.notes)
     assert "total steps 42" in capfd.readouterr().out
+
+
+MISSING_PACKAGE = """
+    import torch
+    data = torch.utils.data.TensorDataset(torch.randn(16 * 20 + 5, 32))
+    loader = torch.utils.data.DataLoader(data, batch_size=16)
+    print("steps per epoch", len(loader))  # transformers' Trainer: the schedule's length
+    raise ImportError("You need to install `galore_torch` in order to use GaLore optimizers.")
+"""
+"""transformers' Trainer with `--optim galore_adamw` and no galore-torch: `len(loader)` is read
+(the shortened length) before the optimizer is built, which raises."""
+
+
+def test_an_error_the_unshortened_rerun_repeats_stands_without_the_hint(tmp_path, capfd):
+    script = tmp_path / "missing.py"
+    script.write_text(textwrap.dedent(MISSING_PACKAGE))
+    with pytest.raises(EstimateError) as caught:
+        estimate_command(["python", str(script)], isolate=False, **GPU)
+    # the first run read the shortened length (4), the rerun the loader's own (21): both
+    # failed alike, so the shortening was not the cause and no --steps all hint is given
+    out = capfd.readouterr().out
+    assert "steps per epoch 4" in out and "steps per epoch 21" in out
+    message = str(caught.value)
+    assert "ImportError: You need to install `galore_torch`" in message
+    assert "--steps all" not in message
+    assert "peakmem shortened" not in message

@@ -373,12 +373,30 @@ CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT"})
 """Signals of a process that crashed by itself (not SIGKILL: the kernel's OOM killer, a user)."""
 
 
+NETWORK_ERRORS = frozenset({
+    "ConnectionError", "ConnectionRefusedError", "ConnectTimeout", "URLError", "gaierror",
+    "MaxRetryError", "NameResolutionError", "OfflineModeIsEnabled",
+})
+"""Error types of a request that found no network (requests / urllib / urllib3 / socket,
+huggingface_hub's offline mode): an eager run has no network either."""
+
+
+def _network_error(capture: CaptureResult) -> bool:
+    """The job failed for want of network access, not on a device value (round 23a:
+    sentence-transformers' `push_to_hub` after an evaluator's `.tolist()` reads)."""
+    error = capture.error
+    name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
+    return name in NETWORK_ERRORS or "it could not reach " in (capture.failure_hint or "")
+
+
 def eager_fallback_reason(capture: CaptureResult) -> str | None:
     """Why auto mode must rerun a fake capture in eager mode (None: the fake one stands)."""
     if capture.fake_limit is not None:
         return capture.fake_limit
     if simulated_oom(capture) is not None or _is_unsupported(capture):
         return None  # the GPU would fail the same way / eager mode cannot help
+    if capture.reason == "raised" and _network_error(capture):
+        return None  # an eager run fails the same way, after as long again
     if capture.reason == "raised" and capture.host_reads:
         from peakmem.capture.result import first_line
 
@@ -433,7 +451,14 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str,
     limit = max(MIN_STEPS, capture.steps)
     rerun = _capture_in_mode(lambda run_mode: unshortened(run_mode, limit), mode)
     if rerun.error is not None:
-        return capture  # it fails anyway: the first error, with its --steps all hint
+        if not _same_error(rerun, capture):
+            return capture  # it fails anyway: the first error, with its --steps all hint
+        # the same error with its epochs as they are: the shortening did not cause it, so the
+        # error stands without the hint that it may have (transformers' Trainer reads
+        # `len(loader)` before it builds its optimizer: `--optim galore_adamw` without
+        # galore-torch failed with "if that caused it, --steps all runs the job unchanged")
+        rerun.seconds += capture.seconds
+        return rerun
     name = capture.error_type or type(capture.error).__name__
     rerun.notes.insert(0, (
         f"the job failed ({name}: {first_line(capture.error)}) after peakmem shortened its "
@@ -444,6 +469,18 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str,
     rerun.mode_reason += " (rerun unshortened)"
     rerun.seconds += capture.seconds
     return rerun
+
+
+def _same_error(first: CaptureResult, second: CaptureResult) -> bool:
+    """Both captures failed with an error of one type and one first line."""
+    from peakmem.capture.result import first_line
+
+    def key(capture: CaptureResult) -> tuple[str, str]:
+        error = capture.error
+        name = capture.error_type or getattr(error, "type_name", None) or type(error).__name__
+        return name, first_line(error) if error is not None else ""
+
+    return key(first) == key(second)
 
 
 def _capture_in_mode(run: Callable[[str], CaptureResult], mode: str) -> CaptureResult:
