@@ -23,9 +23,11 @@ parameter when the next forward starts (`p.data = p.data - lr * p.grad`). How lo
   it (evaluation, predict, saving) still runs; a loop that does not iterate a DataLoader
   (`for x in zip(data, targets)`, `while True: x = get_batch()`) is ended at its head
   (capture.loop_ends: the code after it runs, the next loop gets its own limit), or, where it
-  cannot be, stopped (StopJob) with a note that the estimate may be low;
+  cannot be, stopped (StopJob) with a note that the estimate may be low; either kind of loop
+  goes on past the limit (bounded) while its memory still grows (capture.step_growth,
+  capture.loader_growth);
 - N: stopped after N steps (StopJob), nothing shortened;
-- "all": run to the end, nothing shortened.
+- "all": run to the end, nothing shortened (DataLoader epochs are followed, not changed).
 A forward pass without gradients after training is an evaluation: marked "eval" in the trace
 (once, however many batches). A module in eval mode (`model.eval()`) runs it in the eval phase,
 which ends when the module returns; one left in training mode (RL rollouts and target networks)
