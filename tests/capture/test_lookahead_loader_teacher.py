@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from peakmem.estimate import estimate_command
 
 GPU = {"gpu": "a100-40gb", "torch_version": "2.4.1"}
@@ -45,10 +47,10 @@ JOB = """
 """
 
 
-def _phases(tmp_path, batches: str) -> list[str]:
+def _phases(tmp_path, batches: str, **kwargs) -> list[str]:
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(JOB).replace("BATCHES", batches))
-    result = estimate_command(["python", str(path)], **GPU)
+    result = estimate_command(["python", str(path)], **GPU, **kwargs)
     assert result.estimate_kind == "training"
     return result.capture.trace.meta["phases_ran"]
 
@@ -62,6 +64,15 @@ def test_teacher_on_the_last_batch_of_a_read_ahead_epoch_is_training(tmp_path):
 
 def test_a_plain_loop_holds_its_last_batch_before_the_epoch_ends(tmp_path):
     assert _phases(tmp_path, "loader") == ["training", "eval"]
+
+
+@pytest.mark.parametrize("batches", ["loader", "ahead(loader)"])
+def test_steps_all_follows_the_epochs_so_the_teacher_is_training(tmp_path, batches):
+    # `--steps all` does not change the epochs (capture/dataloader.py `followed`) but follows
+    # them: before, its DataLoader was not patched at all, no batch was ever "held", and the
+    # teacher's forward before each of the 6 steps but the first (after a backward) read as an
+    # evaluation: ["training", "eval", "training", ... "eval"], 5 evaluations between 6 steps
+    assert _phases(tmp_path, batches, steps="all") == ["training", "eval"]
 
 
 TWO_OPTIMIZERS = """

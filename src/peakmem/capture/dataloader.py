@@ -100,7 +100,8 @@ class LoaderIteration:
         self.loader = loader
         self.length = loaders.true_length(loader)
         self.can_skip = (
-            self.length is not None
+            not loaders.follow_only
+            and self.length is not None
             and loaders.kind_of(loader).map_style(loader)
             and hasattr(iterator, "_sampler_iter")
             and loaders.affordable_skip(loader, self.length)
@@ -175,7 +176,7 @@ class LoaderIteration:
             and last is not None
             and self.steady_batches <= self.position < last
         ):
-            if self._awaiting_steps():
+            if self._awaiting_steps() or self._loaders.held(self):
                 self.waited = True
             else:
                 self._short_done = True
@@ -287,6 +288,11 @@ class LoaderEpochs:
         self.active = False
         """Inside `patched()`: epochs are tracked (and shortened when `shorten`)."""
         self._kinds: dict[type, LoaderKind] = {}
+        self.follow_only = False
+        """Inside `followed()` (`--steps all`): epochs are followed, never changed."""
+        self.hold: Callable[[LoaderIteration], bool] | None = None
+        """Asked where a training epoch would skip to its last batch: True keeps it yielding
+        full batches (its live memory still grows: capture.loader_growth)."""
 
     # -- read by the phase tracker -------------------------------------------------------------
     def step_taken(self) -> LoaderIteration | None:
@@ -328,6 +334,11 @@ class LoaderEpochs:
             return False
         dataset = getattr(last.loader, "dataset", last.loader)
         return last.fed_training or id(dataset) in self._trained
+
+    def held(self, iteration: LoaderIteration) -> bool:
+        """Whether `iteration`, a training epoch at the point it would skip to its last batch,
+        goes on with full batches instead (`hold`)."""
+        return self.hold is not None and iteration.fed_training and self.hold(iteration)
 
     # -- accumulation windows ------------------------------------------------------------------
     def window_of(self, loader: Any) -> int | None:
@@ -536,3 +547,24 @@ class LoaderEpochs:
             self.active = False
             loader_class.__iter__ = original_iter
             loader_class.__len__ = original_len
+
+    @contextmanager
+    def followed(self) -> Iterator[LoaderEpochs]:
+        """`--steps all`: each epoch of a torch DataLoader is followed, never changed (every
+        batch, `len(loader)` its own, its worker processes as the job asked for them), so the
+        phase tracker knows which batch the job holds: a no-grad forward on it (a distillation
+        teacher's) is part of the training step, not an evaluation (`inside_training_batch`)."""
+        loader_class = torch.utils.data.DataLoader
+        original_iter = loader_class.__iter__
+        self.adopt(loader_class, LoaderKind(loader_class.__len__, _torch_map_style, _torch_workers))
+
+        def iterate(loader: Any) -> Any:
+            return self.begin_epoch(loader, original_iter(loader))
+
+        loader_class.__iter__ = iterate
+        self.follow_only = True
+        try:
+            yield self
+        finally:
+            self.follow_only = False
+            loader_class.__iter__ = original_iter

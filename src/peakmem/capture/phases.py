@@ -23,9 +23,11 @@ parameter when the next forward starts (`p.data = p.data - lr * p.grad`). How lo
   it (evaluation, predict, saving) still runs; a loop that does not iterate a DataLoader
   (`for x in zip(data, targets)`, `while True: x = get_batch()`) is ended at its head
   (capture.loop_ends: the code after it runs, the next loop gets its own limit), or, where it
-  cannot be, stopped (StopJob) with a note that the estimate may be low;
+  cannot be, stopped (StopJob) with a note that the estimate may be low; either kind of loop
+  goes on past the limit (bounded) while its memory still grows (capture.step_growth,
+  capture.loader_growth);
 - N: stopped after N steps (StopJob), nothing shortened;
-- "all": run to the end, nothing shortened.
+- "all": run to the end, nothing shortened (DataLoader epochs are followed, not changed).
 A forward pass without gradients after training is an evaluation: marked "eval" in the trace
 (once, however many batches). A module in eval mode (`model.eval()`) runs it in the eval phase,
 which ends when the module returns; one left in training mode (RL rollouts and target networks)
@@ -47,6 +49,7 @@ import torch.optim.optimizer as optimizer_hooks
 
 from peakmem.capture.arg_tensors import tensors_in
 from peakmem.capture.dataloader import LoaderEpochs, LoaderIteration
+from peakmem.capture.loader_growth import LoaderGrowth
 from peakmem.capture.loop_ends import LoopEnds
 from peakmem.capture.model_copies import ModelCopies
 from peakmem.capture.modules import ModulePaths
@@ -141,6 +144,11 @@ class PhaseTracker:
         self._loop_planned = 0  # steps when the last loop end was planned
         self._nothing_follows = False  # the stopped loop was the script's last statement
         self.growth = StepGrowth(session)  # steps past the limit while the peak still grows
+        # DataLoader epochs held (not shortened, the loop not ended) while their live memory
+        # grows (default policy only)
+        self.loader_growth = LoaderGrowth(session)
+        if stop_after_steps is None:
+            self.loaders.hold = self.loader_growth.hold
         self.modules = ModulePaths(on_root=self._classify_module_state)
         self.weight_copies = WeightCopies(session)
         self.model_copies = ModelCopies(session, self.modules.in_forward)
@@ -180,8 +188,7 @@ class PhaseTracker:
     def __enter__(self) -> PhaseTracker:
         stack = self._stack
         stack.enter_context(self.modules)
-        if not self.run_all:
-            stack.enter_context(self.loaders.patched())
+        stack.enter_context(self.loaders.followed() if self.run_all else self.loaders.patched())
         for register, hook in (
             (torch.nn.modules.module.register_module_forward_pre_hook, self._forward_pre),
             (_register_forward_post_hook, self._forward_post),
@@ -509,11 +516,15 @@ class PhaseTracker:
         session.synchronize_streams()  # record_stream holds end with the step (fake_streams)
         session.mark(f"step {self._steps_by_optimizer[key]}")
         self.growth.step_taken()
-        feeding = self.loaders.step_taken() if not self.run_all else None
+        # (under --steps all too: the epochs are followed, unchanged, so a forward on the batch
+        # the job holds is known to be part of its step)
+        feeding = self.loaders.step_taken()
         if feeding is not None and state.epoch_steps is None:
             state.epoch_steps = _epoch_steps(feeding)
         if self.run_all:
             return
+        if self.stop_after_steps is None:
+            self.loader_growth.step_fed(feeding)
         if self.repeater is not None:
             self._repeat_steady(key, feeding, stop_now=stop_now)
         # each loop's steps count from where the previous loop without a DataLoader ended (a
@@ -532,6 +543,8 @@ class PhaseTracker:
         ):
             return  # a side stream's steps (CUDA graph warm-up, capture): stop on the default one
         if self.stop_after_steps is None and feeding is not None:
+            if not state.loop_ended and self.loader_growth.hold(feeding):
+                return  # its live memory still grows: the loop goes on (capture.loader_growth)
             self._end_loop(feeding, steps)
             if (
                 steps < self.limit() + MAX_STEPS_AFTER_END
@@ -737,6 +750,7 @@ class PhaseTracker:
                 "every iteration"
             )
         notes.extend(self.growth.notes(unit))
+        notes.extend(self.loader_growth.notes(unit))
         window = self.loaders.window
         if window is not None and window > 1 and state.steps:
             notes.append(

@@ -16,6 +16,8 @@ peak (the most bytes allocated so far) by more than `GROWTH_BYTES` keeps going, 
 time, at most `MAX_GROWING_STEPS` steps past the limit; the estimate's note says how many and,
 when the peak still grew at that cap, that it may be low (the job's memory grows with its step
 count, which `--steps all` runs to the end). An explicit `--steps N` is never extended.
+A DataLoader loop's growth is read from the bytes live at each step's end instead
+(capture.loader_growth: its epoch is held, the rest extrapolated).
 """
 
 from __future__ import annotations

@@ -295,9 +295,24 @@ class Estimate:
             "seconds": round(self.seconds, 3),
             "notes": list(self.notes),
             "assumptions": list(self.assumptions),
+            **self._step_growth_json(),
             **(self.distributed or {}),
             "utilization": self.utilization.to_json() if self.utilization is not None else None,
         }
+
+
+    def _step_growth_json(self) -> dict[str, Any]:
+        """A DataLoader loop whose live memory still grew at the cap (capture.loader_growth):
+        its per-step growth and the rest of its epoch extrapolated linearly, on top of the
+        estimate's peak (`extrapolated_peak_bytes`, labelled `extrapolated`: not traced, and not
+        in `peak_bytes`); nothing for other jobs."""
+        record = self.capture.trace.meta.get("step_growth") if self.capture is not None else None
+        if not record:
+            return {}
+        record = dict(record)
+        extra = record.get("extrapolated_extra_bytes")
+        record["extrapolated_peak_bytes"] = None if extra is None else self.peak_bytes + extra
+        return {"step_growth": record}
 
 
 def _installed_torch_version() -> str:
