@@ -201,6 +201,41 @@ def estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+FIGURES = ("peak_bytes", "peak_reserved_bytes", "peak_allocated_bytes")
+COUNTER_RESETTING = frozenset({"p_batch_from_memory.py", "r19b_mixed_precision_tutorial.py",
+                               "hf_causal_lm_loop.py", "r3_llmc_train_gpt2.py",
+                               "r4_accelerate_fsdp_peak_mem.py"})
+"""Scripts that reset torch's peak counters: measured before `peakmem measure` read them before
+each reset (no `peak_resets` key in their rows), their max reserved / allocated are the last
+epoch's, not the run's: only their NVML peak is scored."""
+
+MIB2 = 2 * 2**20
+
+
+def figures_all(est: dict) -> list[int | None]:
+    e = est.get("all") or {}
+    return [e.get(key) for key in FIGURES]
+
+
+def summary(errors: dict[str, list[tuple[int, int]]]) -> str:
+    """Median / p90 of |error| (% of the measurement) / exact / within 2 MiB / under by more
+    than 2 MiB, per figure."""
+    import statistics
+
+    cells = []
+    for key in FIGURES:
+        pairs = errors[key]
+        if not pairs:
+            cells.append("-")
+            continue
+        relative = sorted(abs(d) / t * 100 if t else 0.0 for d, t in pairs)
+        p90 = relative[min(len(relative) - 1, int(0.9 * len(relative)))]
+        cells.append(f"{statistics.median(relative):.2f}% / {p90:.2f}% / "
+                     f"{sum(d == 0 for d, _ in pairs)} / {sum(abs(d) <= MIB2 for d, _ in pairs)} / "
+                     f"{sum(d < -MIB2 for d, _ in pairs)}")
+    return f"| all ({len(errors['peak_bytes'])}) | " + " | ".join(cells) + " |"
+
+
 def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.1f}"
 
@@ -208,6 +243,7 @@ def _mib(value: int | None) -> str:
 def table(args: argparse.Namespace) -> int:
     measured = {r["id"]: r for r in read_lines(args.results) if r.get("measured")}
     estimated = read_lines(args.estimates)
+    errors: dict[str, list[tuple[int, int]]] = {key: [] for key in FIGURES}
     print("| job | steps | measured peak / reserved / allocated (MiB) | estimate `--steps all` "
           "| error (MiB) | estimate default | error (MiB) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -223,9 +259,19 @@ def table(args: argparse.Namespace) -> int:
             cells.append(" / ".join(_mib(v) for v in figures))
             cells.append(" / ".join("-" if None in (a, b) else f"{(a - b) / 2**20:+.1f}"
                                     for a, b in zip(figures, truth, strict=True)))
+        for key, figure, truth in zip(FIGURES, figures_all(est), (m.get(k) for k in FIGURES),
+                                      strict=True):
+            if figure is not None and truth is not None and not (
+                    key != "peak_bytes" and m.get("peak_resets") is None
+                    and est["script"] in COUNTER_RESETTING):
+                errors[key].append((figure - truth, truth))
         print(f"| {est['script']} | {m.get('steps')} | {_mib(m.get('peak_bytes'))} / "
               f"{_mib(m.get('peak_reserved_bytes'))} / {_mib(m.get('peak_allocated_bytes'))} | "
               + " | ".join(cells) + " |")
+    print()
+    print("| jobs | nvidia-smi peak | max reserved | max allocated |")
+    print("| --- | --- | --- | --- |")
+    print(summary(errors))
     return 0
 
 
