@@ -87,6 +87,12 @@ stream throughout)."""
 MAX_BARE_EPOCHS = 3
 """Later epochs in a row with nothing but training between them (no evaluation, no other
 DataLoader) before the job is stopped: they repeat the same allocations."""
+LATER_EPOCHS_KEPT = 2
+"""Later epochs (after the DataLoader's training loop was ended) that run whole, their
+per-epoch evaluation / sampling / saving included, before the job's epoch loop around the
+DataLoader loop is ended at its head (capture.loop_ends, `plan(epoch_loop=True)`): the second
+one, with the optimizer state and the previous evaluation's leftovers live, is the steady
+state; the ones after it repeat it."""
 EVAL_MARK = Mark.EVAL.value
 END_MARK = Mark.LOOP_ENDED.value
 STOP_MARK = Mark.STOPPED.value
@@ -140,6 +146,7 @@ class PhaseTracker:
         self._first_loop_end = 0  # steps when the first loop without a DataLoader ended
         self._loop_planned = 0  # steps when the last loop end was planned
         self._nothing_follows = False  # the stopped loop was the script's last statement
+        self._epoch_loop_tried = False  # the epoch loop around the ended DataLoader loop
         self.growth = StepGrowth(session)  # steps past the limit while the peak still grows
         self.modules = ModulePaths(on_root=self._classify_module_state)
         self.weight_copies = WeightCopies(session)
@@ -533,6 +540,7 @@ class PhaseTracker:
             return  # a side stream's steps (CUDA graph warm-up, capture): stop on the default one
         if self.stop_after_steps is None and feeding is not None:
             self._end_loop(feeding, steps)
+            self._end_epoch_loop(steps)
             if (
                 steps < self.limit() + MAX_STEPS_AFTER_END
                 and self.loaders.bare_epochs < MAX_BARE_EPOCHS
@@ -641,6 +649,20 @@ class PhaseTracker:
             self.end_can_skip = feeding.can_skip
             self.session.mark(END_MARK)
 
+    def _end_epoch_loop(self, steps: int) -> None:
+        """The DataLoader's training loop was ended: at the step of the LATER_EPOCHS_KEPT-th
+        later epoch, plan the end of the job's epoch loop around it, so the code after the
+        epochs runs once and the job ends (where it cannot be, the later epochs run on to
+        MAX_STEPS_AFTER_END / MAX_BARE_EPOCHS as before)."""
+        ends = self.loop_ends
+        if ends is None or self._epoch_loop_tried or ends.pending:
+            return
+        if self.loaders.training_epochs - self.end_epoch < LATER_EPOCHS_KEPT:
+            return
+        self._epoch_loop_tried = True
+        if ends.plan(steps, epoch_loop=True):
+            self.session.mark(END_MARK)
+
     def _check_pending_stop(self) -> None:
         if self._stop_pending:
             self._stop_pending = False
@@ -724,6 +746,15 @@ class PhaseTracker:
                 f"{_step_unit(self.end_steps, manual=manual)} (in epoch {self.end_epoch}): {how} "
                 f"({state.steps} steps in all); the code after the training loop ran; --steps "
                 "all runs every batch"
+            )
+        if self.loop_ends is not None and self.loop_ends.epoch_loops:
+            where = ", ".join(f"{os.path.basename(end.filename)}:{end.line}"
+                              for end in self.loop_ends.epoch_loops)
+            notes.append(
+                f"ended the epoch loop around the training loop ({where}) after "
+                f"{LATER_EPOCHS_KEPT} later epochs, each with its per-epoch code (evaluation, "
+                "sampling, saving): the epochs after them repeat the same allocations and did "
+                "not run; the code after the epoch loop ran; --steps all runs every epoch"
             )
         if self.loop_ends is not None and self.loop_ends.ended:
             ended = self.loop_ends.ended
