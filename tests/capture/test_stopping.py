@@ -384,12 +384,12 @@ def epoch_loop_note(where):
 
 @verified_python
 def test_a_loop_that_reiterates_its_dataloader_until_a_step_count_is_ended(a100, stack24):
-    def job(forever):
+    def job():
         model = torch.nn.Linear(8, 2).cuda()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         loader = torch.utils.data.DataLoader(torch.randn(80, 8), batch_size=8)
         step = 0
-        while forever or step < 10_000:
+        while step < 10_000:
             for x in loader:
                 model(x.cuda()).sum().backward()
                 optimizer.step()
@@ -397,15 +397,28 @@ def test_a_loop_that_reiterates_its_dataloader_until_a_step_count_is_ended(a100,
 
     # 4 + 3 steps, then LATER_EPOCHS_KEPT later epochs of one batch; then the `while` around
     # the DataLoader loop is ended at its head (capture.loop_ends), and the job ends
-    result = capture_callable(job, False, gpu=a100, stack=stack24)
+    result = capture_callable(job, gpu=a100, stack=stack24)
     assert result.steps == 7 + LATER_EPOCHS_KEPT and not result.stopped
     # (the line named is the `while` body's first: its loop starts there in 3.11's bytecode)
     assert epoch_loop_note(f"test_stopping.py:{job.__code__.co_firstlineno + 6}") in result.notes
-    # a `while True:` without a `break` has no exit: the later epochs run on until the 4th of
-    # them in a row with nothing else between them stops the job, as before
-    forever = capture_callable(job, True, gpu=a100, stack=stack24)
-    assert forever.steps == 7 + MAX_BARE_EPOCHS + 1 and forever.stopped
-    assert forever.notes[-1] == runaway_note(11)
+
+
+@verified_python
+def test_a_loop_that_reiterates_its_dataloader_forever_is_stopped(a100, stack24):
+    def job():
+        model = torch.nn.Linear(8, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.randn(80, 8), batch_size=8)
+        while True:  # no `break`: the epoch loop has no exit to end it at
+            for x in loader:
+                model(x.cuda()).sum().backward()
+                optimizer.step()
+
+    # 4 + 3 steps, then later epochs of one batch: the 4th of them in a row with nothing else
+    # between them stops the job
+    result = capture_callable(job, gpu=a100, stack=stack24)
+    assert result.steps == 7 + MAX_BARE_EPOCHS + 1 and result.stopped
+    assert result.notes[-1] == runaway_note(11)
 
 
 @verified_python
@@ -628,6 +641,7 @@ def test_torch_compile_note_names_what_was_compiled_and_bounds_the_fusion(a100, 
     )
 
 
+@verified_python
 def test_an_iterable_dataset_loop_is_ended_and_later_epochs_keep_one_batch(a100, stack24):
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
@@ -649,13 +663,15 @@ def test_an_iterable_dataset_loop_is_ended_and_later_epochs_keep_one_batch(a100,
 
     result = capture_callable(job, gpu=a100, stack=stack24)
     assert result.error is None, result.error_text
-    # 3 steps (no epoch length), the epoch ends; each later epoch runs its first batch
-    assert result.steps == 3 + 3 and not result.stopped and result.trace.meta["loop_ended"]
-    assert input_rows(result.trace, 8) == [4] * 6
+    # 3 steps (no epoch length), the epoch ends; each later epoch runs its first batch, until
+    # the epoch loop is ended after LATER_EPOCHS_KEPT of them
+    assert result.steps == 3 + LATER_EPOCHS_KEPT and not result.stopped
+    assert result.trace.meta["loop_ended"]
+    assert input_rows(result.trace, 8) == [4] * 5
     assert (
         "training loop ended early after 3 optimizer steps (in epoch 1): its DataLoader stopped "
         "(it cannot skip to its last batch: an iterable dataset), and each later epoch ran its "
-        "first batch only (6 steps in all); the code after the training loop ran; --steps all "
+        "first batch only (5 steps in all); the code after the training loop ran; --steps all "
         "runs every batch"
     ) in result.notes
 
