@@ -112,3 +112,45 @@ def test_the_later_epochs_kept_hold_what_they_hold(tmp_path):
     assert short.peak_allocated_bytes == four.peak_allocated_bytes
     # 8 more (512, 64) fp32 outputs kept by the 12 epochs' run
     assert twelve.peak_allocated_bytes - four.peak_allocated_bytes == 8 * 512 * 64 * 4
+
+
+TWO_CALLS = """
+    import torch
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 64)).cuda()
+    loader = torch.utils.data.DataLoader(torch.randn(40, 64), batch_size=8)
+
+    def train_model(epochs):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for epoch in range(epochs):
+            for x in loader:
+                model(x.cuda()).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+            with torch.no_grad():
+                model(torch.randn(256, 64, device="cuda"))
+        print("done", epoch)
+
+    train_model(12)
+    train_model(12)
+    with torch.no_grad():
+        model(torch.randn(4096, 64, device="cuda"))
+"""
+
+
+def test_a_second_epoch_loop_is_ended_after_its_own_limit(tmp_path, capsys):
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(TWO_CALLS))
+    est = estimate(runpy.run_path, str(path), run_name="__main__", gpu="a100-40gb",
+                   torch_version="2.4.1")
+    assert est.capture is not None and est.capture.error is None, est.capture.error_text
+    # the first call: 4 + 3 steps, then 2 later epochs (epochs 0-3); the second call's new
+    # optimizer takes the limit (6) again, one batch an epoch (the loop was ended), then its
+    # epoch loop ends (epochs 0-5); `steps` is the most-stepped optimizer's
+    assert est.steps == 4 + 3 + LATER_EPOCHS_KEPT and not est.capture.stopped
+    assert capsys.readouterr().out.split("\n")[-3:] == ["done 3", "done 5", ""]
+    line = TWO_CALLS.count("\n", 0, TWO_CALLS.index("for epoch in range(epochs)")) + 1
+    assert any(note.startswith(f"ended the epoch loop around the training loop (job.py:{line}, "
+                               f"job.py:{line})") for note in est.capture.notes), est.capture.notes
+    # the final pass ran: a (4096, 1024) fp32 hidden
+    assert est.peak_allocated_bytes >= 4096 * 1024 * 4

@@ -146,7 +146,8 @@ class PhaseTracker:
         self._first_loop_end = 0  # steps when the first loop without a DataLoader ended
         self._loop_planned = 0  # steps when the last loop end was planned
         self._nothing_follows = False  # the stopped loop was the script's last statement
-        self._epoch_loop_tried = False  # the epoch loop around the ended DataLoader loop
+        self._epoch_loop_at: int | None = None  # training epochs when an epoch loop was ended
+        self._epoch_loop_refused = False  # the epoch loop around the ended loop cannot end
         self.growth = StepGrowth(session)  # steps past the limit while the peak still grows
         self.modules = ModulePaths(on_root=self._classify_module_state)
         self.weight_copies = WeightCopies(session)
@@ -655,13 +656,19 @@ class PhaseTracker:
         epochs runs once and the job ends (where it cannot be, the later epochs run on to
         MAX_STEPS_AFTER_END / MAX_BARE_EPOCHS as before)."""
         ends = self.loop_ends
-        if ends is None or self._epoch_loop_tried or ends.pending:
+        if ends is None or self._epoch_loop_refused or ends.pending:
             return
-        if self.loaders.training_epochs - self.end_epoch < LATER_EPOCHS_KEPT:
+        # counted from the end, or from the last epoch loop's end (a later epoch loop: a
+        # second `train_model(...)` call; its own epochs after its limit)
+        since = self._epoch_loop_at if self._epoch_loop_at is not None else self.end_epoch
+        kept = LATER_EPOCHS_KEPT + (self._epoch_loop_at is not None)
+        if self.loaders.training_epochs - since < kept:
             return
-        self._epoch_loop_tried = True
         if ends.plan(steps, epoch_loop=True):
+            self._epoch_loop_at = self.loaders.training_epochs
             self.session.mark(END_MARK)
+        else:
+            self._epoch_loop_refused = True  # the later epochs run on as before
 
     def _check_pending_stop(self) -> None:
         if self._stop_pending:
