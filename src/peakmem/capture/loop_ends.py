@@ -145,11 +145,12 @@ class LoopEnds:
                 common.append((frame, loops))
         if epoch_loop and common:
             # the innermost loop around the steps is the DataLoader's (it ends by itself); the
-            # epoch loop is the next one out, in that frame or the nearest caller with a loop
-            # (only that one: a `for fold in folds:` around it runs on)
+            # epoch loop is the outermost one of the others in that frame, or of the nearest
+            # caller's with a loop: never a loop between them (the PyTorch tutorials' `for
+            # phase in ["train", "val"]:` would skip each epoch's validation)
             inner_frame, inner_loops = common[0]
             outer = [(inner_frame, inner_loops[:-1])] + common[1:]
-            common = [(f, loops[-1:]) for f, loops in outer if loops][:1]
+            common = [(f, loops[:1]) for f, loops in outer if loops][:1]
         if not common:
             self._refuse("no loop of the job's own code encloses its steps"
                          + (" and its DataLoader loop" if epoch_loop else ""), epoch_loop)
