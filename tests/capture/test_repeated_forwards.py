@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from peakmem.capture.length_family import OBSERVED, RECHECK_EVERY
 from peakmem.capture.repeated_forwards import ENV_FLAG, REQUIRED_WINDOWS
 from peakmem.estimate import estimate
 
@@ -480,5 +481,82 @@ def test_sliding_window_generation_is_replayed(monkeypatch):
     # fake-mode call allocates; the offset's 16-byte alignment is, and an int64 window that
     # slides by one token alternates between two), REQUIRED_WINDOWS of each observed before
     # replaying the rest (before: none replayed, every call its own key)
+    # since length_family: the first call after training is no template (the phase moves);
+    # lengths 5 .. 8 are observed, 9 .. 16 predicted (8), and the full window at an even
+    # offset (alignment 0: the same family, length 16) predicted too but for the family's
+    # 16th call (checked for real): 12; the odd offsets are one exact key: 14 - 3
     replayed = assert_same(monkeypatch, generate_job(), steps="all")
-    assert replayed == 28 - 2 * REQUIRED_WINDOWS
+    assert replayed == 8 + (13 - 1) + (14 - REQUIRED_WINDOWS)
+
+
+def test_growing_length_generation_is_predicted(monkeypatch):
+    # no sliding window (block 64): 40 calls at lengths 4 .. 43, each its own exact key (none
+    # replayed before length_family); the first is no template (the phase moves after
+    # training), OBSERVED calls fit and check the family, the rest are predicted but for
+    # every RECHECK_EVERY-th (run for real and compared); every event equals the op-by-op run
+    replayed = assert_same(monkeypatch, generate_job(block_size=64), steps="all")
+    family_calls = 40 - 1 - OBSERVED
+    assert replayed == family_calls - family_calls // RECHECK_EVERY
+    assert replayed == 33
+
+
+class CubicNet(nn.Module):
+    """A scratch allocation cubic in the length: no degree-2 fit predicts it."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(65, 8)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        scratch = torch.empty(t * t * t, device=idx.device)
+        return self.emb(idx).sum() + scratch.sum()
+
+
+def test_length_family_that_does_not_fit_runs_for_real(monkeypatch):
+    def job():
+        model = CubicNet().cuda().eval()
+        idx = torch.zeros((1, 4), dtype=torch.long, device="cuda")
+        with torch.no_grad():
+            for _ in range(20):
+                model(idx)
+                idx = torch.cat((idx, idx[:, :1]), dim=1)
+
+    assert assert_same(monkeypatch, job, steps="all") == 0
+
+
+class StepNet(nn.Module):
+    """A scratch allocation that appears only past length 12: constant (absent) over the
+    observed lengths, so the fit carries it on until a check runs a call for real."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(65, 8)
+
+    def forward(self, idx):
+        out = self.emb(idx)
+        if idx.shape[1] > 12:
+            out = out + torch.zeros(1024, 8, device=idx.device)[: idx.shape[1]]
+        return out.sum()
+
+
+def test_a_step_past_the_observed_lengths_is_caught_and_reported(monkeypatch):
+    def job():
+        model = StepNet().cuda().eval()
+        idx = torch.zeros((1, 4), dtype=torch.long, device="cuda")
+        with torch.no_grad():
+            for _ in range(30):
+                model(idx)
+                idx = torch.cat((idx, idx[:, :1]), dim=1)
+
+    full, _ = run(monkeypatch, job, replay=False, steps="all")
+    with monkeypatch.context() as patch:
+        patch.setenv(ENV_FLAG, "1")
+        result = estimate(job, steps="all", **GPU)
+    note = next(n for n in result.to_json()["notes"] if REPLAYED in n)
+    # lengths 4 .. 7 observed; 8 .. 22 replayed without the scratch that appears at 13; the
+    # check at the family's 16th call (length 23) runs it and finds other events: the 15
+    # calls before it are reported as in doubt, and they do differ from the op-by-op trace
+    assert f"({RECHECK_EVERY - 1} of those before a check that found the fit wrong" in note
+    trace = result.capture.trace
+    assert list(trace.sizes) != full["trace"][2]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -189,3 +190,23 @@ def test_a_later_job_imports_its_own_local_module_of_the_same_name(tmp_path):
         outcome = run_job(JobSpec(script=str(tmp_path / name / "train.py")))
         assert outcome.status is JobStatus.FINISHED, outcome.error
     assert "helpers" not in sys.modules
+
+
+def test_a_jobs_environment_variables_do_not_reach_the_next_job(tmp_path, monkeypatch):
+    # peft's prefix-tuning guide sets `os.environ["CUDA_VISIBLE_DEVICES"] = "3"` at its top; run
+    # in-process, that reached a later DeepSpeed job, whose NVML lookup of device 3 failed
+    monkeypatch.setenv("PEAKMEM_TEST_KEPT", "before")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    first = tmp_path / "first.py"
+    first.write_text("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '3'\n"
+                     "os.environ['PEAKMEM_TEST_KEPT'] = 'changed'\n"
+                     "os.environ['PEAKMEM_TEST_ADDED'] = '1'\n")
+    second = tmp_path / "second.py"
+    second.write_text("import os\nassert 'CUDA_VISIBLE_DEVICES' not in os.environ\n"
+                      "assert os.environ['PEAKMEM_TEST_KEPT'] == 'before'\n"
+                      "del os.environ['PEAKMEM_TEST_KEPT']\n")
+    for script in (first, second):
+        outcome = run_job(JobSpec(script=str(script)))
+        assert outcome.status is JobStatus.FINISHED, outcome.error
+    assert os.environ.get("PEAKMEM_TEST_KEPT") == "before"  # removed by the job: put back
+    assert "PEAKMEM_TEST_ADDED" not in os.environ and "CUDA_VISIBLE_DEVICES" not in os.environ

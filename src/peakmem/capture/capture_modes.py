@@ -46,6 +46,7 @@ from peakmem.capture.host_deferred import (
     deferral_patches,
 )
 from peakmem.capture.phases import PhaseTracker
+from peakmem.capture.recorder_guard import recorder_missed, recorder_restored
 from peakmem.capture.replaced_methods import canonical
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.tensor_overrides import TENSOR_OVERRIDES
@@ -56,6 +57,10 @@ _push = torch._C._push_on_torch_function_stack
 _pop = torch._C._pop_torch_function_stack
 _stack_length = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
+_dispatch_length = torch._C._len_torch_dispatch_stack
+_dispatch_at = torch._C._get_dispatch_stack_at
+_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_PYTHON_KEY = torch._C.DispatchKey.Python
 
 
 MODES_REMOVED = (
@@ -82,6 +87,8 @@ class CaptureModes(TorchFunctionMode):
         self._idle_when_unmarked = IDLE_WHEN_UNMARKED
         self._kinds = deferral.kinds
         self._device_map_branches = device_map_module._OWN_BRANCHES
+        self.recorder: Any = None
+        """The capture's allocation recorder once it is pushed (capture.recorder_guard)."""
 
     def __enter__(self) -> CaptureModes:
         self.device_map.open()
@@ -100,6 +107,14 @@ class CaptureModes(TorchFunctionMode):
         self.device_map.close()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        recorder = self.recorder
+        if recorder is not None and (
+            not (length := _dispatch_length()) or _dispatch_at(length - 1) is not recorder
+            or _excluded(_PYTHON_KEY)
+        ) and recorder_missed(recorder, self.session):
+            # the job turned the dispatch modes off: its device work is recorded regardless
+            with recorder_restored(recorder, self.session):
+                return self.__torch_function__(func, types, args, kwargs)
         func = canonical(func)  # a Tensor method the job replaced: the original's call
         if func in self._deferral_handlers and func not in self._idle_when_unmarked:
             return self.layered(func, types, args, kwargs)

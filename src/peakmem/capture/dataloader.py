@@ -119,6 +119,8 @@ class LoaderIteration:
         self.yielded = 0
         self.ending = False  # end after the batch the job holds: skip to the last, then stop
         self.finished = False
+        self.steps_since_yield_at_finish: int | None = None
+        """`LoaderEpochs`' steps since its latest yield when this epoch finished."""
         self.skipped = 0
         self.fed_training = False
         self.shapes: set[tuple] = set()
@@ -205,6 +207,23 @@ class LoaderIteration:
             and self._loaders.session.state.grads_discarded == self.discarded_at_start
         )
 
+    @property
+    def fetches_ahead(self) -> bool:
+        """Read one batch ahead of the job (accelerate's `DataLoaderShard` yields a batch once it
+        has fetched the next one): the epoch's first step came one batch after its window, not
+        at it (a loop reading batch by batch steps at batch `window`); an epoch without a step
+        yet, when an earlier epoch of its loader did."""
+        # the batches steps came at, each once (two optimizers stepping on one batch, a GAN's
+        # or seq2seq's encoder and decoder, record its position twice)
+        positions = list(dict.fromkeys(self.step_positions))
+        if not positions:  # no step yet (a later epoch of an ended loop: its last batch only)
+            return id(self.loader) in self._loaders.ahead_loaders
+        if len(positions) >= 2:
+            window = positions[1] - positions[0]
+        else:  # one step so far: the window a framework declared, or an earlier epoch's
+            window = self.window or self._loaders.window or 1
+        return positions[0] == window + 1
+
     def fed_step(self) -> None:
         self.steps_fed += 1
         self.step_positions.append(self.yielded)
@@ -256,6 +275,8 @@ class LoaderEpochs:
         self.length_shortened = False
         """`len(loader)` has said a shortened epoch's length (less than the loader's own)."""
         self._trained: set[int] = set()  # ids of the datasets whose loaders fed training
+        self.ahead_loaders: set[int] = set()
+        """ids of the loaders whose epochs were read one batch ahead (`fetches_ahead`)."""
         self._windows: dict[int, int] = {}  # id(loader) -> the window a framework declared
         self._training_iterations: list[LoaderIteration] = []
         self._current: dict[int, weakref.ref] = {}  # id(loader) -> its latest epoch (weakly)
@@ -282,6 +303,8 @@ class LoaderEpochs:
             if feeding.steps_fed == 0:
                 self._training_iterations.append(feeding)
             feeding.fed_step()
+            if feeding.steps_fed == 1 and feeding.fetches_ahead:
+                self.ahead_loaders.add(id(feeding.loader))
             positions = feeding.step_positions
             if self.window is None and len(positions) >= 2:
                 self.window = positions[1] - positions[0]
@@ -290,10 +313,18 @@ class LoaderEpochs:
     def inside_training_batch(self) -> bool:
         """Whether the job holds a training batch it has not stepped on yet: the epoch that
         yielded last, iterated with gradients enabled, yielded since the latest step, and it or
-        its dataset fed training. A no-grad forward then is part of that training step (a
-        distillation teacher's, a momentum target's), not an evaluation."""
+        its dataset fed training (or, read one batch ahead, the epoch met its end fetching past
+        the batch the job holds, with no step since). A no-grad forward then is part of that
+        training step (a distillation teacher's, a momentum target's), not an evaluation."""
         last = self._last
-        if last is None or last.finished or self._steps_since_yield != 0 or not last.grad_enabled:
+        if last is None or not last.grad_enabled:
+            return False
+        if last.finished:
+            # a loader reading ahead met the epoch's end fetching past its last batch, which
+            # the job holds until its next step (a plain loop's epoch ends after its last step)
+            if not last.fetches_ahead or self._steps_since_yield != last.steps_since_yield_at_finish:
+                return False
+        elif self._steps_since_yield != 0:
             return False
         dataset = getattr(last.loader, "dataset", last.loader)
         return last.fed_training or id(dataset) in self._trained
@@ -335,6 +366,7 @@ class LoaderEpochs:
         self._steps_since_yield = 0
 
     def finished(self, iteration: LoaderIteration) -> None:
+        iteration.steps_since_yield_at_finish = self._steps_since_yield
         if iteration.fed_training and iteration.waited and self.first_epoch_steps is None:
             self.first_epoch_steps = iteration.steps_fed
         self._note(iteration)

@@ -313,10 +313,13 @@ class CudaAsMeta(TorchFunctionMode):
                 return _sparse_with_its_entries(args[0], moved)
             return _keeps_host_data(args[0], moved)
         if func is ORIGINAL["cpu"] and is_meta(args[0]):
+            _no_graph_capture(self.session)
             return self._host(args[0])
         if func is ORIGINAL["copy_"] and _copies_device_to_host(args, kwargs):
+            _no_graph_capture(self.session)
             return self._copy_to_host(args, kwargs)
         if func in _HOST_READS and _has_device_tensor(args, kwargs):
+            _no_graph_capture(self.session)
             if not kwargs and all(type(arg) in _FLAT_LEAVES for arg in args):
                 return func(*[self._host(arg) for arg in args])  # tree_map's leaves, in order
             return func(*tree_map(self._host, args), **tree_map(self._host, kwargs))
@@ -434,6 +437,18 @@ def _keeps_host_data(host: Tensor, moved: Tensor) -> Tensor:
         with _disable_current_modes(), torch._C.DisableTorchFunction():
             give_host_data(moved, host.detach().clone())
     return moved
+
+
+GRAPH_CAPTURE_HOST_READ = ("CUDA error: operation not permitted when stream is capturing (a host "
+                           "read of a device tensor inside a CUDA graph capture: .item(), "
+                           ".tolist(), .cpu(), printing)")
+
+
+def _no_graph_capture(session: CaptureSession) -> None:
+    """A host read of a device tensor syncs the stream: CUDA refuses it while a graph captures
+    (cudaErrorStreamCaptureUnsupported), so the job fails as it would on the GPU."""
+    if session.graph_captures:
+        raise RuntimeError(GRAPH_CAPTURE_HOST_READ)
 
 
 def _sparse_with_its_entries(host: Tensor, moved: Tensor) -> Tensor:

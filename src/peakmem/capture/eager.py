@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from peakmem.capture.device_specs import is_meta_spec
+from peakmem.capture.recorder_guard import peakmem_modes_off
 from peakmem.capture.session import CaptureSession
 from peakmem.capture.unsupported import Unsupported
 from peakmem.cuda_rules.true_device import is_meta
@@ -127,7 +128,7 @@ class ShadowExecutor(TorchDispatchMode):
     def host_value(self, tensor: Any) -> Any:
         """The real values of a device tensor, as a host tensor of its own (a copy)."""
         if is_meta(tensor):
-            with torch.utils._python_dispatch._disable_current_modes():
+            with peakmem_modes_off(), torch.utils._python_dispatch._disable_current_modes():
                 return self.shadow(tensor).clone()
         return tensor
 

@@ -9,6 +9,8 @@ graph is reset or destroyed (`releasePool`) and the cache is emptied. `pool=` (a
 `graph_pool_handle()`, another graph's `pool()`, a MemPool's `id`) shares one pool between
 graphs. `replay()` re-runs nothing and allocates nothing, as on the GPU. As `torch.cuda.graph`
 does, the capture synchronizes, empties the cache and runs on a side stream of its own.
+A host read of a device tensor between `capture_begin` and `capture_end` (`.item()`, `.cpu()`,
+printing) raises CUDA's "operation not permitted when stream is capturing" (capture.device_map).
 `make_graphed_callables` is torch's own, run over these fakes: its warm-up iterations on a side
 stream, then every forward and backward captured into one shared pool, whose static inputs,
 outputs and gradients stay allocated for the callables' lifetime.
@@ -133,6 +135,7 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
             pools.begin(handle)
             self._handle = handle
             self._capturing = True
+            session.graph_captures += 1
             tracker = session.phase_tracker
             self._steps_before = tracker.step_counts() if tracker is not None else {}
 
@@ -141,6 +144,7 @@ def patches(session: CaptureSession) -> dict[tuple[Any, str], Any]:
                 raise RuntimeError("Called CUDAGraph::capture_end without a capture_begin")
             pools.end(self._handle)
             self._capturing = False
+            session.graph_captures = max(session.graph_captures - 1, 0)
             self._captured = True
             tracker = session.phase_tracker
             after = tracker.step_counts() if tracker is not None else {}

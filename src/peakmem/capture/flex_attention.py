@@ -53,6 +53,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from peakmem.capture.eager import ShadowExecutor
 from peakmem.capture.host_deferred import claim, outputs_kind
 from peakmem.capture.library_patches import patched, register_library_patch
+from peakmem.capture.recorder_guard import peakmem_modes_off
 from peakmem.capture.session import CaptureSession
 from peakmem.cuda_rules.true_device import is_meta
 from peakmem.trace.vocab import Category
@@ -209,7 +210,7 @@ def _fill_real_values(session: CaptureSession, meta_outputs: tuple, math: Callab
     executor = next((m for m in reversed(stack) if isinstance(m, ShadowExecutor)), None)
     if executor is None:
         return
-    with _disable_current_modes():
+    with peakmem_modes_off(), _disable_current_modes():
         host_args = tree_map(lambda v: executor.shadow(v) if is_meta(v) else v, args)
         with _ClosedOverShadows(executor):
             real = math(*host_args)
@@ -335,7 +336,18 @@ def register_hop_handlers(mode_class: type) -> None:
     """Register every handler for `mode_class` (once per process: torch refuses a second)."""
     for hop, handler in HOP_HANDLERS.items():
         if mode_class not in hop.python_key_table:
-            hop.py_impl(mode_class)(handler)
+            hop.py_impl(mode_class)(_own_region(handler))
+
+
+def _own_region(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """`handler` run as peakmem's own code: torch calls it with the recorder popped, which the
+    torch-function mode must not put back (capture.recorder_guard)."""
+
+    def in_own_region(*args: Any, **kwargs: Any) -> Any:
+        with peakmem_modes_off():
+            return handler(*args, **kwargs)
+
+    return in_own_region
 
 
 _HOP_MODULE = "torch._higher_order_ops.flex_attention"  # the package exports the HOP by that name
@@ -352,7 +364,7 @@ def graphs_traced_beneath_the_capture() -> Iterator[None]:
         return
 
     def create_fw_bw_graph(*args: Any, **kwargs: Any) -> Any:
-        with _disable_current_modes():
+        with peakmem_modes_off(), _disable_current_modes():
             return original(*args, **kwargs)
 
     with patched(module, "create_fw_bw_graph", create_fw_bw_graph):

@@ -294,15 +294,16 @@ def _exits(code: CodeType, loops: list[Loop]) -> dict[int, _Exit] | None:
     exits: dict[int, _Exit] = {}
     outer: int | None = None  # the nearest enclosing loop's usable exit (offset)
     moves = frame_moves.supported()
+    depths = loop_exits.stack_depths(code) or {}
+    handlers = loop_exits.handlers(code)
     for loop in loops:  # outermost first
-        depths = loop_exits.stack_depths(code) or {}
         if loop.exit_line is not None and loop.exit is not None:
             exits[loop.start] = _Exit("line", loop.end, loop.exit, loop.exit_line)
         elif moves and loop.exit is not None and loop.is_for:
             exits[loop.start] = _Exit("exhaust", loop.end, loop.exit)
         elif (moves and loop.exit is not None and loop.start in depths
               and depths.get(loop.exit) == depths[loop.start]
-              and loop.exit not in loop_exits.handlers(code)):
+              and loop.exit not in handlers):
             exits[loop.start] = _Exit("goto", loop.end, loop.exit)
         elif moves and loop.exit is None and not loop.is_for and (
                 returns := loop_exits.return_none(code, loop.start)) is not None:

@@ -55,7 +55,7 @@ class _OpInfo:
         self.branches = has_in_place_branch(func)  # registered in capture/in_place_branches.py
 
 
-_VALUE_SIZED_OPS = frozenset({"to_sparse", "_to_sparse"})
+_VALUE_SIZED_OPS = frozenset({"to_sparse", "_to_sparse", "_to_sparse_csr", "_to_sparse_csc"})
 """Ops whose output size depends on the values although torch does not tag them
 `dynamic_output_shape`: a dense tensor made sparse has an entry per nonzero value (bounded on
 fake tensors: cuda_rules/sparse.py). Counted with the tagged ones (`data_dependent`). The

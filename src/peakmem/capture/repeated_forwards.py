@@ -51,7 +51,9 @@ import torch.nn.modules.module as module_hooks
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
 from torch.compiler import is_compiling
 
+from peakmem.capture import length_family
 from peakmem.capture.session import DEVICE_STREAM, CaptureSession, LiveStorage
+from peakmem.cuda_rules import reductions
 from peakmem.trace.events import EventKind
 
 REQUIRED_WINDOWS = 3
@@ -91,12 +93,14 @@ class _Window:
     storages: tuple[tuple[int, int], ...]  # (event offset of the allocation, nbytes) per slot
     costs: tuple | None  # the utilization record's slice (see _observer_slice)
     n_ids: int
+    checks: tuple = ()  # the reductions' scratch configurations asked (cuda_rules.reductions)
 
     def same(self, other: _Window) -> bool:
         return (self.kinds == other.kinds and self.ids == other.ids and self.sizes == other.sizes
                 and self.streams == other.streams and self.tags == other.tags
                 and self.outputs == other.outputs and self.storages == other.storages
-                and self.costs == other.costs and self.n_ids == other.n_ids)
+                and self.costs == other.costs and self.n_ids == other.n_ids
+                and self.checks == other.checks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +120,11 @@ class RepeatedForwards:
         self.session = session
         self.tracker = tracker
         self.replayed = 0
+        self.replayed_lengths = 0
+        """Of `replayed`, the calls predicted from a growing-length family (length_family)."""
+        self.in_doubt = 0
+        """Of `replayed_lengths`, the calls before a check that found the fit wrong."""
+        self._families: dict[Any, tuple[length_family.Family, weakref.ref]] = {}
         self._local = threading.local()
         self._history: dict[Any, tuple[_Window, int]] = {}
         """Per key: its last template and how many templates in a row were the same."""
@@ -154,8 +163,15 @@ class RepeatedForwards:
     def note(self) -> str | None:
         if not self.replayed:
             return None
+        lengths = ""
+        if self.replayed_lengths:
+            lengths = (f"; {self.replayed_lengths} of them predicted at a new sequence length "
+                       f"from {length_family.OBSERVED} calls of growing length, checked")
+        if self.in_doubt:
+            lengths += (f" ({self.in_doubt} of those before a check that found the fit wrong: "
+                        f"they may differ from running them)")
         return (f"{self.replayed} no-grad forward call(s) replayed from an identical earlier "
-                f"call (its events repeated after {REQUIRED_WINDOWS} identical calls; "
+                f"call (its events repeated after {REQUIRED_WINDOWS} identical calls{lengths}; "
                 f"{ENV_FLAG}=0 runs them all)")
 
     # -- the call ------------------------------------------------------------------------------
@@ -172,23 +188,36 @@ class RepeatedForwards:
             if out is not _REFUSED:
                 self.replayed += 1
                 return out
+        family_key, inputs = _family_key(key)
+        family = self._family(family_key, module)
+        if family is not None and family.fit is not None and not family.due_for_check():
+            out = self._replay_family(family, inputs)
+            if out is not _REFUSED:
+                self.replayed += 1
+                self.replayed_lengths += 1
+                family.unchecked += 1
+                return out
         window = None
         start = self._start()
+        outer_checks, reductions.SCRATCH_CALLS = reductions.SCRATCH_CALLS, []
         try:
             out = self._run(original, module, args, kwargs)
         finally:
+            checks, reductions.SCRATCH_CALLS = reductions.SCRATCH_CALLS, outer_checks
             watch, self._watch = self._watch, None
             if watch is not None and self.session.op_observer == self._watching:
                 self.session.op_observer = watch["chained"]
         if start is not None:
             try:
-                window = self._finish(start, watch, out, key, module)
+                window = self._finish(start, watch, out, key, module, tuple(checks or ()))
             except Exception:  # noqa: BLE001 - anything unexpected: the call is no template
                 window = None
         if window is None:
             self._history.pop(key, None)
             self._modules.pop(key, None)
+            self._families.pop(family_key, None)
             return out
+        self._observe_family(family_key, family, module, inputs, window)
         last = self._history.pop(key, None)
         same = last is not None and last[0].same(window)
         self._history[key] = (window, last[1] + 1 if same else 1)  # the most recent key last
@@ -197,6 +226,42 @@ class RepeatedForwards:
             oldest = next(iter(self._history))
             del self._history[oldest], self._modules[oldest]
         return out
+
+    # -- growing-length families (length_family) -----------------------------------------------
+    def _family(self, family_key: Any, module: torch.nn.Module) -> length_family.Family | None:
+        entry = self._families.get(family_key)
+        if entry is None:
+            return None
+        if entry[1]() is not module:
+            del self._families[family_key]  # another module at a reused id
+            return None
+        return entry[0]
+
+    def _observe_family(self, family_key: Any, family: length_family.Family | None,
+                        module: torch.nn.Module, inputs: list, window: _Window) -> None:
+        numbers: list = []
+        skeleton = length_family.flatten(window, numbers)
+        if family is None or family.skeleton != skeleton:
+            if family is not None and family.fit is not None:
+                self.in_doubt += family.unchecked  # a check that found other events
+            family = length_family.Family(skeleton, family_key)
+        self._families.pop(family_key, None)
+        self._families[family_key] = (family, weakref.ref(module))  # the most recent last
+        while len(self._families) > length_family.MAX_FAMILIES:
+            del self._families[next(iter(self._families))]
+        self.in_doubt += family.observe(inputs, numbers)
+
+    def _replay_family(self, family: length_family.Family, inputs: list) -> Any:
+        numbers = family.predict(inputs)
+        if numbers is None:
+            return _REFUSED
+        window = length_family.rebuild(family.skeleton, iter(numbers))
+        if min(window.sizes, default=0) < 0 or any(n < 0 for _, n in window.storages):
+            return _REFUSED
+        for call, answer in window.checks:  # thresholds: asked again at the predicted layouts
+            if reductions.scratch_bytes(*call) != answer:
+                return _REFUSED
+        return self._replay(window)
 
     def _run(self, original: Any, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         local = self._local
@@ -314,7 +379,7 @@ class RepeatedForwards:
         return False
 
     def _finish(self, start: dict, watch: dict | None, out: Any, key: Any,
-                module: torch.nn.Module) -> _Window | None:
+                module: torch.nn.Module, checks: tuple = ()) -> _Window | None:
         session = self.session
         if watch is None or watch["refused"]:
             return None
@@ -374,7 +439,7 @@ class RepeatedForwards:
             return None
         return _Window(kinds, ids, trace.sizes[first:], trace.streams[first:],
                        trace.tag_ids[first:], outputs, tuple(storages), costs,
-                       end_id - first_id)
+                       end_id - first_id, checks)
 
     # -- replaying -----------------------------------------------------------------------------
     def _replay(self, window: _Window) -> Any:
@@ -514,6 +579,23 @@ def _observer_apply(session: CaptureSession, observer: Any, costs: tuple) -> Non
     record.input_bytes += host[3]
     if saw_ops:
         observer._reads = session.host_reads
+
+
+def _family_key(key: tuple) -> tuple[Any, list]:
+    """The key with the input signature's integers abstracted (a tensor's sizes and strides,
+    an int argument; not the storage offset's alignment), and those integers."""
+    inputs: list = []
+    skeleton = length_family.flatten(_aligned(key[1]), inputs)
+    return (key[0], skeleton, *key[2:]), inputs
+
+
+def _aligned(signature: Any) -> Any:
+    """The signature with each tensor's offset alignment kept out of the abstracted numbers."""
+    if type(signature) is tuple and signature:
+        if signature[0] == "T" and len(signature) == 9 and type(signature[1]) is tuple:
+            return (*signature[:3], ("alignment", str(signature[3])), *signature[4:])
+        return tuple(_aligned(item) for item in signature)
+    return signature
 
 
 def _modes() -> tuple:

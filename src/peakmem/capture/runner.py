@@ -36,7 +36,13 @@ from peakmem.capture.side_effects import divert_fake_saves
 from peakmem.capture.threads import join_job_threads, threads_note, traced_threads
 from peakmem.capture.unsupported import Unsupported
 from peakmem.capture.value_steered import value_steered_optimizers
-from peakmem.cuda_rules import COMPOSITE_RULES, FUSED_KERNELS, RUNTIME_PATCHES, SPARSE_KERNELS
+from peakmem.cuda_rules import (
+    COMPOSITE_RULES,
+    FUSED_KERNELS,
+    RUNTIME_PATCHES,
+    SPARSE_COMPRESSED_KERNELS,
+    SPARSE_KERNELS,
+)
 from peakmem.inputs import JobInputError, describe
 from peakmem.jobs.exit_handlers import ended_normally, job_exit_handlers
 from peakmem.jobs.runner import (
@@ -85,6 +91,8 @@ def _cuda_kernels(session: CaptureSession) -> Iterator[None]:
             library.m.impl(name, "Meta", kernel, False)
         for name, kernel in SPARSE_KERNELS.items():
             library.m.impl(name, "SparseMeta", kernel, False)
+        for name, kernel in SPARSE_COMPRESSED_KERNELS.items():
+            library.m.impl(name, "SparseCsrMeta", kernel, False)
         for name, rule in COMPOSITE_RULES.items():
             library.impl(name, _composite_kernel(session, name, rule), "AutogradMeta")
         yield
@@ -224,10 +232,11 @@ def _run_captured(
             with ExitStack() as modes:
                 modes.enter_context(time_limit(timeout))
                 # the host deferral over the device map, as one torch-function mode
-                modes.enter_context(capture_modes(session, phases))
+                function_mode = modes.enter_context(capture_modes(session, phases))
                 if executor is not None:  # inside the recorder: it sees the meta outputs
                     modes.enter_context(executor)
-                modes.enter_context(AllocationRecorder(session))
+                # the torch-function mode puts it back where the job turns it off
+                function_mode.recorder = modes.enter_context(AllocationRecorder(session))
                 modes.enter_context(interpreter_state_restored())  # exits first
                 phases.run(job)
         except StopJob:

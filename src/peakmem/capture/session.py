@@ -102,6 +102,9 @@ class CaptureSession:
     """What to add to the one-line error if the job fails (capture.python_subprocesses)."""
     libraries: dict[str, int] = field(default_factory=dict)
     """Device memory loaded outside the caching allocator on first use, by library family."""
+    graph_captures: int = 0
+    """CUDA graph captures under way (`capture_begin` ... `capture_end`, capture.fake_graphs):
+    a host read of a device tensor then fails as CUDA fails it (capture.device_map)."""
     eager: bool = False
     """Eager mode: device tensors have real values (capture.eager)."""
     host_value: Callable[[Any], Any] | None = None

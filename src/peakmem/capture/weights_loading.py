@@ -150,6 +150,20 @@ def _deferred_safe_open(original: Any) -> Any:
 
 
 # -- torch.load ----------------------------------------------------------------------------------
+def _mappable(path: Any) -> bool:
+    """Whether torch can memory-map `path`: `UntypedStorage.from_file` takes a UTF-8 path, so a
+    name with bytes that are not UTF-8 (surrogate escapes: `sd\\udc80.pt`) raised
+    UnicodeEncodeError, where the job's own `torch.load` (no mmap) reads it."""
+    name = os.fspath(path)
+    if not isinstance(name, str):
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _deferred_load(original_load: Any) -> Any:
     def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
         mode = _Active.mode
@@ -168,7 +182,7 @@ def _deferred_load(original_load: Any) -> Any:
         location = host if map_location is None else "cpu"
         fake = mode.defer_construction
         mapped = False
-        if fake and isinstance(f, (str, os.PathLike)) and "mmap" not in kwargs:
+        if fake and isinstance(f, (str, os.PathLike)) and "mmap" not in kwargs and _mappable(f):
             try:
                 loaded = original_load(f, location, *args, mmap=True, **kwargs)
                 mapped = True

@@ -126,7 +126,8 @@ def batch(jobs: str, output: str | None, ray_address: str | None, workers: int |
                                "seconds": round(summary.seconds, 3), "output": str(output_path)}))
     else:
         console.print(f"{summary.done} done, {summary.failed} failed, {summary.skipped} already "
-                      f"finished, in {summary.seconds:.1f} s; results in {output_path}")
+                      f"finished, in {summary.seconds:.1f} s; results in {output_path}",
+                      markup=False, highlight=False)  # the path is the user's: `[/x]` is no markup
         for line in summary.failures[:10]:  # an id and a message the job file chose: plain
             console.print(f"  failed {one_line(line)}", markup=False, highlight=False)
 

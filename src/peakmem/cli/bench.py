@@ -213,7 +213,7 @@ def bench(
         path = write_report(
             Path(report_dir), dataset, command, summaries, results, margin, capacity
         )
-        console.print(f"report: {path}")
+        console.print(f"report: {path}", markup=False, highlight=False)
 
 
 def _pct(value: float | None) -> str:

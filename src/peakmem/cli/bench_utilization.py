@@ -64,4 +64,4 @@ def bench_utilization(
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"utilization-{dataset}.json"
         path.write_text(json.dumps(summary, indent=1) + "\n")
-        console.print(f"report: {path}")
+        console.print(f"report: {path}", markup=False, highlight=False)

@@ -30,6 +30,7 @@ from peakmem.cuda_rules.registry import (
     OP_RULES,
     OUTPUT_ORDER,
     RUNTIME_PATCHES,
+    SPARSE_COMPRESSED_KERNELS,
     SPARSE_KERNELS,
     DuplicateRuleError,
     RuleContext,
@@ -44,6 +45,7 @@ from peakmem.cuda_rules.registry import (
     register_op_rule,
     register_output_order,
     register_runtime_patch,
+    register_sparse_compressed_kernel,
     register_sparse_kernel,
 )
 
@@ -55,6 +57,7 @@ __all__ = [
     "OP_RULES",
     "OUTPUT_ORDER",
     "RUNTIME_PATCHES",
+    "SPARSE_COMPRESSED_KERNELS",
     "SPARSE_KERNELS",
     "DuplicateRuleError",
     "RuleContext",
@@ -69,5 +72,6 @@ __all__ = [
     "register_op_rule",
     "register_output_order",
     "register_runtime_patch",
+    "register_sparse_compressed_kernel",
     "register_sparse_kernel",
 ]

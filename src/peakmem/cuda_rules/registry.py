@@ -90,6 +90,8 @@ strides, dtypes, flags: what capture/meta_cache.py keys a call by), so the meta 
 their results like any op's (it still runs the kernel itself on a miss)."""
 SPARSE_KERNELS: dict[str, FusedKernel] = {}
 """Meta kernels for aten ops on sparse fake tensors (the SparseMeta key), which torch lacks."""
+SPARSE_COMPRESSED_KERNELS: dict[str, FusedKernel] = {}
+"""... and on sparse CSR / CSC fake tensors (the SparseCsrMeta key)."""
 COMPOSITE_RULES: dict[str, CompositeRule] = {}
 RUNTIME_PATCHES: dict[str, RuntimePatch] = {}
 HOST_OUTPUTS: dict[Any, HostOutputs] = {}
@@ -169,6 +171,17 @@ def register_sparse_kernel(op_names: Any) -> Callable[[FusedKernel], FusedKernel
 
     def decorator(kernel: FusedKernel) -> FusedKernel:
         _register(SPARSE_KERNELS, _as_list(op_names), kernel, "a sparse kernel")
+        return kernel
+
+    return decorator
+
+
+def register_sparse_compressed_kernel(op_names: Any) -> Callable[[FusedKernel], FusedKernel]:
+    """Decorate a kernel for aten ops ("addmm") called with a sparse CSR / CSC fake tensor
+    (torch has no SparseCsrMeta kernel for them): it allocates what the CUDA kernel returns."""
+
+    def decorator(kernel: FusedKernel) -> FusedKernel:
+        _register(SPARSE_COMPRESSED_KERNELS, _as_list(op_names), kernel, "a sparse compressed kernel")
         return kernel
 
     return decorator

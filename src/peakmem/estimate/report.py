@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from peakmem.estimate.api import Estimate
+from peakmem.inputs import one_line
 from peakmem.profiles import Sourced
 
 MIB = 2**20
@@ -28,6 +30,10 @@ def short_source(value: Sourced) -> str:
     if source.lower().startswith("fitted"):
         return "fitted (calibration split)"
     return source if len(source) <= 40 else source[:37] + "..."
+
+
+MODULE_NAME_CHARS = 200
+"""A module's name in the top-modules table is cut to this many characters."""
 
 
 def render(result: Estimate, console: Console, verbose: bool = False) -> None:
@@ -92,16 +98,9 @@ def render(result: Estimate, console: Console, verbose: bool = False) -> None:
         categories.add_row(name, human_bytes(size), f"{100 * size / total:.1f}%")
     console.print(categories)
 
-    modules = result.breakdown.top_modules()
-    if modules:
-        table = Table(title="Top modules live at the peak", title_justify="left")
-        table.add_column("module")
-        table.add_column("size", justify="right")
-        for name, size in modules:
-            table.add_row(name, human_bytes(size))
-        console.print(table)
+    _render_modules(result, console)
     for note in result.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(Text.assemble(("note:", "yellow"), " ", note))  # notes name the job's things
     if verbose:
         for assumption in result.assumptions:
             console.print(f"assumed: {assumption}", style="dim", markup=False)
@@ -111,6 +110,20 @@ def render(result: Estimate, console: Console, verbose: bool = False) -> None:
         line = assumptions_line(result.assumptions)
         if line:
             console.print(f"assumed: {line}", style="dim", markup=False)
+
+
+def _render_modules(result: Estimate, console: Console) -> None:
+    modules = result.breakdown.top_modules()
+    if not modules:
+        return
+    table = Table(title="Top modules live at the peak", title_justify="left")
+    table.add_column("module")
+    table.add_column("size", justify="right")
+    for name, size in modules:
+        # the job's own names: plain text (no rich markup: `[/x]` raised MarkupError), no line
+        # breaks, bidi overrides or other controls (they could forge rows)
+        table.add_row(Text(one_line(name, MODULE_NAME_CHARS)), human_bytes(size))
+    console.print(table)
 
 
 def render_ranks(result: Estimate, console: Console) -> None:

@@ -313,8 +313,11 @@ def _exit_code(exc: SystemExit) -> int:
 @contextmanager
 def script_environment(spec: JobSpec) -> Iterator[None]:
     """Set sys.argv and sys.path[0] as `python` would (and append the cwd where the launcher
-    did, APPEND_CWD_ENV); restore both afterwards, and peakmem's own modules in sys.modules."""
+    did, APPEND_CWD_ENV); restore both afterwards, peakmem's own modules in sys.modules, and
+    the environment variables (a job's `os.environ["CUDA_VISIBLE_DEVICES"] = "3"` must not
+    reach the next job run in this process: its own process would start without it)."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_environ = dict(os.environ)
     saved_modules = _own_modules()
     before = set(sys.modules)
     script_dir: str | None = None
@@ -336,9 +339,20 @@ def script_environment(spec: JobSpec) -> Iterator[None]:
         yield
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        _restore_environ(saved_environ)
         _restore_own_modules(saved_modules)
         if script_dir is not None:
             _forget_script_modules(script_dir, before)
+
+
+def _restore_environ(saved: dict[str, str]) -> None:
+    """`os.environ` as it was (`saved`): what the job added removed, what it changed or removed
+    put back; untouched variables are not rewritten."""
+    for name in [name for name in os.environ if name not in saved]:
+        os.environ.pop(name, None)
+    for name, value in saved.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _forget_script_modules(script_dir: str, before: set[str]) -> None:
