@@ -154,3 +154,26 @@ def test_a_second_epoch_loop_is_ended_after_its_own_limit(tmp_path, capsys):
                                f"job.py:{line})") for note in est.capture.notes), est.capture.notes
     # the final pass ran: a (4096, 1024) fp32 hidden
     assert est.peak_allocated_bytes >= 4096 * 1024 * 4
+
+
+def test_code_after_the_epochs_sized_by_their_count_is_rerun_with_every_epoch(tmp_path):
+    """The PyTorch fine-tuning tutorial plots its per-epoch history against `range(1,
+    num_epochs + 1)`: with its epoch loop ended the lengths differ and matplotlib raises. The
+    job is rerun with every epoch (estimate/api.py `_every_epoch_on_failure`), not stopped at
+    the first run's step count (the unshortened rerun: the code after the epochs, here the
+    final pass that sets the peak, would not run)."""
+    sized = "history = []\n    " + IN_FRAME.replace(
+        "last = evaluate(EVAL)", "last = evaluate(EVAL)\n        history.append(epoch)") + (
+        "\n    if len(history) != EPOCHS:"
+        "\n        raise ValueError('x and y must have same first dimension')")
+    full, _ = run(tmp_path, sized, 12, steps="all")
+    est, _ = run(tmp_path, sized, 12)
+    # the first epoch 4 steps, the ended one 3, then every later epoch its last batch (10)
+    assert est.steps == 4 + 3 + 10 and not est.capture.stopped
+    assert est.capture.trace.meta["steps_policy"] == "auto-every-epoch"
+    assert est.capture.notes[0].startswith(
+        "the job failed (ValueError: x and y must have same first dimension) after peakmem "
+        "ended its epoch loop early"), est.capture.notes
+    assert not any(note.startswith("ended the epoch loop") for note in est.capture.notes)
+    # the final pass over 2048 rows ran and sets the peak, as in the job run to its end
+    assert est.peak_allocated_bytes == full.peak_allocated_bytes >= 2048 * 1024 * 4

@@ -55,7 +55,7 @@ from peakmem.capture.step_growth import StepGrowth
 from peakmem.capture.step_repeat import StepRepeater, enabled_by_env
 from peakmem.capture.weight_copies import WeightCopies
 from peakmem.cuda_rules.true_device import is_meta
-from peakmem.jobs.stop import ALL_STEPS, Steps
+from peakmem.jobs.stop import ALL_STEPS, EVERY_EPOCH, Steps
 from peakmem.trace.vocab import Category, Mark, Phase
 
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
@@ -125,12 +125,17 @@ class PhaseTracker:
     def __init__(
         self, session: CaptureSession, stop_after_steps: Steps, repeat_steady: bool | None = None
     ) -> None:
-        """`stop_after_steps`: N, "all" or None (`auto_step_limit`, then the loop is ended).
+        """`stop_after_steps`: N, "all" or None (`auto_step_limit`, then the loop is ended);
+        EVERY_EPOCH: None, but the epoch loop around the ended loop is not ended (a rerun).
         `repeat_steady` (None: the PEAKMEM_REPEAT_STEADY environment variable): with a step
         limit N, once the steps are steady repeat them up to N instead of running them
         (capture.step_repeat)."""
         self.session = session
         self.run_all = stop_after_steps == ALL_STEPS
+        # peakmem's rerun after a failure past an ended epoch loop: the default, every epoch
+        self.every_epoch = stop_after_steps == EVERY_EPOCH
+        if self.every_epoch:
+            stop_after_steps = None
         self.stop_after_steps = None if self.run_all else stop_after_steps
         if repeat_steady is None:
             repeat_steady = enabled_by_env()
@@ -147,7 +152,7 @@ class PhaseTracker:
         self._loop_planned = 0  # steps when the last loop end was planned
         self._nothing_follows = False  # the stopped loop was the script's last statement
         self._epoch_loop_at: int | None = None  # training epochs when an epoch loop was ended
-        self._epoch_loop_refused = False  # the epoch loop around the ended loop cannot end
+        self._epoch_loop_refused = self.every_epoch  # the loop around the ended one runs on
         self.growth = StepGrowth(session)  # steps past the limit while the peak still grows
         self.modules = ModulePaths(on_root=self._classify_module_state)
         self.weight_copies = WeightCopies(session)
@@ -182,6 +187,7 @@ class PhaseTracker:
         self.end_can_skip = True
         self.error_after_end: BaseException | None = None
         self.failed_after_shortening = False
+        self.failed_after_epoch_end = False  # and after an epoch loop was ended (a rerun)
         self.repeated_note: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -227,6 +233,9 @@ class PhaseTracker:
                 raise
             if not _is_stop_iteration(exc):
                 self.failed_after_shortening = True
+                # code after the epoch loop sized by its epoch count (a history plotted
+                # against `range(num_epochs)`): rerun with every epoch (estimate/api.py)
+                self.failed_after_epoch_end = bool(self.loop_ends and self.loop_ends.epoch_loops)
                 raise
             self.error_after_end = exc
             self.stop_reason = "error"
@@ -688,7 +697,8 @@ class PhaseTracker:
             "phases_ran": list(self.phases_ran),
             "stopped": state.stopped,
             "loop_ended": state.loop_ended,
-            "steps_policy": "all" if self.run_all else (self.stop_after_steps or "auto"),
+            "steps_policy": "all" if self.run_all else (
+                self.stop_after_steps or (EVERY_EPOCH if self.every_epoch else "auto")),
         }
 
     # -- what the estimate says about it -------------------------------------------------------
