@@ -266,7 +266,7 @@ def monai_unet_shapes(in_channels: int, out_channels: int, channels: tuple[int, 
 @needs("monai", "tensorboard", "PIL")
 def test_monai_unet_dict_transforms_sliding_window_validation(tmp_path):
     # the tutorial as written: 40 synthetic 128 x 128 pairs, ten epochs, a validation every two
-    est = estimate("r11_monai_unet_training_dict.py", cwd=tmp_path)
+    est = estimate("r11_monai_unet_training_dict.py", cwd=tmp_path, timeout=600)  # minutes on 2 shared busy cores
     params = ex.device_bytes(monai_unet_shapes(1, 1, (16, 32, 64, 128, 256)), ex.FP32)
     assert_training(est, params=params, optimizer_state=2 * params,  # Adam, host `step`s
                     extra_upper=32 * MiB)  # activations of 8 crops at 96 x 96
