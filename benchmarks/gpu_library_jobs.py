@@ -242,7 +242,7 @@ def _mib(value: int | None) -> str:
 
 def table(args: argparse.Namespace) -> int:
     measured = {r["id"]: r for r in read_lines(args.results) if r.get("measured")}
-    estimated = read_lines(args.estimates)
+    estimated = list({e["id"]: e for e in read_lines(args.estimates)}.values())  # last wins
     errors: dict[str, list[tuple[int, int]]] = {key: [] for key in FIGURES}
     print("| job | steps | measured peak / reserved / allocated (MiB) | estimate `--steps all` "
           "| error (MiB) | estimate default | error (MiB) |")
