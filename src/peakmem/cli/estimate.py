@@ -392,10 +392,11 @@ def _estimate(
 
         render(result, Console(), verbose=verbose)
         if timeline:
-            Console().print(f"timeline written to {timeline}", markup=False)  # the user's path
+            # the user's path, as it is: no markup, no line breaks inserted (it is copied)
+            Console().print(f"timeline written to {timeline}", markup=False, soft_wrap=True)
         if snapshot:
             Console().print(f"snapshot written to {snapshot} (open it at "
-                            "https://pytorch.org/memory_viz)", markup=False)
+                            "https://pytorch.org/memory_viz)", markup=False, soft_wrap=True)
 
 
 def _emit_request(
