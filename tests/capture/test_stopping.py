@@ -2,16 +2,15 @@
 stopped where it cannot be ended, `steps="all"`, training without torch.optim, honest notes."""
 
 import json
-import sys
 import textwrap
 
 import pytest
 import torch
 from click.testing import CliRunner
 
-from peakmem.capture import capture_callable, capture_command, loop_ends
+from peakmem.capture import capture_callable, capture_command
 from peakmem.capture.compiled_code import CUDA_GRAPH_POOLS
-from peakmem.capture.phases import LATER_EPOCHS_KEPT, MAX_BARE_EPOCHS
+from peakmem.capture.phases import MAX_BARE_EPOCHS, MAX_STEPS_AFTER_END
 from peakmem.capture.runner import NO_DEVICE_NOTE
 from peakmem.cli.main import main
 from peakmem.estimate import estimate, estimate_command
@@ -368,22 +367,7 @@ def runaway_note(steps):
     )
 
 
-verified_python = pytest.mark.skipif(
-    sys.version_info[:2] not in loop_ends.VERIFIED_PYTHONS,
-    reason="loops are ended only on the CPython versions capture/loop_exits.py was verified on")
-
-
-def epoch_loop_note(where):
-    return (
-        f"ended the epoch loop around the training loop ({where}) after {LATER_EPOCHS_KEPT} "
-        "later epochs, each with its per-epoch code (evaluation, sampling, saving): the epochs "
-        "after them repeat the same allocations and did not run; the code after the epoch loop "
-        "ran; --steps all runs every epoch"
-    )
-
-
-@verified_python
-def test_a_loop_that_reiterates_its_dataloader_until_a_step_count_is_ended(a100, stack24):
+def test_a_loop_that_reiterates_its_dataloader_until_a_step_count_is_stopped(a100, stack24):
     def job():
         model = torch.nn.Linear(8, 2).cuda()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -395,34 +379,14 @@ def test_a_loop_that_reiterates_its_dataloader_until_a_step_count_is_ended(a100,
                 optimizer.step()
                 step += 1
 
-    # 4 + 3 steps, then LATER_EPOCHS_KEPT later epochs of one batch; then the `while` around
-    # the DataLoader loop is ended at its head (capture.loop_ends), and the job ends
     result = capture_callable(job, gpu=a100, stack=stack24)
-    assert result.steps == 7 + LATER_EPOCHS_KEPT and not result.stopped
-    # (the line named is the `while` body's first: its loop starts there in 3.11's bytecode)
-    assert epoch_loop_note(f"test_stopping.py:{job.__code__.co_firstlineno + 6}") in result.notes
-
-
-@verified_python
-def test_a_loop_that_reiterates_its_dataloader_forever_is_stopped(a100, stack24):
-    def job():
-        model = torch.nn.Linear(8, 2).cuda()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        loader = torch.utils.data.DataLoader(torch.randn(80, 8), batch_size=8)
-        while True:  # no `break`: the epoch loop has no exit to end it at
-            for x in loader:
-                model(x.cuda()).sum().backward()
-                optimizer.step()
-
     # 4 + 3 steps, then later epochs of one batch: the 4th of them in a row with nothing else
     # between them stops the job
-    result = capture_callable(job, gpu=a100, stack=stack24)
     assert result.steps == 7 + MAX_BARE_EPOCHS + 1 and result.stopped
     assert result.notes[-1] == runaway_note(11)
 
 
-@verified_python
-def test_per_epoch_evaluation_keeps_later_epochs_running_until_the_epoch_loop_ends(a100, stack24):
+def test_per_epoch_evaluation_keeps_later_epochs_running_to_the_end(a100, stack24):
     def job(epochs):
         model = torch.nn.Linear(8, 2).cuda()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -436,15 +400,12 @@ def test_per_epoch_evaluation_keeps_later_epochs_running_until_the_epoch_loop_en
         torch.cuda.synchronize()
         model(torch.randn(1000, 8, device="cuda"))  # after the last epoch
 
-    # 4 + 3 steps, then LATER_EPOCHS_KEPT later epochs with their evaluation; the epoch loop is
-    # ended at its head and the code after it runs
     result = capture_callable(job, 12, gpu=a100, stack=stack24)
-    assert result.steps == 7 + LATER_EPOCHS_KEPT and not result.stopped
+    assert result.steps == 7 + 10 and not result.stopped
     assert marks(result.trace)[-1] == "forward"
-    # however many epochs the job asks for
+    # an epoch loop long enough runs into the step budget after the end
     long = capture_callable(job, 100, gpu=a100, stack=stack24)
-    assert long.steps == 7 + LATER_EPOCHS_KEPT and not long.stopped
-    assert marks(long.trace)[-1] == "forward"
+    assert long.steps == 6 + MAX_STEPS_AFTER_END and long.notes[-2] == runaway_note(38)
 
 
 def test_a_next_past_a_shortened_epoch_keeps_the_estimate_and_says_so(a100, stack24):
@@ -641,7 +602,6 @@ def test_torch_compile_note_names_what_was_compiled_and_bounds_the_fusion(a100, 
     )
 
 
-@verified_python
 def test_an_iterable_dataset_loop_is_ended_and_later_epochs_keep_one_batch(a100, stack24):
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
@@ -663,15 +623,13 @@ def test_an_iterable_dataset_loop_is_ended_and_later_epochs_keep_one_batch(a100,
 
     result = capture_callable(job, gpu=a100, stack=stack24)
     assert result.error is None, result.error_text
-    # 3 steps (no epoch length), the epoch ends; each later epoch runs its first batch, until
-    # the epoch loop is ended after LATER_EPOCHS_KEPT of them
-    assert result.steps == 3 + LATER_EPOCHS_KEPT and not result.stopped
-    assert result.trace.meta["loop_ended"]
-    assert input_rows(result.trace, 8) == [4] * 5
+    # 3 steps (no epoch length), the epoch ends; each later epoch runs its first batch
+    assert result.steps == 3 + 3 and not result.stopped and result.trace.meta["loop_ended"]
+    assert input_rows(result.trace, 8) == [4] * 6
     assert (
         "training loop ended early after 3 optimizer steps (in epoch 1): its DataLoader stopped "
         "(it cannot skip to its last batch: an iterable dataset), and each later epoch ran its "
-        "first batch only (5 steps in all); the code after the training loop ran; --steps all "
+        "first batch only (6 steps in all); the code after the training loop ran; --steps all "
         "runs every batch"
     ) in result.notes
 

@@ -44,10 +44,9 @@ def test_an_error_comes_back_as_its_name_and_first_line():
 def test_a_failure_after_the_shortening_comes_back_as_such():
     """What auto's unshortened rerun reads from a child's result (estimate/api.py)."""
     failed = sample(ValueError("past the schedule"))
-    failed.failed_after_shortening = failed.failed_after_epoch_end = True
+    failed.failed_after_shortening = True
     fields, trace, _ = decode(encode(failed, pid=1))
     assert capture_result(fields, trace).failed_after_shortening is True
-    assert capture_result(fields, trace).failed_after_epoch_end is True  # rerun every epoch
     fields["failed_after_shortening"] = "yes"  # a job's forged result: refused
     header = {"format": "peakmem-capture-result", "version": 1, "pid": 1, "result": fields}
     with pytest.raises(ResultFormatError, match="failed_after_shortening"):

@@ -266,21 +266,12 @@ def monai_unet_shapes(in_channels: int, out_channels: int, channels: tuple[int, 
 @needs("monai", "tensorboard", "PIL")
 def test_monai_unet_dict_transforms_sliding_window_validation(tmp_path):
     # the tutorial as written: 40 synthetic 128 x 128 pairs, ten epochs, a validation every two
-    est = estimate("r11_monai_unet_training_dict.py", cwd=tmp_path, timeout=600)  # minutes on 2 shared busy cores
+    est = estimate("r11_monai_unet_training_dict.py", cwd=tmp_path)
     params = ex.device_bytes(monai_unet_shapes(1, 1, (16, 32, 64, 128, 256)), ex.FP32)
     assert_training(est, params=params, optimizer_state=2 * params,  # Adam, host `step`s
                     extra_upper=32 * MiB)  # activations of 8 crops at 96 x 96
     assert est.data["mode"] == "fake", est.data["mode_reason"]
-    # epoch 1 (4 steps: 3 full batches and the last), epoch 2 ended at the limit (6) and its
-    # last batch (7), then 2 later epochs of one batch (9), and the epoch loop was ended
-    # (docs/capture.md, "The epoch loop around an ended DataLoader loop"): validations after
-    # epochs 2 and 4. Before, all 10 epochs ran (15 steps, 5 validations). The peak is the
-    # same to the byte (62,180,352 B allocated, 69,206,016 B reserved, before and now): it
-    # comes in a training epoch after a validation (its images still live: below), which
-    # epochs 3 and 4 are; the later epochs repeat them
-    assert est.data["phases_ran"] == ["training", "eval"] * 2, est.data["phases_ran"]
-    assert est.data["steps"] == 9 and not est.data["stopped"]
-    assert "ended the epoch loop around the training loop" in "\n".join(est.data["notes"])
+    assert est.data["phases_ran"] == ["training", "eval"] * 5, est.data["phases_ran"]
     # RandCropByPosNegLabeld(num_samples=4) on batches of 2 images: 8 crops of image and mask;
     # `val_images` / `val_labels` (1, 1, 128, 128) stay alive after each validation (the
     # tutorial keeps them for plot_2d_or_3d_image) and the peak comes in a later epoch

@@ -124,20 +124,12 @@ def test_transfer_learning_both_models_trained(transfer_learning):
     # the fixed-feature model does not exist yet
     assert_training(est, params=model, optimizer_state=model)
     assert est.data["mode"] == "fake"
-    # both `train_model` calls ran, and the fixed-feature extractor's SGD stepped its `fc` alone.
-    # Before the epoch loop's end (docs/capture.md, "The epoch loop around an ended DataLoader
-    # loop") each ran its 25 epochs (the later ones their last batch only: 27 steps of the
-    # first SGD). Now the first call runs epochs 0-1 (4 steps: the limit), then 2 later epochs
-    # of one batch (6 steps), and its epoch loop is ended; the second call's new SGD takes the
-    # limit again (4 epochs of one batch: epochs 0-3), then its loop is ended too. The peak is
-    # the same to the byte (295,091,712 B allocated, 346,030,080 B reserved, before and now):
-    # the first call's training reaches it in its first epochs; its later epochs repeat it and
-    # the second call (the fixed-feature model, `fc` alone trained) stays below it
-    assert est.stderr.count("Epoch 3/24") == 2 and "Epoch 4/24" not in est.stderr
+    # both `train_model` calls ran: 25 epochs each (the later ones their last batch only), and
+    # the fixed-feature extractor's SGD stepped its `fc` alone
+    assert est.stderr.count("Epoch 24/24") == 2
     assert est.stderr.count("Best val Acc") == 2
     assert "training loop ended early" in _notes(est)
-    assert "ended the epoch loop around the training loop" in _notes(est)
-    assert est.data["steps"] == 6  # the most-stepped optimizer's steps: 4, then 1 an epoch
+    assert est.data["steps"] >= 25  # the most-stepped optimizer's steps: one a later epoch
     # each run's best weights were saved to its TemporaryDirectory (diverted: fake device data)
     assert "best_model_params.pt" in _notes(est)
     assert fc < model

@@ -18,9 +18,8 @@ tiny local data; device bytes worked out by hand from the shapes (not read from 
   it is; over two GPUs (`--nproc-per-node 2`) since the SyncBatchNorm kernels above.
 - cloneofsimo/minDiffusion superminddpm.py (scripts/r22b_superminddpm.py): no command line,
   100 epochs each followed by a 999-step no-grad sampling loop. Ran as it is; by default slow
-  (the later epochs, one batch each, kept their sampling up to 32 steps past the end: ~34
-  samplings; since z8 the epoch loop is ended after 2 later epochs: 5 samplings, 318 s on 2
-  busy shared cores, still slow), so tested with `--steps 2`. Found: the note blamed the sampling loop for the peak (it had only added a
+  (the later epochs, one batch each, keep their sampling: see the test), so tested with
+  `--steps 2`. Found: the note blamed the sampling loop for the peak (it had only added a
   2 MiB small-pool segment to reserved memory). Fixed in general: estimate/phase_notes.py
   (tests/estimate/test_eval_peak_note.py).
 """
@@ -223,9 +222,8 @@ def test_superminddpm_registered_schedules_and_per_epoch_sampling(tmp_path):
               + ex.conv(1, 16, 3))
     params = ex.device_bytes(shapes, ex.FP32)
     # --steps 2: epoch 0's step, its 999-step sampling loop (an evaluation: `ddpm.eval()`,
-    # no_grad), epoch 1's step; the job is stopped there. By default epochs 0-2 train (the limit
-    # 3), then 2 later epochs of one batch, each with its sampling, then the epoch loop is ended
-    # (capture/phases.py `_end_epoch_loop`): 5 samplings (minutes of fake ops)
+    # no_grad), epoch 1's step; the job is stopped there. By default every later epoch runs one
+    # batch and its sampling again, up to 32 steps past the limit (minutes of fake ops)
     est = estimate("r22b_superminddpm.py", flags=("--gpu", "h100-80gb", "--steps", "2"),
                    cwd=tmp_path, timeout=300)
     assert_training(est, params=params, optimizer_state=2 * params,  # Adam: two moments

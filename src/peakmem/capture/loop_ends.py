@@ -95,15 +95,10 @@ class LoopEnds:
     """The code of the capture's frame that calls the job: the job's frames are inside it."""
     refused: str | None = None
     """Why the last loop that reached the limit could not be ended (for the note)."""
-    epoch_loops: list[EndedLoop] = field(default_factory=list)
-    """Epoch loops around an ended DataLoader loop that were ended too (`plan(epoch_loop=True)`)."""
-    epoch_refused: str | None = None
-    """Why the epoch loop around an ended DataLoader loop could not be ended."""
     _forward_frames: list[tuple[int, CodeType, int]] = field(default_factory=list)
     _sites: set[tuple[CodeType, int]] = field(default_factory=set)
     _plans: dict[int, _FramePlan] = field(default_factory=dict)
     _previous_global: Any = None
-    _planned_in: list[EndedLoop] | None = None  # `ended` or `epoch_loops`: the waiting plan's
 
     @property
     def pending(self) -> bool:
@@ -116,23 +111,17 @@ class LoopEnds:
         self._forward_frames = [(id(frame), frame.f_code, frame.f_lasti)
                                 for frame in _job_frames(self.boundary)]
 
-    def plan(self, steps: int, *, epoch_loop: bool = False) -> bool:
+    def plan(self, steps: int) -> bool:
         """At the step limit: arrange for the steps' loop to end when it next comes back to
-        its head; False (with `refused` set) when it cannot be.
-
-        `epoch_loop`: the steps' loop iterates a DataLoader the capture ended already
-        (capture.dataloader); end the loop around it instead (the job's epoch loop: the next
-        enclosing loop of the job's frames, in the same frame or a caller's), so the code after
-        the epochs runs once (`epoch_loops`, `epoch_refused`)."""
+        its head; False (with `refused` set) when it cannot be."""
         if self._plans:
             return True  # planned already in this iteration
         if sys.version_info[:2] not in VERIFIED_PYTHONS:
-            self._refuse(f"loops are ended only on CPython {VERIFIED_TEXT}, whose bytecode "
-                         f"capture/loop_exits.py reads (this is {sys.version.split()[0]})",
-                         epoch_loop)
+            self.refused = (f"loops are ended only on CPython {VERIFIED_TEXT}, whose bytecode "
+                            f"capture/loop_exits.py reads (this is {sys.version.split()[0]})")
             return False
         if _REAL_GETTRACE() is not None:
-            self._refuse("a trace function (debugger, coverage) is set", epoch_loop)
+            self.refused = "a trace function (debugger, coverage) is set"
             return False
         at_forward = {(frame_id, code): offset for frame_id, code, offset in self._forward_frames}
         common: list[tuple[FrameType, list[Loop]]] = []  # innermost first
@@ -143,17 +132,8 @@ class LoopEnds:
             loops = loop_exits.enclosing(frame.f_code, offset, frame.f_lasti)
             if loops:
                 common.append((frame, loops))
-        if epoch_loop and common:
-            # the innermost loop around the steps is the DataLoader's (it ends by itself); the
-            # epoch loop is the outermost one of the others in that frame, or of the nearest
-            # caller's with a loop: never a loop between them (the PyTorch tutorials' `for
-            # phase in ["train", "val"]:` would skip each epoch's validation)
-            inner_frame, inner_loops = common[0]
-            outer = [(inner_frame, inner_loops[:-1])] + common[1:]
-            common = [(f, loops[:1]) for f, loops in outer if loops][:1]
         if not common:
-            self._refuse("no loop of the job's own code encloses its steps"
-                         + (" and its DataLoader loop" if epoch_loop else ""), epoch_loop)
+            self.refused = "no loop of the job's own code encloses its steps"
             return False
         frame, loops = common[0]
         repeated = any((frame.f_code, loop.start) in self._sites for loop in loops)
@@ -170,26 +150,18 @@ class LoopEnds:
                        "its exit starts no line of its own; frames are moved past that only "
                        f"on CPython {frame_moves.LAYOUT_VERSION[0]}.{frame_moves.LAYOUT_VERSION[1]}"
                        " release builds")
-                self._refuse(
+                self.refused = (
                     f"its loop at {_where(frame.f_code, innermost.start)} has no exit a "
-                    f"running frame can jump to ({why})", epoch_loop
+                    f"running frame can jump to ({why})"
                 )
                 return False
             plans[id(frame)] = _FramePlan(frame, exits, frame.f_trace)
             self._sites.update((frame.f_code, loop.start) for loop in loops)
         first_frame, first_loops = chosen[0]
-        self._planned_in = self.epoch_loops if epoch_loop else self.ended
-        self._planned_in.append(EndedLoop(
-            first_frame.f_code.co_filename, _line_of(first_frame.f_code, first_loops[-1].start),
-            steps))
+        self.ended.append(EndedLoop(first_frame.f_code.co_filename,
+                                    _line_of(first_frame.f_code, first_loops[-1].start), steps))
         self._install(plans)
         return True
-
-    def _refuse(self, why: str, epoch_loop: bool) -> None:
-        if epoch_loop:
-            self.epoch_refused = why
-        else:
-            self.refused = why
 
     def loop_ends_code(self) -> bool:
         """Whether the steps' loop ends the job: it is the last statement of its code, and each
@@ -263,13 +235,9 @@ class LoopEnds:
 
     def abandon(self, reason: str) -> None:
         """The waiting plan will not end its loop after all: not ended, no tracing left."""
-        planned_in = self._planned_in if self._planned_in is not None else self.ended
-        if planned_in is self.epoch_loops:
-            self.epoch_refused = reason
-        else:
-            self.refused = reason
-        if self._plans and planned_in:
-            planned_in.pop()
+        self.refused = reason
+        if self._plans and self.ended:
+            self.ended.pop()
         self.close()
 
     def close(self) -> None:

@@ -58,7 +58,7 @@ from peakmem.capture.step_growth import StepGrowth
 from peakmem.capture.step_repeat import StepRepeater, enabled_by_env
 from peakmem.capture.weight_copies import WeightCopies
 from peakmem.cuda_rules.true_device import is_meta
-from peakmem.jobs.stop import ALL_STEPS, EVERY_EPOCH, Steps
+from peakmem.jobs.stop import ALL_STEPS, Steps
 from peakmem.trace.vocab import Category, Mark, Phase
 
 _STEP_TEMPS = (Category.TEMPORARY.value, Category.OTHER.value)
@@ -90,12 +90,6 @@ stream throughout)."""
 MAX_BARE_EPOCHS = 3
 """Later epochs in a row with nothing but training between them (no evaluation, no other
 DataLoader) before the job is stopped: they repeat the same allocations."""
-LATER_EPOCHS_KEPT = 2
-"""Later epochs (after the DataLoader's training loop was ended) that run whole, their
-per-epoch evaluation / sampling / saving included, before the job's epoch loop around the
-DataLoader loop is ended at its head (capture.loop_ends, `plan(epoch_loop=True)`): the second
-one, with the optimizer state and the previous evaluation's leftovers live, is the steady
-state; the ones after it repeat it."""
 EVAL_MARK = Mark.EVAL.value
 END_MARK = Mark.LOOP_ENDED.value
 STOP_MARK = Mark.STOPPED.value
@@ -128,17 +122,12 @@ class PhaseTracker:
     def __init__(
         self, session: CaptureSession, stop_after_steps: Steps, repeat_steady: bool | None = None
     ) -> None:
-        """`stop_after_steps`: N, "all" or None (`auto_step_limit`, then the loop is ended);
-        EVERY_EPOCH: None, but the epoch loop around the ended loop is not ended (a rerun).
+        """`stop_after_steps`: N, "all" or None (`auto_step_limit`, then the loop is ended).
         `repeat_steady` (None: the PEAKMEM_REPEAT_STEADY environment variable): with a step
         limit N, once the steps are steady repeat them up to N instead of running them
         (capture.step_repeat)."""
         self.session = session
         self.run_all = stop_after_steps == ALL_STEPS
-        # peakmem's rerun after a failure past an ended epoch loop: the default, every epoch
-        self.every_epoch = stop_after_steps == EVERY_EPOCH
-        if self.every_epoch:
-            stop_after_steps = None
         self.stop_after_steps = None if self.run_all else stop_after_steps
         if repeat_steady is None:
             repeat_steady = enabled_by_env()
@@ -154,8 +143,6 @@ class PhaseTracker:
         self._first_loop_end = 0  # steps when the first loop without a DataLoader ended
         self._loop_planned = 0  # steps when the last loop end was planned
         self._nothing_follows = False  # the stopped loop was the script's last statement
-        self._epoch_loop_at: int | None = None  # training epochs when an epoch loop was ended
-        self._epoch_loop_refused = self.every_epoch  # the loop around the ended one runs on
         self.growth = StepGrowth(session)  # steps past the limit while the peak still grows
         # DataLoader epochs held (not shortened, the loop not ended) while their live memory
         # grows (default policy only)
@@ -195,7 +182,6 @@ class PhaseTracker:
         self.end_can_skip = True
         self.error_after_end: BaseException | None = None
         self.failed_after_shortening = False
-        self.failed_after_epoch_end = False  # and after an epoch loop was ended (a rerun)
         self.repeated_note: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -240,9 +226,6 @@ class PhaseTracker:
                 raise
             if not _is_stop_iteration(exc):
                 self.failed_after_shortening = True
-                # code after the epoch loop sized by its epoch count (a history plotted
-                # against `range(num_epochs)`): rerun with every epoch (estimate/api.py)
-                self.failed_after_epoch_end = bool(self.loop_ends and self.loop_ends.epoch_loops)
                 raise
             self.error_after_end = exc
             self.stop_reason = "error"
@@ -563,7 +546,6 @@ class PhaseTracker:
             if not state.loop_ended and self.loader_growth.hold(feeding):
                 return  # its live memory still grows: the loop goes on (capture.loader_growth)
             self._end_loop(feeding, steps)
-            self._end_epoch_loop(steps)
             if (
                 steps < self.limit() + MAX_STEPS_AFTER_END
                 and self.loaders.bare_epochs < MAX_BARE_EPOCHS
@@ -672,26 +654,6 @@ class PhaseTracker:
             self.end_can_skip = feeding.can_skip
             self.session.mark(END_MARK)
 
-    def _end_epoch_loop(self, steps: int) -> None:
-        """The DataLoader's training loop was ended: at the step of the LATER_EPOCHS_KEPT-th
-        later epoch, plan the end of the job's epoch loop around it, so the code after the
-        epochs runs once and the job ends (where it cannot be, the later epochs run on to
-        MAX_STEPS_AFTER_END / MAX_BARE_EPOCHS as before)."""
-        ends = self.loop_ends
-        if ends is None or self._epoch_loop_refused or ends.pending:
-            return
-        # counted from the end, or from the last epoch loop's end (a later epoch loop: a
-        # second `train_model(...)` call; its own epochs after its limit)
-        since = self._epoch_loop_at if self._epoch_loop_at is not None else self.end_epoch
-        kept = LATER_EPOCHS_KEPT + (self._epoch_loop_at is not None)
-        if self.loaders.training_epochs - since < kept:
-            return
-        if ends.plan(steps, epoch_loop=True):
-            self._epoch_loop_at = self.loaders.training_epochs
-            self.session.mark(END_MARK)
-        else:
-            self._epoch_loop_refused = True  # the later epochs run on as before
-
     def _check_pending_stop(self) -> None:
         if self._stop_pending:
             self._stop_pending = False
@@ -710,8 +672,7 @@ class PhaseTracker:
             "phases_ran": list(self.phases_ran),
             "stopped": state.stopped,
             "loop_ended": state.loop_ended,
-            "steps_policy": "all" if self.run_all else (
-                self.stop_after_steps or (EVERY_EPOCH if self.every_epoch else "auto")),
+            "steps_policy": "all" if self.run_all else (self.stop_after_steps or "auto"),
         }
 
     # -- what the estimate says about it -------------------------------------------------------
@@ -776,15 +737,6 @@ class PhaseTracker:
                 f"{_step_unit(self.end_steps, manual=manual)} (in epoch {self.end_epoch}): {how} "
                 f"({state.steps} steps in all); the code after the training loop ran; --steps "
                 "all runs every batch"
-            )
-        if self.loop_ends is not None and self.loop_ends.epoch_loops:
-            where = ", ".join(f"{os.path.basename(end.filename)}:{end.line}"
-                              for end in self.loop_ends.epoch_loops)
-            notes.append(
-                f"ended the epoch loop around the training loop ({where}) after "
-                f"{LATER_EPOCHS_KEPT} later epochs, each with its per-epoch code (evaluation, "
-                "sampling, saving): the epochs after them repeat the same allocations and did "
-                "not run; the code after the epoch loop ran; --steps all runs every epoch"
             )
         if self.loop_ends is not None and self.loop_ends.ended:
             ended = self.loop_ends.ended

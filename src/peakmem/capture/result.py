@@ -67,10 +67,6 @@ class CaptureResult:
     """The job failed after the default step policy shortened its DataLoader epochs or ended
     its training loop, or after `len(loader)` said a shortened length: by default it is rerun
     unshortened, stopped after the step limit (estimate/api.py, `_capture_with_mode`)."""
-    failed_after_epoch_end: bool = False
-    """The job failed after the default step policy ended its epoch loop around an ended
-    DataLoader loop (capture.phases `_end_epoch_loop`): by default it is rerun with every epoch
-    (`steps=EVERY_EPOCH`, estimate/api.py `_every_epoch_on_failure`)."""
 
     @property
     def trained(self) -> bool:

@@ -104,7 +104,6 @@ FIELDS: dict[str, Any] = {
     "processes": lambda v: (isinstance(v, list) and len(v) <= MAX_ITEMS
                             and all(map(valid_report, v))),
     "failed_after_shortening": lambda v: isinstance(v, bool),
-    "failed_after_epoch_end": lambda v: isinstance(v, bool),
     "devices": lambda v: valid_device_reports(v),
 }
 

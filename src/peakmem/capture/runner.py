@@ -57,7 +57,7 @@ from peakmem.jobs.runner import (
     time_limit,
     user_traceback,
 )
-from peakmem.jobs.stop import EVERY_EPOCH, Steps, parse_steps
+from peakmem.jobs.stop import Steps, parse_steps
 from peakmem.profiles import GpuProfile, StackProfile
 from peakmem.trace.events import ALLOC_KINDS
 from peakmem.utilization.observer import OpCostObserver
@@ -184,8 +184,8 @@ def _run_captured(
 ) -> CaptureResult:
     if mode not in MODES:
         raise ValueError(f"unknown capture mode {mode!r}; choose one of {', '.join(MODES)}")
-    if isinstance(steps, str) and steps != EVERY_EPOCH:  # "all" (an int is taken as it is:
-        steps = parse_steps(steps)  # 0 stops at the first step)
+    if isinstance(steps, str):  # "all" (an int is taken as it is: 0 stops at the first step)
+        steps = parse_steps(steps)
     session = CaptureSession(gpu=gpu, stack=stack)
     session.trace.meta.update(
         {"gpu": gpu.name, "stack": stack.name, "capture_torch": torch.__version__, "mode": mode}
@@ -353,7 +353,6 @@ def _collect(
     result.failure_hint = "; ".join(
         network_access.relevant_hints(session.failure_hints, result.error)) or None
     result.failed_after_shortening = phases.failed_after_shortening
-    result.failed_after_epoch_end = phases.failed_after_epoch_end
     if vision_ops.declared() and "torchvision" in sys.modules:
         result.notes.append(vision_ops.NOTE)
     if vision_image_ops.used():

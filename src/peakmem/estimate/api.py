@@ -443,9 +443,8 @@ def eager_fallback_reason(capture: CaptureResult) -> str | None:
     return None
 
 
-UnshortenedRun = Callable[[str, "int | str"], CaptureResult]
-"""Runs the capture in a mode with an explicit step limit (nothing shortened), or with
-`EVERY_EPOCH` (the default policy, every epoch kept)."""
+UnshortenedRun = Callable[[str, int], CaptureResult]
+"""Runs the capture in a mode with an explicit step limit (nothing shortened)."""
 
 
 def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str,
@@ -457,10 +456,7 @@ def _capture_with_mode(run: Callable[[str], CaptureResult], mode: str,
     shortened length: a schedule computed from it, as AdaLoRA's `total_step`, no longer fits
     the job), it is run
     again with its epochs as they are, stopped after the steps the first run reached (at least
-    3, as `--steps N`), and that run stands if it succeeds. Before that, a job that failed
-    after the policy ended its epoch loop is rerun with every epoch (`_every_epoch_on_failure`)."""
-    if unshortened is not None:
-        run = _every_epoch_on_failure(run, unshortened)
+    3, as `--steps N`), and that run stands if it succeeds."""
     capture = _capture_in_mode(run, mode)
     if unshortened is None or not capture.failed_after_shortening or capture.error is None:
         return capture
@@ -500,35 +496,6 @@ def _same_error(first: CaptureResult, second: CaptureResult) -> bool:
         return name, first_line(error) if error is not None else ""
 
     return key(first) == key(second)
-
-
-def _every_epoch_on_failure(run: Callable[[str], CaptureResult],
-                            unshortened: UnshortenedRun) -> Callable[[str], CaptureResult]:
-    """`run`, rerun in the same mode with every epoch (`steps=EVERY_EPOCH`: the default policy
-    without ending the epoch loop around an ended DataLoader loop) when the job failed after
-    the policy ended that loop: code after the epochs sized by their count
-    (`plt.plot(range(1, num_epochs + 1), history)` in the PyTorch fine-tuning tutorial) fails
-    on a history of fewer epochs; with every epoch (the later ones their last batch) it runs
-    as the job wrote it. The rerun stands, failed or not (a failure of its own goes on to the
-    eager and unshortened reruns, as without the epoch loop's end)."""
-    from peakmem.jobs.stop import EVERY_EPOCH
-
-    def every_epoch(run_mode: str) -> CaptureResult:
-        capture = run(run_mode)
-        if not capture.failed_after_epoch_end or capture.error is None:
-            return capture
-        from peakmem.capture.result import first_line
-
-        rerun = unshortened(run_mode, EVERY_EPOCH)
-        name = capture.error_type or type(capture.error).__name__
-        rerun.notes.insert(0, (
-            f"the job failed ({name}: {first_line(capture.error)}) after peakmem ended its "
-            "epoch loop early (code after it sized by the epoch count?): it was rerun with "
-            "every epoch, each later one its last batch only"))
-        rerun.seconds += capture.seconds
-        return rerun
-
-    return every_epoch
 
 
 def _capture_in_mode(run: Callable[[str], CaptureResult], mode: str) -> CaptureResult:

@@ -25,16 +25,9 @@ from typing import Any, Literal
 OnStep = Callable[[int], None]
 
 ALL_STEPS = "all"
-Steps = int | Literal["all", "auto-every-epoch"] | None
+Steps = int | Literal["all"] | None
 """How long a job runs: N optimizer steps, "all" (to its end, nothing shortened) or None (the
-capture's default: a few steps, its training loop ended early so what follows still runs);
-`EVERY_EPOCH` for peakmem's own rerun."""
-EVERY_EPOCH = "auto-every-epoch"
-"""peakmem's own rerun of the default policy (never a user's `--steps`): everything the default
-shortens is shortened, but the job's epoch loop around an ended DataLoader loop is not ended
-(every epoch runs, the later ones their last batch only). Asked for by estimate/api.py when the
-job failed after the default ended its epoch loop (code after it sized by the epoch count:
-`plt.plot(range(1, num_epochs + 1), history)`)."""
+capture's default: a few steps, its training loop ended early so what follows still runs)."""
 
 
 def parse_steps(value: object) -> Steps:
